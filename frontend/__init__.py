@@ -1,0 +1,1 @@
+"""Frontends: ONNX import/export, the readable text form, and built-in example models."""

@@ -1,0 +1,3 @@
+from saturate.cli import entry
+
+entry()

@@ -1,0 +1,48 @@
+"""Command line: a thin dispatcher over the modules in saturate.commands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import saturate.commands
+from saturate.errors import SaturateError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One subcommand per module in saturate/commands (each has NAME, HELP, configure, run)."""
+    parser = argparse.ArgumentParser(prog="saturate", description="Graph folding by equality saturation.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(saturate.commands.__path__), key=lambda m: m.name):
+        mod = importlib.import_module(f"saturate.commands.{info.name}")
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        mod.configure(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except SaturateError as err:
+        print(f"saturate: error: {err}", file=sys.stderr)
+        return 2
+    except BaseException as err:  # egglog's Rust panics are BaseExceptions, not Exceptions
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        if type(err).__name__ == "PanicException":
+            print(f"saturate: error: the e-graph engine failed: {str(err).splitlines()[0]}", file=sys.stderr)
+            return 2
+        raise
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,1 @@
+"""CLI subcommands, one module each: NAME, HELP, configure(parser), run(args) -> exit code."""

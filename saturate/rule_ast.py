@@ -1,0 +1,114 @@
+"""Rule AST: what the DSL parser produces and the engine, checker and folder consume."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Loc:
+    """Where something was written: file, 1-based line and column."""
+
+    file: str
+    line: int
+    col: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+# ---- patterns (left-hand sides) and replacements (right-hand sides) -----------------------
+
+@dataclass(frozen=True)
+class Var:
+    """A pattern variable. `const=True` (written `c:const`) matches only constant values."""
+
+    name: str
+    const: bool = False
+
+
+@dataclass(frozen=True)
+class AttrVar:
+    """A captured attribute value inside `{key=name}`."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Num:
+    """A numeric literal (in attributes, guards and constant expressions)."""
+
+    value: int | float
+
+
+@dataclass(frozen=True)
+class Str:
+    value: str
+
+
+@dataclass(frozen=True)
+class IntList:
+    values: tuple[int, ...]
+
+
+AttrValue = Union[AttrVar, Num, Str, IntList]
+
+
+@dataclass(frozen=True)
+class OpTerm:
+    """`Op(arg, ...){key=value, ...}`. On the left, attributes not named match anything;
+    on the right, attributes not named take the op's defaults."""
+
+    op: str
+    args: tuple["Term", ...]
+    attrs: tuple[tuple[str, AttrValue], ...] = ()
+    loc: Loc | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Call:
+    """A constant expression (right-hand side) or an int-valued query (guards):
+    `add sub mul div neg sqrt rsqrt reciprocal per_axis reshape unsqueeze expand transpose vec`
+    and queries `rank(v) dim(v, k) numel(v)`; see `saturate.builtins` for the full table."""
+
+    fn: str
+    args: tuple["Term", ...]
+    loc: Loc | None = field(default=None, compare=False)
+
+
+Term = Union[Var, OpTerm, Call, Num, AttrVar, IntList, Str]
+
+
+# ---- guards ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Guard:
+    """A named guard `name(args)` such as positive(s), or a comparison `lhs OP rhs`
+    (fn is one of == != < <= > >= and args is (lhs, rhs))."""
+
+    fn: str
+    args: tuple[Term, ...]
+    loc: Loc | None = field(default=None, compare=False)
+
+
+# ---- rules ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    lhs: Term
+    rhs: Term
+    guards: tuple[Guard, ...]
+    ruleset: str
+    level: int
+    loc: Loc
+    bidirectional: bool = False
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    name: str
+    level: int
+    rules: tuple[Rule, ...]
+    loc: Loc

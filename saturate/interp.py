@@ -1,0 +1,136 @@
+"""Reference interpreter: run a Graph with numpy, node by node, freeing values after last use."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from saturate.errors import SaturateError
+from saturate.interp_ops import ARITY, OP_IMPLS
+from saturate.ir import Graph, Node
+
+__all__ = ["run_graph", "eval_node", "check_inputs", "supported_ops", "OP_IMPLS"]
+
+# Errors numpy raises on shapes/values the op cannot take; reported as the node's error.
+_NUMPY_ERRORS = (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError, MemoryError)
+
+
+def supported_ops() -> list[str]:
+    """Names of the ops the reference interpreter can evaluate."""
+    return sorted(OP_IMPLS)
+
+
+def eval_node(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Evaluate one node on concrete inputs (None for an omitted optional input); one array per output."""
+    impl = OP_IMPLS.get(node.op) if node.domain in ("", "ai.onnx") else None
+    if impl is None:
+        shown = f"{node.domain}::{node.op}" if node.domain else node.op
+        raise SaturateError(f"no reference implementation for op '{shown}' (node '{node.name or node.outputs[0]}')")
+    lo, hi = ARITY[node.op]
+    # Trailing omitted optional inputs are the same as absent ones.
+    args = list(inputs)
+    while args and args[-1] is None and len(args) > lo:
+        args.pop()
+    if len(args) > hi:
+        raise SaturateError(f"{node.where()}: takes at most {hi} inputs, got {len(args)}")
+    for k in range(lo):
+        if k >= len(args) or args[k] is None:
+            raise SaturateError(f"{node.where()}: missing required input {k}")
+    args = [None if a is None else np.asarray(a) for a in args]
+    try:
+        with np.errstate(all="ignore"):
+            result = impl(node, *args)
+    except SaturateError:
+        raise
+    except _NUMPY_ERRORS as err:
+        raise SaturateError(f"{node.where()}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    results = list(result) if isinstance(result, tuple) else [result]
+    if any(node.outputs[len(results):]):
+        raise SaturateError(f"{node.where()}: computes {len(results)} output(s), "
+                            f"the node asks for {len(node.outputs)}")
+    return [np.asarray(r) for r in results]
+
+
+def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Validate input names, dtypes and shapes against the graph; return the arrays to feed."""
+    unknown = [k for k in inputs if k not in graph.inputs]
+    if unknown:
+        raise SaturateError(f"'{unknown[0]}' is not an input of the graph (inputs: {', '.join(graph.inputs)})")
+    feed: dict[str, np.ndarray] = {}
+    symbols: dict[str, tuple[str, int]] = {}
+    for name in graph.inputs:
+        if name not in inputs:
+            if name in graph.constants:  # an initializer listed as an input acts as its default
+                continue
+            raise SaturateError(f"missing graph input '{name}'")
+        arr = np.asarray(inputs[name])
+        info = graph.values.get(name)
+        if info is not None:
+            if info.dtype and arr.dtype.name != info.dtype:
+                raise SaturateError(f"input '{name}' has dtype {arr.dtype.name}, the graph expects {info.dtype}")
+            if info.shape is not None:
+                _check_shape(name, arr.shape, info.shape, symbols)
+        feed[name] = arr
+    return feed
+
+
+def _check_shape(name: str, got: tuple, want: tuple, symbols: dict[str, tuple[str, int]]) -> None:
+    def show(shape):
+        return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+    if len(got) != len(want):
+        raise SaturateError(f"input '{name}' has shape {show(got)}, the graph expects {show(want)}")
+    for actual, expected in zip(got, want):
+        if isinstance(expected, int) and expected != actual:
+            raise SaturateError(f"input '{name}' has shape {show(got)}, the graph expects {show(want)}")
+        if isinstance(expected, str):
+            # A symbolic dimension must take one size across all inputs.
+            first = symbols.setdefault(expected, (name, actual))
+            if first[1] != actual:
+                raise SaturateError(f"input '{name}' gives dimension {expected}={actual}, "
+                                    f"but input '{first[0]}' gave {expected}={first[1]}")
+
+
+def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run the graph on the given inputs; return graph output name -> array."""
+    env: dict[str, np.ndarray] = dict(graph.constants)
+    env.update(check_inputs(graph, inputs))
+    pinned = set(graph.outputs) | set(graph.constants)
+    remaining: dict[str, int] = {}
+    for node in graph.nodes:
+        for i in node.inputs:
+            if i:
+                remaining[i] = remaining.get(i, 0) + 1
+
+    for node in graph.nodes:
+        args = []
+        for i in node.inputs:
+            if not i:
+                args.append(None)
+            elif i in env:
+                args.append(env[i])
+            else:
+                raise SaturateError(f"{node.where()} reads '{i}', which is not defined before it")
+        results = eval_node(node, args)
+        for out, value in zip(node.outputs, results):
+            if out and (remaining.get(out) or out in pinned):
+                env[out] = value
+        # Free each input once its last reader has run, keeping outputs and constants.
+        del args, results
+        for i in node.inputs:
+            if i:
+                remaining[i] -= 1
+                if remaining[i] == 0 and i not in pinned:
+                    env.pop(i, None)
+
+    outputs: dict[str, np.ndarray] = {}
+    for name in graph.outputs:
+        if name not in env:
+            raise SaturateError(f"graph output '{name}' is not defined")
+        value = env[name]
+        # Never hand out a constant, an input, or a view into one: callers may write to results.
+        if name in graph.constants or name in graph.inputs or not value.flags.owndata:
+            value = value.copy()
+        outputs[name] = value
+    return outputs

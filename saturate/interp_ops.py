@@ -1,0 +1,263 @@
+"""Reference interpreter, op table: one numpy function per ONNX op, `f(node, *inputs)`."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import scipy.special
+
+from saturate.interp_window import average_pool, conv, fail, global_average_pool, max_pool
+from saturate.ir import Node
+
+# op name -> function(node, *inputs) returning one array or a tuple (one per output).
+OP_IMPLS: dict[str, Callable] = {}
+# op name -> (required inputs, most inputs); omitted optional inputs arrive as None.
+ARITY: dict[str, tuple[int, int]] = {}
+
+
+def register(name: str, lo: int, hi: int, fn: Callable) -> None:
+    """Add (or replace) the implementation of one op."""
+    OP_IMPLS[name] = fn
+    ARITY[name] = (lo, hi)
+
+
+def _same_dtype(node: Node, *arrays: np.ndarray | None) -> None:
+    kinds = {a.dtype for a in arrays if a is not None}
+    if len(kinds) > 1:
+        raise fail(node, "inputs have different dtypes " + ", ".join(sorted(str(k) for k in kinds)))
+
+
+def _axis(node: Node, axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise fail(node, f"axis {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+# ---- elementwise --------------------------------------------------------------------------
+
+def _binary(ufunc) -> Callable:
+    def run(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        _same_dtype(node, a, b)
+        return ufunc(a, b)
+    return run
+
+
+def _div(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    _same_dtype(node, a, b)
+    if a.dtype.kind in "iu":
+        # ONNX integer division truncates toward zero; numpy's // floors.
+        if np.any(b == 0):
+            raise fail(node, "integer division by zero")
+        q = np.abs(a) // np.abs(b)
+        return np.where((a < 0) != (b < 0), -q, q).astype(a.dtype)
+    return np.divide(a, b)
+
+
+def _unary(fn) -> Callable:
+    return lambda node, x: fn(x)
+
+
+def _clip(node: Node, x: np.ndarray, lo: np.ndarray | None = None, hi: np.ndarray | None = None):
+    # Before opset 11 the bounds were attributes; an input, when given, wins.
+    if lo is None and "min" in node.attrs:
+        lo = np.asarray(node.attrs["min"], x.dtype)
+    if hi is None and "max" in node.attrs:
+        hi = np.asarray(node.attrs["max"], x.dtype)
+    for bound in (lo, hi):
+        if bound is not None and bound.size != 1:
+            raise fail(node, f"bounds must be scalars, got shape {tuple(bound.shape)}")
+    _same_dtype(node, x, lo, hi)
+    y = x if lo is None else np.maximum(x, lo.reshape(()))
+    y = y if hi is None else np.minimum(y, hi.reshape(()))
+    return y if y is not x else x.copy()
+
+
+def _leaky_relu(node: Node, x: np.ndarray) -> np.ndarray:
+    alpha = float(node.attrs.get("alpha", 0.01))
+    return np.where(x >= 0, x, x * np.asarray(alpha, x.dtype))
+
+
+def _batch_norm(node: Node, x, scale, bias, mean, var) -> np.ndarray:
+    if int(node.attrs.get("training_mode", 0)):
+        raise fail(node, "training_mode=1 is not supported (inference only)")
+    if x.ndim < 2:
+        raise fail(node, f"input rank {x.ndim} must be >= 2")
+    _same_dtype(node, x, scale, bias, mean, var)
+    c = x.shape[1]
+    for label, p in (("scale", scale), ("B", bias), ("mean", mean), ("var", var)):
+        if p.shape != (c,):
+            raise fail(node, f"{label} has shape {tuple(p.shape)}, expected ({c},)")
+    eps = np.asarray(float(node.attrs.get("epsilon", 1e-5)), x.dtype)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    factor = (scale / np.sqrt(var + eps)).reshape(shape)
+    return (x - mean.reshape(shape)) * factor + bias.reshape(shape)
+
+
+def _softmax(node: Node, x: np.ndarray) -> np.ndarray:
+    # Opset 13 semantics: normalize along one axis (the frontend accepts opset >= 13 only).
+    axis = _axis(node, int(node.attrs.get("axis", -1)), x.ndim)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+# ---- linear algebra -----------------------------------------------------------------------
+
+def _gemm(node: Node, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
+    if a.ndim != 2 or b.ndim != 2:
+        raise fail(node, f"A and B must be matrices, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    _same_dtype(node, a, b, c)
+    a = a.T if int(node.attrs.get("transA", 0)) else a
+    b = b.T if int(node.attrs.get("transB", 0)) else b
+    if a.shape[1] != b.shape[0]:
+        raise fail(node, f"inner dimensions differ: {tuple(a.shape)} x {tuple(b.shape)}")
+    alpha = float(node.attrs.get("alpha", 1.0))
+    y = a @ b
+    if alpha != 1.0:
+        y *= np.asarray(alpha, y.dtype)
+    if c is not None:
+        beta = float(node.attrs.get("beta", 1.0))
+        y = y + (c if beta == 1.0 else c * np.asarray(beta, c.dtype))
+        if y.shape != (a.shape[0], b.shape[1]):
+            raise fail(node, f"C of shape {tuple(c.shape)} does not broadcast to {(a.shape[0], b.shape[1])}")
+    return y
+
+
+def _matmul(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    _same_dtype(node, a, b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise fail(node, "MatMul inputs must have rank >= 1")
+    return np.matmul(a, b)
+
+
+# ---- shape ops ----------------------------------------------------------------------------
+
+def _reshape(node: Node, x: np.ndarray, shape: np.ndarray) -> np.ndarray:
+    if shape.ndim != 1 or shape.dtype.kind not in "iu":
+        raise fail(node, f"shape must be a 1-D integer tensor, got {shape.dtype}{list(shape.shape)}")
+    dims = [int(d) for d in shape]
+    if not int(node.attrs.get("allowzero", 0)):
+        for i, d in enumerate(dims):
+            if d == 0:
+                if i >= x.ndim:
+                    raise fail(node, f"shape entry {i} is 0 but the input has rank {x.ndim}")
+                dims[i] = x.shape[i]
+    if dims.count(-1) > 1 or any(d < -1 for d in dims):
+        raise fail(node, f"invalid target shape {dims}")
+    known = math.prod(d for d in dims if d != -1)
+    if (-1 in dims and (known == 0 or x.size % known)) or (-1 not in dims and known != x.size):
+        raise fail(node, f"cannot reshape {tuple(x.shape)} to {dims}")
+    return x.reshape(dims)
+
+
+def _flatten(node: Node, x: np.ndarray) -> np.ndarray:
+    axis = int(node.attrs.get("axis", 1))
+    if not -x.ndim <= axis <= x.ndim:
+        raise fail(node, f"axis {axis} is out of range for rank {x.ndim}")
+    axis = axis + x.ndim if axis < 0 else axis
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+
+
+def _transpose(node: Node, x: np.ndarray) -> np.ndarray:
+    perm = node.attrs.get("perm")
+    perm = list(range(x.ndim))[::-1] if perm is None else [int(p) for p in perm]
+    if sorted(perm) != list(range(x.ndim)):
+        raise fail(node, f"perm {perm} is not a permutation of {x.ndim} axes")
+    return x.transpose(perm)
+
+
+def _concat(node: Node, *xs: np.ndarray) -> np.ndarray:
+    if "axis" not in node.attrs:
+        raise fail(node, "missing required attribute 'axis'")
+    _same_dtype(node, *xs)
+    axis = _axis(node, int(node.attrs["axis"]), xs[0].ndim)
+    return np.concatenate(xs, axis=axis)
+
+
+def _axes_of(node: Node, axes: np.ndarray | None) -> list[int] | None:
+    if axes is not None:
+        return [int(a) for a in axes.reshape(-1)]
+    return None if node.attrs.get("axes") is None else [int(a) for a in node.attrs["axes"]]
+
+
+def _squeeze(node: Node, x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
+    chosen = _axes_of(node, axes)
+    if chosen is None:
+        return x.reshape([d for d in x.shape if d != 1])
+    chosen = [_axis(node, a, x.ndim) for a in chosen]
+    if any(x.shape[a] != 1 for a in chosen):
+        raise fail(node, f"cannot squeeze axes {chosen} of shape {tuple(x.shape)}")
+    return np.squeeze(x, axis=tuple(chosen))
+
+
+def _unsqueeze(node: Node, x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
+    chosen = _axes_of(node, axes)
+    if chosen is None:
+        raise fail(node, "missing axes")
+    rank = x.ndim + len(chosen)
+    chosen = sorted(_axis(node, a, rank) for a in chosen)
+    if len(set(chosen)) != len(chosen):
+        raise fail(node, f"repeated axes {chosen}")
+    return np.expand_dims(x, tuple(chosen))
+
+
+def _cast(node: Node, x: np.ndarray) -> np.ndarray:
+    from onnx.helper import tensor_dtype_to_np_dtype
+    return x.astype(tensor_dtype_to_np_dtype(int(node.attrs["to"])))
+
+
+def _constant(node: Node) -> np.ndarray:
+    for key, dtype in (("value", None), ("value_float", np.float32), ("value_floats", np.float32),
+                       ("value_int", np.int64), ("value_ints", np.int64)):
+        if key in node.attrs:
+            return np.array(node.attrs[key], dtype=dtype)
+    raise fail(node, "needs one of the attributes value, value_float(s), value_int(s)")
+
+
+def _variadic(ufunc) -> Callable:
+    def run(node: Node, *xs: np.ndarray) -> np.ndarray:
+        _same_dtype(node, *xs)
+        y = xs[0]
+        for x in xs[1:]:
+            y = ufunc(y, x)
+        return y if len(xs) > 1 else y.copy()
+    return run
+
+
+_UNARY = {
+    "Relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
+    "Sigmoid": scipy.special.expit, "Tanh": np.tanh, "Erf": scipy.special.erf,
+    "Neg": np.negative, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal,
+    "Exp": np.exp, "Log": np.log, "Abs": np.abs,
+    # Views, so the interpreter copies them only if they become graph outputs.
+    "Identity": lambda x: x.view(), "Dropout": lambda x: x.view(),
+}
+for _name, _fn in _UNARY.items():
+    register(_name, 1, 1, _unary(_fn))
+for _name, _fn in {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}.items():
+    register(_name, 2, 2, _binary(_fn))
+register("Div", 2, 2, _div)
+register("Pow", 2, 2, lambda node, a, b: np.power(a, b.astype(a.dtype)).astype(a.dtype, copy=False))
+register("Max", 1, 1 << 30, _variadic(np.maximum))
+register("Min", 1, 1 << 30, _variadic(np.minimum))
+register("Clip", 1, 3, _clip)
+register("LeakyRelu", 1, 1, _leaky_relu)
+register("BatchNormalization", 5, 5, _batch_norm)
+register("Softmax", 1, 1, _softmax)
+register("Conv", 2, 3, conv)
+register("MaxPool", 1, 1, max_pool)
+register("AveragePool", 1, 1, average_pool)
+register("GlobalAveragePool", 1, 1, global_average_pool)
+register("Gemm", 2, 3, _gemm)
+register("MatMul", 2, 2, _matmul)
+register("Reshape", 2, 2, _reshape)
+register("Flatten", 1, 1, _flatten)
+register("Transpose", 1, 1, _transpose)
+register("Concat", 1, 1 << 30, _concat)
+register("Squeeze", 1, 2, _squeeze)
+register("Unsqueeze", 1, 2, _unsqueeze)
+register("Cast", 1, 1, _cast)
+register("Constant", 0, 0, _constant)
+register("Shape", 1, 1, lambda node, x: np.array(x.shape, np.int64)[
+    slice(node.attrs.get("start"), node.attrs.get("end"))])

@@ -1,0 +1,177 @@
+"""Reference interpreter, windowed ops: Conv and pooling by strided windows + matmul (im2col)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from saturate.errors import SaturateError
+from saturate.ir import Node
+
+
+def fail(node: Node, message: str) -> SaturateError:
+    """An error that names the node and op, ready to raise."""
+    return SaturateError(f"{node.where()}: {message}")
+
+
+def int_list(node: Node, key: str, n: int, default: int) -> list[int]:
+    """An int-list attribute of length n, or n copies of the default when absent."""
+    value = node.attrs.get(key)
+    if value is None:
+        return [default] * n
+    value = [int(v) for v in value]
+    if len(value) != n:
+        raise fail(node, f"attribute '{key}' has {len(value)} entries, expected {n}")
+    return value
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def geometry(node: Node, spatial: tuple[int, ...], kernel: list[int], ceil_mode: bool = False):
+    """Strides, dilations, pads before/after and output size for a sliding-window op."""
+    n = len(spatial)
+    strides = int_list(node, "strides", n, 1)
+    dilations = int_list(node, "dilations", n, 1)
+    if min(strides + dilations + kernel, default=1) < 1:
+        raise fail(node, "strides, dilations and kernel sizes must be positive")
+    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    auto = _text(node.attrs.get("auto_pad", "NOTSET"))
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-i // s) for i, s in zip(spatial, strides)]
+        total = [max(0, (o - 1) * s + w - i) for o, s, w, i in zip(out, strides, span, spatial)]
+        small = [t // 2 for t in total]
+        begin = small if auto == "SAME_UPPER" else [t - h for t, h in zip(total, small)]
+        end = [t - b for t, b in zip(total, begin)]
+        return strides, dilations, begin, end, out
+    if auto == "VALID":
+        begin = end = [0] * n
+    elif auto == "NOTSET":
+        pads = int_list(node, "pads", 2 * n, 0)
+        begin, end = pads[:n], pads[n:]
+        if min(pads, default=0) < 0:
+            raise fail(node, f"negative pads {pads}")
+    else:
+        raise fail(node, f"unknown auto_pad '{auto}'")
+    out = []
+    for i, b, e, w, s in zip(spatial, begin, end, span, strides):
+        room = i + b + e - w
+        if room < 0:
+            raise fail(node, f"kernel extent {w} exceeds padded input size {i + b + e}")
+        size = (-(-room // s) if ceil_mode else room // s) + 1
+        # A window that would start past the input and its leading pad is dropped (ceil_mode).
+        if ceil_mode and (size - 1) * s >= i + b:
+            size -= 1
+        out.append(size)
+    return strides, dilations, begin, end, out
+
+
+def windows(x: np.ndarray, begin, end, out, kernel, strides, dilations, fill) -> np.ndarray:
+    """A read-only view (N, C, *out, *kernel) of x padded with `fill`, without copying windows."""
+    # Extra trailing room for ceil_mode windows that hang over the padded input.
+    extra = [max(0, (o - 1) * s + (k - 1) * d + 1 - (i + b + e))
+             for o, s, k, d, i, b, e in zip(out, strides, kernel, dilations, x.shape[2:], begin, end)]
+    widths = [(0, 0), (0, 0)] + [(b, e + t) for b, e, t in zip(begin, end, extra)]
+    xp = np.pad(x, widths, constant_values=fill) if any(map(any, widths)) else x
+    lead, spatial_strides = xp.strides[:2], xp.strides[2:]
+    shape = xp.shape[:2] + tuple(out) + tuple(kernel)
+    steps = lead + tuple(st * s for st, s in zip(spatial_strides, strides)) \
+        + tuple(st * d for st, d in zip(spatial_strides, dilations))
+    return np.lib.stride_tricks.as_strided(xp, shape, steps, writeable=False)
+
+
+def conv(node: Node, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """Conv (N-D, grouped) as one batched matmul per group over im2col columns."""
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise fail(node, f"input rank {x.ndim} and weight rank {w.ndim} must match and be >= 3")
+    if x.dtype != w.dtype or (b is not None and b.dtype != x.dtype):
+        raise fail(node, f"input, weight and bias dtypes differ ({x.dtype}, {w.dtype}"
+                         f"{', ' + str(b.dtype) if b is not None else ''})")
+    group = int(node.attrs.get("group", 1))
+    n_batch, channels = x.shape[:2]
+    m_out, c_group = w.shape[:2]
+    kernel = list(w.shape[2:])
+    if group < 1 or channels != c_group * group or m_out % group:
+        raise fail(node, f"input has {channels} channels but weight {tuple(w.shape)} with group={group} "
+                         f"expects {c_group * group}")
+    if node.attrs.get("kernel_shape") is not None and list(node.attrs["kernel_shape"]) != kernel:
+        raise fail(node, f"kernel_shape {list(node.attrs['kernel_shape'])} != weight kernel {kernel}")
+    if b is not None and b.shape != (m_out,):
+        raise fail(node, f"bias shape {tuple(b.shape)} != ({m_out},)")
+    strides, dilations, begin, end, out = geometry(node, x.shape[2:], kernel)
+    view = windows(x, begin, end, out, kernel, strides, dilations, 0)
+    n = len(kernel)
+    m_group, positions, k_size = m_out // group, math.prod(out), math.prod(kernel)
+    # (N, G, Cg, *out, *k) -> (G, Cg, *k, N, *out): one copy into matmul-ready columns.
+    view = view.reshape((n_batch, group, c_group) + tuple(out) + tuple(kernel))
+    order = (1, 2) + tuple(range(3 + n, 3 + 2 * n)) + (0,) + tuple(range(3, 3 + n))
+    cols = view.transpose(order).reshape(group, c_group * k_size, n_batch * positions)
+    y = np.matmul(w.reshape(group, m_group, c_group * k_size), cols)
+    y = y.reshape(group, m_group, n_batch, positions).transpose(2, 0, 1, 3)
+    y = y.reshape((n_batch, m_out) + tuple(out))
+    if b is not None:
+        y += b.reshape((m_out,) + (1,) * n)
+    return y
+
+
+def _pool_kernel(node: Node, x: np.ndarray) -> list[int]:
+    if x.ndim < 3:
+        raise fail(node, f"input rank {x.ndim} must be >= 3")
+    kernel = node.attrs.get("kernel_shape")
+    if kernel is None:
+        raise fail(node, "missing required attribute 'kernel_shape'")
+    return int_list(node, "kernel_shape", x.ndim - 2, 1)
+
+
+def max_pool(node: Node, x: np.ndarray):
+    """MaxPool over padded windows (padding never wins the max)."""
+    kernel = _pool_kernel(node, x)
+    if int(node.attrs.get("storage_order", 0)) != 0 and len(node.outputs) > 1 and node.outputs[1]:
+        raise fail(node, "storage_order=1 is not supported for the Indices output")
+    strides, dilations, begin, end, out = geometry(node, x.shape[2:], kernel,
+                                                   bool(node.attrs.get("ceil_mode", 0)))
+    lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    view = windows(x, begin, end, out, kernel, strides, dilations, lowest)
+    n = len(kernel)
+    if len(node.outputs) < 2 or not node.outputs[1]:
+        return view.max(axis=tuple(range(-n, 0)))
+    flat = view.reshape(view.shape[:2 + n] + (-1,))
+    arg = flat.argmax(axis=-1)
+    y = np.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+    # Indices: flat positions in the unpadded input (row-major over N, C, spatial).
+    offsets = np.unravel_index(arg, kernel)
+    flat_index = np.zeros(arg.shape, np.int64)
+    spatial = x.shape[2:]
+    for axis in range(n):
+        grid = np.arange(out[axis]).reshape((-1,) + (1,) * (n - 1 - axis)) * strides[axis] - begin[axis]
+        coord = grid + offsets[axis] * dilations[axis]
+        flat_index = flat_index * spatial[axis] + coord
+    base = np.arange(x.shape[0] * x.shape[1]).reshape(x.shape[:2] + (1,) * n) * math.prod(spatial)
+    return y, flat_index + base
+
+
+def average_pool(node: Node, x: np.ndarray) -> np.ndarray:
+    """AveragePool; the divisor counts pad cells only with count_include_pad, never ceil overhang."""
+    kernel = _pool_kernel(node, x)
+    strides, dilations, begin, end, out = geometry(node, x.shape[2:], kernel,
+                                                   bool(node.attrs.get("ceil_mode", 0)))
+    axes = tuple(range(-len(kernel), 0))
+    total = windows(x, begin, end, out, kernel, strides, dilations, 0).sum(axis=axes)
+    include = int(node.attrs.get("count_include_pad", 0))
+    ones = np.ones((1, 1) + x.shape[2:], x.dtype)
+    if include:
+        ones = np.pad(ones, [(0, 0), (0, 0)] + list(zip(begin, end)), constant_values=1)
+        begin_c, end_c = [0] * len(kernel), [0] * len(kernel)
+    else:
+        begin_c, end_c = begin, end
+    count = windows(ones, begin_c, end_c, out, kernel, strides, dilations, 0).sum(axis=axes)
+    return (total / np.maximum(count, 1)).astype(x.dtype, copy=False)
+
+
+def global_average_pool(node: Node, x: np.ndarray) -> np.ndarray:
+    """GlobalAveragePool: mean over every spatial axis, kept as size-1 axes."""
+    if x.ndim < 3:
+        raise fail(node, f"input rank {x.ndim} must be >= 3")
+    return x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=x.dtype)

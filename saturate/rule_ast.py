@@ -26,6 +26,7 @@ class Var:
 
     name: str
     const: bool = False
+    loc: Loc | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class AttrVar:
     """A captured attribute value inside `{key=name}`."""
 
     name: str
+    loc: Loc | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,8 @@ class IntList:
     values: tuple[int, ...]
 
 
-AttrValue = Union[AttrVar, Num, Str, IntList]
+# On the right, an attribute may also be computed from captured ones (perm=compose_perm(p, q, r)).
+AttrValue = Union[AttrVar, Num, Str, IntList, "Call"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,392 @@
+"""Targets: per-target op costs, preserved ops and composite patterns, read from .target files."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
+
+from saturate.errors import SaturateError, SourceError
+from saturate.ir import ValueInfo
+from saturate.rule_ast import AttrVar, IntList, Loc, Num, OpTerm, Str, Term, Var
+
+TARGETS_DIR = Path(__file__).resolve().parent.parent / "rules" / "targets"
+DEFAULT_TARGET = "cpu"
+
+# A compiled cost formula: shape facts of one node in, cost out.
+CostFn = Callable[["_Facts"], float]
+
+
+@dataclass(frozen=True)
+class Composite:
+    """A pattern the target runs as one kernel; partitioning turns each match into a function."""
+
+    name: str
+    pattern: OpTerm
+    loc: Loc
+
+
+@dataclass
+class Target:
+    """What one target runs natively and at what cost. `costs[op]` None means unsupported."""
+
+    name: str
+    description: str = ""
+    domain: str = ""
+    costs: dict[str, CostFn | None] = field(default_factory=dict)
+    default: CostFn | None = None
+    preserve: tuple[str, ...] = ()
+    composites: tuple[Composite, ...] = ()
+    fold_preserved: bool = True
+    file: str = "<string>"
+
+    def supports(self, op: str) -> bool:
+        """Whether the target can run `op` at all."""
+        return (self.costs[op] if op in self.costs else self.default) is not None
+
+    def node_cost(self, op: str, attrs: dict[str, Any], input_infos: Sequence[ValueInfo],
+                  output_info: ValueInfo) -> float | None:
+        """Cost of one node on this target; None when the target cannot run it."""
+        fn = self.costs[op] if op in self.costs else self.default
+        if fn is None:
+            return None
+        return max(0.0, float(fn(_Facts(op, attrs or {}, list(input_infos), output_info))))
+
+
+# ---- shape facts ---------------------------------------------------------------------------
+
+def numel(info: ValueInfo | None) -> int:
+    """Element count; unknown or symbolic dimensions count as 1 (a batch of one)."""
+    if info is None or info.shape is None:
+        return 1
+    return math.prod(d if isinstance(d, int) and d > 0 else 1 for d in info.shape)
+
+
+def nbytes(info: ValueInfo | None) -> int:
+    """Bytes of a value of this type."""
+    try:
+        size = np.dtype(info.dtype).itemsize if info is not None else 4
+    except TypeError:
+        size = 4
+    return numel(info) * size
+
+
+def flops(op: str, attrs: dict[str, Any], input_infos: Sequence[ValueInfo], output_info: ValueInfo) -> int:
+    """Arithmetic operations of one node, from shapes alone."""
+    out = numel(output_info)
+    if op == "Conv" and len(input_infos) > 1 and input_infos[1].shape is not None:
+        # Each output element is a dot product over (C_in / group) * kernel window.
+        window = math.prod(d if isinstance(d, int) else 1 for d in input_infos[1].shape[1:])
+        return 2 * out * window + (out if len(input_infos) > 2 and input_infos[2] else 0)
+    if op in ("Gemm", "MatMul") and input_infos and input_infos[0].shape:
+        shape = input_infos[0].shape
+        k = shape[0] if op == "Gemm" and attrs.get("transA", 0) else shape[-1]
+        return 2 * out * (k if isinstance(k, int) else 1)
+    if op in ("MaxPool", "AveragePool"):
+        return out * math.prod(attrs.get("kernel_shape") or [1])
+    if op == "GlobalAveragePool":
+        return numel(input_infos[0]) if input_infos else out
+    if op == "BatchNormalization":
+        return 2 * out
+    if op in ("Reshape", "Flatten", "Transpose", "Identity", "Concat", "Constant", "Squeeze", "Unsqueeze"):
+        return 0
+    return out
+
+
+class _Facts:
+    """The shape facts a cost formula may read, computed on demand."""
+
+    __slots__ = ("op", "attrs", "inputs", "out")
+
+    def __init__(self, op: str, attrs: dict[str, Any], inputs: list[ValueInfo], out: ValueInfo):
+        self.op, self.attrs, self.inputs, self.out = op, attrs, inputs, out
+
+    def value(self, ref: str) -> ValueInfo | None:
+        if ref == "out":
+            return self.out
+        k = int(ref[2:])
+        return self.inputs[k] if k < len(self.inputs) else None
+
+
+_SCALAR_FACTS: dict[str, Callable[[_Facts], float]] = {
+    "flops": lambda f: flops(f.op, f.attrs, f.inputs, f.out),
+    "bytes": lambda f: sum(nbytes(i) for i in f.inputs if i is not None) + nbytes(f.out),
+    "in_bytes": lambda f: sum(nbytes(i) for i in f.inputs if i is not None),
+    "out_bytes": lambda f: nbytes(f.out),
+    "numel": lambda f: numel(f.out),
+    "inputs": lambda f: len(f.inputs),
+}
+_VALUE_CALLS = {"numel": lambda v: numel(v), "bytes": lambda v: nbytes(v),
+                "rank": lambda v: 0 if v is None or v.shape is None else len(v.shape)}
+
+
+def _is_value_ref(name: str) -> bool:
+    return name == "out" or (name.startswith("in") and name[2:].isdigit())
+
+
+# ---- parsing -------------------------------------------------------------------------------
+
+_PARSER = Lark.open("targets.lark", rel_to=__file__, parser="lalr", propagate_positions=True)
+
+
+class _Build(Transformer):
+    """Turns the parse tree into statements: (kind, loc, payload) tuples and compiled costs."""
+
+    def __init__(self, file: str, text: str):
+        super().__init__()
+        self.file, self.lines = file, text.splitlines()
+
+    def error(self, tok: Any, message: str) -> SourceError:
+        line, col = getattr(tok, "line", 1) or 1, getattr(tok, "column", 1) or 1
+        src = self.lines[line - 1] if 0 < line <= len(self.lines) else None
+        return SourceError(self.file, line, col, message, src)
+
+    def loc(self, tok: Token) -> Loc:
+        return Loc(self.file, tok.line, tok.column)
+
+    # statements
+    def start(self, items):
+        return list(items)
+
+    def target_decl(self, items):
+        return ("target", items[0], (str(items[0]), items[1][1:-1] if len(items) > 1 else ""))
+
+    def domain_decl(self, items):
+        return ("domain", items[0], ".".join(str(t) for t in items))
+
+    def default_decl(self, items):
+        return ("default", None, self._cost(items[0]))
+
+    def _cost(self, item) -> CostFn | None:
+        return None if isinstance(item, Token) and item.type == "UNSUPPORTED" else self._need(item)
+
+    def preserve_decl(self, items):
+        return ("preserve", items[0], tuple(str(t) for t in items))
+
+    def fold_decl(self, items):
+        return ("fold", items[0], str(items[0]) == "yes")
+
+    def op_decl(self, items):
+        *names, cost = items
+        return ("op", names[0], ([(str(n), n) for n in names], self._cost(cost)))
+
+    def composite_decl(self, items):
+        name, term = items
+        if not isinstance(term, OpTerm):
+            raise self.error(name, f"composite '{name}' must be an op pattern, not a bare variable")
+        return ("composite", name, Composite(str(name), term, self.loc(name)))
+
+    # cost formulas compile to closures; each node is (fn, token-for-errors)
+    def num(self, items):
+        v = float(items[0])
+        return (lambda f: v), items[0]
+
+    def fact(self, items):
+        name = str(items[0])
+        if _is_value_ref(name):
+            return None, items[0]  # only meaningful as a call argument; _need() rejects it elsewhere
+        if name not in _SCALAR_FACTS:
+            known = ", ".join(sorted(_SCALAR_FACTS))
+            raise self.error(items[0], f"unknown shape fact '{name}' (known: {known}; "
+                                       f"or numel(v), bytes(v), rank(v), dim(v, k), max, min)")
+        return _SCALAR_FACTS[name], items[0]
+
+    def call(self, items):
+        name, args = items[0], [a for a in items[1:] if a is not None]
+        fn = str(name)
+        if fn in ("max", "min") and args:
+            parts = [self._need(a) for a in args]
+            pick = max if fn == "max" else min
+            return (lambda f: pick(p(f) for p in parts)), name
+        refs = [a[1] for a in args]
+        if fn in _VALUE_CALLS and len(args) == 1 and _is_value_ref(str(refs[0])):
+            ref, get = str(refs[0]), _VALUE_CALLS[fn]
+            return (lambda f: get(f.value(ref))), name
+        if fn == "dim" and len(args) == 2 and _is_value_ref(str(refs[0])) and refs[1].type == "NUMBER":
+            ref, k = str(refs[0]), int(float(refs[1]))
+            return (lambda f: _dim(f.value(ref), k)), name
+        raise self.error(name, f"bad call '{fn}(...)': use numel(v), bytes(v), rank(v), dim(v, k), "
+                               f"max(a, ...) or min(a, ...) where v is out, in0, in1, ...")
+
+    def _need(self, item) -> CostFn:
+        fn, tok = item
+        if fn is None:
+            raise self.error(tok, f"'{tok}' names a value, not a number: write numel({tok}) or bytes({tok})")
+        return fn
+
+    def _binary(self, items, op):
+        a, b, tok = self._need(items[0]), self._need(items[1]), items[0][1]
+        return (lambda f: op(a(f), b(f))), tok
+
+    def add(self, items):
+        return self._binary(items, lambda x, y: x + y)
+
+    def sub(self, items):
+        return self._binary(items, lambda x, y: x - y)
+
+    def mul(self, items):
+        return self._binary(items, lambda x, y: x * y)
+
+    def div(self, items):
+        return self._binary(items, lambda x, y: x / y if y else math.inf)
+
+    def neg(self, items):
+        a, tok = self._need(items[0]), items[0][1]
+        return (lambda f: -a(f)), tok
+
+    # patterns build rule_ast terms
+    def op_term(self, items):
+        name, *rest = items
+        attrs = ()
+        if rest and isinstance(rest[-1], tuple) and rest[-1][:1] == ("attrs",):
+            attrs = rest.pop()[1]
+        args = tuple(a for a in rest if a is not None)
+        return OpTerm(str(name), args, attrs, self.loc(name))
+
+    def const_var(self, items):
+        return Var(str(items[0]), const=True, loc=self.loc(items[0]))
+
+    def var(self, items):
+        return Var(str(items[0]), loc=self.loc(items[0]))
+
+    def attrs(self, items):
+        return ("attrs", tuple(a for a in items if a is not None))
+
+    def attr_num(self, items):
+        text = str(items[1])
+        return str(items[0]), Num(float(text) if any(c in text for c in ".eE") else int(text))
+
+    def attr_str(self, items):
+        return str(items[0]), Str(str(items[1])[1:-1])
+
+    def attr_ints(self, items):
+        return str(items[0]), IntList(tuple(int(t) for t in items[1:] if t is not None))
+
+
+def _dim(info: ValueInfo | None, k: int) -> int:
+    if info is None or info.shape is None or not -len(info.shape) <= k < len(info.shape):
+        return 1
+    d = info.shape[k]
+    return d if isinstance(d, int) else 1
+
+
+def parse_target(text: str, file: str = "<string>", name: str | None = None) -> Target:
+    """Parse the text of a target file; errors name file:line:col with a caret."""
+    lines = text.splitlines()
+    try:
+        tree = _PARSER.parse(text if text.endswith("\n") else text + "\n")
+    except UnexpectedInput as err:
+        line, col = getattr(err, "line", 1), getattr(err, "column", 1)
+        if isinstance(err, UnexpectedEOF) or line is None or line < 1:
+            line, col = max(len(lines), 1), len(lines[-1]) + 1 if lines else 1
+        what = f"unexpected character {err.char!r}" if isinstance(err, UnexpectedCharacters) \
+            else f"unexpected {_describe(err)}"
+        raise SourceError(file, line, col, f"syntax error: {what}",
+                          lines[line - 1] if 0 < line <= len(lines) else None) from None
+    try:
+        stmts = _Build(file, text).transform(tree)
+    except VisitError as err:
+        if isinstance(err.orig_exc, SaturateError):
+            raise err.orig_exc from None
+        raise
+    return _assemble(stmts, file, name, lines)
+
+
+def _describe(err: UnexpectedInput) -> str:
+    tok = getattr(err, "token", None)
+    if tok is None or tok.type == "$END":
+        return "end of file"
+    return "end of line" if tok.type == "_NL" else repr(str(tok))
+
+
+def _assemble(stmts: list, file: str, name: str | None, lines: list[str]) -> Target:
+    def fail(tok: Any, message: str) -> SourceError:
+        line, col = getattr(tok, "line", 1), getattr(tok, "column", 1)
+        return SourceError(file, line, col, message, lines[line - 1] if 0 < line <= len(lines) else None)
+
+    t = Target(name=name or Path(file).stem, file=file, default=_DEFAULT_COST)
+    seen_ops: dict[str, Any] = {}
+    composites: dict[str, Composite] = {}
+    for kind, tok, payload in stmts:
+        if kind == "target":
+            if name is not None and payload[0] != name:
+                raise fail(tok, f"file declares target '{payload[0]}' but is named '{name}'")
+            t.name, t.description = payload
+        elif kind == "domain":
+            t.domain = payload
+        elif kind == "default":
+            t.default = payload
+        elif kind == "preserve":
+            t.preserve = tuple(dict.fromkeys(t.preserve + payload))
+        elif kind == "fold":
+            t.fold_preserved = payload
+        elif kind == "op":
+            names, cost = payload
+            for op, op_tok in names:
+                if op in seen_ops:
+                    raise fail(op_tok, f"op '{op}' already has a cost (line {seen_ops[op].line})")
+                seen_ops[op] = op_tok
+                t.costs[op] = cost
+        elif kind == "composite":
+            if payload.name in composites:
+                raise fail(tok, f"composite '{payload.name}' is defined twice")
+            _check_pattern(payload, fail, tok)
+            composites[payload.name] = payload
+    t.domain = t.domain or t.name
+    t.composites = tuple(composites.values())
+    return t
+
+
+def _check_pattern(comp: Composite, fail, tok) -> None:
+    """A variable bound twice must mean the same value; a const var stays const everywhere."""
+    kinds: dict[str, bool] = {}
+
+    def walk(term: Term) -> None:
+        if isinstance(term, Var):
+            if kinds.setdefault(term.name, term.const) != term.const:
+                raise fail(tok, f"composite '{comp.name}': variable '{term.name}' is both const and not")
+        elif isinstance(term, OpTerm):
+            for _, v in term.attrs:
+                if isinstance(v, AttrVar):
+                    raise fail(tok, f"composite '{comp.name}': attribute captures are not allowed")
+            for a in term.args:
+                walk(a)
+
+    walk(comp.pattern)
+
+
+# Ops a file leaves unlisted cost FLOPs + bytes unless it says `default ...`.
+_DEFAULT_COST: CostFn = lambda f: _SCALAR_FACTS["flops"](f) + _SCALAR_FACTS["bytes"](f)
+
+
+# ---- finding targets -----------------------------------------------------------------------
+
+def target_files() -> dict[str, Path]:
+    """Every shipped target by name: rules/targets/*.target, found by glob."""
+    return {p.stem: p for p in sorted(TARGETS_DIR.glob("*.target"))}
+
+
+def load_target(name_or_path: "str | Target | None" = None) -> Target:
+    """A shipped target by name (default `cpu`), or a .target file by path."""
+    if isinstance(name_or_path, Target):
+        return name_or_path
+    spec = name_or_path or DEFAULT_TARGET
+    path = Path(spec)
+    if spec.endswith(".target") or path.is_file():
+        if not path.is_file():
+            raise SaturateError(f"target file '{spec}' does not exist")
+        return parse_target(path.read_text(), str(path))
+    files = target_files()
+    if spec not in files:
+        raise SaturateError(f"unknown target '{spec}' (available: {', '.join(files) or 'none'})")
+    return parse_target(files[spec].read_text(), str(files[spec]), name=spec)
+
+
+def list_targets() -> list[Target]:
+    """All shipped targets, sorted by name."""
+    return [load_target(n) for n in target_files()]

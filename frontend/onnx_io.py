@@ -1,0 +1,287 @@
+"""Frontend stage: ONNX ModelProto <-> saturate.ir.Graph (import with shape inference, export)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
+
+from saturate.errors import SaturateError
+from saturate.ir import Graph, Node, OpaqueAttr, ValueInfo
+
+MIN_OPSET, MAX_OPSET = 13, 21
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+_OPAQUE_KINDS = {AttributeProto.GRAPH: "GRAPH", AttributeProto.GRAPHS: "GRAPHS",
+                 AttributeProto.SPARSE_TENSOR: "SPARSE_TENSOR", AttributeProto.SPARSE_TENSORS: "SPARSE_TENSORS",
+                 AttributeProto.TYPE_PROTO: "TYPE_PROTO", AttributeProto.TYPE_PROTOS: "TYPE_PROTOS"}
+
+
+# ---- import ---------------------------------------------------------------------------------
+def import_model(model: onnx.ModelProto) -> Graph:
+    """Convert an ONNX model into a Graph: constants, inferred value types, typed attributes."""
+    opset, extra = _opsets(model)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as err:
+        raise SaturateError(f"invalid ONNX model: {_first_line(err)}") from None
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception as err:  # inference failures are the model's fault, not ours
+        raise SaturateError(f"invalid ONNX model: shape inference failed: {_first_line(err)}") from None
+    og = model.graph
+    g = Graph(name=og.name or "graph", opset=opset)
+    if extra:
+        g.meta["opset_imports"] = extra
+    if model.producer_name:
+        g.meta["producer"] = model.producer_name
+
+    for init in og.initializer:
+        g.constants[init.name] = numpy_helper.to_array(init)
+    if og.sparse_initializer:
+        raise SaturateError("sparse initializers are not supported")
+    for vi in list(og.input) + list(og.value_info) + list(og.output):
+        info = _value_info(vi)
+        if info is not None and vi.name not in g.constants:
+            g.values[vi.name] = info
+    g.inputs = [vi.name for vi in og.input if vi.name not in g.constants]
+    g.outputs = [vi.name for vi in og.output]
+
+    for k, on in enumerate(og.node):
+        if on.op_type == "Constant" and on.domain in _DEFAULT_DOMAINS and len(on.attribute) == 1:
+            value = _constant_node_value(on.attribute[0])
+            if value is not None:
+                g.constants[on.output[0]] = value
+                g.values.pop(on.output[0], None)
+                continue
+        node = Node(on.op_type, list(on.input), list(on.output), name=on.name,
+                    domain="" if on.domain == "ai.onnx" else on.domain)
+        node.attrs = {a.name: _attr_value(a, node) for a in on.attribute}
+        g.nodes.append(node)
+    # A graph output that is directly a constant or an input needs no node; keep it as is.
+    g.validate()
+    return g
+
+
+def _opsets(model: onnx.ModelProto) -> tuple[int, dict[str, int]]:
+    opset, extra = None, {}
+    for imp in model.opset_import:
+        if imp.domain in _DEFAULT_DOMAINS:
+            opset = imp.version
+        else:
+            extra[imp.domain] = imp.version
+    if opset is None:
+        raise SaturateError("ONNX model imports no default-domain opset")
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise SaturateError(f"unsupported ONNX opset {opset}: saturate supports opsets {MIN_OPSET} to {MAX_OPSET}")
+    return opset, extra
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def dtype_name(elem_type: int) -> str:
+    """Numpy spelling of an ONNX tensor element type ("float32", "int64", "bfloat16", ...)."""
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except Exception:
+        return TensorProto.DataType.Name(elem_type).lower()
+
+
+def elem_type(dtype: str) -> int:
+    """ONNX tensor element type of a numpy dtype name."""
+    try:
+        return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    except Exception:
+        try:
+            return TensorProto.DataType.Value(dtype.upper())
+        except ValueError:
+            raise SaturateError(f"dtype '{dtype}' has no ONNX equivalent") from None
+
+
+def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo | None:
+    if not vi.type.HasField("tensor_type"):
+        return None
+    tt = vi.type.tensor_type
+    dtype = dtype_name(tt.elem_type) if tt.elem_type else "unknown"
+    if not tt.HasField("shape"):
+        return ValueInfo(dtype, None)
+    dims: list[Any] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return ValueInfo(dtype, tuple(dims))
+
+
+def _constant_node_value(a: AttributeProto) -> np.ndarray | None:
+    if a.name == "value" and a.type == AttributeProto.TENSOR:
+        return numpy_helper.to_array(a.t)
+    scalar = {"value_float": lambda: np.array(a.f, np.float32),
+              "value_floats": lambda: np.array(list(a.floats), np.float32),
+              "value_int": lambda: np.array(a.i, np.int64),
+              "value_ints": lambda: np.array(list(a.ints), np.int64)}
+    return scalar[a.name]() if a.name in scalar else None
+
+
+def _attr_value(a: AttributeProto, node: Node) -> Any:
+    t = a.type
+    if t == AttributeProto.FLOAT:
+        return float(a.f)
+    if t == AttributeProto.INT:
+        return int(a.i)
+    if t == AttributeProto.STRING:
+        return _text(a.s)
+    if t == AttributeProto.TENSOR:
+        return numpy_helper.to_array(a.t)
+    if t == AttributeProto.FLOATS:
+        return [float(v) for v in a.floats]
+    if t == AttributeProto.INTS:
+        return [int(v) for v in a.ints]
+    if t == AttributeProto.STRINGS:
+        return [_text(s) for s in a.strings]
+    if t == AttributeProto.TENSORS:
+        return [numpy_helper.to_array(x) for x in a.tensors]
+    if t in _OPAQUE_KINDS:
+        return OpaqueAttr(_OPAQUE_KINDS[t], a.SerializeToString())
+    raise SaturateError(f"{node.where()}: attribute '{a.name}' has an unsupported type {t}")
+
+
+def _text(b: bytes) -> str | bytes:
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return b
+
+
+# ---- export ---------------------------------------------------------------------------------
+def export_model(graph: Graph) -> onnx.ModelProto:
+    """Convert a Graph to an ONNX model (constants as initializers, Conv+Add(bias) fused)."""
+    g = fuse_conv_bias(graph)
+    nodes = [_export_node(n, g.opset) for n in g.nodes]
+    inits = [_tensor(name, arr) for name, arr in g.constants.items()]
+    inputs = [_export_value_info(g, v) for v in g.inputs]
+    outputs = [_export_value_info(g, v) for v in g.outputs]
+    internal = set(g.inputs) | set(g.outputs) | set(g.constants)
+    value_info = [_export_value_info(g, o) for n in g.nodes for o in n.outputs
+                  if o and o not in internal and o in g.values]
+    og = helper.make_graph(nodes, g.name or "graph", inputs, outputs, initializer=inits, value_info=value_info)
+    opsets = [helper.make_opsetid("", g.opset)]
+    opsets += [helper.make_opsetid(d, v) for d, v in g.meta.get("opset_imports", {}).items()]
+    model = helper.make_model(og, opset_imports=opsets, producer_name="saturate")
+    # Keep the IR version within what the installed ONNX Runtime accepts.
+    model.ir_version = min(model.ir_version, 10)
+    return model
+
+
+def _export_node(n: Node, opset: int) -> onnx.NodeProto:
+    proto = helper.make_node(n.op, list(n.inputs), list(n.outputs), name=n.name or None,
+                             domain=n.domain or None)
+    for key, value in n.attrs.items():
+        proto.attribute.append(_export_attr(n, key, value, opset))
+    return proto
+
+
+def _export_attr(n: Node, key: str, value: Any, opset: int) -> AttributeProto:
+    if isinstance(value, OpaqueAttr):
+        a = AttributeProto()
+        a.ParseFromString(value.payload)
+        return a
+    if isinstance(value, np.ndarray):
+        return helper.make_attribute(key, _tensor("", value))
+    if isinstance(value, (list, tuple)):
+        if value and all(isinstance(v, np.ndarray) for v in value):
+            return helper.make_attribute(key, [_tensor("", v) for v in value])
+        if not value:
+            return helper.make_attribute(key, [], attr_type=_schema_attr_type(n, key, opset))
+        if any(isinstance(v, float) for v in value) and all(isinstance(v, (int, float)) for v in value):
+            return helper.make_attribute(key, [float(v) for v in value])
+        return helper.make_attribute(key, list(value))
+    if isinstance(value, (bool, np.integer)):
+        value = int(value)
+    elif isinstance(value, np.floating):
+        value = float(value)
+    try:
+        return helper.make_attribute(key, value)
+    except Exception as err:
+        raise SaturateError(f"{n.where()}: cannot export attribute '{key}': {_first_line(err)}") from None
+
+
+def _schema_attr_type(n: Node, key: str, opset: int) -> int:
+    # An empty list carries no element type in Python; the op schema knows it.
+    try:
+        schema = onnx.defs.get_schema(n.op, opset, n.domain or "")
+        return int(schema.attributes[key].type)
+    except Exception:
+        return AttributeProto.INTS
+
+
+def _tensor(name: str, arr: np.ndarray) -> TensorProto:
+    arr = np.asarray(arr)
+    if arr.dtype == object:
+        return helper.make_tensor(name, TensorProto.STRING, arr.shape,
+                                  [s if isinstance(s, bytes) else str(s).encode() for s in arr.flat])
+    return numpy_helper.from_array(arr, name)
+
+
+def _export_value_info(g: Graph, name: str) -> onnx.ValueInfoProto:
+    info = g.info(name)
+    if info.dtype == "unknown":
+        return helper.make_empty_tensor_value_info(name)
+    shape = None if info.shape is None else [d if d is not None else None for d in info.shape]
+    return helper.make_tensor_value_info(name, elem_type(info.dtype), shape)
+
+
+# ---- Conv + per-channel Add -> Conv with bias -------------------------------------------------
+def fuse_conv_bias(graph: Graph) -> Graph:
+    """Copy of `graph` where Conv (no bias) -> Add(per-output-channel constant) is one Conv."""
+    g = graph.copy()
+    consumers = g.consumers()
+    producers = g.producers()
+    dead: set[int] = set()
+    for add in g.nodes:
+        if add.op != "Add" or add.domain:
+            continue
+        for k in (0, 1):
+            conv = producers.get(add.inputs[k])
+            const = add.inputs[1 - k]
+            bias = _channel_bias(g, conv, const)
+            if bias is None or len(consumers.get(conv.outputs[0], [])) != 1 or conv.outputs[0] in g.outputs:
+                continue
+            name = g.fresh_name(f"{conv.name or conv.outputs[0]}_bias")
+            g.constants[name] = bias
+            conv.inputs = list(conv.inputs[:2]) + [name]
+            conv.outputs = [add.outputs[0]]
+            g.values.pop(add.inputs[k], None)
+            dead.add(id(add))
+            break
+    g.nodes = [n for n in g.nodes if id(n) not in dead]
+    g.remove_dead()
+    return g
+
+
+def _channel_bias(g: Graph, conv: Node | None, const: str) -> np.ndarray | None:
+    if conv is None or conv.op != "Conv" or conv.domain or len(conv.outputs) != 1:
+        return None
+    if len(conv.inputs) > 2 and conv.inputs[2]:
+        return None
+    w = g.constants.get(conv.inputs[1])
+    c = g.constants.get(const)
+    if w is None or c is None or c.dtype != w.dtype:
+        return None
+    # The constant must broadcast onto the conv output without growing it and vary only along
+    # the channel axis (1). A bare (C,) broadcasts along the last axis, so it is a bias only if C == 1.
+    out_rank, channels = w.ndim, w.shape[0]
+    if c.ndim > out_rank:
+        return None
+    padded = (1,) * (out_rank - c.ndim) + tuple(c.shape)
+    if any(d != 1 for k, d in enumerate(padded) if k != 1) or padded[1] not in (1, channels):
+        return None
+    return np.broadcast_to(c.reshape(-1), (channels,)).astype(w.dtype).copy()

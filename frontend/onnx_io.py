@@ -22,10 +22,7 @@ _OPAQUE_KINDS = {AttributeProto.GRAPH: "GRAPH", AttributeProto.GRAPHS: "GRAPHS",
 def import_model(model: onnx.ModelProto) -> Graph:
     """Convert an ONNX model into a Graph: constants, inferred value types, typed attributes."""
     opset, extra = _opsets(model)
-    try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as err:
-        raise SaturateError(f"invalid ONNX model: {_first_line(err)}") from None
+    _check(model)
     try:
         model = onnx.shape_inference.infer_shapes(model)
     except Exception as err:  # inference failures are the model's fault, not ours
@@ -62,6 +59,23 @@ def import_model(model: onnx.ModelProto) -> Graph:
     # A graph output that is directly a constant or an input needs no node; keep it as is.
     g.validate()
     return g
+
+
+def _check(model: onnx.ModelProto) -> None:
+    # The checker insists on a shape for every graph input and output; exporters often leave
+    # one out and ONNX Runtime does not mind, so check a copy that declares them rank-free.
+    probe = model
+    if any(vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
+           for vi in list(model.graph.input) + list(model.graph.output)):
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        for vi in list(probe.graph.input) + list(probe.graph.output):
+            if vi.type.HasField("tensor_type"):
+                vi.type.tensor_type.shape.SetInParent()
+    try:
+        onnx.checker.check_model(probe)
+    except onnx.checker.ValidationError as err:
+        raise SaturateError(f"invalid ONNX model: {_first_line(err)}") from None
 
 
 def _opsets(model: onnx.ModelProto) -> tuple[int, dict[str, int]]:
@@ -178,7 +192,24 @@ def export_model(graph: Graph) -> onnx.ModelProto:
     model = helper.make_model(og, opset_imports=opsets, producer_name="saturate")
     # Keep the IR version within what the installed ONNX Runtime accepts.
     model.ir_version = min(model.ir_version, 10)
+    _fill_io_shapes(model)
     return model
+
+
+def _fill_io_shapes(model: onnx.ModelProto) -> None:
+    # The checker wants a shape on every graph input and output; infer the ones the IR lacks.
+    io = [vi for vi in list(model.graph.input) + list(model.graph.output)
+          if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
+    if not io:
+        return
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:
+        return
+    known = {vi.name: vi for vi in list(inferred.value_info) + list(inferred.output)}
+    for vi in io:
+        if vi.name in known and known[vi.name].type.tensor_type.HasField("shape"):
+            vi.type.CopyFrom(known[vi.name].type)
 
 
 def _export_node(n: Node, opset: int) -> onnx.NodeProto:

@@ -1,0 +1,218 @@
+"""ONNX import/export: round trips through ONNX Runtime, attributes, bias fusion, bad input."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from frontend import load_graph, save_graph
+from frontend.examples import build, build_model, random_inputs
+from frontend.onnx_io import export_model, import_model
+from saturate.errors import SaturateError
+from saturate.ir import OpaqueAttr
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def make_model(nodes, inputs, outputs, inits=(), opset=17, extra_opsets=()):
+    graph = helper.make_graph(nodes, "t", inputs, outputs, initializer=list(inits))
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    return model
+
+
+def tensor_in(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def check_same_as_original(name: str):
+    original = build_model(name)
+    graph = import_model(original)
+    exported = export_model(graph)
+    onnx.checker.check_model(exported, full_check=True)
+    feeds = random_inputs(graph, seed=7)
+    expected = run_ort(original, feeds)
+    got = run_ort(exported, feeds)
+    assert len(got) == len(expected)
+    for e, g in zip(expected, got):
+        assert np.isfinite(e).all()
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["vgg", "resnet18", "mobilenet", "mlp", "chain-4"])
+def test_examples_round_trip_through_onnx_runtime(name):
+    check_same_as_original(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet50", "vgg11bn", "chain-2000"])
+def test_big_examples_round_trip_through_onnx_runtime(name):
+    check_same_as_original(name)
+
+
+def test_import_types_every_value():
+    g = build("resnet18")
+    for n in g.nodes:
+        for o in n.outputs:
+            assert g.info(o).is_static(), o
+    assert g.info("x").shape == (1, 3, 224, 224)
+    assert g.info(g.outputs[0]).shape == (1, 1000)
+
+
+def test_constant_nodes_become_constants_and_symbolic_dims_stay():
+    nodes = [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.arange(3, dtype=np.float32))),
+             helper.make_node("Constant", [], ["k"], value_ints=[1, 2]),
+             helper.make_node("Add", ["x", "c"], ["y"])]
+    m = make_model(nodes, [tensor_in("x", ["N", 3])], [tensor_in("y", None)])
+    g = import_model(m)
+    assert [n.op for n in g.nodes] == ["Add"]
+    np.testing.assert_array_equal(g.constants["c"], np.arange(3, dtype=np.float32))
+    assert g.constants["k"].dtype == np.int64
+    assert g.info("y").shape == ("N", 3)
+    out = run_ort(export_model(g), {"x": np.ones((2, 3), np.float32)})[0]
+    np.testing.assert_array_equal(out, np.ones((2, 3)) + np.arange(3))
+
+
+def test_attributes_keep_their_python_types():
+    nodes = [helper.make_node("LeakyRelu", ["x"], ["a"], alpha=0.25),
+             helper.make_node("Transpose", ["a"], ["b"], perm=[1, 0]),
+             helper.make_node("Softmax", ["b"], ["c"], axis=0),
+             helper.make_node("ConstantOfShape", ["s"], ["z"], value=numpy_helper.from_array(np.array([2.5], np.float32))),
+             helper.make_node("Shape", ["c"], ["s"])]
+    m = make_model([nodes[0], nodes[1], nodes[2], nodes[4], nodes[3]], [tensor_in("x", [2, 3])],
+                   [tensor_in("c", None), tensor_in("z", None)])
+    g = import_model(m)
+    attrs = {n.op: n.attrs for n in g.nodes}
+    assert attrs["LeakyRelu"]["alpha"] == 0.25 and isinstance(attrs["LeakyRelu"]["alpha"], float)
+    assert attrs["Transpose"]["perm"] == [1, 0]
+    assert isinstance(attrs["Softmax"]["axis"], int)
+    assert isinstance(attrs["ConstantOfShape"]["value"], np.ndarray)
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    for e, got in zip(run_ort(m, {"x": x}), run_ort(export_model(g), {"x": x})):
+        np.testing.assert_array_equal(e, got)
+
+
+def test_unknown_ops_custom_domains_and_subgraphs_survive():
+    then_g = helper.make_graph([helper.make_node("Neg", ["x"], ["t"])], "then", [], [tensor_in("t", [2])])
+    else_g = helper.make_graph([helper.make_node("Relu", ["x"], ["e"])], "else", [], [tensor_in("e", [2])])
+    nodes = [helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g, name="branch"),
+             helper.make_node("MyOp", ["x"], ["z"], domain="com.example", gain=3, tag="hi")]
+    m = make_model(nodes, [tensor_in("cond", [], TensorProto.BOOL), tensor_in("x", [2])],
+                   [tensor_in("y", [2]), tensor_in("z", None)], extra_opsets=[("com.example", 1)])
+    g = import_model(m)
+    branch, custom = g.nodes
+    assert isinstance(branch.attrs["then_branch"], OpaqueAttr)
+    assert (custom.op, custom.domain, custom.attrs) == ("MyOp", "com.example", {"gain": 3, "tag": "hi"})
+    assert g.meta["opset_imports"] == {"com.example": 1}
+    out = export_model(g)
+    assert {(o.domain, o.version) for o in out.opset_import} == {("", 17), ("com.example", 1)}
+    assert out.graph.node[1].domain == "com.example"
+    # ONNX Runtime cannot run MyOp; run the If part alone to check the subgraphs came back intact.
+    g.nodes = [branch]
+    g.outputs = ["y"]
+    x = np.array([1.0, -2.0], np.float32)
+    assert run_ort(export_model(g), {"cond": np.array(True), "x": x})[0].tolist() == [-1.0, 2.0]
+    assert run_ort(export_model(g), {"cond": np.array(False), "x": x})[0].tolist() == [1.0, 0.0]
+
+
+def test_several_outputs_and_shared_values():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "r"], ["a"]),
+             helper.make_node("Mul", ["r", "x"], ["m"])]
+    m = make_model(nodes, [tensor_in("x", [4])], [tensor_in("a", [4]), tensor_in("m", [4]), tensor_in("r", [4])])
+    g = import_model(m)
+    assert g.outputs == ["a", "m", "r"]
+    x = np.array([1, -1, 2, -3], np.float32)
+    for e, got in zip(run_ort(m, {"x": x}), run_ort(export_model(g), {"x": x})):
+        np.testing.assert_array_equal(e, got)
+
+
+# ---- Conv + per-channel Add -> Conv bias on export -----------------------------------------
+def conv_add_model(const_shape, swap=False, extra_use=False, conv_bias=False, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    c = rng.standard_normal(const_shape).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")]
+    conv_in = ["x", "w"]
+    if conv_bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b"))
+        conv_in.append("b")
+    nodes = [helper.make_node("Conv", conv_in, ["v"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "v"] if swap else ["v", "c"], ["y"])]
+    outputs = [tensor_in("y", None)]
+    if extra_use:
+        nodes.append(helper.make_node("Relu", ["v"], ["r"]))
+        outputs.append(tensor_in("r", None))
+    return make_model(nodes, [tensor_in("x", [1, 3, 4, 4])], outputs, inits)
+
+
+@pytest.mark.parametrize("shape,swap", [((4, 1, 1), False), ((1, 4, 1, 1), False), ((1, 4, 1, 1), True),
+                                        ((1,), False), ((), True)])
+def test_per_channel_add_becomes_conv_bias(shape, swap):
+    m = conv_add_model(shape, swap)
+    exported = export_model(import_model(m))
+    onnx.checker.check_model(exported, full_check=True)
+    assert [n.op_type for n in exported.graph.node] == ["Conv"]
+    assert len(exported.graph.node[0].input) == 3
+    x = np.random.default_rng(1).standard_normal((1, 3, 4, 4)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(exported, {"x": x})[0], run_ort(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs", [dict(const_shape=(4,)), dict(const_shape=(1, 4, 4, 4)),
+                                    dict(const_shape=(1, 4, 1, 1), extra_use=True),
+                                    dict(const_shape=(1, 4, 1, 1), conv_bias=True),
+                                    dict(const_shape=(2, 4, 1, 1))])
+def test_other_adds_stay_adds(kwargs):
+    m = conv_add_model(**kwargs)
+    exported = export_model(import_model(m))
+    assert "Add" in [n.op_type for n in exported.graph.node]
+    x = np.random.default_rng(1).standard_normal((1, 3, 4, 4)).astype(np.float32)
+    for e, got in zip(run_ort(m, {"x": x}), run_ort(exported, {"x": x})):
+        np.testing.assert_allclose(got, e, rtol=1e-5, atol=1e-6)
+
+
+# ---- bad input -------------------------------------------------------------------------------
+def test_unsupported_opset_is_rejected():
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor_in("x", [2])], [tensor_in("y", [2])], opset=11)
+    with pytest.raises(SaturateError, match="unsupported ONNX opset 11: saturate supports opsets 13 to 21"):
+        import_model(m)
+
+
+def test_invalid_model_is_one_line_error():
+    m = make_model([helper.make_node("Relu", ["nowhere"], ["y"])], [tensor_in("x", [2])], [tensor_in("y", [2])])
+    with pytest.raises(SaturateError, match="invalid ONNX model") as err:
+        import_model(m)
+    assert "\n" not in str(err.value)
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(SaturateError, match="no such file"):
+        load_graph(str(tmp_path / "missing.onnx"))
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00\xffnot a protobuf at all\x12")
+    with pytest.raises(SaturateError, match="junk.onnx: not an ONNX model"):
+        load_graph(str(junk))
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(SaturateError, match="not an ONNX model"):
+        load_graph(str(empty))
+
+
+def test_save_and_load_onnx_file(tmp_path):
+    g = build("mobilenet")
+    path = tmp_path / "m.onnx"
+    save_graph(g, str(path))
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]  # no temp file left behind
+    back = load_graph(str(path))
+    assert back.op_counts() == g.op_counts()
+    feeds = random_inputs(g)
+    np.testing.assert_array_equal(run_ort(onnx.load(str(path)), feeds)[0], run_ort(build_model("mobilenet"), feeds)[0])
+
+
+def test_save_into_missing_directory_fails_cleanly(tmp_path):
+    with pytest.raises(SaturateError, match="does not exist"):
+        save_graph(build("mlp"), str(tmp_path / "nope" / "m.onnx"))

@@ -1,0 +1,57 @@
+"""CLI `saturate partition`: optimize for a target, then group its composites into ONNX functions."""
+
+from __future__ import annotations
+
+import argparse
+
+from frontend import load_graph
+from saturate.partition import optimize_for_target, partition, save_model, summary
+from saturate.preserve import marked_nodes
+from saturate.targets import load_target
+
+NAME = "partition"
+HELP = ("optimize MODEL for a target, then turn each match of the target's composite patterns "
+        "into a call to an ONNX local function (constants lifted to arguments)")
+
+
+def add_preserve_options(parser: argparse.ArgumentParser) -> None:
+    """--preserve OP[,OP] and --preserve-nodes NAME[,NAME], shared with `optimize`."""
+    parser.add_argument("--preserve", metavar="OP[,OP]", default="",
+                        help="ops no rewrite may change, on top of the target's own list")
+    parser.add_argument("--preserve-nodes", metavar="NAME[,NAME]", default="",
+                        help="nodes (by name or first output) no rewrite may change; an ONNX model "
+                             "may also mark nodes with metadata saturate.preserve=1")
+
+
+def split(text: str) -> tuple[str, ...]:
+    """`A,B , C` -> ('A', 'B', 'C')."""
+    return tuple(s.strip() for s in (text or "").split(",") if s.strip())
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="model: .onnx, .sat or example:NAME")
+    parser.add_argument("--target", "-t", default="cpu", help="target name or .target file (default: cpu)")
+    parser.add_argument("-o", "--output", required=True, help="output .onnx file")
+    parser.add_argument("--keep-constants", action="store_true",
+                        help="keep constants inside function bodies instead of lifting them to arguments")
+    parser.add_argument("--no-optimize", action="store_true", help="partition the model as it is")
+    parser.add_argument("--level", type=int, default=3, help="rule level for the optimization (default 3)")
+    add_preserve_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    target = load_target(args.target)
+    graph = load_graph(args.model)
+    if args.no_optimize:
+        out = partition(graph, target, keep_constants=args.keep_constants)
+    else:
+        nodes = split(args.preserve_nodes) + tuple(sorted(marked_nodes(args.model)))
+        out, _ = optimize_for_target(graph, target, split(args.preserve), nodes, partition_graph=True,
+                                     keep_constants=args.keep_constants, level=args.level)
+    save_model(out, args.output)
+    lines = summary(out)
+    calls = sum(1 for n in out.nodes if n.domain == target.domain)
+    print(f"{args.output}: {calls} calls to {len(lines)} functions in domain '{target.domain}'")
+    for line in lines:
+        print("  " + line)
+    return 0

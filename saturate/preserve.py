@@ -1,0 +1,76 @@
+"""Preserve stage: which nodes no rewrite may change, from the target, the user and model marks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import onnx
+
+from saturate.errors import SaturateError
+from saturate.ir import Graph
+from saturate.targets import Target
+
+# A node is marked in an ONNX model by a metadata entry on the node (`saturate.preserve` = `1`),
+# or the model lists node names under the same key (comma-separated).
+MARK_KEY = "saturate.preserve"
+_TRUE = {"1", "true", "yes"}
+
+
+def marked_nodes(spec: str) -> set[str]:
+    """Names of nodes an .onnx file marks as preserved (none for other model specs)."""
+    path = Path(spec)
+    if path.suffix != ".onnx" or not path.is_file():
+        return set()
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as err:  # the frontend reports unreadable models; marks are best read alongside
+        raise SaturateError(f"{spec}: cannot read ONNX model: {str(err).splitlines()[0]}") from None
+    names: set[str] = set()
+    for prop in model.metadata_props:
+        if prop.key == MARK_KEY:
+            names.update(n.strip() for n in prop.value.split(",") if n.strip())
+    for node in model.graph.node:
+        if any(p.key == MARK_KEY and p.value.strip().lower() in _TRUE for p in node.metadata_props):
+            names.add(node.name or node.output[0])
+    return names
+
+
+def mark_nodes(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    """Mark nodes of `model` as preserved (in place), by node name or first output."""
+    wanted = set(names)
+    for node in model.graph.node:
+        if node.name in wanted or (node.output and node.output[0] in wanted):
+            node.metadata_props.add(key=MARK_KEY, value="1")
+    return model
+
+
+def preserved(graph: Graph, target: Target, ops: Iterable[str] = (),
+              nodes: Iterable[str] = ()) -> tuple[Graph, tuple[str, ...]]:
+    """The node names the engine must leave alone, on a copy of `graph` where each has a name.
+
+    Preserved are nodes whose op the target or `ops` lists and nodes named in `nodes` (node
+    name or first output). Where the target says `fold-preserved yes`, a preserved node that
+    computes from constants alone is not kept: constant folding may still replace it.
+    """
+    g = graph.copy()
+    ops_set = set(target.preserve) | set(ops)
+    wanted = set(nodes)
+    known = {n.name for n in g.nodes} | {o for n in g.nodes for o in n.outputs}
+    missing = sorted(wanted - known)
+    if missing:
+        raise SaturateError(f"--preserve-nodes: no node named {', '.join(repr(m) for m in missing)} in the model")
+    constant = set(g.constants)
+    names: list[str] = []
+    for n in g.nodes:
+        const_only = all(not i or i in constant for i in n.inputs)
+        if const_only:
+            constant.update(o for o in n.outputs if o)
+        if n.op not in ops_set and n.name not in wanted and not (set(n.outputs) & wanted):
+            continue
+        if const_only and target.fold_preserved:
+            continue
+        if not n.name:
+            n.name = g.fresh_name(n.outputs[0] if n.outputs else n.op)
+        names.append(n.name)
+    return g, tuple(names)

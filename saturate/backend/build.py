@@ -1,0 +1,95 @@
+"""C backend, build stage: compile the emitted C against OpenBLAS, cached by content hash."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from saturate.errors import SaturateError
+
+KERNELS_DIR = Path(__file__).resolve().parent
+SANITIZE_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
+
+
+def _cpu_has_avx512() -> bool:
+    try:
+        return " avx512f " in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def openblas() -> tuple[str, str, str]:
+    """(include dir, library dir, library name) of the scipy-openblas32 wheel.
+
+    Importing the wheel loads OpenBLAS, which picks its kernels once; on AVX-512 machines it
+    does not recognize (it falls back to Haswell's AVX2 kernels) we ask for the AVX-512 ones.
+    """
+    if _cpu_has_avx512():
+        os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+    try:
+        import scipy_openblas32 as ob
+    except ImportError:
+        raise SaturateError("the C backend needs the scipy-openblas32 package (pip install scipy-openblas32)") from None
+    return ob.get_include_dir(), ob.get_lib_dir(), ob.get_library()
+
+
+def compiler() -> str:
+    """The system C compiler ($CC, else cc)."""
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        raise SaturateError(f"no C compiler found ('{cc}'); install gcc or set CC")
+    return cc
+
+
+def compile_command(source: Path, target: Path, sanitize: bool = False) -> list[str]:
+    """The full compiler command line for one emitted model."""
+    inc, libdir, lib = openblas()
+    flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-w"]
+    if sanitize:
+        flags += SANITIZE_FLAGS
+    return [compiler(), *flags, f"-I{KERNELS_DIR}", f"-I{inc}", str(source), "-o", str(target),
+            f"-L{libdir}", f"-l{lib}", f"-Wl,-rpath,{libdir}", "-lm"]
+
+
+def cache_root() -> Path:
+    """Where compiled models are kept ($SATURATE_CACHE, else ~/.cache/saturate/backend)."""
+    return Path(os.environ.get("SATURATE_CACHE", Path.home() / ".cache" / "saturate" / "backend"))
+
+
+def build(source: str, weights: bytes, out_dir: Path | None = None, sanitize: bool = False) -> Path:
+    """Write model.c and weights.bin and compile model.so; returns the directory holding them.
+
+    Without out_dir the directory is a cache entry named by the hash of source, weights, kernels
+    and flags, so the same graph compiles once.
+    """
+    kernels = (KERNELS_DIR / "kernels.h").read_bytes()
+    key = hashlib.sha256(source.encode() + kernels + weights + (b"asan" if sanitize else b"")).hexdigest()[:24]
+    target = Path(out_dir) if out_dir is not None else cache_root() / key
+    so = target / "model.so"
+    stamp = target / "build.key"
+    if so.exists() and stamp.exists() and stamp.read_text() == key:
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    _write_atomic(target / "model.c", source.encode())
+    _write_atomic(target / "weights.bin", weights)
+    with tempfile.TemporaryDirectory(dir=target) as tmp:
+        tmp_so = Path(tmp) / "model.so"
+        cmd = compile_command(target / "model.c", tmp_so, sanitize)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            first = (proc.stderr.strip().splitlines() or ["(no output)"])[0]
+            raise SaturateError(f"C compiler failed on {target / 'model.c'}: {first}")
+        os.replace(tmp_so, so)
+    _write_atomic(stamp, key.encode())
+    return target
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)

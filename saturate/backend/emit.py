@@ -1,0 +1,336 @@
+"""C backend, emit stage: one C source for the whole graph plus a binary weights blob."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from saturate.backend.plan import Plan, Step, plan
+from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides
+from saturate.backend.shapes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, infer_shapes, pool_window, unsupported
+from saturate.errors import SaturateError
+from saturate.ir import Graph
+
+
+@dataclass
+class Emitted:
+    """The generated program: C source, weights bytes, and the facts the runtime needs."""
+
+    source: str
+    weights: bytes
+    inputs: list[tuple[str, tuple[int, ...]]]
+    outputs: list[tuple[str, tuple[int, ...]]]
+    plan: Plan
+    shapes: dict[str, tuple[int, ...]]
+
+
+def static_input_shapes(graph: Graph, overrides: dict | None = None) -> dict[str, tuple[int, ...]]:
+    """Concrete shapes of the graph inputs (overrides first); symbolic dimensions are an error."""
+    out = {}
+    for name in graph.inputs:
+        if overrides and name in overrides:
+            out[name] = tuple(int(d) for d in overrides[name])
+            continue
+        info = graph.info(name)
+        if not info.is_static():
+            raise SaturateError(f"graph input '{name}' has shape {info.shape}; the C backend needs static "
+                                f"shapes (pass input_shapes)")
+        if info.dtype != "float32":
+            raise SaturateError(f"graph input '{name}' has dtype {info.dtype}; the C backend runs float32 only")
+        out[name] = tuple(info.shape)
+    return out
+
+
+class Emitter:
+    """Walks the plan and writes C: one static function per fused pointwise chain, calls per step."""
+
+    def __init__(self, graph: Graph, shapes: dict, pl: Plan):
+        self.g, self.shapes, self.plan = graph, shapes, pl
+        self.blobs: list[np.ndarray] = []
+        self.woff: dict = {}
+        self.nweights = 0
+        self.funcs: list[str] = []
+        self.body: list[str] = []
+
+    # ---- storage ----------------------------------------------------------------------------
+    def weight(self, key, array: np.ndarray) -> str:
+        """Pointer expression to a float32 array stored in the weights blob (64-byte aligned)."""
+        if key not in self.woff:
+            data = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+            self.woff[key] = self.nweights
+            pad = (-data.size) % 16
+            self.blobs.append(np.concatenate([data, np.zeros(pad, np.float32)]))
+            self.nweights += data.size + pad
+        return f"(WT + {self.woff[key]})"
+
+    def ptr(self, value: str) -> str:
+        r = self.plan.root(value)
+        if r in self.g.inputs:
+            return f"((float *)IN[{self.g.inputs.index(r)}])"
+        if r in self.g.constants:
+            arr = self.g.constants[r]
+            if arr.dtype.kind not in "fiub":
+                raise SaturateError(f"constant '{r}' has dtype {arr.dtype}; the C backend reads float32 only")
+            return f"((float *){self.weight(r, arr)})"
+        return f"(WS + {self.plan.offsets[r] // 4})"
+
+    # ---- pointwise chains -------------------------------------------------------------------
+    def pointwise(self, step: Step, members: list, oshape: tuple, run_from: int | None, start: str | None,
+                  extra: list | None = None) -> tuple[str, int]:
+        """Emit `static void pw_K(y, off, len)` applying `members` (node, chain input) to each element.
+
+        `start` names the value loaded first (elementwise anchors); None starts from y itself.
+        `extra` are (expression-maker) steps applied before the members (conv bias, gemm C).
+        Returns the function name and the axis its runs start at.
+        """
+        ops: list[Operand] = []
+        keys: list = []
+
+        def operand_shape(key) -> tuple[int, ...]:
+            if isinstance(key, tuple):
+                return key[2]
+            return self.shapes[key]
+
+        # First pass collects operand shapes to choose the run layout.
+        def collect(key):
+            keys.append(self.bn_key(key))
+            return "0"
+
+        for node, chain_in in members:
+            step_expr(node, chain_in, collect, self.g)
+        for key, _ in extra or []:
+            keys.append(key)
+        if start is not None:
+            keys.append(start)
+        if run_from is None:
+            run_from = run_axis(oshape, [operand_shape(k) for k in keys])
+        index: dict = {}
+
+        def load(key) -> str:
+            if isinstance(key, str):
+                ident = key
+            else:
+                ident = (key[0], id(key[3])) if len(key) > 3 else (key[0], key[2])
+            if ident not in index:
+                index[ident] = len(ops)
+                ops.append(self.operand(key, oshape, run_from))
+            return ops[index[ident]].load(index[ident])
+
+        lines = []
+        for key, fmt in extra or []:
+            lines.append(f"        v = {fmt.format(load(key))};\n")
+        for node, chain_in in members:
+            lines.append(f"        v = {step_expr(node, chain_in, lambda k: load(self.bn_key(k)), self.g)};\n")
+        first = load(start) if start is not None else "y[off + i]"
+        name = f"pw_{len(self.funcs)}"
+        setup = "".join(o.setup(k) for k, o in enumerate(ops))
+        self.funcs.append(
+            f"static void {name}(float *restrict y, int64_t off, int64_t len) {{\n{setup}"
+            f"    for (int64_t i = 0; i < len; i++) {{\n        float v = {first};\n{''.join(lines)}"
+            f"        y[off + i] = v;\n    }}\n}}\n")
+        return name, run_from
+
+    def bn_key(self, key):
+        """BatchNormalization's folded per-channel scale and shift, as (tag, node, shape, node) keys."""
+        if not isinstance(key, tuple):
+            return key
+        tag, node = key
+        if any(i not in self.g.constants for i in node.inputs[1:5]):
+            raise unsupported(node, "needs constant BatchNormalization statistics")
+        scale, bias, mean, var = (np.asarray(self.g.constants[i], np.float64) for i in node.inputs[1:5])
+        a = scale / np.sqrt(var + float(node.attr("epsilon", 1e-5)))
+        rank = len(self.shapes[node.inputs[0]])
+        shape = (a.size,) + (1,) * (rank - 2)
+        arr = a if tag == "bn_scale" else bias - mean * a
+        return (tag, arr.astype(np.float32).reshape(shape), shape, node)
+
+    def operand(self, key, oshape, run_from) -> Operand:
+        if isinstance(key, tuple):  # derived array: (tag, array, shape[, node]) or (value, None, view shape)
+            tag, arr, shape = key[0], key[1], key[2]
+            if arr is None:
+                return self.operand_value(tag, oshape, run_from, shape)
+            if arr.size == 1:
+                return Operand(None, shape, oshape, run_from, literal=float(arr.reshape(-1)[0]))
+            return Operand(self.weight((tag, id(key[3]) if len(key) > 3 else tag), arr), shape, oshape, run_from)
+        return self.operand_value(key, oshape, run_from, self.shapes[key])
+
+    def operand_value(self, value, oshape, run_from, shape) -> Operand:
+        r = self.plan.root(value)
+        if r in self.g.constants and self.g.constants[r].size == 1:
+            return Operand(None, shape, oshape, run_from, literal=float(self.g.constants[r].reshape(-1)[0]))
+        return Operand(self.ptr(value), shape, oshape, run_from)
+
+    # ---- steps ------------------------------------------------------------------------------
+    def emit_step(self, step: Step) -> None:
+        node, sh = step.anchor, self.shapes
+        out, oshape = self.ptr(step.out), sh[step.out]
+        chain = [(n, prev.outputs[0]) for prev, n in zip(step.nodes(), step.chain)]
+        self.body.append(f"    /* {', '.join(n.where() for n in step.nodes())} */\n")
+        if node.op in ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | {"BatchNormalization"}:
+            start = node.inputs[0]
+            members = [(node, start)] + chain
+            fn, r = self.pointwise(step, members, oshape, None, start)
+            run = math.prod(oshape[r:])
+            total = math.prod(oshape)
+            self.body.append(
+                f"    {{\n#pragma omp parallel for num_threads(sat_threads) if(sat_threads > 1 && {total} > 32768)\n"
+                f"    for (int64_t r = 0; r < {total // max(run, 1)}; r++) {fn}({out}, r * {run}, {run});\n    }}\n")
+            return
+        getattr(self, f"emit_{node.op}")(step, chain, out, oshape)
+
+    def epilogue(self, step, chain, oshape, run_from, extra=None) -> str:
+        if not chain and not extra:
+            return "NULL"
+        return self.pointwise(step, chain, oshape, run_from, None, extra)[0]
+
+    def emit_Conv(self, step, chain, out, oshape):
+        node, sh = step.anchor, self.shapes
+        x, w = sh[node.inputs[0]], sh[node.inputs[1]]
+        win = conv_window(node, x, w)
+        extra = []
+        if len(node.inputs) > 2 and node.inputs[2]:
+            extra.append(((node.inputs[2], None, (w[0],) + (1,) * (len(x) - 2)), "v + {}"))
+        epi = self.epilogue(step, chain, oshape, 2, extra)
+        H, W = (x[2], x[3]) if len(x) == 4 else (1, x[2])
+        geo = f"{win.kh}, {win.kw}, {win.oh}, {win.ow}, {win.sh}, {win.sw}, {win.ph}, {win.pw}, {win.dh}, {win.dw}"
+        xp, wp = self.ptr(node.inputs[0]), self.ptr(node.inputs[1])
+        if w[1] == 1:
+            self.body.append(f"    sat_conv_depthwise({xp}, {wp}, {out}, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {geo}, {epi});\n")
+        else:
+            self.body.append(f"    sat_conv2d({xp}, {wp}, {out}, COL, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {geo}, "
+                             f"{int(node.attr('group', 1))}, {epi});\n")
+
+    def emit_pool(self, step, chain, out, oshape, mode):
+        node, x = step.anchor, self.shapes[step.anchor.inputs[0]]
+        win = pool_window(node, x)
+        epi = self.epilogue(step, chain, oshape, 2)
+        H, W = (x[2], x[3]) if len(x) == 4 else (1, x[2])
+        self.body.append(
+            f"    sat_pool2d({self.ptr(node.inputs[0])}, {out}, {x[0] * x[1]}, {H}, {W}, {win.oh}, {win.ow}, "
+            f"{win.kh}, {win.kw}, {win.sh}, {win.sw}, {win.ph}, {win.pw}, {win.pe_h}, {win.pe_w}, {win.dh}, "
+            f"{win.dw}, {mode}, {epi});\n")
+
+    def emit_MaxPool(self, step, chain, out, oshape):
+        if len(step.anchor.outputs) > 1 and step.anchor.outputs[1]:
+            raise unsupported(step.anchor, "does not compute MaxPool indices")
+        self.emit_pool(step, chain, out, oshape, 0)
+
+    def emit_AveragePool(self, step, chain, out, oshape):
+        self.emit_pool(step, chain, out, oshape, 2 if step.anchor.attr("count_include_pad", 0) else 1)
+
+    def emit_GlobalAveragePool(self, step, chain, out, oshape):
+        x = self.shapes[step.anchor.inputs[0]]
+        epi = self.epilogue(step, chain, oshape, 1)
+        self.body.append(f"    sat_global_avgpool({self.ptr(step.anchor.inputs[0])}, {out}, {x[0]}, {x[1]}, "
+                         f"{math.prod(x[2:])}, {epi});\n")
+
+    def emit_Gemm(self, step, chain, out, oshape):
+        node, sh = step.anchor, self.shapes
+        a, b = sh[node.inputs[0]], sh[node.inputs[1]]
+        ta, tb = int(node.attr("transA", 0)), int(node.attr("transB", 0))
+        k = a[0] if ta else a[1]
+        extra = []
+        beta = float(node.attr("beta", 1.0))
+        if len(node.inputs) > 2 and node.inputs[2] and beta != 0.0:
+            extra.append(((node.inputs[2], None, sh[node.inputs[2]]), "v + " + c_float(beta) + " * {}"))
+        epi = self.epilogue(step, chain, oshape, 1, extra)
+        self.body.append(
+            f"    sat_gemm({ta}, {tb}, {oshape[0]}, {oshape[1]}, {k}, {c_float(node.attr('alpha', 1.0))}, "
+            f"{self.ptr(node.inputs[0])}, {a[1]}, {self.ptr(node.inputs[1])}, {b[1]}, {out}, 0, {epi});\n")
+
+    def emit_MatMul(self, step, chain, out, oshape):
+        node, sh = step.anchor, self.shapes
+        a, b = sh[node.inputs[0]], sh[node.inputs[1]]
+        a2 = (1,) + a if len(a) == 1 else a
+        b2 = b + (1,) if len(b) == 1 else b
+        m, k, n = a2[-2], a2[-1], b2[-1]
+        epi = self.epilogue(step, chain, oshape, len(oshape) if len(b) == 1 else len(oshape) - 1)
+        ap, bp = self.ptr(node.inputs[0]), self.ptr(node.inputs[1])
+        if len(b2) == 2:  # one weight matrix: fold the batch of A into its rows
+            rows = math.prod(a2[:-1])
+            self.body.append(f"    sat_gemm(0, 0, {rows}, {n}, {k}, 1.0f, {ap}, {k}, {bp}, {n}, {out}, 0, {epi});\n")
+            return
+        batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+        offs = []
+        for idx in np.ndindex(*batch):
+            ao = sum(i * s for i, s, d in zip(idx[len(idx) - len(a2) + 2:], strides(a2[:-2]), a2[:-2]) if d > 1)
+            bo = sum(i * s for i, s, d in zip(idx[len(idx) - len(b2) + 2:], strides(b2[:-2]), b2[:-2]) if d > 1)
+            offs.append((ao * m * k, bo * k * n))
+        tab = f"mm_{len(self.funcs)}"
+        self.funcs.append(f"static const int64_t {tab}[][2] = {{{', '.join(f'{{{p}, {q}}}' for p, q in offs)}}};\n")
+        self.body.append(
+            f"    for (int64_t bi = 0; bi < {len(offs)}; bi++)\n"
+            f"        sat_gemm(0, 0, {m}, {n}, {k}, 1.0f, {ap} + {tab}[bi][0], {k}, {bp} + {tab}[bi][1], {n}, "
+            f"{out}, bi * {m * n}, {epi});\n")
+
+    def emit_Transpose(self, step, chain, out, oshape):
+        node = step.anchor
+        x = self.shapes[node.inputs[0]]
+        perm = node.attr("perm") or list(reversed(range(len(x))))
+        if len(x) > 8:
+            raise unsupported(node, "supports Transpose up to rank 8")
+        ist = strides(x)
+        shp = ", ".join(str(oshape[d]) for d in range(len(x))) or "1"
+        st = ", ".join(str(ist[p]) for p in perm) or "0"
+        self.body.append(f"    {{ static const int64_t s[] = {{{shp}}}, t[] = {{{st}}};\n"
+                         f"      sat_transpose({self.ptr(node.inputs[0])}, {out}, {max(len(x), 1)}, s, t); }}\n")
+
+    def emit_Concat(self, step, chain, out, oshape):
+        node = step.anchor
+        axis = node.attr("axis") % len(oshape)
+        outer, inner = math.prod(oshape[:axis]), math.prod(oshape[axis + 1:])
+        at = 0
+        for v in node.inputs:
+            d = self.shapes[v][axis]
+            self.body.append(f"    sat_copy_blocks({self.ptr(v)}, {out} + {at * inner}, {outer}, {d * inner}, "
+                             f"{oshape[axis] * inner});\n")
+            at += d
+
+    def emit_Softmax(self, step, chain, out, oshape):
+        node = step.anchor
+        default = -1 if self.g.opset >= 13 else 1
+        axis = node.attr("axis", default) % len(oshape)
+        outer = math.prod(oshape[:axis])
+        if self.g.opset >= 13:
+            length, inner = oshape[axis], math.prod(oshape[axis + 1:])
+        else:
+            length, inner = math.prod(oshape[axis:]), 1
+        self.body.append(f"    sat_softmax({self.ptr(node.inputs[0])}, {out}, {outer}, {length}, {inner});\n")
+
+    # ---- whole program ----------------------------------------------------------------------
+    def program(self) -> str:
+        for step in self.plan.steps:
+            self.emit_step(step)
+        copies = "".join(f"    memcpy(outputs[{k}], {self.ptr(o)}, {math.prod(self.shapes[o]) * 4});\n"
+                         for k, o in enumerate(self.g.outputs))
+        head = (f"/* Generated by saturate's C backend for graph '{self.g.name}': "
+                f"{len(self.g.nodes)} nodes in {len(self.plan.steps)} kernel steps. */\n"
+                f"#include \"kernels.h\"\n\n"
+                f"static const float *WT;\nstatic float *WS, *COL;\nstatic const float *const *IN;\n\n")
+        api = (f"\nint sat_init(const char *path) {{\n    if (!WT) WT = sat_read_weights(path, {self.nweights});\n"
+               f"    return WT ? 0 : 1;\n}}\n\n"
+               f"int64_t sat_workspace_bytes(void) {{ return {self.plan.peak_bytes}; }}\n\n"
+               f"int sat_run(const float *const *inputs, float *const *outputs, float *ws, int threads) {{\n"
+               f"    if (!WT) return 1;\n    sat_threads = threads;\n    scipy_openblas_set_num_threads(threads);\n"
+               f"    IN = inputs;\n    WS = ws;\n    COL = ws + {self.plan.arena_bytes // 4};\n    (void)COL;\n"
+               f"{''.join(self.body)}{copies}    return 0;\n}}\n")
+        return head + "".join(self.funcs) + api
+
+    def weights_bytes(self) -> bytes:
+        return b"".join(b.tobytes() for b in self.blobs)
+
+
+def emit(graph: Graph, input_shapes: dict | None = None) -> Emitted:
+    """Shape, fuse, plan and generate C for any float32 graph of supported ops."""
+    graph.validate()
+    shapes = infer_shapes(graph, static_input_shapes(graph, input_shapes))
+    for o in graph.outputs:
+        if o in graph.constants and graph.constants[o].dtype != np.float32:
+            raise SaturateError(f"graph output '{o}' has dtype {graph.constants[o].dtype}; the C backend is float32 only")
+    pl = plan(graph, shapes)
+    em = Emitter(graph, shapes, pl)
+    src = em.program()
+    return Emitted(src, em.weights_bytes(), [(i, shapes[i]) for i in graph.inputs],
+                   [(o, shapes[o]) for o in graph.outputs], pl, shapes)

@@ -1,0 +1,247 @@
+/* C backend kernels: conv, pooling, gemm and layout ops, included once by every emitted model. */
+#ifndef SATURATE_KERNELS_H
+#define SATURATE_KERNELS_H
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+/* Thread count of the current run; OpenMP regions and OpenBLAS both follow it. */
+static int sat_threads = 1;
+
+/* A fused epilogue rewrites y[off .. off+len) in place; runs never cross the kernel's row. */
+typedef void (*sat_epi)(float *y, int64_t off, int64_t len);
+
+#define SAT_PAR _Pragma("omp parallel for num_threads(sat_threads) if(sat_threads > 1) schedule(static)")
+
+static inline int64_t sat_clamp(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+/* Range of ow in [0, OW) whose input column iw0 + ow lies in [0, W) (stride 1). */
+static inline void sat_valid_cols(int iw0, int W, int OW, int *lo, int *hi) {
+    *lo = (int)sat_clamp(-iw0, 0, OW);
+    *hi = (int)sat_clamp(W - iw0, *lo, OW);
+}
+
+/* Unfold one image (C x H x W) into a (C*KH*KW) x (OH*OW) column matrix; pads read as zero. */
+static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, int KW, int OH, int OW,
+                       int sh, int sw, int ph, int pw, int dh, int dw) {
+    const int K = C * KH * KW;
+    SAT_PAR
+    for (int r = 0; r < K; r++) {
+        const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
+        float *dst = col + (int64_t)r * OH * OW;
+        const float *src = x + (int64_t)c * H * W;
+        const int iw0 = kw * dw - pw;
+        for (int oh = 0; oh < OH; oh++) {
+            const int ih = oh * sh - ph + kh * dh;
+            float *d = dst + (int64_t)oh * OW;
+            if (ih < 0 || ih >= H) {
+                memset(d, 0, sizeof(float) * OW);
+                continue;
+            }
+            const float *s = src + (int64_t)ih * W;
+            if (sw == 1) {
+                int lo, hi;
+                sat_valid_cols(iw0, W, OW, &lo, &hi);
+                for (int ow = 0; ow < lo; ow++) d[ow] = 0.0f;
+                if (hi > lo) memcpy(d + lo, s + iw0 + lo, sizeof(float) * (hi - lo));
+                for (int ow = hi; ow < OW; ow++) d[ow] = 0.0f;
+            } else {
+                for (int ow = 0; ow < OW; ow++) {
+                    const int iw = iw0 + ow * sw;
+                    d[ow] = (iw >= 0 && iw < W) ? s[iw] : 0.0f;
+                }
+            }
+        }
+    }
+}
+
+/* Convolution where each output channel reads one input channel (depthwise and its multiples). */
+static void sat_conv_depthwise(const float *x, const float *w, float *y, int N, int C, int H, int W, int M,
+                               int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,
+                               sat_epi epi) {
+    const int Mg = M / C;
+    const int64_t P = (int64_t)OH * OW;
+    SAT_PAR
+    for (int64_t nm = 0; nm < (int64_t)N * M; nm++) {
+        const int64_t n = nm / M;
+        const int m = (int)(nm % M);
+        const float *xi = x + (n * C + m / Mg) * (int64_t)H * W;
+        const float *wk = w + (int64_t)m * KH * KW;
+        float *yo = y + nm * P;
+        for (int oh = 0; oh < OH; oh++) {
+            float *row = yo + (int64_t)oh * OW;
+            for (int ow = 0; ow < OW; ow++) row[ow] = 0.0f;
+            for (int kh = 0; kh < KH; kh++) {
+                const int ih = oh * sh - ph + kh * dh;
+                if (ih < 0 || ih >= H) continue;
+                const float *xr = xi + (int64_t)ih * W;
+                for (int kw = 0; kw < KW; kw++) {
+                    const float wv = wk[kh * KW + kw];
+                    const int iw0 = kw * dw - pw;
+                    if (sw == 1) {
+                        int lo, hi;
+                        sat_valid_cols(iw0, W, OW, &lo, &hi);
+                        for (int ow = lo; ow < hi; ow++) row[ow] += wv * xr[iw0 + ow];
+                    } else {
+                        for (int ow = 0; ow < OW; ow++) {
+                            const int iw = iw0 + ow * sw;
+                            if (iw >= 0 && iw < W) row[ow] += wv * xr[iw];
+                        }
+                    }
+                }
+            }
+        }
+        if (epi) epi(y, nm * P, P);
+    }
+}
+
+/* Grouped 2-D convolution as sgemm per image and group: W_g (Mg x K) times columns (K x OH*OW).
+ * A 1x1 stride-1 unpadded conv multiplies the input directly, without unfolding. */
+static void sat_conv2d(const float *x, const float *w, float *y, float *col, int N, int C, int H, int W, int M,
+                       int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int G,
+                       sat_epi epi) {
+    const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
+    const int64_t P = (int64_t)OH * OW;
+    const int direct = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
+    for (int n = 0; n < N; n++) {
+        for (int g = 0; g < G; g++) {
+            const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
+            const float *b = xg;
+            if (!direct) {
+                sat_im2col(xg, col, Cg, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
+                b = col;
+            }
+            float *yg = y + ((int64_t)n * M + (int64_t)g * Mg) * P;
+            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Mg, (int)P, K, 1.0f,
+                              w + (int64_t)g * Mg * K, K, b, (int)P, 0.0f, yg, (int)P);
+            if (epi) {
+                const int64_t base = yg - y;
+                SAT_PAR
+                for (int m = 0; m < Mg; m++) epi(y, base + (int64_t)m * P, P);
+            }
+        }
+    }
+}
+
+/* C[yoff ..] (M x N) = alpha * op(A) op(B), then the epilogue row by row. */
+static void sat_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                     int ldb, float *Y, int64_t yoff, sat_epi epi) {
+    scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
+                      alpha, A, lda, B, ldb, 0.0f, Y + yoff, N);
+    if (epi) {
+        SAT_PAR
+        for (int m = 0; m < M; m++) epi(Y, yoff + (int64_t)m * N, N);
+    }
+}
+
+/* Max or average pooling over (N*C) planes; `mode` 0 max, 1 average without pads, 2 average with pads. */
+static void sat_pool2d(const float *x, float *y, int64_t NC, int H, int W, int OH, int OW, int KH, int KW,
+                       int sh, int sw, int ph, int pw, int pe_h, int pe_w, int dh, int dw, int mode, sat_epi epi) {
+    const int64_t P = (int64_t)OH * OW;
+    SAT_PAR
+    for (int64_t p = 0; p < NC; p++) {
+        const float *xi = x + p * H * W;
+        float *yo = y + p * P;
+        for (int oh = 0; oh < OH; oh++) {
+            for (int ow = 0; ow < OW; ow++) {
+                float acc = mode == 0 ? -INFINITY : 0.0f;
+                int valid = 0, padded = 0;
+                for (int kh = 0; kh < KH; kh++) {
+                    const int ih = oh * sh - ph + kh * dh;
+                    const int h_in = ih >= 0 && ih < H, h_pad = ih >= -ph && ih < H + pe_h;
+                    for (int kw = 0; kw < KW; kw++) {
+                        const int iw = ow * sw - pw + kw * dw;
+                        if (h_pad && iw >= -pw && iw < W + pe_w) padded++;
+                        if (!h_in || iw < 0 || iw >= W) continue;
+                        const float v = xi[(int64_t)ih * W + iw];
+                        valid++;
+                        if (mode == 0) acc = v > acc ? v : acc;
+                        else acc += v;
+                    }
+                }
+                if (mode == 1) acc = valid ? acc / valid : 0.0f;
+                if (mode == 2) acc = padded ? acc / padded : 0.0f;
+                yo[(int64_t)oh * OW + ow] = acc;
+            }
+        }
+        if (epi) epi(y, p * P, P);
+    }
+}
+
+/* Mean over each of N*C planes of P elements; the epilogue runs over the C channels of one image. */
+static void sat_global_avgpool(const float *x, float *y, int64_t N, int64_t C, int64_t P, sat_epi epi) {
+    SAT_PAR
+    for (int64_t p = 0; p < N * C; p++) {
+        const float *xi = x + p * P;
+        double acc = 0.0;
+        for (int64_t i = 0; i < P; i++) acc += xi[i];
+        y[p] = (float)(acc / (double)P);
+    }
+    if (epi)
+        for (int64_t n = 0; n < N; n++) epi(y, n * C, C);
+}
+
+/* Numerically stable softmax along an axis of length L, between `outer` and `inner` blocks. */
+static void sat_softmax(const float *x, float *y, int64_t outer, int64_t L, int64_t inner) {
+    SAT_PAR
+    for (int64_t o = 0; o < outer; o++) {
+        for (int64_t j = 0; j < inner; j++) {
+            const float *xi = x + o * L * inner + j;
+            float *yo = y + o * L * inner + j;
+            float mx = -INFINITY;
+            for (int64_t i = 0; i < L; i++) mx = xi[i * inner] > mx ? xi[i * inner] : mx;
+            double sum = 0.0;
+            for (int64_t i = 0; i < L; i++) {
+                const float e = expf(xi[i * inner] - mx);
+                yo[i * inner] = e;
+                sum += e;
+            }
+            const float inv = (float)(1.0 / sum);
+            for (int64_t i = 0; i < L; i++) yo[i * inner] *= inv;
+        }
+    }
+}
+
+/* Row-major copy of a strided view: y (shape oshape) reads x at sum(idx[d] * istride[d]). */
+static void sat_transpose(const float *x, float *y, int rank, const int64_t *oshape, const int64_t *istride) {
+    int64_t idx[8] = {0}, total = 1;
+    for (int d = 0; d < rank; d++) total *= oshape[d];
+    const int64_t inner = oshape[rank - 1], is = istride[rank - 1];
+    for (int64_t o = 0; o < total; o += inner) {
+        int64_t base = 0;
+        for (int d = 0; d < rank - 1; d++) base += idx[d] * istride[d];
+        for (int64_t i = 0; i < inner; i++) y[o + i] = x[base + i * is];
+        for (int d = rank - 2; d >= 0; d--) {
+            if (++idx[d] < oshape[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+/* Copy `outer` blocks of `inner` floats from x into y with row pitch `pitch` (one Concat input). */
+static void sat_copy_blocks(const float *x, float *y, int64_t outer, int64_t inner, int64_t pitch) {
+    for (int64_t o = 0; o < outer; o++) memcpy(y + o * pitch, x + o * inner, sizeof(float) * inner);
+}
+
+/* Read the whole weights file into a 64-byte aligned buffer; it must hold exactly `nfloats` floats. */
+static float *sat_read_weights(const char *path, int64_t nfloats) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    float *buf = aligned_alloc(64, (size_t)((nfloats * 4 + 63) / 64 * 64 + 64));
+    size_t got = buf ? fread(buf, sizeof(float), (size_t)nfloats, f) : 0;
+    int extra = fgetc(f);
+    fclose(f);
+    if (!buf || (int64_t)got != nfloats || extra != EOF) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+#endif

@@ -1,0 +1,152 @@
+"""C backend, planning stage: fuse elementwise epilogues into kernels and place buffers by liveness."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from saturate.backend.shapes import ALIASES, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window
+from saturate.ir import Graph, Node
+
+ALIGN = 64
+# Kernels whose output loop can apply an epilogue while the row is still in cache.
+EPILOGUE_HOSTS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
+                  "BatchNormalization"} | ELEMENTWISE_UNARY | ELEMENTWISE_BINARY
+# Ops that are pointwise on their first (data) operand and so can ride along as an epilogue.
+EPILOGUE_MEMBERS = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | {"BatchNormalization"}
+
+
+@dataclass
+class Step:
+    """One kernel call: an anchor node, the elementwise nodes fused after it, and the value written."""
+
+    anchor: Node
+    chain: list[Node] = field(default_factory=list)
+    out: str = ""
+
+    def nodes(self) -> list[Node]:
+        return [self.anchor, *self.chain]
+
+    def reads(self) -> list[str]:
+        """Every value the fused kernel reads (the chain's own intermediates excluded)."""
+        inner = {n.outputs[0] for n in self.nodes()}
+        return [i for n in self.nodes() for i in n.inputs if i and i not in inner]
+
+
+@dataclass
+class Plan:
+    """Schedule of fused steps plus the static placement of every intermediate buffer."""
+
+    steps: list[Step]
+    alias: dict[str, str]          # value -> value whose storage it shares (a view: Reshape, Flatten...)
+    offsets: dict[str, int]        # storage root -> byte offset in the arena
+    arena_bytes: int
+    scratch_bytes: int             # im2col columns, live only inside one conv
+    naive_bytes: int               # what one buffer per intermediate would take
+
+    @property
+    def peak_bytes(self) -> int:
+        """Peak workspace: the arena plus the conv scratch."""
+        return self.arena_bytes + self.scratch_bytes
+
+    def root(self, value: str) -> str:
+        while value in self.alias:
+            value = self.alias[value]
+        return value
+
+
+def _fusible(step: Step, value: str, user: Node, shapes: dict) -> bool:
+    """Whether `user` can be applied pointwise to `value` inside the step's output loop."""
+    if user.op not in EPILOGUE_MEMBERS or shapes[user.outputs[0]] != shapes[value]:
+        return False
+    if user.op in ELEMENTWISE_BINARY:
+        return True
+    # Unary ops, Clip and BatchNormalization read the chain value as their data input only.
+    return user.inputs[0] == value and value not in user.inputs[1:]
+
+
+def fuse(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Step], dict[str, str]]:
+    """Group nodes into steps: a value with exactly one consumer that is pointwise on it is fused.
+
+    Steps run at the position of their last node, so every operand a fused node reads exists.
+    """
+    consumers = graph.consumers()
+    outputs = set(graph.outputs)
+    index = {id(n): k for k, n in enumerate(graph.nodes)}
+    alias: dict[str, str] = {}
+    absorbed: set[int] = set()
+    placed: list[tuple[int, Step]] = []
+    for node in graph.nodes:
+        if node.op in ALIASES:
+            alias[node.outputs[0]] = node.inputs[0]
+            continue
+        if id(node) in absorbed:
+            continue
+        step = Step(node)
+        tail = node
+        while node.op in EPILOGUE_HOSTS:
+            value = tail.outputs[0]
+            users = consumers.get(value, [])
+            if value in outputs or len(users) != 1 or not _fusible(step, value, users[0], shapes):
+                break
+            tail = users[0]
+            step.chain.append(tail)
+            absorbed.add(id(tail))
+        step.out = tail.outputs[0]
+        placed.append((index[id(tail)], step))
+    placed.sort(key=lambda p: p[0])
+    return [s for _, s in placed], alias
+
+
+def _nbytes(shape: tuple[int, ...]) -> int:
+    return (math.prod(shape) * 4 + ALIGN - 1) // ALIGN * ALIGN
+
+
+def im2col_bytes(step: Step, shapes: dict) -> int:
+    """Scratch a conv step needs for its column matrix (0 for direct 1x1 and depthwise convs)."""
+    node = step.anchor
+    if node.op != "Conv":
+        return 0
+    x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
+    win = conv_window(node, x, w)
+    group = int(node.attr("group", 1))
+    if w[1] == 1 or (win.kh == win.kw == 1 and win.sh == win.sw == 1 and win.ph == win.pw == 0
+                     and (win.oh, win.ow) == (x[2] if len(x) == 4 else 1, x[-1])):
+        return 0
+    return (x[1] // group) * win.kh * win.kw * win.oh * win.ow * 4
+
+
+def plan(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> Plan:
+    """Fuse, then assign arena offsets: buffers whose lifetimes overlap never share bytes."""
+    steps, alias = fuse(graph, shapes)
+    external = set(graph.inputs) | set(graph.constants)
+    pl = Plan(steps, alias, {}, 0, 0, 0)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for k, step in enumerate(steps):
+        first[step.out] = k
+        last[step.out] = max(last.get(step.out, k), k)
+        for v in step.reads():
+            r = pl.root(v)
+            if r not in external:
+                last[r] = max(last.get(r, k), k)
+    for o in graph.outputs:
+        r = pl.root(o)
+        if r not in external:
+            last[r] = len(steps)  # outputs are copied out after the last step
+    # Greedy placement, largest first: lowest offset clear of every buffer live at the same time.
+    placed: list[tuple[int, int, int, int]] = []
+    for r in sorted(first, key=lambda v: (-_nbytes(shapes[v]), first[v])):
+        size, lo, hi = _nbytes(shapes[r]), first[r], last[r]
+        busy = sorted((o, e) for o, e, a, b in placed if not (b < lo or hi < a))
+        off = 0
+        for o, e in busy:
+            if off + size <= o:
+                break
+            off = max(off, e)
+        placed.append((off, off + size, lo, hi))
+        pl.offsets[r] = off
+        pl.arena_bytes = max(pl.arena_bytes, off + size)
+        pl.naive_bytes += size
+    pl.scratch_bytes = max((im2col_bytes(s, shapes) for s in steps), default=0)
+    return pl

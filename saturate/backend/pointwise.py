@@ -1,0 +1,137 @@
+"""C backend, pointwise stage: generate fused epilogue and elementwise loops from a chain of nodes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from saturate.backend.shapes import unsupported
+from saturate.ir import Node
+
+
+def c_float(x: float) -> str:
+    """A C float literal for x (inf and nan spelled with math.h macros)."""
+    x = float(np.float32(x))
+    if math.isnan(x):
+        return "NAN"
+    if math.isinf(x):
+        return "INFINITY" if x > 0 else "(-INFINITY)"
+    return f"{x!r}f"
+
+
+def strides(shape: tuple[int, ...]) -> list[int]:
+    """Row-major element strides."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+class Operand:
+    """How a pointwise step reads one operand at output element off+i, given the run layout."""
+
+    def __init__(self, ptr: str | None, shape: tuple[int, ...], oshape: tuple[int, ...], run_from: int,
+                 literal: float | None = None):
+        self.ptr, self.literal = ptr, literal
+        full = (1,) * (len(oshape) - len(shape)) + tuple(shape)
+        own = strides(full)
+        # Broadcast strides over the output: a dimension of size 1 repeats (stride 0).
+        self.bstr = [0 if full[d] == 1 and oshape[d] != 1 else own[d] for d in range(len(oshape))]
+        self.ostr = strides(oshape)
+        self.oshape = oshape
+        tail = range(run_from, len(oshape))
+        if literal is not None:
+            self.kind = "literal"
+        elif all(self.bstr[d] == 0 or oshape[d] == 1 for d in tail):
+            self.kind = "scalar"
+        elif all(self.bstr[d] == self.ostr[d] for d in tail):
+            self.kind = "contig"
+        else:
+            self.kind = "gather"
+
+    def index(self, at: str, dims: range) -> str:
+        terms = [f"(({at} / {self.ostr[d]}) % {self.oshape[d]}) * {self.bstr[d]}"
+                 for d in dims if self.bstr[d] and self.oshape[d] > 1]
+        return " + ".join(terms) or "0"
+
+    def setup(self, k: int) -> str:
+        """Declarations before the loop (the base index of the run)."""
+        if self.kind in ("literal", "gather"):
+            return f"    const float *restrict p{k} = {self.ptr or 'NULL'};\n" if self.ptr else ""
+        base = self.index("off", range(len(self.oshape)))
+        return f"    const float *restrict p{k} = {self.ptr};\n    const int64_t b{k} = {base};\n"
+
+    def load(self, k: int) -> str:
+        if self.kind == "literal":
+            return c_float(self.literal)
+        if self.kind == "scalar":
+            return f"p{k}[b{k}]"
+        if self.kind == "contig":
+            return f"p{k}[b{k} + i]"
+        return f"p{k}[{self.index('(off + i)', range(len(self.oshape)))}]"
+
+
+def _const_scalar(graph, node: Node, value: str, default: float) -> float:
+    if not value:
+        return default
+    if value not in graph.constants:
+        raise unsupported(node, f"needs '{value}' to be a constant")
+    return float(np.asarray(graph.constants[value]).reshape(-1)[0])
+
+
+def step_expr(node: Node, chain_input: str, operand, graph) -> str:
+    """C expression for one node applied to the chain value `v`; `operand(value)` loads the other side."""
+    op = node.op
+    if op in ("Add", "Sub", "Mul", "Div"):
+        sym = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}[op]
+        a, b = node.inputs
+        if a == chain_input and b == chain_input:
+            return f"v {sym} v"
+        if a == chain_input:
+            return f"v {sym} {operand(b)}"
+        return f"{operand(a)} {sym} v"
+    if op == "Relu":
+        return "v > 0.0f ? v : 0.0f"
+    if op == "Clip":
+        if len(node.inputs) > 1 or "min" not in node.attrs:
+            lo = _const_scalar(graph, node, node.inputs[1] if len(node.inputs) > 1 else "", -math.inf)
+            hi = _const_scalar(graph, node, node.inputs[2] if len(node.inputs) > 2 else "", math.inf)
+        else:
+            lo, hi = node.attr("min", -math.inf), node.attr("max", math.inf)
+        return f"fminf(fmaxf(v, {c_float(lo)}), {c_float(hi)})"
+    if op == "LeakyRelu":
+        return f"v >= 0.0f ? v : {c_float(node.attr('alpha', 0.01))} * v"
+    if op == "Sigmoid":
+        return "1.0f / (1.0f + expf(-v))"
+    if op == "Tanh":
+        return "tanhf(v)"
+    if op == "Erf":
+        return "erff(v)"
+    if op == "Neg":
+        return "-v"
+    if op == "Sqrt":
+        return "sqrtf(v)"
+    if op == "Reciprocal":
+        return "1.0f / v"
+    if op == "BatchNormalization":
+        return f"v * {operand(('bn_scale', node))} + {operand(('bn_shift', node))}"
+    if op == "Identity":
+        return "v"
+    raise unsupported(node, f"cannot apply op '{op}' pointwise")
+
+
+def run_axis(oshape: tuple[int, ...], shapes: list[tuple[int, ...]]) -> int:
+    """Smallest axis r such that every operand is either whole or fully broadcast over dims [r:]."""
+    for r in range(len(oshape) + 1):
+        ok = True
+        for s in shapes:
+            full = (1,) * (len(oshape) - len(s)) + tuple(s)
+            tail = [(full[d], oshape[d]) for d in range(r, len(oshape)) if oshape[d] != 1]
+            if not (all(a == 1 for a, _ in tail) or all(a == o for a, o in tail)):
+                ok = False
+                break
+        if ok:
+            return r
+    return len(oshape)

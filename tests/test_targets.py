@@ -1,0 +1,160 @@
+"""Tests for target files: parsing, costs from shapes, errors with positions, `saturate targets`."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from saturate.cli import main
+from saturate.errors import SaturateError, SourceError
+from saturate.ir import ValueInfo
+from saturate.rule_ast import IntList, Num, OpTerm, Var
+from saturate.targets import TARGETS_DIR, flops, list_targets, load_target, parse_target, target_files
+
+X = ValueInfo("float32", (1, 3, 8, 8))
+W = ValueInfo("float32", (4, 3, 3, 3))
+B = ValueInfo("float32", (4,))
+Y = ValueInfo("float32", (1, 4, 8, 8))
+
+
+def test_shipped_targets_load_by_glob():
+    names = set(target_files())
+    assert {"cpu", "accel"} <= names
+    assert names == {p.stem for p in TARGETS_DIR.glob("*.target")}
+    for t in list_targets():
+        assert t.name in names and t.description and t.domain
+
+
+def test_default_target_is_cpu():
+    assert load_target(None).name == "cpu"
+
+
+def test_conv_flops_count_multiply_adds_and_bias():
+    # 4 output channels * 64 pixels, each a 3*3*3 dot product (mul + add), plus one bias add.
+    assert flops("Conv", {}, [X, W, B], Y) == 2 * (4 * 64) * 27 + 4 * 64
+    assert flops("Conv", {}, [X, W], Y) == 2 * (4 * 64) * 27
+
+
+def test_cpu_cost_is_flops_plus_bytes():
+    cpu = load_target("cpu")
+    moved = 4 * (3 * 64 + 4 * 27 + 4 + 4 * 64)
+    assert cpu.node_cost("Conv", {}, [X, W, B], Y) == 2 * 256 * 27 + 256 + moved
+    # An op the file does not list falls back to the file's default formula.
+    assert cpu.node_cost("SomeCustomOp", {}, [Y], Y) == 256 + 4 * 2 * 256
+
+
+def test_targets_rank_batchnorm_differently():
+    """Folded conv vs conv + batch-norm: cpu pays for the extra op, accel runs batch-norm for free."""
+    cpu, accel = load_target("cpu"), load_target("accel")
+    for t in (cpu, accel):
+        conv = t.node_cost("Conv", {}, [X, W, B], Y)
+        bn = t.node_cost("BatchNormalization", {}, [Y, B, B, B, B], Y)
+        if t is cpu:
+            assert conv + bn > conv
+        else:
+            assert bn == 0
+    assert "BatchNormalization" in accel.preserve and "BatchNormalization" not in cpu.preserve
+
+
+def test_unsupported_ops_cost_none():
+    t = parse_target("target tiny\ndefault unsupported\nop Conv = flops\nop Mul = unsupported\n", "tiny.target")
+    assert t.node_cost("Conv", {}, [X, W], Y) == flops("Conv", {}, [X, W], Y)
+    assert t.node_cost("Mul", {}, [Y, Y], Y) is None and not t.supports("Mul")
+    assert t.node_cost("Relu", {}, [Y], Y) is None and t.supports("Conv")
+
+
+def test_formula_facts_and_calls():
+    t = parse_target("op Conv = numel(out) + dim(in1, 0) * 1000 + rank(in0) / 2 + max(1, bytes(in2), 3)\n"
+                     "op Relu = -numel + min(out_bytes, in_bytes) * (inputs + 1)\n")
+    assert t.node_cost("Conv", {}, [X, W, B], Y) == 256 + 4 * 1000 + 4 / 2 + 16
+    # Negative totals clamp to zero: extraction needs non-negative costs.
+    assert t.node_cost("Relu", {}, [Y], Y) == -256 + 1024 * 2
+    assert parse_target("op Relu = 0 - numel").node_cost("Relu", {}, [Y], Y) == 0
+
+
+def test_symbolic_dims_count_as_one():
+    t = parse_target("op Relu = numel(out)")
+    assert t.node_cost("Relu", {}, [], ValueInfo("float32", ("N", 4, None))) == 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.recursive(st.integers(0, 50).map(str),
+                    lambda inner: st.tuples(inner, st.sampled_from("+-*"), inner).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+                    max_leaves=12))
+def test_formulas_evaluate_like_arithmetic(expr):
+    t = parse_target(f"op Foo = {expr}")
+    assert t.node_cost("Foo", {}, [], Y) == max(0.0, float(eval(expr)))
+
+
+def test_composites_are_rule_ast_patterns():
+    t = parse_target("composite cbr = Relu(Conv(x, w:const, b:const){group=1, pads=[1, 1, 1, 1]})")
+    (c,) = t.composites
+    conv = c.pattern.args[0]
+    assert c.name == "cbr" and isinstance(c.pattern, OpTerm) and c.pattern.op == "Relu"
+    assert conv.args == (Var("x"), Var("w", const=True), Var("b", const=True))
+    assert dict(conv.attrs) == {"group": Num(1), "pads": IntList((1, 1, 1, 1))}
+
+
+def test_header_statements():
+    t = parse_target('target npu "a neural unit"\ndomain com.example.npu\npreserve Softmax, Gemm\n'
+                     "preserve Softmax\nfold-preserved no\n# comment\n\n", "npu.target")
+    assert (t.name, t.description, t.domain) == ("npu", "a neural unit", "com.example.npu")
+    assert t.preserve == ("Softmax", "Gemm") and t.fold_preserved is False
+
+
+@pytest.mark.parametrize("source, line, col, words", [
+    ("op Conv = flops +", 1, 18, "syntax error"),
+    ("op Conv = flop", 1, 11, "unknown shape fact 'flop'"),
+    ("op Conv = out * 2", 1, 11, "names a value"),
+    ("op Conv = dim(out)", 1, 11, "bad call 'dim"),
+    ("op Conv = 1\n\nop Relu, Conv = 2", 3, 10, "already has a cost"),
+    ("composite c = x", 1, 11, "must be an op pattern"),
+    ("composite c = Relu(x)\ncomposite c = Neg(x)", 2, 11, "defined twice"),
+    ("composite c = Add(x:const, x)", 1, 11, "both const and not"),
+    ("target cpu\nop Conv = 1 $", 2, 13, "unexpected character '$'"),
+    ("preserve", 1, 9, "syntax error"),
+])
+def test_errors_name_line_and_column(source, line, col, words):
+    with pytest.raises(SourceError) as info:
+        parse_target(source, "bad.target")
+    err = info.value
+    assert (err.file, err.line, err.col) == ("bad.target", line, col)
+    assert words in str(err)
+    assert str(err).splitlines()[-1].index("^") == 4 + col - 1  # caret under the column
+
+
+def test_declared_name_must_match_file(tmp_path):
+    path = tmp_path / "mine.target"
+    path.write_text("target other\n")
+    assert load_target(str(path)).name == "other"  # a path is taken as written
+    with pytest.raises(SourceError, match="declares target 'other' but is named 'mine'"):
+        parse_target(path.read_text(), str(path), name="mine")
+
+
+def test_unknown_target_lists_available():
+    with pytest.raises(SaturateError, match=r"unknown target 'nope' \(available: .*accel.*cpu"):
+        load_target("nope")
+    with pytest.raises(SaturateError, match="does not exist"):
+        load_target("missing/file.target")
+
+
+def test_cli_lists_targets_one_per_line(capsys):
+    assert main(["targets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == sorted(target_files())
+    assert all(len(line.split(maxsplit=1)) == 2 for line in lines)
+
+
+def test_cli_shows_one_target(capsys):
+    assert main(["targets", "accel"]) == 0
+    out = capsys.readouterr().out
+    assert "BatchNormalization" in out and "conv_bias_relu" in out
+
+
+def test_cli_bad_target_file_exits_2(tmp_path, capsys):
+    path = tmp_path / "bad.target"
+    path.write_text("op Conv = flops +\n")
+    assert main(["targets", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"saturate: error: {path}:1:18: syntax error") and "Traceback" not in err

@@ -1,0 +1,286 @@
+"""Rule checking: property-test each rule's soundness by running both sides on drawn inputs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import Unsatisfiable
+
+from saturate.errors import SaturateError
+from saturate.interp import run_graph
+from saturate.ir import Graph, Node
+from saturate.rule_ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
+from saturate.testing import Example, evaluate_call, is_pattern, literal, rule_examples
+
+# Both sides run in float64 on float32-representable inputs, so rounding noise neither hides nor
+# fakes a difference; a sound rule then agrees to far better than float32 precision, and the
+# tolerance below is a few hundred float32 ulps of the result plus a sliver of the largest
+# magnitude seen anywhere in either graph (a cancelling sum of huge terms is not a failure).
+RTOL = 1e-5
+ATOL_OF_SCALE = 1e-6
+SMALL = 16  # arrays with at most this many elements are shown in full
+
+
+@dataclass
+class Counterexample:
+    """A drawn input on which the two sides of a rule disagree (or the right side fails)."""
+
+    example: Example
+    reverse: bool
+    reason: str
+    lhs: np.ndarray | None = None
+    rhs: np.ndarray | None = None
+
+
+@dataclass
+class RuleResult:
+    """The outcome for one rule: PASS, FAIL (unsound), NOGEN (no input satisfies its guards)
+    or ERROR (the checker could not build the left side)."""
+
+    rule: Rule
+    status: str
+    examples: int
+    seconds: float
+    counterexample: Counterexample | None = None
+    message: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+class _Unsound(Exception):
+    def __init__(self, cx: Counterexample):
+        super().__init__(cx.reason)
+        self.cx = cx
+
+
+class _Broken(Exception):
+    """The drawn left side itself does not run: a gap in the checker, not in the rule."""
+
+
+# ---- building graphs from terms ---------------------------------------------------------------
+
+def as_float64(example: Example) -> Example:
+    """The example with every float value widened to float64 (integers untouched)."""
+    values = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in example.values.items()}
+    return Example(values, example.consts, example.attrs, example.node_attrs)
+
+
+def build_graph(term: Term, ex: Example, drawn: bool) -> Graph:
+    """The graph of one side of a rule: ops become nodes, const captures constants, other
+    variables inputs, constant expressions constants evaluated with saturate.builtins.
+    `drawn` says the side is the pattern the example was drawn for (its attributes are known)."""
+    g = Graph(name="side")
+    counter = [0]
+
+    def fresh(prefix: str) -> str:
+        counter[0] += 1
+        return f"{prefix}{counter[0]}"
+
+    def constant(value: Any) -> str:
+        arr = np.asarray(value)
+        if arr.dtype.kind == "f" or arr.dtype.kind == "b":
+            arr = arr.astype(np.float64)
+        name = fresh("k")
+        g.constants[name] = arr
+        return name
+
+    def visit(t: Term, path: tuple[int, ...]) -> str:
+        if isinstance(t, Var):
+            if t.name not in ex.values:
+                raise SaturateError(f"variable '{t.name}' is not bound by the pattern")
+            if t.name in ex.consts or t.name not in ex.values or ex.values[t.name].dtype.kind in "iu":
+                g.constants.setdefault(t.name, ex.values[t.name])
+            elif t.name not in g.inputs:
+                g.inputs.append(t.name)
+            return t.name
+        if isinstance(t, Num):
+            return constant(np.float64(t.value))
+        if isinstance(t, Call):
+            return constant(evaluate_call(t, ex))
+        if isinstance(t, (AttrVar, Str, IntList)):
+            return constant(literal(t, ex))
+        inputs = [visit(a, path + (k,)) for k, a in enumerate(t.args)]
+        if drawn:
+            attrs = dict(ex.node_attrs.get(path, {}))
+        else:
+            attrs = {key: literal(value, ex) for key, value in t.attrs}
+        out = fresh("t")
+        g.nodes.append(Node(t.op, inputs, [out], attrs, name=f"{t.op}@{path}"))
+        return out
+
+    root = visit(term, ())
+    g.outputs = [root] + [n.outputs[0] for n in g.nodes if n.outputs[0] != root]
+    return g
+
+
+def _run(term: Term, ex: Example, drawn: bool) -> tuple[np.ndarray, float]:
+    """Run one side; returns its output and the largest finite magnitude inside the graph."""
+    g = build_graph(term, ex, drawn)
+    feed = {name: ex.values[name] for name in g.inputs}
+    values = run_graph(g, feed)
+    seen = list(values.values()) + list(g.constants.values()) + list(feed.values())
+    scale = max((float(np.max(np.abs(v[np.isfinite(v)]), initial=0.0)) for v in seen
+                 if v.dtype.kind == "f" and v.size), default=0.0)
+    return values[g.outputs[0]], scale
+
+
+def compare(lhs: np.ndarray, rhs: np.ndarray, scale: float) -> str | None:
+    """Why the right side does not refine the left (None when it does). Where the left side is
+    not finite (a division by zero, say), any right-side value is acceptable."""
+    if lhs.shape != rhs.shape:
+        return f"shapes differ: left {lhs.shape}, right {rhs.shape}"
+    lhs, rhs = lhs.astype(np.float64), rhs.astype(np.float64)
+    defined = np.isfinite(lhs)
+    bad = defined & ~np.isfinite(rhs)
+    with np.errstate(all="ignore"):
+        tol = RTOL * (np.abs(lhs) + np.abs(rhs)) + ATOL_OF_SCALE * scale
+        bad |= defined & np.isfinite(rhs) & (np.abs(lhs - rhs) > tol)
+    if not bad.any():
+        return None
+    idx = tuple(int(i) for i in np.argwhere(bad)[0])
+    return f"outputs differ at index {list(idx)}: left {float(lhs[idx]):.7g}, right {float(rhs[idx]):.7g}"
+
+
+def run_example(rule: Rule, example: Example, reverse: bool = False) -> Counterexample | None:
+    """Evaluate both sides of the rule on one example; a Counterexample when they disagree.
+    Calls hypothesis.assume(False) when the left side is defined nowhere (nothing to compare)."""
+    source, target = (rule.rhs, rule.lhs) if reverse else (rule.lhs, rule.rhs)
+    ex = as_float64(example)
+    try:
+        lhs, scale_l = _run(source, ex, drawn=True)
+    except SaturateError as err:
+        raise _Broken(f"the drawn left side does not run: {err}") from None
+    lhs = np.asarray(lhs)
+    assume(lhs.dtype.kind != "f" or bool(np.isfinite(lhs).any()))
+    try:
+        rhs, scale_r = _run(target, ex, drawn=False)
+    except (SaturateError, ValueError, TypeError, IndexError) as err:
+        return Counterexample(example, reverse, f"the right side fails: {str(err).splitlines()[0]}", lhs)
+    reason = compare(lhs, np.asarray(rhs), max(scale_l, scale_r))
+    return None if reason is None else Counterexample(example, reverse, reason, lhs, np.asarray(rhs))
+
+
+# ---- the property test --------------------------------------------------------------------------
+
+def _property(rule: Rule, reverse: bool, count: list[int]) -> Callable[[Example], None]:
+    def prop(example: Example) -> None:
+        cx = run_example(rule, example, reverse)
+        count[0] += 1
+        if cx is not None:
+            raise _Unsound(cx)
+    return prop
+
+
+def check_rule(rule: Rule, examples: int = 200, seed: int | None = None) -> RuleResult:
+    """Property-test one rule (both ways if bidirectional) on `examples` drawn inputs."""
+    start = time.perf_counter()
+    directions = [False]
+    notes: list[str] = []
+    if rule.bidirectional:
+        if is_pattern(rule.rhs):
+            directions.append(True)
+        else:
+            notes.append("right side holds constant expressions: drawn from the left side only")
+    total = 0
+    for reverse in directions:
+        count = [0]
+        prop = _property(rule, reverse, count)
+        test = settings(max_examples=examples, deadline=None, database=None, verbosity=Verbosity.quiet,
+                        suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+                        phases=[Phase.explicit, Phase.generate, Phase.shrink], print_blob=False)(
+            given(rule_examples(rule, reverse=reverse))(prop))
+        if seed is not None:
+            test = hypothesis_seed(seed)(test)
+        try:
+            test()
+        except _Unsound as err:
+            return RuleResult(rule, "FAIL", total + count[0], time.perf_counter() - start, err.cx, notes=notes)
+        except _Broken as err:
+            return RuleResult(rule, "ERROR", total + count[0], time.perf_counter() - start, message=str(err))
+        except Unsatisfiable:
+            return RuleResult(rule, "NOGEN", total, time.perf_counter() - start,
+                              message="could not generate examples: no drawn input satisfies the guards")
+        except SaturateError as err:
+            return RuleResult(rule, "NOGEN", total, time.perf_counter() - start,
+                              message=f"could not generate examples: {err}")
+        total += count[0]
+        if count[0] == 0:
+            return RuleResult(rule, "NOGEN", 0, time.perf_counter() - start,
+                              message="could not generate examples: no drawn input satisfies the guards")
+    return RuleResult(rule, "PASS", total, time.perf_counter() - start, notes=notes)
+
+
+def check_rules(rules: Iterable[Rule], examples: int = 200, seed: int | None = None,
+                progress: Callable[[RuleResult], None] | None = None) -> list[RuleResult]:
+    """Check every rule; `progress` is called with each result as it is found."""
+    results = []
+    for rule in rules:
+        result = check_rule(rule, examples, seed)
+        if progress is not None:
+            progress(result)
+        results.append(result)
+    return results
+
+
+# ---- reports --------------------------------------------------------------------------------------
+
+def show_term(t: Term) -> str:
+    """A term in the rule language's own syntax."""
+    from saturate.dsl import format_term
+    return format_term(t)
+
+
+def show_array(a: np.ndarray) -> str:
+    """Small arrays in full; larger ones by shape, range and first elements."""
+    a = np.asarray(a)
+    head = f"{a.dtype}{list(a.shape)}"
+    if a.size <= SMALL:
+        body = np.array2string(a, precision=7, separator=", ", max_line_width=100)
+        return f"{head} = " + " ".join(line.strip() for line in body.splitlines())
+    flat = a.ravel()
+    shown = ", ".join(f"{v:.7g}" for v in flat[:8])
+    finite = flat[np.isfinite(flat)] if a.dtype.kind == "f" else flat
+    span = f"min {finite.min():.7g}, max {finite.max():.7g}" if finite.size else "no finite value"
+    return f"{head} ({span}) = [{shown}, ...]"
+
+
+def _op_at(term: Term, path: tuple[int, ...]) -> str:
+    for k in path:
+        term = term.args[k]
+    return term.op if isinstance(term, OpTerm) else "?"
+
+
+def format_result(result: RuleResult) -> str:
+    """One line per rule; a failing rule adds its shrunk counterexample."""
+    rule = result.rule
+    line = (f"{result.status:<5} {rule.name}  {rule.loc.file}:{rule.loc.line}  "
+            f"{result.examples} examples  {result.seconds:.2f}s")
+    lines = [line] + [f"      note: {n}" for n in result.notes]
+    if result.message:
+        lines.append(f"      {result.message}")
+    cx = result.counterexample
+    if cx is None:
+        return "\n".join(lines)
+    source, target = (rule.rhs, rule.lhs) if cx.reverse else (rule.lhs, rule.rhs)
+    ex = cx.example
+    lines.append(f"      counterexample{' (right to left)' if cx.reverse else ''}: {cx.reason}")
+    for name in sorted(ex.values):
+        kind = "const" if name in ex.consts else "input"
+        lines.append(f"        {name} ({kind}): {show_array(ex.values[name])}")
+    for name, value in sorted(ex.attrs.items()):
+        lines.append(f"        attribute {name} = {value}")
+    for path, attrs in sorted(ex.node_attrs.items()):
+        if attrs:
+            shown = ", ".join(f"{k}={v}" for k, v in sorted(attrs.items()))
+            lines.append(f"        {_op_at(source, path)} at {list(path)}: {shown}")
+    lines.append(f"        left  {show_term(source)}")
+    if cx.lhs is not None:
+        lines.append(f"          = {show_array(cx.lhs)}")
+    lines.append(f"        right {show_term(target)}")
+    if cx.rhs is not None:
+        lines.append(f"          = {show_array(cx.rhs)}")
+    return "\n".join(lines)

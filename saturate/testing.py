@@ -1,0 +1,287 @@
+"""Property testing: hypothesis strategies for shapes, constants, attributes and rule inputs.
+
+Users write their own soundness tests with these, e.g.::
+
+    from hypothesis import given
+    from saturate import testing
+
+    @given(testing.rule_examples(my_rule))
+    def test_my_rule(example): ...
+
+`rule_examples` draws every variable and attribute a rule's left-hand side captures, with
+shapes derived from the ops' semantics and values drawn so that the rule's guards hold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from hypothesis import assume
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from saturate import builtins
+from saturate.errors import SaturateError
+from saturate.rule_ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
+
+# Small tensors: soundness bugs show on tiny shapes, and small examples run fast and read well.
+MAX_SIDE = 4
+MAX_RANK = 4
+SIGNS = ("any", "positive", "nonnegative", "nonzero", "negative")
+
+# ---- shapes ---------------------------------------------------------------------------------
+
+
+def shapes(rank: int | None = None, *, min_rank: int = 0, max_rank: int = MAX_RANK,
+           max_side: int = MAX_SIDE) -> st.SearchStrategy[tuple[int, ...]]:
+    """Shapes of exactly `rank` dims (or a rank in [min_rank, max_rank]), sides 1..max_side."""
+    lo, hi = (rank, rank) if rank is not None else (min_rank, max_rank)
+    side = st.integers(1, max_side)
+    return st.integers(lo, hi).flatmap(lambda r: st.tuples(*[side] * r))
+
+
+def broadcastable_shapes(shape: tuple[int, ...], *, min_rank: int = 0,
+                         max_rank: int | None = None) -> st.SearchStrategy[tuple[int, ...]]:
+    """Shapes that broadcast into `shape` without growing it: as many or fewer axes, each 1 or equal."""
+    shape = tuple(shape)
+    hi = len(shape) if max_rank is None else min(max_rank, len(shape))
+
+    @st.composite
+    def draw(draw) -> tuple[int, ...]:
+        k = draw(st.integers(min(min_rank, hi), hi))
+        tail = shape[len(shape) - k:]
+        return tuple(d if draw(st.booleans()) else 1 for d in tail)
+
+    return draw()
+
+
+def per_axis_shapes(shape: tuple[int, ...], axis: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """Shapes that broadcast into `shape` and keep only `axis` (e.g. (C,1,1) or (1,C,1,1) for axis 1)."""
+    shape = tuple(shape)
+    axis = axis + len(shape) if axis < 0 else axis
+    if not 0 <= axis < len(shape):
+        raise ValueError(f"axis {axis} outside a shape of rank {len(shape)}")
+    full = tuple(d if i == axis else 1 for i, d in enumerate(shape))
+    return st.integers(0, axis).map(lambda drop: full[drop:])
+
+
+# ---- values ---------------------------------------------------------------------------------
+
+_SMALL = [0.0, 1.0, 0.5, 2.0, 3.0, 0.25]
+
+
+def magnitudes(positive: bool = False) -> st.SearchStrategy[float]:
+    """Non-negative float32 magnitudes: simple values, ordinary ones, tiny (1e-6) and huge (1e6)."""
+    simple = [m for m in _SMALL if m > 0] if positive else _SMALL
+    lo = _f32(1e-3) if positive else 0.0
+    return st.one_of(st.sampled_from(simple), st.floats(lo, 4.0, width=32),
+                     st.floats(_f32(1e-6), _f32(1e-3), width=32), st.floats(1e3, 1e6, width=32))
+
+
+def _f32(x: float) -> float:
+    return float(np.float32(x))
+
+
+def elements(sign: str = "any") -> st.SearchStrategy[float]:
+    """Float32 elements of one sign class (see SIGNS): zeros, mixed signs, tiny and huge magnitudes."""
+    if sign not in SIGNS:
+        raise ValueError(f"unknown sign class {sign!r} (known: {', '.join(SIGNS)})")
+    positive = sign in ("positive", "nonzero", "negative")
+    mags = magnitudes(positive)
+    if sign in ("positive", "nonnegative"):
+        return mags
+    if sign == "negative":
+        return mags.map(lambda m: -m)
+    return st.tuples(mags, st.booleans()).map(lambda p: -p[0] if p[1] else p[0])
+
+
+def constants(shape: tuple[int, ...], sign: str = "any",
+              dtype: Any = np.float32) -> st.SearchStrategy[np.ndarray]:
+    """Arrays of `shape` whose elements are drawn from `elements(sign)`."""
+    return hnp.arrays(np.dtype(dtype), tuple(shape), elements=elements(sign))
+
+
+def per_axis_constants(shape: tuple[int, ...], axis: int, sign: str = "any") -> st.SearchStrategy[np.ndarray]:
+    """Constants that broadcast into `shape` and vary along `axis` only."""
+    return per_axis_shapes(shape, axis).flatmap(lambda s: constants(s, sign))
+
+
+# ---- conv-like attributes -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConvCase:
+    """A consistent Conv: input and weight shapes, attributes and the output shape they give."""
+
+    x_shape: tuple[int, ...]
+    w_shape: tuple[int, ...]
+    attrs: dict
+    out_shape: tuple[int, ...]
+
+
+def conv_input_side(out: int, kernel: int, stride: int, dilation: int, pads: tuple[int, int],
+                    extra: int = 0) -> int:
+    """An input side that a window of this geometry maps to `out` outputs (`extra` < stride)."""
+    return (out - 1) * stride + dilation * (kernel - 1) + 1 - pads[0] - pads[1] + extra
+
+
+@st.composite
+def _conv_geometry(draw, out_spatial: tuple[int, ...], fixed: dict, dilations: bool = True) -> tuple[dict, tuple]:
+    """Kernel, strides, pads (and dilations) reaching `out_spatial`; `fixed` attributes are kept."""
+    n = len(out_spatial)
+    side = st.lists(st.integers(1, 3), min_size=n, max_size=n).map(tuple)
+    kernel = tuple(fixed.get("kernel_shape") or draw(side))
+    strides = tuple(fixed.get("strides") or draw(st.lists(st.integers(1, 2), min_size=n, max_size=n)))
+    dil = tuple(fixed.get("dilations") or (draw(st.lists(st.integers(1, 2), min_size=n, max_size=n))
+                                           if dilations else [1] * n))
+    if fixed.get("pads") is not None:
+        pads = tuple(fixed["pads"])
+    else:
+        # Pads no wider than the dilated kernel keep every window overlapping the input.
+        pads = tuple(draw(st.integers(0, min(2, dil[i % n] * (kernel[i % n] - 1)))) for i in range(2 * n))
+    if len(kernel) != n or len(strides) != n or len(dil) != n or len(pads) != 2 * n:
+        assume(False)
+    sides = []
+    for i in range(n):
+        extra = draw(st.integers(0, strides[i] - 1))
+        sides.append(conv_input_side(out_spatial[i], kernel[i], strides[i], dil[i], (pads[i], pads[n + i]), extra))
+    assume(all(s >= 1 for s in sides))
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads)}
+    if dilations:
+        attrs["dilations"] = list(dil)
+    return attrs, tuple(sides)
+
+
+@st.composite
+def conv_cases(draw, out_shape: tuple[int, ...] | None = None, fixed: dict | None = None) -> ConvCase:
+    """A Conv whose output has `out_shape` (drawn when None): group, kernel, strides, pads, dilations."""
+    fixed = dict(fixed or {})
+    out = tuple(out_shape) if out_shape is not None else draw(shapes(4))
+    n, m = out[0], out[1]
+    group = fixed.get("group")
+    if group is None:
+        group = draw(st.sampled_from([g for g in range(1, m + 1) if m % g == 0]))
+    assume(group >= 1 and m % group == 0)
+    per_group = draw(st.integers(1, 2))
+    attrs, sides = draw(_conv_geometry(out[2:], fixed))
+    attrs["group"] = int(group)
+    x_shape = (n, group * per_group) + sides
+    w_shape = (m, per_group) + tuple(attrs["kernel_shape"])
+    return ConvCase(x_shape, w_shape, attrs, out)
+
+
+# ---- inputs satisfying a rule ---------------------------------------------------------------
+
+@dataclass
+class Example:
+    """One drawn match of a rule's pattern: a value per variable, a value per captured attribute,
+    and the full attributes of every pattern op (keyed by its path of argument indices)."""
+
+    values: dict[str, np.ndarray]
+    consts: frozenset[str]
+    attrs: dict[str, Any]
+    node_attrs: dict[tuple[int, ...], dict[str, Any]]
+
+
+def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Example]:
+    """Examples matching the rule's left-hand side (its right-hand side when `reverse`) whose
+    guards all hold; raises SaturateError when the pattern uses an op with no shape rule."""
+    from saturate.testing_plan import Planner  # the shape planner lives beside, to keep modules short
+
+    pattern = rule.rhs if reverse else rule.lhs
+
+    @st.composite
+    def draw(draw) -> Example:
+        planner = Planner(draw, rule.guards)
+        planner.plan(pattern)
+        values = {}
+        for name, shape in planner.shapes.items():
+            if name in planner.forced:
+                values[name] = planner.forced[name]
+            else:
+                values[name] = draw(constants(shape, planner.sign_of(name)), label=name)
+        example = Example(values, frozenset(planner.consts), dict(planner.attrs), planner.node_attrs)
+        assume(guards_hold(rule, example))
+        return example
+
+    return draw()
+
+
+def guards_hold(rule: Rule, example: Example) -> bool:
+    """Whether every guard of the rule holds on the example (evaluated with saturate.builtins)."""
+    return all(_guard(g.fn, g.args, example) for g in rule.guards)
+
+
+def _guard(fn: str, args: tuple[Term, ...], ex: Example) -> bool:
+    spec = builtins.GUARDS.get(fn)
+    if spec is None:
+        raise SaturateError(f"unknown guard '{fn}'")
+    try:
+        return bool(spec.impl(*(argument(a, kind, ex) for a, kind in zip(args, spec.params))))
+    except (ValueError, TypeError, IndexError):
+        return False
+
+
+def argument(term: Term, kind: str, ex: Example) -> Any:
+    """The value a builtin of parameter `kind` receives for `term` under the example's bindings."""
+    if isinstance(term, Var):
+        value = ex.values[term.name]
+        return tuple(value.shape) if kind == "value" else value
+    if isinstance(term, AttrVar):
+        value = ex.attrs[term.name]
+        return tuple(value) if isinstance(value, list) else value
+    if isinstance(term, Num):
+        return term.value
+    if isinstance(term, IntList):
+        return tuple(term.values)
+    if isinstance(term, Str):
+        return term.value
+    if isinstance(term, Call):
+        return evaluate_call(term, ex)
+    raise SaturateError(f"an op term cannot be an argument of a guard or constant function")
+
+
+def evaluate_call(call: Call, ex: Example) -> Any:
+    """Evaluate a constant expression or int query on the example's values (numpy, saturate.builtins)."""
+    spec = builtins.CONST_FUNCS.get(call.fn) or builtins.QUERIES.get(call.fn)
+    if spec is None:
+        raise SaturateError(f"unknown function '{call.fn}'")
+    return spec.impl(*(argument(a, kind, ex) for a, kind in zip(call.args, spec.params)))
+
+
+def literal(value: Any, ex: Example) -> Any:
+    """An attribute value written in a rule, resolved under the example's captures."""
+    if isinstance(value, (Num, Str)):
+        return value.value
+    if isinstance(value, IntList):
+        return list(value.values)
+    if isinstance(value, AttrVar):
+        return ex.attrs[value.name]
+    if isinstance(value, Call):
+        result = evaluate_call(value, ex)
+        return list(result) if isinstance(result, tuple) else result
+    raise SaturateError(f"cannot use {value!r} as an attribute value")
+
+
+def is_pattern(term: Term) -> bool:
+    """A term built of ops, variables and literals only (no constant expression): it can be drawn."""
+    if isinstance(term, OpTerm):
+        return all(is_pattern(a) for a in term.args)
+    return not isinstance(term, Call)
+
+
+def factorizations(n: int, parts: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """Ordered tuples of `parts` positive ints whose product is n."""
+    if parts == 0:
+        return st.just(()) if n == 1 else st.nothing()
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    if parts == 1:
+        return st.just((n,))
+    return st.sampled_from(divisors).flatmap(
+        lambda d: factorizations(n // d, parts - 1).map(lambda rest: (d,) + rest))
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)

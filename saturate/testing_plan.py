@@ -1,0 +1,381 @@
+"""Property testing: derive consistent shapes and attributes for a pattern from its ops' semantics.
+
+The planner walks a pattern top-down. The root gets a drawn output shape; every op turns the
+shape asked of it into shapes for its arguments (a Conv's output fixes the input's batch and
+the weight's output channels, a broadcasting Add gives its main argument the full shape and
+the other a broadcastable one, ...). Guards steer the drawing so that they hold: a value under
+`positive` is drawn positive, one under `varies_only_along` along that axis only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from saturate.errors import SaturateError
+from saturate.rule_ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Term, Var
+from saturate.testing import (MAX_RANK, MAX_SIDE, _conv_geometry, broadcastable_shapes, conv_cases,
+                              factorizations, numel, per_axis_shapes)
+
+_SIGN_GUARDS = {"positive": "positive", "nonnegative": "nonnegative", "nonzero": "nonzero"}
+_UNARY = {"Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "Identity", "Exp", "Log",
+          "Abs", "Dropout", "LeakyRelu", "Clip", "Softmax"}
+_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
+_WINDOW = {"Conv", "MaxPool", "AveragePool"}
+# Inputs an op only defines on part of the reals: drawn inside it when they are pattern leaves.
+_DOMAINS = {("BatchNormalization", 4): "nonnegative", ("Sqrt", 0): "nonnegative", ("Log", 0): "positive"}
+
+
+@dataclass(frozen=True)
+class Template:
+    """What an op needs of its output shape: an exact rank (or a least rank) and fixed sides."""
+
+    rank: int | None = None
+    min_rank: int = 0
+    fixed: tuple[tuple[int, int], ...] = ()
+
+
+def _num(term: Term) -> Any:
+    return term.value if isinstance(term, Num) else None
+
+
+class Planner:
+    """Draws shapes for every variable of a pattern, attributes of every op, and sign classes."""
+
+    def __init__(self, draw: Callable, guards: tuple[Guard, ...] = ()):
+        self.draw = draw
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.consts: set[str] = set()
+        self.forced: dict[str, np.ndarray] = {}
+        self.signs: dict[str, str] = {}
+        self.attrs: dict[str, Any] = {}
+        self.node_attrs: dict[tuple[int, ...], dict[str, Any]] = {}
+        self.hints: dict[str, dict[str, Any]] = {}
+        for g in guards:
+            self._hint(g)
+
+    # ---- guards as drawing hints -------------------------------------------------------------
+    def _hint(self, g: Guard) -> None:
+        args = g.args
+        first = args[0] if args else None
+        if not isinstance(first, Var):
+            # `rank(v) == k` pins a rank; other comparisons are checked after drawing.
+            if g.fn == "==" and isinstance(first, Call) and first.fn == "rank" and _num(args[1]) is not None:
+                if isinstance(first.args[0], Var):
+                    self.hints.setdefault(first.args[0].name, {})["rank"] = int(args[1].value)
+            return
+        hint = self.hints.setdefault(first.name, {})
+        if g.fn in _SIGN_GUARDS:
+            hint["sign"] = _SIGN_GUARDS[g.fn]
+        elif g.fn in ("ones", "zeros"):
+            hint["fill"] = 1.0 if g.fn == "ones" else 0.0
+        elif g.fn in ("varies_only_along", "per_axis") and _num(args[1]) is not None:
+            hint["axis"] = (int(args[1].value), _num(args[2]) if len(args) > 2 else None)
+        elif g.fn == "is_scalar":
+            hint["scalar"] = True
+
+    def sign_of(self, name: str) -> str:
+        """The sign class a variable's values are drawn from."""
+        return self.hints.get(name, {}).get("sign") or self.signs.get(name, "any")
+
+    # ---- templates (bottom-up: what each term needs of its shape) -----------------------------
+    def template(self, t: Term) -> Template:
+        if isinstance(t, Var):
+            r = self.hints.get(t.name, {}).get("rank")
+            if t.name in self.shapes:
+                r = len(self.shapes[t.name])
+            return Template(rank=r)
+        if not isinstance(t, OpTerm):
+            return Template()
+        op, args = t.op, t.args
+        if op in _WINDOW:
+            return Template(rank=4)
+        if op == "GlobalAveragePool":
+            return Template(rank=4, fixed=((2, 1), (3, 1)))
+        if op in ("Gemm", "Flatten"):
+            return Template(rank=2)
+        if op == "BatchNormalization":
+            a = self.template(args[0])
+            return Template(rank=a.rank, min_rank=max(2, a.min_rank))
+        if op == "MatMul":
+            ranks = [self.template(a).rank for a in args]
+            known = [r for r in ranks if r is not None]
+            return Template(rank=max(known) if known else None, min_rank=2)
+        if op == "Transpose":
+            perm = dict(t.attrs).get("perm")
+            if isinstance(perm, IntList):
+                return Template(rank=len(perm.values))
+            return Template(rank=self.template(args[0]).rank, min_rank=self.template(args[0]).min_rank)
+        if op == "Reshape":
+            return Template(min_rank=1)
+        if op in _UNARY:
+            a = self.template(args[0])
+            return Template(a.rank, max(a.min_rank, 1 if op == "Softmax" else 0), a.fixed)
+        if op in _BINARY:
+            main = self.template(args[self.main_index(t)])
+            other = self.template(args[1 - self.main_index(t)])
+            least = max(main.min_rank, other.rank or other.min_rank)
+            return Template(main.rank, least, main.fixed)
+        raise SaturateError(f"no shape rule for op '{op}' (the checker cannot draw inputs for it)")
+
+    def main_index(self, t: OpTerm) -> int:
+        """The argument of a broadcasting op that takes the full output shape: an op first, then
+        an input, then a constant."""
+        def weight(a: Term) -> int:
+            if isinstance(a, OpTerm):
+                return 0
+            return 1 if isinstance(a, Var) and not a.const else 2
+        return min(range(len(t.args)), key=lambda i: weight(t.args[i]))
+
+    def shape_for(self, tmpl: Template, lo: int = 0, hi: int = MAX_RANK) -> tuple[int, ...]:
+        rank = tmpl.rank if tmpl.rank is not None else self.draw(st.integers(max(lo, tmpl.min_rank), max(hi, tmpl.min_rank)))
+        shape = list(self.draw(st.tuples(*[st.integers(1, MAX_SIDE)] * rank)))
+        for axis, side in tmpl.fixed:
+            shape[axis] = side
+        return tuple(shape)
+
+    # ---- top-down planning ----------------------------------------------------------------
+    def plan(self, pattern: Term) -> tuple[int, ...]:
+        """Plan the whole pattern; returns the output shape drawn for it."""
+        out = self.shape_for(self.template(pattern), lo=1)
+        self.term(pattern, out, ())
+        return out
+
+    def bind(self, v: Var, shape: tuple[int, ...], exact: bool = True) -> None:
+        if v.const:
+            self.consts.add(v.name)
+        have = self.shapes.get(v.name)
+        if have is None:
+            self.shapes[v.name] = tuple(shape)
+        elif exact:
+            assume(have == tuple(shape))
+        else:
+            assume(_broadcasts(have, shape))
+
+    def term(self, t: Term, out: tuple[int, ...], path: tuple[int, ...]) -> None:
+        if isinstance(t, Var):
+            self.bind(t, out)
+            return
+        if isinstance(t, (Num, Str, IntList, AttrVar)):
+            return
+        if isinstance(t, Call):
+            raise SaturateError(f"a constant expression ({t.fn}) cannot be drawn as a pattern")
+        tmpl = self.template(t)
+        assume(tmpl.rank is None or tmpl.rank == len(out))
+        assume(len(out) >= tmpl.min_rank and all(out[a] == s for a, s in tmpl.fixed))
+        op = t.op
+        if op in _BINARY:
+            self.binary(t, out, path)
+        elif op in _UNARY:
+            self.unary(t, out, path)
+        else:
+            getattr(self, "op_" + op)(t, out, path)
+
+    def leaf_sign(self, t: OpTerm, k: int) -> None:
+        """Record the domain an op needs of argument k when that argument is a variable."""
+        sign = _DOMAINS.get((t.op, k))
+        if sign and k < len(t.args) and isinstance(t.args[k], Var):
+            self.signs.setdefault(t.args[k].name, sign)
+
+    def operand(self, t: Term, out: tuple[int, ...], path: tuple[int, ...]) -> tuple[int, ...]:
+        """Plan an argument that only has to broadcast into `out`."""
+        if isinstance(t, Var):
+            if t.name in self.shapes:
+                self.bind(t, out, exact=False)
+                return self.shapes[t.name]
+            hint = self.hints.get(t.name, {})
+            if "axis" in hint:
+                axis, rank = hint["axis"]
+                axis = axis + (rank or len(out)) if axis < 0 else axis
+                axis -= (rank or len(out)) - len(out)
+                assume(0 <= axis < len(out))
+                shape = self.draw(per_axis_shapes(out, axis))
+            elif hint.get("scalar"):
+                shape = (1,) * self.draw(st.integers(0, len(out)))
+            elif "rank" in hint:
+                assume(hint["rank"] <= len(out))
+                shape = self.draw(broadcastable_shapes(out, min_rank=hint["rank"], max_rank=hint["rank"]))
+            else:
+                shape = self.draw(broadcastable_shapes(out))
+            self.bind(t, shape)
+            return shape
+        if isinstance(t, OpTerm):
+            tmpl = self.template(t)
+            rank = tmpl.rank if tmpl.rank is not None else self.draw(st.integers(min(tmpl.min_rank, len(out)), len(out)))
+            assume(rank <= len(out))
+            tail = out[len(out) - rank:]
+            shape = tuple(d if self.draw(st.booleans()) else 1 for d in tail) if tmpl.rank is None else tail
+            for a, s in tmpl.fixed:
+                shape = shape[:a] + (s,) + shape[a + 1:]
+            assume(_broadcasts(shape, out))
+            self.term(t, shape, path)
+            return shape
+        return ()
+
+    # ---- attributes ---------------------------------------------------------------------------
+    def attributes(self, t: OpTerm, path: tuple[int, ...], draws: dict[str, Callable[[dict], Any]]) -> dict:
+        """The op's attributes: literals as written, captures reused once bound, the rest drawn.
+        `draws` maps a key to a function of the attributes fixed so far that draws a value."""
+        written = dict(t.attrs)
+        fixed: dict[str, Any] = {}
+        for key, value in written.items():
+            if isinstance(value, AttrVar):
+                if value.name in self.attrs:
+                    fixed[key] = self.attrs[value.name]
+            elif isinstance(value, (Num, Str)):
+                fixed[key] = value.value
+            elif isinstance(value, IntList):
+                fixed[key] = list(value.values)
+        result = dict(fixed)
+        for key, fn in draws.items():
+            if key not in result:
+                result[key] = fn(result)
+        for key, value in written.items():
+            if isinstance(value, AttrVar):
+                self.attrs.setdefault(value.name, result.get(key))
+        self.node_attrs[path] = result
+        return result
+
+    # ---- op shape rules ---------------------------------------------------------------------
+    def unary(self, t: OpTerm, out: tuple[int, ...], path: tuple[int, ...]) -> None:
+        draws: dict[str, Callable] = {}
+        if t.op == "LeakyRelu":
+            draws["alpha"] = lambda a: self.draw(st.sampled_from([0.01, 0.1, 0.5, -1.0, 2.0]))
+        if t.op == "Softmax":
+            draws["axis"] = lambda a: self.draw(st.integers(-len(out), len(out) - 1))
+        self.attributes(t, path, draws)
+        self.leaf_sign(t, 0)
+        self.term(t.args[0], out, path + (0,))
+        for k in range(1, len(t.args)):  # Clip's bounds are scalars
+            if isinstance(t.args[k], Var):
+                self.bind(t.args[k], ())
+
+    def binary(self, t: OpTerm, out: tuple[int, ...], path: tuple[int, ...]) -> None:
+        self.attributes(t, path, {})
+        main = self.main_index(t)
+        self.term(t.args[main], out, path + (main,))
+        for k in range(len(t.args)):
+            if k != main:
+                self.operand(t.args[k], out, path + (k,))
+
+    def op_Conv(self, t: OpTerm, out: tuple[int, ...], path: tuple[int, ...]) -> None:
+        case: list = []
+
+        def geometry(fixed: dict) -> Any:
+            if not case:
+                case.append(self.draw(conv_cases(out, fixed)))
+            return case[0]
+
+        attrs = self.attributes(t, path, {
+            "group": lambda a: geometry(a).attrs["group"],
+            "kernel_shape": lambda a: geometry(a).attrs["kernel_shape"],
+            "strides": lambda a: geometry(a).attrs["strides"],
+            "pads": lambda a: geometry(a).attrs["pads"],
+            "dilations": lambda a: geometry(a).attrs["dilations"],
+        })
+        c = geometry(attrs)
+        self.term(t.args[0], c.x_shape, path + (0,))
+        self.term(t.args[1], c.w_shape, path + (1,))
+        if len(t.args) > 2:
+            self.term(t.args[2], (out[1],), path + (2,))
+
+    def _pool(self, t: OpTerm, out: tuple[int, ...], path: tuple[int, ...], extra: dict) -> None:
+        done: list = []
+
+        def geometry(fixed: dict) -> Any:
+            if not done:
+                done.append(self.draw(_conv_geometry(out[2:], fixed, dilations=t.op == "MaxPool")))
+            return done[0]
+
+        keys = ["kernel_shape", "strides", "pads"] + (["dilations"] if t.op == "MaxPool" else [])
+        draws = {k: (lambda a, k=k: geometry(a)[0][k]) for k in keys}
+        draws.update(extra)
+        attrs = self.attributes(t, path, draws)
+        _, sides = geometry(attrs)
+        self.term(t.args[0], out[:2] + sides, path + (0,))
+
+    def op_MaxPool(self, t, out, path) -> None:
+        self._pool(t, out, path, {})
+
+    def op_AveragePool(self, t, out, path) -> None:
+        self._pool(t, out, path, {"count_include_pad": lambda a: self.draw(st.sampled_from([0, 1]))})
+
+    def op_GlobalAveragePool(self, t, out, path) -> None:
+        self.attributes(t, path, {})
+        self.term(t.args[0], out[:2] + tuple(self.draw(st.tuples(*[st.integers(1, MAX_SIDE)] * 2))), path + (0,))
+
+    def op_BatchNormalization(self, t, out, path) -> None:
+        self.attributes(t, path, {"epsilon": lambda a: self.draw(st.sampled_from([1e-5, 1e-3, 0.5]))})
+        self.term(t.args[0], out, path + (0,))
+        for k in range(1, len(t.args)):
+            self.leaf_sign(t, k)
+            self.term(t.args[k], (out[1],), path + (k,))
+
+    def op_Gemm(self, t, out, path) -> None:
+        pick = st.sampled_from
+        attrs = self.attributes(t, path, {
+            "transA": lambda a: self.draw(pick([0, 1])), "transB": lambda a: self.draw(pick([0, 1])),
+            "alpha": lambda a: self.draw(pick([1.0, 0.5, -2.0])), "beta": lambda a: self.draw(pick([1.0, 0.5, -2.0]))})
+        m, n = out
+        k = self.draw(st.integers(1, MAX_SIDE))
+        self.term(t.args[0], (k, m) if attrs["transA"] else (m, k), path + (0,))
+        self.term(t.args[1], (n, k) if attrs["transB"] else (k, n), path + (1,))
+        if len(t.args) > 2:
+            self.operand(t.args[2], out, path + (2,))
+
+    def op_MatMul(self, t, out, path) -> None:
+        self.attributes(t, path, {})
+        k = self.draw(st.integers(1, MAX_SIDE))
+        batch, (m, n) = out[:-2], out[-2:]
+        self.term(t.args[0], batch + (m, k), path + (0,))
+        b_batch = self.draw(broadcastable_shapes(batch))
+        self.term(t.args[1], tuple(b_batch) + (k, n), path + (1,))
+
+    def op_Reshape(self, t, out, path) -> None:
+        self.attributes(t, path, {})
+        rank = self.draw(st.integers(1, MAX_RANK))
+        self.term(t.args[0], self.draw(factorizations(numel(out), rank)), path + (0,))
+        target = list(out)
+        if self.draw(st.booleans()):
+            target[self.draw(st.integers(0, len(out) - 1))] = -1
+        shape_arg = t.args[1]
+        if isinstance(shape_arg, Var):
+            self.bind(shape_arg, (len(out),))
+            self.forced[shape_arg.name] = np.array(target, np.int64)
+        else:
+            raise SaturateError("the checker needs Reshape's shape to be a variable")
+
+    def op_Flatten(self, t, out, path) -> None:
+        a, b = out
+        rank = self.draw(st.integers(1, MAX_RANK))
+        lo = 1 if a > 1 else 0
+        hi = rank - 1 if b > 1 else rank
+        attrs = self.attributes(t, path, {"axis": lambda _: self.draw(st.integers(min(lo, hi), hi))})
+        axis = int(attrs["axis"])
+        axis = axis + rank if axis < 0 else axis
+        assume(0 <= axis <= rank and (axis > 0 or a == 1) and (axis < rank or b == 1))
+        head = self.draw(factorizations(a, axis))
+        tail = self.draw(factorizations(b, rank - axis))
+        self.term(t.args[0], head + tail, path + (0,))
+
+    def op_Transpose(self, t, out, path) -> None:
+        attrs = self.attributes(t, path, {"perm": lambda a: self.draw(st.permutations(range(len(out))))})
+        perm = attrs["perm"]
+        perm = list(range(len(out)))[::-1] if perm is None else [int(p) for p in perm]
+        assume(sorted(perm) == list(range(len(out))))
+        shape = [0] * len(out)
+        for i, p in enumerate(perm):
+            shape[p] = out[i]
+        self.term(t.args[0], tuple(shape), path + (0,))
+
+
+def _broadcasts(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """`shape` broadcasts into `out` without growing it."""
+    try:
+        return np.broadcast_shapes(tuple(shape), tuple(out)) == tuple(out)
+    except ValueError:
+        return False

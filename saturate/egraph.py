@@ -1,0 +1,70 @@
+"""Read-back stage: the e-graph's tables, from egglog's freeze(), as Python e-classes and e-nodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+
+class ENode(NamedTuple):
+    """One e-node. kind: inp const lit absent out op opq k; head: op or function name;
+    key: attribute-set id, node index, output index, literal id or value name."""
+
+    kind: str
+    head: str
+    key: Any
+    children: tuple
+
+
+@dataclass
+class EGraphView:
+    """Every e-class (an egglog Value) with its e-nodes, plus the relations the engine keeps."""
+
+    classes: dict[Any, list[ENode]] = field(default_factory=dict)
+    lets: dict[str, Any] = field(default_factory=dict)          # egglog global -> e-class
+    consts: set = field(default_factory=set)                     # e-classes known constant
+    relations: dict[str, list[tuple]] = field(default_factory=dict)   # Cand_i / Ok_i rows
+    size: int = 0                                                # e-nodes in constructor tables
+
+    def add(self, cls: Any, node: ENode) -> None:
+        self.classes.setdefault(cls, []).append(node)
+
+
+def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
+    """Freeze `eg` and decode its tables; `relations` names the Cand/Ok tables to keep."""
+    view = EGraphView()
+    to_i64, to_str = eg.value_to_i64, eg.value_to_string
+    wanted = set(relations)
+    for name, fn in eg.freeze().functions.items():
+        rows = fn.rows
+        if fn.is_let_binding:
+            if rows:
+                view.lets[name] = rows[0].output
+            continue
+        if name == "IsConst":
+            view.consts.update(r.inputs[0] for r in rows)
+            continue
+        if name in wanted:
+            view.relations[name] = [tuple(r.inputs) for r in rows]
+            continue
+        kind = _KINDS.get(name.split("_", 1)[0])
+        if kind is None:
+            continue
+        view.size += len(rows)
+        head = name.split("_")[1] if kind in ("op", "k") else name
+        if kind == "k":
+            head = name[2:name.rindex("_")]
+        for r in rows:
+            ins = r.inputs
+            if kind in ("op", "opq", "out", "lit"):
+                node = ENode(kind, head, to_i64(ins[0]), tuple(ins[1:]))
+            elif kind in ("inp", "const"):
+                node = ENode(kind, head, to_str(ins[0]), ())
+            else:
+                node = ENode(kind, head, None, tuple(ins))
+            view.add(r.output, node)
+    return view
+
+
+_KINDS = {"Inp": "inp", "Const": "const", "Lit": "lit", "Absent": "absent", "Out": "out",
+          "Op": "op", "Opq": "opq", "K": "k"}

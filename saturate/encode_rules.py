@@ -1,0 +1,202 @@
+"""Encode stage, rules: each DSL rule becomes egglog rules; guards go through a Python check.
+
+A rule with no guard, no attribute test and right-hand attributes known at compile time is one
+egglog rule. Any other rule becomes two: a match rule that records candidate bindings in a
+`Cand_i` relation, and an apply rule that fires on the `Ok_i` rows the saturation loop inserts
+after checking the guards on concrete constant values and shapes (saturate.run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from saturate.encode import Encoding, k_ctor, op_ctor
+from saturate.errors import SaturateError
+from saturate.ops import spec
+from saturate.rule_ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
+
+QUERY_FNS = ("rank", "dim", "numel")
+
+
+@dataclass
+class RhsOp:
+    """How a right-hand op gets its attribute set: a fixed id, a left node's id, or computed."""
+
+    op: str
+    fixed: int | None = None
+    inherit: int | None = None          # index into CompiledRule.lhs_ops
+    overrides: tuple = ()               # (key, AttrValue) pairs applied on the inherited set
+    column: str = ""                    # Ok column holding a computed id
+
+
+@dataclass
+class CompiledRule:
+    """One direction of one DSL rule, as egglog text plus what the Python check needs."""
+
+    rule: Rule
+    index: int
+    name: str                            # egglog rule name of the rewriting rule
+    direction: str
+    lhs: Term
+    rhs: Term
+    lhs_ops: list[OpTerm] = field(default_factory=list)
+    vars: list[str] = field(default_factory=list)
+    rhs_ops: list[RhsOp] = field(default_factory=list)
+    extras: list[tuple[str, Term]] = field(default_factory=list)   # T columns: queries, attrs, lits
+    checked: bool = False
+    text: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        suffix = " (reverse)" if self.direction == "reverse" else ""
+        return f"{self.rule.name}{suffix}"
+
+    def cand_columns(self) -> list[str]:
+        return ["root"] + [f"v_{v}" for v in self.vars] + [f"a_{k}" for k in range(len(self.lhs_ops))]
+
+    def ok_columns(self) -> list[str]:
+        return (self.cand_columns() + [r.column for r in self.rhs_ops if r.column]
+                + [c for c, _ in self.extras])
+
+
+def _where(rule: Rule) -> str:
+    return f"{rule.loc.file}:{rule.loc.line}"
+
+
+class _Compiler:
+    def __init__(self, enc: Encoding, cr: CompiledRule):
+        self.enc, self.cr = enc, cr
+        self.atoms: list[str] = []
+        self.fresh = 0
+        self.const_vars: set[str] = set()
+
+    def pattern(self, term: Term, target: str) -> None:
+        """Query atoms that bind `target` to an instance of `term`."""
+        cr = self.cr
+        if not isinstance(term, OpTerm):
+            raise SaturateError(f"{_where(cr.rule)}: rule '{cr.rule.name}': a pattern must be an op, not {term}")
+        args = []
+        for a in term.args:
+            if isinstance(a, Var):
+                if a.name not in cr.vars:
+                    cr.vars.append(a.name)
+                if a.const and a.name not in self.const_vars:
+                    self.const_vars.add(a.name)
+                    self.atoms.append(f"(IsConst v_{a.name})")
+                args.append(f"v_{a.name}")
+            elif isinstance(a, OpTerm):
+                self.fresh += 1
+                sub = f"t_{self.fresh}"
+                args.append(sub)
+                self.pattern(a, sub)
+            else:
+                raise SaturateError(f"{_where(cr.rule)}: rule '{cr.rule.name}': literal {a} inside a "
+                                    "pattern is not supported; capture it and add a guard")
+        k = len(cr.lhs_ops)
+        cr.lhs_ops.append(term)
+        if term.attrs:
+            cr.checked = True
+        ctor = op_ctor(term.op, len(args))
+        self.enc.declare(ctor, len(args))
+        self.atoms.append(f"(= {target} ({ctor} a_{k} {' '.join(args)}))")
+
+    def rhs(self, term: Term) -> str:
+        """egglog expression building `term`."""
+        cr, enc = self.cr, self.enc
+        if isinstance(term, Var):
+            if term.name not in cr.vars:
+                raise SaturateError(f"{_where(cr.rule)}: rule '{cr.rule.name}': "
+                                    f"right-hand variable '{term.name}' is not bound on the left")
+            return f"v_{term.name}"
+        if isinstance(term, OpTerm):
+            args = [self.rhs(a) for a in term.args]
+            ctor = op_ctor(term.op, len(args))
+            enc.declare(ctor, len(args))
+            return f"({ctor} {self.rhs_attrs(term)} {' '.join(args)})"
+        if isinstance(term, Call):
+            if term.fn in QUERY_FNS:
+                return self.extra(term)
+            args = [self.rhs(a) for a in term.args]
+            ctor = k_ctor(term.fn, len(args))
+            enc.declare(ctor, len(args), first_i64=False)
+            return f"({ctor} {' '.join(args)})"
+        if isinstance(term, (Num, Str, IntList)):
+            value = term.value if not isinstance(term, IntList) else tuple(term.values)
+            return f"(Lit {enc.lit_id(value)})"
+        if isinstance(term, AttrVar):
+            return self.extra(term)
+        raise SaturateError(f"{_where(cr.rule)}: rule '{cr.rule.name}': cannot build {term}")
+
+    def extra(self, term: Term) -> str:
+        """A value the Python check computes per match (query, captured attribute)."""
+        self.cr.checked = True
+        col = f"x_{len(self.cr.extras)}"
+        self.cr.extras.append((col, term))
+        return col
+
+    def rhs_attrs(self, term: OpTerm) -> str:
+        cr = self.cr
+        src = next((k for k, t in enumerate(cr.lhs_ops) if t.op == term.op), None)
+        entry = RhsOp(term.op)
+        cr.rhs_ops.append(entry)
+        literal = all(isinstance(v, (Num, Str, IntList)) for _, v in term.attrs)
+        if src is not None and not term.attrs:
+            entry.inherit = src
+            return f"a_{src}"
+        if src is None and literal:
+            entry.fixed = self.enc.attr_id(term.op, {k: _lit(v) for k, v in term.attrs})
+            return str(entry.fixed)
+        entry.inherit, entry.overrides = src, tuple(term.attrs)
+        entry.column = f"r_{len(cr.rhs_ops) - 1}"
+        cr.checked = True
+        return entry.column
+
+
+def _lit(v: Num | Str | IntList) -> Any:
+    return list(v.values) if isinstance(v, IntList) else v.value
+
+
+def _is_pattern(term: Term) -> bool:
+    if isinstance(term, Var):
+        return True
+    return isinstance(term, OpTerm) and all(_is_pattern(a) for a in term.args)
+
+
+def compile_rules(rules: list[Rule], enc: Encoding) -> list[CompiledRule]:
+    """Compile rules (both directions of `<=>` rules) to egglog text kept in each CompiledRule."""
+    out: list[CompiledRule] = []
+    for i, rule in enumerate(rules):
+        dirs = [("forward", rule.lhs, rule.rhs)]
+        if rule.bidirectional and isinstance(rule.rhs, OpTerm) and _is_pattern(rule.rhs):
+            dirs.append(("reverse", rule.rhs, rule.lhs))
+        for direction, lhs, rhs in dirs:
+            if direction == "reverse" and not isinstance(lhs, OpTerm):
+                continue
+            cr = CompiledRule(rule, len(out), f"r{len(out)}", direction, lhs, rhs)
+            _compile_one(cr, enc)
+            out.append(cr)
+    return out
+
+
+def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
+    rule = cr.rule
+    if isinstance(cr.lhs, OpTerm) and spec(cr.lhs.op) is None:
+        raise SaturateError(f"{_where(rule)}: rule '{rule.name}': unknown op '{cr.lhs.op}'")
+    c = _Compiler(enc, cr)
+    c.pattern(cr.lhs, "root")
+    if rule.guards:
+        cr.checked = True
+    body = c.rhs(cr.rhs)
+    query = " ".join(c.atoms)
+    if not cr.checked:
+        cr.text.append(f'(rule ({query}) ((union root {body})) :name "{cr.name}")')
+        return
+    cand = " ".join(cr.cand_columns())
+    sorts = ["T"] * (1 + len(cr.vars)) + ["i64"] * len(cr.lhs_ops)
+    ok_sorts = sorts + ["i64"] * sum(1 for r in cr.rhs_ops if r.column) + ["T"] * len(cr.extras)
+    cr.text.append(f"(relation Cand_{cr.index} ({' '.join(sorts)}))")
+    cr.text.append(f"(relation Ok_{cr.index} ({' '.join(ok_sorts)}))")
+    cr.text.append(f'(rule ({query}) ((Cand_{cr.index} {cand})) :name "m{cr.name}")')
+    ok = " ".join(cr.ok_columns())
+    cr.text.append(f'(rule ((Ok_{cr.index} {ok})) ((union root {body})) :name "{cr.name}")')

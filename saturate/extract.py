@@ -1,0 +1,208 @@
+"""Extract stage: the cheapest DAG in the e-graph, a shared node paid once.
+
+A Knuth/Dijkstra bottom-up pass gives each e-class its cheapest e-node by tree cost (exact
+Python ints). Tree cost over-counts shared nodes, so a local search then switches e-classes to
+other e-nodes whenever the DAG cost (each chosen node paid once) drops, for instance to keep a
+BatchNormalization on a conv output that another consumer also reads rather than duplicate the conv.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from saturate.egraph import ENode
+from saturate.fold import Facts
+
+INF = None
+
+
+@dataclass
+class Extraction:
+    """The chosen e-node per e-class reachable from the roots, and its DAG cost."""
+
+    choice: dict[Any, ENode]
+    dag_cost: int
+    tree_dag_cost: int          # DAG cost of the tree-greedy answer, before the local search
+    moves: int
+
+
+def node_costs(facts: Facts, cost: Callable, banned: set) -> dict[tuple, int | None]:
+    """Cost of every e-node: zero for leaves and constant expressions, the target's for ops."""
+    costs: dict[tuple, int | None] = {}
+    attrs = facts.enc.attr_sets
+    for cls, nodes in facts.view.classes.items():
+        for node in nodes:
+            key = (cls, node)
+            if key in banned:
+                costs[key] = INF
+            elif node.kind == "op":
+                op, a = attrs[node.key]
+                c = cost(op, a, [facts.info(ch) for ch in node.children], facts.info(cls))
+                costs[key] = INF if c is None or not math.isfinite(c) else int(math.ceil(c))
+            else:
+                costs[key] = 0
+    return costs
+
+
+def greedy(facts: Facts, costs: dict) -> dict[Any, tuple[int, ENode]]:
+    """Cheapest e-node of every e-class by tree cost, bottom-up in cost order."""
+    view = facts.view
+    parents: dict[Any, list[tuple[Any, ENode]]] = {}
+    waiting: dict[tuple, int] = {}
+    heap: list = []
+    for cls, nodes in view.classes.items():
+        for node in nodes:
+            if costs[(cls, node)] is INF:
+                continue
+            kids = set(node.children)
+            waiting[(cls, node)] = len(kids)
+            for ch in kids:
+                parents.setdefault(ch, []).append((cls, node))
+            if not kids:
+                heapq.heappush(heap, (costs[(cls, node)], _tie(node), id(node), cls, node))
+    best: dict[Any, tuple[int, ENode]] = {}
+    while heap:
+        c, _, _, cls, node = heapq.heappop(heap)
+        if cls in best:
+            continue
+        best[cls] = (c, node)
+        for pcls, pnode in parents.get(cls, ()):
+            key = (pcls, pnode)
+            waiting[key] -= 1
+            if waiting[key] == 0 and pcls not in best:
+                total = costs[key] + sum(best[ch][0] for ch in pnode.children)
+                heapq.heappush(heap, (total, _tie(pnode), id(pnode), pcls, pnode))
+    return best
+
+
+def _tie(node: ENode) -> tuple:
+    # Ties go to a fixed order of e-node kinds and names, never to e-class ids (which depend
+    # on the order rules fired): the same rules in any order extract the same graph.
+    return (node.kind, node.head, str(node.key), len(node.children))
+
+
+def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozenset(),
+            budget: float = 2.0) -> Extraction:
+    """Choose one e-node per needed e-class; `budget` bounds the local search in seconds."""
+    costs = node_costs(facts, cost, banned)
+    best = greedy(facts, costs)
+    missing = [r for r in roots if r not in best]
+    if missing:
+        from saturate.errors import SaturateError
+        raise SaturateError("no extractable graph: an output needs an op the target cannot run")
+    search = _DagSearch(best, costs, roots)
+    start = search.total()
+    moves = search.improve(budget)
+    return Extraction(search.chosen, search.total(), start, moves)
+
+
+class _DagSearch:
+    """Reference-counted chosen DAG; a move switches one e-class to another e-node."""
+
+    def __init__(self, best: dict, costs: dict, roots: list):
+        self.best, self.costs, self.roots = best, costs, roots
+        self.chosen: dict[Any, ENode] = {}
+        self.refs: dict[Any, int] = {}
+        for r in roots:
+            self._add(r)
+
+    def _add(self, root: Any) -> None:
+        stack = [root]
+        while stack:
+            cls = stack.pop()
+            self.refs[cls] = self.refs.get(cls, 0) + 1
+            if self.refs[cls] == 1:
+                node = self.best[cls][1]
+                self.chosen[cls] = node
+                stack.extend(node.children)
+
+    def total(self) -> int:
+        return sum(self.costs[(c, n)] for c, n in self.chosen.items())
+
+    def order(self) -> dict[Any, int]:
+        """Position of each chosen e-class in a topological order (children first)."""
+        pos: dict[Any, int] = {}
+        for root in self.roots:
+            stack = [(root, False)]
+            while stack:
+                cls, done = stack.pop()
+                if cls in pos:
+                    continue
+                if done:
+                    pos[cls] = len(pos)
+                    continue
+                stack.append((cls, True))
+                stack.extend((c, False) for c in self.chosen[cls].children if c not in pos)
+        return pos
+
+    def improve(self, budget: float) -> int:
+        """Apply improving moves until none is left or the time budget is spent."""
+        deadline = time.perf_counter() + budget
+        moves, changed = 0, True
+        while changed and time.perf_counter() < deadline:
+            changed = False
+            pos = self.order()
+            for cls in sorted(pos, key=pos.get):
+                if cls not in self.chosen or len(self._alternatives(cls)) < 2:
+                    continue
+                if time.perf_counter() > deadline:
+                    break
+                for node in self._alternatives(cls):
+                    if node != self.chosen[cls] and self._try(cls, node, pos):
+                        moves += 1
+                        changed = True
+                        pos = self.order()
+                        break
+        return moves
+
+    def _alternatives(self, cls: Any) -> list[ENode]:
+        return [n for (c, n), v in self._by_class().get(cls, ()) if v is not INF]
+
+    def _by_class(self) -> dict:
+        if not hasattr(self, "_index"):
+            self._index: dict = {}
+            for (c, n), v in self.costs.items():
+                if all(ch in self.best for ch in n.children):
+                    self._index.setdefault(c, []).append(((c, n), v))
+        return self._index
+
+    def _try(self, cls: Any, node: ENode, pos: dict) -> bool:
+        """Switch `cls` to `node` if that lowers the DAG cost and keeps the graph acyclic."""
+        dref: dict[Any, int] = {}
+        added: dict[Any, ENode] = {}
+        delta = self.costs[(cls, node)] - self.costs[(cls, self.chosen[cls])]
+        stack = list(node.children)
+        while stack:
+            c = stack.pop()
+            if c in self.chosen and self.refs.get(c, 0) > 0:
+                if pos.get(c, math.inf) >= pos[cls]:
+                    return False     # c may depend on cls: switching could close a cycle
+            elif c not in added:
+                added[c] = self.best[c][1]
+                delta += self.costs[(c, added[c])]
+                stack.extend(added[c].children)
+            dref[c] = dref.get(c, 0) + 1
+        stack = list(self.chosen[cls].children)
+        removed: set = set()
+        while stack:
+            c = stack.pop()
+            dref[c] = dref.get(c, 0) - 1
+            if c in self.chosen and self.refs[c] + dref[c] == 0 and c not in removed:
+                removed.add(c)
+                delta -= self.costs[(c, self.chosen[c])]
+                stack.extend(self.chosen[c].children)
+        if delta >= 0:
+            return False
+        self.chosen[cls] = node
+        for c, n in added.items():
+            self.chosen[c] = n
+        for c, d in dref.items():
+            self.refs[c] = self.refs.get(c, 0) + d
+        for c in removed:
+            if self.refs[c] == 0:
+                del self.chosen[c]
+        return True

@@ -1,0 +1,275 @@
+"""Fold stage: constant values and shapes of e-classes, and the chosen e-nodes decoded to a Graph."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from saturate.builtins import CONST_FUNCS, broadcast_shape
+from saturate.egraph import EGraphView, ENode
+from saturate.encode import Encoding
+from saturate.errors import SaturateError
+from saturate.ir import Graph, Node, ValueInfo
+from saturate.ops import spec
+
+_FAIL = object()
+
+
+class Facts:
+    """Constant values and static types of e-classes, computed on demand with numpy.
+
+    Values are cached by the structure of the constant expression, so one cache serves every
+    iteration of the saturation loop even as e-class ids change under unions.
+    """
+
+    def __init__(self, view: EGraphView, enc: Encoding, cache: dict | None = None):
+        self.view, self.enc = view, enc
+        self.cache = {} if cache is None else cache
+        self.keys: dict[Any, Any] = {}
+        self.infos: dict[Any, ValueInfo] = {}
+        self.names: dict[Any, list[str]] = {}      # e-class -> original value names in it
+        g = enc.graph
+        for value, let in enc.value_names.items():
+            cls = view.lets.get(let)
+            if cls is None:
+                continue
+            self.names.setdefault(cls, []).append(value)
+            info = g.info(value)
+            if cls not in self.infos or self.infos[cls].shape is None:
+                self.infos[cls] = info
+
+    # ---- constant values ------------------------------------------------------------------
+    def value(self, cls: Any) -> Any:
+        """The concrete value of a constant e-class (ndarray, number or int tuple), or None."""
+        key = self.key(cls)
+        return None if key is None else self.cache.get(key)
+
+    def key(self, cls: Any, visiting: frozenset = frozenset()) -> Any:
+        """Structural key of a computable expression for `cls` (its value lands in the cache)."""
+        if cls in self.keys:
+            return self.keys[cls]
+        if cls not in self.view.consts or cls in visiting:
+            return None
+        result = None
+        for node in sorted(self.view.classes.get(cls, ()), key=_leaf_first):
+            result = self.node_key(node, visiting | {cls})
+            if result is not None:
+                break
+        self.keys[cls] = result
+        return result
+
+    def node_key(self, node: ENode, visiting: frozenset = frozenset()) -> Any:
+        """Structural key of one constant e-node, evaluating it if it is new; None if it fails."""
+        if node.kind == "const":
+            key = ("const", node.key)
+            if key not in self.cache:
+                self.cache[key] = self.enc.graph.constants[node.key]
+            return key
+        if node.kind == "lit":
+            key = ("lit", node.key)
+            self.cache.setdefault(key, self.enc.lits[node.key])
+            return key
+        if node.kind != "k":
+            return None
+        kids = [self.key(c, visiting) for c in node.children]
+        if any(k is None for k in kids):
+            return None
+        key = (node.head, *kids)
+        if key not in self.cache:
+            self.cache[key] = _evaluate(node.head, [self.cache[k] for k in kids])
+        return None if self.cache[key] is _FAIL else key
+
+    # ---- static types ---------------------------------------------------------------------
+    def info(self, cls: Any, visiting: frozenset = frozenset()) -> ValueInfo:
+        """Static type of an e-class: known for original values, inferred for new ones."""
+        got = self.infos.get(cls)
+        if got is not None:
+            return got
+        if cls in visiting:
+            return ValueInfo(shape=None)
+        result = ValueInfo(shape=None)
+        if cls in self.view.consts:
+            v = self.value(cls)
+            if v is not None:
+                a = np.asarray(v)
+                result = ValueInfo(a.dtype.name, tuple(a.shape))
+        else:
+            for node in self.view.classes.get(cls, ()):
+                if node.kind == "op":
+                    ins = [self.info(c, visiting | {cls}) for c in node.children]
+                    result = infer(node.head, self.enc.attr_sets[node.key][1], ins)
+                    if result.shape is not None:
+                        break
+        self.infos[cls] = result
+        return result
+
+    def shape(self, cls: Any) -> tuple | None:
+        """Static shape of an e-class (None when unknown)."""
+        return self.info(cls).shape
+
+
+def _leaf_first(node: ENode) -> tuple:
+    return (node.kind != "const", node.kind != "lit", len(node.children), node.head)
+
+
+def _evaluate(fn: str, args: list[Any]) -> Any:
+    spec_ = CONST_FUNCS.get(fn)
+    if spec_ is None:
+        return _FAIL
+    conv = []
+    for kind, a in zip(spec_.params, args):
+        if kind == "int":
+            conv.append(None if a is None else int(np.asarray(a).reshape(())))
+        elif kind == "ints":
+            conv.append(None if a is None else tuple(int(x) for x in np.asarray(a).ravel()))
+        else:
+            conv.append(a)
+    try:
+        with np.errstate(all="ignore"):
+            out = spec_.impl(*conv)
+    except (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError):
+        return _FAIL
+    return tuple(out) if spec_.returns == "ints" else out
+
+
+def infer(op: str, attrs: dict[str, Any], ins: list[ValueInfo]) -> ValueInfo:
+    """Output type of a new node from its inputs' types (elementwise, Conv, MatMul, Gemm)."""
+    dtype = ins[0].dtype if ins else "float32"
+    shapes = [i.shape for i in ins]
+    s = spec(op)
+    if any(sh is None for sh in shapes):
+        return ValueInfo(dtype, None)
+    if s is not None and s.elementwise:
+        out = shapes[0]
+        for sh in shapes[1:]:
+            out = broadcast_shape(out, sh) if out is not None else None
+        return ValueInfo(dtype, out)
+    if op == "Conv" and len(shapes[0]) >= 3 and len(shapes[1]) == len(shapes[0]):
+        return ValueInfo(dtype, _conv_shape(attrs, shapes[0], shapes[1]))
+    if op == "MatMul" and len(shapes[0]) >= 2 and len(shapes[1]) >= 2:
+        batch = broadcast_shape(shapes[0][:-2], shapes[1][:-2])
+        return ValueInfo(dtype, None if batch is None else (*batch, shapes[0][-2], shapes[1][-1]))
+    if op == "Gemm" and len(shapes[0]) == 2 and len(shapes[1]) == 2:
+        m = shapes[0][1] if attrs.get("transA") else shapes[0][0]
+        n = shapes[1][0] if attrs.get("transB") else shapes[1][1]
+        return ValueInfo(dtype, (m, n))
+    return ValueInfo(dtype, None)
+
+
+def _conv_shape(attrs: dict[str, Any], x: tuple, w: tuple) -> tuple | None:
+    nsp = len(x) - 2
+    k = attrs.get("kernel_shape") or w[2:]
+    strides = attrs.get("strides") or [1] * nsp
+    dil = attrs.get("dilations") or [1] * nsp
+    pads = attrs.get("pads") or [0] * (2 * nsp)
+    auto = attrs.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    out = [x[0], w[0]]
+    for i in range(nsp):
+        d = x[2 + i]
+        if not isinstance(d, int):
+            out.append(None)
+        elif auto in ("SAME_UPPER", "SAME_LOWER"):
+            out.append(math.ceil(d / strides[i]))
+        elif auto == "VALID":
+            out.append((d - dil[i] * (k[i] - 1) - 1) // strides[i] + 1)
+        else:
+            out.append((d + pads[i] + pads[i + nsp] - dil[i] * (k[i] - 1) - 1) // strides[i] + 1)
+    return tuple(out)
+
+
+def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts) -> Graph:
+    """Build the Graph the chosen e-nodes spell, folding constant expressions with numpy."""
+    enc, g = facts.enc, facts.enc.graph
+    out = Graph(inputs=list(g.inputs), outputs=[], name=g.name, opset=g.opset, meta=dict(g.meta))
+    out.values = {i: g.info(i) for i in g.inputs}
+    used = set(g.inputs)
+    named: dict[Any, str] = {}
+    emitted_opaque: set[int] = set()
+    preferred = {}
+    for o, cls in zip(g.outputs, roots):
+        preferred.setdefault(cls, o)
+
+    def fresh(base: str) -> str:
+        name, k = base, 0
+        while name in used or name in g.constants or name in g.values:
+            k += 1
+            name = f"{base}_{k}"
+        used.add(name)
+        return name
+
+    def name_for(cls: Any) -> str:
+        want = preferred.get(cls)
+        if want and want not in used:
+            used.add(want)
+            return want
+        for n in facts.names.get(cls, ()):
+            if n not in used and n not in g.inputs and n not in g.constants:
+                used.add(n)
+                return n
+        return fresh("v")
+
+    def emit(cls: Any) -> str:
+        node = choice[cls]
+        if node.kind == "inp":
+            return node.key
+        if node.kind == "absent":
+            return ""
+        if node.kind in ("const", "lit", "k"):
+            val = facts.cache.get(facts.node_key(node)) if facts.node_key(node) is not None else None
+            if val is None:
+                raise SaturateError("a constant expression chosen by extraction could not be evaluated")
+            if node.kind == "const" and node.key not in out.constants:
+                out.constants[node.key] = val
+                used.add(node.key)
+                return node.key
+            arr = np.asarray(val)
+            if arr.dtype == np.float64 or (node.kind == "lit" and isinstance(val, float)):
+                arr = arr.astype(np.float32)
+            name = fresh("c_fold")
+            out.constants[name] = np.ascontiguousarray(arr)
+            return name
+        ins = [named[c] for c in node.children]
+        if node.kind == "out":
+            opq = choice[node.children[0]]
+            src = enc.opaque_nodes[opq.key]
+            if opq.key not in emitted_opaque:
+                emitted_opaque.add(opq.key)
+                out.nodes.append(Node(src.op, [named[c] for c in opq.children], list(src.outputs),
+                                      dict(src.attrs), src.name, src.domain))
+                used.update(o for o in src.outputs if o)
+                for o in src.outputs:
+                    if o and o in g.values:
+                        out.values[o] = g.values[o]
+            return src.outputs[node.key]
+        if node.kind == "opq":
+            return ""
+        op, attrs = enc.attr_sets[node.key]
+        name = name_for(cls)
+        out.nodes.append(Node(op, ins, [name], dict(attrs), name=name))
+        out.values[name] = facts.info(cls)
+        return name
+
+    # Post-order without recursion: deep chains have thousands of levels.
+    for root in roots:
+        stack = [(root, False)]
+        while stack:
+            cls, ready = stack.pop()
+            if cls in named:
+                continue
+            if ready:
+                named[cls] = emit(cls)
+                continue
+            stack.append((cls, True))
+            stack.extend((c, False) for c in reversed(choice[cls].children) if c not in named)
+    for o, cls in zip(g.outputs, roots):
+        src = named[cls]
+        if src != o:
+            out.nodes.append(Node("Identity", [src], [o], name=fresh(o + "_id")))
+            out.values[o] = g.info(o)
+        out.outputs.append(o)
+    out.remove_dead()
+    out.validate()
+    return out

@@ -1,0 +1,118 @@
+"""The optimizer: encode -> saturate -> extract -> fold, as one plain function with a report."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from saturate.cost import graph_cost, resolve_target
+from saturate.encode import chunks, encode_graph
+from saturate.encode_rules import compile_rules
+from saturate.errors import SaturateError
+from saturate.extract import extract
+from saturate.fold import decode
+from saturate.ir import Graph
+from saturate.rule_ast import Rule
+from saturate.run import RunReport, saturate
+
+MAX_ITERATIONS = 30
+MAX_NODES = 500_000
+TIMEOUT = 60.0
+
+
+@dataclass
+class Report:
+    """What one optimize run did: op counts, why saturation stopped, time per stage, matches."""
+
+    ops_before: dict[str, int] = field(default_factory=dict)
+    ops_after: dict[str, int] = field(default_factory=dict)
+    run: RunReport = field(default_factory=RunReport)
+    times: dict[str, float] = field(default_factory=dict)
+    cost_before: float = 0.0
+    cost_after: float = 0.0
+    rules: int = 0
+    kept_original: bool = False
+    extract_moves: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain JSON data (what `--report` writes)."""
+        return {
+            "ops_before": self.ops_before, "ops_after": self.ops_after,
+            "stop_reason": self.run.stop_reason, "iterations": self.run.iterations,
+            "egraph_sizes": self.run.sizes, "times": {k: round(v, 6) for k, v in self.times.items()},
+            "cost_before": self.cost_before, "cost_after": self.cost_after,
+            "kept_original": self.kept_original, "rules_loaded": self.rules,
+            "extract_moves": self.extract_moves,
+            "matches": [{"rule": name, "at": self.run.locations.get(name, ""), "matches": n}
+                        for name, n in sorted(self.run.matches.items())],
+        }
+
+
+def _load(rules: Any, level: int) -> list[Rule]:
+    if rules is None:
+        from saturate.dsl import load_rules
+        return load_rules(None, level=level)
+    rules = list(rules)
+    if all(isinstance(r, Rule) for r in rules):
+        return rules
+    from saturate.dsl import load_rules
+    return load_rules([str(p) for p in rules], level=level)
+
+
+def canonical_order(rules: Iterable[Rule]) -> list[Rule]:
+    """Rules sorted by a key of their own text, so the order they were given never matters."""
+    return sorted(rules, key=lambda r: (r.name, repr(r.lhs), repr(r.rhs), repr(r.guards)))
+
+
+def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None = None,
+             level: int = 3, target: Any = "cpu", max_iterations: int = MAX_ITERATIONS,
+             max_nodes: int = MAX_NODES, timeout: float = TIMEOUT, preserve: Iterable[str] = (),
+             progress: Callable[[int, int, float], None] | None = None) -> tuple[Graph, Report]:
+    """Rewrite `graph` with `rules` (default: the standard library at `level`) to the cheapest
+    equivalent graph for `target`; returns the new graph and a Report."""
+    from egglog import bindings
+
+    report = Report(ops_before=dict(graph.op_counts()))
+    model = resolve_target(target)
+    keep = set(preserve) | set(getattr(model, "preserve", ()) or ())
+    rule_list = canonical_order(_load(rules, level))
+    report.rules = len(rule_list)
+
+    t = time.perf_counter()
+    enc = encode_graph(graph, keep)
+    compiled = compile_rules(rule_list, enc)
+    eg = bindings.EGraph()
+    for piece in chunks(enc.commands + [line for cr in compiled for line in cr.text]):
+        eg.run_program(*eg.parse_program(piece))
+    report.times["encode"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    report.run, facts = saturate(eg, enc, compiled, max_iterations, max_nodes, timeout, progress)
+    report.times["saturate"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    roots = [facts.view.lets[enc.value_names[o]] for o in graph.outputs]
+    banned: set = set()
+    for _ in range(8):
+        ext = extract(facts, roots, model.node_cost, banned)
+        bad = {(c, n) for c, n in ext.choice.items() if n.kind == "k" and facts.node_key(n) is None}
+        if not bad:
+            break
+        banned |= bad
+    else:
+        raise SaturateError("extraction kept choosing constant expressions that cannot be evaluated")
+    report.extract_moves = ext.moves
+    report.times["extract"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    result = decode(ext.choice, roots, facts)
+    report.cost_before = graph_cost(graph, model)
+    report.cost_after = graph_cost(result, model)
+    if report.cost_after > report.cost_before:
+        result, report.kept_original = graph.copy(), True
+        report.cost_after = report.cost_before
+    report.ops_after = dict(result.op_counts())
+    report.times["fold"] = time.perf_counter() - t
+    return result, report

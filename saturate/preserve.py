@@ -61,6 +61,7 @@ def preserved(graph: Graph, target: Target, ops: Iterable[str] = (),
     if missing:
         raise SaturateError(f"--preserve-nodes: no node named {', '.join(repr(m) for m in missing)} in the model")
     constant = set(g.constants)
+    node_names = {n.name for n in g.nodes}
     names: list[str] = []
     for n in g.nodes:
         const_only = all(not i or i in constant for i in n.inputs)
@@ -71,6 +72,12 @@ def preserved(graph: Graph, target: Target, ops: Iterable[str] = (),
         if const_only and target.fold_preserved:
             continue
         if not n.name:
-            n.name = g.fresh_name(n.outputs[0] if n.outputs else n.op)
+            # Node names live apart from value names: the first output names the node if free.
+            base, k = n.outputs[0] if n.outputs else n.op, 1
+            n.name = base
+            while n.name in node_names:
+                k += 1
+                n.name = f"{base}_{k}"
+            node_names.add(n.name)
         names.append(n.name)
     return g, tuple(names)

@@ -1,0 +1,225 @@
+"""Tests for partitioning into ONNX local functions, preserved nodes, and per-target optimization."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from frontend.onnx_io import export_model, import_model
+from saturate.cli import main
+from saturate.errors import SaturateError
+from saturate.interp import run_graph
+from saturate.partition import FUNCTIONS_KEY, inline, partition, to_model
+from saturate.preserve import mark_nodes, marked_nodes, preserved
+from saturate.targets import load_target, parse_target
+
+
+# ---- models --------------------------------------------------------------------------------
+
+def _model(blocks: list[str], seed: int = 0, channels: int = 4, conv_bias: bool = True) -> onnx.ModelProto:
+    """Blocks: 'bn' conv(+bias)-bn-relu, 'add' conv-add(const)-relu, 'res' conv-bias-add(input)-relu."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def const(name, *shape, positive=False):
+        a = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+        inits.append(numpy_helper.from_array(np.abs(a) + 0.5 if positive else a, name))
+        return name
+
+    x, c = "x", channels
+    for k, kind in enumerate(blocks):
+        w = const(f"w{k}", c, c, 3, 3)
+        bias = [const(f"b{k}", c)] if kind == "res" or (kind == "bn" and conv_bias) else []
+        nodes.append(helper.make_node("Conv", [x, w] + bias, [f"conv{k}"], pads=[1, 1, 1, 1], name=f"conv{k}"))
+        if kind == "bn":
+            params = [const(f"g{k}", c, positive=True), const(f"be{k}", c), const(f"m{k}", c),
+                      const(f"v{k}", c, positive=True)]
+            nodes.append(helper.make_node("BatchNormalization", [f"conv{k}"] + params, [f"mid{k}"], name=f"bn{k}"))
+        elif kind == "add":
+            nodes.append(helper.make_node("Add", [f"conv{k}", const(f"k{k}", 1, c, 1, 1)], [f"mid{k}"], name=f"add{k}"))
+        else:
+            nodes.append(helper.make_node("Add", [x, f"conv{k}"], [f"mid{k}"], name=f"add{k}"))
+        out = "y" if k == len(blocks) - 1 else f"r{k}"
+        nodes.append(helper.make_node("Relu", [f"mid{k}"], [out], name=f"relu{k}"))
+        x = out
+    shape = [1, c, 6, 6]
+    graph = helper.make_graph(nodes, "blocks", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def _input(seed: int = 1, channels: int = 4) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((1, channels, 6, 6)).astype(np.float32)}
+
+
+def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape
+    assert float(np.max(np.abs(got - want))) <= 1e-4 * max(float(np.max(np.abs(want))), 1e-6)
+
+
+def _calls(graph, domain):
+    return [n for n in graph.nodes if n.domain == domain]
+
+
+# ---- partitioning --------------------------------------------------------------------------
+
+def test_constants_are_lifted_to_arguments_by_default():
+    model = _model(["bn", "add", "res"])
+    g = import_model(model)
+    p = partition(g, "accel")
+    calls = _calls(p, "accel")
+    assert [n.op for n in calls] == ["conv_bias_bn_relu", "conv_add_relu", "conv_bias_add_relu"]
+    assert calls[0].inputs == ["x", "w0", "b0", "g0", "be0", "m0", "v0"]
+    assert calls[2].inputs == ["r1", "w2", "b2"]  # residual: the conv input and the added input coincide
+    assert len(p.nodes) == 3 and set(p.constants) == set(g.constants)
+    m = to_model(p)
+    assert {(f.domain, f.name) for f in m.functions} == {("accel", c.op) for c in calls}
+    for f in m.functions:
+        assert not [n for n in f.node if n.op_type == "Constant"]
+        assert list(f.input)[:2] == ["x", "w"]
+    assert ("accel", 1) in {(o.domain, o.version) for o in m.opset_import}
+    _close(_ort(m, _input()), _ort(model, _input()))
+
+
+def test_keep_constants_puts_them_in_the_body():
+    model = _model(["bn", "add", "res"])
+    p = partition(import_model(model), "accel", keep_constants=True)
+    assert [n.inputs for n in _calls(p, "accel")] == [["x"], ["r0"], ["r1"]]
+    assert not p.constants
+    m = to_model(p)
+    consts = {f.name: sum(n.op_type == "Constant" for n in f.node) for f in m.functions}
+    assert consts == {"conv_bias_bn_relu": 6, "conv_add_relu": 2, "conv_bias_add_relu": 2}
+    _close(_ort(m, _input()), _ort(model, _input()))
+
+
+def test_lifted_bodies_are_shared_kept_ones_are_not():
+    model = _model(["add"] * 4)
+    g = import_model(model)
+    lifted, kept = partition(g, "fused"), partition(g, "fused", keep_constants=True)
+    assert len(_calls(lifted, "fused")) == len(_calls(kept, "fused")) == 4
+    assert len(lifted.meta[FUNCTIONS_KEY]) == 1
+    assert sorted(name for _, name in kept.meta[FUNCTIONS_KEY]) == \
+        ["conv_add_relu", "conv_add_relu_2", "conv_add_relu_3", "conv_add_relu_4"]
+    for p in (lifted, kept):
+        _close(_ort(to_model(p), _input()), _ort(model, _input()))
+
+
+def test_interior_value_read_outside_is_not_grouped():
+    model = _model(["add", "add"])
+    # The second block's conv output also leaves the graph: grouping would hide it.
+    model.graph.output.append(helper.make_tensor_value_info("conv1", TensorProto.FLOAT, [1, 4, 6, 6]))
+    p = partition(import_model(model), "fused")
+    assert [n.op for n in _calls(p, "fused")] == ["conv_add_relu"]
+    assert "conv1" in p.outputs and "conv1" in {o for n in p.nodes for o in n.outputs}
+    m = to_model(p)
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for got, ref in zip(session.run(None, _input()), want.run(None, _input())):
+        _close(got, ref)
+
+
+def test_attributes_and_const_markers_restrict_matches():
+    g = import_model(_model(["add", "add"]))
+    none = parse_target("composite c = Relu(Add(Conv(x, w:const){group=2}, y))")
+    assert not _calls(partition(g, none), none.domain)
+    pads = parse_target("composite c = Relu(Add(Conv(x, w:const){pads=[1, 1, 1, 1]}, y:const))")
+    assert len(_calls(partition(g, pads), pads.domain)) == 2
+    # A constant marker on a value that is an activation matches nothing.
+    act = parse_target("composite c = Relu(Add(Conv(x:const, w), y))")
+    assert not _calls(partition(g, act), act.domain)
+
+
+def test_cpu_has_no_composites_and_changes_nothing():
+    g = import_model(_model(["bn", "res"]))
+    p = partition(g, "cpu")
+    assert FUNCTIONS_KEY not in p.meta and [n.op for n in p.nodes] == [n.op for n in g.nodes]
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.sampled_from(["bn", "add", "res"]), min_size=1, max_size=5), st.integers(0, 3),
+       st.booleans(), st.sampled_from(["accel", "fused"]))
+def test_partition_preserves_outputs(blocks, seed, keep, target):
+    model = _model(blocks, seed=seed)
+    g = import_model(model)
+    p = partition(g, target, keep_constants=keep)
+    want = _ort(model, _input(seed))
+    _close(_ort(to_model(p), _input(seed)), want)
+    _close(run_graph(inline(p), _input(seed))["y"], want)
+
+
+# ---- preserved nodes ------------------------------------------------------------------------
+
+def test_preserved_names_from_target_ops_and_nodes():
+    g = import_model(_model(["bn", "add"]))
+    _, names = preserved(g, load_target("accel"))
+    assert names == ("bn0",)
+    _, names = preserved(g, load_target("cpu"), ops=("Relu",), nodes=("conv1",))
+    assert names == ("relu0", "conv1", "relu1")
+    with pytest.raises(SaturateError, match="no node named 'nope'"):
+        preserved(g, load_target("cpu"), nodes=("nope",))
+
+
+def test_fold_preserved_lets_constant_only_nodes_fold():
+    g = import_model(_model(["add"]))
+    # A preserved Mul of two constants feeding the conv weights: folding may still replace it.
+    g.constants["s"] = np.full((4, 1, 1, 1), 2.0, np.float32)
+    g.nodes.insert(0, g.nodes[0].__class__("Mul", ["w0", "s"], ["ws"], name="scale"))
+    g.nodes[1].inputs[1] = "ws"
+    folds = load_target("accel")
+    keeps = dataclasses.replace(folds, fold_preserved=False)
+    assert preserved(g, folds, ops=("Mul",))[1] == ()
+    assert preserved(g, keeps, ops=("Mul",))[1] == ("scale",)
+
+
+def test_unnamed_preserved_nodes_get_names():
+    g = import_model(_model(["bn"]))
+    for n in g.nodes:
+        n.name = ""
+    copy, names = preserved(g, load_target("accel"))
+    assert names == ("mid0",) and [n.name for n in copy.nodes if n.op == "BatchNormalization"] == ["mid0"]
+    assert all(n.name == "" for n in g.nodes)  # the caller's graph is untouched
+
+
+def test_marks_in_onnx_metadata(tmp_path):
+    model = mark_nodes(_model(["bn", "add"]), ["conv1"])
+    model.metadata_props.add(key="saturate.preserve", value="relu0, add1")
+    path = tmp_path / "marked.onnx"
+    onnx.save(model, str(path))
+    assert marked_nodes(str(path)) == {"conv1", "relu0", "add1"}
+    assert marked_nodes("example:vgg") == set()
+
+
+# ---- command line ----------------------------------------------------------------------------
+
+def test_partition_command_writes_a_runnable_model(tmp_path, capsys):
+    model = _model(["bn", "add", "res"])
+    src, out = tmp_path / "m.onnx", tmp_path / "p.onnx"
+    onnx.save(model, str(src))
+    assert main(["partition", str(src), "--target", "accel", "-o", str(out), "--no-optimize"]) == 0
+    assert "3 calls to 3 functions in domain 'accel'" in capsys.readouterr().out
+    written = onnx.load(str(out))
+    assert len(written.functions) == 3
+    _close(_ort(written, _input()), _ort(model, _input()))
+
+
+def test_partition_command_rejects_text_output(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    onnx.save(_model(["add"]), str(src))
+    assert main(["partition", str(src), "--target", "fused", "-o", str(tmp_path / "p.sat"), "--no-optimize"]) == 2
+    assert "written as .onnx" in capsys.readouterr().err
+    assert not (tmp_path / "p.sat").exists()

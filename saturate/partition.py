@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -304,7 +305,9 @@ def optimize_for_target(graph: Graph, target: Target | str | None = None, preser
 
     t = load_target(target)
     g, keep = preserved(graph, t, preserve_ops, preserve_nodes)
-    out, report = optimize(g, target=t, preserve=keep, **limits)
+    # `keep` already names every preserved node; the target's op list would also pin the
+    # constant-only nodes that `fold-preserved yes` lets folding replace.
+    out, report = optimize(g, target=dataclasses.replace(t, preserve=()), preserve=keep, **limits)
     if partition_graph:
         out = partition(out, t, keep_constants=keep_constants)
     return out, report

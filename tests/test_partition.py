@@ -223,3 +223,68 @@ def test_partition_command_rejects_text_output(tmp_path, capsys):
     assert main(["partition", str(src), "--target", "fused", "-o", str(tmp_path / "p.sat"), "--no-optimize"]) == 2
     assert "written as .onnx" in capsys.readouterr().err
     assert not (tmp_path / "p.sat").exists()
+
+
+# ---- per-target optimization (engine) ---------------------------------------------------------
+
+# A small rule set of its own, so these tests check target-driven extraction whatever the
+# standard library holds: batch-norm becomes a per-channel scale and shift, which fold into a conv.
+RULES = """
+ruleset target-tests level 1
+rule bn-affine BatchNormalization(x, s:const, b:const, m:const, v:const){epsilon=eps}
+    => Add(Mul(x, per_axis(s * rsqrt(v + eps), 1, rank(x))), per_axis(b - m * s * rsqrt(v + eps), 1, rank(x)))
+rule conv-mul Mul(Conv(x, w:const), k:const) => Conv(x, w * per_axis(vec(k), 0, rank(w)))
+    if varies_only_along(k, 1, rank(w))
+rule conv-bias-mul Mul(Conv(x, w:const, b:const), k:const) => Conv(x, w * per_axis(vec(k), 0, rank(w)), b * vec(k))
+    if varies_only_along(k, 1, rank(w))
+rule conv-add Add(Conv(x, w:const), c:const) => Conv(x, w, vec(c)) if varies_only_along(c, 1, rank(w))
+rule conv-bias-add Add(Conv(x, w:const, b:const), c:const) => Conv(x, w, b + vec(c))
+    if varies_only_along(c, 1, rank(w))
+rule add-add Add(Add(x, a:const), b:const) => Add(x, a + b) if broadcastable(a, b)
+"""
+
+
+@pytest.fixture
+def rules(tmp_path):
+    path = tmp_path / "target_tests.rules"
+    path.write_text(RULES)
+    return [str(path)]
+
+
+def _optimize(model, target, rules, **kw):
+    from saturate.partition import optimize_for_target
+
+    out, _ = optimize_for_target(import_model(model), target, rules=rules, **kw)
+    _close(_ort(to_model(out), _input()), _ort(model, _input()))
+    return out
+
+
+def test_cpu_folds_batchnorm_accel_keeps_it(rules):
+    model = _model(["bn", "add", "bn"], conv_bias=False)
+    cpu = _optimize(model, "cpu", rules)
+    accel = _optimize(model, "accel", rules)
+    assert cpu.op_counts()["BatchNormalization"] == 0 and cpu.op_counts()["Conv"] == 3
+    assert accel.op_counts()["BatchNormalization"] == 2
+    # Costs alone decide the same way: without its preserve list, accel still keeps batch-norm.
+    free = dataclasses.replace(load_target("accel"), preserve=())
+    assert _optimize(model, free, rules).op_counts()["BatchNormalization"] == 2
+
+
+def test_preserve_keeps_ops_and_nodes_on_cpu(rules):
+    model = _model(["bn", "add", "bn"], conv_bias=False)
+    by_op = _optimize(model, "cpu", rules, preserve_ops=("BatchNormalization",))
+    assert by_op.op_counts()["BatchNormalization"] == 2
+    by_node = _optimize(model, "cpu", rules, preserve_nodes=("bn2",))
+    assert [n.name for n in by_node.nodes if n.op == "BatchNormalization"] == ["bn2"]
+
+
+def test_one_run_folds_then_partitions(rules):
+    model = _model(["bn", "add", "res", "bn"])
+    out = _optimize(model, "fused", rules, partition_graph=True)
+    assert not [n for n in out.nodes if not n.domain]  # every block became one call
+    calls = _calls(out, "fused")
+    assert len(calls) == 4 and all(c.op.startswith("conv_") for c in calls)
+    for c in calls:  # weights and folded biases are arguments, not hidden in the body
+        assert all(a in out.constants for a in c.inputs[1:3])
+    kept = _optimize(model, "fused", rules, partition_graph=True, keep_constants=True)
+    assert all(len(c.inputs) == 1 for c in _calls(kept, "fused")) and not kept.constants

@@ -61,6 +61,21 @@ def _load(rules: Any, level: int) -> list[Rule]:
     return load_rules([str(p) for p in rules], level=level)
 
 
+def _preserved(graph: Graph, model: Any, preserve: Iterable[str]) -> tuple[Graph, set[str]]:
+    """Node names no rewrite may touch: `preserve` lists op names and node names."""
+    from saturate.ops import OPS
+    from saturate.preserve import preserved
+    from saturate.targets import Target
+
+    wanted = set(preserve)
+    present = {n.op for n in graph.nodes}
+    ops = {p for p in wanted if p in OPS or p in present}
+    if isinstance(model, Target):
+        graph, names = preserved(graph, model, ops, wanted - ops)
+        return graph, set(names)
+    return graph, wanted
+
+
 def canonical_order(rules: Iterable[Rule]) -> list[Rule]:
     """Rules sorted by a key of their own text, so the order they were given never matters."""
     return sorted(rules, key=lambda r: (r.name, repr(r.lhs), repr(r.rhs), repr(r.guards)))
@@ -76,7 +91,7 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
 
     report = Report(ops_before=dict(graph.op_counts()))
     model = resolve_target(target)
-    keep = set(preserve) | set(getattr(model, "preserve", ()) or ())
+    graph, keep = _preserved(graph, model, preserve)
     rule_list = canonical_order(_load(rules, level))
     report.rules = len(rule_list)
 

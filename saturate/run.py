@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from saturate.egraph import EGraphView, read_egraph
+from saturate.egraph import read_egraph
 from saturate.encode import Encoding
 from saturate.encode_rules import CompiledRule
 from saturate.fold import Facts
@@ -80,6 +80,3 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
     return report, Facts(view, enc, cache)
 
 
-def final_view(eg: Any) -> EGraphView:
-    """The e-graph as it stands, for extraction."""
-    return read_egraph(eg)

@@ -1,0 +1,90 @@
+"""CLI `saturate optimize`: a thin wrapper over saturate.optimize with a JSON report and a trace."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from saturate.errors import SaturateError
+from saturate.optimize import MAX_ITERATIONS, MAX_NODES, TIMEOUT
+
+NAME = "optimize"
+HELP = "fold a model by equality saturation: batch-norm into conv, merged constants, scale propagation"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="a .onnx file, a text graph (.sat) or example:NAME")
+    parser.add_argument("-o", "--output", required=True, help="where to write the result (.onnx or .sat)")
+    parser.add_argument("--rules", nargs="+", action="extend", default=[], metavar="FILE_OR_DIR",
+                        help="more .rules files or directories, loaded beside the standard library")
+    parser.add_argument("--no-std", action="store_true", help="do not load the standard rules (only --rules)")
+    parser.add_argument("--level", type=int, default=3, help="rule level 0-3 (default 3: every rule)")
+    parser.add_argument("--target", default="cpu", help="target name or .target file (default cpu)")
+    parser.add_argument("--preserve", default="", metavar="OP,...",
+                        help="comma-separated op or node names that no rewrite may change")
+    parser.add_argument("--report", metavar="R.json", help="write a JSON report")
+    parser.add_argument("--trace", action="store_true", help="print progress and a table of what happened")
+    parser.add_argument("--max-iterations", type=int, default=MAX_ITERATIONS)
+    parser.add_argument("--max-nodes", type=int, default=MAX_NODES)
+    parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds for saturation")
+
+
+def run(args: argparse.Namespace) -> int:
+    from frontend import load_graph, save_graph
+    from saturate.dsl import RULES_DIR, load_rules
+    from saturate.optimize import optimize
+    from saturate.preserve import marked_nodes
+
+    if args.max_iterations < 0 or args.max_nodes < 1 or args.timeout <= 0:
+        raise SaturateError("--max-iterations, --max-nodes and --timeout must be positive")
+    times = {}
+    t = time.perf_counter()
+    graph = load_graph(args.model)
+    times["import"] = time.perf_counter() - t
+    paths = ([] if args.no_std else [RULES_DIR]) + list(args.rules)
+    rules = load_rules(paths, level=args.level)
+    preserve = [p.strip() for p in args.preserve.split(",") if p.strip()]
+    preserve += sorted(marked_nodes(args.model))
+    progress = _progress if args.trace else None
+    result, report = optimize(graph, rules, level=args.level, target=args.target,
+                              max_iterations=args.max_iterations, max_nodes=args.max_nodes,
+                              timeout=args.timeout, preserve=preserve, progress=progress)
+    t = time.perf_counter()
+    save_graph(result, args.output)
+    times["export"] = time.perf_counter() - t
+    report.times = {"import": times["import"], **report.times, "export": times["export"]}
+    if args.report:
+        with open(args.report, "w", encoding="utf-8") as f:
+            json.dump(report.to_json(), f, indent=2)
+    if args.trace:
+        print(format_report(report), file=sys.stderr)
+    return 0
+
+
+def _progress(iteration: int, size: int, seconds: float) -> None:
+    print(f"  iteration {iteration:3d}  e-nodes {size:8d}  {seconds:7.2f} s", file=sys.stderr, flush=True)
+
+
+def format_report(report) -> str:
+    """The report as a readable table."""
+    data = report.to_json()
+    lines = [f"stopped: {data['stop_reason']} after {data['iterations']} iterations"
+             + (" (best graph found so far)" if report.run.hit_limit else ""),
+             "e-graph size per iteration: " + " ".join(str(s) for s in data["egraph_sizes"]),
+             "time per stage: " + "  ".join(f"{k} {v:.3f} s" for k, v in data["times"].items()),
+             f"cost: {data['cost_before']:.0f} -> {data['cost_after']:.0f}"
+             + ("  (no cheaper graph: original kept)" if report.kept_original else ""),
+             "ops:"]
+    ops = sorted(set(data["ops_before"]) | set(data["ops_after"]))
+    for op in ops:
+        lines.append(f"  {op:<20} {data['ops_before'].get(op, 0):6d} -> {data['ops_after'].get(op, 0):6d}")
+    lines.append("rule matches:")
+    fired = [m for m in data["matches"] if m["matches"]]
+    width = max((len(m["rule"]) for m in fired), default=0)
+    for m in fired:
+        lines.append(f"  {m['rule']:<{width}}  {m['matches']:6d}  {m['at']}")
+    if not fired:
+        lines.append("  (no rule matched)")
+    return "\n".join(lines)

@@ -59,6 +59,10 @@ class GuardFn:
     doc: str
     needs_values: bool
     params: tuple[str, ...]
+    # A termination guard only stops rules from feeding on their own output (x * 1 = x would let
+    # Mul(Mul(x, 1), b) rebuild b * 1 forever). It never decides soundness, so an engine that
+    # cannot decide it may answer True.
+    termination: bool = False
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -129,6 +133,12 @@ def vec(c: Any) -> np.ndarray:
     if len(varying) > 1:
         raise ValueError(f"vec: shape {a.shape} varies along more than one axis")
     return a.reshape(-1)
+
+
+def broadcast_vec(c: Any, n: int) -> np.ndarray:
+    """vec(c) repeated to length n when it has one element (a scalar becomes n equal values)."""
+    v = vec(c)
+    return np.broadcast_to(v, (n,)).copy()
 
 
 def reshape(c: Any, shape: Any) -> np.ndarray:
@@ -216,6 +226,7 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "softmax": _const(_softmax, "ci", "softmax of c along axis"),
     "per_axis": _const(per_axis, "cii", per_axis.__doc__),
     "vec": _const(vec, "c", vec.__doc__),
+    "broadcast_vec": _const(broadcast_vec, "ci", broadcast_vec.__doc__),
     "reshape": _const(reshape, "cs", reshape.__doc__),
     "unsqueeze": _const(unsqueeze, "cs", unsqueeze.__doc__),
     "expand": _const(expand, "cs", expand.__doc__),
@@ -324,8 +335,12 @@ GUARDS: dict[str, GuardFn] = {
     "nonzero": _value(_all(lambda a: a != 0), "every element != 0"),
     "ones": _value(_all(lambda a: a == 1), "every element == 1"),
     "zeros": _value(_all(lambda a: a == 0), "every element == 0"),
-    "not_ones": _value(lambda c: not bool(np.all(np.asarray(c) == 1)), "some element != 1"),
-    "not_zeros": _value(lambda c: not bool(np.all(np.asarray(c) == 0)), "some element != 0"),
+    "floating": _value(lambda c: bool(np.issubdtype(np.asarray(c).dtype, np.floating)),
+                       "the constant has a floating-point dtype"),
+    "not_ones": GuardFn(1, lambda c: not bool(np.all(np.asarray(c) == 1)), "some element != 1",
+                        True, ("const",), termination=True),
+    "not_zeros": GuardFn(1, lambda c: not bool(np.all(np.asarray(c) == 0)), "some element != 0",
+                         True, ("const",), termination=True),
 }
 
 COMPARISONS: dict[str, GuardFn] = {

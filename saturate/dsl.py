@@ -1,0 +1,351 @@
+"""Rule DSL front end: parse .rules files (grammar in rules.lark) into checked Rule objects."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+
+from saturate import dsl_check
+from saturate.builtins import INFIX
+from saturate.errors import SaturateError, SourceError
+from saturate.rule_ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, RuleSet,
+                               Str, Term, Var)
+
+RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+MAX_LEVEL = 3
+LEVELS = {0: "canonicalize", 1: "constant folding", 2: "batch-norm and add/mul folding",
+          3: "scale-axis propagation"}
+
+_PARSER: Lark | None = None
+
+
+def _parser() -> Lark:
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = Lark.open_from_package("saturate", "rules.lark", ("",), parser="lalr",
+                                         propagate_positions=True, maybe_placeholders=True)
+    return _PARSER
+
+
+# ---- statements as parsed, before grouping and checking ------------------------------------------
+
+@dataclass(frozen=True)
+class Include:
+    path: str
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class OpDecl:
+    op: str
+    min_inputs: int
+    max_inputs: int
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Header:
+    name: str
+    level: int
+    loc: Loc
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """Tree -> statements and terms; method names follow the grammar's rule names."""
+
+    def __init__(self, file: str):
+        super().__init__()
+        self.file = file
+
+    def _loc(self, meta: Any) -> Loc:
+        return Loc(self.file, meta.line, meta.column)
+
+    def _tok(self, tok: Token) -> Loc:
+        return Loc(self.file, tok.line, tok.column)
+
+    def start(self, meta, stmts):
+        return list(stmts)
+
+    def include(self, meta, items):
+        return Include(items[0][1:-1], self._loc(meta))
+
+    def opdecl(self, meta, items):
+        op, lo, hi = items
+        return OpDecl(str(op), int(lo), int(hi if hi is not None else lo), self._loc(meta))
+
+    def ruleset(self, meta, items):
+        name, level = items
+        return Header(str(name), int(level), self._loc(meta))
+
+    def rule(self, meta, items):
+        name, lhs, arrow, rhs, *guards = items
+        guards = tuple(g for g in guards if g is not None)
+        return Rule(str(name), lhs, rhs, guards, "", -1, self._loc(meta), str(arrow) == "<=>")
+
+    def guard(self, meta, items):
+        lhs, cmp, rhs = items
+        if cmp is not None:
+            return Guard(str(cmp), (lhs, rhs), self._loc(meta))
+        if isinstance(lhs, Call):
+            return Guard(lhs.fn, lhs.args, self._loc(meta))
+        raise SourceError(self.file, meta.line, meta.column,
+                          "a guard is a named guard such as positive(c) or a comparison such as rank(w) == 4")
+
+    def _binary(self, fn: str, meta, items) -> Call:
+        return Call(fn, tuple(items), self._loc(meta))
+
+    def add(self, meta, items):
+        return self._binary(INFIX["+"], meta, items)
+
+    def sub(self, meta, items):
+        return self._binary(INFIX["-"], meta, items)
+
+    def mul(self, meta, items):
+        return self._binary(INFIX["*"], meta, items)
+
+    def div(self, meta, items):
+        return self._binary(INFIX["/"], meta, items)
+
+    def neg(self, meta, items):
+        (arg,) = items
+        if isinstance(arg, Num):  # a negative literal, not a constant expression
+            return Num(-arg.value)
+        return Call("neg", (arg,), self._loc(meta))
+
+    def opterm(self, meta, items):
+        op, *rest = items
+        attrs = rest.pop()  # the [attrs] slot: None when absent
+        args = tuple(a for a in rest if a is not None)
+        return OpTerm(str(op), args, attrs or (), self._loc(meta))
+
+    def call(self, meta, items):
+        fn, *args = items
+        return Call(str(fn), tuple(a for a in args if a is not None), self._loc(meta))
+
+    def var(self, meta, items):
+        name, const = items
+        return Var(str(name), const is not None, self._loc(meta))
+
+    def attrs(self, meta, items):
+        return tuple(a for a in items if a is not None)
+
+    def attr(self, meta, items):
+        key, value = items
+        return (str(key), value)
+
+    def capture(self, meta, items):
+        return AttrVar(str(items[0]), self._loc(meta))
+
+    def number(self, meta, items):
+        text = str(items[0])
+        is_int = text.lstrip("+-").isdigit()
+        return Num(int(text) if is_int else float(text))
+
+    def string(self, meta, items):
+        return Str(str(items[0])[1:-1])
+
+    def intlist(self, meta, items):
+        return IntList(tuple(int(t) for t in items if t is not None))
+
+
+# ---- syntax errors ----------------------------------------------------------------------------------
+
+_TERMINAL_WORDS = {"OPNAME": "an op name", "NAME": "a name", "RULENAME": "a rule name",
+                   "NUMBER": "a number", "SIGNED_NUMBER": "a number", "INT": "an integer",
+                   "SIGNED_INT": "an integer", "STRING": 'a "string"', "CMP": "a comparison",
+                   "ARROW": "=> or <=>", "_IF": "if", "CONST": "const", "$END": "end of file"}
+
+
+def _describe(terminal: str) -> str:
+    if terminal in _TERMINAL_WORDS:
+        return _TERMINAL_WORDS[terminal]
+    try:
+        pattern = _parser().get_terminal(terminal).pattern
+    except KeyError:
+        return terminal
+    return f"'{pattern.value}'" if pattern.type == "str" else terminal
+
+
+def _syntax_error(err: UnexpectedInput, text: str, file: str) -> SourceError:
+    lines = text.splitlines() or [""]
+    line, col = err.line, err.column
+    if isinstance(err, UnexpectedToken) and err.token.type == "$END" or line is None or line < 1:
+        line, col = len(lines), len(lines[-1]) + 1
+    # Words (keywords, "a name") before punctuation, so the likeliest fixes come first.
+    expected = sorted({_describe(t) for t in getattr(err, "expected", None) or getattr(err, "allowed", None) or ()},
+                      key=lambda w: (not w.strip("'").isalpha() and not w.startswith(("a ", "an ")), w))
+    if isinstance(err, UnexpectedCharacters):
+        what = f"unexpected character {text[err.pos_in_stream]!r}"
+    elif isinstance(err, UnexpectedToken) and err.token.type != "$END":
+        what = f"unexpected {err.token.value!r}"
+    else:
+        what = "unexpected end of file"
+    if expected:
+        shown = ", ".join(expected[:8]) + (", ..." if len(expected) > 8 else "")
+        what += f"; expected {shown}"
+    return SourceError(file, line, col, what, lines[line - 1] if line <= len(lines) else "")
+
+
+def parse_statements(text: str, file: str = "<string>") -> list[Any]:
+    """Parse one rules text into its statements (Include, OpDecl, Header, unchecked Rule)."""
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as err:
+        raise _syntax_error(err, text, file) from None
+    try:
+        return _ToAst(file).transform(tree)
+    except VisitError as err:
+        if isinstance(err.orig_exc, SourceError):
+            err.orig_exc.source_line = None
+            raise _with_line(err.orig_exc, text) from None
+        raise
+
+
+def _with_line(err: SourceError, text: str) -> SourceError:
+    lines = text.splitlines()
+    line = lines[err.line - 1] if 0 < err.line <= len(lines) else None
+    return SourceError(err.file, err.line, err.col, err.message, line)
+
+
+# ---- loading files ----------------------------------------------------------------------------------
+
+def _display(path: Path) -> str:
+    """How a file is named in locations: relative to the working directory when inside it."""
+    rel = os.path.relpath(path)
+    return path.as_posix() if rel.startswith("..") else Path(rel).as_posix()
+
+
+class _Loader:
+    """Reads files (following includes), then groups and checks every rule of the load."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, str] = {}
+        self.seen: set[Path] = set()
+        self.stmts: list[tuple[str, list[Any]]] = []
+
+    def fail(self, loc: Loc, message: str) -> SourceError:
+        lines = self.texts.get(loc.file, "").splitlines()
+        line = lines[loc.line - 1] if 0 < loc.line <= len(lines) else None
+        return SourceError(loc.file, loc.line, loc.col, message, line)
+
+    def add_text(self, text: str, file: str, base: Path | None, stack: tuple[Path, ...]) -> None:
+        self.texts[file] = text
+        stmts = parse_statements(text, file)
+        for st in stmts:
+            if isinstance(st, Include):
+                if base is None:
+                    base = Path.cwd()
+                self.add_file((base / st.path).resolve(), stack, st)
+        self.stmts.append((file, stmts))
+
+    def add_file(self, path: Path, stack: tuple[Path, ...] = (), origin: Include | None = None) -> None:
+        path = path.resolve()
+        if path in stack:
+            cycle = " -> ".join(p.name for p in (*stack[stack.index(path):], path))
+            raise self.fail(origin.loc, f"include cycle: {cycle}")
+        if path in self.seen:
+            return
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            reason = "not UTF-8 text" if isinstance(err, UnicodeDecodeError) else (err.strerror or str(err))
+            if origin is not None:
+                raise self.fail(origin.loc, f"cannot include '{origin.path}': {reason}") from None
+            raise SaturateError(f"cannot read rules file '{path}': {reason}") from None
+        self.seen.add(path)
+        self.add_text(text, _display(path), path.parent, (*stack, path))
+
+    def rulesets(self) -> list[RuleSet]:
+        """Group rules under their headers, then check every rule against the whole load."""
+        ops = dsl_check.declared_ops([s for _, ss in self.stmts for s in ss if isinstance(s, OpDecl)],
+                                     self.fail)
+        out: list[RuleSet] = []
+        names: dict[str, Loc] = {}
+        levels: dict[str, Header] = {}
+        for file, stmts in self.stmts:
+            header, rules = None, []
+            for st in [*stmts, None]:
+                if st is None or isinstance(st, Header):
+                    if header is not None:
+                        out.append(RuleSet(header.name, header.level, tuple(rules), header.loc))
+                    if st is not None:
+                        self._check_header(st, levels)
+                    header, rules = st, []
+                elif isinstance(st, Rule):
+                    if header is None:
+                        raise self.fail(st.loc, f"rule '{st.name}' comes before any 'ruleset NAME level N' line")
+                    if st.name in names:
+                        raise self.fail(st.loc, f"duplicate rule name '{st.name}' (first at {names[st.name]})")
+                    names[st.name] = st.loc
+                    checked = dsl_check.check_rule(st, ops, self.fail)
+                    rules.append(Rule(checked.name, checked.lhs, checked.rhs, checked.guards,
+                                      header.name, header.level, checked.loc, checked.bidirectional))
+        return out
+
+    def _check_header(self, h: Header, levels: dict[str, Header]) -> None:
+        if not 0 <= h.level <= MAX_LEVEL:
+            raise self.fail(h.loc, f"level must be 0 to {MAX_LEVEL}, not {h.level}")
+        first = levels.setdefault(h.name, h)
+        if first.level != h.level:
+            raise self.fail(h.loc, f"ruleset '{h.name}' is level {first.level} at {first.loc}, not {h.level}")
+
+
+def parse_rules(text: str, file: str = "<string>") -> list[RuleSet]:
+    """Parse and check one rules text; includes resolve relative to `file` (or the cwd)."""
+    loader = _Loader()
+    path = Path(file)
+    base = path.resolve().parent if path.exists() else None
+    loader.add_text(text, file, base, (path.resolve(),) if path.exists() else ())
+    return loader.rulesets()
+
+
+def rule_files(paths: Iterable[str | os.PathLike] | None = None) -> list[Path]:
+    """The files a load reads: each path itself, or a directory's *.rules (sorted)."""
+    out: list[Path] = []
+    for p in [RULES_DIR] if paths is None else paths:
+        p = Path(p)
+        if p.is_dir():
+            out.extend(sorted(p.glob("*.rules")))
+        elif p.exists():
+            out.append(p)
+        else:
+            raise SaturateError(f"no such rules file or directory: '{p}'")
+    return out
+
+
+def load_rulesets(paths: Iterable[str | os.PathLike] | None = None) -> list[RuleSet]:
+    """Every ruleset of the files (None: the standard library in RULES_DIR), all levels, checked."""
+    loader = _Loader()
+    for f in rule_files(paths):
+        loader.add_file(f)
+    return loader.rulesets()
+
+
+def load_rules(paths: Iterable[str | os.PathLike] | None = None, level: int = MAX_LEVEL,
+               names: Iterable[str] | None = None) -> list[Rule]:
+    """The rules at or below `level` (only `names` when given; a named rule above it is an error)."""
+    if not 0 <= level <= MAX_LEVEL:
+        raise SaturateError(f"--level must be 0 to {MAX_LEVEL}, not {level}")
+    rules = [r for rs in load_rulesets(paths) for r in rs.rules]
+    if names is None:
+        return [r for r in rules if r.level <= level]
+    by_name = {r.name: r for r in rules}
+    picked = []
+    for name in names:
+        if name not in by_name:
+            raise SaturateError(f"no rule named '{name}'")
+        r = by_name[name]
+        if r.level > level:
+            raise SaturateError(f"rule '{name}' is level {r.level} but --level is {level} ({r.loc})")
+        picked.append(r)
+    return picked
+
+
+format_term = dsl_check.format_term
+format_rule = dsl_check.format_rule

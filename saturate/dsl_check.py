@@ -1,0 +1,265 @@
+"""Rule DSL load-time checks: ops and arities, bindings, argument kinds, guard and function names."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Callable, NoReturn
+
+from saturate.builtins import CONST_FUNCS, GUARDS, INFIX, QUERIES
+from saturate.ops import OPS
+from saturate.rule_ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, Str, Term,
+                               Var)
+
+Fail = Callable[[Loc, str], Exception]
+# Per op: (min inputs, max inputs, known attribute names or None when any attribute is allowed).
+OpTable = dict[str, tuple[int, int, frozenset[str] | None]]
+
+
+def declared_ops(decls: list[Any], fail: Fail) -> OpTable:
+    """The op table of one load: saturate.ops.OPS plus the file's `op Name/N` declarations."""
+    table: OpTable = {n: (s.min_inputs, s.max_inputs, frozenset(s.attrs)) for n, s in OPS.items()}
+    declared: dict[str, Any] = {}
+    for d in decls:
+        if d.op in OPS:
+            raise fail(d.loc, f"op '{d.op}' is already known; declare only ops saturate does not know")
+        if d.min_inputs > d.max_inputs:
+            raise fail(d.loc, f"op '{d.op}': {d.min_inputs}..{d.max_inputs} is an empty range")
+        prev = declared.setdefault(d.op, d)
+        if (prev.min_inputs, prev.max_inputs) != (d.min_inputs, d.max_inputs):
+            raise fail(d.loc, f"op '{d.op}' is declared with another arity at {prev.loc}")
+        table[d.op] = (d.min_inputs, d.max_inputs, None)
+    return table
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _plural(n: int) -> str:
+    return f"{n} input" if n == 1 else f"{n} inputs"
+
+
+class _Checker:
+    """Checks one rule; `fail(loc, message)` builds the SourceError to raise."""
+
+    def __init__(self, rule: Rule, ops: OpTable, fail: Fail):
+        self.rule, self.ops, self._fail = rule, ops, fail
+        self.vars: dict[str, bool] = {}  # name -> bound as a constant
+        self.attrs: set[str] = set()
+
+    def fail(self, loc: Loc | None, message: str) -> NoReturn:
+        raise self._fail(loc or self.rule.loc, message)
+
+    # -- ops --------------------------------------------------------------------------------------
+
+    def check_op(self, t: OpTerm) -> None:
+        if t.op not in self.ops:
+            self.fail(t.loc, f"unknown op '{t.op}'{_suggest(t.op, list(self.ops))} "
+                             f"(declare another with 'op {t.op}/N')")
+        lo, hi, known = self.ops[t.op]
+        if not lo <= len(t.args) <= hi:
+            want = _plural(lo) if lo == hi else f"{lo} to {_plural(hi)}"
+            self.fail(t.loc, f"{t.op} takes {want}, not {len(t.args)}")
+        seen = set()
+        for key, _ in t.attrs:
+            if known is not None and key not in known:
+                self.fail(t.loc, f"{t.op} has no attribute '{key}'{_suggest(key, sorted(known))}")
+            if key in seen:
+                self.fail(t.loc, f"attribute '{key}' given twice")
+            seen.add(key)
+
+    # -- left-hand sides: patterns ------------------------------------------------------------------
+
+    def pattern(self, t: Term, loc: Loc | None) -> None:
+        """Record the bindings of a pattern; patterns hold ops, variables and attribute captures."""
+        if isinstance(t, Var):
+            if t.name in self.attrs:
+                self.fail(t.loc, f"'{t.name}' is already an attribute capture")
+            self.vars[t.name] = self.vars.get(t.name, False) or t.const
+        elif isinstance(t, OpTerm):
+            self.check_op(t)
+            for a in t.args:
+                self.pattern(a, t.loc)
+            for _, v in t.attrs:
+                if isinstance(v, AttrVar):
+                    if v.name in self.vars:
+                        self.fail(v.loc, f"'{v.name}' is already a value variable")
+                    self.attrs.add(v.name)
+                elif isinstance(v, Call):
+                    self.fail(v.loc, "a computed attribute belongs on the right-hand side")
+        elif isinstance(t, Call):
+            self.fail(t.loc, "a constant expression cannot be matched; capture the constant as c:const")
+        else:
+            self.fail(loc, "a literal cannot be matched as an op input; capture it as c:const and guard it")
+
+    # -- right-hand sides and guards: resolve names, check kinds -------------------------------------
+
+    def term(self, t: Term, want: str, where: str, loc: Loc | None) -> Term:
+        """Resolve `t` used where a value of kind `want` (builtins' kinds, or "tensor") is needed."""
+        if isinstance(t, Var):
+            return self.name(t, want, where)
+        if isinstance(t, AttrVar):
+            if t.name not in self.attrs:
+                self.fail(t.loc, f"attribute '{t.name}' is not captured on the left-hand side")
+            return t
+        if isinstance(t, OpTerm):
+            if want != "tensor":
+                self.fail(t.loc, f"an op cannot appear in {where}")
+            self.check_op(t)
+            args = tuple(self.term(a, "tensor", f"an input of {t.op}", t.loc) for a in t.args)
+            attrs = tuple((k, self.attr_value(v, t)) for k, v in t.attrs)
+            return OpTerm(t.op, args, attrs, t.loc)
+        if isinstance(t, Call):
+            return self.call(t, want, where)
+        kind = {Num: "num", Str: "str", IntList: "ints"}[type(t)]
+        accepts = {"tensor": {"num"}, "const": {"num"}, "int": {"num"}, "ints": {"ints"},
+                   "any": {"num", "str", "ints"}, "value": set()}[want]
+        if kind not in accepts or (want == "int" and not isinstance(t.value, int)):
+            self.fail(loc, f"a literal {kind_word(kind)} cannot be {where}")
+        return t
+
+    def name(self, v: Var, want: str, where: str) -> Term:
+        if v.const:
+            self.fail(v.loc, "':const' belongs on the left-hand side, where the variable is bound")
+        if v.name in self.attrs:
+            if want == "value":
+                self.fail(v.loc, f"'{v.name}' is an attribute; {where} needs a value variable")
+            return AttrVar(v.name, v.loc)
+        if v.name not in self.vars:
+            self.fail(v.loc, f"variable '{v.name}' is not bound on the left-hand side")
+        const = self.vars[v.name]
+        if want in ("const", "ints") and not const:
+            self.fail(v.loc, f"'{v.name}' is not a constant, so it cannot be {where}; "
+                             f"capture it as {v.name}:const on the left")
+        if want in ("int", "any"):
+            self.fail(v.loc, f"'{v.name}' is a value, but {where} needs an int or attribute "
+                             f"(a query such as rank({v.name}))")
+        return Var(v.name, const, v.loc)
+
+    def call(self, c: Call, want: str, where: str) -> Call:
+        fn = CONST_FUNCS.get(c.fn) or QUERIES.get(c.fn)
+        if fn is None:
+            known = sorted({*CONST_FUNCS, *QUERIES})
+            extra = " (it is a guard: put it after 'if')" if c.fn in GUARDS else _suggest(c.fn, known)
+            self.fail(c.loc, f"unknown function '{c.fn}'{extra}")
+        if len(c.args) != fn.arity:
+            self.fail(c.loc, f"{c.fn} takes {fn.arity} argument{'s' * (fn.arity != 1)}, not {len(c.args)}")
+        fits = {"tensor": {"const"}, "const": {"const"}, "int": {"int"}, "ints": {"ints", "const"},
+                "any": {"int", "ints"}, "value": set()}[want]
+        if fn.returns not in fits:
+            self.fail(c.loc, f"{c.fn}(...) gives {kind_word(fn.returns)}, but {where} needs {kind_word(want)}")
+        args = tuple(self.term(a, k, f"argument {i + 1} of {c.fn}", c.loc)
+                     for i, (a, k) in enumerate(zip(c.args, fn.params)))
+        return Call(c.fn, args, c.loc)
+
+    def attr_value(self, v: Any, op: OpTerm) -> Any:
+        if isinstance(v, AttrVar):
+            if v.name not in self.attrs:
+                self.fail(v.loc, f"attribute '{v.name}' is not captured on the left-hand side")
+            return v
+        if isinstance(v, Call):
+            return self.call(v, "any", f"attribute of {op.op}")
+        return v
+
+    def guard(self, g: Guard) -> Guard:
+        spec = GUARDS.get(g.fn)
+        if spec is None:
+            extra = (f" ('{g.fn}' is a function: compare it, e.g. {g.fn}(...) == 1)"
+                     if g.fn in CONST_FUNCS or g.fn in QUERIES else
+                     _suggest(g.fn, [k for k in GUARDS if k.isidentifier()]))
+            self.fail(g.loc, f"unknown guard '{g.fn}'{extra}")
+        if len(g.args) != spec.arity:
+            self.fail(g.loc, f"guard {g.fn} takes {spec.arity} argument{'s' * (spec.arity != 1)}, not {len(g.args)}")
+        args = []
+        for i, (a, kind) in enumerate(zip(g.args, spec.params)):
+            where = f"argument {i + 1} of {g.fn}" if g.fn.isidentifier() else f"a side of {g.fn}"
+            if kind in ("value", "const") and not isinstance(a, Var):
+                self.fail(getattr(a, "loc", None) or g.loc, f"{where} must be a variable bound on the left")
+            if kind == "const" and isinstance(a, Var) and not self.vars.get(a.name, True):
+                self.fail(a.loc, f"guard {g.fn} reads constant values: capture '{a.name}' as {a.name}:const")
+            args.append(self.term(a, "value" if kind == "const" else kind, where, g.loc))
+        return Guard(g.fn, tuple(args), g.loc)
+
+    def check(self) -> Rule:
+        r = self.rule
+        if not isinstance(r.lhs, OpTerm):
+            self.fail(getattr(r.lhs, "loc", None), "the left-hand side must be an op pattern such as Add(x, c:const)")
+        self.pattern(r.lhs, r.loc)
+        if r.bidirectional:
+            left = (dict(self.vars), set(self.attrs))
+            if not isinstance(r.rhs, OpTerm):
+                self.fail(getattr(r.rhs, "loc", None), "both sides of <=> must be op patterns")
+            self.vars, self.attrs = {}, set()
+            self.pattern(r.rhs, r.loc)
+            for name in set(left[0]) ^ set(self.vars) | left[1] ^ self.attrs:
+                self.fail(r.loc, f"'{name}' appears on one side of <=> only")
+            for name, const in left[0].items():
+                self.vars[name] = const or self.vars[name]
+            rhs = r.rhs
+        else:
+            rhs = self.term(r.rhs, "tensor", "the right-hand side", r.loc)
+        guards = tuple(self.guard(g) for g in r.guards)
+        return Rule(r.name, r.lhs, rhs, guards, r.ruleset, r.level, r.loc, r.bidirectional)
+
+
+def kind_word(kind: str) -> str:
+    return {"const": "a constant", "int": "an int", "ints": "a list of ints", "num": "number",
+            "str": "string", "tensor": "a value", "any": "an int or attribute",
+            "value": "a variable"}.get(kind, kind)
+
+
+def check_rule(rule: Rule, ops: OpTable, fail: Fail) -> Rule:
+    """Check one parsed rule; the result names attributes as AttrVar and marks constant variables."""
+    return _Checker(rule, ops, fail).check()
+
+
+_SYMBOL = {fn: sym for sym, fn in INFIX.items()}
+_PREC = {"add": 1, "sub": 1, "mul": 2, "div": 2}
+
+
+def format_term(t: Any, pattern: bool = False) -> str:
+    """A term, attribute value or guard in the DSL's syntax (`pattern`: show `:const` captures)."""
+    def fmt(u: Any) -> str:
+        return format_term(u, pattern)
+
+    if isinstance(t, Var):
+        return t.name + (":const" if t.const and pattern else "")
+    if isinstance(t, AttrVar):
+        return t.name
+    if isinstance(t, Num):
+        return repr(t.value)
+    if isinstance(t, Str):
+        return f'"{t.value}"'
+    if isinstance(t, IntList):
+        return "[" + ", ".join(map(str, t.values)) + "]"
+    if isinstance(t, OpTerm):
+        attrs = "{" + ", ".join(f"{k}={fmt(v)}" for k, v in t.attrs) + "}" if t.attrs else ""
+        return f"{t.op}({', '.join(map(fmt, t.args))}){attrs}"
+    if isinstance(t, Call) and t.fn in _SYMBOL and len(t.args) == 2:
+        parts = []
+        for side, a in enumerate(t.args):
+            text = fmt(a)
+            inner = _PREC.get(a.fn) if isinstance(a, Call) and len(a.args) == 2 else None
+            # Parenthesize a looser child, and an equal one on the right of - and /.
+            if inner is not None and (inner < _PREC[t.fn] or (side and inner == _PREC[t.fn] and t.fn in ("sub", "div"))):
+                text = f"({text})"
+            parts.append(text)
+        return f" {_SYMBOL[t.fn]} ".join(parts)
+    if isinstance(t, Call) and t.fn == "neg" and len(t.args) == 1:
+        inner = t.args[0]
+        text = fmt(inner)
+        return f"-({text})" if isinstance(inner, Call) and inner.fn in _PREC else f"-{text}"
+    if isinstance(t, Guard) and not t.fn.isidentifier():
+        return f" {t.fn} ".join(map(fmt, t.args))
+    if isinstance(t, (Call, Guard)):
+        return f"{t.fn}({', '.join(map(fmt, t.args))})"
+    return str(t)
+
+
+def format_rule(r: Rule) -> str:
+    """`lhs => rhs if guards` of a rule, on one line."""
+    text = f"{format_term(r.lhs, True)} {'<=>' if r.bidirectional else '=>'} {format_term(r.rhs, r.bidirectional)}"
+    if r.guards:
+        text += " if " + ", ".join(format_term(g) for g in r.guards)
+    return text

@@ -17,6 +17,9 @@ EXAMPLES = ["vgg", "vgg11bn", "resnet18", "resnet50", "mobilenet", "mlp", "chain
 OPSET = 17
 
 
+_SHORT = {"BatchNormalization": "bn", "GlobalAveragePool": "gap", "MaxPool": "pool"}
+
+
 class _Builder:
     """Emits ONNX nodes and, alongside, computes each value on one random input.
 
@@ -46,8 +49,8 @@ class _Builder:
         return name
 
     def node(self, op: str, inputs: list[str], value: np.ndarray, **attrs) -> str:
-        out = self._fresh(op.lower() + "_")
-        self.nodes.append(helper.make_node(op, inputs, [out], name=out.replace("_", ""), **attrs))
+        out = self._fresh(_SHORT.get(op, op.lower()))
+        self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
         self.vals[out] = value.astype(np.float32)
         return out
 

@@ -148,7 +148,7 @@ def _constant_node_value(a: AttributeProto) -> np.ndarray | None:
 def _attr_value(a: AttributeProto, node: Node) -> Any:
     t = a.type
     if t == AttributeProto.FLOAT:
-        return float(a.f)
+        return _short_float(a.f)
     if t == AttributeProto.INT:
         return int(a.i)
     if t == AttributeProto.STRING:
@@ -156,7 +156,7 @@ def _attr_value(a: AttributeProto, node: Node) -> Any:
     if t == AttributeProto.TENSOR:
         return numpy_helper.to_array(a.t)
     if t == AttributeProto.FLOATS:
-        return [float(v) for v in a.floats]
+        return [_short_float(v) for v in a.floats]
     if t == AttributeProto.INTS:
         return [int(v) for v in a.ints]
     if t == AttributeProto.STRINGS:
@@ -166,6 +166,12 @@ def _attr_value(a: AttributeProto, node: Node) -> Any:
     if t in _OPAQUE_KINDS:
         return OpaqueAttr(_OPAQUE_KINDS[t], a.SerializeToString())
     raise SaturateError(f"{node.where()}: attribute '{a.name}' has an unsupported type {t}")
+
+
+def _short_float(v: float) -> float:
+    # ONNX stores float32; the shortest decimal of that float32 (1e-05, not 9.9999997e-06) reads
+    # back to the same bits on export and is what rules and users write.
+    return float(str(np.float32(v)))
 
 
 def _text(b: bytes) -> str | bytes:

@@ -1,0 +1,347 @@
+"""Frontend stage: the readable text form of a Graph (.sat): print, and parse back with lark."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import numpy as np
+from lark import Lark, Token, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from saturate.errors import SaturateError, SourceError
+from saturate.ir import Graph, Node, OpaqueAttr, ValueInfo
+
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9_./\-]+")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Floats print as the shortest decimal that reads back to the same bits (numpy's repr), so the
+# text stays readable and diffable while round trips stay exact; other dtypes go out as raw hex.
+_DECIMAL_KINDS = "fiub"
+_parser: Lark | None = None
+
+
+# ---- printing -------------------------------------------------------------------------------
+def print_graph(g: Graph, max_elements: int | None = None, hex_data: bool = False) -> str:
+    """The graph as text. With max_elements, big constants are abbreviated (display only)."""
+    out = [f"graph {_name(g.name)} opset {g.opset}"]
+    for domain, version in g.meta.get("opset_imports", {}).items():
+        out.append(f"  import {json.dumps(domain)} {int(version)}")
+    for key, value in g.meta.items():
+        if key != "opset_imports" and _IDENT.fullmatch(key) and _printable(value):
+            out.append(f"  meta {key} = {_attr(value, None, False)}")
+    for name in g.inputs:
+        out.append(f"  input {_decl(g, name)}")
+    for name, arr in g.constants.items():
+        data = _data(arr, max_elements, hex_data)
+        out.append(f"  const {_value(name)}: {_tensor_type(arr)} = {data}")
+    for n in g.nodes:
+        results = ", ".join(_decl(g, o) if o else "_" for o in n.outputs)
+        args = ", ".join(_value(i) if i else "_" for i in n.inputs)
+        op = f"{json.dumps(n.domain)}.{n.op}" if n.domain else n.op
+        line = f"  {results} = {op}({args})"
+        if n.attrs:
+            line += " {" + ", ".join(f"{_key(k)}={_attr(v, max_elements, hex_data)}" for k, v in n.attrs.items()) + "}"
+        if n.name:
+            line += f" @{json.dumps(n.name)}"
+        out.append(line)
+    for name in g.outputs:
+        out.append(f"  output {_value(name)}")
+    return "\n".join(out) + "\n"
+
+
+def _name(name: str) -> str:
+    return name if _IDENT.fullmatch(name) and name not in ("graph", "opset") else json.dumps(name)
+
+
+def _value(name: str) -> str:
+    return "%" + (name if _PLAIN_VALUE.fullmatch(name) else json.dumps(name))
+
+
+def _key(key: str) -> str:
+    if not _IDENT.fullmatch(key):
+        raise SaturateError(f"attribute name '{key}' cannot be written in the text form")
+    return key
+
+
+def _decl(g: Graph, name: str) -> str:
+    if name not in g.values:
+        return _value(name)
+    info = g.values[name]
+    dims = "" if info.shape is None else "[" + ", ".join(_dim(d) for d in info.shape) + "]"
+    return f"{_value(name)}: {info.dtype}{dims}"
+
+
+def _dim(d: Any) -> str:
+    return "?" if d is None else json.dumps(d) if isinstance(d, str) else str(int(d))
+
+
+def _tensor_type(arr: np.ndarray) -> str:
+    return f"{_dtype_name(arr.dtype)}[{', '.join(str(d) for d in arr.shape)}]"
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    return "string" if dtype == object else dtype.name
+
+
+def _data(arr: np.ndarray, max_elements: int | None, hex_data: bool) -> str:
+    flat = arr.reshape(-1)
+    short = max_elements is not None and flat.size > max_elements
+    if short:
+        flat = flat[:max_elements]
+    if arr.dtype == object:
+        items = [json.dumps(s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s)) for s in flat]
+    elif arr.dtype.kind not in _DECIMAL_KINDS or (hex_data and not short):
+        return "0x" + np.ascontiguousarray(arr, arr.dtype.newbyteorder("<")).tobytes().hex()
+    elif arr.dtype.kind == "b":
+        items = ["1" if v else "0" for v in flat]
+    else:
+        items = [str(v) for v in flat]
+    if short:
+        items.append(f"...] # {arr.size} values")
+        return "[" + ", ".join(items)
+    return "[" + ", ".join(items) + "]"
+
+
+def _printable(v: Any) -> bool:
+    if isinstance(v, (list, tuple)):
+        return all(_printable(x) for x in v)
+    return isinstance(v, (int, float, str, bytes, np.ndarray, OpaqueAttr))
+
+
+def _attr(v: Any, max_elements: int | None, hex_data: bool) -> str:
+    if isinstance(v, (bool, np.bool_, np.integer)):
+        v = int(v)
+    elif isinstance(v, np.floating):
+        v = float(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, bytes):
+        return f'b"{v.hex()}"'
+    if isinstance(v, np.ndarray):
+        return f"tensor {_tensor_type(v)} {_data(v, max_elements, hex_data)}"
+    if isinstance(v, OpaqueAttr):
+        return f'opaque {v.kind} b"{v.payload.hex()}"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_attr(x, max_elements, hex_data) for x in v) + "]"
+    raise SaturateError(f"attribute value {v!r} cannot be written in the text form")
+
+
+# ---- parsing --------------------------------------------------------------------------------
+def parse_graph(text: str, file: str = "<string>") -> Graph:
+    """Parse the text form back into a Graph; errors point at file:line:col."""
+    global _parser
+    if _parser is None:
+        _parser = Lark.open_from_package("frontend", "text.lark", parser="lalr", propagate_positions=True)
+    try:
+        tree = _parser.parse(text)
+    except UnexpectedInput as err:
+        raise _syntax_error(err, text, file) from None
+    return _Reader(text, file).graph(tree)
+
+
+def _syntax_error(err: UnexpectedInput, text: str, file: str) -> SourceError:
+    line, col = max(err.line, 1), max(err.column, 1)
+    if isinstance(err, UnexpectedToken) and err.token.type == "$END" or isinstance(err, UnexpectedEOF):
+        msg = "unexpected end of input"
+        line, col = text.count("\n") or 1, 1
+    elif isinstance(err, UnexpectedToken):
+        expected = sorted(_describe(t) for t in err.expected)[:8]
+        msg = f"unexpected {_describe(err.token.type)} {str(err.token)!r}; expected {', '.join(expected)}"
+    elif isinstance(err, UnexpectedCharacters):
+        msg = f"unexpected character {err.char!r}"
+    else:
+        msg = "syntax error"
+    lines = text.splitlines()
+    return SourceError(file, line, col, msg, lines[line - 1] if 0 < line <= len(lines) else None)
+
+
+_TERMINAL_NAMES = {"VALUE": "a %value", "IDENT": "a name", "INT": "an integer", "FLOAT": "a number",
+                   "STRING": "a string", "DTYPE": "a dtype", "_NL": "end of line", "OMITTED": "'_'",
+                   "LIST_DATA": "[data]", "HEX_DATA": "0x data", "BYTES": 'b"hex"'}
+
+
+def _describe(terminal: str) -> str:
+    if terminal in _TERMINAL_NAMES:
+        return _TERMINAL_NAMES[terminal]
+    try:
+        return repr(_parser.get_terminal(terminal).pattern.value)
+    except Exception:
+        return terminal
+
+
+class _Reader:
+    """Turns the parse tree into a Graph, checking names as it goes (text is in topological order)."""
+
+    def __init__(self, text: str, file: str):
+        self.lines, self.file = text.splitlines(), file
+        self.defined: set[str] = set()
+
+    def error(self, where: Token | Tree, message: str) -> SourceError:
+        line = getattr(where, "line", None) or where.meta.line
+        col = getattr(where, "column", None) or where.meta.column
+        return SourceError(self.file, line, col, message, self.lines[line - 1] if line <= len(self.lines) else None)
+
+    def graph(self, tree: Tree) -> Graph:
+        header, *stmts = tree.children
+        name_tok, opset = header.children
+        g = Graph(name=self.string(name_tok.children[0]), opset=int(opset))
+        for st in stmts:
+            getattr(self, "st_" + st.data)(g, st)
+        return g
+
+    def string(self, tok: Token) -> str:
+        return json.loads(tok) if tok.type == "STRING" else str(tok)
+
+    def value_name(self, tok: Token) -> str:
+        body = tok[1:]
+        return json.loads(body) if body.startswith('"') else body
+
+    def define(self, tok: Token, g: Graph) -> str:
+        name = self.value_name(tok)
+        if name in self.defined:
+            raise self.error(tok, f"value '%{name}' is defined twice")
+        self.defined.add(name)
+        return name
+
+    def use(self, tok: Token) -> str:
+        if tok.type == "OMITTED":
+            return ""
+        name = self.value_name(tok)
+        if name not in self.defined:
+            raise self.error(tok, f"value '%{name}' is used before it is defined")
+        return name
+
+    # ---- statements ----------------------------------------------------------------------
+    def st_import_(self, g: Graph, st: Tree) -> None:
+        domain, version = st.children
+        g.meta.setdefault("opset_imports", {})[json.loads(domain)] = int(version)
+
+    def st_meta(self, g: Graph, st: Tree) -> None:
+        key, value = st.children
+        g.meta[str(key)] = self.attr_value(value)
+
+    def st_input(self, g: Graph, st: Tree) -> None:
+        decl = st.children[0]
+        name = self.define(decl.children[0], g)
+        g.inputs.append(name)
+        if decl.children[1] is not None:
+            g.values[name] = self.type(decl.children[1])
+
+    def st_output(self, g: Graph, st: Tree) -> None:
+        g.outputs.append(self.use(st.children[0]))
+
+    def st_const(self, g: Graph, st: Tree) -> None:
+        tok, ttype, data = st.children
+        name = self.define(tok, g)
+        g.constants[name] = self.tensor(ttype, data)
+
+    def st_node(self, g: Graph, st: Tree) -> None:
+        results, op, args, attrs, label = (st.children + [None] * 5)[:5]
+        if isinstance(attrs, Tree) and attrs.data == "label":
+            attrs, label = None, attrs
+        inputs = [self.use(a) for a in args.children] if args is not None else []
+        domain, op_name = (self.string(op.children[0]), str(op.children[1])) if len(op.children) == 2 \
+            else ("", str(op.children[0]))
+        node = Node(op_name, inputs, [], domain=domain)
+        if label is not None:
+            node.name = json.loads(label.children[0])
+        for r in results.children:
+            tok = r.children[0]
+            if tok.type == "OMITTED":
+                node.outputs.append("")
+                continue
+            name = self.define(tok, g)
+            node.outputs.append(name)
+            if len(r.children) > 1 and r.children[1] is not None:
+                g.values[name] = self.type(r.children[1])
+        if attrs is not None:
+            for a in attrs.children:
+                if a is None:
+                    continue
+                key, value = a.children
+                if str(key) in node.attrs:
+                    raise self.error(key, f"attribute '{key}' is given twice")
+                node.attrs[str(key)] = self.attr_value(value)
+        g.nodes.append(node)
+
+    # ---- types, data, attribute values -----------------------------------------------------
+    def type(self, t: Tree) -> ValueInfo:
+        dtype, shape = (t.children + [None])[:2]
+        return ValueInfo(str(dtype), None if shape is None else self.shape(shape))
+
+    def shape(self, s: Tree) -> tuple:
+        dims = []
+        for d in s.children:
+            if d is None:
+                continue
+            tok = d.children[0]
+            dims.append(int(tok) if tok.type == "INT" else None if tok.type == "UNKNOWN_DIM" else json.loads(tok))
+        return tuple(dims)
+
+    def tensor(self, ttype: Tree, data: Tree) -> np.ndarray:
+        dtype_tok, shape_tree = ttype.children
+        shape = self.shape(shape_tree)
+        if any(not isinstance(d, int) or d < 0 for d in shape):
+            raise self.error(shape_tree, "constant shapes must be concrete non-negative integers")
+        dtype = self.dtype(dtype_tok)
+        tok = data.children[0]
+        size = math.prod(shape)
+        if tok.type == "HEX_DATA":
+            raw = bytes.fromhex(tok[2:]) if len(tok) % 2 == 0 else b"?"
+            if len(raw) != size * dtype.itemsize or dtype == object:
+                raise self.error(tok, f"hex data holds {len(raw)} bytes; {_dtype_name(dtype)}{list(shape)} needs {size * dtype.itemsize}")
+            return np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype).reshape(shape)
+        body = tok[1:-1]
+        if "..." in body:
+            raise self.error(tok, "constant data is abbreviated ('...'); print the graph in full "
+                                  "(saturate show --full) to get text that parses back")
+        try:
+            if dtype == object:
+                flat = np.array(json.loads(tok), dtype=object)
+            else:
+                items = [s.strip() for s in body.split(",")] if body.strip() else []
+                if dtype.kind == "b":
+                    flat = np.array(items, dtype=np.int64).astype(bool)
+                else:
+                    flat = np.array(items, dtype=str).astype(dtype)
+        except (ValueError, TypeError, json.JSONDecodeError):
+            raise self.error(tok, f"constant data is not a list of {_dtype_name(dtype)} values") from None
+        if flat.size != size:
+            raise self.error(tok, f"constant data has {flat.size} values; shape {list(shape)} needs {size}")
+        return flat.reshape(shape)
+
+    def dtype(self, tok: Token) -> np.dtype:
+        if str(tok) == "string":
+            return np.dtype(object)
+        try:
+            return np.dtype(str(tok))
+        except TypeError:
+            try:
+                from frontend.onnx_io import elem_type
+                from onnx import helper
+
+                return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type(str(tok))))
+            except Exception:
+                raise self.error(tok, f"unknown dtype '{tok}'") from None
+
+    def attr_value(self, v: Tree) -> Any:
+        kind = v.data
+        if kind == "int_":
+            return int(v.children[0])
+        if kind == "float_":
+            return float(v.children[0])
+        if kind == "str_":
+            return json.loads(v.children[0])
+        if kind == "bytes_":
+            return bytes.fromhex(v.children[0][2:-1])
+        if kind == "tensor":
+            return self.tensor(*v.children)
+        if kind == "opaque":
+            return OpaqueAttr(str(v.children[0]), bytes.fromhex(v.children[1][2:-1]))
+        return [self.attr_value(x) for x in v.children if x is not None]

@@ -1,0 +1,35 @@
+"""CLI stage: `saturate show MODEL` prints a graph in the text form, then its op counts."""
+
+from __future__ import annotations
+
+import argparse
+
+from saturate.ir import op_count_table
+
+NAME = "show"
+HELP = "print a model (.onnx, .sat or example:NAME) in the readable text form, then its op counts"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from frontend.examples import EXAMPLES
+
+    parser.add_argument("model", help=f"a .onnx file, a .sat text graph, or example:NAME ({', '.join(EXAMPLES)})")
+    parser.add_argument("--full", action="store_true", help="print every constant in full (text that parses back)")
+    parser.add_argument("--hex", action="store_true", help="print constant data as raw little-endian hex")
+    parser.add_argument("--elements", type=int, default=6, metavar="K",
+                        help="constant values shown before '...' when not --full (default 6)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from frontend import load_graph
+    from frontend.text import print_graph
+
+    graph = load_graph(args.model)
+    limit = None if args.full else max(args.elements, 0)
+    print(print_graph(graph, max_elements=limit, hex_data=args.hex), end="")
+    if not args.full:
+        counts = graph.op_counts()
+        print(f"\n# {len(graph.nodes)} nodes, {len(graph.constants)} constants "
+              f"({sum(a.size for a in graph.constants.values())} values)")
+        print("\n".join("#" + line for line in op_count_table(counts.items()).splitlines()))
+    return 0

@@ -68,7 +68,10 @@ class Checker:
                     base = dict(attrs[r.inherit]) if r.inherit is not None else {}
                     for k, v in r.overrides:
                         val = self._eval(v, env, captured)
-                        base[k] = list(val) if isinstance(val, tuple) else val
+                        if val is None:
+                            base.pop(k, None)      # an omitted attribute stays omitted
+                        else:
+                            base[k] = list(val) if isinstance(val, tuple) else val
                     cols.append(str(self.enc.attr_id(r.op, base)))
             for _, term in cr.extras:
                 val = self._eval(term, env, captured)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from saturate.backend.plan import Plan, Step, plan
+from saturate.backend.plan import TILE_BYTES, Plan, Step, plan
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides
 from saturate.backend.shapes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, infer_shapes, pool_window, unsupported
 from saturate.errors import SaturateError
@@ -313,7 +313,7 @@ class Emitter:
                f"    return WT ? 0 : 1;\n}}\n\n"
                f"int64_t sat_workspace_bytes(void) {{ return {self.plan.peak_bytes}; }}\n\n"
                f"int sat_run(const float *const *inputs, float *const *outputs, float *ws, int threads) {{\n"
-               f"    if (!WT) return 1;\n    sat_threads = threads;\n    scipy_openblas_set_num_threads(threads);\n"
+               f"    if (!WT) return 1;\n    sat_threads = threads;\n    sat_tile_bytes = {TILE_BYTES};\n    scipy_openblas_set_num_threads(threads);\n"
                f"    IN = inputs;\n    WS = ws;\n    COL = ws + {self.plan.arena_bytes // 4};\n    (void)COL;\n"
                f"{''.join(self.body)}{copies}    return 0;\n}}\n")
         return head + "".join(self.funcs) + api

@@ -21,42 +21,45 @@ typedef void (*sat_epi)(float *y, int64_t off, int64_t len);
 
 static inline int64_t sat_clamp(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
-/* Range of ow in [0, OW) whose input column iw0 + ow lies in [0, W) (stride 1). */
-static inline void sat_valid_cols(int iw0, int W, int OW, int *lo, int *hi) {
-    *lo = (int)sat_clamp(-iw0, 0, OW);
-    *hi = (int)sat_clamp(W - iw0, *lo, OW);
+/* Range of ow in [0, OW) whose input column iw0 + ow * sw lies in [0, W). */
+static inline void sat_valid_cols_s(int iw0, int sw, int W, int OW, int *lo, int *hi) {
+    const int first = iw0 >= 0 ? 0 : (-iw0 + sw - 1) / sw;
+    const int end = W - iw0 <= 0 ? 0 : (W - iw0 + sw - 1) / sw;
+    *lo = (int)sat_clamp(first, 0, OW);
+    *hi = (int)sat_clamp(end, *lo, OW);
 }
 
-/* Unfold one image (C x H x W) into a (C*KH*KW) x (OH*OW) column matrix; pads read as zero. */
-static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, int KW, int OH, int OW,
+static inline void sat_valid_cols(int iw0, int W, int OW, int *lo, int *hi) { sat_valid_cols_s(iw0, 1, W, OW, lo, hi); }
+
+/* Unfold output rows [oh0, oh1) of one image (C x H x W) into a (C*KH*KW) x ((oh1-oh0)*OW) column
+ * matrix; pads read as zero. */
+static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, int KW, int oh0, int oh1, int OW,
                        int sh, int sw, int ph, int pw, int dh, int dw) {
     const int K = C * KH * KW;
+    const int64_t cols = (int64_t)(oh1 - oh0) * OW;
     SAT_PAR
     for (int r = 0; r < K; r++) {
         const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
-        float *dst = col + (int64_t)r * OH * OW;
+        float *dst = col + (int64_t)r * cols;
         const float *src = x + (int64_t)c * H * W;
         const int iw0 = kw * dw - pw;
-        for (int oh = 0; oh < OH; oh++) {
+        int lo, hi;
+        sat_valid_cols_s(iw0, sw, W, OW, &lo, &hi);
+        for (int oh = oh0; oh < oh1; oh++) {
             const int ih = oh * sh - ph + kh * dh;
-            float *d = dst + (int64_t)oh * OW;
+            float *d = dst + (int64_t)(oh - oh0) * OW;
             if (ih < 0 || ih >= H) {
                 memset(d, 0, sizeof(float) * OW);
                 continue;
             }
-            const float *s = src + (int64_t)ih * W;
+            const float *s = src + (int64_t)ih * W + iw0;
+            for (int ow = 0; ow < lo; ow++) d[ow] = 0.0f;
             if (sw == 1) {
-                int lo, hi;
-                sat_valid_cols(iw0, W, OW, &lo, &hi);
-                for (int ow = 0; ow < lo; ow++) d[ow] = 0.0f;
-                if (hi > lo) memcpy(d + lo, s + iw0 + lo, sizeof(float) * (hi - lo));
-                for (int ow = hi; ow < OW; ow++) d[ow] = 0.0f;
+                if (hi > lo) memcpy(d + lo, s + lo, sizeof(float) * (hi - lo));
             } else {
-                for (int ow = 0; ow < OW; ow++) {
-                    const int iw = iw0 + ow * sw;
-                    d[ow] = (iw >= 0 && iw < W) ? s[iw] : 0.0f;
-                }
+                for (int ow = lo; ow < hi; ow++) d[ow] = s[ow * sw];
             }
+            for (int ow = hi; ow < OW; ow++) d[ow] = 0.0f;
         }
     }
 }
@@ -101,7 +104,17 @@ static void sat_conv_depthwise(const float *x, const float *w, float *y, int N, 
     }
 }
 
-/* Grouped 2-D convolution as sgemm per image and group: W_g (Mg x K) times columns (K x OH*OW).
+/* Output rows per im2col tile: the column tile stays near `sat_tile_bytes` so it is still in
+ * cache when sgemm packs it and the output tile is still in cache for the epilogue. */
+static int64_t sat_tile_bytes = 192 * 1024;
+
+static int sat_tile_rows(int K, int OH, int OW) {
+    int64_t rows = sat_tile_bytes / ((int64_t)K * OW * 4);
+    if (rows * OW < 256) rows = (256 + OW - 1) / OW; /* keep sgemm's N wide enough to run at speed */
+    return (int)sat_clamp(rows, 1, OH);
+}
+
+/* Grouped 2-D convolution as sgemm per image, group and row tile: W_g (Mg x K) times columns.
  * A 1x1 stride-1 unpadded conv multiplies the input directly, without unfolding. */
 static void sat_conv2d(const float *x, const float *w, float *y, float *col, int N, int C, int H, int W, int M,
                        int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int G,
@@ -109,21 +122,27 @@ static void sat_conv2d(const float *x, const float *w, float *y, float *col, int
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
     const int64_t P = (int64_t)OH * OW;
     const int direct = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
+    const int tile = direct ? OH : sat_tile_rows(K, OH, OW);
     for (int n = 0; n < N; n++) {
         for (int g = 0; g < G; g++) {
             const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
-            const float *b = xg;
-            if (!direct) {
-                sat_im2col(xg, col, Cg, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);
-                b = col;
-            }
             float *yg = y + ((int64_t)n * M + (int64_t)g * Mg) * P;
-            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Mg, (int)P, K, 1.0f,
-                              w + (int64_t)g * Mg * K, K, b, (int)P, 0.0f, yg, (int)P);
-            if (epi) {
-                const int64_t base = yg - y;
-                SAT_PAR
-                for (int m = 0; m < Mg; m++) epi(y, base + (int64_t)m * P, P);
+            for (int oh0 = 0; oh0 < OH; oh0 += tile) {
+                const int oh1 = oh0 + tile < OH ? oh0 + tile : OH;
+                const int64_t cols = (int64_t)(oh1 - oh0) * OW;
+                const float *b = xg;
+                if (!direct) {
+                    sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw);
+                    b = col;
+                }
+                scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Mg, (int)cols, K, 1.0f,
+                                  w + (int64_t)g * Mg * K, K, b, direct ? (int)P : (int)cols, 0.0f,
+                                  yg + (int64_t)oh0 * OW, (int)P);
+                if (epi) {
+                    const int64_t base = yg - y + (int64_t)oh0 * OW;
+                    SAT_PAR
+                    for (int m = 0; m < Mg; m++) epi(y, base + (int64_t)m * P, cols);
+                }
             }
         }
     }

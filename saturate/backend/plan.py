@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from saturate.backend.shapes import ALIASES, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window
 from saturate.ir import Graph, Node
 
 ALIGN = 64
+# Bytes of one im2col tile (the C kernel reads this from the emitted program).
+TILE_BYTES = int(os.environ.get("SATURATE_TILE_BYTES", 192 * 1024))
 # Kernels whose output loop can apply an epilogue while the row is still in cache.
 EPILOGUE_HOSTS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
                   "BatchNormalization"} | ELEMENTWISE_UNARY | ELEMENTWISE_BINARY
@@ -87,7 +90,8 @@ def fuse(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Step], 
         while node.op in EPILOGUE_HOSTS:
             value = tail.outputs[0]
             users = consumers.get(value, [])
-            if value in outputs or len(users) != 1 or not _fusible(step, value, users[0], shapes):
+            if (value in outputs or len(users) != 1 or id(users[0]) in absorbed
+                    or not _fusible(step, value, users[0], shapes)):
                 break
             tail = users[0]
             step.chain.append(tail)
@@ -113,7 +117,16 @@ def im2col_bytes(step: Step, shapes: dict) -> int:
     if w[1] == 1 or (win.kh == win.kw == 1 and win.sh == win.sw == 1 and win.ph == win.pw == 0
                      and (win.oh, win.ow) == (x[2] if len(x) == 4 else 1, x[-1])):
         return 0
-    return (x[1] // group) * win.kh * win.kw * win.oh * win.ow * 4
+    k = (x[1] // group) * win.kh * win.kw
+    return k * tile_rows(k, win.oh, win.ow) * win.ow * 4
+
+
+def tile_rows(k: int, oh: int, ow: int) -> int:
+    """Output rows per im2col tile; mirrors sat_tile_rows in kernels.h."""
+    rows = TILE_BYTES // (k * ow * 4)
+    if rows * ow < 256:
+        rows = (256 + ow - 1) // ow
+    return max(1, min(rows, oh))
 
 
 def plan(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> Plan:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import onnx
@@ -33,8 +33,8 @@ class _Match:
 class _Matcher:
     """Finds matches of composite patterns rooted at a node of one graph."""
 
-    def __init__(self, graph: Graph):
-        self.g = graph
+    def __init__(self, graph: Graph, leave: frozenset[str] = frozenset()):
+        self.g, self.leave = graph, leave
         self.producers = graph.producers()
         self.consumers = graph.consumers()
         self.claimed: set[int] = set()
@@ -61,7 +61,8 @@ class _Matcher:
             return
         node = self.producers.get(value)
         if (node is None or node.op != term.op or node.domain not in ("", "ai.onnx")
-                or id(node) in self.claimed or node.outputs[0] != value):
+                or id(node) in self.claimed or node.outputs[0] != value
+                or node.op in self.leave or node.name in self.leave or value in self.leave):
             return
         inputs = list(node.inputs)
         while inputs and not inputs[-1]:
@@ -118,16 +119,19 @@ def _variables(term: Term) -> list[str]:
 
 # ---- rewriting matches into calls --------------------------------------------------------
 
-def partition(graph: Graph, target: Target | str, keep_constants: bool = False) -> Graph:
+def partition(graph: Graph, target: Target | str, keep_constants: bool = False,
+              leave: Iterable[str] = ()) -> Graph:
     """Copy of `graph` where each match of the target's composites is a call to a local function.
 
     Constants the match reads become function arguments (the call node takes the weights),
     unless `keep_constants`, which keeps them in the body. Matches with the same body share
     one function. The functions live in `graph.meta["functions"]`; `to_model` writes them.
+    Nodes named in `leave` (by op, node name or first output) join no function: the user
+    preserved them, for instance for another compiler.
     """
     t = load_target(target)
     g = graph.copy()
-    matcher = _Matcher(g)
+    matcher = _Matcher(g, frozenset(leave))
     matches: list[_Match] = []
     # From the outputs back, so the widest pattern at a root wins over a sub-pattern of it.
     for root in reversed(g.nodes):
@@ -298,7 +302,8 @@ def optimize_for_target(graph: Graph, target: Target | str | None = None, preser
     """Optimize with the target's costs and preserved nodes, then (optionally) partition.
 
     Folding and partitioning need no ordering from the user: the e-graph folds batch-norm and
-    merges constant adds first, and partitioning runs on the extracted graph.
+    merges constant adds first, and partitioning runs on the extracted graph. Ops the target
+    itself preserves may join its composites; what the user preserves joins none.
     """
     from saturate.optimize import optimize
     from saturate.preserve import preserved
@@ -309,5 +314,5 @@ def optimize_for_target(graph: Graph, target: Target | str | None = None, preser
     # constant-only nodes that `fold-preserved yes` lets folding replace.
     out, report = optimize(g, target=dataclasses.replace(t, preserve=()), preserve=keep, **limits)
     if partition_graph:
-        out = partition(out, t, keep_constants=keep_constants)
+        out = partition(out, t, keep_constants=keep_constants, leave=preserve_ops + preserve_nodes)
     return out, report

@@ -45,6 +45,14 @@ def mark_nodes(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
     return model
 
 
+def split_names(graph: Graph, names: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Split `--preserve` entries into (ops, nodes): an entry naming a node (or its first output)
+    is a node; anything else is an op."""
+    known = {n.name for n in graph.nodes} | {n.outputs[0] for n in graph.nodes if n.outputs}
+    names = list(dict.fromkeys(names))
+    return tuple(n for n in names if n not in known), tuple(n for n in names if n in known)
+
+
 def preserved(graph: Graph, target: Target, ops: Iterable[str] = (),
               nodes: Iterable[str] = ()) -> tuple[Graph, tuple[str, ...]]:
     """The node names the engine must leave alone, on a copy of `graph` where each has a name.

@@ -288,3 +288,25 @@ def test_one_run_folds_then_partitions(rules):
         assert all(a in out.constants for a in c.inputs[1:3])
     kept = _optimize(model, "fused", rules, partition_graph=True, keep_constants=True)
     assert all(len(c.inputs) == 1 for c in _calls(kept, "fused")) and not kept.constants
+
+
+def test_partition_command_optimizes_first(tmp_path, capsys, rules):
+    model = mark_nodes(_model(["bn", "add", "bn"], conv_bias=False), ["bn2"])
+    src, out = tmp_path / "m.onnx", tmp_path / "p.onnx"
+    onnx.save(model, str(src))
+    argv = ["partition", str(src), "--target", "fused", "-o", str(out), "--no-std", "--rules", *rules]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "2 calls" in printed  # bn2 is marked in the model: its block stays as it was
+    written = onnx.load(str(out))
+    assert [n.op_type for n in written.graph.node].count("BatchNormalization") == 1
+    _close(_ort(written, _input()), _ort(model, _input()))
+    assert main(argv + ["--preserve", "bn0,Add"]) == 0
+    assert "0 calls" in capsys.readouterr().out
+
+
+def test_left_nodes_join_no_function():
+    g = import_model(_model(["add", "add", "add"]))
+    assert len(_calls(partition(g, "fused", leave=("add1",)), "fused")) == 2
+    assert len(_calls(partition(g, "fused", leave=("r0",)), "fused")) == 2  # by first output
+    assert not _calls(partition(g, "fused", leave=("Relu",)), "fused")

@@ -6,21 +6,12 @@ import argparse
 
 from frontend import load_graph
 from saturate.partition import optimize_for_target, partition, save_model, summary
-from saturate.preserve import marked_nodes
+from saturate.preserve import marked_nodes, split_names
 from saturate.targets import load_target
 
 NAME = "partition"
 HELP = ("optimize MODEL for a target, then turn each match of the target's composite patterns "
         "into a call to an ONNX local function (constants lifted to arguments)")
-
-
-def add_preserve_options(parser: argparse.ArgumentParser) -> None:
-    """--preserve OP[,OP] and --preserve-nodes NAME[,NAME], shared with `optimize`."""
-    parser.add_argument("--preserve", metavar="OP[,OP]", default="",
-                        help="ops no rewrite may change, on top of the target's own list")
-    parser.add_argument("--preserve-nodes", metavar="NAME[,NAME]", default="",
-                        help="nodes (by name or first output) no rewrite may change; an ONNX model "
-                             "may also mark nodes with metadata saturate.preserve=1")
 
 
 def split(text: str) -> tuple[str, ...]:
@@ -36,18 +27,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="keep constants inside function bodies instead of lifting them to arguments")
     parser.add_argument("--no-optimize", action="store_true", help="partition the model as it is")
     parser.add_argument("--level", type=int, default=3, help="rule level for the optimization (default 3)")
-    add_preserve_options(parser)
+    parser.add_argument("--rules", nargs="+", action="extend", default=[], metavar="FILE_OR_DIR",
+                        help="more .rules files or directories, loaded beside the standard library")
+    parser.add_argument("--no-std", action="store_true", help="do not load the standard rules (only --rules)")
+    parser.add_argument("--preserve", metavar="NAME[,NAME]", default="",
+                        help="ops or nodes (by name) no rewrite may change, on top of the target's list; "
+                             "an ONNX model may also mark nodes with metadata saturate.preserve=1")
 
 
 def run(args: argparse.Namespace) -> int:
     target = load_target(args.target)
     graph = load_graph(args.model)
+    ops, nodes = split_names(graph, split(args.preserve) + tuple(sorted(marked_nodes(args.model))))
     if args.no_optimize:
-        out = partition(graph, target, keep_constants=args.keep_constants)
+        out = partition(graph, target, keep_constants=args.keep_constants, leave=ops + nodes)
     else:
-        nodes = split(args.preserve_nodes) + tuple(sorted(marked_nodes(args.model)))
-        out, _ = optimize_for_target(graph, target, split(args.preserve), nodes, partition_graph=True,
-                                     keep_constants=args.keep_constants, level=args.level)
+        from saturate.dsl import RULES_DIR, load_rules
+
+        rules = load_rules(([] if args.no_std else [RULES_DIR]) + list(args.rules), level=args.level)
+        out, _ = optimize_for_target(graph, target, ops, nodes, partition_graph=True,
+                                     keep_constants=args.keep_constants, rules=rules, level=args.level)
     save_model(out, args.output)
     lines = summary(out)
     calls = sum(1 for n in out.nodes if n.domain == target.domain)

@@ -5,4 +5,13 @@ from saturate.ir import Graph, Node, ValueInfo
 # The function shadows its module's name on the package on purpose: saturate.optimize(graph).
 from saturate.optimize import optimize
 
-__all__ = ["optimize", "Graph", "Node", "ValueInfo", "SaturateError", "SourceError"]
+
+
+def compile(graph: Graph, **options):  # noqa: A001 - the public name the project agreed on
+    """Compile a graph to C (saturate.backend); returns a callable on numpy arrays."""
+    from saturate.backend import compile_graph
+
+    return compile_graph(graph, **options)
+
+
+__all__ = ["compile", "optimize", "Graph", "Node", "ValueInfo", "SaturateError", "SourceError"]

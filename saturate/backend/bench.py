@@ -1,0 +1,109 @@
+"""C backend, benchmark stage: reference interpreter, ONNX Runtime and compiled C side by side."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from saturate.backend.emit import static_input_shapes
+from saturate.backend.shapes import infer_shapes
+from saturate.errors import SaturateError
+from saturate.ir import Graph, ValueInfo
+
+PEAK_GFLOPS = 263.0  # one core's AVX-512 FMA peak on the reference machine
+
+
+@dataclass
+class Row:
+    """One runtime's result: median latency (ms), ratio to ONNX Runtime, GFLOP/s, max relative error."""
+
+    name: str
+    median_ms: float
+    ratio_to_ort: float | None
+    gflops: float
+    rel_error: float | None
+
+
+def graph_flops(graph: Graph, input_shapes: dict | None = None) -> int:
+    """Arithmetic operations of one inference, from static shapes (targets.flops per node)."""
+    from saturate.targets import flops
+
+    shapes = infer_shapes(graph, static_input_shapes(graph, input_shapes))
+    total = 0
+    for n in graph.nodes:
+        infos = [ValueInfo("float32", shapes[i]) if i else None for i in n.inputs]
+        total += flops(n.op, n.attrs, infos, ValueInfo("float32", shapes[n.outputs[0]]))
+    return total
+
+
+def ort_session(graph: Graph, threads: int, onnx_bytes: bytes | None = None):
+    """An ONNX Runtime session with every graph optimization, `threads` intra-op threads."""
+    import onnxruntime as ort
+
+    if onnx_bytes is None:
+        from frontend.onnx_io import export_model
+
+        onnx_bytes = export_model(graph).SerializeToString()
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(onnx_bytes, opts, providers=["CPUExecutionProvider"])
+
+
+def max_rel_error(got: dict, ref: dict) -> float:
+    """Largest |got - ref| over the largest |ref|, across outputs."""
+    worst = 0.0
+    for k, r in ref.items():
+        scale = max(float(np.abs(r).max()), 1e-12) if r.size else 1.0
+        worst = max(worst, float(np.abs(np.asarray(got[k], np.float64) - r).max()) / scale if r.size else 0.0)
+    return worst
+
+
+def benchmark(graph: Graph, threads: int = 1, runs: int = 10, onnx_bytes: bytes | None = None,
+              reference: bool = True, seed: int = 0) -> list[Row]:
+    """Time every runtime on the same random input, interleaving their runs so drift hits all alike."""
+    from saturate.backend.runtime import compile_graph
+    from saturate.interp import run_graph
+
+    if runs < 1:
+        raise SaturateError(f"--runs must be at least 1, got {runs}")
+    model = compile_graph(graph, threads=threads)
+    rng = np.random.default_rng(seed)
+    feed = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in model.inputs}
+    sess = ort_session(graph, threads, onnx_bytes)
+    names = [o.name for o in sess.get_outputs()]
+    runners = {"onnxruntime": lambda: dict(zip(names, sess.run(None, feed))), "compiled C": lambda: model(feed)}
+    if reference:
+        runners["numpy reference"] = lambda: run_graph(graph, feed)
+    results = {k: f() for k, f in runners.items()}  # warm-up, and the outputs compared below
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    for _ in range(runs):
+        for k, f in runners.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t)
+    work = graph_flops(graph)
+    ort_ms = float(np.median(times["onnxruntime"])) * 1e3
+    truth = {k: np.asarray(v, np.float64) for k, v in results["onnxruntime"].items()}
+    rows = []
+    for k in ["numpy reference", "onnxruntime", "compiled C"]:
+        if k not in times:
+            continue
+        ms = float(np.median(times[k])) * 1e3
+        err = None if k == "onnxruntime" else max_rel_error(results[k], truth)
+        rows.append(Row(k, ms, ms / ort_ms, work / ms / 1e6, err))
+    return rows
+
+
+def format_table(rows: list[Row], title: str = "") -> str:
+    """Aligned text table of benchmark rows."""
+    lines = [title] if title else []
+    lines.append(f"{'runtime':<16} {'median ms':>10} {'vs ORT':>8} {'GFLOP/s':>9} {'% peak':>7} {'max rel err':>12}")
+    for r in rows:
+        err = "-" if r.rel_error is None else f"{r.rel_error:.2e}"
+        lines.append(f"{r.name:<16} {r.median_ms:>10.2f} {r.ratio_to_ort:>7.2f}x {r.gflops:>9.1f} "
+                     f"{100 * r.gflops / PEAK_GFLOPS:>6.1f}% {err:>12}")
+    return "\n".join(lines)

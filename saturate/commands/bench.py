@@ -1,0 +1,38 @@
+"""CLI `saturate bench`: numpy reference, ONNX Runtime and compiled C timed side by side."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "bench"
+HELP = "time a model on the numpy reference, ONNX Runtime and the compiled C backend"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="a .onnx file, a text graph (.sat) or example:NAME")
+    parser.add_argument("--threads", type=int, default=1, choices=[1, 2], help="threads for ORT and C (default 1)")
+    parser.add_argument("--runs", type=int, default=10, help="timed runs per runtime (default 10)")
+    parser.add_argument("--optimize", action="store_true", help="run saturate.optimize first (fold BN etc.)")
+    parser.add_argument("--no-reference", action="store_true", help="skip the (slow) numpy reference")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from frontend import load_graph
+    from saturate.backend.bench import benchmark, format_table
+
+    graph = load_graph(args.model)
+    onnx_bytes = None
+    if args.model.endswith(".onnx") and not args.optimize:
+        onnx_bytes = Path(args.model).read_bytes()
+    if args.optimize:
+        from saturate import optimize
+
+        graph, _ = optimize(graph)
+    rows = benchmark(graph, threads=args.threads, runs=args.runs, onnx_bytes=onnx_bytes,
+                     reference=not args.no_reference)
+    title = (f"{args.model}{' (optimized)' if args.optimize else ''}: {len(graph.nodes)} nodes, "
+             f"{args.threads} thread(s), median of {args.runs} interleaved runs")
+    print(format_table(rows, title))
+    return 0

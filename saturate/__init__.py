@@ -6,8 +6,7 @@ from saturate.ir import Graph, Node, ValueInfo
 from saturate.optimize import optimize
 
 
-
-def compile(graph: Graph, **options):  # noqa: A001 - the public name the project agreed on
+def compile(graph: Graph, **options):
     """Compile a graph to C (saturate.backend); returns a callable on numpy arrays."""
     from saturate.backend import compile_graph
 

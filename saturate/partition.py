@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
@@ -306,13 +305,10 @@ def optimize_for_target(graph: Graph, target: Target | str | None = None, preser
     itself preserves may join its composites; what the user preserves joins none.
     """
     from saturate.optimize import optimize
-    from saturate.preserve import preserved
 
     t = load_target(target)
-    g, keep = preserved(graph, t, preserve_ops, preserve_nodes)
-    # `keep` already names every preserved node; the target's op list would also pin the
-    # constant-only nodes that `fold-preserved yes` lets folding replace.
-    out, report = optimize(g, target=dataclasses.replace(t, preserve=()), preserve=keep, **limits)
+    # optimize() asks saturate.preserve which nodes to keep (target list, these ops and nodes).
+    out, report = optimize(graph, target=t, preserve=tuple(preserve_ops) + tuple(preserve_nodes), **limits)
     if partition_graph:
         out = partition(out, t, keep_constants=keep_constants, leave=preserve_ops + preserve_nodes)
     return out, report

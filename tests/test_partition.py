@@ -310,3 +310,25 @@ def test_left_nodes_join_no_function():
     assert len(_calls(partition(g, "fused", leave=("add1",)), "fused")) == 2
     assert len(_calls(partition(g, "fused", leave=("r0",)), "fused")) == 2  # by first output
     assert not _calls(partition(g, "fused", leave=("Relu",)), "fused")
+
+
+def test_optimize_command_folds_and_partitions_in_one_run(tmp_path):
+    """The user story with the standard rules: one command folds batch-norm, merges the adds
+    and partitions into conv+add+relu composites whose weights are call arguments."""
+    model = _model(["bn", "add", "res", "bn"])
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, str(src))
+    assert main(["optimize", str(src), "--target", "fused", "--partition", "-o", str(out)]) == 0
+    written = onnx.load(str(out))
+    assert {n.domain for n in written.graph.node} == {"fused"} and len(written.graph.node) == 4
+    inits = {t.name for t in written.graph.initializer}
+    assert all(set(n.input[1:3]) <= inits for n in written.graph.node)
+    assert all(n.op_type != "Constant" for f in written.functions for n in f.node)
+    _close(_ort(written, _input()), _ort(model, _input()))
+    for target, bn in (("cpu", 0), ("accel", 2)):
+        assert main(["optimize", str(src), "--target", target, "-o", str(out)]) == 0
+        written = onnx.load(str(out))
+        assert [n.op_type for n in written.graph.node].count("BatchNormalization") == bn
+        _close(_ort(written, _input()), _ort(model, _input()))
+    assert main(["optimize", str(src), "--preserve", "BatchNormalization", "-o", str(out)]) == 0
+    assert [n.op_type for n in onnx.load(str(out)).graph.node].count("BatchNormalization") == 2

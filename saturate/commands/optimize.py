@@ -24,6 +24,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="cpu", help="target name or .target file (default cpu)")
     parser.add_argument("--preserve", default="", metavar="OP,...",
                         help="comma-separated op or node names that no rewrite may change")
+    # Partitioning (saturate.partition): group the target's composite patterns into functions.
+    parser.add_argument("--partition", action="store_true",
+                        help="then group each match of the target's composites into an ONNX local function")
+    parser.add_argument("--keep-constants", action="store_true",
+                        help="with --partition: keep constants inside function bodies, not as arguments")
     parser.add_argument("--report", metavar="R.json", help="write a JSON report")
     parser.add_argument("--trace", action="store_true", help="print progress and a table of what happened")
     parser.add_argument("--max-iterations", type=int, default=MAX_ITERATIONS)
@@ -52,7 +57,12 @@ def run(args: argparse.Namespace) -> int:
                               max_iterations=args.max_iterations, max_nodes=args.max_nodes,
                               timeout=args.timeout, preserve=preserve, progress=progress)
     t = time.perf_counter()
-    save_graph(result, args.output)
+    if args.partition:
+        from saturate.partition import partition, save_model
+        result = partition(result, args.target, keep_constants=args.keep_constants, leave=preserve)
+        save_model(result, args.output)
+    else:
+        save_graph(result, args.output)
     times["export"] = time.perf_counter() - t
     report.times = {"import": times["import"], **report.times, "export": times["export"]}
     if args.report:

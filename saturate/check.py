@@ -66,7 +66,14 @@ class _Broken(Exception):
 def as_float64(example: Example) -> Example:
     """The example with every float value widened to float64 (integers untouched)."""
     values = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in example.values.items()}
-    return Example(values, example.consts, example.attrs, example.node_attrs)
+    return Example(values, example.consts, example.attrs, example.node_attrs, example.node_ops)
+
+
+def example_pattern(ex: Example) -> list[tuple[str, tuple[int, ...]]]:
+    """The drawn pattern's ops as (op, path), children before parents (the engine's order)."""
+    def post_order(path: tuple[int, ...]) -> tuple[int, ...]:
+        return path + (1 << 30,)
+    return [(ex.node_ops[p], p) for p in sorted(ex.node_ops, key=post_order)]
 
 
 def build_graph(term: Term, ex: Example, drawn: bool) -> Graph:
@@ -75,6 +82,13 @@ def build_graph(term: Term, ex: Example, drawn: bool) -> Graph:
     `drawn` says the side is the pattern the example was drawn for (its attributes are known)."""
     g = Graph(name="side")
     counter = [0]
+    # As the engine builds a right side (encode_rules.rhs_attrs): an op takes the attributes of
+    # the first pattern op of the same name (children first), then the ones written on it.
+    drawn_ops: dict[str, tuple[int, ...]] = {}
+    if not drawn:
+        pattern = example_pattern(ex)
+        for op, path in pattern:
+            drawn_ops.setdefault(op, path)
 
     def fresh(prefix: str) -> str:
         counter[0] += 1
@@ -107,7 +121,10 @@ def build_graph(term: Term, ex: Example, drawn: bool) -> Graph:
         if drawn:
             attrs = dict(ex.node_attrs.get(path, {}))
         else:
-            attrs = {key: literal(value, ex) for key, value in t.attrs}
+            source = drawn_ops.get(t.op)
+            attrs = dict(ex.node_attrs[source]) if source is not None else {}
+            attrs.update({key: literal(value, ex) for key, value in t.attrs})
+        attrs = {k: v for k, v in attrs.items() if v is not None}  # an omitted attribute stays omitted
         out = fresh("t")
         g.nodes.append(Node(t.op, inputs, [out], attrs, name=f"{t.op}@{path}"))
         return out
@@ -148,6 +165,11 @@ def compare(lhs: np.ndarray, rhs: np.ndarray, scale: float) -> str | None:
 def run_example(rule: Rule, example: Example, reverse: bool = False) -> Counterexample | None:
     """Evaluate both sides of the rule on one example; a Counterexample when they disagree.
     Calls hypothesis.assume(False) when the left side is defined nowhere (nothing to compare)."""
+    with np.errstate(all="ignore"):
+        return _run_example(rule, example, reverse)
+
+
+def _run_example(rule: Rule, example: Example, reverse: bool) -> Counterexample | None:
     source, target = (rule.rhs, rule.lhs) if reverse else (rule.lhs, rule.rhs)
     ex = as_float64(example)
     try:

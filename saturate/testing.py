@@ -14,6 +14,8 @@ shapes derived from the ops' semantics and values drawn so that the rule's guard
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -70,38 +72,61 @@ def per_axis_shapes(shape: tuple[int, ...], axis: int) -> st.SearchStrategy[tupl
 
 # ---- values ---------------------------------------------------------------------------------
 
-_SMALL = [0.0, 1.0, 0.5, 2.0, 3.0, 0.25]
-
-
-def magnitudes(positive: bool = False) -> st.SearchStrategy[float]:
-    """Non-negative float32 magnitudes: simple values, ordinary ones, tiny (1e-6) and huge (1e6)."""
-    simple = [m for m in _SMALL if m > 0] if positive else _SMALL
-    lo = _f32(1e-3) if positive else 0.0
-    return st.one_of(st.sampled_from(simple), st.floats(lo, 4.0, width=32),
-                     st.floats(_f32(1e-6), _f32(1e-3), width=32), st.floats(1e3, 1e6, width=32))
-
-
 def _f32(x: float) -> float:
     return float(np.float32(x))
 
 
+_SIMPLE = [0.0, 1.0, -1.0, 0.5, -2.0, 3.0, -0.25]
+# Tiny, ordinary and huge magnitudes (all positive; signs are applied per sign class).
+_MAGNITUDES = [(_f32(1e-6), _f32(1e-3)), (_f32(1e-3), 4.0), (1e3, 1e6)]
+
+
+def _elements(sign: str) -> st.SearchStrategy[float]:
+    parts = [st.sampled_from([v for v in _SIMPLE if _fits(v, sign)])]
+    positive = [st.floats(lo, hi, width=32) for lo, hi in _MAGNITUDES]
+    if sign in ("any", "positive", "nonnegative", "nonzero"):
+        parts += positive
+    if sign in ("any", "nonzero", "negative"):
+        parts += [p.map(lambda v: -v) for p in positive]
+    return st.one_of(parts)
+
+
+def _fits(v: float, sign: str) -> bool:
+    return {"any": True, "positive": v > 0, "nonnegative": v >= 0, "nonzero": v != 0, "negative": v < 0}[sign]
+
+
+# Built once: hypothesis validates a strategy on first use, which is costly per array.
+_ELEMENTS = {sign: _elements(sign) for sign in SIGNS}
+# Arrays up to this size draw every element; larger ones place a few drawn values with a drawn
+# seed (drawing each of hundreds of elements through hypothesis costs ~0.3 ms apiece).
+_EACH = 6
+_POOL = 5
+
+
 def elements(sign: str = "any") -> st.SearchStrategy[float]:
-    """Float32 elements of one sign class (see SIGNS): zeros, mixed signs, tiny and huge magnitudes."""
+    """Float32 elements of one sign class (see SIGNS): simple values, zeros, mixed signs,
+    tiny (1e-6) and huge (1e6) magnitudes."""
     if sign not in SIGNS:
         raise ValueError(f"unknown sign class {sign!r} (known: {', '.join(SIGNS)})")
-    positive = sign in ("positive", "nonzero", "negative")
-    mags = magnitudes(positive)
-    if sign in ("positive", "nonnegative"):
-        return mags
-    if sign == "negative":
-        return mags.map(lambda m: -m)
-    return st.tuples(mags, st.booleans()).map(lambda p: -p[0] if p[1] else p[0])
+    return _ELEMENTS[sign]
 
 
-def constants(shape: tuple[int, ...], sign: str = "any",
-              dtype: Any = np.float32) -> st.SearchStrategy[np.ndarray]:
-    """Arrays of `shape` whose elements are drawn from `elements(sign)`."""
-    return hnp.arrays(np.dtype(dtype), tuple(shape), elements=elements(sign))
+@functools.lru_cache(maxsize=None)
+def _lists(sign: str, lo: int, hi: int) -> st.SearchStrategy[list[float]]:
+    return st.lists(_ELEMENTS[sign], min_size=lo, max_size=hi)
+
+
+@st.composite
+def constants(draw, shape: tuple[int, ...], sign: str = "any", dtype: Any = np.float32) -> np.ndarray:
+    """Arrays of `shape` whose elements come from `elements(sign)`; shrinks towards zeros."""
+    shape = tuple(shape)
+    size = math.prod(shape)
+    if size <= _EACH:
+        flat = draw(_lists(sign, size, size))
+        return np.array(flat, dtype=dtype).reshape(shape)
+    pool = np.array(draw(_lists(sign, 1, _POOL)), dtype=dtype)
+    layout = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).integers(0, len(pool), size)
+    return pool[layout].reshape(shape)
 
 
 def per_axis_constants(shape: tuple[int, ...], axis: int, sign: str = "any") -> st.SearchStrategy[np.ndarray]:
@@ -183,6 +208,7 @@ class Example:
     consts: frozenset[str]
     attrs: dict[str, Any]
     node_attrs: dict[tuple[int, ...], dict[str, Any]]
+    node_ops: dict[tuple[int, ...], str] = dataclasses.field(default_factory=dict)
 
 
 def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Example]:
@@ -198,11 +224,15 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
         planner.plan(pattern)
         values = {}
         for name, shape in planner.shapes.items():
+            fill = planner.hints.get(name, {}).get("fill")
             if name in planner.forced:
                 values[name] = planner.forced[name]
+            elif fill is not None:
+                values[name] = np.full(shape, fill, np.float32)
             else:
                 values[name] = draw(constants(shape, planner.sign_of(name)), label=name)
-        example = Example(values, frozenset(planner.consts), dict(planner.attrs), planner.node_attrs)
+        example = Example(values, frozenset(planner.consts), dict(planner.attrs), planner.node_attrs,
+                          planner.node_ops)
         assume(guards_hold(rule, example))
         return example
 

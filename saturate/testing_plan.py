@@ -17,6 +17,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from saturate.errors import SaturateError
+from saturate.ops import OPS
 from saturate.rule_ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Term, Var
 from saturate.testing import (MAX_RANK, MAX_SIDE, _conv_geometry, broadcastable_shapes, conv_cases,
                               factorizations, numel, per_axis_shapes)
@@ -54,6 +55,8 @@ class Planner:
         self.signs: dict[str, str] = {}
         self.attrs: dict[str, Any] = {}
         self.node_attrs: dict[tuple[int, ...], dict[str, Any]] = {}
+        self.node_ops: dict[tuple[int, ...], str] = {}
+        self.attr_hints: dict[str, str] = {}
         self.hints: dict[str, dict[str, Any]] = {}
         for g in guards:
             self._hint(g)
@@ -62,6 +65,9 @@ class Planner:
     def _hint(self, g: Guard) -> None:
         args = g.args
         first = args[0] if args else None
+        if g.fn == "identity_perm" and isinstance(first, AttrVar):
+            self.attr_hints[first.name] = "identity"
+            return
         if not isinstance(first, Var):
             # `rank(v) == k` pins a rank; other comparisons are checked after drawing.
             if g.fn == "==" and isinstance(first, Call) and first.fn == "rank" and _num(args[1]) is not None:
@@ -103,8 +109,9 @@ class Planner:
             return Template(rank=a.rank, min_rank=max(2, a.min_rank))
         if op == "MatMul":
             ranks = [self.template(a).rank for a in args]
-            known = [r for r in ranks if r is not None]
-            return Template(rank=max(known) if known else None, min_rank=2)
+            if all(r is not None for r in ranks):
+                return Template(rank=max(ranks), min_rank=2)
+            return Template(min_rank=max([2] + [r for r in ranks if r is not None]))
         if op == "Transpose":
             perm = dict(t.attrs).get("perm")
             if isinstance(perm, IntList):
@@ -234,10 +241,14 @@ class Planner:
         for key, fn in draws.items():
             if key not in result:
                 result[key] = fn(result)
+        spec = OPS.get(t.op)
         for key, value in written.items():
+            if key not in result:  # captured but not drawn: the op's default (None: omitted)
+                result[key] = spec.attrs.get(key) if spec is not None else None
             if isinstance(value, AttrVar):
-                self.attrs.setdefault(value.name, result.get(key))
+                self.attrs.setdefault(value.name, result[key])
         self.node_attrs[path] = result
+        self.node_ops[path] = t.op
         return result
 
     # ---- op shape rules ---------------------------------------------------------------------
@@ -271,6 +282,7 @@ class Planner:
             return case[0]
 
         attrs = self.attributes(t, path, {
+            "auto_pad": lambda a: "NOTSET",
             "group": lambda a: geometry(a).attrs["group"],
             "kernel_shape": lambda a: geometry(a).attrs["kernel_shape"],
             "strides": lambda a: geometry(a).attrs["strides"],
@@ -332,7 +344,12 @@ class Planner:
         k = self.draw(st.integers(1, MAX_SIDE))
         batch, (m, n) = out[:-2], out[-2:]
         self.term(t.args[0], batch + (m, k), path + (0,))
-        b_batch = self.draw(broadcastable_shapes(batch))
+        b_rank = self.template(t.args[1]).rank
+        if b_rank is not None:
+            assume(2 <= b_rank <= len(out))
+            b_batch = self.draw(broadcastable_shapes(batch, min_rank=b_rank - 2, max_rank=b_rank - 2))
+        else:
+            b_batch = self.draw(broadcastable_shapes(batch))
         self.term(t.args[1], tuple(b_batch) + (k, n), path + (1,))
 
     def op_Reshape(self, t, out, path) -> None:
@@ -363,7 +380,12 @@ class Planner:
         self.term(t.args[0], head + tail, path + (0,))
 
     def op_Transpose(self, t, out, path) -> None:
-        attrs = self.attributes(t, path, {"perm": lambda a: self.draw(st.permutations(range(len(out))))})
+        perm = dict(t.attrs).get("perm")
+        # An identity_perm guard would reject all but one of the rank! permutations.
+        identity = isinstance(perm, AttrVar) and self.attr_hints.get(perm.name) == "identity"
+        axes = range(len(out))
+        attrs = self.attributes(t, path, {
+            "perm": lambda a: list(axes) if identity else self.draw(st.permutations(axes))})
         perm = attrs["perm"]
         perm = list(range(len(out)))[::-1] if perm is None else [int(p) for p in perm]
         assume(sorted(perm) == list(range(len(out))))

@@ -263,13 +263,18 @@ def _function_proto(domain: str, name: str, body: Graph, export_model: Any) -> o
                                 consts + list(inner.node), opsets)
 
 
+def check_output(path: str) -> None:
+    """A partitioned model needs ONNX to hold its functions: refuse other output formats."""
+    if not str(path).endswith(".onnx"):
+        raise SaturateError(f"'{path}': a partitioned model is written as .onnx (its functions need ONNX)")
+
+
 def save_model(graph: Graph, path: str) -> None:
     """Write a partitioned graph as .onnx atomically (temp file, then rename)."""
     import os
     import tempfile
 
-    if not str(path).endswith(".onnx"):
-        raise SaturateError(f"'{path}': a partitioned model is written as .onnx (its functions need ONNX)")
+    check_output(path)
     model = to_model(graph)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=folder)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from frontend import load_graph
-from saturate.partition import optimize_for_target, partition, save_model, summary
+from saturate.partition import check_output, optimize_for_target, partition, save_model, summary
 from saturate.preserve import marked_nodes, split_names
 from saturate.targets import load_target
 
@@ -36,6 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.output)  # before any work
     target = load_target(args.target)
     graph = load_graph(args.model)
     ops, nodes = split_names(graph, split(args.preserve) + tuple(sorted(marked_nodes(args.model))))

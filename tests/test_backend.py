@@ -1,0 +1,189 @@
+"""C backend: example models, each op family, fusion, memory planning, errors and the CLI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backend_util import check_three_way, feed_for, make, rel_error
+from saturate.errors import SaturateError
+from saturate.ir import Node
+
+pytestmark = pytest.mark.compiler
+rng = np.random.default_rng(1)
+
+
+def w(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", ["mlp", "vgg", "resnet18", "mobilenet", "chain-6"])
+def test_examples_match_reference_and_ort(name):
+    from frontend import load_graph
+
+    check_three_way(load_graph(f"example:{name}"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vgg11bn", "resnet50"])
+def test_large_examples_match_reference_and_ort(name):
+    from frontend import load_graph
+
+    check_three_way(load_graph(f"example:{name}"))
+
+
+def test_folded_graph_matches_original():
+    from frontend import load_graph
+    from saturate import compile, optimize
+    from saturate.interp import run_graph
+
+    g = load_graph("example:mobilenet")
+    folded, _ = optimize(g.copy())
+    assert folded.op_counts()["BatchNormalization"] < g.op_counts()["BatchNormalization"]
+    feed = feed_for(g)
+    ref = run_graph(g, feed)
+    got = compile(folded)(feed)
+    for k in g.outputs:
+        assert rel_error(got[k], ref[k]) <= 1e-4
+
+
+@pytest.mark.parametrize("attrs,wshape,xshape", [
+    ({"group": 4, "pads": [1, 0, 2, 1], "strides": [2, 1]}, (8, 2, 3, 3), (2, 8, 9, 7)),   # grouped, asymmetric
+    ({"group": 6, "pads": [1, 1, 1, 1]}, (6, 1, 3, 3), (1, 6, 8, 8)),                       # depthwise
+    ({"group": 3, "strides": [2, 2], "pads": [1, 1, 1, 1]}, (6, 1, 3, 3), (1, 3, 9, 9)),    # channel multiplier 2
+    ({"dilations": [2, 3], "pads": [2, 3, 2, 3]}, (5, 3, 3, 3), (1, 3, 11, 12)),            # dilated
+    ({}, (7, 5, 1, 1), (2, 5, 6, 6)),                                                      # direct 1x1
+    ({"auto_pad": "SAME_UPPER", "strides": [2, 2]}, (4, 3, 4, 4), (1, 3, 9, 10)),
+    ({"strides": [3], "pads": [1, 2]}, (4, 3, 5), (2, 3, 17)),                              # 1-D
+])
+def test_conv_variants(attrs, wshape, xshape):
+    g = make([Node("Conv", ["x", "w", "b"], ["y"], attrs)], {"x": xshape},
+             {"w": w(*wshape), "b": w(wshape[0])})
+    check_three_way(g)
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("MaxPool", {"kernel_shape": [2, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ("MaxPool", {"kernel_shape": [3, 3], "dilations": [2, 2]}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ("AveragePool", {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+    ("GlobalAveragePool", {}),
+])
+def test_pools(op, attrs):
+    check_three_way(make([Node(op, ["x"], ["y"], attrs)], {"x": (2, 3, 9, 10)}))
+
+
+def test_gemm_matmul_and_layout_ops():
+    nodes = [
+        Node("Gemm", ["a", "b", "c"], ["g"], {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0}),
+        Node("MatMul", ["g", "m"], ["mm"]),                      # (4, 5) x (5, 3)
+        Node("MatMul", ["t", "bt"], ["bm"]),                     # batched with broadcasting
+        Node("Transpose", ["bm"], ["tr"], {"perm": [2, 0, 3, 1]}),
+        Node("Softmax", ["tr"], ["sm"], {"axis": 1}),
+        Node("Concat", ["mm", "mm2"], ["cat"], {"axis": 1}),
+        Node("Flatten", ["bm"], ["fl"], {"axis": 2}),
+        Node("Reshape", ["fl", "shape"], ["rs"]),
+    ]
+    consts = {"b": w(5, 6), "c": w(5), "m": w(5, 3), "bt": w(2, 1, 4, 3), "shape": np.array([0, -1], np.int64)}
+    g = make(nodes, {"a": (6, 4), "t": (3, 5, 4), "mm2": (4, 2)}, consts, outputs=["sm", "cat", "rs", "g"])
+    check_three_way(g)
+
+
+def test_elementwise_and_batchnorm_chain():
+    nodes = [
+        Node("BatchNormalization", ["x", "s", "bb", "mu", "var"], ["bn"], {"epsilon": 1e-3}),
+        Node("Sub", ["k", "bn"], ["d"]),                           # constant on the left
+        Node("Div", ["d", "q"], ["e"]),                            # broadcast over (1, W)
+        Node("Clip", ["e", "lo", "hi"], ["c"]),
+        Node("LeakyRelu", ["c"], ["l"], {"alpha": 0.2}),
+        Node("Sigmoid", ["l"], ["s1"]),
+        Node("Tanh", ["x"], ["t1"]),
+        Node("Erf", ["t1"], ["e1"]),
+        Node("Mul", ["s1", "e1"], ["y"]),
+    ]
+    consts = {"s": w(4), "bb": w(4), "mu": w(4), "var": np.abs(w(4)) + 0.5, "k": w(4, 1, 1),
+              "q": np.abs(w(1, 5)) + 1, "lo": np.float32(-0.5), "hi": np.float32(0.7)}
+    check_three_way(make(nodes, {"x": (2, 4, 3, 5)}, consts))
+
+
+def test_two_threads_agree_with_one():
+    from frontend import load_graph
+
+    check_three_way(load_graph("example:resnet18"), ort=False, threads=2)
+
+
+def test_fusion_follows_single_consumers():
+    from saturate.backend.plan import fuse
+    from saturate.backend.shapes import infer_shapes
+
+    # c has two consumers (relu and the output add): it must stay a buffer; r is fused into Add.
+    nodes = [Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}), Node("Relu", ["c"], ["r"]),
+             Node("Add", ["r", "c"], ["a"]), Node("Relu", ["a"], ["y"])]
+    g = make(nodes, {"x": (1, 2, 5, 5)}, {"w": w(3, 2, 3, 3)})
+    steps, _ = fuse(g, infer_shapes(g, {"x": (1, 2, 5, 5)}))
+    assert [(s.anchor.op, [n.op for n in s.chain]) for s in steps] == [("Conv", []), ("Relu", ["Add", "Relu"])]
+    check_three_way(g)
+
+
+def test_memory_plan_reuses_buffers_without_overlap():
+    from frontend import load_graph
+    from saturate.backend.emit import emit
+
+    e = emit(load_graph("example:resnet18"))
+    pl, sh = e.plan, e.shapes
+    assert pl.arena_bytes < pl.naive_bytes
+    life = {}
+    for k, s in enumerate(pl.steps):
+        life.setdefault(s.out, [k, k])
+        for v in s.reads():
+            r = pl.root(v)
+            if r in life:
+                life[r][1] = max(life[r][1], k)
+    for a in pl.offsets:
+        for b in pl.offsets:
+            if a < b and not (life[a][1] < life[b][0] or life[b][1] < life[a][0]):
+                ea, eb = pl.offsets[a] + 4 * np.prod(sh[a]), pl.offsets[b] + 4 * np.prod(sh[b])
+                assert ea <= pl.offsets[b] or eb <= pl.offsets[a], (a, b)
+
+
+def test_bad_inputs_raise_clear_errors():
+    from saturate import compile
+
+    g = make([Node("Relu", ["x"], ["y"])], {"x": (2, 3)})
+    model = compile(g)
+    with pytest.raises(SaturateError, match="shape"):
+        model(np.zeros((3, 2), np.float32))
+    with pytest.raises(SaturateError, match="float64"):
+        model(np.zeros((2, 3)))
+    with pytest.raises(SaturateError, match="missing input 'x'"):
+        model({})
+    assert np.array_equal(model(x=-np.ones((2, 3), np.float32))["y"], np.zeros((2, 3), np.float32))
+
+
+def test_unknown_op_fails_at_compile_time_naming_node_and_op():
+    from saturate import compile
+
+    g = make([Node("Relu", ["x"], ["r"]), Node("HardSwish", ["r"], ["y"], name="hs1")], {"x": (2, 3)})
+    with pytest.raises(SaturateError, match=r"node 'hs1' \(HardSwish\).*'HardSwish'"):
+        compile(g)
+    g = make([Node("Relu", ["x"], ["y"])], {"x": ("N", 3)})
+    with pytest.raises(SaturateError, match="static"):
+        compile(g)
+
+
+def test_cli_compile_run_and_bench(tmp_path, capsys):
+    from saturate.cli import main
+
+    assert main(["compile", "example:mlp", "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "peak workspace" in out
+    assert {"model.c", "weights.bin", "model.so"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    # Weights live in the binary file, not in C array literals.
+    assert (tmp_path / "out" / "model.c").stat().st_size < (tmp_path / "out" / "weights.bin").stat().st_size
+    assert main(["bench", "example:mlp", "--runs", "2"]) == 0
+    table = capsys.readouterr().out
+    for row in ("numpy reference", "onnxruntime", "compiled C", "GFLOP/s"):
+        assert row in table
+    assert main(["compile", "example:nonesuch", "-o", str(tmp_path / "x")]) == 2

@@ -132,7 +132,8 @@ def partition(graph: Graph, target: Target | str, keep_constants: bool = False,
     g = graph.copy()
     matcher = _Matcher(g, frozenset(leave))
     matches: list[_Match] = []
-    # From the outputs back, so the widest pattern at a root wins over a sub-pattern of it.
+    # From the outputs back, so an outer root claims its nodes before a pattern rooted inside
+    # it; at one root, the composite listed first in the target file wins.
     for root in reversed(g.nodes):
         if id(root) in matcher.claimed:
             continue
@@ -181,10 +182,16 @@ def _body(g: Graph, m: _Match, keep_constants: bool) -> tuple[Graph, list[str]]:
             args.append(value)
         body.values[var] = g.info(value)
     root = m.nodes[-1]
+
+    def fresh(name: str) -> str:  # interior names never shadow a parameter
+        while name in m.binds:
+            name = "_" + name
+        return name
+
     for j, node in enumerate(m.nodes):
         for o, out in enumerate(node.outputs):
             if out:
-                rename[out] = (f"out{o}" if o else "out") if node is root else f"t{j}_{o}" if o else f"t{j}"
+                rename[out] = fresh((f"out{o}" if o else "out") if node is root else f"t{j}_{o}" if o else f"t{j}")
                 if out in g.values:
                     body.values[rename[out]] = g.values[out]
         body.nodes.append(Node(node.op, [rename.get(i, i) for i in node.inputs],
@@ -197,7 +204,11 @@ def _body(g: Graph, m: _Match, keep_constants: bool) -> tuple[Graph, list[str]]:
 def _body_key(name: str, body: Graph) -> str:
     h = hashlib.sha256(name.encode())
     for n in body.nodes:
-        h.update(repr((n.op, n.inputs, n.outputs, sorted(n.attrs.items(), key=lambda kv: kv[0]))).encode())
+        h.update(repr((n.op, n.domain, n.inputs, n.outputs)).encode())
+        for key, value in sorted(n.attrs.items(), key=lambda kv: kv[0]):
+            # Tensor attributes by content: numpy's repr elides long arrays.
+            data = np.ascontiguousarray(value).tobytes() if isinstance(value, np.ndarray) else repr(value).encode()
+            h.update(key.encode() + b"=" + data)
     # Parameters by name only: a body with lifted weights serves every weight shape.
     h.update(repr(body.inputs).encode())
     for c, arr in sorted(body.constants.items()):

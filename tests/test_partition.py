@@ -332,3 +332,12 @@ def test_optimize_command_folds_and_partitions_in_one_run(tmp_path):
         _close(_ort(written, _input()), _ort(model, _input()))
     assert main(["optimize", str(src), "--preserve", "BatchNormalization", "-o", str(out)]) == 0
     assert [n.op_type for n in onnx.load(str(out)).graph.node].count("BatchNormalization") == 2
+
+
+def test_body_names_never_shadow_parameters():
+    model = _model(["add"])
+    t = parse_target("composite c = Relu(Add(Conv(t0, out:const), t1))")
+    p = partition(import_model(model), t)
+    ((_, body),) = p.meta[FUNCTIONS_KEY].items()
+    assert body.inputs == ["t0", "out", "t1"] and body.outputs == ["_out"]
+    _close(_ort(to_model(p), _input()), _ort(model, _input()))

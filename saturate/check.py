@@ -163,13 +163,17 @@ def compare(lhs: np.ndarray, rhs: np.ndarray, scale: float) -> str | None:
 
 
 def run_example(rule: Rule, example: Example, reverse: bool = False) -> Counterexample | None:
-    """Evaluate both sides of the rule on one example; a Counterexample when they disagree.
-    Calls hypothesis.assume(False) when the left side is defined nowhere (nothing to compare)."""
+    """Evaluate both sides of the rule on one example; a Counterexample when they disagree."""
+    return _run_example(rule, example, reverse)[0]
+
+
+def _run_example(rule: Rule, example: Example, reverse: bool) -> tuple[Counterexample | None, bool]:
+    """(counterexample or None, whether the left side is defined anywhere on the example)."""
     with np.errstate(all="ignore"):
-        return _run_example(rule, example, reverse)
+        return _compare_sides(rule, example, reverse)
 
 
-def _run_example(rule: Rule, example: Example, reverse: bool) -> Counterexample | None:
+def _compare_sides(rule: Rule, example: Example, reverse: bool) -> tuple[Counterexample | None, bool]:
     source, target = (rule.rhs, rule.lhs) if reverse else (rule.lhs, rule.rhs)
     ex = as_float64(example)
     try:
@@ -177,22 +181,29 @@ def _run_example(rule: Rule, example: Example, reverse: bool) -> Counterexample 
     except SaturateError as err:
         raise _Broken(f"the drawn left side does not run: {err}") from None
     lhs = np.asarray(lhs)
-    assume(lhs.dtype.kind != "f" or bool(np.isfinite(lhs).any()))
+    if lhs.dtype.kind == "f" and not np.isfinite(lhs).any():
+        return None, False
     try:
         rhs, scale_r = _run(target, ex, drawn=False)
     except (SaturateError, ValueError, TypeError, IndexError) as err:
-        return Counterexample(example, reverse, f"the right side fails: {str(err).splitlines()[0]}", lhs)
+        return Counterexample(example, reverse, f"the right side fails: {str(err).splitlines()[0]}", lhs), True
     reason = compare(lhs, np.asarray(rhs), max(scale_l, scale_r))
-    return None if reason is None else Counterexample(example, reverse, reason, lhs, np.asarray(rhs))
+    return (None if reason is None else Counterexample(example, reverse, reason, lhs, np.asarray(rhs))), True
 
 
 # ---- the property test --------------------------------------------------------------------------
 
 def _property(rule: Rule, reverse: bool, count: list[int]) -> Callable[[Example], None]:
+    # count[0]: examples run before the first failure (shrinking runs more; those are not counted).
+    failed = [False]
+
     def prop(example: Example) -> None:
-        cx = run_example(rule, example, reverse)
-        count[0] += 1
+        cx, defined = _run_example(rule, example, reverse)
+        assume(defined)  # the left side is undefined (not finite) everywhere: nothing to compare
+        if not failed[0]:
+            count[0] += 1
         if cx is not None:
+            failed[0] = True
             raise _Unsound(cx)
     return prop
 
@@ -229,6 +240,9 @@ def check_rule(rule: Rule, examples: int = 200, seed: int | None = None) -> Rule
         except SaturateError as err:
             return RuleResult(rule, "NOGEN", total, time.perf_counter() - start,
                               message=f"could not generate examples: {err}")
+        except Exception as err:  # a gap in the checker must not hide the other rules' results
+            return RuleResult(rule, "ERROR", total + count[0], time.perf_counter() - start,
+                              message=f"the checker failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
         total += count[0]
         if count[0] == 0:
             return RuleResult(rule, "NOGEN", 0, time.perf_counter() - start,

@@ -1,0 +1,89 @@
+"""Tests for the public hypothesis strategies in saturate.testing."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from saturate import builtins, testing
+from saturate.check import build_graph
+from saturate.interp import run_graph
+from saturate.ir import Graph, Node
+from saturate.rule_ast import Call, Guard, Loc, Num, OpTerm, Rule, Var
+
+FAST = settings(max_examples=60, deadline=None)
+
+
+@FAST
+@given(st.data())
+def test_broadcastable_shapes_broadcast_into_the_target(data):
+    target = data.draw(testing.shapes(min_rank=0, max_rank=4))
+    shape = data.draw(testing.broadcastable_shapes(target))
+    assert len(shape) <= len(target)
+    assert np.broadcast_shapes(shape, target) == target
+
+
+@FAST
+@given(st.data())
+def test_per_axis_constants_satisfy_the_guard(data):
+    target = data.draw(testing.shapes(min_rank=1, max_rank=4))
+    axis = data.draw(st.integers(0, len(target) - 1))
+    c = data.draw(testing.per_axis_constants(target, axis))
+    assert builtins.varies_only_along(c.shape, axis, len(target))
+    assert np.broadcast_shapes(c.shape, target) == target
+
+
+@FAST
+@given(st.data())
+def test_constants_respect_their_sign_class(data):
+    sign = data.draw(st.sampled_from(testing.SIGNS))
+    c = data.draw(testing.constants(data.draw(testing.shapes(max_rank=3)), sign))
+    assert c.dtype == np.float32 and np.isfinite(c).all()
+    check = {"any": lambda a: True, "positive": lambda a: a > 0, "nonnegative": lambda a: a >= 0,
+             "nonzero": lambda a: a != 0, "negative": lambda a: a < 0}[sign]
+    assert np.all(check(c))
+
+
+def test_constants_cover_zero_negative_tiny_and_huge():
+    seen = []
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(testing.constants((3,)))
+    def collect(c):
+        seen.extend(c.tolist())
+
+    collect()
+    mags = np.abs(np.array(seen))
+    assert (mags == 0).any() and (np.array(seen) < 0).any()
+    assert (mags[mags > 0] < 1e-3).any() and (mags > 1e3).any()
+
+
+@FAST
+@given(testing.conv_cases())
+def test_conv_cases_are_consistent_with_the_interpreter(case):
+    g = Graph(nodes=[Node("Conv", ["x", "w"], ["y"], case.attrs)], inputs=["x"], outputs=["y"],
+              constants={"w": np.ones(case.w_shape, np.float32)})
+    y = run_graph(g, {"x": np.ones(case.x_shape, np.float32)})["y"]
+    assert y.shape == case.out_shape
+
+
+def _conv_scale_rule() -> Rule:
+    x, w, s = Var("x"), Var("w", const=True), Var("s", const=True)
+    lhs = OpTerm("Mul", (OpTerm("Conv", (x, w)), s))
+    rhs = OpTerm("Conv", (x, Call("mul", (w, Call("per_axis", (Call("vec", (s,)), Num(0), Call("rank", (w,))))))))
+    guards = (Guard("varies_only_along", (s, Num(1), Call("rank", (w,)))), Guard("positive", (s,)))
+    return Rule("conv-scale", lhs, rhs, guards, "t", 3, Loc("<test>", 1))
+
+
+@FAST
+@given(testing.rule_examples(_conv_scale_rule()))
+def test_rule_examples_satisfy_guards_and_run(example):
+    rule = _conv_scale_rule()
+    assert testing.guards_hold(rule, example)
+    s = example.values["s"]
+    assert (s > 0).all() and builtins.varies_only_along(s.shape, 1, 4)
+    # The drawn left side runs on the reference interpreter with the drawn shapes.
+    g = build_graph(rule.lhs, example, drawn=True)
+    out = run_graph(g, {n: example.values[n] for n in g.inputs})[g.outputs[0]]
+    assert out.ndim == 4 and out.shape[1] == example.values["w"].shape[0]

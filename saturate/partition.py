@@ -146,6 +146,7 @@ def partition(graph: Graph, target: Target | str, keep_constants: bool = False,
     functions: dict[tuple[str, str], Graph] = dict(g.meta.get(FUNCTIONS_KEY, {}))
     by_body: dict[str, str] = {}
     calls: dict[int, Node] = {}
+    node_names = {n.name for n in g.nodes}
     for k, m in enumerate(reversed(matches)):
         body, args = _body(g, m, keep_constants)
         key = _body_key(m.composite.name, body)
@@ -155,8 +156,9 @@ def partition(graph: Graph, target: Target | str, keep_constants: bool = False,
             by_body[key] = fname
             functions[(t.domain, fname)] = body
         root = m.nodes[-1]
-        calls[id(root)] = Node(fname, args, list(root.outputs), name=g.fresh_name(f"{fname}_{k}"),
-                               domain=t.domain)
+        name = _free_name(f"{fname}_{k}", node_names)
+        node_names.add(name)
+        calls[id(root)] = Node(fname, args, list(root.outputs), name=name, domain=t.domain)
     matched = {id(n) for m in matches for n in m.nodes}
     g.nodes = [calls.get(id(n), n) for n in g.nodes if id(n) in calls or id(n) not in matched]
     if functions:
@@ -231,6 +233,14 @@ def inline(graph: Graph) -> Graph:
     functions = graph.meta.get(FUNCTIONS_KEY, {})
     g = graph.copy()
     g.meta.pop(FUNCTIONS_KEY, None)
+    used = set(g.inputs) | set(g.constants) | set(g.values) | {n.name for n in g.nodes}
+    used.update(o for n in g.nodes for o in n.outputs)
+
+    def fresh(base: str) -> str:
+        name = _free_name(base, used)
+        used.add(name)
+        return name
+
     nodes: list[Node] = []
     for node in g.nodes:
         body = functions.get((node.domain, node.op))
@@ -239,15 +249,15 @@ def inline(graph: Graph) -> Graph:
             continue
         rename = dict(zip(body.inputs, node.inputs)) | dict(zip(body.outputs, node.outputs))
         for c, arr in body.constants.items():
-            rename[c] = g.fresh_name(f"{node.name}_{c}")
+            rename[c] = fresh(f"{node.name}_{c}")
             g.constants[rename[c]] = arr.copy()
         for bn in body.nodes:
             for o in bn.outputs:
                 if o and o not in rename:
-                    rename[o] = g.fresh_name(f"{node.name}_{o}")
+                    rename[o] = fresh(f"{node.name}_{o}")
                     g.values[rename[o]] = body.info(o)
             nodes.append(Node(bn.op, [rename.get(i, i) for i in bn.inputs], [rename.get(o, o) for o in bn.outputs],
-                              dict(bn.attrs), name=f"{node.name}/{bn.name}", domain=bn.domain))
+                              dict(bn.attrs), name=fresh(f"{node.name}/{bn.name}"), domain=bn.domain))
     g.nodes = nodes
     return g
 

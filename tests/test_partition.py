@@ -341,3 +341,16 @@ def test_body_names_never_shadow_parameters():
     ((_, body),) = p.meta[FUNCTIONS_KEY].items()
     assert body.inputs == ["t0", "out", "t1"] and body.outputs == ["_out"]
     _close(_ort(to_model(p), _input()), _ort(model, _input()))
+
+
+@pytest.mark.slow
+def test_deep_chain_shares_one_function():
+    from frontend.examples import build, random_inputs
+
+    g = build("chain-2000")
+    p = partition(g, "accel")
+    assert len(_calls(p, "accel")) == 2000 and len(p.meta[FUNCTIONS_KEY]) == 1
+    model, inputs = to_model(p), random_inputs(g)
+    want = run_graph(g, inputs)[g.outputs[0]]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    _close(session.run(None, inputs)[0], want)

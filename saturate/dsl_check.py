@@ -192,7 +192,7 @@ class _Checker:
                 self.fail(getattr(r.rhs, "loc", None), "both sides of <=> must be op patterns")
             self.vars, self.attrs = {}, set()
             self.pattern(r.rhs, r.loc)
-            for name in set(left[0]) ^ set(self.vars) | left[1] ^ self.attrs:
+            for name in sorted(set(left[0]) ^ set(self.vars) | left[1] ^ self.attrs):
                 self.fail(r.loc, f"'{name}' appears on one side of <=> only")
             for name, const in left[0].items():
                 self.vars[name] = const or self.vars[name]
@@ -241,8 +241,8 @@ def format_term(t: Any, pattern: bool = False) -> str:
         for side, a in enumerate(t.args):
             text = fmt(a)
             inner = _PREC.get(a.fn) if isinstance(a, Call) and len(a.args) == 2 else None
-            # Parenthesize a looser child, and an equal one on the right of - and /.
-            if inner is not None and (inner < _PREC[t.fn] or (side and inner == _PREC[t.fn] and t.fn in ("sub", "div"))):
+            # Parenthesize a looser child, and an equal one on the right (the parser groups leftward).
+            if inner is not None and (inner < _PREC[t.fn] or (side and inner == _PREC[t.fn])):
                 text = f"({text})"
             parts.append(text)
         return f" {_SYMBOL[t.fn]} ".join(parts)

@@ -1,0 +1,238 @@
+"""Rule builtins: numpy semantics of constant functions, queries and guards (ONNX Runtime as reference)."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from onnx import TensorProto, helper
+
+from saturate.builtins import CONST_FUNCS, GUARDS, QUERIES, broadcast_shape
+
+F = CONST_FUNCS
+G = GUARDS
+
+
+def run_onnx(op: str, inputs: list[np.ndarray], **attrs) -> np.ndarray:
+    """One ONNX node run by ONNX Runtime: the reference for the numpy builtins."""
+    names = [f"i{k}" for k in range(len(inputs))]
+    node = helper.make_node(op, names, ["y"], **attrs)
+    dtype = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64}
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info(n, dtype[a.dtype], a.shape) for n, a in zip(names, inputs)],
+        [helper.make_tensor_value_info("y", dtype[inputs[0].dtype], None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, dict(zip(names, inputs)))[0]
+
+
+small = hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=4, max_side=4),
+                   elements=st.floats(-4, 4, width=32))
+
+
+def close(a, b):
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-4, atol=1e-5)
+
+
+# ---- tables are consistent ----------------------------------------------------------------------
+
+def test_every_builtin_declares_one_kind_per_parameter():
+    kinds = {"const", "int", "ints", "value", "any"}
+    for table in (CONST_FUNCS, QUERIES, GUARDS):
+        for name, fn in table.items():
+            assert len(fn.params) == fn.arity, name
+            assert set(fn.params) <= kinds, name
+
+
+def test_value_guards_are_the_ones_reading_data():
+    reading = {n for n, g in GUARDS.items() if g.needs_values}
+    assert reading == {"positive", "nonnegative", "nonzero", "ones", "zeros", "not_ones", "not_zeros", "floating"}
+    assert all(GUARDS[n].params == ("const",) for n in reading)
+    assert {n for n, g in GUARDS.items() if g.termination} == {"not_ones", "not_zeros"}
+
+
+# ---- arithmetic -------------------------------------------------------------------------------
+
+@settings(max_examples=30, deadline=None)
+@given(small, small)
+def test_infix_arithmetic_matches_onnx_with_broadcasting(a, b):
+    if broadcast_shape(a.shape, b.shape) is None:
+        return
+    for fn, op in (("add", "Add"), ("sub", "Sub"), ("mul", "Mul")):
+        out = F[fn].impl(a, b)
+        assert out.dtype == np.float32
+        close(out, run_onnx(op, [a, b]))
+    b = np.where(np.abs(b) < 0.1, 1.0, b).astype(np.float32)
+    close(F["div"].impl(a, b), run_onnx("Div", [a, b]))
+
+
+def test_python_scalars_keep_float32_and_literals_alone_are_float32():
+    a = np.array([1, 2], np.float32)
+    assert F["add"].impl(a, 1e-5).dtype == np.float32
+    assert F["mul"].impl(2, 3).dtype == np.float32
+
+
+def test_integer_division_truncates_like_onnx():
+    a, b = np.array([-7, 7, -6], np.int64), np.array([2, 2, 4], np.int64)
+    out = F["div"].impl(a, b)
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(out, run_onnx("Div", [a, b]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(small)
+def test_unary_functions_match_onnx(a):
+    pos = np.abs(a) + np.float32(0.5)
+    close(F["neg"].impl(a), run_onnx("Neg", [a]))
+    close(F["sqrt"].impl(pos), run_onnx("Sqrt", [pos]))
+    close(F["reciprocal"].impl(pos), run_onnx("Reciprocal", [pos]))
+    close(F["rsqrt"].impl(pos), 1 / run_onnx("Sqrt", [pos]))
+    close(F["relu"].impl(a), run_onnx("Relu", [a]))
+    close(F["sigmoid"].impl(a), run_onnx("Sigmoid", [a]))
+    close(F["tanh"].impl(a), run_onnx("Tanh", [a]))
+    close(F["erf"].impl(a), run_onnx("Erf", [a]))
+    close(F["leaky_relu"].impl(a, 0.2), run_onnx("LeakyRelu", [a], alpha=0.2))
+    lo, hi = np.array(-1, np.float32), np.array(2, np.float32)
+    close(F["clip"].impl(a, lo, hi), run_onnx("Clip", [a, lo, hi]))
+    close(F["softmax"].impl(a, -1), run_onnx("Softmax", [a], axis=-1))
+    close(F["flatten"].impl(a, 1), run_onnx("Flatten", [a], axis=1))
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_gemm_and_matmul_match_onnx(ta, tb):
+    rng = np.random.default_rng(ta * 2 + tb)
+    a = rng.standard_normal((3, 4) if not ta else (4, 3)).astype(np.float32)
+    b = rng.standard_normal((4, 5) if not tb else (5, 4)).astype(np.float32)
+    c = rng.standard_normal((5,)).astype(np.float32)
+    want = run_onnx("Gemm", [a, b, c], alpha=0.5, beta=2.0, transA=ta, transB=tb)
+    close(F["gemm"].impl(a, b, c, 0.5, 2.0, ta, tb), want)
+    if not ta and not tb:
+        close(F["matmul"].impl(a, b), run_onnx("MatMul", [a, b]))
+
+
+# ---- shaping -------------------------------------------------------------------------------------
+
+def test_per_axis_lays_values_on_one_axis():
+    c = np.arange(3, dtype=np.float32).reshape(1, 3, 1, 1)
+    out = F["per_axis"].impl(c, 0, 4)
+    assert out.shape == (3, 1, 1, 1) and out.ravel().tolist() == [0, 1, 2]
+    assert F["per_axis"].impl(np.float32(2), 1, 2).shape == (1, 1)
+    assert F["per_axis"].impl(c, -1, 2).shape == (1, 3)
+
+
+def test_vec_and_broadcast_vec():
+    assert F["vec"].impl(np.ones((1, 4, 1, 1), np.float32)).shape == (4,)
+    assert F["vec"].impl(np.float32(3)).shape == (1,)
+    np.testing.assert_array_equal(F["broadcast_vec"].impl(np.full((1, 1), 2, np.float32), 3), [2, 2, 2])
+    with pytest.raises(ValueError):
+        F["vec"].impl(np.ones((2, 3), np.float32))
+
+
+def test_reshape_unsqueeze_expand_transpose_match_onnx():
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    for shape in ([0, -1], [4, 0, 2], [-1], [2, 12, 1]):
+        s = np.array(shape, np.int64)
+        np.testing.assert_array_equal(F["reshape"].impl(a, s), run_onnx("Reshape", [a, s]))
+    axes = np.array([0, -1], np.int64)
+    np.testing.assert_array_equal(F["unsqueeze"].impl(a, axes), run_onnx("Unsqueeze", [a, axes]))
+    col = np.arange(3, dtype=np.float32).reshape(3, 1)
+    shape = np.array([2, 1, 4], np.int64)
+    np.testing.assert_array_equal(F["expand"].impl(col, shape), run_onnx("Expand", [col, shape]))
+    for perm in ((2, 0, 1), None):
+        kw = {} if perm is None else {"perm": list(perm)}
+        np.testing.assert_array_equal(F["transpose"].impl(a, perm), run_onnx("Transpose", [a], **kw))
+
+
+perms = st.integers(1, 5).flatmap(lambda r: st.tuples(st.just(r), st.permutations(range(r)), st.permutations(range(r))))
+
+
+@settings(max_examples=50, deadline=None)
+@given(perms, st.booleans(), st.booleans())
+def test_compose_perm_is_one_transpose(rpq, p_absent, q_absent):
+    rank, p, q = rpq
+    p, q = (None if p_absent else tuple(p)), (None if q_absent else tuple(q))
+    a = np.arange(np.prod(range(2, rank + 2)), dtype=np.float32).reshape(range(2, rank + 2))
+    twice = F["transpose"].impl(F["transpose"].impl(a, p), q)
+    once = F["transpose"].impl(a, F["compose_perm"].impl(p, q, rank))
+    np.testing.assert_array_equal(twice, once)
+    assert G["identity_perm"].impl(F["compose_perm"].impl(p, q, rank), rank) == (twice.shape == a.shape
+                                                                                and np.array_equal(twice, a))
+
+
+# ---- queries ---------------------------------------------------------------------------------------
+
+def test_queries_read_static_shapes():
+    assert QUERIES["rank"].impl(("N", 3, 8, 8)) == 4
+    assert QUERIES["dim"].impl(("N", 3, 8, 8), 1) == 3
+    assert QUERIES["dim"].impl(("N", 3, 8, 8), -1) == 8
+    assert QUERIES["dim"].impl((3,), 5) is None
+    assert QUERIES["numel"].impl((2, 3, 4)) == 24
+    assert QUERIES["numel"].impl(("N", 3)) is None
+
+
+# ---- guards ------------------------------------------------------------------------------------------
+
+shapes = hnp.array_shapes(min_dims=0, max_dims=4, min_side=1, max_side=3)
+
+
+@settings(max_examples=80, deadline=None)
+@given(shapes, shapes)
+def test_broadcast_guards_agree_with_numpy(a, b):
+    try:
+        want = np.broadcast_shapes(a, b)
+    except ValueError:
+        want = None
+    assert broadcast_shape(a, b) == want
+    assert G["broadcastable"].impl(a, b) == (want is not None)
+    assert G["broadcasts_into"].impl(a, b) == (want == tuple(b))
+    assert G["same_shape"].impl(a, b) == (tuple(a) == tuple(b))
+
+
+@settings(max_examples=80, deadline=None)
+@given(shapes, st.integers(-4, 4), st.integers(0, 4))
+def test_varies_only_along_means_per_axis_reproduces_the_constant(shape, axis, rank):
+    c = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    holds = G["varies_only_along"].impl(shape, axis, rank)
+    assert G["per_axis"].impl(shape, axis, rank) == holds
+    if holds:
+        rebuilt = F["per_axis"].impl(F["vec"].impl(c), axis, rank)
+        assert rebuilt.ndim == rank
+        np.testing.assert_array_equal(np.broadcast_to(rebuilt, np.broadcast_shapes(rebuilt.shape, c.shape)),
+                                      np.broadcast_to(c, np.broadcast_shapes(rebuilt.shape, c.shape)))
+    elif -rank <= axis < rank and len(shape) <= rank:
+        # Some other axis than `axis` is not 1 after right-aligning to `rank` dims.
+        padded = (1,) * (rank - len(shape)) + tuple(shape)
+        assert any(d != 1 for i, d in enumerate(padded) if i != axis % rank)
+
+
+def test_symbolic_and_unknown_dims_leave_shape_guards_false():
+    assert G["broadcastable"].impl(("N", 3), (1, 3))
+    assert not G["broadcastable"].impl(("N", 3), (2, 3))
+    assert not G["broadcastable"].impl((None, 3), (2, 3))
+    assert G["broadcasts_into"].impl((1, 3, 1, 1), ("N", 3, 5, 5))
+    assert not G["same_shape"].impl((None,), (None,))
+    assert G["is_scalar"].impl(()) and G["is_scalar"].impl((1, 1)) and not G["is_scalar"].impl((2,))
+
+
+def test_value_guards():
+    pos, mixed = np.array([1, 2], np.float32), np.array([0, -1], np.float32)
+    assert G["positive"].impl(pos) and not G["positive"].impl(mixed)
+    assert G["nonnegative"].impl(np.abs(mixed)) and not G["nonnegative"].impl(mixed)
+    assert G["nonzero"].impl(pos) and not G["nonzero"].impl(mixed)
+    assert G["ones"].impl(np.ones(3, np.float32)) and not G["ones"].impl(pos)
+    assert G["zeros"].impl(np.zeros(3, np.float32)) and not G["zeros"].impl(mixed)
+    assert G["not_ones"].impl(pos) and not G["not_ones"].impl(np.ones(2, np.float32))
+    assert G["not_zeros"].impl(mixed) and not G["not_zeros"].impl(np.zeros(2, np.float32))
+    assert G["floating"].impl(pos) and not G["floating"].impl(np.ones(2, np.int64))
+
+
+def test_comparisons():
+    assert G["=="].impl(4, 4) and G["!="].impl(4, 3)
+    assert G["<"].impl(1, 2) and G["<="].impl(2, 2) and G[">"].impl(3, 2) and G[">="].impl(2, 2)
+    assert G["=="].impl([1, 1], (1, 1)) and G["=="].impl(np.array([2, 2]), (2, 2))
+    assert G["=="].impl("NOTSET", "NOTSET")
+    assert not G["=="].impl(None, None) and not G["<"].impl(None, 1)
+    assert not G["<"].impl("a", 1)

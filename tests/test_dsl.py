@@ -1,0 +1,319 @@
+"""Rule DSL: parsing every feature, every load-time error with its position, the standard library, the CLI."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from saturate import dsl
+from saturate.cli import main
+from saturate.errors import SaturateError, SourceError
+from saturate.rule_ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Var
+
+HEAD = "ruleset t level 2\n"
+
+
+def one(src: str):
+    """The single rule of a ruleset-headed source."""
+    (rs,) = dsl.parse_rules(HEAD + src, "t.rules")
+    (rule,) = rs.rules
+    return rule
+
+
+# ---- features ---------------------------------------------------------------------------------
+
+def test_rule_with_const_capture_and_constant_expression():
+    r = one("rule add-add  Add(Add(x, a:const), b:const) => Add(x, a + b)")
+    assert r.name == "add-add" and r.ruleset == "t" and r.level == 2 and not r.bidirectional
+    assert r.lhs == OpTerm("Add", (OpTerm("Add", (Var("x"), Var("a", True))), Var("b", True)))
+    assert r.rhs == OpTerm("Add", (Var("x"), Call("add", (Var("a", True), Var("b", True)))))
+    assert (r.loc.file, r.loc.line, r.loc.col) == ("t.rules", 2, 1)
+
+
+def test_infix_precedence_and_negation():
+    r = one("rule k Add(a:const, b:const) => -a * (b - 1.5e-3) / 2 + -1")
+    a, b = Var("a", True), Var("b", True)
+    inner = Call("div", (Call("mul", (Call("neg", (a,)), Call("sub", (b, Num(0.0015))))), Num(2)))
+    assert r.rhs == Call("add", (inner, Num(-1)))
+
+
+def test_attribute_patterns_capture_and_literals():
+    r = one('rule c Conv(x, w){group=g, pads=[0, -1], auto_pad="NOTSET", strides=s} '
+            '=> Conv(x, w){group=g, strides=s}')
+    assert r.lhs.attrs == (("group", AttrVar("g")), ("pads", IntList((0, -1))),
+                           ("auto_pad", Str("NOTSET")), ("strides", AttrVar("s")))
+    assert r.rhs.attrs == (("group", AttrVar("g")), ("strides", AttrVar("s")))
+
+
+def test_attribute_used_in_expressions_and_computed_attributes():
+    r = one("rule bn BatchNormalization(x, g:const, b:const, m:const, v:const){epsilon=eps}\n"
+            "  => Mul(x, per_axis(g / sqrt(v + eps), 1, rank(x)))")
+    expr = r.rhs.args[1]
+    assert expr.fn == "per_axis" and expr.args[2] == Call("rank", (Var("x"),))
+    assert expr.args[0].args[1].args[0].args[1] == AttrVar("eps")
+    t = one("rule tt Transpose(Transpose(x){perm=p}){perm=q} => Transpose(x){perm=compose_perm(p, q, rank(x))}")
+    assert t.rhs.attrs[0] == ("perm", Call("compose_perm", (AttrVar("p"), AttrVar("q"), Call("rank", (Var("x"),)))))
+
+
+def test_guards_named_and_comparisons():
+    r = one("rule g Mul(Conv(x, w:const){group=gr}, s:const) => Conv(x, w * s)\n"
+            "   if varies_only_along(s, 1, rank(w)), gr == 1, dim(x, 1) != 3, positive(s)")
+    assert [g.fn for g in r.guards] == ["varies_only_along", "==", "!=", "positive"]
+    assert r.guards[1] == Guard("==", (AttrVar("gr"), Num(1)))
+    assert r.guards[2].args[0] == Call("dim", (Var("x"), Num(1)))
+    assert r.guards[3].loc.line == 3
+
+
+def test_bidirectional_rule():
+    r = one("rule comm Add(a, b) <=> Add(b, a)")
+    assert r.bidirectional and r.rhs == OpTerm("Add", (Var("b"), Var("a")))
+
+
+def test_comments_continuations_and_several_rulesets():
+    src = ("# leading comment\nruleset one level 0   # trailing\n"
+           "rule a Identity(x)\n    => x   # the rule continues on indented lines\n\n"
+           "ruleset two level 3\nrule b Neg(Neg(x))\n  =>\n  x\n")
+    sets = dsl.parse_rules(src, "m.rules")
+    assert [(s.name, s.level, [r.name for r in s.rules]) for s in sets] == [("one", 0, ["a"]), ("two", 3, ["b"])]
+    assert sets[1].rules[0].loc.line == 7 and sets[1].rules[0].level == 3
+
+
+def test_declared_op():
+    r = one("op MyOp/1..2\nrule m MyOp(x, y) => x")
+    assert r.lhs.op == "MyOp"
+
+
+def test_terms_keep_positions():
+    r = one("rule p Add(x,\n   c:const) => Add(x, sqrt(c))")
+    assert (r.lhs.loc.line, r.lhs.loc.col) == (2, 8)
+    assert (r.lhs.args[1].loc.line, r.lhs.args[1].loc.col) == (3, 4)
+    assert (r.rhs.args[1].loc.line, r.rhs.args[1].loc.col) == (3, 23)
+
+
+def test_include_is_relative_and_loads_once(tmp_path: Path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "base.rules").write_text("ruleset base level 0\nrule ident Identity(x) => x\n")
+    (tmp_path / "sub" / "mid.rules").write_text('include "base.rules"\nruleset mid level 1\n'
+                                                "rule n Neg(a:const) => -a\n")
+    top = tmp_path / "top.rules"
+    top.write_text('include "sub/mid.rules"\ninclude "sub/base.rules"\nruleset top level 2\n'
+                   "rule s Sub(x, c:const) => Add(x, -c)\n")
+    sets = dsl.load_rulesets([top])
+    assert [s.name for s in sets] == ["base", "mid", "top"]
+    assert dsl.parse_rules(top.read_text(), str(top))[0].name == "base"
+
+
+def test_include_cycle_is_an_error(tmp_path: Path):
+    (tmp_path / "a.rules").write_text('include "b.rules"\n')
+    (tmp_path / "b.rules").write_text('# b\ninclude "a.rules"\n')
+    with pytest.raises(SourceError) as err:
+        dsl.load_rulesets([tmp_path / "a.rules"])
+    assert err.value.line == 2 and err.value.col == 1
+    assert "include cycle: a.rules -> b.rules -> a.rules" in err.value.message
+
+
+def test_missing_include_names_the_include(tmp_path: Path):
+    (tmp_path / "a.rules").write_text('\n  include "nope.rules"\n')
+    with pytest.raises(SourceError) as err:
+        dsl.load_rulesets([tmp_path])
+    assert (err.value.line, err.value.col) == (2, 3) and "cannot include 'nope.rules'" in err.value.message
+
+
+# ---- load-time errors: message and position ---------------------------------------------------------
+
+ERRORS = [
+    # (source after the header, message fragment, line, col)
+    ("rule x Add(x, y) => z", "variable 'z' is not bound", 2, 21),
+    ("rule x Ad(x, y) => x", "unknown op 'Ad'; did you mean 'Add'?", 2, 8),
+    ("rule x Add(x) => x", "Add takes 2 inputs, not 1", 2, 8),
+    ("rule x Add(x, c:const) => Conv(x)", "Conv takes 2 to 3 inputs, not 1", 2, 27),
+    ("rule x Add(x, c:const) => x if positive(x)", "guard positive reads constant values", 2, 41),
+    ("rule x Add(x, c:const) => x if posit(c)", "unknown guard 'posit'; did you mean 'positive'?", 2, 32),
+    ("rule x Add(x, c:const) => x if rank(x)", "'rank' is a function", 2, 32),
+    ("rule x Add(x, c:const) => x if positive(c, c)", "guard positive takes 1 argument, not 2", 2, 32),
+    ("rule x Add(x, c:const) => Add(x, x + c)", "'x' is not a constant", 2, 34),
+    ("rule x Add(x, c:const) => Add(x, Relu(c) + c)", "an op cannot appear in argument 1 of add", 2, 34),
+    ("rule x Add(x, c:const) => foo(c)", "unknown function 'foo'", 2, 27),
+    ("rule x Add(x, c:const) => positive(c)", "(it is a guard: put it after 'if')", 2, 27),
+    ("rule x Add(x, c:const) => sqrt(c, c)", "sqrt takes 1 argument, not 2", 2, 27),
+    ("rule x Add(x, c:const) => rank(x)", "rank(...) gives an int, but the right-hand side needs a value", 2, 27),
+    ("rule x Add(x, c:const) => per_axis(c, x, 4)", "'x' is a value, but argument 2 of per_axis needs an int", 2, 39),
+    ("rule x Add(x, c:const) => per_axis(c, 1.5, 4)", "a literal number cannot be argument 2 of per_axis", 2, 27),
+    ("rule x Conv(x, c:const){grop=g} => x", "Conv has no attribute 'grop'; did you mean 'group'?", 2, 8),
+    ("rule x Conv(x, c){group=g, group=h} => x", "attribute 'group' given twice", 2, 8),
+    ("rule x Conv(x, c) => Conv(x, c){group=g}", "attribute 'g' is not captured", 2, 39),
+    ("rule x Add(x, c:const) => c:const", "':const' belongs on the left-hand side", 2, 27),
+    ("rule x Add(x, sqrt(c)) => x", "a constant expression cannot be matched", 2, 15),
+    ("rule x Add(x, 1) => x", "a literal cannot be matched", 2, 8),
+    ("rule x y => y", "the left-hand side must be an op pattern", 2, 8),
+    ("rule x Conv(x, w){group=x} => x", "'x' is already a value variable", 2, 25),
+    ("rule x Add(x, c:const) => x if x == 1", "'x' is a value, but a side of == needs an int", 2, 32),
+    ("rule x Add(x, c:const) => x if broadcastable(c + c, x)", "argument 1 of broadcastable must be a variable", 2, 46),
+    ("rule x Add(x, c:const) <=> Add(c, Add(x, y))", "'y' appears on one side of <=> only", 2, 1),
+    ("rule x Add(x, c:const) <=> c", "both sides of <=> must be op patterns", 2, 28),
+    ("rule x Add(x, c:const) => x\nrule x Mul(x, c:const) => x", "duplicate rule name 'x' (first at t.rules:2)", 3, 1),
+    ("rule x Add(x, c:const) => x if rank(x) = 4", "unexpected '='; expected", 2, 40),
+    ("rule x Add(x, c:const) => ", "unexpected end of file; expected", 2, 27),
+    ("rule x Add(x, c:const) => Add(x, c) $", "unexpected character '$'", 2, 37),
+    ("rule x Add(x, c:const) => x if x", "a guard is a named guard", 2, 32),
+    ("ruleset u level 9", "level must be 0 to 3, not 9", 2, 1),
+    ("ruleset t level 1", "ruleset 't' is level 2 at t.rules:1, not 1", 2, 1),
+    ("op Conv/2", "op 'Conv' is already known", 2, 1),
+    ("op Foo/3..1", "empty range", 2, 1),
+    ("op Foo/1\nop Foo/2", "declared with another arity", 3, 1),
+    ("rule x Foo(x) => x", "unknown op 'Foo'", 2, 8),
+]
+
+
+@pytest.mark.parametrize("src,message,line,col", ERRORS, ids=[e[1][:40] for e in ERRORS])
+def test_load_errors_name_the_position(src, message, line, col):
+    with pytest.raises(SourceError) as err:
+        dsl.parse_rules(HEAD + src, "t.rules")
+    e = err.value
+    assert message in e.message
+    assert (e.file, e.line, e.col) == ("t.rules", line, col)
+    text = str(e).splitlines()
+    assert text[0] == f"t.rules:{line}:{col}: {e.message}"
+    assert text[1].strip() == (HEAD + src).splitlines()[line - 1].strip()
+    assert text[2].index("^") - 4 == col - 1
+
+
+def test_rule_before_any_ruleset_is_an_error():
+    with pytest.raises(SourceError, match="comes before any 'ruleset NAME level N' line") as err:
+        dsl.parse_rules("\n rule x Identity(x) => x", "u.rules")
+    assert (err.value.line, err.value.col) == (2, 2)
+
+
+def test_duplicate_names_across_files(tmp_path: Path):
+    (tmp_path / "a.rules").write_text("ruleset a level 0\nrule same Identity(x) => x\n")
+    (tmp_path / "b.rules").write_text("ruleset b level 0\n\nrule same Identity(x) => x\n")
+    with pytest.raises(SourceError, match="duplicate rule name 'same'") as err:
+        dsl.load_rulesets([tmp_path])
+    assert err.value.line == 3 and err.value.file.endswith("b.rules")
+
+
+def test_unreadable_files(tmp_path: Path):
+    with pytest.raises(SaturateError, match="no such rules file"):
+        dsl.load_rules([tmp_path / "missing.rules"])
+    (tmp_path / "bin.rules").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(SaturateError, match="not UTF-8"):
+        dsl.load_rules([tmp_path / "bin.rules"])
+
+
+# ---- levels and names -------------------------------------------------------------------------------
+
+def test_levels_include_every_rule_at_or_below():
+    every = dsl.load_rules(level=3)
+    for level in range(4):
+        got = dsl.load_rules(level=level)
+        assert {r.name for r in got} == {r.name for r in every if r.level <= level}
+    assert {r.level for r in every} == {0, 1, 2, 3}
+
+
+def test_named_rules_and_level_errors():
+    (r,) = dsl.load_rules(level=3, names=["batchnorm"])
+    assert r.name == "batchnorm"
+    with pytest.raises(SaturateError, match=r"rule 'conv-scale-out' is level 3 but --level is 2"):
+        dsl.load_rules(level=2, names=["conv-scale-out"])
+    with pytest.raises(SaturateError, match="no rule named 'nope'"):
+        dsl.load_rules(names=["nope"])
+    with pytest.raises(SaturateError, match="--level must be 0 to 3"):
+        dsl.load_rules(level=4)
+
+
+# ---- the standard library ---------------------------------------------------------------------------
+
+def test_standard_library_is_every_rules_file_and_levels_match_the_files():
+    files = sorted(p.name for p in dsl.RULES_DIR.glob("*.rules"))
+    assert [p.name for p in dsl.rule_files()] == files
+    sets = {s.name: s.level for s in dsl.load_rulesets()}
+    assert sets == {"canonicalize": 0, "constant-fold": 1, "arith": 2, "batchnorm": 2, "bias": 2,
+                    "scale-axis": 3}
+    for r in dsl.load_rules():
+        assert Path(r.loc.file).name in files
+        line = Path(dsl.RULES_DIR / Path(r.loc.file).name).read_text().splitlines()[r.loc.line - 1]
+        assert line.lstrip().startswith(f"rule {r.name}")
+
+
+def test_printed_rules_parse_back_to_the_same_rule():
+    for r in dsl.load_rules():
+        again = one(f"rule {r.name} {dsl.format_rule(r)}")
+        assert (again.lhs, again.rhs, again.guards, again.bidirectional) == (r.lhs, r.rhs, r.guards, r.bidirectional)
+
+
+def _mutations():
+    """Edits of a standard rules file: delete/insert/replace characters and whole tokens."""
+    texts = [p.read_text() for p in sorted(dsl.RULES_DIR.glob("*.rules"))]
+    pieces = ["(", ")", ",", "{", "}", "=", "=>", "<=>", ":const", "if", "rule", "ruleset", "level",
+              "include", "op", "x", "Conv", "Add", "1", "-", "*", "\n", " ", "#", '"', "[", "]", "..", "/",
+              "positive(", "rank(", "Foo", "9", "1e-5", "€", "\t"]
+    edit = st.tuples(st.sampled_from(["delete", "insert", "replace", "drop-token"]),
+                     st.floats(0, 1), st.integers(1, 8), st.sampled_from(pieces))
+    return st.tuples(st.sampled_from(texts), st.lists(edit, min_size=1, max_size=4))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_mutations())
+def test_mutated_rule_files_fail_cleanly(case):
+    text, edits = case
+    for kind, where, n, piece in edits:
+        i = int(where * len(text))
+        if kind == "delete":
+            text = text[:i] + text[i + n:]
+        elif kind == "insert":
+            text = text[:i] + piece + text[i:]
+        elif kind == "replace":
+            text = text[:i] + piece + text[i + len(piece):]
+        else:
+            words = text.split(" ")
+            k = min(int(where * len(words)), len(words) - 1)
+            text = " ".join(words[:k] + words[k + 1:])
+    try:
+        dsl.parse_rules(text, "mutant.rules")
+    except SourceError as err:
+        lines = text.splitlines() or [""]
+        assert err.file == "mutant.rules"
+        assert 1 <= err.line <= max(len(lines), 1) + 1 and err.col >= 1
+        assert str(err).startswith(f"mutant.rules:{err.line}:{err.col}: ")
+
+
+# ---- saturate rules ------------------------------------------------------------------------------------
+
+def test_cli_lists_every_standard_rule(capsys):
+    assert main(["rules"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["NAME", "LEVEL", "RULESET", "WHERE", "PATTERN"]
+    rules = dsl.load_rules()
+    for r in rules:
+        assert any(line.split()[:4] == [r.name, str(r.level), r.ruleset, str(r.loc)] for line in out.splitlines())
+    assert f"{len(rules)} rules at level <= 3" in out
+
+
+def test_cli_level_filters(capsys):
+    assert main(["rules", "--level", "1", "--no-pattern"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:-1]
+    assert lines and {line.split()[1] for line in lines} == {"0", "1"}
+    assert len(lines[0].split()) == 4
+
+
+def test_cli_lists_user_rules_and_reports_bad_files(tmp_path: Path, capsys):
+    good = tmp_path / "mine.rules"
+    good.write_text("ruleset mine level 2\nrule double-neg Neg(Neg(x)) => x\n")
+    assert main(["rules", "--rules", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "double-neg" in out and "batchnorm" in out and "mine.rules:2" in out
+    assert main(["rules", "--no-std", "--rules", str(tmp_path)]) == 0
+    assert "batchnorm" not in capsys.readouterr().out
+    bad = tmp_path / "bad.rules"
+    bad.write_text("ruleset bad level 2\nrule b Neg(x) => Foo(x)\n")
+    assert main(["rules", "--rules", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"saturate: error: {bad.as_posix()}:2:18: unknown op 'Foo'") or ":2:18: unknown op 'Foo'" in err
+    assert "^" in err
+
+
+def test_cli_named_rule_above_level_is_an_error(capsys):
+    assert main(["rules", "--level", "2", "--only", "relu-scale"]) == 2
+    assert "rule 'relu-scale' is level 3 but --level is 2" in capsys.readouterr().err
+    assert main(["rules", "--only", "relu-scale"]) == 0

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from frontend.onnx_io import export_model, import_model
+from frontend.onnx_io import import_model
 from saturate.cli import main
 from saturate.errors import SaturateError
 from saturate.interp import run_graph

@@ -354,3 +354,15 @@ def test_deep_chain_shares_one_function():
     want = run_graph(g, inputs)[g.outputs[0]]
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     _close(session.run(None, inputs)[0], want)
+
+
+def test_unsupported_ops_steer_extraction(rules, tmp_path):
+    model = _model(["bn", "add"], conv_bias=False)
+    strict = tmp_path / "strict.target"
+    strict.write_text("target strict\ndefault unsupported\nop Conv = bytes\nop Relu, Add = numel\n")
+    out = _optimize(model, str(strict), rules)
+    assert set(out.op_counts()) <= {"Conv", "Relu", "Add"} and out.op_counts()["Conv"] == 2
+    none = tmp_path / "none.target"
+    none.write_text("target none\ndefault unsupported\nop Conv = bytes\n")
+    with pytest.raises(SaturateError, match="cannot run"):
+        _optimize(model, str(none), rules)

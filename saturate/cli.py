@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -31,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     except SaturateError as err:
         print(f"saturate: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # `saturate rules | head` closed our stdout: not an error; silence the flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except BaseException as err:  # egglog's Rust panics are BaseExceptions, not Exceptions
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise

@@ -15,7 +15,6 @@ shapes derived from the ops' semantics and values drawn so that the rule's guard
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -76,13 +75,18 @@ def _f32(x: float) -> float:
     return float(np.float32(x))
 
 
-_SIMPLE = [0.0, 1.0, -1.0, 0.5, -2.0, 3.0, -0.25]
+_SIMPLE = [1.0, 0.5, 2.0, 3.0, 0.25, 4.0, 1.5, 0.1]
 # Tiny, ordinary and huge magnitudes (all positive; signs are applied per sign class).
 _MAGNITUDES = [(_f32(1e-6), _f32(1e-3)), (_f32(1e-3), 4.0), (1e3, 1e6)]
 
 
+def _fits(v: float, sign: str) -> bool:
+    return {"any": True, "positive": v > 0, "nonnegative": v >= 0, "nonzero": v != 0, "negative": v < 0}[sign]
+
+
 def _elements(sign: str) -> st.SearchStrategy[float]:
-    parts = [st.sampled_from([v for v in _SIMPLE if _fits(v, sign)])]
+    signed = [v for m in _SIMPLE for v in (m, -m)]
+    parts = [st.sampled_from([v for v in [0.0] + signed if _fits(v, sign)])]
     positive = [st.floats(lo, hi, width=32) for lo, hi in _MAGNITUDES]
     if sign in ("any", "positive", "nonnegative", "nonzero"):
         parts += positive
@@ -91,16 +95,31 @@ def _elements(sign: str) -> st.SearchStrategy[float]:
     return st.one_of(parts)
 
 
-def _fits(v: float, sign: str) -> bool:
-    return {"any": True, "positive": v > 0, "nonnegative": v >= 0, "nonzero": v != 0, "negative": v < 0}[sign]
+def _table(sign: str) -> np.ndarray:
+    """256 float32 values of one sign class, simplest first: an array is drawn as one byte string
+    indexing this table, so it costs one hypothesis draw and shrinks towards table[0]."""
+    rng = np.random.default_rng(0)
+    simple = [v for v in [0.0] + [v for m in _SIMPLE for v in (m, -m)] if _fits(v, sign)]
+    ordinary = rng.uniform(_MAGNITUDES[1][0], _MAGNITUDES[1][1], 112)
+    tiny = np.exp(rng.uniform(np.log(_MAGNITUDES[0][0]), np.log(_MAGNITUDES[0][1]), 64))
+    huge = np.exp(rng.uniform(np.log(_MAGNITUDES[2][0]), np.log(_MAGNITUDES[2][1]), 64))
+    rest = np.concatenate([ordinary, tiny, huge])
+    flip = rng.random(rest.size) < 0.5
+    if sign in ("any", "nonzero"):
+        rest = np.where(flip, -rest, rest)
+    elif sign == "negative":
+        rest = -rest
+    table = np.concatenate([simple, rest])[:256]
+    return np.resize(table, 256).astype(np.float32)
 
 
 # Built once: hypothesis validates a strategy on first use, which is costly per array.
 _ELEMENTS = {sign: _elements(sign) for sign in SIGNS}
-# Arrays up to this size draw every element; larger ones place a few drawn values with a drawn
-# seed (drawing each of hundreds of elements through hypothesis costs ~0.3 ms apiece).
-_EACH = 6
-_POOL = 5
+_TABLES = {sign: _table(sign) for sign in SIGNS}
+# Arrays up to this size draw a table index per element; larger ones place up to _POOL drawn
+# values with a drawn seed (hypothesis caps the bytes one example may draw).
+_EACH = 64
+_POOL = 16
 
 
 def elements(sign: str = "any") -> st.SearchStrategy[float]:
@@ -111,22 +130,21 @@ def elements(sign: str = "any") -> st.SearchStrategy[float]:
     return _ELEMENTS[sign]
 
 
-@functools.lru_cache(maxsize=None)
-def _lists(sign: str, lo: int, hi: int) -> st.SearchStrategy[list[float]]:
-    return st.lists(_ELEMENTS[sign], min_size=lo, max_size=hi)
-
-
 @st.composite
 def constants(draw, shape: tuple[int, ...], sign: str = "any", dtype: Any = np.float32) -> np.ndarray:
-    """Arrays of `shape` whose elements come from `elements(sign)`; shrinks towards zeros."""
+    """Arrays of `shape` in one sign class: zeros, simple values, mixed signs, tiny and huge
+    magnitudes; shrinks towards zeros and simple values."""
+    if sign not in SIGNS:
+        raise ValueError(f"unknown sign class {sign!r} (known: {', '.join(SIGNS)})")
     shape = tuple(shape)
     size = math.prod(shape)
+    table = _TABLES[sign]
     if size <= _EACH:
-        flat = draw(_lists(sign, size, size))
-        return np.array(flat, dtype=dtype).reshape(shape)
-    pool = np.array(draw(_lists(sign, 1, _POOL)), dtype=dtype)
+        index = np.frombuffer(draw(st.binary(min_size=size, max_size=size)), np.uint8)
+        return table[index].astype(dtype).reshape(shape)
+    pool = table[np.frombuffer(draw(st.binary(min_size=1, max_size=_POOL)), np.uint8)]
     layout = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).integers(0, len(pool), size)
-    return pool[layout].reshape(shape)
+    return pool[layout].astype(dtype).reshape(shape)
 
 
 def per_axis_constants(shape: tuple[int, ...], axis: int, sign: str = "any") -> st.SearchStrategy[np.ndarray]:

@@ -129,8 +129,10 @@ def tile_rows(k: int, oh: int, ow: int) -> int:
     return max(1, min(rows, oh))
 
 
-def plan(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> Plan:
-    """Fuse, then assign arena offsets: buffers whose lifetimes overlap never share bytes."""
+def plan(graph: Graph, shapes: dict[str, tuple[int, ...]], redzone: int = 0) -> Plan:
+    """Fuse, then assign arena offsets: buffers whose lifetimes overlap never share bytes.
+
+    `redzone` bytes are kept free after every buffer (sanitizer builds poison them)."""
     steps, alias = fuse(graph, shapes)
     external = set(graph.inputs) | set(graph.constants)
     pl = Plan(steps, alias, {}, 0, 0, 0)
@@ -150,7 +152,7 @@ def plan(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> Plan:
     # Greedy placement, largest first: lowest offset clear of every buffer live at the same time.
     placed: list[tuple[int, int, int, int]] = []
     for r in sorted(first, key=lambda v: (-_nbytes(shapes[v]), first[v])):
-        size, lo, hi = _nbytes(shapes[r]), first[r], last[r]
+        size, lo, hi = _nbytes(shapes[r]) + redzone, first[r], last[r]
         busy = sorted((o, e) for o, e, a, b in placed if not (b < lo or hi < a))
         off = 0
         for o, e in busy:
@@ -160,6 +162,6 @@ def plan(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> Plan:
         placed.append((off, off + size, lo, hi))
         pl.offsets[r] = off
         pl.arena_bytes = max(pl.arena_bytes, off + size)
-        pl.naive_bytes += size
+        pl.naive_bytes += size - redzone
     pl.scratch_bytes = max((im2col_bytes(s, shapes) for s in steps), default=0)
     return pl

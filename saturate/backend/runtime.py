@@ -77,6 +77,6 @@ class CompiledModel:
 def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = None,
                   input_shapes: dict | None = None, sanitize: bool = False) -> CompiledModel:
     """Emit, compile (cached by hash) and load a graph; returns a callable on numpy arrays."""
-    emitted = emit(graph, input_shapes)
+    emitted = emit(graph, input_shapes, sanitize)
     directory = build(emitted.source, emitted.weights, Path(out_dir) if out_dir else None, sanitize)
     return CompiledModel(emitted, directory, threads)

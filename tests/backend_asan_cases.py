@@ -1,0 +1,50 @@
+"""Run under AddressSanitizer (see test_backend_asan.py): compile graphs with -fsanitize=address and run them."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from backend_util import feed_for, make, rel_error
+from frontend import load_graph
+from saturate.backend import compile_graph
+from saturate.interp import run_graph
+from saturate.ir import Node
+
+
+def cases():
+    rng = np.random.default_rng(0)
+
+    def w(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    yield load_graph("example:mobilenet")
+    yield load_graph("example:resnet18")
+    yield make([Node("Conv", ["x", "w"], ["c"], {"group": 3, "strides": [2, 3], "pads": [2, 0, 1, 2],
+                                                 "dilations": [2, 1]}),
+                Node("MaxPool", ["c"], ["p"], {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+                Node("AveragePool", ["p"], ["y"], {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1],
+                                                   "count_include_pad": 1})],
+               {"x": (2, 3, 11, 13)}, {"w": w(6, 1, 3, 3)})
+    yield make([Node("MatMul", ["a", "b"], ["m"]), Node("Transpose", ["m"], ["t"], {"perm": [3, 1, 0, 2]}),
+                Node("Softmax", ["t"], ["s"], {"axis": 2}), Node("Concat", ["s", "s"], ["y"], {"axis": 3})],
+               {"a": (2, 3, 4, 5)}, {"b": w(3, 5, 7)})
+
+
+def main() -> int:
+    for k, graph in enumerate(cases()):
+        feed = feed_for(graph)
+        got = compile_graph(graph, sanitize=True, threads=1 + k % 2)(feed)
+        ref = run_graph(graph, feed)
+        for name in graph.outputs:
+            err = rel_error(got[name], np.asarray(ref[name], np.float64))
+            if err > 1e-4:
+                print(f"case {k}: output {name} off by {err}")
+                return 1
+    print("asan cases ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""CLI stage: `saturate run MODEL` evaluates a model on an input and saves or prints its outputs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from saturate.errors import SaturateError
+from saturate.ir import Graph
+
+NAME = "run"
+HELP = "run a model (.onnx, .sat or example:NAME) on an input and save or print its outputs"
+
+
+def _numpy_backend(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from saturate.interp import run_graph
+
+    return run_graph(graph, inputs)
+
+
+# Backend name -> function(graph, inputs) -> outputs by name. Other backends add an entry here.
+BACKENDS: dict[str, Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]]] = {
+    "numpy": _numpy_backend,
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="a .onnx file, a .sat text graph, or example:NAME")
+    parser.add_argument("-i", "--input", metavar="FILE",
+                        help="a .npy array (one-input models) or a .npz with one array per input name; "
+                             "default: random normal input from a fixed seed")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="save outputs: .npy for a single output, .npz (one array per output name) "
+                             "for several; default: print a summary of each output")
+    parser.add_argument("--backend", choices=sorted(BACKENDS), default="numpy",
+                        help="what evaluates the model (default: numpy, the reference interpreter)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random input (default 0)")
+    parser.add_argument("--values", type=int, default=6, metavar="K",
+                        help="values printed per output without -o (default 6)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from frontend import load_graph
+
+    graph = load_graph(args.model)
+    if args.output:
+        check_output_path(args.output, graph.outputs)  # before the run, not after it
+    if args.input:
+        inputs = load_inputs(graph, args.input)
+    else:
+        inputs = random_inputs(graph, args.seed)
+        shown = ", ".join(f"{k} {a.dtype}{list(a.shape)}" for k, a in inputs.items())
+        print(f"saturate: no --input given: random normal input from seed {args.seed}: {shown}",
+              file=sys.stderr)
+    outputs = BACKENDS[args.backend](graph, inputs)
+    if args.output:
+        save_outputs(outputs, args.output)
+        print(f"wrote {args.output}: " + ", ".join(f"{k} {a.dtype}{list(a.shape)}" for k, a in outputs.items()))
+    else:
+        for name, value in outputs.items():
+            print(summary(name, value, args.values))
+    return 0
+
+
+def graph_inputs(graph: Graph) -> list[str]:
+    """Inputs a caller must feed (an initializer listed as an input has a default)."""
+    return [i for i in graph.inputs if i not in graph.constants]
+
+
+def load_inputs(graph: Graph, path: str) -> dict[str, np.ndarray]:
+    """Read a .npy (single-input models) or .npz (one array per input name)."""
+    if not Path(path).is_file():
+        raise SaturateError(f"{path}: no such file")
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        raise SaturateError(f"{path}: not a .npy or .npz file ({str(err).splitlines()[0]})") from None
+    if isinstance(data, np.ndarray):
+        names = graph_inputs(graph)
+        if len(names) != 1:
+            raise SaturateError(f"{path}: one array given, but the model has {len(names)} inputs "
+                                f"({', '.join(names)}); pass a .npz with one array per input name")
+        return {names[0]: data}
+    with data:
+        try:
+            return {k: data[k] for k in data.files}
+        except (ValueError, OSError, zipfile.BadZipFile) as err:
+            raise SaturateError(f"{path}: unreadable array ({str(err).splitlines()[0]})") from None
+
+
+def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
+    """One random array per graph input, shaped from the graph (symbolic dimensions become 1)."""
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for name in graph_inputs(graph):
+        info = graph.info(name)
+        if info.shape is None or any(d is None for d in info.shape):
+            raise SaturateError(f"input '{name}' has no known shape; pass --input")
+        shape = [d if isinstance(d, int) else 1 for d in info.shape]
+        dtype = np.dtype(info.dtype)
+        if dtype.kind == "f":
+            inputs[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind in "iu":
+            inputs[name] = rng.integers(0, 10, shape).astype(dtype)
+        elif dtype.kind == "b":
+            inputs[name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            raise SaturateError(f"input '{name}' has dtype {info.dtype}, which has no random generator; pass --input")
+    return inputs
+
+
+def check_output_path(path: str, names: list[str]) -> None:
+    """An output file must be .npy (one output) or .npz, in an existing directory."""
+    target = Path(path)
+    if target.suffix.lower() not in (".npy", ".npz"):
+        raise SaturateError(f"{path}: output must end in .npy or .npz")
+    if len(names) != 1 and target.suffix.lower() == ".npy":
+        raise SaturateError(f"{path}: the model has {len(names)} outputs ({', '.join(names)}); "
+                            "save them to a .npz")
+    if not target.parent.is_dir():
+        raise SaturateError(f"{path}: directory '{target.parent}' does not exist")
+
+
+def save_outputs(outputs: dict[str, np.ndarray], path: str) -> None:
+    """Save one output as .npy or all as .npz, atomically (temp file in place, then rename)."""
+    check_output_path(path, list(outputs))
+    target = Path(path)
+    directory = target.parent
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if target.suffix.lower() == ".npz":
+                np.savez(f, **outputs)
+            else:
+                np.save(f, next(iter(outputs.values())), allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def summary(name: str, value: np.ndarray, count: int) -> str:
+    """One line: name, dtype[shape], the first values, and the range."""
+    flat = value.reshape(-1)
+    head = ", ".join(f"{v:.6g}" if flat.dtype.kind == "f" else str(v) for v in flat[:max(count, 0)])
+    more = ", ..." if flat.size > count else ""
+    line = f"{name}: {value.dtype}{list(value.shape)} [{head}{more}]"
+    if flat.size and flat.dtype.kind in "fiub":
+        line += f" min {flat.min():.6g} max {flat.max():.6g}"
+    return line

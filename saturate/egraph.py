@@ -21,7 +21,7 @@ class EGraphView:
     """Every e-class (an egglog Value) with its e-nodes, plus the relations the engine keeps."""
 
     classes: dict[Any, list[ENode]] = field(default_factory=dict)
-    lets: dict[str, Any] = field(default_factory=dict)          # egglog global -> e-class
+    lets: dict[str, Any] = field(default_factory=dict)          # `(Ref k)` handle -> e-class
     consts: set = field(default_factory=set)                     # e-classes known constant
     relations: dict[str, list[tuple]] = field(default_factory=dict)   # Cand_i / Ok_i rows
     size: int = 0                                                # e-nodes in constructor tables
@@ -41,6 +41,10 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
             if rows:
                 view.lets[name] = rows[0].output
             continue
+        if name == "Ref":
+            for r in rows:
+                view.lets[f"(Ref {to_i64(r.inputs[0])})"] = r.output
+            continue
         if name == "IsConst":
             view.consts.update(r.inputs[0] for r in rows)
             continue
@@ -54,15 +58,21 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
         head = name.split("_")[1] if kind in ("op", "k") else name
         if kind == "k":
             head = name[2:name.rindex("_")]
+        classes, make = view.classes, tuple.__new__
+        # The hottest loop of the engine: one pass per row, no method calls it can avoid.
         for r in rows:
             ins = r.inputs
             if kind in ("op", "opq", "out", "lit"):
-                node = ENode(kind, head, to_i64(ins[0]), tuple(ins[1:]))
+                node = make(ENode, (kind, head, to_i64(ins[0]), tuple(ins[1:])))
             elif kind in ("inp", "const"):
-                node = ENode(kind, head, to_str(ins[0]), ())
+                node = make(ENode, (kind, head, to_str(ins[0]), ()))
             else:
-                node = ENode(kind, head, None, tuple(ins))
-            view.add(r.output, node)
+                node = make(ENode, (kind, head, None, tuple(ins)))
+            out = r.output
+            if out in classes:
+                classes[out].append(node)
+            else:
+                classes[out] = [node]
     return view
 
 

@@ -11,7 +11,9 @@ import numpy as np
 from saturate.ir import Graph, Node, ValueInfo
 from saturate.ops import spec
 
-# Leaves and the constructors every program has. T is the one sort of tensors.
+# Leaves and the constructors every program has. T is the one sort of tensors. `(Ref k)` is a
+# handle Python uses to name an e-class in later commands (egglog `let` globals each cost a
+# table, and thousands of them made building superlinear).
 PRELUDE = """
 (sort T)
 (constructor Inp (String) T)
@@ -19,7 +21,9 @@ PRELUDE = """
 (constructor Lit (i64) T)
 (constructor Absent () T)
 (constructor Out (i64 T) T)
+(constructor Ref (i64) T)
 (relation IsConst (T))
+(ruleset apply)
 (rule ((= e (Const n))) ((IsConst e)) :name "~const-leaf")
 (rule ((= e (Lit n))) ((IsConst e)) :name "~lit-leaf")
 """
@@ -72,8 +76,10 @@ class Encoding:
     lits: list[Any] = field(default_factory=list)
     lit_ids: dict[str, int] = field(default_factory=dict)
     opaque_nodes: list[Node] = field(default_factory=list)
-    value_names: dict[str, str] = field(default_factory=dict)   # IR value -> egglog global
+    value_names: dict[str, str] = field(default_factory=dict)   # IR value -> `(Ref k)` handle
     ctors: set[tuple[str, int]] = field(default_factory=set)     # declared (name, arity)
+    refs: int = 0
+    _infos: dict[str, ValueInfo] | None = None
     commands: list[str] = field(default_factory=list)
     # Node names that must not change; value names for the outputs of preserved nodes.
     preserved: set[str] = field(default_factory=set)
@@ -96,6 +102,17 @@ class Encoding:
             self.lits.append(value)
         return got
 
+    def value_infos(self) -> dict[str, ValueInfo]:
+        """Static type of every original value (computed once per encoding)."""
+        if self._infos is None:
+            self._infos = {v: self.graph.info(v) for v in self.value_names}
+        return self._infos
+
+    def new_ref(self) -> str:
+        """A fresh `(Ref k)` handle."""
+        self.refs += 1
+        return f"(Ref {self.refs - 1})"
+
     def declare(self, name: str, arity: int, first_i64: bool = True) -> None:
         """Declare a constructor once: `first_i64` adds a leading i64 (attribute set or node index)."""
         if (name, arity) in self.ctors:
@@ -113,9 +130,12 @@ def _is_float(info: ValueInfo) -> bool:
     return info.dtype.startswith("float") or info.dtype == "bfloat16"
 
 
-def _rewritable(node: Node, graph: Graph, preserve: set[str]) -> bool:
-    """Known single-output float ops are open to rules; everything else is opaque."""
+def _rewritable(node: Node, graph: Graph, preserve: set[str], rule_ops: set[str]) -> bool:
+    """Known single-output float ops (and ops a rule names) are open to rules; others are opaque."""
     s = spec(node.op)
+    if node.op in rule_ops and s is None:
+        return (node.domain in ("", "ai.onnx") and node.op not in preserve and node.name not in preserve
+                and len(node.outputs) == 1 and "" not in node.inputs)
     if s is None or node.domain not in ("", "ai.onnx") or node.op in preserve:
         return False
     if node.name and node.name in preserve:
@@ -127,37 +147,41 @@ def _rewritable(node: Node, graph: Graph, preserve: set[str]) -> bool:
     return _is_float(graph.info(node.outputs[0]))
 
 
-def encode_graph(graph: Graph, preserve: Iterable[str] = ()) -> Encoding:
-    """Turn `graph` into egglog commands (declarations first, then one `let` per value)."""
+def encode_graph(graph: Graph, preserve: Iterable[str] = (), rule_ops: Iterable[str] = ()) -> Encoding:
+    """Turn `graph` into egglog commands: declarations, then one `(Ref k)` handle per value.
+    `rule_ops` are ops the rules name that the op table does not know (declared in .rules)."""
     enc = Encoding(graph=graph, preserved=set(preserve))
+    rule_ops = set(rule_ops)
     enc.commands.append(PRELUDE)
     lets: list[str] = []
     names = enc.value_names
-    for k, v in enumerate(graph.inputs):
-        names[v] = f"$i{k}"
-        lets.append(f"(let $i{k} (Inp {egg_str(v)}))")
-    for k, c in enumerate(sorted(graph.constants)):
+
+    def bind(value: str, term: str) -> str:
+        ref = enc.new_ref()
+        lets.append(f"(union {ref} {term})")
+        names[value] = ref
+        return ref
+
+    for v in graph.inputs:
+        bind(v, f"(Inp {egg_str(v)})")
+    for c in sorted(graph.constants):
         if c not in names:
-            names[c] = f"$c{k}"
-            lets.append(f"(let $c{k} (Const {egg_str(c)}))")
-    for k, node in enumerate(graph.nodes):
+            bind(c, f"(Const {egg_str(c)})")
+    for node in graph.nodes:
         args = [names[i] if i else "(Absent)" for i in node.inputs]
-        if _rewritable(node, graph, enc.preserved):
+        if _rewritable(node, graph, enc.preserved, rule_ops):
             ctor = op_ctor(node.op, len(args))
             enc.declare(ctor, len(args))
-            term = f"({ctor} {enc.attr_id(node.op, node.attrs)} {' '.join(args)})"
-            names[node.outputs[0]] = f"$v{k}"
-            lets.append(f"(let $v{k} {term})")
+            bind(node.outputs[0], f"({ctor} {enc.attr_id(node.op, node.attrs)} {' '.join(args)})")
             continue
         ctor = opaque_ctor(len(args))
         enc.declare(ctor, len(args))
         idx = len(enc.opaque_nodes)
         enc.opaque_nodes.append(node)
-        lets.append(f"(let $n{k} ({ctor} {idx} {' '.join(args)}))")
+        opq = f"({ctor} {idx} {' '.join(args)})"
         for j, out in enumerate(node.outputs):
             if out:
-                names[out] = f"$v{k}_{j}"
-                lets.append(f"(let $v{k}_{j} (Out {j} $n{k}))")
+                bind(out, f"(Out {j} {opq})")
     enc.commands.extend(lets)
     return enc
 

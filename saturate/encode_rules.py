@@ -13,7 +13,6 @@ from typing import Any
 
 from saturate.encode import Encoding, k_ctor, op_ctor
 from saturate.errors import SaturateError
-from saturate.ops import spec
 from saturate.rule_ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
 
 QUERY_FNS = ("rank", "dim", "numel")
@@ -163,6 +162,21 @@ def _is_pattern(term: Term) -> bool:
     return isinstance(term, OpTerm) and all(_is_pattern(a) for a in term.args)
 
 
+def rule_ops(rules: list[Rule]) -> set[str]:
+    """Every op a rule names on either side."""
+    found: set[str] = set()
+
+    def walk(t: Term) -> None:
+        if isinstance(t, OpTerm):
+            found.add(t.op)
+        for a in getattr(t, "args", ()):
+            walk(a)
+    for r in rules:
+        walk(r.lhs)
+        walk(r.rhs)
+    return found
+
+
 def compile_rules(rules: list[Rule], enc: Encoding) -> list[CompiledRule]:
     """Compile rules (both directions of `<=>` rules) to egglog text kept in each CompiledRule."""
     out: list[CompiledRule] = []
@@ -181,8 +195,6 @@ def compile_rules(rules: list[Rule], enc: Encoding) -> list[CompiledRule]:
 
 def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
     rule = cr.rule
-    if isinstance(cr.lhs, OpTerm) and spec(cr.lhs.op) is None:
-        raise SaturateError(f"{_where(rule)}: rule '{rule.name}': unknown op '{cr.lhs.op}'")
     c = _Compiler(enc, cr)
     c.pattern(cr.lhs, "root")
     if rule.guards:
@@ -199,4 +211,4 @@ def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
     cr.text.append(f"(relation Ok_{cr.index} ({' '.join(ok_sorts)}))")
     cr.text.append(f'(rule ({query}) ((Cand_{cr.index} {cand})) :name "m{cr.name}")')
     ok = " ".join(cr.ok_columns())
-    cr.text.append(f'(rule ((Ok_{cr.index} {ok})) ((union root {body})) :name "{cr.name}")')
+    cr.text.append(f'(rule ((Ok_{cr.index} {ok})) ((union root {body})) :ruleset apply :name "{cr.name}")')

@@ -30,13 +30,13 @@ class Facts:
         self.keys: dict[Any, Any] = {}
         self.infos: dict[Any, ValueInfo] = {}
         self.names: dict[Any, list[str]] = {}      # e-class -> original value names in it
-        g = enc.graph
+        original = enc.value_infos()
         for value, let in enc.value_names.items():
             cls = view.lets.get(let)
             if cls is None:
                 continue
             self.names.setdefault(cls, []).append(value)
-            info = g.info(value)
+            info = original[value]
             if cls not in self.infos or self.infos[cls].shape is None:
                 self.infos[cls] = info
 
@@ -192,11 +192,16 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts) -> Graph:
     for o, cls in zip(g.outputs, roots):
         preferred.setdefault(cls, o)
 
+    counters: dict[str, int] = {}
+
     def fresh(base: str) -> str:
-        name, k = base, 0
+        # A counter per base keeps naming linear in the number of new values.
+        k = counters.get(base, 0)
+        name = base if k == 0 else f"{base}_{k}"
         while name in used or name in g.constants or name in g.values:
             k += 1
             name = f"{base}_{k}"
+        counters[base] = k + 1
         used.add(name)
         return name
 

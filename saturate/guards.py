@@ -25,7 +25,6 @@ class Checker:
     def __init__(self, eg: Any, enc: Encoding):
         self.eg, self.enc = eg, enc
         self.seen: set = set()
-        self.fresh = 0
 
     def check(self, rules: list[CompiledRule], view: EGraphView, facts: Facts) -> list[str]:
         """egglog commands inserting an `Ok` row for every new candidate whose guards hold."""
@@ -140,7 +139,11 @@ class Checker:
 
     # ---- naming e-classes ---------------------------------------------------------------
     def name(self, cls: Any, visiting: frozenset = frozenset()) -> str | None:
-        """An egglog expression for `cls`: its global, or a new global over an existing e-node."""
+        """egglog text for `cls`: its `(Ref k)` handle, or a term over one of its e-nodes.
+
+        New e-classes are spelled inline (one command per Ok row costs far less than one per
+        class); a long spelling gets a handle of its own so text stays short.
+        """
         got = self.names.get(cls)
         if got is not None:
             return got
@@ -150,12 +153,13 @@ class Checker:
             kids = [self.name(c, visiting | {cls}) for c in node.children]
             if any(k is None for k in kids):
                 continue
-            term = _term(node, kids)
-            self.fresh += 1
-            glob = f"$g{self.fresh}"
-            self.commands.append(f"(let {glob} {term})")
-            self.names[cls] = glob
-            return glob
+            text = _term(node, kids)
+            if len(text) > 300:
+                ref = self.enc.new_ref()
+                self.commands.append(f"(union {ref} {text})")
+                text = ref
+            self.names[cls] = text
+            return text
         return None
 
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from saturate.cost import graph_cost, resolve_target
 from saturate.encode import chunks, encode_graph
-from saturate.encode_rules import compile_rules
+from saturate.encode_rules import compile_rules, rule_ops
 from saturate.errors import SaturateError
 from saturate.extract import extract
 from saturate.fold import decode
@@ -96,7 +96,7 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     report.rules = len(rule_list)
 
     t = time.perf_counter()
-    enc = encode_graph(graph, keep)
+    enc = encode_graph(graph, keep, rule_ops(rule_list))
     compiled = compile_rules(rule_list, enc)
     eg = bindings.EGraph()
     for piece in chunks(enc.commands + [line for cr in compiled for line in cr.text]):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from saturate.egraph import read_egraph
-from saturate.encode import Encoding
+from saturate.encode import Encoding, chunks
 from saturate.encode_rules import CompiledRule
 from saturate.fold import Facts
 from saturate.guards import Checker
@@ -66,8 +66,14 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
         facts = Facts(view, enc, cache)
         commands = checker.check(checked, view, facts)
         if commands:
-            for k in range(0, len(commands), 64):
-                eg.run_program(*eg.parse_program("\n".join(commands[k:k + 64])))
+            for piece in chunks(commands):
+                eg.run_program(*eg.parse_program(piece))
+            # Apply the checked rewrites now, so one iteration is one step of every rule.
+            applied = eg.run_program(*eg.parse_program("(run apply 1)"))[-1].report
+            for name, n in applied.num_matches_per_rule.items():
+                cr = by_name.get(name)
+                if cr is not None:
+                    report.matches[cr.label] += n
         dirty = bool(commands)
         if progress is not None:
             progress(report.iterations, view.size, time.perf_counter() - start)

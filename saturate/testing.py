@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 from saturate import builtins
 from saturate.errors import SaturateError
@@ -171,8 +170,9 @@ def conv_input_side(out: int, kernel: int, stride: int, dilation: int, pads: tup
 
 
 @st.composite
-def _conv_geometry(draw, out_spatial: tuple[int, ...], fixed: dict, dilations: bool = True) -> tuple[dict, tuple]:
-    """Kernel, strides, pads (and dilations) reaching `out_spatial`; `fixed` attributes are kept."""
+def conv_geometry(draw, out_spatial: tuple[int, ...], fixed: dict, dilations: bool = True) -> tuple[dict, tuple]:
+    """Window attributes (kernel_shape, strides, pads, dilations) and the input sides that give
+    `out_spatial` outputs; attributes in `fixed` are kept as given."""
     n = len(out_spatial)
     side = st.lists(st.integers(1, 3), min_size=n, max_size=n).map(tuple)
     kernel = tuple(fixed.get("kernel_shape") or draw(side))
@@ -208,7 +208,7 @@ def conv_cases(draw, out_shape: tuple[int, ...] | None = None, fixed: dict | Non
         group = draw(st.sampled_from([g for g in range(1, m + 1) if m % g == 0]))
     assume(group >= 1 and m % group == 0)
     per_group = draw(st.integers(1, 2))
-    attrs, sides = draw(_conv_geometry(out[2:], fixed))
+    attrs, sides = draw(conv_geometry(out[2:], fixed))
     attrs["group"] = int(group)
     x_shape = (n, group * per_group) + sides
     w_shape = (m, per_group) + tuple(attrs["kernel_shape"])

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from saturate.errors import SaturateError
 from saturate.ops import OPS
 from saturate.rule_ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Term, Var
-from saturate.testing import (MAX_RANK, MAX_SIDE, _conv_geometry, broadcastable_shapes, conv_cases,
+from saturate.testing import (MAX_RANK, MAX_SIDE, conv_geometry, broadcastable_shapes, conv_cases,
                               factorizations, numel, per_axis_shapes)
 
 _SIGN_GUARDS = {"positive": "positive", "nonnegative": "nonnegative", "nonzero": "nonzero"}
@@ -300,7 +300,7 @@ class Planner:
 
         def geometry(fixed: dict) -> Any:
             if not done:
-                done.append(self.draw(_conv_geometry(out[2:], fixed, dilations=t.op == "MaxPool")))
+                done.append(self.draw(conv_geometry(out[2:], fixed, dilations=t.op == "MaxPool")))
             return done[0]
 
         keys = ["kernel_shape", "strides", "pads"] + (["dilations"] if t.op == "MaxPool" else [])

@@ -87,3 +87,22 @@ def test_rule_examples_satisfy_guards_and_run(example):
     g = build_graph(rule.lhs, example, drawn=True)
     out = run_graph(g, {n: example.values[n] for n in g.inputs})[g.outputs[0]]
     assert out.ndim == 4 and out.shape[1] == example.values["w"].shape[0]
+
+
+# The README's example: a user's own property test of a rule written in the rule language.
+_USER_RULE_TEXT = """
+ruleset mine level 2
+rule mul-div  Div(Mul(x, a:const), b:const) => Mul(x, a / b)  if nonzero(b), broadcasts_into(a, x), broadcasts_into(b, x)
+"""
+
+
+def _user_rule():
+    from saturate.dsl import parse_rules
+    return parse_rules(_USER_RULE_TEXT, "mine.rules")[0].rules[0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(testing.rule_examples(_user_rule()))
+def test_user_property_test_as_in_the_readme(example):
+    from saturate.check import run_example
+    assert run_example(_user_rule(), example) is None

@@ -268,10 +268,18 @@ class Planner:
     def binary(self, t: OpTerm, out: tuple[int, ...], path: tuple[int, ...]) -> None:
         self.attributes(t, path, {})
         main = self.main_index(t)
-        self.term(t.args[main], out, path + (main,))
-        for k in range(len(t.args)):
-            if k != main:
-                self.operand(t.args[k], out, path + (k,))
+        other = 1 - main
+        a, b = t.args[main], t.args[other]
+        # Now and then the other operand is the one that sets the shape and the main one is
+        # broadcast up (x + c where c is larger than x): a rule forgetting that case must fail.
+        if (isinstance(a, Var) and isinstance(b, Var) and a.name not in self.shapes
+                and b.name not in self.shapes and not {"axis", "scalar", "rank"} & set(self.hints.get(b.name, ()))
+                and self.draw(st.integers(0, 3)) == 3):
+            self.bind(b, out)
+            self.operand(a, out, path + (main,))
+            return
+        self.term(a, out, path + (main,))
+        self.operand(b, out, path + (other,))
 
     def op_Conv(self, t: OpTerm, out: tuple[int, ...], path: tuple[int, ...]) -> None:
         case: list = []

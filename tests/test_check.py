@@ -140,3 +140,7 @@ def test_cli_file_that_does_not_load_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("saturate: error: ") and "broken.rules:" in err
     assert main(["check", str(tmp_path / "missing.rules")]) == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["check", str(empty)]) == 2
+    assert "no rules in" in capsys.readouterr().err

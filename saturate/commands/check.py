@@ -25,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
         raise SaturateError("--examples must be at least 1")
     # Every level: a rule is checked whether or not a default run would use it.
     rules = [rule for ruleset in load_rulesets(args.rules) for rule in ruleset.rules]
+    if not rules:
+        raise SaturateError(f"no rules in {', '.join(args.rules)}")
     results = check_rules(rules, args.examples, args.seed,
                           progress=lambda r: print(format_result(r), flush=True))
     failed = [r for r in results if r.status != "PASS"]

@@ -8,6 +8,7 @@ BatchNormalization on a conv output that another consumer also reads rather than
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import time
@@ -48,9 +49,22 @@ def node_costs(facts: Facts, cost: Callable, banned: set) -> dict[tuple, int | N
     return costs
 
 
-def greedy(facts: Facts, costs: dict) -> dict[Any, tuple[int, ENode]]:
-    """Cheapest e-node of every e-class by tree cost, bottom-up in cost order."""
+def greedy(facts: Facts, costs: dict) -> tuple[dict[Any, tuple[int, ENode]], dict[Any, Any]]:
+    """Cheapest e-node of every e-class by tree cost, bottom-up in cost order.
+
+    Ties go to the e-node the input graph had, then to a structural key of the e-node (never
+    to e-class ids, which depend on the order rules fired): the same rules in any order give
+    the same graph. Returns the choice and each e-class's structural key.
+    """
     view = facts.view
+    ckey: dict[Any, Any] = {cls: ("v", min(facts.order[n] for n in names))
+                            for cls, names in facts.names.items()}
+    original = facts.original_nodes()
+
+    def tie(cls: Any, node: ENode) -> tuple:
+        kids = tuple(ckey[ch] for ch in node.children)
+        return ((cls, node) not in original, node.kind, node.head, str(node.key), kids)
+
     parents: dict[Any, list[tuple[Any, ENode]]] = {}
     waiting: dict[tuple, int] = {}
     heap: list = []
@@ -63,38 +77,34 @@ def greedy(facts: Facts, costs: dict) -> dict[Any, tuple[int, ENode]]:
             for ch in kids:
                 parents.setdefault(ch, []).append((cls, node))
             if not kids:
-                heapq.heappush(heap, (costs[(cls, node)], _tie(node), id(node), cls, node))
+                heapq.heappush(heap, (costs[(cls, node)], tie(cls, node), id(node), cls, node))
     best: dict[Any, tuple[int, ENode]] = {}
     while heap:
-        c, _, _, cls, node = heapq.heappop(heap)
+        c, t, _, cls, node = heapq.heappop(heap)
         if cls in best:
             continue
         best[cls] = (c, node)
+        if cls not in ckey:
+            ckey[cls] = ("h", hashlib.blake2b(repr(t[1:]).encode(), digest_size=8).hexdigest())
         for pcls, pnode in parents.get(cls, ()):
             key = (pcls, pnode)
             waiting[key] -= 1
             if waiting[key] == 0 and pcls not in best:
                 total = costs[key] + sum(best[ch][0] for ch in pnode.children)
-                heapq.heappush(heap, (total, _tie(pnode), id(pnode), pcls, pnode))
-    return best
-
-
-def _tie(node: ENode) -> tuple:
-    # Ties go to a fixed order of e-node kinds and names, never to e-class ids (which depend
-    # on the order rules fired): the same rules in any order extract the same graph.
-    return (node.kind, node.head, str(node.key), len(node.children))
+                heapq.heappush(heap, (total, tie(pcls, pnode), id(pnode), pcls, pnode))
+    return best, ckey
 
 
 def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozenset(),
             budget: float = 2.0) -> Extraction:
     """Choose one e-node per needed e-class; `budget` bounds the local search in seconds."""
     costs = node_costs(facts, cost, banned)
-    best = greedy(facts, costs)
+    best, ckey = greedy(facts, costs)
     missing = [r for r in roots if r not in best]
     if missing:
         from saturate.errors import SaturateError
         raise SaturateError("no extractable graph: an output needs an op the target cannot run")
-    search = _DagSearch(best, costs, roots)
+    search = _DagSearch(best, costs, roots, ckey)
     start = search.total()
     moves = search.improve(budget)
     return Extraction(search.chosen, search.total(), start, moves)
@@ -103,8 +113,8 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
 class _DagSearch:
     """Reference-counted chosen DAG; a move switches one e-class to another e-node."""
 
-    def __init__(self, best: dict, costs: dict, roots: list):
-        self.best, self.costs, self.roots = best, costs, roots
+    def __init__(self, best: dict, costs: dict, roots: list, ckey: dict):
+        self.best, self.costs, self.roots, self.ckey = best, costs, roots, ckey
         self.chosen: dict[Any, ENode] = {}
         self.refs: dict[Any, int] = {}
         for r in roots:
@@ -168,6 +178,9 @@ class _DagSearch:
             for (c, n), v in self.costs.items():
                 if all(ch in self.best for ch in n.children):
                     self._index.setdefault(c, []).append(((c, n), v))
+            for alts in self._index.values():
+                alts.sort(key=lambda a: (a[1] if a[1] is not INF else -1, a[0][1].kind, a[0][1].head,
+                                         str(a[0][1].key), [self.ckey[ch] for ch in a[0][1].children]))
         return self._index
 
     def _try(self, cls: Any, node: ENode, pos: dict) -> bool:

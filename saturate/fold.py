@@ -10,6 +10,7 @@ import numpy as np
 from saturate.builtins import CONST_FUNCS, broadcast_shape
 from saturate.egraph import EGraphView, ENode
 from saturate.encode import Encoding
+from saturate.encode import canonical_attrs as _canon
 from saturate.errors import SaturateError
 from saturate.ir import Graph, Node, ValueInfo
 from saturate.ops import spec
@@ -39,6 +40,30 @@ class Facts:
             info = original[value]
             if cls not in self.infos or self.infos[cls].shape is None:
                 self.infos[cls] = info
+
+    @property
+    def order(self) -> dict[str, int]:
+        """Position of every original value in the graph (inputs, constants, node outputs)."""
+        if not hasattr(self, "_order"):
+            self._order = {v: k for k, v in enumerate(self.enc.value_names)}
+        return self._order
+
+    def original_nodes(self) -> set[tuple[Any, ENode]]:
+        """(e-class, e-node) pairs the input graph itself had."""
+        enc, lets, out = self.enc, self.view.lets, set()
+        g = enc.graph
+        for node in g.nodes:
+            if node.outputs[0] not in enc.value_names or not node.outputs[0]:
+                continue
+            if node.op not in {op for op, _ in enc.attr_sets}:
+                continue
+            key = enc.attr_ids.get((node.op, _canon(node.attrs)))
+            if key is None:
+                continue
+            kids = tuple(lets.get(enc.value_names.get(i, ""), None) for i in node.inputs)
+            cls = lets.get(enc.value_names[node.outputs[0]])
+            out.add((cls, ENode("op", node.op, key, kids)))
+        return out
 
     # ---- constant values ------------------------------------------------------------------
     def value(self, cls: Any) -> Any:

@@ -1,0 +1,220 @@
+"""optimize(): what good output looks like, differential against the interpreter and ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from engine_util import Builder, assert_same, assert_same_ort, ops
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import saturate
+from frontend import examples, load_graph
+from saturate.cli import main
+from saturate.dsl import load_rules
+from saturate.ir import structurally_equal
+from saturate.optimize import optimize
+
+RULES = load_rules(None, level=3)
+
+
+def test_conv_bias_bn_relu_chain_becomes_conv_with_bias_and_relu():
+    b = Builder(shape=(1, 3, 8, 8))
+    y = b.op("Relu", b.bn(b.conv("x", 4, 3, bias=True), 4))
+    y = b.op("Relu", b.bn(b.conv(y, 4, 4), 4))
+    g = b.build(y)
+    out, report = optimize(g, RULES)
+    assert ops(out) == ["Conv", "Relu", "Conv", "Relu"]
+    assert all(len(n.inputs) == 3 for n in out.nodes if n.op == "Conv")
+    assert report.run.stop_reason == "saturated"
+    assert_same_ort(g, out, b.sample())
+
+
+def test_resnet18_keeps_exactly_its_residual_adds():
+    g = examples.build("resnet18")
+    residual_adds = sum(1 for n in g.nodes if n.op == "Add")
+    out, report = optimize(g, RULES)
+    counts = out.op_counts()
+    assert counts["Add"] == residual_adds > 0
+    assert counts["BatchNormalization"] == 0 and counts["Mul"] == 0
+    assert counts["Conv"] == g.op_counts()["Conv"]
+    assert all(len(n.inputs) == 3 for n in out.nodes if n.op == "Conv")
+    assert_same_ort(g, out, examples.random_inputs(g))
+
+
+def test_three_constant_adds_become_one():
+    b = Builder(shape=(2, 3))
+    y = b.op("Add", b.op("Add", b.op("Add", "x", b.rand(3)), b.rand(1, 3)), b.rand(2, 1))
+    g = b.build(y)
+    out, _ = optimize(g, RULES)
+    assert ops(out) == ["Add"]
+    assert_same(g, out, b.sample())
+
+
+def test_two_constant_muls_become_one():
+    b = Builder(shape=(2, 3))
+    g = b.build(b.op("Mul", b.op("Mul", "x", b.rand(3)), b.rand(3)))
+    out, _ = optimize(g, RULES)
+    assert ops(out) == ["Mul"]
+    assert_same(g, out, b.sample())
+
+
+def _scale_relu_conv(sign: float) -> tuple:
+    b = Builder(shape=(1, 4, 6, 6))
+    s = np.abs(b.rng.standard_normal((1, 4, 1, 1))).astype(np.float32) + 0.5
+    s[0, 2, 0, 0] *= sign
+    y = b.conv(b.op("Relu", b.op("Mul", "x", b.const(s))), 5, 4)
+    return b, b.build(y)
+
+
+def test_positive_scale_moves_through_relu_into_the_weights():
+    b, g = _scale_relu_conv(+1.0)
+    out, _ = optimize(g, RULES)
+    assert ops(out) == ["Relu", "Conv"]
+    assert_same_ort(g, out, b.sample())
+
+
+def test_scale_with_a_negative_element_stays():
+    b, g = _scale_relu_conv(-1.0)
+    out, _ = optimize(g, RULES)
+    assert ops(out) == ["Mul", "Relu", "Conv"]
+    assert_same(g, out, b.sample())
+
+
+def test_data_dependent_scale_is_never_folded():
+    b = Builder(shape=(1, 4, 6, 6))
+    gate = b.op("Relu", b.op("GlobalAveragePool", "x"))
+    g = b.build(b.conv(b.op("Mul", "x", gate), 4, 4))
+    out, _ = optimize(g, RULES)
+    assert sorted(ops(out)) == sorted(ops(g))
+    mul = next(n for n in out.nodes if n.op == "Mul")
+    assert not any(i in out.constants for i in mul.inputs)
+    assert_same(g, out, b.sample())
+
+
+def test_unknown_op_stays_and_folding_happens_on_both_sides():
+    b = Builder(shape=(1, 3, 6, 6))
+    y = b.op("Exp", b.bn(b.conv("x", 4, 3), 4))
+    y = b.op("Relu", b.bn(b.conv(y, 4, 4), 4))
+    g = b.build(y)
+    out, _ = optimize(g, RULES)
+    assert ops(out) == ["Conv", "Exp", "Conv", "Relu"]
+    assert_same(g, out, b.sample())
+
+
+def test_conv_with_two_consumers_is_not_duplicated():
+    b = Builder(shape=(1, 4, 6, 6))
+    c = b.conv("x", 4, 4)
+    g = b.build(b.bn(c, 4), b.op("Relu", c))
+    out, report = optimize(g, RULES)
+    assert out.op_counts()["Conv"] == 1
+    assert report.cost_after <= report.cost_before
+    assert_same(g, out, b.sample())
+
+
+def test_rule_order_does_not_change_the_result():
+    g = examples.build("resnet18")
+    first, _ = optimize(g, RULES)
+    shuffled = list(RULES)
+    random.Random(7).shuffle(shuffled)
+    second, _ = optimize(g, shuffled)
+    assert structurally_equal(first, second)
+
+
+@pytest.mark.parametrize("limits, reason", [
+    ({"max_iterations": 1}, "iteration limit"),
+    ({"max_nodes": 10}, "node limit"),
+    ({"timeout": 1e-9}, "time limit"),
+])
+def test_a_limit_still_gives_a_correct_graph_and_says_why(limits, reason):
+    g = examples.build("chain-4")
+    out, report = optimize(g, RULES, **limits)
+    assert report.run.stop_reason == reason and report.run.hit_limit
+    assert_same(g, out, examples.random_inputs(g))
+
+
+def test_preserved_op_is_left_alone():
+    b = Builder(shape=(1, 3, 6, 6))
+    g = b.build(b.op("Relu", b.bn(b.conv("x", 4, 3), 4)))
+    out, _ = optimize(g, RULES, preserve=["BatchNormalization"])
+    assert ops(out) == ["Conv", "BatchNormalization", "Relu"]
+    assert_same(g, out, b.sample())
+
+
+def test_api_is_exported_from_the_package():
+    g = examples.build("chain-2")
+    out, report = saturate.optimize(g)
+    assert out.op_counts() == {"Conv": 2, "Relu": 2}
+    assert report.rules == len(RULES)
+
+
+def test_cli_writes_the_same_graph_as_the_api_and_a_report(tmp_path, capsys):
+    out_path, rep_path = tmp_path / "out.onnx", tmp_path / "r.json"
+    code = main(["optimize", "example:resnet18", "-o", str(out_path), "--report", str(rep_path),
+                 "--trace"])
+    assert code == 0
+    api, _ = optimize(examples.build("resnet18"), RULES)
+    cli = load_graph(str(out_path))
+    assert cli.op_counts() == api.op_counts()
+    report = json.loads(rep_path.read_text())
+    assert report["stop_reason"] == "saturated"
+    assert report["ops_before"]["BatchNormalization"] == 20 and "BatchNormalization" not in report["ops_after"]
+    assert set(report["times"]) == {"import", "encode", "saturate", "extract", "fold", "export"}
+    assert len(report["egraph_sizes"]) == report["iterations"] + 1
+    fired = {m["rule"]: m for m in report["matches"] if m["matches"]}
+    assert "batchnorm" in fired and fired["batchnorm"]["at"].endswith(".rules:" + fired["batchnorm"]["at"].split(":")[-1])
+    err = capsys.readouterr().err
+    assert "stopped: saturated" in err and "batchnorm" in err and "iteration" in err
+
+
+def test_cli_bad_input_is_one_clean_error(tmp_path, capsys):
+    assert main(["optimize", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "o.onnx")]) == 2
+    assert capsys.readouterr().err.startswith("saturate: error: ")
+    assert main(["optimize", "example:mlp", "-o", str(tmp_path / "o.onnx"), "--timeout", "0"]) == 2
+    assert not (tmp_path / "o.onnx").exists()
+
+
+# ---- property: random conv/bn/add/mul/relu graphs keep their numerics -------------------------
+
+@st.composite
+def random_graphs(draw):
+    seed = draw(st.integers(0, 2**16))
+    b = Builder(shape=(1, 3, 5, 5), seed=seed)
+    values, channels = ["x"], {"x": 3}
+    for _ in range(draw(st.integers(1, 6))):
+        src = draw(st.sampled_from(values))
+        c = channels[src]
+        kind = draw(st.sampled_from(["conv", "bn", "add", "mul", "relu", "addv"]))
+        if kind == "conv":
+            cout = draw(st.integers(2, 4))
+            y = b.conv(src, cout, c, k=draw(st.sampled_from([1, 3])), bias=draw(st.booleans()))
+            c = cout
+        elif kind == "bn":
+            y = b.bn(src, c)
+        elif kind == "relu":
+            y = b.op("Relu", src)
+        elif kind == "addv":
+            other = draw(st.sampled_from([v for v in values if channels[v] == c]))
+            y = b.op("Add", src, other)
+        else:
+            shape = draw(st.sampled_from([(1, c, 1, 1), (1,), (c, 1, 1)]))
+            arr = b.rng.standard_normal(shape).astype(np.float32)
+            if draw(st.booleans()):
+                arr = np.abs(arr) + 0.25
+            y = b.op("Add" if kind == "add" else "Mul", src, b.const(arr))
+        values.append(y)
+        channels[y] = c
+    outs = [values[-1]] + ([values[-2]] if len(values) > 2 and draw(st.booleans()) else [])
+    return b, b.build(*outs)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_graphs())
+def test_random_graphs_keep_their_numerics(case):
+    b, g = case
+    out, report = optimize(g, RULES)
+    assert report.cost_after <= report.cost_before
+    assert_same(g, out, b.sample())

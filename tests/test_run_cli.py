@@ -1,0 +1,144 @@
+"""`saturate run` and the example models: interpreter vs ONNX Runtime, CLI outputs and errors."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+from frontend import examples
+from frontend.onnx_io import import_model
+from saturate.cli import main
+from saturate.interp import run_graph
+
+
+def rel_error(got: np.ndarray, want: np.ndarray) -> float:
+    """Norm-relative error: max|a-b| / max(1, max|b|)."""
+    diff = np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))
+    return float(diff / max(1.0, float(np.max(np.abs(want)))))
+
+
+def ort_outputs(model: onnx.ModelProto, feeds: dict) -> dict:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def feeds_for(graph, seed=0):
+    rng = np.random.default_rng(seed)
+    return {i: rng.standard_normal([d if isinstance(d, int) else 2 for d in graph.values[i].shape])
+            .astype(graph.values[i].dtype) for i in graph.inputs if i not in graph.constants}
+
+
+@pytest.mark.parametrize("name", [
+    "vgg", "mobilenet", "mlp", "chain-3", "resnet18",
+    pytest.param("resnet50", marks=pytest.mark.slow),
+    pytest.param("vgg11bn", marks=pytest.mark.slow),
+])
+def test_example_models_match_onnxruntime(name):
+    model = examples.build_model(name)
+    graph = import_model(model)
+    feeds = feeds_for(graph)
+    want = ort_outputs(model, feeds)
+    got = run_graph(graph, feeds)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].shape == want[k].shape
+        if rel_error(got[k], want[k]) <= 1e-5:
+            continue
+        # Deep float32 nets (resnet50) sit near 1e-5 from the exact result in ONNX Runtime too:
+        # then allow twice ONNX Runtime's own float32 error, measured against a float64 run.
+        exact = run_graph(*in_float64(graph, feeds))[k]
+        tol = 2 * rel_error(want[k], exact)
+        assert rel_error(got[k], want[k]) <= tol, (name, k, rel_error(got[k], want[k]), tol)
+        assert rel_error(got[k], exact) <= tol
+
+
+def in_float64(graph, feeds):
+    """The same graph and inputs with every float32 array widened to float64."""
+    wide = graph.copy()
+    wide.constants = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in graph.constants.items()}
+    for i in graph.inputs:
+        wide.values[i].dtype = "float64"
+    return wide, {k: v.astype(np.float64) for k, v in feeds.items()}
+
+
+def two_in_two_out(path):
+    """A .onnx file with inputs a, b and outputs s = a + b, p = a * b."""
+    vi = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2, 3]) for n in "ab"]
+    outs = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2, 3]) for n in "sp"]
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"], name="add"),
+             helper.make_node("Mul", ["a", "b"], ["p"], name="mul")]
+    model = helper.make_model(helper.make_graph(nodes, "two", vi, outs),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def test_run_npy_in_npy_out_matches_interpreter(tmp_path, capsys):
+    graph = examples.build("mlp")
+    x = feeds_for(graph, seed=3)
+    np.save(tmp_path / "x.npy", next(iter(x.values())))
+    assert main(["run", "example:mlp", "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy")]) == 0
+    y = np.load(tmp_path / "y.npy")
+    assert np.array_equal(y, run_graph(graph, x)[graph.outputs[0]])
+    assert "wrote" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_run_npz_several_inputs_and_outputs(tmp_path):
+    model = two_in_two_out(tmp_path / "two.onnx")
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.full((2, 3), 2, np.float32)
+    np.savez(tmp_path / "in.npz", a=a, b=b)
+    assert main(["run", model, "-i", str(tmp_path / "in.npz"), "-o", str(tmp_path / "out.npz")]) == 0
+    with np.load(tmp_path / "out.npz") as out:
+        assert np.array_equal(out["s"], a + b) and np.array_equal(out["p"], a * b)
+
+
+def test_run_without_input_uses_seeded_random_input_and_prints(capsys):
+    assert main(["run", "example:mlp", "--values", "3"]) == 0
+    first = capsys.readouterr()
+    assert "random normal input from seed 0" in first.err
+    graph = examples.build("mlp")
+    name = graph.outputs[0]
+    line = first.out.strip()
+    assert line.startswith(f"{name}: float32[")
+    assert line.count(",") >= 3 and "min" in line and "max" in line
+    assert main(["run", "example:mlp", "--values", "3"]) == 0
+    assert capsys.readouterr().out.strip() == line  # same seed, same values
+    x = np.random.default_rng(0).standard_normal(graph.values[graph.inputs[0]].shape).astype(np.float32)
+    y = run_graph(graph, {graph.inputs[0]: x})[name]
+    assert f"{y.reshape(-1)[0]:.6g}" in line
+
+
+def bad_model(tmp_path):
+    node = helper.make_node("Hardmax", ["x"], ["y"], name="hm")
+    model = helper.make_model(helper.make_graph(
+        [node], "bad", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    return str(tmp_path / "bad.onnx")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "{tmp}/missing.onnx"], "missing.onnx: no such file"),
+    (["run", "example:mlp", "-i", "{tmp}/none.npy"], "none.npy: no such file"),
+    (["run", "example:mlp", "-i", "{tmp}/junk.npy"], "junk.npy: not a .npy or .npz file"),
+    (["run", "example:mlp", "-i", "{tmp}/wrong.npy"], "input 'x' has shape [3, 3], the graph expects"),
+    (["run", "example:mlp", "-i", "{tmp}/named.npz"], "'nope' is not an input of the graph"),
+    (["run", "{two}", "-i", "{tmp}/wrong.npy"], "one array given, but the model has 2 inputs (a, b)"),
+    (["run", "{two}", "-o", "{tmp}/out.npy"], "the model has 2 outputs (s, p); save them to a .npz"),
+    (["run", "example:mlp", "-o", "{tmp}/no/dir/y.npy"], "does not exist"),
+    (["run", "{bad}"], "no reference implementation for op 'Hardmax' (node 'hm')"),
+])
+def test_run_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
+    (tmp_path / "junk.npy").write_bytes(b"not numpy at all")
+    np.save(tmp_path / "wrong.npy", np.zeros((3, 3), np.float32))
+    np.savez(tmp_path / "named.npz", nope=np.zeros(1))
+    paths = {"tmp": str(tmp_path), "two": two_in_two_out(tmp_path / "two.onnx"), "bad": bad_model(tmp_path)}
+    assert main([a.format(**paths) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("saturate: error: ") and message in err[-1]
+    assert "Traceback" not in "\n".join(err)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from typing import Any
 
 import numpy as np
@@ -230,7 +231,7 @@ class _Reader:
         decl = st.children[0]
         name = self.define(decl.children[0], g)
         g.inputs.append(name)
-        if decl.children[1] is not None:
+        if len(decl.children) > 1:
             g.values[name] = self.type(decl.children[1])
 
     def st_output(self, g: Graph, st: Tree) -> None:
@@ -301,20 +302,31 @@ class _Reader:
         if "..." in body:
             raise self.error(tok, "constant data is abbreviated ('...'); print the graph in full "
                                   "(saturate show --full) to get text that parses back")
-        try:
-            if dtype == object:
+        if dtype == object:
+            try:
                 flat = np.array(json.loads(tok), dtype=object)
-            else:
-                items = [s.strip() for s in body.split(",")] if body.strip() else []
-                if dtype.kind == "b":
-                    flat = np.array(items, dtype=np.int64).astype(bool)
-                else:
-                    flat = np.array(items, dtype=str).astype(dtype)
-        except (ValueError, TypeError, json.JSONDecodeError):
-            raise self.error(tok, f"constant data is not a list of {_dtype_name(dtype)} values") from None
+            except json.JSONDecodeError:
+                raise self.error(tok, "constant data is not a list of strings") from None
+        else:
+            flat = self.numbers(tok, body, dtype)
         if flat.size != size:
             raise self.error(tok, f"constant data has {flat.size} values; shape {list(shape)} needs {size}")
         return flat.reshape(shape)
+
+    def numbers(self, tok: Token, body: str, dtype: np.dtype) -> np.ndarray:
+        # numpy's text reader instead of a Python loop: big models have millions of values.
+        expected = body.count(",") + 1 if body.strip() else 0
+        parse_as = np.float64 if dtype.kind == "f" else np.int64 if dtype.kind in "bi" else dtype
+        with warnings.catch_warnings():
+            # numpy reports text it cannot read as a DeprecationWarning and returns a prefix.
+            warnings.simplefilter("error", DeprecationWarning)
+            try:
+                flat = np.fromstring(body, dtype=parse_as, sep=",") if expected else np.zeros(0, parse_as)
+            except (ValueError, DeprecationWarning):
+                flat = None
+        if flat is None or flat.size != expected:
+            raise self.error(tok, f"constant data is not a list of {_dtype_name(dtype)} values")
+        return flat.astype(dtype)
 
     def dtype(self, tok: Token) -> np.dtype:
         if str(tok) == "string":

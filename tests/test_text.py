@@ -1,0 +1,203 @@
+"""Text form: print/parse round trips (hypothesis over random graphs), syntax errors, `saturate show`."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from frontend import load_graph, save_graph
+from frontend.examples import build
+from frontend.text import parse_graph, print_graph
+from saturate.cli import main
+from saturate.errors import SaturateError, SourceError
+from saturate.ir import Graph, Node, OpaqueAttr, ValueInfo, graph_differences
+
+NAMES = st.one_of(st.from_regex(r"[a-z][a-z0-9_]{0,5}", fullmatch=True),
+                  st.sampled_from(["input.1", "onnx::Conv_7", "/layer1/0/Relu_output_0", "a b", "_", "%", "q\"x"]),
+                  st.text(min_size=1, max_size=6))
+DTYPES = ["float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool"]
+DIMS = st.one_of(st.integers(0, 7), st.sampled_from(["N", "batch size", None]))
+
+
+def assert_same(a: Graph, b: Graph):
+    assert graph_differences(a, b) == []
+    assert (a.name, a.opset, a.meta) == (b.name, b.opset, b.meta)
+    for x, y in zip(a.nodes, b.nodes):
+        assert x.name == y.name
+        for k in x.attrs:  # same Python types, not only equal values (1 != 1.0 for ONNX)
+            assert type(x.attrs[k]) is type(y.attrs[k])
+            if isinstance(x.attrs[k], list):
+                assert [type(v) for v in x.attrs[k]] == [type(v) for v in y.attrs[k]]
+
+
+def arrays(draw, finite=False):
+    dtype = draw(st.sampled_from(DTYPES + ["string"]))
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3))
+    if dtype == "string":
+        items = draw(st.lists(st.text(max_size=4), min_size=int(np.prod(shape)), max_size=int(np.prod(shape))))
+        return np.array(items, dtype=object).reshape(shape)
+    elements = st.floats(width=np.dtype(dtype).itemsize * 8, allow_nan=False) if finite and dtype.startswith("float") else None
+    return draw(hnp.arrays(np.dtype(dtype), shape, elements=elements))
+
+
+@st.composite
+def attr_values(draw):
+    kind = draw(st.sampled_from(["int", "float", "str", "bytes", "ints", "floats", "strs", "empty", "tensor", "opaque"]))
+    if kind == "int":
+        return draw(st.integers(-2**63, 2**63 - 1))
+    if kind == "float":
+        return draw(st.floats(allow_nan=False))
+    if kind == "str":
+        return draw(st.text(max_size=8))
+    if kind == "bytes":
+        return draw(st.binary(max_size=6))
+    if kind == "ints":
+        return draw(st.lists(st.integers(-100, 100), min_size=1, max_size=4))
+    if kind == "floats":
+        return draw(st.lists(st.floats(allow_nan=False, width=32), min_size=1, max_size=4))
+    if kind == "strs":
+        return draw(st.lists(st.text(max_size=3), min_size=1, max_size=3))
+    if kind == "empty":
+        return []
+    if kind == "tensor":
+        return arrays(draw, finite=True)
+    return OpaqueAttr("GRAPH", draw(st.binary(max_size=8)))
+
+
+@st.composite
+def graphs(draw):
+    names = draw(st.lists(NAMES, min_size=5, max_size=12, unique=True))
+    g = Graph(name=draw(NAMES), opset=draw(st.integers(13, 21)))
+    if draw(st.booleans()):
+        g.meta["opset_imports"] = {"com.example": draw(st.integers(1, 3))}
+    pool = iter(names)
+    defined = []
+    for name in [next(pool) for _ in range(draw(st.integers(1, 2)))]:
+        g.inputs.append(name)
+        defined.append(name)
+        if draw(st.booleans()):
+            shape = draw(st.one_of(st.none(), st.lists(DIMS, max_size=4).map(tuple)))
+            g.values[name] = ValueInfo(draw(st.sampled_from(DTYPES)), shape)
+    for name in [next(pool) for _ in range(draw(st.integers(0, 2)))]:
+        g.constants[name] = arrays(draw)
+        defined.append(name)
+    for name in pool:
+        args = draw(st.lists(st.sampled_from(defined + [""]), max_size=3))
+        outs = [name] + ([""] if draw(st.booleans()) else [])
+        attrs = draw(st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True), attr_values(), max_size=3))
+        node = Node(draw(st.sampled_from(["Conv", "Add", "MyOp"])), args, outs, attrs,
+                    name=draw(st.one_of(st.just(""), NAMES)), domain=draw(st.sampled_from(["", "com.example"])))
+        g.nodes.append(node)
+        if draw(st.booleans()):
+            g.values[name] = ValueInfo(draw(st.sampled_from(DTYPES)), tuple(draw(st.lists(DIMS, max_size=3))))
+        defined.append(name)
+    g.outputs = draw(st.lists(st.sampled_from(defined), min_size=1, max_size=3))
+    return g
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs(), st.booleans())
+def test_round_trip_random_graphs(g, hex_data):
+    text = print_graph(g, hex_data=hex_data)
+    assert_same(g, parse_graph(text))
+
+
+@pytest.mark.parametrize("name", ["mlp", "vgg", "mobilenet", "chain-20", pytest.param("resnet18", marks=pytest.mark.slow)])
+def test_round_trip_examples(name):
+    g = build(name)
+    assert_same(g, parse_graph(print_graph(g)))
+
+
+def test_float32_data_is_exact_including_special_values():
+    bits = np.random.default_rng(0).integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
+    data = np.concatenate([bits.view(np.float32), np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45], np.float32)])
+    g = Graph(inputs=[], outputs=["c"], constants={"c": data})
+    back = parse_graph(print_graph(g)).constants["c"]
+    finite = np.isfinite(data)
+    assert np.array_equal(back.view(np.uint32)[finite], data.view(np.uint32)[finite])
+    assert np.array_equal(np.isnan(back), np.isnan(data))
+
+
+def test_hex_form_and_exotic_dtypes():
+    g = Graph(outputs=["c", "h"], constants={"c": np.arange(6, dtype=np.float32).reshape(2, 3) / 7,
+                                               "h": np.array([1.5, -2], np.float16)})
+    text = print_graph(g, hex_data=True)
+    assert "0x" in text and "0.14285" not in text
+    assert_same(g, parse_graph(text))
+
+
+def test_file_round_trip(tmp_path):
+    g = build("mobilenet")
+    path = tmp_path / "m.sat"
+    save_graph(g, str(path))
+    assert_same(g, load_graph(str(path)))
+
+
+# ---- errors ------------------------------------------------------------------------------------
+def error_of(text: str) -> SourceError:
+    with pytest.raises(SourceError) as err:
+        parse_graph(text, file="g.sat")
+    return err.value
+
+
+def test_syntax_error_points_at_line_and_column():
+    err = error_of("graph g opset 17\n  input %x: float32[2]\n  %y = Relu(%x,, %x)\n  output %y\n")
+    assert (err.file, err.line, err.col) == ("g.sat", 3, 16)
+    assert str(err).startswith("g.sat:3:16: unexpected")
+    assert str(err).splitlines()[1:] == ["      %y = Relu(%x,, %x)", "                   ^"]
+
+
+def test_bad_character_and_missing_header():
+    assert error_of("graph g opset 17\n  input %x: float32[2] $\n").line == 2
+    err = error_of("input %x\n")
+    assert err.line == 1 and "unexpected" in err.message
+
+
+def test_abbreviated_constant_cannot_be_parsed():
+    g = build("mlp")
+    text = print_graph(g, max_elements=4)
+    err = error_of(text)
+    assert "abbreviated" in err.message and err.line == 4
+
+
+def test_undefined_and_duplicate_values():
+    err = error_of("graph g opset 17\n  input %x\n  %y = Add(%x, %z)\n  output %y\n")
+    assert (err.line, err.col) == (3, 16) and "'%z' is used before it is defined" in err.message
+    err = error_of("graph g opset 17\n  input %x\n  %x = Relu(%x)\n  output %x\n")
+    assert err.line == 3 and "defined twice" in err.message
+    err = error_of("graph g opset 17\n  output %nothing\n")
+    assert err.line == 2
+
+
+def test_constant_data_must_match_its_type():
+    err = error_of("graph g opset 17\n  const %c: float32[3] = [1.0, 2.0]\n  output %c\n")
+    assert "has 2 values; shape [3] needs 3" in err.message
+    err = error_of("graph g opset 17\n  const %c: int64[2] = [1, x]\n  output %c\n")
+    assert "not a list of int64 values" in err.message
+    err = error_of("graph g opset 17\n  const %c: float32[1] = 0x0000\n  output %c\n")
+    assert "needs 4" in err.message
+    err = error_of("graph g opset 17\n  const %c: wibble[1] = [1]\n  output %c\n")
+    assert "unknown dtype 'wibble'" in err.message
+
+
+# ---- saturate show ---------------------------------------------------------------------------
+def test_show_abbreviates_and_counts(capsys):
+    assert main(["show", "example:mlp"]) == 0
+    out = capsys.readouterr().out
+    assert "..." in out and "MatMul  3" in out and out.startswith("graph mlp opset 17")
+
+
+def test_show_full_parses_back(capsys):
+    assert main(["show", "--full", "example:vgg"]) == 0
+    assert_same(build("vgg"), parse_graph(capsys.readouterr().out))
+
+
+def test_show_bad_model_is_exit_2(capsys, tmp_path):
+    bad = tmp_path / "bad.sat"
+    bad.write_text("graph g opset 17\n  %y = Relu(%x)\n")
+    assert main(["show", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"saturate: error: {bad}:2:13: value '%x' is used before it is defined" in err
+    with pytest.raises(SaturateError):
+        load_graph(str(tmp_path / "missing.sat"))

@@ -22,7 +22,10 @@ def supported_ops() -> list[str]:
 
 
 def eval_node(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    """Evaluate one node on concrete inputs (None for an omitted optional input); one array per output."""
+    """Evaluate one node on concrete inputs (None: omitted optional input); one array per output.
+
+    Results may be views of the inputs (Reshape, Transpose, Identity): copy before writing to them.
+    """
     impl = OP_IMPLS.get(node.op) if node.domain in ("", "ai.onnx") else None
     if impl is None:
         shown = f"{node.domain}::{node.op}" if node.domain else node.op

@@ -215,6 +215,10 @@ def _constant(node: Node) -> np.ndarray:
     raise fail(node, "needs one of the attributes value, value_float(s), value_int(s)")
 
 
+def _shape(node: Node, x: np.ndarray) -> np.ndarray:
+    return np.array(x.shape, np.int64)[node.attrs.get("start"):node.attrs.get("end")]
+
+
 def _variadic(ufunc) -> Callable:
     def run(node: Node, *xs: np.ndarray) -> np.ndarray:
         _same_dtype(node, *xs)
@@ -259,5 +263,4 @@ register("Squeeze", 1, 2, _squeeze)
 register("Unsqueeze", 1, 2, _unsqueeze)
 register("Cast", 1, 1, _cast)
 register("Constant", 0, 0, _constant)
-register("Shape", 1, 1, lambda node, x: np.array(x.shape, np.int64)[
-    slice(node.attrs.get("start"), node.attrs.get("end"))])
+register("Shape", 1, 1, _shape)

@@ -185,6 +185,18 @@ def test_binary_broadcast(seed, op, shapes):
     check(op, {"a": a, "b": b})
 
 
+@pytest.mark.parametrize("attrs", [{"value_floats": [1.5, -2.0]}, {"value_int": 7}, {"value_ints": [3, 4]},
+                                   {"value_float": 0.25}])
+def test_constant(attrs):
+    check("Constant", {}, attrs)
+
+
+def test_clip_bounds_as_attributes_before_opset_11():
+    node = Node("Clip", ["x"], ["y"], {"min": -0.5, "max": 0.5}, name="clip6")
+    (y,) = eval_node(node, [np.array([-2.0, 0.25, 2.0], np.float32)])
+    assert y.dtype == np.float32 and y.tolist() == [-0.5, 0.25, 0.5]
+
+
 def test_integer_div_truncates_like_onnx():
     a = np.array([7, -7, 7, -7, 0], np.int64)
     b = np.array([2, 2, -2, -2, 3], np.int64)
@@ -194,7 +206,7 @@ def test_integer_div_truncates_like_onnx():
 UNARY = {
     "Relu": (-2, 2), "Sigmoid": (-8, 8), "Tanh": (-3, 3), "Erf": (-3, 3), "Neg": (-2, 2),
     "Sqrt": (0.01, 4), "Reciprocal": (0.25, 4), "Exp": (-3, 3), "Log": (0.01, 4), "Abs": (-2, 2),
-    "Identity": (-2, 2), "Softmax": (-4, 4),
+    "Identity": (-2, 2), "Softmax": (-4, 4), "Dropout": (-2, 2),
 }
 
 

@@ -1,0 +1,125 @@
+"""Every standard rule, Before/Expected: a small graph, the ops left after the rule, same numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_util import Builder, assert_same, ops
+
+from saturate.dsl import load_rules
+from saturate.optimize import optimize
+
+RULES = {r.name: r for r in load_rules(None, level=3)}
+I64 = np.int64
+
+
+def _img(fn, shape=(1, 4, 6, 6)):
+    b = Builder(shape=shape)
+    return b, b.build(fn(b))
+
+
+def _mat(fn, shape=(2, 3)):
+    return _img(fn, shape)
+
+
+def _per_channel(b, low=None):
+    return b.rand(1, 4, 1, 1, low=low)
+
+
+def _fold(op, *consts, **attrs):
+    """x + op(constants): the op is computed once, leaving a single Add."""
+    return lambda b: b.op("Add", "x", b.op(op, *[c(b) for c in consts], **attrs))
+
+
+def _c(*shape, low=None):
+    return lambda b: b.rand(*shape, low=low)
+
+
+def _gemm(trans_b: int, bias: bool, scale_in: bool):
+    def build(b):
+        w = b.rand(*((4, 3) if trans_b else (3, 4)))
+        x = b.op("Mul", "x", b.rand(1, 3)) if scale_in else "x"
+        ins = [x, w] + ([b.rand(4)] if bias else [])
+        y = b.op("Gemm", *ins, transB=trans_b)
+        return y if scale_in else b.op("Mul", y, b.rand(1, 4))
+    return build
+
+
+# rule -> (Before graph, Expected ops after, other rules the case needs to show the effect).
+# A rewrite to a form of equal cost (x - c into x + -c) shows only once another rule uses it.
+CASES = {
+    "add-add": (_mat(lambda b: b.op("Add", b.op("Add", "x", b.rand(3)), b.rand(2, 1))), ["Add"], ()),
+    "mul-mul": (_mat(lambda b: b.op("Mul", b.op("Mul", "x", b.rand(3)), b.rand(2, 3))), ["Mul"], ()),
+    "sub-const": (_mat(lambda b: b.op("Add", b.op("Sub", "x", b.rand(3)), b.rand(3))), ["Add"], ("add-add",)),
+    "div-const": (_mat(lambda b: b.op("Mul", b.op("Div", "x", b.rand(3, low=0.5)), b.rand(3))), ["Mul"],
+                  ("mul-mul",)),
+    "add-zero": (_mat(lambda b: b.op("Relu", b.op("Add", "x", b.const(np.zeros(3, np.float32))))), ["Relu"], ()),
+    "mul-one": (_mat(lambda b: b.op("Relu", b.op("Mul", "x", b.const(np.ones(3, np.float32))))), ["Relu"], ()),
+    "batchnorm": (_img(lambda b: b.bn(b.conv("x", 4, 4), 4)), ["Conv"], ("conv-scale-out", "conv-bias")),
+    "conv-bias": (_img(lambda b: b.op("Add", b.conv("x", 4, 4), _per_channel(b))), ["Conv"], ()),
+    "conv-bias-add": (_img(lambda b: b.op("Add", b.conv("x", 4, 4, bias=True), _per_channel(b))), ["Conv"], ()),
+    "identity": (_mat(lambda b: b.op("Relu", b.op("Identity", "x"))), ["Relu"], ()),
+    "add-comm": (_mat(lambda b: b.op("Add", b.op("Add", b.rand(3), "x"), b.rand(3))), ["Add"], ("add-add",)),
+    "mul-comm": (_mat(lambda b: b.op("Mul", b.op("Mul", b.rand(3), "x"), b.rand(3))), ["Mul"], ("mul-mul",)),
+    "reshape-reshape": (_mat(lambda b: b.op("Reshape", b.op("Reshape", "x", b.const(np.array([3, 2], I64))),
+                                            b.const(np.array([6], I64)))), ["Reshape"], ()),
+    "transpose-transpose": (_img(lambda b: b.op("Transpose", b.op("Transpose", "x", perm=[0, 2, 3, 1]),
+                                                perm=[0, 2, 3, 1])), ["Transpose"], ()),
+    "transpose-identity": (_img(lambda b: b.op("Relu", b.op("Transpose", "x", perm=[0, 1, 2, 3]))), ["Relu"], ()),
+    "fold-add": (_mat(_fold("Add", _c(3), _c(2, 3))), ["Add"], ()),
+    "fold-sub": (_mat(_fold("Sub", _c(3), _c(2, 3))), ["Add"], ()),
+    "fold-mul": (_mat(_fold("Mul", _c(3), _c(2, 3))), ["Add"], ()),
+    "fold-div": (_mat(_fold("Div", _c(3), _c(2, 3, low=0.5))), ["Add"], ()),
+    "fold-neg": (_mat(_fold("Neg", _c(3))), ["Add"], ()),
+    "fold-sqrt": (_mat(_fold("Sqrt", _c(3, low=0.1))), ["Add"], ()),
+    "fold-reciprocal": (_mat(_fold("Reciprocal", _c(3, low=0.5))), ["Add"], ()),
+    "fold-relu": (_mat(_fold("Relu", _c(3))), ["Add"], ()),
+    "fold-sigmoid": (_mat(_fold("Sigmoid", _c(3))), ["Add"], ()),
+    "fold-tanh": (_mat(_fold("Tanh", _c(3))), ["Add"], ()),
+    "fold-erf": (_mat(_fold("Erf", _c(3))), ["Add"], ()),
+    "fold-leaky-relu": (_mat(_fold("LeakyRelu", _c(3), alpha=0.2)), ["Add"], ()),
+    "fold-clip": (_mat(lambda b: b.op("Add", "x", b.op("Clip", b.rand(3), b.const(np.float32(-0.5)),
+                                                         b.const(np.float32(0.5))))), ["Add"], ()),
+    "fold-matmul": (_mat(_fold("MatMul", _c(2, 4), _c(4, 3))), ["Add"], ()),
+    "fold-gemm": (_mat(_fold("Gemm", _c(2, 4), _c(3, 4), transB=1)), ["Add"], ()),
+    "fold-gemm-bias": (_mat(_fold("Gemm", _c(2, 4), _c(4, 3), _c(3), alpha=0.5)), ["Add"], ()),
+    "fold-transpose": (_mat(_fold("Transpose", _c(3, 2), perm=[1, 0])), ["Add"], ()),
+    "fold-reshape": (_mat(lambda b: b.op("Add", "x", b.op("Reshape", b.rand(6),
+                                                          b.const(np.array([2, 3], I64))))), ["Add"], ()),
+    "fold-flatten": (_mat(_fold("Flatten", _c(2, 3, 1), axis=1)), ["Add"], ()),
+    "fold-softmax": (_mat(_fold("Softmax", _c(2, 3), axis=1)), ["Add"], ()),
+    "conv-scale-out": (_img(lambda b: b.op("Mul", b.conv("x", 4, 4), _per_channel(b))), ["Conv"], ()),
+    "conv-bias-scale-out": (_img(lambda b: b.op("Mul", b.conv("x", 4, 4, bias=True), _per_channel(b))),
+                            ["Conv"], ()),
+    "conv-scale-in": (_img(lambda b: b.conv(b.op("Mul", "x", _per_channel(b)), 4, 4)), ["Conv"], ()),
+    "conv-bias-scale-in": (_img(lambda b: b.conv(b.op("Mul", "x", _per_channel(b)), 4, 4, bias=True)),
+                           ["Conv"], ()),
+    "relu-scale": (_img(lambda b: b.conv(b.op("Relu", b.op("Mul", "x", _per_channel(b, low=0.1))), 4, 4)),
+                   ["Relu", "Conv"], ("conv-scale-in",)),
+    "matmul-scale-out": (_mat(lambda b: b.op("Mul", b.op("MatMul", "x", b.rand(3, 4)), b.rand(4))),
+                         ["MatMul"], ()),
+    "matmul-scale-in": (_mat(lambda b: b.op("MatMul", b.op("Mul", "x", b.rand(3)), b.rand(3, 4))),
+                        ["MatMul"], ()),
+    "gemm-scale-out": (_mat(_gemm(0, False, False)), ["Gemm"], ()),
+    "gemm-t-scale-out": (_mat(_gemm(1, False, False)), ["Gemm"], ()),
+    "gemm-bias-scale-out": (_mat(_gemm(0, True, False)), ["Gemm"], ()),
+    "gemm-t-bias-scale-out": (_mat(_gemm(1, True, False)), ["Gemm"], ()),
+    "gemm-scale-in": (_mat(_gemm(0, False, True)), ["Gemm"], ()),
+    "gemm-t-scale-in": (_mat(_gemm(1, False, True)), ["Gemm"], ()),
+    "gemm-bias-scale-in": (_mat(_gemm(0, True, True)), ["Gemm"], ()),
+    "gemm-t-bias-scale-in": (_mat(_gemm(1, True, True)), ["Gemm"], ()),
+}
+
+
+def test_every_standard_rule_has_a_case():
+    assert sorted(RULES) == sorted(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_standard_rule(name):
+    (b, before), expected, others = CASES[name]
+    rules = [RULES[name]] + [RULES[o] for o in others]
+    after, report = optimize(before, rules)
+    assert report.run.matches[name] > 0, f"{name} never matched"
+    assert ops(after) == expected
+    assert_same(before, after, b.sample())

@@ -51,5 +51,6 @@ def check_three_way(graph: Graph, seed: int = 0, ort: bool = True, threads: int 
         sess = ort_session(graph, 1)
         names = [o.name for o in sess.get_outputs()]
         for k, v in zip(names, sess.run(None, feed)):
+            assert got[k].shape == v.shape, (k, got[k].shape, v.shape)
             assert rel_error(got[k], np.asarray(v, np.float64)) <= TOL, (k, rel_error(got[k], v))
     return got

@@ -142,3 +142,26 @@ def matmuls(draw):
 @SETTINGS
 def test_generated_matmuls(graph):
     check_three_way(graph)
+
+
+@st.composite
+def pools(draw):
+    op = draw(st.sampled_from(["MaxPool", "AveragePool"]))
+    kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    pads = [draw(st.integers(0, k - 1)) for k in (kh, kw, kh, kw)]
+    attrs = {"kernel_shape": [kh, kw], "pads": pads, "strides": [draw(st.integers(1, 3)), draw(st.integers(1, 3))],
+             "ceil_mode": draw(st.integers(0, 1))}
+    dh, dw = 1, 1
+    if op == "MaxPool":
+        dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+        attrs["dilations"] = [dh, dw]
+    else:
+        attrs["count_include_pad"] = draw(st.integers(0, 1))
+    h, w = draw(st.integers((kh - 1) * dh + 1, 9)), draw(st.integers((kw - 1) * dw + 1, 9))
+    return make([Node(op, ["x"], ["y"], attrs), Node("Relu", ["y"], ["z"])], {"x": (2, 2, h, w)})
+
+
+@given(pools())
+@SETTINGS
+def test_generated_pools(graph):
+    check_three_way(graph)

@@ -23,18 +23,29 @@ def _cpu_has_avx512() -> bool:
 
 
 def openblas() -> tuple[str, str, str]:
-    """(include dir, library dir, library name) of the scipy-openblas32 wheel.
-
-    Importing the wheel loads OpenBLAS, which picks its kernels once; on AVX-512 machines it
-    does not recognize (it falls back to Haswell's AVX2 kernels) we ask for the AVX-512 ones.
-    """
-    if _cpu_has_avx512():
-        os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+    """(include dir, library dir, library name) of the scipy-openblas32 wheel."""
     try:
         import scipy_openblas32 as ob
     except ImportError:
         raise SaturateError("the C backend needs the scipy-openblas32 package (pip install scipy-openblas32)") from None
     return ob.get_include_dir(), ob.get_lib_dir(), ob.get_library()
+
+
+def openblas_core() -> str:
+    """The kernel family OpenBLAS chose (it honours $OPENBLAS_CORETYPE), with a note when the
+    CPU could run wider kernels than the ones pinned."""
+    import ctypes
+
+    openblas()
+    import scipy_openblas32 as ob
+
+    fn = ob.dll.scipy_openblas_get_corename
+    fn.restype = ctypes.c_char_p
+    core = fn().decode()
+    pinned = os.environ.get("OPENBLAS_CORETYPE")
+    if pinned and _cpu_has_avx512() and core.lower() in ("haswell", "zen", "sandybridge"):
+        return f"{core} (pinned by OPENBLAS_CORETYPE={pinned}; this CPU has AVX-512)"
+    return core
 
 
 def compiler() -> str:
@@ -45,12 +56,14 @@ def compiler() -> str:
     return cc
 
 
-def compile_command(source: Path, target: Path, sanitize: bool = False) -> list[str]:
+def compile_command(source: Path, target: Path, sanitize: bool = False, profile: bool = False) -> list[str]:
     """The full compiler command line for one emitted model."""
     inc, libdir, lib = openblas()
-    flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-std=c11", "-w"]
+    flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-std=gnu11", "-w"]
     if sanitize:
         flags += SANITIZE_FLAGS
+    if profile:
+        flags.append("-DSAT_PROFILE")
     return [compiler(), *flags, f"-I{KERNELS_DIR}", f"-I{inc}", str(source), "-o", str(target),
             f"-L{libdir}", f"-l{lib}", f"-Wl,-rpath,{libdir}", "-lm"]
 
@@ -60,14 +73,16 @@ def cache_root() -> Path:
     return Path(os.environ.get("SATURATE_CACHE", Path.home() / ".cache" / "saturate" / "backend"))
 
 
-def build(source: str, weights: bytes, out_dir: Path | None = None, sanitize: bool = False) -> Path:
+def build(source: str, weights: bytes, out_dir: Path | None = None, sanitize: bool = False,
+          profile: bool = False) -> Path:
     """Write model.c and weights.bin and compile model.so; returns the directory holding them.
 
     Without out_dir the directory is a cache entry named by the hash of source, weights, kernels
     and flags, so the same graph compiles once.
     """
     kernels = (KERNELS_DIR / "kernels.h").read_bytes()
-    key = hashlib.sha256(source.encode() + kernels + weights + (b"asan" if sanitize else b"")).hexdigest()[:24]
+    key = hashlib.sha256(source.encode() + kernels + weights + (b"asan" if sanitize else b"")
+                         + (b"prof" if profile else b"")).hexdigest()[:24]
     target = Path(out_dir) if out_dir is not None else cache_root() / key
     so = target / "model.so"
     stamp = target / "build.key"
@@ -78,7 +93,7 @@ def build(source: str, weights: bytes, out_dir: Path | None = None, sanitize: bo
     _write_atomic(target / "weights.bin", weights)
     with tempfile.TemporaryDirectory(dir=target) as tmp:
         tmp_so = Path(tmp) / "model.so"
-        cmd = compile_command(target / "model.c", tmp_so, sanitize)
+        cmd = compile_command(target / "model.c", tmp_so, sanitize, profile)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             first = (proc.stderr.strip().splitlines() or ["(no output)"])[0]

@@ -303,8 +303,10 @@ class Emitter:
 
     # ---- whole program ----------------------------------------------------------------------
     def program(self) -> str:
-        for step in self.plan.steps:
+        for k, step in enumerate(self.plan.steps):
+            self.body.append("    { SAT_TIC\n")
             self.emit_step(step)
+            self.body.append(f"    SAT_TOC({k}) }}\n")
         copies = "".join(f"    memcpy(outputs[{k}], {self.ptr(o)}, {math.prod(self.shapes[o]) * 4});\n"
                          for k, o in enumerate(self.g.outputs))
         poison_init, poison_run = self.poison()

@@ -14,6 +14,23 @@
 /* Thread count of the current run; OpenMP regions and OpenBLAS both follow it. */
 static int sat_threads = 1;
 
+/* Per-step wall time, compiled in only with -DSAT_PROFILE (saturate.backend profiling builds). */
+#ifdef SAT_PROFILE
+#include <time.h>
+static double sat_step_seconds[1 << 16];
+static inline double sat_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+#define SAT_TIC double sat_t0 = sat_now();
+#define SAT_TOC(k) sat_step_seconds[k] += sat_now() - sat_t0;
+double *sat_profile(void) { return sat_step_seconds; }
+#else
+#define SAT_TIC
+#define SAT_TOC(k)
+#endif
+
 /* A fused epilogue rewrites y[off .. off+len) in place; runs never cross the kernel's row. */
 typedef void (*sat_epi)(float *y, int64_t off, int64_t len);
 
@@ -159,38 +176,55 @@ static void sat_gemm(int ta, int tb, int M, int N, int K, float alpha, const flo
     }
 }
 
-/* Max or average pooling over (N*C) planes; `mode` 0 max, 1 average without pads, 2 average with pads. */
+/* Max or average pooling over (N*C) planes, a row of outputs at a time so the inner loops are
+ * branch-free; `mode` 0 max, 1 average over real pixels, 2 average counting pads. */
 static void sat_pool2d(const float *x, float *y, int64_t NC, int H, int W, int OH, int OW, int KH, int KW,
                        int sh, int sw, int ph, int pw, int pe_h, int pe_w, int dh, int dw, int mode, sat_epi epi) {
     const int64_t P = (int64_t)OH * OW;
+    /* Per output column: how many kernel columns fall on real pixels, and on pixels or pads. */
+    int *wcount = malloc(sizeof(int) * 2 * (size_t)OW);
+    for (int ow = 0; ow < OW; ow++) {
+        wcount[ow] = wcount[OW + ow] = 0;
+        for (int kw = 0; kw < KW; kw++) {
+            const int iw = ow * sw - pw + kw * dw;
+            wcount[ow] += iw >= 0 && iw < W;
+            wcount[OW + ow] += iw >= -pw && iw < W + pe_w;
+        }
+    }
     SAT_PAR
     for (int64_t p = 0; p < NC; p++) {
         const float *xi = x + p * H * W;
         float *yo = y + p * P;
         for (int oh = 0; oh < OH; oh++) {
-            for (int ow = 0; ow < OW; ow++) {
-                float acc = mode == 0 ? -INFINITY : 0.0f;
-                int valid = 0, padded = 0;
-                for (int kh = 0; kh < KH; kh++) {
-                    const int ih = oh * sh - ph + kh * dh;
-                    const int h_in = ih >= 0 && ih < H, h_pad = ih >= -ph && ih < H + pe_h;
-                    for (int kw = 0; kw < KW; kw++) {
-                        const int iw = ow * sw - pw + kw * dw;
-                        if (h_pad && iw >= -pw && iw < W + pe_w) padded++;
-                        if (!h_in || iw < 0 || iw >= W) continue;
-                        const float v = xi[(int64_t)ih * W + iw];
-                        valid++;
-                        if (mode == 0) acc = v > acc ? v : acc;
-                        else acc += v;
-                    }
+            float *row = yo + (int64_t)oh * OW;
+            const float init = mode == 0 ? -INFINITY : 0.0f;
+            for (int ow = 0; ow < OW; ow++) row[ow] = init;
+            int hvalid = 0, hpad = 0;
+            for (int kh = 0; kh < KH; kh++) {
+                const int ih = oh * sh - ph + kh * dh;
+                hpad += ih >= -ph && ih < H + pe_h;
+                if (ih < 0 || ih >= H) continue;
+                hvalid++;
+                const float *xr = xi + (int64_t)ih * W;
+                for (int kw = 0; kw < KW; kw++) {
+                    const int iw0 = kw * dw - pw;
+                    int lo, hi;
+                    sat_valid_cols_s(iw0, sw, W, OW, &lo, &hi);
+                    const float *s = xr + iw0;
+                    if (mode == 0)
+                        for (int ow = lo; ow < hi; ow++) row[ow] = s[ow * sw] > row[ow] ? s[ow * sw] : row[ow];
+                    else
+                        for (int ow = lo; ow < hi; ow++) row[ow] += s[ow * sw];
                 }
-                if (mode == 1) acc = valid ? acc / valid : 0.0f;
-                if (mode == 2) acc = padded ? acc / padded : 0.0f;
-                yo[(int64_t)oh * OW + ow] = acc;
             }
+            if (mode == 1)
+                for (int ow = 0; ow < OW; ow++) row[ow] = hvalid * wcount[ow] ? row[ow] / (hvalid * wcount[ow]) : 0.0f;
+            if (mode == 2)
+                for (int ow = 0; ow < OW; ow++) row[ow] = hpad * wcount[OW + ow] ? row[ow] / (hpad * wcount[OW + ow]) : 0.0f;
         }
         if (epi) epi(y, p * P, P);
     }
+    free(wcount);
 }
 
 /* Mean over each of N*C planes of P elements; the epilogue runs over the C channels of one image. */

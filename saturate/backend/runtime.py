@@ -73,10 +73,19 @@ class CompiledModel:
             raise SaturateError("compiled model failed to run (weights not loaded)")
         return {name: o for (name, _), o in zip(self.outputs, outs)}
 
+    def step_seconds(self) -> list[tuple[str, float]]:
+        """Accumulated seconds per step (profiling builds only): (nodes of the step, seconds)."""
+        if not hasattr(self.lib, "sat_profile"):
+            raise SaturateError("not a profiling build: compile with profile=True")
+        self.lib.sat_profile.restype = ctypes.POINTER(ctypes.c_double)
+        times = self.lib.sat_profile()
+        steps = self.emitted.plan.steps
+        return [("+".join(n.op for n in s.nodes()), float(times[k])) for k, s in enumerate(steps)]
+
 
 def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = None,
-                  input_shapes: dict | None = None, sanitize: bool = False) -> CompiledModel:
+                  input_shapes: dict | None = None, sanitize: bool = False, profile: bool = False) -> CompiledModel:
     """Emit, compile (cached by hash) and load a graph; returns a callable on numpy arrays."""
     emitted = emit(graph, input_shapes, sanitize)
-    directory = build(emitted.source, emitted.weights, Path(out_dir) if out_dir else None, sanitize)
+    directory = build(emitted.source, emitted.weights, Path(out_dir) if out_dir else None, sanitize, profile)
     return CompiledModel(emitted, directory, threads)

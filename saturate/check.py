@@ -66,7 +66,7 @@ class _Broken(Exception):
 def as_float64(example: Example) -> Example:
     """The example with every float value widened to float64 (integers untouched)."""
     values = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in example.values.items()}
-    return Example(values, example.consts, example.attrs, example.node_attrs, example.node_ops)
+    return Example(values, example.consts, example.attrs, example.node_attrs, example.node_ops, example.dtype)
 
 
 def example_pattern(ex: Example) -> list[tuple[str, tuple[int, ...]]]:
@@ -179,6 +179,8 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool) -> tuple[Counter
     try:
         lhs, scale_l = _run(source, ex, drawn=True)
     except SaturateError as err:
+        if ex.dtype.startswith("int"):
+            return None, False  # integer division by zero: the left side is undefined
         raise _Broken(f"the drawn left side does not run: {err}") from None
     lhs = np.asarray(lhs)
     if lhs.dtype.kind == "f" and not np.isfinite(lhs).any():

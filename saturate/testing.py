@@ -227,6 +227,7 @@ class Example:
     attrs: dict[str, Any]
     node_attrs: dict[tuple[int, ...], dict[str, Any]]
     node_ops: dict[tuple[int, ...], str] = dataclasses.field(default_factory=dict)
+    dtype: str = "float32"  # of the drawn tensors (int64 for some integer-safe patterns)
 
 
 def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Example]:
@@ -236,25 +237,48 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
 
     pattern = rule.rhs if reverse else rule.lhs
 
+    # Integer tensors flow through elementwise and shape ops too (shape arithmetic in real
+    # models), where Div truncates: such patterns are sometimes drawn in int64.
+    integral = _ops(pattern) <= INTEGER_OPS
+
     @st.composite
     def draw(draw) -> Example:
         planner = Planner(draw, rule.guards)
         planner.plan(pattern)
+        dtype = np.int64 if integral and draw(st.integers(0, 3)) == 3 else np.float32
         values = {}
         for name, shape in planner.shapes.items():
             fill = planner.hints.get(name, {}).get("fill")
             if name in planner.forced:
                 values[name] = planner.forced[name]
             elif fill is not None:
-                values[name] = np.full(shape, fill, np.float32)
+                values[name] = np.full(shape, fill, dtype)
             else:
-                values[name] = draw(constants(shape, planner.sign_of(name)), label=name)
+                values[name] = _cast(draw(constants(shape, planner.sign_of(name)), label=name), dtype)
         example = Example(values, frozenset(planner.consts), dict(planner.attrs), planner.node_attrs,
-                          planner.node_ops)
+                          planner.node_ops, np.dtype(dtype).name)
         assume(guards_hold(rule, example))
         return example
 
     return draw()
+
+
+INTEGER_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "Max", "Min", "Identity",
+                         "Reshape", "Transpose", "Flatten"})
+
+
+def _ops(term: Term) -> set[str]:
+    if isinstance(term, OpTerm):
+        return {term.op}.union(*(_ops(a) for a in term.args))
+    return set()
+
+
+def _cast(values: np.ndarray, dtype: Any) -> np.ndarray:
+    """Float32 draws as `dtype`; integers keep sign and stay nonzero where the draw was."""
+    if np.dtype(dtype).kind != "i":
+        return values.astype(dtype)
+    whole = np.maximum(np.floor(np.abs(values)), values != 0)
+    return np.asarray(np.sign(values) * whole).astype(dtype)
 
 
 def guards_hold(rule: Rule, example: Example) -> bool:

@@ -70,7 +70,8 @@ def test_wrong_rule_is_caught_with_a_readable_counterexample(path):
 
 def test_all_five_kinds_of_mistake_are_present():
     assert {p.stem for p in BAD_FILES} >= {"bn_missing_epsilon", "sub_wrong_sign", "conv_scale_wrong_axis",
-                                           "relu_scale_no_guard", "gemm_bias_swapped_axis"}
+                                           "relu_scale_no_guard", "gemm_bias_swapped_axis",
+                                           "add_zero_grows_shape", "div_const_integer"}
 
 
 def test_guard_makes_the_difference():

@@ -92,7 +92,7 @@ def test_rule_examples_satisfy_guards_and_run(example):
 # The README's example: a user's own property test of a rule written in the rule language.
 _USER_RULE_TEXT = """
 ruleset mine level 2
-rule mul-div  Div(Mul(x, a:const), b:const) => Mul(x, a / b)  if nonzero(b), broadcasts_into(a, x), broadcasts_into(b, x)
+rule mul-div  Div(Mul(x, a:const), b:const) => Mul(x, a / b)  if nonzero(b), floating(b), broadcasts_into(a, x), broadcasts_into(b, x)
 """
 
 

@@ -35,7 +35,7 @@ def import_model(model: onnx.ModelProto) -> Graph:
         g.meta["producer"] = model.producer_name
 
     for init in og.initializer:
-        g.constants[init.name] = numpy_helper.to_array(init)
+        g.constants[init.name] = _array(init)
     if og.sparse_initializer:
         raise SaturateError("sparse initializers are not supported")
     for vi in list(og.input) + list(og.value_info) + list(og.output):
@@ -137,7 +137,7 @@ def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo | None:
 
 def _constant_node_value(a: AttributeProto) -> np.ndarray | None:
     if a.name == "value" and a.type == AttributeProto.TENSOR:
-        return numpy_helper.to_array(a.t)
+        return _array(a.t)
     scalar = {"value_float": lambda: np.array(a.f, np.float32),
               "value_floats": lambda: np.array(list(a.floats), np.float32),
               "value_int": lambda: np.array(a.i, np.int64),
@@ -154,7 +154,7 @@ def _attr_value(a: AttributeProto, node: Node) -> Any:
     if t == AttributeProto.STRING:
         return _text(a.s)
     if t == AttributeProto.TENSOR:
-        return numpy_helper.to_array(a.t)
+        return _array(a.t)
     if t == AttributeProto.FLOATS:
         return [_short_float(v) for v in a.floats]
     if t == AttributeProto.INTS:
@@ -162,10 +162,15 @@ def _attr_value(a: AttributeProto, node: Node) -> Any:
     if t == AttributeProto.STRINGS:
         return [_text(s) for s in a.strings]
     if t == AttributeProto.TENSORS:
-        return [numpy_helper.to_array(x) for x in a.tensors]
+        return [_array(x) for x in a.tensors]
     if t in _OPAQUE_KINDS:
         return OpaqueAttr(_OPAQUE_KINDS[t], a.SerializeToString())
     raise SaturateError(f"{node.where()}: attribute '{a.name}' has an unsupported type {t}")
+
+
+def _array(t: TensorProto) -> np.ndarray:
+    # to_array may return a read-only view into the protobuf's bytes; the IR owns its data.
+    return np.array(numpy_helper.to_array(t), copy=True)
 
 
 def _short_float(v: float) -> float:

@@ -187,3 +187,17 @@ def test_cli_compile_run_and_bench(tmp_path, capsys):
     for row in ("numpy reference", "onnxruntime", "compiled C", "GFLOP/s"):
         assert row in table
     assert main(["compile", "example:nonesuch", "-o", str(tmp_path / "x")]) == 2
+
+
+def test_cli_run_with_c_backend_matches_numpy(tmp_path, capsys):
+    from saturate.cli import main
+
+    x = np.random.default_rng(3).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    for backend in ("numpy", "c"):
+        assert main(["run", "example:vgg", "--backend", backend, "--input", str(tmp_path / "x.npy"),
+                     "-o", str(tmp_path / f"{backend}.npy")]) == 0
+    assert rel_error(np.load(tmp_path / "c.npy"), np.load(tmp_path / "numpy.npy").astype(np.float64)) <= 1e-4
+    np.save(tmp_path / "bad.npy", x[:, :, :16])
+    assert main(["run", "example:vgg", "--backend", "c", "--input", str(tmp_path / "bad.npy")]) == 2
+    assert "expects (1, 3, 32, 32)" in capsys.readouterr().err

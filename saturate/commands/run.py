@@ -25,9 +25,18 @@ def _numpy_backend(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.
     return run_graph(graph, inputs)
 
 
+def _c_backend(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from saturate.backend import compile_graph
+
+    # Symbolic input dimensions take the given array's; declared static shapes are checked instead.
+    shapes = {k: np.shape(a) for k, a in inputs.items() if k in graph.inputs and not graph.info(k).is_static()}
+    return compile_graph(graph, input_shapes=shapes)(inputs)
+
+
 # Backend name -> function(graph, inputs) -> outputs by name. Other backends add an entry here.
 BACKENDS: dict[str, Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarray]]] = {
     "numpy": _numpy_backend,
+    "c": _c_backend,
 }
 
 

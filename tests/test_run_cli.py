@@ -142,3 +142,12 @@ def test_run_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("saturate: error: ") and message in err[-1]
     assert "Traceback" not in "\n".join(err)
+
+
+def test_run_text_graph_gives_the_same_outputs_as_the_example(tmp_path):
+    from frontend import save_graph
+
+    save_graph(examples.build("vgg"), str(tmp_path / "vgg.sat"))
+    assert main(["run", str(tmp_path / "vgg.sat"), "-o", str(tmp_path / "a.npy")]) == 0
+    assert main(["run", "example:vgg", "-o", str(tmp_path / "b.npy")]) == 0
+    assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))

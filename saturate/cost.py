@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol, Sequence
 
 from saturate.ir import Graph, ValueInfo
@@ -45,11 +46,11 @@ def resolve_target(target: Any) -> Any:
 
 
 def graph_cost(graph: Graph, model: Any) -> float:
-    """Total cost of a graph's nodes under `model` (constants are free; unknown ops cost 0)."""
+    """Total cost of a graph's nodes under `model`: infinite if the target cannot run one."""
     total = 0.0
     for n in graph.nodes:
         ins = [graph.info(i) if i else ValueInfo(shape=None) for i in n.inputs]
         out = graph.info(n.outputs[0]) if n.outputs else ValueInfo(shape=None)
         c = model.node_cost(n.op, n.attrs, ins, out)
-        total += c if c is not None else 0.0
+        total += c if c is not None else math.inf
     return total

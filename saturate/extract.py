@@ -183,6 +183,24 @@ class _DagSearch:
                                          str(a[0][1].key), [self.ckey[ch] for ch in a[0][1].children]))
         return self._index
 
+    def _reaches(self, src: Any, dst: Any, pos: dict) -> bool:
+        """Whether `dst` is among the chosen descendants of `src`.
+
+        In a topological order a descendant sits before its ancestor, so the search skips
+        every e-class placed before `dst`.
+        """
+        seen, stack = set(), [src]
+        limit = pos[dst]
+        while stack:
+            c = stack.pop()
+            if c == dst:
+                return True
+            if c in seen or pos.get(c, -1) < limit:
+                continue
+            seen.add(c)
+            stack.extend(self.chosen[c].children)
+        return False
+
     def _try(self, cls: Any, node: ENode, pos: dict) -> bool:
         """Switch `cls` to `node` if that lowers the DAG cost and keeps the graph acyclic."""
         dref: dict[Any, int] = {}
@@ -192,8 +210,8 @@ class _DagSearch:
         while stack:
             c = stack.pop()
             if c in self.chosen and self.refs.get(c, 0) > 0:
-                if pos.get(c, math.inf) >= pos[cls]:
-                    return False     # c may depend on cls: switching could close a cycle
+                if pos[c] >= pos[cls] and self._reaches(c, cls, pos):
+                    return False     # c depends on cls: switching would close a cycle
             elif c not in added:
                 added[c] = self.best[c][1]
                 delta += self.costs[(c, added[c])]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,12 +43,17 @@ class Report:
             "ops_before": self.ops_before, "ops_after": self.ops_after,
             "stop_reason": self.run.stop_reason, "iterations": self.run.iterations,
             "egraph_sizes": self.run.sizes, "times": {k: round(v, 6) for k, v in self.times.items()},
-            "cost_before": self.cost_before, "cost_after": self.cost_after,
+            "cost_before": _finite(self.cost_before), "cost_after": _finite(self.cost_after),
             "kept_original": self.kept_original, "rules_loaded": self.rules,
             "extract_moves": self.extract_moves,
             "matches": [{"rule": name, "at": self.run.locations.get(name, ""), "matches": n}
                         for name, n in sorted(self.run.matches.items())],
         }
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no infinity: a cost the target cannot pay is written as null."""
+    return x if math.isfinite(x) else None
 
 
 def _load(rules: Any, level: int) -> list[Rule]:

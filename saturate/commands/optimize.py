@@ -84,7 +84,7 @@ def format_report(report) -> str:
              + (" (best graph found so far)" if report.run.hit_limit else ""),
              "e-graph size per iteration: " + " ".join(str(s) for s in data["egraph_sizes"]),
              "time per stage: " + "  ".join(f"{k} {v:.3f} s" for k, v in data["times"].items()),
-             f"cost: {data['cost_before']:.0f} -> {data['cost_after']:.0f}"
+             f"cost: {report.cost_before:.0f} -> {report.cost_after:.0f}"
              + ("  (no cheaper graph: original kept)" if report.kept_original else ""),
              "ops:"]
     ops = sorted(set(data["ops_before"]) | set(data["ops_after"]))

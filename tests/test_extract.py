@@ -1,0 +1,89 @@
+"""Extract stage: DAG cost (a shared node paid once), targets that cannot or prefer to run an op."""
+
+from __future__ import annotations
+
+import pytest
+from engine_util import Builder, assert_same, ops
+
+from saturate.cost import DefaultCost, graph_cost
+from saturate.dsl import load_rules
+from saturate.errors import SaturateError
+from saturate.extract import extract
+from saturate.optimize import optimize
+
+RULES = load_rules(None, level=3)
+
+
+class Priced(DefaultCost):
+    """The default cost with some ops re-priced (None: the target cannot run the op)."""
+
+    def __init__(self, **prices):
+        self.prices = prices
+
+    def node_cost(self, op, attrs, ins, out):
+        if op in self.prices:
+            return self.prices[op]
+        return super().node_cost(op, attrs, ins, out)
+
+
+def _shared_conv():
+    b = Builder(shape=(1, 4, 8, 8))
+    c = b.conv("x", 4, 4)
+    return b, b.build(b.bn(c, 4), b.op("Relu", c))
+
+
+def test_local_search_undoes_the_duplicated_conv_tree_cost_picks():
+    b, g = _shared_conv()
+    out, report = optimize(g, RULES)
+    assert report.extract_moves >= 1
+    assert out.op_counts()["Conv"] == 1
+    assert_same(g, out, b.sample())
+
+
+def test_dag_cost_is_never_above_the_tree_greedy_answer():
+    from egglog import bindings
+
+    from saturate.encode import chunks, encode_graph
+    from saturate.encode_rules import compile_rules
+    from saturate.run import saturate
+
+    b, g = _shared_conv()
+    enc = encode_graph(g)
+    compiled = compile_rules(RULES, enc)
+    eg = bindings.EGraph()
+    for piece in chunks(enc.commands + [t for cr in compiled for t in cr.text]):
+        eg.run_program(*eg.parse_program(piece))
+    _, facts = saturate(eg, enc, compiled, 30, 100_000, 30.0)
+    roots = [facts.view.lets[enc.value_names[o]] for o in g.outputs]
+    ext = extract(facts, roots, DefaultCost().node_cost)
+    assert ext.dag_cost < ext.tree_dag_cost
+    chosen_ops = [n.head for n in ext.choice.values() if n.kind == "op"]
+    assert chosen_ops.count("Conv") == 1
+
+
+def test_a_target_that_cannot_run_batchnorm_never_gets_one():
+    b, g = _shared_conv()
+    out, _ = optimize(g, RULES, target=Priced(BatchNormalization=None))
+    assert "BatchNormalization" not in ops(out)
+    assert_same(g, out, b.sample())
+
+
+def test_a_target_with_native_batchnorm_keeps_it():
+    b = Builder(shape=(1, 4, 8, 8))
+    g = b.build(b.op("Relu", b.bn(b.conv("x", 4, 4), 4)))
+    out, _ = optimize(g, RULES, target=Priced(BatchNormalization=0.0))
+    assert ops(out) == ["Conv", "BatchNormalization", "Relu"]
+
+
+def test_an_output_no_target_op_can_compute_is_a_clean_error():
+    b = Builder(shape=(2, 3))
+    g = b.build(b.op("Relu", "x"))
+    with pytest.raises(SaturateError, match="no extractable graph"):
+        optimize(g, RULES, target=Priced(Relu=None))
+
+
+def test_result_is_never_costlier_than_the_input():
+    b, g = _shared_conv()
+    model = DefaultCost()
+    out, report = optimize(g, RULES, target=model)
+    assert graph_cost(out, model) == report.cost_after <= graph_cost(g, model) == report.cost_before

@@ -86,8 +86,7 @@ def build_graph(term: Term, ex: Example, drawn: bool) -> Graph:
     # the first pattern op of the same name (children first), then the ones written on it.
     drawn_ops: dict[str, tuple[int, ...]] = {}
     if not drawn:
-        pattern = example_pattern(ex)
-        for op, path in pattern:
+        for op, path in example_pattern(ex):
             drawn_ops.setdefault(op, path)
 
     def fresh(prefix: str) -> str:
@@ -106,7 +105,7 @@ def build_graph(term: Term, ex: Example, drawn: bool) -> Graph:
         if isinstance(t, Var):
             if t.name not in ex.values:
                 raise SaturateError(f"variable '{t.name}' is not bound by the pattern")
-            if t.name in ex.consts or t.name not in ex.values or ex.values[t.name].dtype.kind in "iu":
+            if t.name in ex.consts:
                 g.constants.setdefault(t.name, ex.values[t.name])
             elif t.name not in g.inputs:
                 g.inputs.append(t.name)
@@ -126,7 +125,7 @@ def build_graph(term: Term, ex: Example, drawn: bool) -> Graph:
             attrs.update({key: literal(value, ex) for key, value in t.attrs})
         attrs = {k: v for k, v in attrs.items() if v is not None}  # an omitted attribute stays omitted
         out = fresh("t")
-        g.nodes.append(Node(t.op, inputs, [out], attrs, name=f"{t.op}@{path}"))
+        g.nodes.append(Node(t.op, inputs, [out], attrs, name=f"{t.op}{list(path)}"))
         return out
 
     root = visit(term, ())
@@ -309,8 +308,9 @@ def format_result(result: RuleResult) -> str:
     for name in sorted(ex.values):
         kind = "const" if name in ex.consts else "input"
         lines.append(f"        {name} ({kind}): {show_array(ex.values[name])}")
-    for name, value in sorted(ex.attrs.items()):
-        lines.append(f"        attribute {name} = {value}")
+    if ex.attrs:
+        shown = ", ".join(f"{name}={value}" for name, value in sorted(ex.attrs.items()))
+        lines.append(f"        captured attributes: {shown}")
     for path, attrs in sorted(ex.node_attrs.items()):
         if attrs:
             shown = ", ".join(f"{k}={v}" for k, v in sorted(attrs.items()))

@@ -12,6 +12,7 @@ import numpy as np
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
+from frontend.onnx_io import MAX_OPSET, MIN_OPSET
 from saturate.errors import SaturateError, SourceError
 from saturate.ir import Graph, Node, OpaqueAttr, ValueInfo
 
@@ -191,6 +192,8 @@ class _Reader:
     def graph(self, tree: Tree) -> Graph:
         header, *stmts = tree.children
         name_tok, opset = header.children
+        if not MIN_OPSET <= int(opset) <= MAX_OPSET:
+            raise self.error(opset, f"unsupported ONNX opset {opset}: saturate supports opsets {MIN_OPSET} to {MAX_OPSET}")
         g = Graph(name=self.string(name_tok.children[0]), opset=int(opset))
         for st in stmts:
             getattr(self, "st_" + st.data)(g, st)

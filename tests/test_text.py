@@ -154,6 +154,11 @@ def test_bad_character_and_missing_header():
     assert err.line == 1 and "unexpected" in err.message
 
 
+def test_unsupported_opset():
+    err = error_of("graph g opset 9\n  input %x\n  output %x\n")
+    assert (err.line, err.col) == (1, 15) and "unsupported ONNX opset 9" in err.message
+
+
 def test_abbreviated_constant_cannot_be_parsed():
     g = build("mlp")
     text = print_graph(g, max_elements=4)

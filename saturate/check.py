@@ -187,9 +187,15 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool) -> tuple[Counter
     try:
         rhs, scale_r = _run(target, ex, drawn=False)
     except (SaturateError, ValueError, TypeError, IndexError) as err:
-        return Counterexample(example, reverse, f"the right side fails: {str(err).splitlines()[0]}", lhs), True
+        reason = f"the right side fails: {_first_line(err)}"
+        return Counterexample(example, reverse, reason, lhs), True
     reason = compare(lhs, np.asarray(rhs), max(scale_l, scale_r))
     return (None if reason is None else Counterexample(example, reverse, reason, lhs, np.asarray(rhs))), True
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err)
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 # ---- the property test --------------------------------------------------------------------------
@@ -232,7 +238,8 @@ def check_rule(rule: Rule, examples: int = 200, seed: int | None = None) -> Rule
         try:
             test()
         except _Unsound as err:
-            return RuleResult(rule, "FAIL", total + count[0], time.perf_counter() - start, err.cx, notes=notes)
+            return RuleResult(rule, "FAIL", total + count[0], time.perf_counter() - start, err.cx,
+                              notes=notes)
         except _Broken as err:
             return RuleResult(rule, "ERROR", total + count[0], time.perf_counter() - start, message=str(err))
         except Unsatisfiable:
@@ -243,7 +250,7 @@ def check_rule(rule: Rule, examples: int = 200, seed: int | None = None) -> Rule
                               message=f"could not generate examples: {err}")
         except Exception as err:  # a gap in the checker must not hide the other rules' results
             return RuleResult(rule, "ERROR", total + count[0], time.perf_counter() - start,
-                              message=f"the checker failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+                              message=f"the checker failed: {type(err).__name__}: {_first_line(err)}")
         total += count[0]
         if count[0] == 0:
             return RuleResult(rule, "NOGEN", 0, time.perf_counter() - start,

@@ -170,7 +170,8 @@ def conv_input_side(out: int, kernel: int, stride: int, dilation: int, pads: tup
 
 
 @st.composite
-def conv_geometry(draw, out_spatial: tuple[int, ...], fixed: dict, dilations: bool = True) -> tuple[dict, tuple]:
+def conv_geometry(draw, out_spatial: tuple[int, ...], fixed: dict,
+                  dilations: bool = True) -> tuple[dict, tuple]:
     """Window attributes (kernel_shape, strides, pads, dilations) and the input sides that give
     `out_spatial` outputs; attributes in `fixed` are kept as given."""
     n = len(out_spatial)
@@ -189,7 +190,8 @@ def conv_geometry(draw, out_spatial: tuple[int, ...], fixed: dict, dilations: bo
     sides = []
     for i in range(n):
         extra = draw(st.integers(0, strides[i] - 1))
-        sides.append(conv_input_side(out_spatial[i], kernel[i], strides[i], dil[i], (pads[i], pads[n + i]), extra))
+        pair = (pads[i], pads[n + i])
+        sides.append(conv_input_side(out_spatial[i], kernel[i], strides[i], dil[i], pair, extra))
     assume(all(s >= 1 for s in sides))
     attrs = {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads)}
     if dilations:

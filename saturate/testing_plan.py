@@ -139,7 +139,9 @@ class Planner:
         return min(range(len(t.args)), key=lambda i: weight(t.args[i]))
 
     def shape_for(self, tmpl: Template, lo: int = 0, hi: int = MAX_RANK) -> tuple[int, ...]:
-        rank = tmpl.rank if tmpl.rank is not None else self.draw(st.integers(max(lo, tmpl.min_rank), max(hi, tmpl.min_rank)))
+        rank = tmpl.rank
+        if rank is None:
+            rank = self.draw(st.integers(max(lo, tmpl.min_rank), max(hi, tmpl.min_rank)))
         shape = list(self.draw(st.tuples(*[st.integers(1, MAX_SIDE)] * rank)))
         for axis, side in tmpl.fixed:
             shape[axis] = side
@@ -212,7 +214,9 @@ class Planner:
             return shape
         if isinstance(t, OpTerm):
             tmpl = self.template(t)
-            rank = tmpl.rank if tmpl.rank is not None else self.draw(st.integers(min(tmpl.min_rank, len(out)), len(out)))
+            rank = tmpl.rank
+            if rank is None:
+                rank = self.draw(st.integers(min(tmpl.min_rank, len(out)), len(out)))
             assume(rank <= len(out))
             tail = out[len(out) - rank:]
             shape = tuple(d if self.draw(st.booleans()) else 1 for d in tail) if tmpl.rank is None else tail
@@ -272,8 +276,9 @@ class Planner:
         a, b = t.args[main], t.args[other]
         # Now and then the other operand is the one that sets the shape and the main one is
         # broadcast up (x + c where c is larger than x): a rule forgetting that case must fail.
+        shaped_by_guard = {"axis", "scalar", "rank"} & set(self.hints.get(getattr(b, "name", ""), ()))
         if (isinstance(a, Var) and isinstance(b, Var) and a.name not in self.shapes
-                and b.name not in self.shapes and not {"axis", "scalar", "rank"} & set(self.hints.get(b.name, ()))
+                and b.name not in self.shapes and not shaped_by_guard
                 and self.draw(st.integers(0, 3)) == 3):
             self.bind(b, out)
             self.operand(a, out, path + (main,))
@@ -326,7 +331,8 @@ class Planner:
 
     def op_GlobalAveragePool(self, t, out, path) -> None:
         self.attributes(t, path, {})
-        self.term(t.args[0], out[:2] + tuple(self.draw(st.tuples(*[st.integers(1, MAX_SIDE)] * 2))), path + (0,))
+        sides = self.draw(st.tuples(st.integers(1, MAX_SIDE), st.integers(1, MAX_SIDE)))
+        self.term(t.args[0], out[:2] + sides, path + (0,))
 
     def op_BatchNormalization(self, t, out, path) -> None:
         self.attributes(t, path, {"epsilon": lambda a: self.draw(st.sampled_from([1e-5, 1e-3, 0.5]))})
@@ -339,7 +345,8 @@ class Planner:
         pick = st.sampled_from
         attrs = self.attributes(t, path, {
             "transA": lambda a: self.draw(pick([0, 1])), "transB": lambda a: self.draw(pick([0, 1])),
-            "alpha": lambda a: self.draw(pick([1.0, 0.5, -2.0])), "beta": lambda a: self.draw(pick([1.0, 0.5, -2.0]))})
+            "alpha": lambda a: self.draw(pick([1.0, 0.5, -2.0])),
+            "beta": lambda a: self.draw(pick([1.0, 0.5, -2.0]))})
         m, n = out
         k = self.draw(st.integers(1, MAX_SIDE))
         self.term(t.args[0], (k, m) if attrs["transA"] else (m, k), path + (0,))

@@ -71,7 +71,8 @@ def test_conv_cases_are_consistent_with_the_interpreter(case):
 def _conv_scale_rule() -> Rule:
     x, w, s = Var("x"), Var("w", const=True), Var("s", const=True)
     lhs = OpTerm("Mul", (OpTerm("Conv", (x, w)), s))
-    rhs = OpTerm("Conv", (x, Call("mul", (w, Call("per_axis", (Call("vec", (s,)), Num(0), Call("rank", (w,))))))))
+    scale = Call("per_axis", (Call("vec", (s,)), Num(0), Call("rank", (w,))))
+    rhs = OpTerm("Conv", (x, Call("mul", (w, scale))))
     guards = (Guard("varies_only_along", (s, Num(1), Call("rank", (w,)))), Guard("positive", (s,)))
     return Rule("conv-scale", lhs, rhs, guards, "t", 3, Loc("<test>", 1))
 

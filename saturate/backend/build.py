@@ -15,7 +15,8 @@ KERNELS_DIR = Path(__file__).resolve().parent
 SANITIZE_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
 
 
-def _cpu_has_avx512() -> bool:
+def cpu_has_avx512() -> bool:
+    """Whether this machine's CPU has AVX-512F (the packed conv micro-kernel needs it)."""
     try:
         return " avx512f " in Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -43,7 +44,7 @@ def openblas_core() -> str:
     fn.restype = ctypes.c_char_p
     core = fn().decode()
     pinned = os.environ.get("OPENBLAS_CORETYPE")
-    if pinned and _cpu_has_avx512() and core.lower() in ("haswell", "zen", "sandybridge"):
+    if pinned and cpu_has_avx512() and core.lower() in ("haswell", "zen", "sandybridge"):
         return f"{core} (pinned by OPENBLAS_CORETYPE={pinned}; this CPU has AVX-512)"
     return core
 
@@ -80,7 +81,7 @@ def build(source: str, weights: bytes, out_dir: Path | None = None, sanitize: bo
     Without out_dir the directory is a cache entry named by the hash of source, weights, kernels
     and flags, so the same graph compiles once.
     """
-    kernels = (KERNELS_DIR / "kernels.h").read_bytes()
+    kernels = (KERNELS_DIR / "kernels.h").read_bytes() + (KERNELS_DIR / "gemm.h").read_bytes()
     key = hashlib.sha256(source.encode() + kernels + weights + (b"asan" if sanitize else b"")
                          + (b"prof" if profile else b"")).hexdigest()[:24]
     target = Path(out_dir) if out_dir is not None else cache_root() / key

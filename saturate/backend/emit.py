@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from saturate.backend.build import cpu_has_avx512
 from saturate.backend.plan import TILE_BYTES, Plan, Step, plan
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides
 from saturate.backend.shapes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, infer_shapes, pool_window, unsupported
@@ -41,6 +43,21 @@ def static_input_shapes(graph: Graph, overrides: dict | None = None) -> dict[str
             raise SaturateError(f"graph input '{name}' has dtype {info.dtype}; the C backend runs float32 only")
         out[name] = tuple(info.shape)
     return out
+
+
+# The AVX-512 micro-kernel of gemm.h runs convs when the build machine has AVX-512 (-march=native).
+PACKED_GEMM = cpu_has_avx512() and os.environ.get("SATURATE_CONV_GEMM", "packed") == "packed"
+PANEL = 8  # SAT_MR in gemm.h
+
+
+def pack_weights(w: np.ndarray, group: int) -> np.ndarray:
+    """Conv weights as gemm.h's A panels: per group, 8-row panels stored k-major, rows zero-padded."""
+    m = w.shape[0] // group
+    k = int(np.prod(w.shape[1:]))
+    rows = -(-m // PANEL) * PANEL
+    out = np.zeros((group, rows, k), np.float32)
+    out[:, :m] = np.asarray(w, np.float32).reshape(group, m, k)
+    return out.reshape(group, rows // PANEL, PANEL, k).transpose(0, 1, 3, 2).copy()
 
 
 class Emitter:
@@ -200,9 +217,14 @@ class Emitter:
         xp, wp = self.ptr(node.inputs[0]), self.ptr(node.inputs[1])
         if w[1] == 1:
             self.body.append(f"    sat_conv_depthwise({xp}, {wp}, {out}, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {geo}, {epi});\n")
-        else:
-            self.body.append(f"    sat_conv2d({xp}, {wp}, {out}, COL, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {geo}, "
-                             f"{int(node.attr('group', 1))}, {epi});\n")
+            return
+        group = int(node.attr("group", 1))
+        packed, per_group = "NULL", 0
+        if PACKED_GEMM and node.inputs[1] in self.g.constants:
+            arr = pack_weights(self.g.constants[node.inputs[1]], group)
+            packed, per_group = self.weight(("packed", node.inputs[1], group), arr), arr.size // group
+        self.body.append(f"    sat_conv2d({xp}, {wp}, {packed}, {per_group}, {out}, COL, {x[0]}, {x[1]}, {H}, {W}, "
+                         f"{w[0]}, {geo}, {group}, {epi});\n")
 
     def emit_pool(self, step, chain, out, oshape, mode):
         node, x = step.anchor, self.shapes[step.anchor.inputs[0]]

@@ -11,6 +11,8 @@
 
 #include <cblas.h>
 
+#include "gemm.h"
+
 /* Thread count of the current run; OpenMP regions and OpenBLAS both follow it. */
 static int sat_threads = 1;
 
@@ -131,15 +133,20 @@ static int sat_tile_rows(int K, int OH, int OW) {
     return (int)sat_clamp(rows, 1, OH);
 }
 
-/* Grouped 2-D convolution as sgemm per image, group and row tile: W_g (Mg x K) times columns.
- * A 1x1 stride-1 unpadded conv multiplies the input directly, without unfolding. */
-static void sat_conv2d(const float *x, const float *w, float *y, float *col, int N, int C, int H, int W, int M,
-                       int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int G,
-                       sat_epi epi) {
+/* Grouped 2-D convolution as a matrix product per image, group and row tile: W_g (Mg x K) times
+ * columns (K x tile). A 1x1 stride-1 unpadded conv multiplies the input directly, without unfolding.
+ * With `wp` (weights packed by the emitter, `wp_group` floats per group) the AVX-512 micro-kernel
+ * runs the product, else OpenBLAS sgemm. */
+static void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
+                       int N, int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
+                       int pw, int dh, int dw, int G, sat_epi epi) {
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
     const int64_t P = (int64_t)OH * OW;
     const int direct = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
-    const int tile = direct ? OH : sat_tile_rows(K, OH, OW);
+    const int tile = sat_tile_rows(K, OH, OW);
+#ifndef SAT_HAVE_PACKED_GEMM
+    wp = NULL;
+#endif
     for (int n = 0; n < N; n++) {
         for (int g = 0; g < G; g++) {
             const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
@@ -147,16 +154,23 @@ static void sat_conv2d(const float *x, const float *w, float *y, float *col, int
             for (int oh0 = 0; oh0 < OH; oh0 += tile) {
                 const int oh1 = oh0 + tile < OH ? oh0 + tile : OH;
                 const int64_t cols = (int64_t)(oh1 - oh0) * OW;
-                const float *b = xg;
+                const float *b = xg + (int64_t)oh0 * OW;
+                int64_t ldb = P;
                 if (!direct) {
                     sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw);
                     b = col;
+                    ldb = cols;
                 }
-                scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Mg, (int)cols, K, 1.0f,
-                                  w + (int64_t)g * Mg * K, K, b, direct ? (int)P : (int)cols, 0.0f,
-                                  yg + (int64_t)oh0 * OW, (int)P);
+                float *yt = yg + (int64_t)oh0 * OW;
+#ifdef SAT_HAVE_PACKED_GEMM
+                if (wp)
+                    sat_gemm_packed(Mg, (int)cols, K, wp + g * wp_group, b, ldb, yt, P, sat_threads);
+                else
+#endif
+                    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Mg, (int)cols, K, 1.0f,
+                                      w + (int64_t)g * Mg * K, K, b, (int)ldb, 0.0f, yt, (int)P);
                 if (epi) {
-                    const int64_t base = yg - y + (int64_t)oh0 * OW;
+                    const int64_t base = yt - y;
                     SAT_PAR
                     for (int m = 0; m < Mg; m++) epi(y, base + (int64_t)m * P, cols);
                 }

@@ -115,7 +115,7 @@ def im2col_bytes(step: Step, shapes: dict) -> int:
     win = conv_window(node, x, w)
     group = int(node.attr("group", 1))
     if w[1] == 1 or (win.kh == win.kw == 1 and win.sh == win.sw == 1 and win.ph == win.pw == 0
-                     and (win.oh, win.ow) == (x[2] if len(x) == 4 else 1, x[-1])):
+                     and (win.oh, win.ow) == ((x[2] if len(x) == 4 else 1), x[-1])):
         return 0
     k = (x[1] // group) * win.kh * win.kw
     return k * tile_rows(k, win.oh, win.ow) * win.ow * 4

@@ -1,0 +1,91 @@
+/* C backend conv micro-kernel: AVX-512 sgemm on weights packed at compile time (8 x 32 register tile). */
+#ifndef SATURATE_GEMM_H
+#define SATURATE_GEMM_H
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define SAT_HAVE_PACKED_GEMM 1
+#define SAT_MR 8
+#define SAT_NR 32
+#define SAT_KC 256
+
+/* Copy rows [k0, k0+kc) x columns [j0, j0+nc) of B (row pitch ldb) into NR-wide panels, zero-padded:
+ * panel q holds element (k, j0 + q*NR + c) at out[q*kc*NR + k*NR + c]. */
+static void sat_pack_b(const float *B, int64_t ldb, int k0, int kc, int64_t j0, int nc, float *out) {
+    for (int q = 0; q * SAT_NR < nc; q++) {
+        const int nr = nc - q * SAT_NR < SAT_NR ? nc - q * SAT_NR : SAT_NR;
+        const __mmask16 m0 = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);
+        const __mmask16 m1 = nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
+        float *dst = out + (int64_t)q * kc * SAT_NR;
+        const float *src = B + (int64_t)k0 * ldb + j0 + q * SAT_NR;
+        for (int k = 0; k < kc; k++) {
+            _mm512_store_ps(dst + k * SAT_NR, _mm512_maskz_loadu_ps(m0, src + k * ldb));
+            _mm512_store_ps(dst + k * SAT_NR + 16, _mm512_maskz_loadu_ps(m1, src + k * ldb + 16));
+        }
+    }
+}
+
+#define SAT_ROW(r)                                                   \
+    do {                                                             \
+        const __m512 a_ = _mm512_set1_ps(a[r]);                      \
+        c##r##0 = _mm512_fmadd_ps(a_, b0, c##r##0);                  \
+        c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1);                  \
+    } while (0)
+
+#define SAT_STORE(r)                                                                               \
+    if (r < mr) {                                                                                  \
+        float *cr = C + (int64_t)r * ldc;                                                          \
+        if (acc) {                                                                                 \
+            c##r##0 = _mm512_add_ps(c##r##0, _mm512_maskz_loadu_ps(m0, cr));                       \
+            c##r##1 = _mm512_add_ps(c##r##1, _mm512_maskz_loadu_ps(m1, cr + 16));                  \
+        }                                                                                          \
+        _mm512_mask_storeu_ps(cr, m0, c##r##0);                                                    \
+        _mm512_mask_storeu_ps(cr + 16, m1, c##r##1);                                               \
+    }
+
+/* C (mr x nr of an 8 x 32 tile, pitch ldc) = (acc ? C : 0) + a (kc x 8 panel) * b (kc x 32 panel). */
+static inline void sat_kernel_8x32(int kc, const float *restrict a, const float *restrict b, float *C,
+                                   int64_t ldc, int acc, int mr, int nr) {
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+           c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+    for (int k = 0; k < kc; k++) {
+        const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+        SAT_ROW(0); SAT_ROW(1); SAT_ROW(2); SAT_ROW(3);
+        SAT_ROW(4); SAT_ROW(5); SAT_ROW(6); SAT_ROW(7);
+        a += SAT_MR;
+        b += SAT_NR;
+    }
+    const __mmask16 m0 = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);
+    const __mmask16 m1 = nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
+    SAT_STORE(0) SAT_STORE(1) SAT_STORE(2) SAT_STORE(3)
+    SAT_STORE(4) SAT_STORE(5) SAT_STORE(6) SAT_STORE(7)
+}
+
+/* C (M x N, pitch ldc) = A * B where A (M x K) was packed by the emitter into 8-row panels
+ * (panel p holds A[p*8 + r][k] at Ap[p*8*K + k*8 + r], rows past M zero) and B is row-major. */
+static void sat_gemm_packed(int M, int N, int K, const float *Ap, const float *B, int64_t ldb, float *C,
+                            int64_t ldc, int threads) {
+    const int panels = (N + SAT_NR - 1) / SAT_NR;
+    float *bp = aligned_alloc(64, sizeof(float) * (size_t)SAT_KC * SAT_NR * panels + 64);
+    for (int k0 = 0; k0 < K; k0 += SAT_KC) {
+        const int kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
+        sat_pack_b(B, ldb, k0, kc, 0, N, bp);
+#pragma omp parallel for num_threads(threads) if(threads > 1) schedule(static)
+        for (int q = 0; q < panels; q++) {
+            const int nr = N - q * SAT_NR < SAT_NR ? N - q * SAT_NR : SAT_NR;
+            const float *bq = bp + (int64_t)q * kc * SAT_NR;
+            for (int i = 0; i < M; i += SAT_MR) {
+                const int mr = M - i < SAT_MR ? M - i : SAT_MR;
+                sat_kernel_8x32(kc, Ap + (int64_t)i * K + (int64_t)k0 * SAT_MR, bq, C + (int64_t)i * ldc + q * SAT_NR,
+                                ldc, k0 > 0, mr, nr);
+            }
+        }
+    }
+    free(bp);
+}
+#endif
+
+#endif

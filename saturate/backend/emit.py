@@ -47,17 +47,20 @@ def static_input_shapes(graph: Graph, overrides: dict | None = None) -> dict[str
 
 # The AVX-512 micro-kernel of gemm.h runs convs when the build machine has AVX-512 (-march=native).
 PACKED_GEMM = cpu_has_avx512() and os.environ.get("SATURATE_CONV_GEMM", "packed") == "packed"
-PANEL = 8  # SAT_MR in gemm.h
+PANEL, KC = 8, 256  # SAT_MR and SAT_KC in gemm.h
 
 
 def pack_weights(w: np.ndarray, group: int) -> np.ndarray:
-    """Conv weights as gemm.h's A panels: per group, 8-row panels stored k-major, rows zero-padded."""
+    """Conv weights in gemm.h's packed order: per group and per block of KC columns, 8-row panels
+    stored k-major (rows zero-padded to a multiple of 8)."""
     m = w.shape[0] // group
     k = int(np.prod(w.shape[1:]))
     rows = -(-m // PANEL) * PANEL
-    out = np.zeros((group, rows, k), np.float32)
-    out[:, :m] = np.asarray(w, np.float32).reshape(group, m, k)
-    return out.reshape(group, rows // PANEL, PANEL, k).transpose(0, 1, 3, 2).copy()
+    full = np.zeros((group, rows, k), np.float32)
+    full[:, :m] = np.asarray(w, np.float32).reshape(group, m, k)
+    blocks = [full[:, :, k0:k0 + KC].reshape(group, rows // PANEL, PANEL, -1).transpose(0, 1, 3, 2).reshape(group, -1)
+              for k0 in range(0, k, KC)]
+    return np.concatenate(blocks, axis=1)
 
 
 class Emitter:

@@ -64,11 +64,14 @@ static inline void sat_kernel_8x32(int kc, const float *restrict a, const float 
     SAT_STORE(4) SAT_STORE(5) SAT_STORE(6) SAT_STORE(7)
 }
 
-/* C (M x N, pitch ldc) = A * B where A (M x K) was packed by the emitter into 8-row panels
- * (panel p holds A[p*8 + r][k] at Ap[p*8*K + k*8 + r], rows past M zero) and B is row-major. */
+/* C (M x N, pitch ldc) = A * B where A (M x K, rows padded with zeros to Mp, a multiple of 8) was
+ * packed by the emitter block by block of KC columns: block k0 (Mp x kc floats at Ap + k0*Mp) holds
+ * 8-row panels one after another, A[i + r][k0 + k] at Ap[k0*Mp + i*kc + k*8 + r]. Each k-block of the
+ * weights is then one sequential stream. B is row-major. */
 static void sat_gemm_packed(int M, int N, int K, const float *Ap, const float *B, int64_t ldb, float *C,
                             int64_t ldc, int threads) {
     const int panels = (N + SAT_NR - 1) / SAT_NR;
+    const int64_t Mp = (M + SAT_MR - 1) / SAT_MR * SAT_MR;
     float *bp = aligned_alloc(64, sizeof(float) * (size_t)SAT_KC * SAT_NR * panels + 64);
     for (int k0 = 0; k0 < K; k0 += SAT_KC) {
         const int kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
@@ -79,7 +82,7 @@ static void sat_gemm_packed(int M, int N, int K, const float *Ap, const float *B
             const float *bq = bp + (int64_t)q * kc * SAT_NR;
             for (int i = 0; i < M; i += SAT_MR) {
                 const int mr = M - i < SAT_MR ? M - i : SAT_MR;
-                sat_kernel_8x32(kc, Ap + (int64_t)i * K + (int64_t)k0 * SAT_MR, bq, C + (int64_t)i * ldc + q * SAT_NR,
+                sat_kernel_8x32(kc, Ap + (int64_t)k0 * Mp + (int64_t)i * kc, bq, C + (int64_t)i * ldc + q * SAT_NR,
                                 ldc, k0 > 0, mr, nr);
             }
         }

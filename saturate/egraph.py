@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -21,7 +22,7 @@ class EGraphView:
     """Every e-class (an egglog Value) with its e-nodes, plus the relations the engine keeps."""
 
     classes: dict[Any, list[ENode]] = field(default_factory=dict)
-    lets: dict[str, Any] = field(default_factory=dict)          # `(Ref k)` handle -> e-class
+    lets: dict[str, Any] = field(default_factory=dict)          # handle text -> e-class
     consts: set = field(default_factory=set)                     # e-classes known constant
     relations: dict[str, list[tuple]] = field(default_factory=dict)   # Cand_i / Ok_i rows
     size: int = 0                                                # e-nodes in constructor tables
@@ -66,6 +67,7 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
                 node = make(ENode, (kind, head, to_i64(ins[0]), tuple(ins[1:])))
             elif kind in ("inp", "const"):
                 node = make(ENode, (kind, head, to_str(ins[0]), ()))
+                view.lets[f"({name} {json.dumps(node.key)})"] = r.output
             else:
                 node = make(ENode, (kind, head, None, tuple(ins)))
             out = r.output

@@ -29,6 +29,9 @@ PRELUDE = """
 """
 
 
+CHUNK_CHARS = 2000
+
+
 def op_ctor(op: str, arity: int) -> str:
     """egglog constructor name of a known op with `arity` inputs (first argument: attribute-set id)."""
     return f"Op_{op}_{arity}"
@@ -162,11 +165,14 @@ def encode_graph(graph: Graph, preserve: Iterable[str] = (), rule_ops: Iterable[
         names[value] = ref
         return ref
 
+    # Leaves name themselves: `(Const "w")` is already a handle, with no command to run.
     for v in graph.inputs:
-        bind(v, f"(Inp {egg_str(v)})")
+        names[v] = f"(Inp {egg_str(v)})"
+        lets.append(names[v])
     for c in sorted(graph.constants):
         if c not in names:
-            bind(c, f"(Const {egg_str(c)})")
+            names[c] = f"(Const {egg_str(c)})"
+            lets.append(names[c])
     for node in graph.nodes:
         args = [names[i] if i else "(Absent)" for i in node.inputs]
         if _rewritable(node, graph, enc.preserved, rule_ops):
@@ -186,7 +192,16 @@ def encode_graph(graph: Graph, preserve: Iterable[str] = (), rule_ops: Iterable[
     return enc
 
 
-def chunks(commands: list[str], size: int = 64) -> Iterable[str]:
-    """Program text in small pieces: egglog 13.2 parses one large text in quadratic time."""
-    for k in range(0, len(commands), size):
-        yield "\n".join(commands[k:k + size])
+def chunks(commands: list[str], budget: int = CHUNK_CHARS) -> Iterable[str]:
+    """Program text in pieces of about `budget` characters: egglog 13.2 parses one text in
+    time quadratic in its length, while each call has a fixed cost; a few KB balances both."""
+    piece: list[str] = []
+    size = 0
+    for cmd in commands:
+        piece.append(cmd)
+        size += len(cmd)
+        if size >= budget:
+            yield "\n".join(piece)
+            piece, size = [], 0
+    if piece:
+        yield "\n".join(piece)

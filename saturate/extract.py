@@ -115,6 +115,13 @@ class _DagSearch:
 
     def __init__(self, best: dict, costs: dict, roots: list, ckey: dict):
         self.best, self.costs, self.roots, self.ckey = best, costs, roots, ckey
+        self.alternatives: dict[Any, list[ENode]] = {}
+        for (c, n), v in costs.items():
+            if v is not INF and all(ch in best for ch in n.children):
+                self.alternatives.setdefault(c, []).append(n)
+        for c, alts in self.alternatives.items():
+            alts.sort(key=lambda n: (costs[(c, n)], n.kind, n.head, str(n.key),
+                                     [ckey[ch] for ch in n.children]))
         self.chosen: dict[Any, ENode] = {}
         self.refs: dict[Any, int] = {}
         for r in roots:
@@ -157,31 +164,18 @@ class _DagSearch:
             changed = False
             pos = self.order()
             for cls in sorted(pos, key=pos.get):
-                if cls not in self.chosen or len(self._alternatives(cls)) < 2:
+                alts = self.alternatives.get(cls, ())
+                if cls not in self.chosen or len(alts) < 2:
                     continue
                 if time.perf_counter() > deadline:
                     break
-                for node in self._alternatives(cls):
+                for node in alts:
                     if node != self.chosen[cls] and self._try(cls, node, pos):
                         moves += 1
                         changed = True
                         pos = self.order()
                         break
         return moves
-
-    def _alternatives(self, cls: Any) -> list[ENode]:
-        return [n for (c, n), v in self._by_class().get(cls, ()) if v is not INF]
-
-    def _by_class(self) -> dict:
-        if not hasattr(self, "_index"):
-            self._index: dict = {}
-            for (c, n), v in self.costs.items():
-                if all(ch in self.best for ch in n.children):
-                    self._index.setdefault(c, []).append(((c, n), v))
-            for alts in self._index.values():
-                alts.sort(key=lambda a: (a[1] if a[1] is not INF else -1, a[0][1].kind, a[0][1].head,
-                                         str(a[0][1].key), [self.ckey[ch] for ch in a[0][1].children]))
-        return self._index
 
     def _reaches(self, src: Any, dst: Any, pos: dict) -> bool:
         """Whether `dst` is among the chosen descendants of `src`.

@@ -31,6 +31,9 @@ class Facts:
         self.keys: dict[Any, Any] = {}
         self.infos: dict[Any, ValueInfo] = {}
         self.names: dict[Any, list[str]] = {}      # e-class -> original value names in it
+        # E-classes being evaluated / typed right now: the guards against cycles.
+        self._evaluating: set = set()
+        self._busy: set = set()
         original = enc.value_infos()
         for value, let in enc.value_names.items():
             cls = view.lets.get(let)
@@ -71,21 +74,23 @@ class Facts:
         key = self.key(cls)
         return None if key is None else self.cache.get(key)
 
-    def key(self, cls: Any, visiting: frozenset = frozenset()) -> Any:
+    def key(self, cls: Any) -> Any:
         """Structural key of a computable expression for `cls` (its value lands in the cache)."""
         if cls in self.keys:
             return self.keys[cls]
-        if cls not in self.view.consts or cls in visiting:
+        if cls not in self.view.consts or cls in self._evaluating:
             return None
+        self._evaluating.add(cls)
         result = None
         for node in sorted(self.view.classes.get(cls, ()), key=_leaf_first):
-            result = self.node_key(node, visiting | {cls})
+            result = self.node_key(node)
             if result is not None:
                 break
+        self._evaluating.discard(cls)
         self.keys[cls] = result
         return result
 
-    def node_key(self, node: ENode, visiting: frozenset = frozenset()) -> Any:
+    def node_key(self, node: ENode) -> Any:
         """Structural key of one constant e-node, evaluating it if it is new; None if it fails."""
         if node.kind == "const":
             key = ("const", node.key)
@@ -98,7 +103,7 @@ class Facts:
             return key
         if node.kind != "k":
             return None
-        kids = [self.key(c, visiting) for c in node.children]
+        kids = [self.key(c) for c in node.children]
         if any(k is None for k in kids):
             return None
         key = (node.head, *kids)
@@ -107,13 +112,14 @@ class Facts:
         return None if self.cache[key] is _FAIL else key
 
     # ---- static types ---------------------------------------------------------------------
-    def info(self, cls: Any, visiting: frozenset = frozenset()) -> ValueInfo:
+    def info(self, cls: Any) -> ValueInfo:
         """Static type of an e-class: known for original values, inferred for new ones."""
         got = self.infos.get(cls)
         if got is not None:
             return got
-        if cls in visiting:
+        if cls in self._busy:
             return ValueInfo(shape=None)
+        self._busy.add(cls)
         result = ValueInfo(shape=None)
         if cls in self.view.consts:
             v = self.value(cls)
@@ -123,10 +129,11 @@ class Facts:
         else:
             for node in self.view.classes.get(cls, ()):
                 if node.kind == "op":
-                    ins = [self.info(c, visiting | {cls}) for c in node.children]
+                    ins = [self.info(c) for c in node.children]
                     result = infer(node.head, self.enc.attr_sets[node.key][1], ins)
                     if result.shape is not None:
                         break
+        self._busy.discard(cls)
         self.infos[cls] = result
         return result
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from saturate.builtins import GUARDS
 from saturate.encode import Encoding, k_ctor, op_ctor
 from saturate.errors import SaturateError
 from saturate.rule_ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
@@ -197,7 +198,9 @@ def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
     rule = cr.rule
     c = _Compiler(enc, cr)
     c.pattern(cr.lhs, "root")
-    if rule.guards:
+    for g in rule.guards:
+        if g.fn not in GUARDS:
+            raise SaturateError(f"{_where(rule)}: rule '{rule.name}': unknown guard '{g.fn}'")
         cr.checked = True
     body = c.rhs(cr.rhs)
     query = " ".join(c.atoms)

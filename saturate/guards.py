@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from saturate.builtins import CONST_FUNCS, GUARDS, QUERIES
-from saturate.egraph import EGraphView
-from saturate.encode import Encoding
+from saturate.egraph import EGraphView, ENode
+from saturate.encode import Encoding, egg_str, k_ctor, op_ctor, opaque_ctor
 from saturate.encode_rules import CompiledRule
 from saturate.fold import Facts, _evaluate, _FAIL
 from saturate.ops import spec
@@ -163,8 +163,8 @@ class Checker:
         return None
 
 
-def _term(node, kids: list[str]) -> str:
-    from saturate.encode import egg_str, k_ctor, op_ctor, opaque_ctor
+def _term(node: ENode, kids: list[str]) -> str:
+    """egglog text of one e-node over its children's texts."""
     if node.kind == "inp":
         return f"(Inp {egg_str(node.key)})"
     if node.kind == "const":

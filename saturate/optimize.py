@@ -90,7 +90,8 @@ def canonical_order(rules: Iterable[Rule]) -> list[Rule]:
 def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None = None,
              level: int = 3, target: Any = "cpu", max_iterations: int = MAX_ITERATIONS,
              max_nodes: int = MAX_NODES, timeout: float = TIMEOUT, preserve: Iterable[str] = (),
-             progress: Callable[[int, int, float], None] | None = None) -> tuple[Graph, Report]:
+             progress: Callable[[int, int, float, dict[str, int]], None] | None = None
+             ) -> tuple[Graph, Report]:
     """Rewrite `graph` with `rules` (default: the standard library at `level`) to the cheapest
     equivalent graph for `target`; returns the new graph and a Report."""
     from egglog import bindings

@@ -31,7 +31,8 @@ class RunReport:
 
 def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: int,
              max_nodes: int, timeout: float,
-             progress: Callable[[int, int, float], None] | None = None) -> tuple[RunReport, Facts]:
+             progress: Callable[[int, int, float, dict[str, int]], None] | None = None
+             ) -> tuple[RunReport, Facts]:
     """Run the rules to saturation or a limit; returns the report and the final e-graph facts."""
     report = RunReport()
     by_name = {cr.name: cr for cr in rules}
@@ -57,10 +58,8 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
         out = eg.run_program(*eg.parse_program("(run 1)"))
         run = out[-1].report
         report.iterations += 1
-        for name, n in run.num_matches_per_rule.items():
-            cr = by_name.get(name)
-            if cr is not None:
-                report.matches[cr.label] += n
+        step: dict[str, int] = {}
+        _count(run, by_name, step)
         view = read_egraph(eg, relations)
         report.sizes.append(view.size)
         facts = Facts(view, enc, cache)
@@ -69,14 +68,12 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
             for piece in chunks(commands):
                 eg.run_program(*eg.parse_program(piece))
             # Apply the checked rewrites now, so one iteration is one step of every rule.
-            applied = eg.run_program(*eg.parse_program("(run apply 1)"))[-1].report
-            for name, n in applied.num_matches_per_rule.items():
-                cr = by_name.get(name)
-                if cr is not None:
-                    report.matches[cr.label] += n
+            _count(eg.run_program(*eg.parse_program("(run apply 1)"))[-1].report, by_name, step)
         dirty = bool(commands)
+        for label, n in step.items():
+            report.matches[label] += n
         if progress is not None:
-            progress(report.iterations, view.size, time.perf_counter() - start)
+            progress(report.iterations, view.size, time.perf_counter() - start, step)
         if not run.updated and not commands:
             report.stop_reason = "saturated"
             break
@@ -86,3 +83,11 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
     return report, Facts(view, enc, cache)
 
 
+
+
+def _count(run: Any, by_name: dict[str, CompiledRule], into: dict[str, int]) -> None:
+    """Add egglog's per-rule match counts of one run to `into`, by rule label."""
+    for name, n in run.num_matches_per_rule.items():
+        cr = by_name.get(name)
+        if cr is not None and n:
+            into[cr.label] = into.get(cr.label, 0) + n

@@ -218,3 +218,31 @@ def test_random_graphs_keep_their_numerics(case):
     out, report = optimize(g, RULES)
     assert report.cost_after <= report.cost_before
     assert_same(g, out, b.sample())
+
+
+def test_outputs_keep_their_names_when_they_fold_to_an_input_or_a_constant():
+    b = Builder(shape=(2, 3))
+    y = b.op("Identity", "x")
+    k = b.op("Add", b.rand(3), b.rand(3))
+    g = b.build(y, k)
+    out, _ = optimize(g, RULES)
+    assert out.outputs == [y, k]
+    assert ops(out) == ["Identity", "Identity"]
+    assert_same(g, out, b.sample())
+
+
+def test_cli_takes_extra_rules_level_and_preserve(tmp_path, capsys):
+    rules = tmp_path / "mine.rules"
+    rules.write_text("ruleset mine level 1\nrule relu-relu Relu(Relu(x)) => Relu(x)\n")
+    b = Builder(shape=(2, 3))
+    g = b.build(b.op("Relu", b.op("Relu", b.op("Sub", "x", b.rand(3)))))
+    from frontend import save_graph
+    model, out = tmp_path / "m.sat", tmp_path / "o.sat"
+    save_graph(g, str(model))
+    assert main(["optimize", str(model), "-o", str(out), "--rules", str(rules), "--level", "1",
+                 "--trace"]) == 0
+    assert ops(load_graph(str(out))) == ["Sub", "Relu"]
+    assert "relu-relu" in capsys.readouterr().err
+    assert main(["optimize", str(model), "-o", str(out), "--rules", str(rules),
+                 "--preserve", "Relu"]) == 0
+    assert ops(load_graph(str(out))) == ["Sub", "Relu", "Relu"]

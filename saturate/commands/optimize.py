@@ -73,8 +73,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(iteration: int, size: int, seconds: float) -> None:
-    print(f"  iteration {iteration:3d}  e-nodes {size:8d}  {seconds:7.2f} s", file=sys.stderr, flush=True)
+def _progress(iteration: int, size: int, seconds: float, matches: dict[str, int]) -> None:
+    fired = ", ".join(f"{k} {v}" for k, v in sorted(matches.items())) or "-"
+    print(f"  iteration {iteration:3d}  e-nodes {size:8d}  {seconds:7.2f} s  matches: {fired}",
+          file=sys.stderr, flush=True)
 
 
 def format_report(report) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from saturate.egraph import ENode
-from saturate.fold import Facts
+from saturate.facts import Facts
 
 INF = None
 

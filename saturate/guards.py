@@ -10,7 +10,7 @@ from saturate.builtins import CONST_FUNCS, GUARDS, QUERIES
 from saturate.egraph import EGraphView, ENode
 from saturate.encode import Encoding, egg_str, k_ctor, op_ctor, opaque_ctor
 from saturate.encode_rules import CompiledRule
-from saturate.fold import Facts, _evaluate, _FAIL
+from saturate.facts import FAILED, Facts, evaluate_fn
 from saturate.ops import spec
 from saturate.rule_ast import AttrVar, Call, IntList, Num, OpTerm, Str, Term, Var
 
@@ -131,8 +131,8 @@ class Checker:
                 raise _Undecided
             return out
         if isinstance(term, Call) and term.fn in CONST_FUNCS:
-            out = _evaluate(term.fn, [self._eval(t, env, captured) for t in term.args])
-            if out is _FAIL:
+            out = evaluate_fn(term.fn, [self._eval(t, env, captured) for t in term.args])
+            if out is FAILED:
                 raise _Undecided
             return out
         raise _Undecided

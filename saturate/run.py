@@ -9,7 +9,7 @@ from typing import Any, Callable
 from saturate.egraph import read_egraph
 from saturate.encode import Encoding, chunks
 from saturate.encode_rules import CompiledRule
-from saturate.fold import Facts
+from saturate.facts import Facts
 from saturate.guards import Checker
 
 

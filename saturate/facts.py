@@ -1,0 +1,212 @@
+"""Facts about e-classes: constant values (numpy, cached by structure) and static types."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from saturate.builtins import CONST_FUNCS, broadcast_shape
+from saturate.egraph import EGraphView, ENode
+from saturate.encode import Encoding
+from saturate.encode import canonical_attrs as _canon
+from saturate.ir import ValueInfo
+from saturate.ops import spec
+
+FAILED = object()  # a constant expression numpy could not evaluate
+
+
+class Facts:
+    """Constant values and static types of e-classes, computed on demand with numpy.
+
+    Values are cached by the structure of the constant expression, so one cache serves every
+    iteration of the saturation loop even as e-class ids change under unions.
+    """
+
+    def __init__(self, view: EGraphView, enc: Encoding, cache: dict | None = None):
+        self.view, self.enc = view, enc
+        self.cache = {} if cache is None else cache
+        self.keys: dict[Any, Any] = {}
+        self.infos: dict[Any, ValueInfo] = {}
+        self.names: dict[Any, list[str]] = {}      # e-class -> original value names in it
+        # E-classes being evaluated / typed right now: the guards against cycles.
+        self._evaluating: set = set()
+        self._busy: set = set()
+        original = enc.value_infos()
+        for value, let in enc.value_names.items():
+            cls = view.lets.get(let)
+            if cls is None:
+                continue
+            self.names.setdefault(cls, []).append(value)
+            info = original[value]
+            if cls not in self.infos or self.infos[cls].shape is None:
+                self.infos[cls] = info
+
+    @property
+    def order(self) -> dict[str, int]:
+        """Position of every original value in the graph (inputs, constants, node outputs)."""
+        if not hasattr(self, "_order"):
+            self._order = {v: k for k, v in enumerate(self.enc.value_names)}
+        return self._order
+
+    def original_nodes(self) -> set[tuple[Any, ENode]]:
+        """(e-class, e-node) pairs the input graph itself had."""
+        enc, lets, out = self.enc, self.view.lets, set()
+        g = enc.graph
+        for node in g.nodes:
+            if node.outputs[0] not in enc.value_names or not node.outputs[0]:
+                continue
+            if node.op not in {op for op, _ in enc.attr_sets}:
+                continue
+            key = enc.attr_ids.get((node.op, _canon(node.attrs)))
+            if key is None:
+                continue
+            kids = tuple(lets.get(enc.value_names.get(i, ""), None) for i in node.inputs)
+            cls = lets.get(enc.value_names[node.outputs[0]])
+            out.add((cls, ENode("op", node.op, key, kids)))
+        return out
+
+    # ---- constant values ------------------------------------------------------------------
+    def value(self, cls: Any) -> Any:
+        """The concrete value of a constant e-class (ndarray, number or int tuple), or None."""
+        key = self.key(cls)
+        return None if key is None else self.cache.get(key)
+
+    def key(self, cls: Any) -> Any:
+        """Structural key of a computable expression for `cls` (its value lands in the cache)."""
+        if cls in self.keys:
+            return self.keys[cls]
+        if cls not in self.view.consts or cls in self._evaluating:
+            return None
+        self._evaluating.add(cls)
+        result = None
+        for node in sorted(self.view.classes.get(cls, ()), key=_leaf_first):
+            result = self.node_key(node)
+            if result is not None:
+                break
+        self._evaluating.discard(cls)
+        self.keys[cls] = result
+        return result
+
+    def node_key(self, node: ENode) -> Any:
+        """Structural key of one constant e-node, evaluating it if it is new; None if it fails."""
+        if node.kind == "const":
+            key = ("const", node.key)
+            if key not in self.cache:
+                self.cache[key] = self.enc.graph.constants[node.key]
+            return key
+        if node.kind == "lit":
+            key = ("lit", node.key)
+            self.cache.setdefault(key, self.enc.lits[node.key])
+            return key
+        if node.kind != "k":
+            return None
+        kids = [self.key(c) for c in node.children]
+        if any(k is None for k in kids):
+            return None
+        key = (node.head, *kids)
+        if key not in self.cache:
+            self.cache[key] = evaluate_fn(node.head, [self.cache[k] for k in kids])
+        return None if self.cache[key] is FAILED else key
+
+    # ---- static types ---------------------------------------------------------------------
+    def info(self, cls: Any) -> ValueInfo:
+        """Static type of an e-class: known for original values, inferred for new ones."""
+        got = self.infos.get(cls)
+        if got is not None:
+            return got
+        if cls in self._busy:
+            return ValueInfo(shape=None)
+        self._busy.add(cls)
+        result = ValueInfo(shape=None)
+        if cls in self.view.consts:
+            v = self.value(cls)
+            if v is not None:
+                a = np.asarray(v)
+                result = ValueInfo(a.dtype.name, tuple(a.shape))
+        else:
+            for node in self.view.classes.get(cls, ()):
+                if node.kind == "op":
+                    ins = [self.info(c) for c in node.children]
+                    result = infer(node.head, self.enc.attr_sets[node.key][1], ins)
+                    if result.shape is not None:
+                        break
+        self._busy.discard(cls)
+        self.infos[cls] = result
+        return result
+
+    def shape(self, cls: Any) -> tuple | None:
+        """Static shape of an e-class (None when unknown)."""
+        return self.info(cls).shape
+
+
+def _leaf_first(node: ENode) -> tuple:
+    return (node.kind != "const", node.kind != "lit", len(node.children), node.head)
+
+
+def evaluate_fn(fn: str, args: list[Any]) -> Any:
+    """Apply the constant function `fn` to concrete arguments; FAILED if numpy refuses."""
+    spec_ = CONST_FUNCS.get(fn)
+    if spec_ is None:
+        return FAILED
+    conv = []
+    for kind, a in zip(spec_.params, args):
+        if kind == "int":
+            conv.append(None if a is None else int(np.asarray(a).reshape(())))
+        elif kind == "ints":
+            conv.append(None if a is None else tuple(int(x) for x in np.asarray(a).ravel()))
+        else:
+            conv.append(a)
+    try:
+        with np.errstate(all="ignore"):
+            out = spec_.impl(*conv)
+    except (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError):
+        return FAILED
+    return tuple(out) if spec_.returns == "ints" else out
+
+
+def infer(op: str, attrs: dict[str, Any], ins: list[ValueInfo]) -> ValueInfo:
+    """Output type of a new node from its inputs' types (elementwise, Conv, MatMul, Gemm)."""
+    dtype = ins[0].dtype if ins else "float32"
+    shapes = [i.shape for i in ins]
+    s = spec(op)
+    if any(sh is None for sh in shapes):
+        return ValueInfo(dtype, None)
+    if s is not None and s.elementwise:
+        out = shapes[0]
+        for sh in shapes[1:]:
+            out = broadcast_shape(out, sh) if out is not None else None
+        return ValueInfo(dtype, out)
+    if op == "Conv" and len(shapes[0]) >= 3 and len(shapes[1]) == len(shapes[0]):
+        return ValueInfo(dtype, _conv_shape(attrs, shapes[0], shapes[1]))
+    if op == "MatMul" and len(shapes[0]) >= 2 and len(shapes[1]) >= 2:
+        batch = broadcast_shape(shapes[0][:-2], shapes[1][:-2])
+        return ValueInfo(dtype, None if batch is None else (*batch, shapes[0][-2], shapes[1][-1]))
+    if op == "Gemm" and len(shapes[0]) == 2 and len(shapes[1]) == 2:
+        m = shapes[0][1] if attrs.get("transA") else shapes[0][0]
+        n = shapes[1][0] if attrs.get("transB") else shapes[1][1]
+        return ValueInfo(dtype, (m, n))
+    return ValueInfo(dtype, None)
+
+
+def _conv_shape(attrs: dict[str, Any], x: tuple, w: tuple) -> tuple | None:
+    nsp = len(x) - 2
+    k = attrs.get("kernel_shape") or w[2:]
+    strides = attrs.get("strides") or [1] * nsp
+    dil = attrs.get("dilations") or [1] * nsp
+    pads = attrs.get("pads") or [0] * (2 * nsp)
+    auto = attrs.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    out = [x[0], w[0]]
+    for i in range(nsp):
+        d = x[2 + i]
+        if not isinstance(d, int):
+            out.append(None)
+        elif auto in ("SAME_UPPER", "SAME_LOWER"):
+            out.append(math.ceil(d / strides[i]))
+        elif auto == "VALID":
+            out.append((d - dil[i] * (k[i] - 1) - 1) // strides[i] + 1)
+        else:
+            out.append((d + pads[i] + pads[i + nsp] - dil[i] * (k[i] - 1) - 1) // strides[i] + 1)
+    return tuple(out)

@@ -42,10 +42,10 @@ def convs(draw):
     return make(nodes, {"x": (draw(st.integers(1, 2)), groups * cg, h, wd)}, consts)
 
 
-@given(convs())
+@given(convs(), st.integers(1, 2))
 @SETTINGS
-def test_generated_convs(graph):
-    check_three_way(graph)
+def test_generated_convs(graph, threads):
+    check_three_way(graph, threads=threads)
 
 
 @st.composite
@@ -115,10 +115,10 @@ def blocks(draw):
     return make(nodes, {"x": (1, c, h, h)}, consts, outputs=outputs)
 
 
-@given(blocks())
+@given(blocks(), st.integers(1, 2))
 @SETTINGS
-def test_generated_small_graphs(graph):
-    check_three_way(graph)
+def test_generated_small_graphs(graph, threads):
+    check_three_way(graph, threads=threads)
 
 
 @st.composite

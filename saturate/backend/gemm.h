@@ -1,4 +1,7 @@
-/* C backend conv micro-kernel: AVX-512 sgemm on weights packed at compile time (8 x 32 register tile). */
+/* C backend conv micro-kernel: AVX-512 sgemm on weights packed at compile time (8 x 32 register tile).
+ * Conv weights (M x K, rows zero-padded to Mp, a multiple of 8) are packed by the emitter block by
+ * block of KC columns: block k0 (Mp x kc floats at Ap + k0*Mp) holds 8-row panels one after another,
+ * A[i + r][k0 + k] at Ap[k0*Mp + i*kc + k*8 + r], so each k-block of the weights is one stream. */
 #ifndef SATURATE_GEMM_H
 #define SATURATE_GEMM_H
 
@@ -64,31 +67,6 @@ static inline void sat_kernel_8x32(int kc, const float *restrict a, const float 
     SAT_STORE(4) SAT_STORE(5) SAT_STORE(6) SAT_STORE(7)
 }
 
-/* C (M x N, pitch ldc) = A * B where A (M x K, rows padded with zeros to Mp, a multiple of 8) was
- * packed by the emitter block by block of KC columns: block k0 (Mp x kc floats at Ap + k0*Mp) holds
- * 8-row panels one after another, A[i + r][k0 + k] at Ap[k0*Mp + i*kc + k*8 + r]. Each k-block of the
- * weights is then one sequential stream. B is row-major. */
-static void sat_gemm_packed(int M, int N, int K, const float *Ap, const float *B, int64_t ldb, float *C,
-                            int64_t ldc, int threads) {
-    const int panels = (N + SAT_NR - 1) / SAT_NR;
-    const int64_t Mp = (M + SAT_MR - 1) / SAT_MR * SAT_MR;
-    float *bp = aligned_alloc(64, sizeof(float) * (size_t)SAT_KC * SAT_NR * panels + 64);
-    for (int k0 = 0; k0 < K; k0 += SAT_KC) {
-        const int kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
-        sat_pack_b(B, ldb, k0, kc, 0, N, bp);
-#pragma omp parallel for num_threads(threads) if(threads > 1) schedule(static)
-        for (int q = 0; q < panels; q++) {
-            const int nr = N - q * SAT_NR < SAT_NR ? N - q * SAT_NR : SAT_NR;
-            const float *bq = bp + (int64_t)q * kc * SAT_NR;
-            for (int i = 0; i < M; i += SAT_MR) {
-                const int mr = M - i < SAT_MR ? M - i : SAT_MR;
-                sat_kernel_8x32(kc, Ap + (int64_t)k0 * Mp + (int64_t)i * kc, bq, C + (int64_t)i * ldc + q * SAT_NR,
-                                ldc, k0 > 0, mr, nr);
-            }
-        }
-    }
-    free(bp);
-}
 #endif
 
 #endif

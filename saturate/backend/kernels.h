@@ -12,6 +12,9 @@
 #include <cblas.h>
 
 #include "gemm.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Thread count of the current run; OpenMP regions and OpenBLAS both follow it. */
 static int sat_threads = 1;
@@ -56,7 +59,6 @@ static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, 
                        int sh, int sw, int ph, int pw, int dh, int dw) {
     const int K = C * KH * KW;
     const int64_t cols = (int64_t)(oh1 - oh0) * OW;
-    SAT_PAR
     for (int r = 0; r < K; r++) {
         const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
         float *dst = col + (int64_t)r * cols;
@@ -133,49 +135,94 @@ static int sat_tile_rows(int K, int OH, int OW) {
     return (int)sat_clamp(rows, 1, OH);
 }
 
-/* Grouped 2-D convolution as a matrix product per image, group and row tile: W_g (Mg x K) times
- * columns (K x tile). A 1x1 stride-1 unpadded conv multiplies the input directly, without unfolding.
- * With `wp` (weights packed by the emitter, `wp_group` floats per group) the AVX-512 micro-kernel
- * runs the product, else OpenBLAS sgemm. */
+/* One tile of a grouped 2-D convolution: output rows [oh0, oh1) and channels [m0, m1) of group g of
+ * image n, as W_g[m0:m1] (K wide) times the tile's columns, then the epilogue on those rows. */
+static void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
+                          int n, int g, int oh0, int oh1, int m0, int m1, int C, int H, int W, int M, int KH, int KW,
+                          int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int G, int direct,
+                          sat_epi epi) {
+    const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
+    const int64_t P = (int64_t)OH * OW, cols = (int64_t)(oh1 - oh0) * OW;
+    const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
+    float *yt = y + ((int64_t)n * M + (int64_t)g * Mg + m0) * P + (int64_t)oh0 * OW;
+    const float *b = xg + (int64_t)oh0 * OW;
+    int64_t ldb = P;
+    if (!direct) {
+        sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw);
+        b = col;
+        ldb = cols;
+    }
+#ifdef SAT_HAVE_PACKED_GEMM
+    if (wp) {
+        /* Packed blocks are Mp x kc; a channel range starting at a multiple of 8 is a contiguous slice. */
+        const int64_t Mp = (Mg + SAT_MR - 1) / SAT_MR * SAT_MR;
+        const float *wg = wp + g * wp_group;
+        float *bp = aligned_alloc(64, sizeof(float) * (size_t)SAT_KC * SAT_NR * ((cols + SAT_NR - 1) / SAT_NR) + 64);
+        for (int k0 = 0; k0 < K; k0 += SAT_KC) {
+            const int kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
+            sat_pack_b(b, ldb, k0, kc, 0, (int)cols, bp);
+            for (int q = 0; q * SAT_NR < cols; q++) {
+                const int nr = cols - q * SAT_NR < SAT_NR ? (int)cols - q * SAT_NR : SAT_NR;
+                for (int i = m0; i < m1; i += SAT_MR) {
+                    const int mr = m1 - i < SAT_MR ? m1 - i : SAT_MR;
+                    sat_kernel_8x32(kc, wg + (int64_t)k0 * Mp + (int64_t)i * kc, bp + (int64_t)q * kc * SAT_NR,
+                                    yt + (int64_t)(i - m0) * P + q * SAT_NR, P, k0 > 0, mr, nr);
+                }
+            }
+        }
+        free(bp);
+    } else
+#endif
+        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m1 - m0, (int)cols, K, 1.0f,
+                          w + ((int64_t)g * Mg + m0) * K, K, b, (int)ldb, 0.0f, yt, (int)P);
+    if (epi)
+        for (int m = 0; m < m1 - m0; m++) epi(y, (yt - y) + (int64_t)m * P, cols);
+}
+
+/* Grouped 2-D convolution. With `wp` (weights packed by the emitter, `wp_group` floats per group) the
+ * AVX-512 micro-kernel runs the products and threads take whole tiles (split by channels when there
+ * are too few tiles), so one parallel region covers the conv; else OpenBLAS sgemm, tile by tile. */
 static void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                        int N, int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
                        int pw, int dh, int dw, int G, sat_epi epi) {
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
-    const int64_t P = (int64_t)OH * OW;
     const int direct = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
     const int tile = sat_tile_rows(K, OH, OW);
+    const int tiles = (OH + tile - 1) / tile;
+    const int64_t col_floats = direct ? 0 : (int64_t)K * tile * OW;
 #ifndef SAT_HAVE_PACKED_GEMM
     wp = NULL;
 #endif
-    for (int n = 0; n < N; n++) {
-        for (int g = 0; g < G; g++) {
-            const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
-            float *yg = y + ((int64_t)n * M + (int64_t)g * Mg) * P;
-            for (int oh0 = 0; oh0 < OH; oh0 += tile) {
-                const int oh1 = oh0 + tile < OH ? oh0 + tile : OH;
-                const int64_t cols = (int64_t)(oh1 - oh0) * OW;
-                const float *b = xg + (int64_t)oh0 * OW;
-                int64_t ldb = P;
-                if (!direct) {
-                    sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw);
-                    b = col;
-                    ldb = cols;
-                }
-                float *yt = yg + (int64_t)oh0 * OW;
-#ifdef SAT_HAVE_PACKED_GEMM
-                if (wp)
-                    sat_gemm_packed(Mg, (int)cols, K, wp + g * wp_group, b, ldb, yt, P, sat_threads);
-                else
+    if (!wp || sat_threads == 1) {
+        for (int n = 0; n < N; n++)
+            for (int g = 0; g < G; g++)
+                for (int t = 0; t < tiles; t++)
+                    sat_conv_tile(x, w, wp, wp_group, y, col, n, g, t * tile, (t + 1) * tile < OH ? (t + 1) * tile : OH,
+                                  0, Mg, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, epi);
+        return;
+    }
+    /* Channel chunks are multiples of 8 so each starts a packed panel. */
+    const int64_t units = (int64_t)N * G * tiles;
+    int split = units >= 2 * sat_threads ? 1 : sat_threads;
+    int chunk = ((Mg + split - 1) / split + SAT_MR - 1) / SAT_MR * SAT_MR;
+    if (chunk < SAT_MR) chunk = SAT_MR;
+    split = (Mg + chunk - 1) / chunk;
+#pragma omp parallel num_threads(sat_threads)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
 #endif
-                    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Mg, (int)cols, K, 1.0f,
-                                      w + (int64_t)g * Mg * K, K, b, (int)ldb, 0.0f, yt, (int)P);
-                if (epi) {
-                    const int64_t base = yt - y;
-                    SAT_PAR
-                    for (int m = 0; m < Mg; m++) epi(y, base + (int64_t)m * P, cols);
-                }
-            }
+        float *mine = tid == 0 || !col_floats ? col : aligned_alloc(64, sizeof(float) * (size_t)col_floats + 64);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < units * split; u++) {
+            const int s = (int)(u % split), t = (int)(u / split % tiles), g = (int)(u / split / tiles % G);
+            const int n = (int)(u / split / tiles / G);
+            const int m0 = s * chunk, m1 = m0 + chunk < Mg ? m0 + chunk : Mg;
+            sat_conv_tile(x, w, wp, wp_group, y, mine, n, g, t * tile, (t + 1) * tile < OH ? (t + 1) * tile : OH,
+                          m0, m1, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, epi);
         }
+        if (mine != col) free(mine);
     }
 }
 

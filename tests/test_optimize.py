@@ -246,3 +246,24 @@ def test_cli_takes_extra_rules_level_and_preserve(tmp_path, capsys):
     assert main(["optimize", str(model), "-o", str(out), "--rules", str(rules),
                  "--preserve", "Relu"]) == 0
     assert ops(load_graph(str(out))) == ["Sub", "Relu", "Relu"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "mobilenet", "vgg11bn",
+                                  pytest.param("resnet50", marks=pytest.mark.slow)])
+def test_examples_match_onnx_runtime_after_optimizing(name):
+    g = examples.build(name)
+    out, report = optimize(g, RULES)
+    assert report.cost_after <= report.cost_before
+    assert "BatchNormalization" not in out.op_counts()
+    assert_same_ort(g, out, examples.random_inputs(g))
+
+
+def test_a_rule_on_an_op_the_table_does_not_know_still_applies():
+    from saturate.rule_ast import Loc, OpTerm, Rule, Var
+    x = Var("x")
+    rule = Rule("log-exp", OpTerm("Log", (OpTerm("Exp", (x,)),)), x, (), "mine", 1, Loc("mine.rules", 1))
+    b = Builder(shape=(2, 3))
+    g = b.build(b.op("Relu", b.op("Log", b.op("Exp", "x"))))
+    out, report = optimize(g, [rule])
+    assert ops(out) == ["Relu"] and report.run.matches["log-exp"] >= 1
+    assert_same(g, out, b.sample())

@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+
+def egglog_bindings():
+    """egglog's compiled text interface, loaded without the `egglog` package's high-level API.
+
+    Importing the package costs about 0.15 s (it loads the Python DSL and a code formatter);
+    the engine only needs the Rust bindings, which load in milliseconds on their own.
+    """
+    if "egglog.bindings" in sys.modules:
+        return sys.modules["egglog.bindings"]
+    package = importlib.util.find_spec("egglog")
+    for folder in package.submodule_search_locations or ():
+        for name in sorted(os.listdir(folder)):
+            if name.startswith("bindings.") and name.endswith((".so", ".pyd")):
+                spec = importlib.util.spec_from_file_location("egglog.bindings", os.path.join(folder, name))
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                sys.modules["egglog.bindings"] = module
+                return module
+    from egglog import bindings  # an unusual install layout: take the ordinary way
+    return bindings
 
 
 class ENode(NamedTuple):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from saturate.cost import graph_cost, resolve_target
+from saturate.egraph import egglog_bindings
 from saturate.encode import chunks, encode_graph
 from saturate.encode_rules import compile_rules, rule_ops
 from saturate.errors import SaturateError
@@ -94,8 +95,6 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
              ) -> tuple[Graph, Report]:
     """Rewrite `graph` with `rules` (default: the standard library at `level`) to the cheapest
     equivalent graph for `target`; returns the new graph and a Report."""
-    from egglog import bindings
-
     report = Report(ops_before=dict(graph.op_counts()))
     model = resolve_target(target)
     graph, keep = _preserved(graph, model, preserve)
@@ -105,7 +104,7 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     t = time.perf_counter()
     enc = encode_graph(graph, keep, rule_ops(rule_list))
     compiled = compile_rules(rule_list, enc)
-    eg = bindings.EGraph()
+    eg = egglog_bindings().EGraph()
     for piece in chunks(enc.commands + [line for cr in compiled for line in cr.text]):
         eg.run_program(*eg.parse_program(piece))
     report.times["encode"] = time.perf_counter() - t

@@ -267,3 +267,15 @@ def test_a_rule_on_an_op_the_table_does_not_know_still_applies():
     out, report = optimize(g, [rule])
     assert ops(out) == ["Relu"] and report.run.matches["log-exp"] >= 1
     assert_same(g, out, b.sample())
+
+
+def test_a_rule_that_feeds_on_its_own_output_stops_at_a_limit():
+    from saturate.dsl import parse_rules
+    text = "ruleset grow level 1\nrule split Mul(x, c:const) => Mul(Mul(x, sqrt(c)), sqrt(c)) if positive(c)\n"
+    rules = [r for rs in parse_rules(text, "grow.rules") for r in rs.rules]
+    b = Builder(shape=(2, 3))
+    g = b.build(b.op("Mul", "x", b.rand(3, low=0.5)))
+    out, report = optimize(g, rules, max_iterations=50, max_nodes=400, timeout=20)
+    assert report.run.stop_reason == "node limit" and report.run.sizes[-1] > 400
+    assert ops(out) == ["Mul"]
+    assert_same(g, out, b.sample())

@@ -42,10 +42,14 @@ class Checker:
                 env = dict(zip(cr.vars, row[1:1 + nv]))
                 attr_ids = [to_i64(v) for v in row[1 + nv:1 + nv + na]]
                 cols = self._decide(cr, env, attr_ids)
-                if cols is not None:
-                    refs = [self.name(c) for c in row[:1 + nv]]
-                    ints = [str(a) for a in attr_ids] + cols
-                    self.commands.append(f"(Ok_{cr.index} {' '.join(refs + ints)})")
+                if cols is None:
+                    continue
+                refs = [self.name(c) for c in row[:1 + nv]]
+                if None in refs:
+                    self.seen.discard(key)   # no spelling yet (cycles only): try next iteration
+                    continue
+                ints = [str(a) for a in attr_ids] + cols
+                self.commands.append(f"(Ok_{cr.index} {' '.join(refs + ints)})")
         return self.commands
 
     # ---- deciding one match -------------------------------------------------------------

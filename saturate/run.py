@@ -83,8 +83,6 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
     return report, Facts(view, enc, cache)
 
 
-
-
 def _count(run: Any, by_name: dict[str, CompiledRule], into: dict[str, int]) -> None:
     """Add egglog's per-rule match counts of one run to `into`, by rule label."""
     for name, n in run.num_matches_per_rule.items():

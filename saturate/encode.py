@@ -24,8 +24,9 @@ PRELUDE = """
 (constructor Ref (i64) T)
 (relation IsConst (T))
 (ruleset apply)
-(rule ((= e (Const n))) ((IsConst e)) :name "~const-leaf")
-(rule ((= e (Lit n))) ((IsConst e)) :name "~lit-leaf")
+(ruleset facts)
+(rule ((= e (Const n))) ((IsConst e)) :ruleset facts :name "~const-leaf")
+(rule ((= e (Lit n))) ((IsConst e)) :ruleset facts :name "~lit-leaf")
 """
 
 
@@ -126,7 +127,7 @@ class Encoding:
         if name.startswith("K_"):
             vars_ = " ".join(f"a{i}" for i in range(arity))
             self.commands.append(
-                f'(rule ((= e ({name} {vars_}))) ((IsConst e)) :name "~const-{name}")')
+                f'(rule ((= e ({name} {vars_}))) ((IsConst e)) :ruleset facts :name "~const-{name}")')
 
 
 def _is_float(info: ValueInfo) -> bool:

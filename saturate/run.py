@@ -13,6 +13,9 @@ from saturate.facts import Facts
 from saturate.guards import Checker
 
 
+STEP = "(run facts 1)\n(run 1)"
+
+
 @dataclass
 class RunReport:
     """How saturation went: why it stopped, e-graph size per iteration, matches per rule."""
@@ -55,7 +58,8 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
         if view.size > max_nodes:
             report.stop_reason = "node limit"
             break
-        out = eg.run_program(*eg.parse_program("(run 1)"))
+        # Facts first (which e-classes are constant; one pass suffices: no fact depends on another).
+        out = eg.run_program(*eg.parse_program(STEP))
         run = out[-1].report
         report.iterations += 1
         step: dict[str, int] = {}

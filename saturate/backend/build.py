@@ -60,7 +60,7 @@ def compiler() -> str:
 def compile_command(source: Path, target: Path, sanitize: bool = False, profile: bool = False) -> list[str]:
     """The full compiler command line for one emitted model."""
     inc, libdir, lib = openblas()
-    flags = ["-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-std=gnu11", "-w"]
+    flags = ["-O3", "-march=native", "-fPIC", "-shared", "-pthread", "-std=gnu11", "-w"]
     if sanitize:
         flags += SANITIZE_FLAGS
     if profile:

@@ -28,10 +28,15 @@ class Emitted:
     shapes: dict[str, tuple[int, ...]]
 
 
+def runtime_inputs(graph: Graph) -> list[str]:
+    """Graph inputs fed at run time (an initializer listed as an input stays a constant)."""
+    return [i for i in graph.inputs if i not in graph.constants]
+
+
 def static_input_shapes(graph: Graph, overrides: dict | None = None) -> dict[str, tuple[int, ...]]:
     """Concrete shapes of the graph inputs (overrides first); symbolic dimensions are an error."""
     out = {}
-    for name in graph.inputs:
+    for name in runtime_inputs(graph):
         if overrides and name in overrides:
             out[name] = tuple(int(d) for d in overrides[name])
             continue
@@ -69,6 +74,7 @@ class Emitter:
     def __init__(self, graph: Graph, shapes: dict, pl: Plan, sanitize: bool = False):
         self.g, self.shapes, self.plan, self.sanitize = graph, shapes, pl, sanitize
         self.wsizes: dict = {}
+        self.inputs = runtime_inputs(graph)
         self.blobs: list[np.ndarray] = []
         self.woff: dict = {}
         self.nweights = 0
@@ -89,8 +95,8 @@ class Emitter:
 
     def ptr(self, value: str) -> str:
         r = self.plan.root(value)
-        if r in self.g.inputs:
-            return f"((float *)IN[{self.g.inputs.index(r)}])"
+        if r in self.inputs:
+            return f"((float *)IN[{self.inputs.index(r)}])"
         if r in self.g.constants:
             arr = self.g.constants[r]
             if arr.dtype.kind not in "fiub":
@@ -195,10 +201,14 @@ class Emitter:
             members = [(node, start)] + chain
             fn, r = self.pointwise(step, members, oshape, None, start)
             run = math.prod(oshape[r:])
-            total = math.prod(oshape)
-            self.body.append(
-                f"    {{\n#pragma omp parallel for num_threads(sat_threads) if(sat_threads > 1 && {total} > 32768)\n"
-                f"    for (int64_t r = 0; r < {total // max(run, 1)}; r++) {fn}({out}, r * {run}, {run});\n    }}\n")
+            runs = math.prod(oshape) // max(run, 1)
+            per = max(1, min(runs, -(-16384 // max(run, 1))))  # runs per work item: ~16K elements
+            chunks = -(-runs // per)
+            self.funcs.append(
+                f"static void {fn}_items(void *ctx, int64_t c, int tid) {{\n    (void)ctx; (void)tid;\n"
+                f"    const int64_t end = (c + 1) * {per} < {runs} ? (c + 1) * {per} : {runs};\n"
+                f"    for (int64_t r = c * {per}; r < end; r++) {fn}({out}, r * {run}, {run});\n}}\n")
+            self.body.append(f"    sat_parallel({chunks}, {fn}_items, NULL);\n")
             return
         getattr(self, f"emit_{node.op}")(step, chain, out, oshape)
 
@@ -345,7 +355,7 @@ class Emitter:
                f"    return WT ? 0 : 1;\n}}\n\n"
                f"int64_t sat_workspace_bytes(void) {{ return {self.plan.peak_bytes}; }}\n\n"
                f"int sat_run(const float *const *inputs, float *const *outputs, float *ws, int threads) {{\n"
-               f"    if (!WT) return 1;\n    sat_threads = threads;\n    sat_tile_bytes = {TILE_BYTES};\n    scipy_openblas_set_num_threads(threads);\n"
+               f"    if (!WT) return 1;\n    sat_threads = threads;\n    sat_tile_bytes = {TILE_BYTES};\n    scipy_openblas_set_num_threads(1);\n"
                f"    IN = inputs;\n    WS = ws;\n    COL = ws + {self.plan.arena_bytes // 4};\n    (void)COL;\n{poison_run}"
                f"{''.join(self.body)}{copies}    return 0;\n}}\n")
         return head + "".join(self.funcs) + api
@@ -375,5 +385,5 @@ def emit(graph: Graph, input_shapes: dict | None = None, sanitize: bool = False)
     pl = plan(graph, shapes, redzone=64 if sanitize else 0)
     em = Emitter(graph, shapes, pl, sanitize)
     src = em.program()
-    return Emitted(src, em.weights_bytes(), [(i, shapes[i]) for i in graph.inputs],
+    return Emitted(src, em.weights_bytes(), [(i, shapes[i]) for i in em.inputs],
                    [(o, shapes[o]) for o in graph.outputs], pl, shapes)

@@ -12,12 +12,8 @@
 #include <cblas.h>
 
 #include "gemm.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "pool.h"
 
-/* Thread count of the current run; OpenMP regions and OpenBLAS both follow it. */
-static int sat_threads = 1;
 
 /* Per-step wall time, compiled in only with -DSAT_PROFILE (saturate.backend profiling builds). */
 #ifdef SAT_PROFILE
@@ -39,7 +35,6 @@ double *sat_profile(void) { return sat_step_seconds; }
 /* A fused epilogue rewrites y[off .. off+len) in place; runs never cross the kernel's row. */
 typedef void (*sat_epi)(float *y, int64_t off, int64_t len);
 
-#define SAT_PAR _Pragma("omp parallel for num_threads(sat_threads) if(sat_threads > 1) schedule(static)")
 
 static inline int64_t sat_clamp(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
@@ -86,43 +81,51 @@ static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, 
 }
 
 /* Convolution where each output channel reads one input channel (depthwise and its multiples). */
+typedef struct {
+    const float *x, *w;
+    float *y;
+    int C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw;
+    sat_epi epi;
+} sat_dw_args;
+
+static void sat_dw_plane(void *ctx, int64_t nm, int tid) {
+    const sat_dw_args *a = ctx;
+    const int C = a->C, H = a->H, W = a->W, M = a->M, KH = a->KH, KW = a->KW, OH = a->OH, OW = a->OW;
+    const int sh = a->sh, sw = a->sw, ph = a->ph, pw = a->pw, dh = a->dh, dw = a->dw;
+    const int64_t P = (int64_t)OH * OW, n = nm / M;
+    const int m = (int)(nm % M);
+    const float *xi = a->x + (n * C + m / (M / C)) * (int64_t)H * W;
+    const float *wk = a->w + (int64_t)m * KH * KW;
+    float *yo = a->y + nm * P;
+    (void)tid;
+    for (int oh = 0; oh < OH; oh++) {
+        float *row = yo + (int64_t)oh * OW;
+        for (int ow = 0; ow < OW; ow++) row[ow] = 0.0f;
+        for (int kh = 0; kh < KH; kh++) {
+            const int ih = oh * sh - ph + kh * dh;
+            if (ih < 0 || ih >= H) continue;
+            const float *xr = xi + (int64_t)ih * W;
+            for (int kw = 0; kw < KW; kw++) {
+                const float wv = wk[kh * KW + kw];
+                const int iw0 = kw * dw - pw;
+                int lo, hi;
+                sat_valid_cols_s(iw0, sw, W, OW, &lo, &hi);
+                const float *s = xr + iw0;
+                if (sw == 1)
+                    for (int ow = lo; ow < hi; ow++) row[ow] += wv * s[ow];
+                else
+                    for (int ow = lo; ow < hi; ow++) row[ow] += wv * s[ow * sw];
+            }
+        }
+    }
+    if (a->epi) a->epi(a->y, nm * P, P);
+}
+
 static void sat_conv_depthwise(const float *x, const float *w, float *y, int N, int C, int H, int W, int M,
                                int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,
                                sat_epi epi) {
-    const int Mg = M / C;
-    const int64_t P = (int64_t)OH * OW;
-    SAT_PAR
-    for (int64_t nm = 0; nm < (int64_t)N * M; nm++) {
-        const int64_t n = nm / M;
-        const int m = (int)(nm % M);
-        const float *xi = x + (n * C + m / Mg) * (int64_t)H * W;
-        const float *wk = w + (int64_t)m * KH * KW;
-        float *yo = y + nm * P;
-        for (int oh = 0; oh < OH; oh++) {
-            float *row = yo + (int64_t)oh * OW;
-            for (int ow = 0; ow < OW; ow++) row[ow] = 0.0f;
-            for (int kh = 0; kh < KH; kh++) {
-                const int ih = oh * sh - ph + kh * dh;
-                if (ih < 0 || ih >= H) continue;
-                const float *xr = xi + (int64_t)ih * W;
-                for (int kw = 0; kw < KW; kw++) {
-                    const float wv = wk[kh * KW + kw];
-                    const int iw0 = kw * dw - pw;
-                    if (sw == 1) {
-                        int lo, hi;
-                        sat_valid_cols(iw0, W, OW, &lo, &hi);
-                        for (int ow = lo; ow < hi; ow++) row[ow] += wv * xr[iw0 + ow];
-                    } else {
-                        for (int ow = 0; ow < OW; ow++) {
-                            const int iw = iw0 + ow * sw;
-                            if (iw >= 0 && iw < W) row[ow] += wv * xr[iw];
-                        }
-                    }
-                }
-            }
-        }
-        if (epi) epi(y, nm * P, P);
-    }
+    sat_dw_args a = {x, w, y, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi};
+    sat_parallel((int64_t)N * M, sat_dw_plane, &a);
 }
 
 /* Output rows per im2col tile: the column tile stays near `sat_tile_bytes` so it is still in
@@ -179,6 +182,26 @@ static void sat_conv_tile(const float *x, const float *w, const float *wp, int64
         for (int m = 0; m < m1 - m0; m++) epi(y, (yt - y) + (int64_t)m * P, cols);
 }
 
+typedef struct {
+    const float *x, *w, *wp;
+    int64_t wp_group;
+    float *y, **cols;
+    int C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, tile, tiles, split, chunk;
+    sat_epi epi;
+} sat_conv_args;
+
+/* One work unit of a threaded conv: a (image, group, row tile, channel chunk), on its thread's columns. */
+static void sat_conv_unit(void *ctx, int64_t u, int tid) {
+    const sat_conv_args *a = ctx;
+    const int s = (int)(u % a->split), t = (int)(u / a->split % a->tiles);
+    const int g = (int)(u / a->split / a->tiles % a->G), n = (int)(u / a->split / a->tiles / a->G);
+    const int Mg = a->M / a->G, m0 = s * a->chunk, m1 = m0 + a->chunk < Mg ? m0 + a->chunk : Mg;
+    const int oh0 = t * a->tile, oh1 = oh0 + a->tile < a->OH ? oh0 + a->tile : a->OH;
+    sat_conv_tile(a->x, a->w, a->wp, a->wp_group, a->y, a->cols[tid], n, g, oh0, oh1, m0, m1, a->C, a->H, a->W,
+                  a->M, a->KH, a->KW, a->OH, a->OW, a->sh, a->sw, a->ph, a->pw, a->dh, a->dw, a->G, a->direct,
+                  a->epi);
+}
+
 /* Grouped 2-D convolution. With `wp` (weights packed by the emitter, `wp_group` floats per group) the
  * AVX-512 micro-kernel runs the products and threads take whole tiles (split by channels when there
  * are too few tiles), so one parallel region covers the conv; else OpenBLAS sgemm, tile by tile. */
@@ -193,7 +216,7 @@ static void sat_conv2d(const float *x, const float *w, const float *wp, int64_t 
 #ifndef SAT_HAVE_PACKED_GEMM
     wp = NULL;
 #endif
-    if (!wp || sat_threads == 1) {
+    if (sat_threads == 1) {
         for (int n = 0; n < N; n++)
             for (int g = 0; g < G; g++)
                 for (int t = 0; t < tiles; t++)
@@ -207,23 +230,12 @@ static void sat_conv2d(const float *x, const float *w, const float *wp, int64_t 
     int chunk = ((Mg + split - 1) / split + SAT_MR - 1) / SAT_MR * SAT_MR;
     if (chunk < SAT_MR) chunk = SAT_MR;
     split = (Mg + chunk - 1) / chunk;
-#pragma omp parallel num_threads(sat_threads)
-    {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        float *mine = tid == 0 || !col_floats ? col : aligned_alloc(64, sizeof(float) * (size_t)col_floats + 64);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < units * split; u++) {
-            const int s = (int)(u % split), t = (int)(u / split % tiles), g = (int)(u / split / tiles % G);
-            const int n = (int)(u / split / tiles / G);
-            const int m0 = s * chunk, m1 = m0 + chunk < Mg ? m0 + chunk : Mg;
-            sat_conv_tile(x, w, wp, wp_group, y, mine, n, g, t * tile, (t + 1) * tile < OH ? (t + 1) * tile : OH,
-                          m0, m1, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, epi);
-        }
-        if (mine != col) free(mine);
-    }
+    float *cols[SAT_MAX_THREADS] = {col};
+    for (int t = 1; t < sat_threads && col_floats; t++) cols[t] = aligned_alloc(64, sizeof(float) * (size_t)col_floats + 64);
+    sat_conv_args a = {x, w, wp, wp_group, y, cols, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G,
+                       direct, tile, tiles, split, chunk, epi};
+    sat_parallel(units * split, sat_conv_unit, &a);
+    for (int t = 1; t < sat_threads && col_floats; t++) free(cols[t]);
 }
 
 /* C[yoff ..] (M x N) = alpha * op(A) op(B), then the epilogue row by row. */
@@ -231,17 +243,64 @@ static void sat_gemm(int ta, int tb, int M, int N, int K, float alpha, const flo
                      int ldb, float *Y, int64_t yoff, sat_epi epi) {
     scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
                       alpha, A, lda, B, ldb, 0.0f, Y + yoff, N);
-    if (epi) {
-        SAT_PAR
+    if (epi)
         for (int m = 0; m < M; m++) epi(Y, yoff + (int64_t)m * N, N);
+}
+
+typedef struct {
+    const float *x;
+    float *y;
+    int H, W, OH, OW, KH, KW, sh, sw, ph, pw, pe_h, pe_w, dh, dw, mode;
+    const int *wcount;
+    sat_epi epi;
+} sat_pool_args;
+
+static void sat_pool_plane(void *ctx, int64_t p, int tid) {
+    const sat_pool_args *a = ctx;
+    const int H = a->H, W = a->W, OH = a->OH, OW = a->OW, KH = a->KH, KW = a->KW, sh = a->sh, sw = a->sw;
+    const int ph = a->ph, pw = a->pw, pe_h = a->pe_h, dh = a->dh, dw = a->dw, mode = a->mode;
+    const int *wcount = a->wcount;
+    const float *x = a->x;
+    float *y = a->y;
+    const int64_t P = (int64_t)OH * OW;
+    sat_epi epi = a->epi;
+    (void)tid;
+    const float *xi = x + p * H * W;
+    float *yo = y + p * P;
+    for (int oh = 0; oh < OH; oh++) {
+        float *row = yo + (int64_t)oh * OW;
+        const float init = mode == 0 ? -INFINITY : 0.0f;
+        for (int ow = 0; ow < OW; ow++) row[ow] = init;
+        int hvalid = 0, hpad = 0;
+        for (int kh = 0; kh < KH; kh++) {
+            const int ih = oh * sh - ph + kh * dh;
+            hpad += ih >= -ph && ih < H + pe_h;
+            if (ih < 0 || ih >= H) continue;
+            hvalid++;
+            const float *xr = xi + (int64_t)ih * W;
+            for (int kw = 0; kw < KW; kw++) {
+                const int iw0 = kw * dw - pw;
+                int lo, hi;
+                sat_valid_cols_s(iw0, sw, W, OW, &lo, &hi);
+                const float *s = xr + iw0;
+                if (mode == 0)
+                    for (int ow = lo; ow < hi; ow++) row[ow] = s[ow * sw] > row[ow] ? s[ow * sw] : row[ow];
+                else
+                    for (int ow = lo; ow < hi; ow++) row[ow] += s[ow * sw];
+            }
+        }
+        if (mode == 1)
+            for (int ow = 0; ow < OW; ow++) row[ow] = hvalid * wcount[ow] ? row[ow] / (hvalid * wcount[ow]) : 0.0f;
+        if (mode == 2)
+            for (int ow = 0; ow < OW; ow++) row[ow] = hpad * wcount[OW + ow] ? row[ow] / (hpad * wcount[OW + ow]) : 0.0f;
     }
+    if (epi) epi(y, p * P, P);
 }
 
 /* Max or average pooling over (N*C) planes, a row of outputs at a time so the inner loops are
  * branch-free; `mode` 0 max, 1 average over real pixels, 2 average counting pads. */
 static void sat_pool2d(const float *x, float *y, int64_t NC, int H, int W, int OH, int OW, int KH, int KW,
                        int sh, int sw, int ph, int pw, int pe_h, int pe_w, int dh, int dw, int mode, sat_epi epi) {
-    const int64_t P = (int64_t)OH * OW;
     /* Per output column: how many kernel columns fall on real pixels, and on pixels or pads. */
     int *wcount = malloc(sizeof(int) * 2 * (size_t)OW);
     for (int ow = 0; ow < OW; ow++) {
@@ -252,45 +311,13 @@ static void sat_pool2d(const float *x, float *y, int64_t NC, int H, int W, int O
             wcount[OW + ow] += iw >= -pw && iw < W + pe_w;
         }
     }
-    SAT_PAR
-    for (int64_t p = 0; p < NC; p++) {
-        const float *xi = x + p * H * W;
-        float *yo = y + p * P;
-        for (int oh = 0; oh < OH; oh++) {
-            float *row = yo + (int64_t)oh * OW;
-            const float init = mode == 0 ? -INFINITY : 0.0f;
-            for (int ow = 0; ow < OW; ow++) row[ow] = init;
-            int hvalid = 0, hpad = 0;
-            for (int kh = 0; kh < KH; kh++) {
-                const int ih = oh * sh - ph + kh * dh;
-                hpad += ih >= -ph && ih < H + pe_h;
-                if (ih < 0 || ih >= H) continue;
-                hvalid++;
-                const float *xr = xi + (int64_t)ih * W;
-                for (int kw = 0; kw < KW; kw++) {
-                    const int iw0 = kw * dw - pw;
-                    int lo, hi;
-                    sat_valid_cols_s(iw0, sw, W, OW, &lo, &hi);
-                    const float *s = xr + iw0;
-                    if (mode == 0)
-                        for (int ow = lo; ow < hi; ow++) row[ow] = s[ow * sw] > row[ow] ? s[ow * sw] : row[ow];
-                    else
-                        for (int ow = lo; ow < hi; ow++) row[ow] += s[ow * sw];
-                }
-            }
-            if (mode == 1)
-                for (int ow = 0; ow < OW; ow++) row[ow] = hvalid * wcount[ow] ? row[ow] / (hvalid * wcount[ow]) : 0.0f;
-            if (mode == 2)
-                for (int ow = 0; ow < OW; ow++) row[ow] = hpad * wcount[OW + ow] ? row[ow] / (hpad * wcount[OW + ow]) : 0.0f;
-        }
-        if (epi) epi(y, p * P, P);
-    }
+    sat_pool_args a = {x, y, H, W, OH, OW, KH, KW, sh, sw, ph, pw, pe_h, pe_w, dh, dw, mode, wcount, epi};
+    sat_parallel(NC, sat_pool_plane, &a);
     free(wcount);
 }
 
 /* Mean over each of N*C planes of P elements; the epilogue runs over the C channels of one image. */
 static void sat_global_avgpool(const float *x, float *y, int64_t N, int64_t C, int64_t P, sat_epi epi) {
-    SAT_PAR
     for (int64_t p = 0; p < N * C; p++) {
         const float *xi = x + p * P;
         double acc = 0.0;
@@ -303,7 +330,6 @@ static void sat_global_avgpool(const float *x, float *y, int64_t N, int64_t C, i
 
 /* Numerically stable softmax along an axis of length L, between `outer` and `inner` blocks. */
 static void sat_softmax(const float *x, float *y, int64_t outer, int64_t L, int64_t inner) {
-    SAT_PAR
     for (int64_t o = 0; o < outer; o++) {
         for (int64_t j = 0; j < inner; j++) {
             const float *xi = x + o * L * inner + j;

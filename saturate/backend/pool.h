@@ -1,0 +1,96 @@
+/* C backend threading: a small work-sharing pool. The caller runs items too and waits only for items
+ * another thread has claimed, never for a thread that has not woken up: on a busy machine a parallel
+ * loop then costs at most what the serial loop costs, where a fork-join barrier waits a time slice. */
+#ifndef SATURATE_POOL_H
+#define SATURATE_POOL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define SAT_MAX_THREADS 64
+
+/* Loop body: item i, run by thread `tid` (0 is the caller). */
+typedef void (*sat_body)(void *ctx, int64_t i, int tid);
+
+static int sat_threads = 1;
+
+static struct {
+    sat_body fn;
+    void *ctx;
+    int64_t n;
+    _Atomic uint64_t ticket; /* generation << 32 | next item */
+    _Atomic int64_t done;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} sat_pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+/* Claim and run items of the job published as generation `gen` until none are left. */
+static void sat_pool_drain(uint32_t gen, int tid) {
+    for (;;) {
+        uint64_t t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
+        if ((uint32_t)(t >> 32) != gen || (int64_t)(uint32_t)t >= sat_pool.n) return;
+        sat_body fn = sat_pool.fn;
+        void *ctx = sat_pool.ctx;
+        /* A successful claim proves the job was still running, so fn and ctx read above are its own. */
+        if (!atomic_compare_exchange_weak_explicit(&sat_pool.ticket, &t, t + 1, memory_order_acq_rel,
+                                                   memory_order_relaxed))
+            continue;
+        fn(ctx, (int64_t)(uint32_t)t, tid);
+        atomic_fetch_add_explicit(&sat_pool.done, 1, memory_order_release);
+    }
+}
+
+static void *sat_pool_worker(void *arg) {
+    const int tid = (int)(intptr_t)arg;
+    uint32_t seen = 0;
+    for (;;) {
+        uint64_t t = 0;
+        /* Spin briefly for the next job (jobs come in bursts within one inference), then sleep. */
+        for (int spin = 0; spin < 20000; spin++) {
+            t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
+            if ((uint32_t)(t >> 32) != seen) break;
+        }
+        if ((uint32_t)(t >> 32) == seen) {
+            pthread_mutex_lock(&sat_pool.mu);
+            while ((uint32_t)(atomic_load(&sat_pool.ticket) >> 32) == seen) pthread_cond_wait(&sat_pool.cv, &sat_pool.mu);
+            pthread_mutex_unlock(&sat_pool.mu);
+            t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
+        }
+        seen = (uint32_t)(t >> 32);
+        if (tid < sat_threads) sat_pool_drain(seen, tid);
+    }
+    return NULL;
+}
+
+/* Run fn(ctx, i, tid) for i in [0, n) on up to sat_threads threads; returns when all have run. */
+static void sat_parallel(int64_t n, sat_body fn, void *ctx) {
+    if (sat_threads <= 1 || n <= 1) {
+        for (int64_t i = 0; i < n; i++) fn(ctx, i, 0);
+        return;
+    }
+    while (sat_pool.started < sat_threads - 1 && sat_pool.started < SAT_MAX_THREADS - 1) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, sat_pool_worker, (void *)(intptr_t)(sat_pool.started + 1)) != 0) break;
+        pthread_detach(th);
+        sat_pool.started++;
+    }
+    sat_pool.fn = fn;
+    sat_pool.ctx = ctx;
+    sat_pool.n = n;
+    atomic_store(&sat_pool.done, 0);
+    pthread_mutex_lock(&sat_pool.mu);
+    const uint32_t gen = (uint32_t)(atomic_load(&sat_pool.ticket) >> 32) + 1;
+    atomic_store_explicit(&sat_pool.ticket, (uint64_t)gen << 32, memory_order_release);
+    pthread_cond_broadcast(&sat_pool.cv);
+    pthread_mutex_unlock(&sat_pool.mu);
+    sat_pool_drain(gen, 0);
+    while (atomic_load_explicit(&sat_pool.done, memory_order_acquire) < n) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+    }
+}
+
+#endif

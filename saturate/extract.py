@@ -4,6 +4,8 @@ A Knuth/Dijkstra bottom-up pass gives each e-class its cheapest e-node by tree c
 Python ints). Tree cost over-counts shared nodes, so a local search then switches e-classes to
 other e-nodes whenever the DAG cost (each chosen node paid once) drops, for instance to keep a
 BatchNormalization on a conv output that another consumer also reads rather than duplicate the conv.
+Where the e-graph is small enough, an integer program (extract_ilp) then finds the exact optimum
+within the time budget; it replaces the local answer only when strictly cheaper.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from saturate.egraph import ENode
+from saturate.extract_ilp import solve
 from saturate.facts import Facts
 
 INF = None
@@ -106,8 +109,35 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
         raise SaturateError("no extractable graph: an output needs an op the target cannot run")
     search = _DagSearch(best, costs, roots, ckey)
     start = search.total()
-    moves = search.improve(budget)
-    return Extraction(search.chosen, search.total(), start, moves)
+    moves = search.improve(budget / 2)
+    choice, total = search.chosen, search.total()
+    # The exact program only runs where sharing is known to matter: the local search had to
+    # move, or its answer still costs more than the input graph did.
+    needed = moves > 0 or total > _original_cost(facts, best, costs, roots)
+    exact = solve(best, costs, roots, facts.view.consts, ckey, budget / 2) if needed else None
+    if exact is not None:
+        exact_total = sum(costs[(c, n)] for c, n in exact.items())
+        if exact_total < total:
+            choice, total = exact, exact_total
+    return Extraction(choice, total, start, moves)
+
+
+def _original_cost(facts: Facts, best: dict, costs: dict, roots: list) -> int | float:
+    """DAG cost of the input graph's own e-nodes (cheapest e-nodes where it had none)."""
+    original = {c: n for c, n in facts.original_nodes() if costs.get((c, n)) is not INF}
+    seen: set = set()
+    total, stack = 0, list(roots)
+    while stack:
+        c = stack.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        node = original.get(c) or best[c][1]
+        if any(ch not in best for ch in node.children):
+            return math.inf
+        total += costs[(c, node)]
+        stack.extend(node.children)
+    return total
 
 
 class _DagSearch:

@@ -87,3 +87,27 @@ def test_result_is_never_costlier_than_the_input():
     model = DefaultCost()
     out, report = optimize(g, RULES, target=model)
     assert graph_cost(out, model) == report.cost_after <= graph_cost(g, model) == report.cost_before
+
+
+def test_a_conv_feeding_two_batchnorms_stays_one_conv():
+    # Keeping the conv shared needs both folds undone at once: one-class moves cannot see it,
+    # the integer program does.
+    b = Builder(shape=(1, 4, 8, 8))
+    c = b.conv("x", 4, 4)
+    g = b.build(b.bn(c, 4), b.bn(c, 4))
+    out, report = optimize(g, RULES)
+    assert ops(out) == ["Conv", "BatchNormalization", "BatchNormalization"]
+    assert not report.kept_original
+    assert_same(g, out, b.sample())
+
+
+def test_the_integer_program_declines_what_is_too_large():
+    from saturate import extract_ilp
+    b, g = _shared_conv()
+    limit = extract_ilp.MAX_VARIABLES
+    try:
+        extract_ilp.MAX_VARIABLES = 1
+        out, report = optimize(g, RULES)
+    finally:
+        extract_ilp.MAX_VARIABLES = limit
+    assert out.op_counts()["Conv"] == 1 and report.extract_moves >= 1

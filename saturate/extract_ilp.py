@@ -1,0 +1,111 @@
+"""Extract stage, exact: the cheapest DAG as an integer program (scipy's HiGHS), bounded in time.
+
+The local search in extract.py moves one e-class at a time; some improvements need several at
+once (a conv feeding two batch-norms: keeping it shared means undoing both folds together).
+This program sees all of them: one 0/1 variable per e-node, every chosen e-node's children
+chosen too, a level per e-class that must grow along chosen edges so the answer is acyclic.
+Constant and free leaves (cost 0, always computable) are left out, which keeps it small.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from saturate.egraph import ENode
+
+MAX_VARIABLES = 6000
+
+
+def solve(best: dict, costs: dict, roots: list, consts: set, ckey: dict, budget: float
+          ) -> dict[Any, ENode] | None:
+    """Optimal choice per e-class by DAG cost, or None (too large, out of time, infeasible).
+
+    `ckey` (structural keys of e-classes) orders the program, so the answer does not depend on
+    the order egglog stored its tables in.
+    """
+    free = {c for c, (cost, node) in best.items() if cost == 0 and (c in consts or not node.children)}
+    classes, nodes = _reachable(best, costs, roots, free)
+    classes.sort(key=lambda c: ckey[c])
+    nodes.sort(key=lambda cn: (ckey[cn[0]], cn[1].kind, cn[1].head, str(cn[1].key),
+                               [ckey[ch] for ch in cn[1].children]))
+    if not nodes or len(nodes) > MAX_VARIABLES:
+        return None
+    index = {c: k for k, c in enumerate(classes)}
+    nx, nc = len(nodes), len(classes)
+    # Variables: x (one per e-node), then t (one level per e-class).
+    rows, cols, vals, lo, hi = [], [], [], [], []
+
+    def row(entries: list[tuple[int, float]], low: float, high: float) -> None:
+        r = len(lo)
+        for col, v in entries:
+            rows.append(r)
+            cols.append(col)
+            vals.append(v)
+        lo.append(low)
+        hi.append(high)
+
+    members: dict[Any, list[int]] = {}
+    for k, (c, _) in enumerate(nodes):
+        members.setdefault(c, []).append(k)
+    for r in dict.fromkeys(roots):
+        if r not in free:
+            row([(k, 1.0) for k in members[r]], 1.0, np.inf)
+    big = float(nc + 1)
+    for k, (c, node) in enumerate(nodes):
+        for ch in dict.fromkeys(node.children):
+            if ch in free:
+                continue
+            # Choosing this e-node chooses one e-node of each child ...
+            row([(m, 1.0) for m in members[ch]] + [(k, -1.0)], 0.0, np.inf)
+            # ... placed strictly below it: t_c - t_ch >= 1 when chosen.
+            row([(nx + index[c], 1.0), (nx + index[ch], -1.0), (k, -big)], 1.0 - big, np.inf)
+    a = coo_matrix((vals, (rows, cols)), shape=(len(lo), nx + nc)).tocsr()
+    objective = np.concatenate([np.array([costs[n] for n in nodes], dtype=float), np.zeros(nc)])
+    result = milp(objective, constraints=LinearConstraint(a, lo, hi),
+                  integrality=np.concatenate([np.ones(nx), np.zeros(nc)]),
+                  bounds=Bounds(np.zeros(nx + nc), np.concatenate([np.ones(nx), np.full(nc, big)])),
+                  options={"time_limit": max(budget, 0.01), "disp": False})
+    if result.x is None:
+        return None
+    chosen: dict[Any, ENode] = {}
+    for k, (c, node) in enumerate(nodes):
+        if result.x[k] > 0.5 and (c not in chosen or costs[(c, node)] < costs[(c, chosen[c])]):
+            chosen[c] = node
+    return _walk(chosen, best, roots)
+
+
+def _reachable(best: dict, costs: dict, roots: list, free: set) -> tuple[list, list]:
+    """E-classes reachable from the roots through usable e-nodes, and those e-nodes."""
+    by_class: dict[Any, list[ENode]] = {}
+    for (c, n), v in costs.items():
+        if v is not None and all(ch in best for ch in n.children):
+            by_class.setdefault(c, []).append(n)
+    seen: dict[Any, None] = {}
+    stack = [r for r in roots if r not in free]
+    nodes: list[tuple[Any, ENode]] = []
+    while stack:
+        c = stack.pop()
+        if c in seen:
+            continue
+        seen[c] = None
+        for n in by_class.get(c, ()):
+            nodes.append((c, n))
+            stack.extend(ch for ch in n.children if ch not in free and ch not in seen)
+    return list(seen), nodes
+
+
+def _walk(chosen: dict, best: dict, roots: list) -> dict[Any, ENode]:
+    """The choice restricted to what the roots reach (free leaves take their cheapest e-node)."""
+    out: dict[Any, ENode] = {}
+    stack = list(roots)
+    while stack:
+        c = stack.pop()
+        if c in out:
+            continue
+        out[c] = chosen.get(c) or best[c][1]
+        stack.extend(out[c].children)
+    return out

@@ -81,7 +81,7 @@ def build(source: str, weights: bytes, out_dir: Path | None = None, sanitize: bo
     Without out_dir the directory is a cache entry named by the hash of source, weights, kernels
     and flags, so the same graph compiles once.
     """
-    kernels = (KERNELS_DIR / "kernels.h").read_bytes() + (KERNELS_DIR / "gemm.h").read_bytes()
+    kernels = b"".join(p.read_bytes() for p in sorted(KERNELS_DIR.glob("*.h")))
     key = hashlib.sha256(source.encode() + kernels + weights + (b"asan" if sanitize else b"")
                          + (b"prof" if profile else b"")).hexdigest()[:24]
     target = Path(out_dir) if out_dir is not None else cache_root() / key

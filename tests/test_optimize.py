@@ -187,7 +187,7 @@ def random_graphs(draw):
     for _ in range(draw(st.integers(1, 6))):
         src = draw(st.sampled_from(values))
         c = channels[src]
-        kind = draw(st.sampled_from(["conv", "bn", "add", "mul", "relu", "addv"]))
+        kind = draw(st.sampled_from(["conv", "bn", "add", "mul", "relu", "addv", "sub", "div", "gate", "exp"]))
         if kind == "conv":
             cout = draw(st.integers(2, 4))
             y = b.conv(src, cout, c, k=draw(st.sampled_from([1, 3])), bias=draw(st.booleans()))
@@ -196,6 +196,10 @@ def random_graphs(draw):
             y = b.bn(src, c)
         elif kind == "relu":
             y = b.op("Relu", src)
+        elif kind == "gate":
+            y = b.op("Mul", src, b.op("Relu", b.op("GlobalAveragePool", src)))
+        elif kind == "exp":
+            y = b.op("Exp", b.op("Mul", src, b.const(np.float32(0.1))))
         elif kind == "addv":
             other = draw(st.sampled_from([v for v in values if channels[v] == c]))
             y = b.op("Add", src, other)
@@ -204,11 +208,12 @@ def random_graphs(draw):
             arr = b.rng.standard_normal(shape).astype(np.float32)
             if draw(st.booleans()):
                 arr = np.abs(arr) + 0.25
-            y = b.op("Add" if kind == "add" else "Mul", src, b.const(arr))
+            op = {"add": "Add", "mul": "Mul", "sub": "Sub", "div": "Div"}[kind]
+            y = b.op(op, src, b.const(np.abs(arr) + 0.25 if op == "Div" else arr))
         values.append(y)
         channels[y] = c
-    outs = [values[-1]] + ([values[-2]] if len(values) > 2 and draw(st.booleans()) else [])
-    return b, b.build(*outs)
+    used = {i for n in b.g.nodes for i in n.inputs}
+    return b, b.build(*[v for v in values[1:] if v not in used])   # every sink is an output
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

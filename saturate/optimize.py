@@ -77,6 +77,10 @@ def _preserved(graph: Graph, model: Any, preserve: Iterable[str]) -> tuple[Graph
     wanted = set(preserve)
     present = {n.op for n in graph.nodes}
     ops = {p for p in wanted if p in OPS or p in present}
+    known = {n.name for n in graph.nodes} | {o for n in graph.nodes for o in n.outputs}
+    unknown = sorted(wanted - ops - known)
+    if unknown:
+        raise SaturateError(f"preserve: '{unknown[0]}' is neither an op nor a node of the model")
     if isinstance(model, Target):
         graph, names = preserved(graph, model, ops, wanted - ops)
         return graph, set(names)

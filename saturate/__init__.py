@@ -2,8 +2,16 @@
 
 from saturate.errors import SaturateError, SourceError
 from saturate.ir import Graph, Node, ValueInfo
-# The function shadows its module's name on the package on purpose: saturate.optimize(graph).
-from saturate.optimize import optimize
+
+
+def __getattr__(name: str):
+    # saturate.optimize loads the engine (egglog, scipy) on first use, not on `import saturate`.
+    # The module saturate.optimize is itself callable, so saturate.optimize(graph) works
+    # whichever of module or function the attribute holds.
+    if name == "optimize":
+        from saturate.optimize import optimize
+        return optimize
+    raise AttributeError(f"module 'saturate' has no attribute '{name}'")
 
 
 def compile(graph: Graph, **options):

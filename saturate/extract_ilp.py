@@ -12,8 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
 
 from saturate.egraph import ENode
 
@@ -27,6 +25,9 @@ def solve(best: dict, costs: dict, roots: list, consts: set, ckey: dict, budget:
     `ckey` (structural keys of e-classes) orders the program, so the answer does not depend on
     the order egglog stored its tables in.
     """
+    from scipy.optimize import Bounds, LinearConstraint, milp   # only when needed: 0.1 s import
+    from scipy.sparse import coo_matrix
+
     free = {c for c, (cost, node) in best.items() if cost == 0 and (c in consts or not node.children)}
     classes, nodes = _reachable(best, costs, roots, free)
     classes.sort(key=lambda c: ckey[c])

@@ -38,6 +38,26 @@ def graph_flops(graph: Graph, input_shapes: dict | None = None) -> int:
     return total
 
 
+def limit_blas_threads(threads: int) -> list[str]:
+    """Give every OpenBLAS loaded in this process (numpy's too) `threads` threads, so the numpy
+    reference runs at the thread count of the others; returns the libraries it set."""
+    import ctypes
+
+    names = ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
+             "scipy_openblas_set_num_threads")
+    done = []
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        libs = sorted({line.split()[-1] for line in maps if "openblas" in line.split()[-1].lower()})
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for name in names:
+            if hasattr(lib, name):
+                getattr(lib, name)(threads)
+                done.append(path)
+                break
+    return done
+
+
 def ort_session(graph: Graph, threads: int, onnx_bytes: bytes | None = None):
     """An ONNX Runtime session with every graph optimization, `threads` intra-op threads."""
     import onnxruntime as ort
@@ -71,6 +91,7 @@ def benchmark(graph: Graph, threads: int = 1, runs: int = 10, onnx_bytes: bytes 
     if runs < 1:
         raise SaturateError(f"--runs must be at least 1, got {runs}")
     model = compile_graph(graph, threads=threads)
+    limit_blas_threads(threads)
     rng = np.random.default_rng(seed)
     feed = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in model.inputs}
     sess = ort_session(graph, threads, onnx_bytes)

@@ -25,8 +25,8 @@ static void sat_pack_b(const float *B, int64_t ldb, int k0, int kc, int64_t j0, 
         float *dst = out + (int64_t)q * kc * SAT_NR;
         const float *src = B + (int64_t)k0 * ldb + j0 + q * SAT_NR;
         for (int k = 0; k < kc; k++) {
-            _mm512_store_ps(dst + k * SAT_NR, _mm512_maskz_loadu_ps(m0, src + k * ldb));
-            _mm512_store_ps(dst + k * SAT_NR + 16, _mm512_maskz_loadu_ps(m1, src + k * ldb + 16));
+            _mm512_storeu_ps(dst + k * SAT_NR, _mm512_maskz_loadu_ps(m0, src + k * ldb));
+            _mm512_storeu_ps(dst + k * SAT_NR + 16, _mm512_maskz_loadu_ps(m1, src + k * ldb + 16));
         }
     }
 }
@@ -55,7 +55,7 @@ static inline void sat_kernel_8x32(int kc, const float *restrict a, const float 
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
            c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
     for (int k = 0; k < kc; k++) {
-        const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+        const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
         SAT_ROW(0); SAT_ROW(1); SAT_ROW(2); SAT_ROW(3);
         SAT_ROW(4); SAT_ROW(5); SAT_ROW(6); SAT_ROW(7);
         a += SAT_MR;

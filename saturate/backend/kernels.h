@@ -48,15 +48,17 @@ static inline void sat_valid_cols_s(int iw0, int sw, int W, int OW, int *lo, int
 
 static inline void sat_valid_cols(int iw0, int W, int OW, int *lo, int *hi) { sat_valid_cols_s(iw0, 1, W, OW, lo, hi); }
 
-/* Unfold output rows [oh0, oh1) of one image (C x H x W) into a (C*KH*KW) x ((oh1-oh0)*OW) column
- * matrix; pads read as zero. */
+/* Unfold output rows [oh0, oh1) of one image (C x H x W) into the (C*KH*KW) x ((oh1-oh0)*OW) column
+ * matrix, pads read as zero. Row-major when `packed` is 0; else written straight into the micro-kernel's
+ * B panels (block k0 at col + k0*panels*NR, panel q at + q*kc*NR, zero-padded to NR columns). */
 static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, int KW, int oh0, int oh1, int OW,
-                       int sh, int sw, int ph, int pw, int dh, int dw) {
+                       int sh, int sw, int ph, int pw, int dh, int dw, int packed) {
     const int K = C * KH * KW;
     const int64_t cols = (int64_t)(oh1 - oh0) * OW;
+    float *tmp = packed ? malloc(sizeof(float) * (size_t)cols) : NULL;
     for (int r = 0; r < K; r++) {
         const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
-        float *dst = col + (int64_t)r * cols;
+        float *dst = packed ? tmp : col + (int64_t)r * cols;
         const float *src = x + (int64_t)c * H * W;
         const int iw0 = kw * dw - pw;
         int lo, hi;
@@ -77,7 +79,21 @@ static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, 
             }
             for (int ow = hi; ow < OW; ow++) d[ow] = 0.0f;
         }
+#ifdef SAT_HAVE_PACKED_GEMM
+        if (packed) {
+            const int64_t panels = (cols + SAT_NR - 1) / SAT_NR;
+            const int k0 = r / SAT_KC * SAT_KC, kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
+            float *blk = col + (int64_t)k0 * panels * SAT_NR + (int64_t)(r - k0) * SAT_NR;
+            for (int64_t q = 0; q < panels; q++) {
+                const int64_t nr = cols - q * SAT_NR < SAT_NR ? cols - q * SAT_NR : SAT_NR;
+                float *p = blk + q * kc * SAT_NR;
+                memcpy(p, tmp + q * SAT_NR, sizeof(float) * nr);
+                for (int64_t j = nr; j < SAT_NR; j++) p[j] = 0.0f;
+            }
+        }
+#endif
     }
+    free(tmp);
 }
 
 /* Convolution where each output channel reads one input channel (depthwise and its multiples). */
@@ -138,6 +154,15 @@ static int sat_tile_rows(int K, int OH, int OW) {
     return (int)sat_clamp(rows, 1, OH);
 }
 
+/* Floats per unfolded row: packed columns are padded to whole NR-wide panels. */
+static int64_t sat_col_width(int64_t cols, int packed) {
+#ifdef SAT_HAVE_PACKED_GEMM
+    if (packed) return (cols + SAT_NR - 1) / SAT_NR * SAT_NR;
+#endif
+    (void)packed;
+    return cols;
+}
+
 /* One tile of a grouped 2-D convolution: output rows [oh0, oh1) and channels [m0, m1) of group g of
  * image n, as W_g[m0:m1] (K wide) times the tile's columns, then the epilogue on those rows. */
 static void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
@@ -151,7 +176,7 @@ static void sat_conv_tile(const float *x, const float *w, const float *wp, int64
     const float *b = xg + (int64_t)oh0 * OW;
     int64_t ldb = P;
     if (!direct) {
-        sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw);
+        sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw, wp != NULL);
         b = col;
         ldb = cols;
     }
@@ -160,10 +185,15 @@ static void sat_conv_tile(const float *x, const float *w, const float *wp, int64
         /* Packed blocks are Mp x kc; a channel range starting at a multiple of 8 is a contiguous slice. */
         const int64_t Mp = (Mg + SAT_MR - 1) / SAT_MR * SAT_MR;
         const float *wg = wp + g * wp_group;
-        float *bp = aligned_alloc(64, sizeof(float) * (size_t)SAT_KC * SAT_NR * ((cols + SAT_NR - 1) / SAT_NR) + 64);
+        /* Unfolded columns arrive packed; a direct conv's input is packed here, block by block. */
+        const int64_t panels = (cols + SAT_NR - 1) / SAT_NR;
+        float *bp = direct ? aligned_alloc(64, sizeof(float) * (size_t)SAT_KC * SAT_NR * panels + 64) : NULL;
         for (int k0 = 0; k0 < K; k0 += SAT_KC) {
             const int kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
-            sat_pack_b(b, ldb, k0, kc, 0, (int)cols, bp);
+            if (direct)
+                sat_pack_b(b, ldb, k0, kc, 0, (int)cols, bp);
+            else
+                bp = col + (int64_t)k0 * panels * SAT_NR;
             for (int q = 0; q * SAT_NR < cols; q++) {
                 const int nr = cols - q * SAT_NR < SAT_NR ? (int)cols - q * SAT_NR : SAT_NR;
                 for (int i = m0; i < m1; i += SAT_MR) {
@@ -173,7 +203,7 @@ static void sat_conv_tile(const float *x, const float *w, const float *wp, int64
                 }
             }
         }
-        free(bp);
+        if (direct) free(bp);
     } else
 #endif
         scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m1 - m0, (int)cols, K, 1.0f,
@@ -212,7 +242,7 @@ static void sat_conv2d(const float *x, const float *w, const float *wp, int64_t 
     const int direct = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
     const int tile = sat_tile_rows(K, OH, OW);
     const int tiles = (OH + tile - 1) / tile;
-    const int64_t col_floats = direct ? 0 : (int64_t)K * tile * OW;
+    const int64_t col_floats = direct ? 0 : (int64_t)K * sat_col_width((int64_t)tile * OW, wp != NULL);
 #ifndef SAT_HAVE_PACKED_GEMM
     wp = NULL;
 #endif

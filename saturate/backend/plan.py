@@ -106,7 +106,7 @@ def _nbytes(shape: tuple[int, ...]) -> int:
     return (math.prod(shape) * 4 + ALIGN - 1) // ALIGN * ALIGN
 
 
-def im2col_bytes(step: Step, shapes: dict) -> int:
+def im2col_bytes(step: Step, shapes: dict, packed: bool) -> int:
     """Scratch a conv step needs for its column matrix (0 for direct 1x1 and depthwise convs)."""
     node = step.anchor
     if node.op != "Conv":
@@ -118,7 +118,8 @@ def im2col_bytes(step: Step, shapes: dict) -> int:
                      and (win.oh, win.ow) == ((x[2] if len(x) == 4 else 1), x[-1])):
         return 0
     k = (x[1] // group) * win.kh * win.kw
-    return k * tile_rows(k, win.oh, win.ow) * win.ow * 4
+    cols = tile_rows(k, win.oh, win.ow) * win.ow
+    return k * (-(-cols // 32) * 32 if packed else cols) * 4
 
 
 def tile_rows(k: int, oh: int, ow: int) -> int:
@@ -129,10 +130,11 @@ def tile_rows(k: int, oh: int, ow: int) -> int:
     return max(1, min(rows, oh))
 
 
-def plan(graph: Graph, shapes: dict[str, tuple[int, ...]], redzone: int = 0) -> Plan:
+def plan(graph: Graph, shapes: dict[str, tuple[int, ...]], redzone: int = 0, packed: bool = False) -> Plan:
     """Fuse, then assign arena offsets: buffers whose lifetimes overlap never share bytes.
 
-    `redzone` bytes are kept free after every buffer (sanitizer builds poison them)."""
+    `redzone` bytes are kept free after every buffer (sanitizer builds poison them); `packed` sizes
+    the conv scratch for the micro-kernel's panel layout (columns padded to 32)."""
     steps, alias = fuse(graph, shapes)
     external = set(graph.inputs) | set(graph.constants)
     pl = Plan(steps, alias, {}, 0, 0, 0)
@@ -163,5 +165,5 @@ def plan(graph: Graph, shapes: dict[str, tuple[int, ...]], redzone: int = 0) -> 
         pl.offsets[r] = off
         pl.arena_bytes = max(pl.arena_bytes, off + size)
         pl.naive_bytes += size - redzone
-    pl.scratch_bytes = max((im2col_bytes(s, shapes) for s in steps), default=0)
+    pl.scratch_bytes = max((im2col_bytes(s, shapes, packed) for s in steps), default=0)
     return pl

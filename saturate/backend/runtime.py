@@ -32,7 +32,10 @@ class CompiledModel:
         if self.lib.sat_init(str(self.directory / "weights.bin").encode()) != 0:
             raise SaturateError(f"cannot load weights from {self.directory / 'weights.bin'}")
         self.workspace_bytes = int(self.lib.sat_workspace_bytes())
-        self._ws = np.empty(self.workspace_bytes // 4 + 16, np.float32)
+        # The arena is planned in 64-byte units; start it on a 64-byte boundary too.
+        raw = np.empty(self.workspace_bytes // 4 + 32, np.float32)
+        skip = (-raw.ctypes.data % 64) // 4
+        self._ws = raw[skip:]
 
     def _arrays(self, args, kwargs) -> list[np.ndarray]:
         if len(args) == 1 and isinstance(args[0], dict) and not kwargs:

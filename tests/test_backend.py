@@ -201,3 +201,16 @@ def test_cli_run_with_c_backend_matches_numpy(tmp_path, capsys):
     np.save(tmp_path / "bad.npy", x[:, :, :16])
     assert main(["run", "example:vgg", "--backend", "c", "--input", str(tmp_path / "bad.npy")]) == 2
     assert "expects (1, 3, 32, 32)" in capsys.readouterr().err
+
+
+def test_edge_graphs_identity_runtime_weights_duplicate_outputs():
+    check_three_way(make([Node("Identity", ["x"], ["y"])], {"x": (2, 3)}), ort=False)
+    # Runtime conv weights take the BLAS path; an output that is also read later is never fused away.
+    g = make([Node("Conv", ["x", "k"], ["c"], {"pads": [1, 1, 1, 1]}), Node("Relu", ["c"], ["r"]),
+              Node("Add", ["r", "c"], ["y"])], {"x": (1, 4, 6, 6), "k": (5, 4, 3, 3)}, outputs=["y", "c", "r"])
+    for threads in (1, 2):
+        check_three_way(g, ort=False, threads=threads)
+    g = make([Node("Reshape", ["wf", "shp"], ["k"]), Node("Conv", ["x", "k"], ["y"], {"group": 2})],
+             {"x": (1, 4, 5, 5)}, {"wf": w(8 * 2 * 9), "shp": np.array([8, 2, 3, 3], np.int64)})
+    check_three_way(g)
+    assert list(check_three_way(make([Node("Relu", ["x"], ["y"])], {"x": (3,)}, outputs=["y", "y"]), ort=False)) == ["y"]

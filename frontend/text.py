@@ -139,7 +139,7 @@ def parse_graph(text: str, file: str = "<string>") -> Graph:
     """Parse the text form back into a Graph; errors point at file:line:col."""
     global _parser
     if _parser is None:
-        _parser = Lark.open_from_package("frontend", "text.lark", parser="lalr", propagate_positions=True)
+        _parser = Lark.open_from_package("frontend", "text.lark", parser="lalr", propagate_positions=True, cache=True)
     try:
         tree = _parser.parse(text)
     except UnexpectedInput as err:

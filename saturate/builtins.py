@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-from scipy import special
 
 Shape = tuple[Any, ...]
 
@@ -91,6 +90,13 @@ def broadcast_shape(a: Shape, b: Shape) -> Shape | None:
         else:
             return None
     return tuple(reversed(out))
+
+
+def _special():
+    """scipy.special, imported on first use: it costs 0.2 s, paid only by rules that need it."""
+    from scipy import special
+
+    return special
 
 
 def _elementwise(fn: Callable[..., Any]) -> Callable[..., np.ndarray]:
@@ -214,9 +220,9 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "rsqrt": _const(_elementwise(lambda a: 1 / np.sqrt(a)), "c", "1 / sqrt(c)"),
     "reciprocal": _const(_elementwise(lambda a: 1 / a), "c", "1 / c"),
     "relu": _const(_elementwise(lambda a: np.maximum(a, 0)), "c", "max(c, 0)"),
-    "sigmoid": _const(_elementwise(special.expit), "c", "logistic sigmoid"),
+    "sigmoid": _const(_elementwise(lambda x: _special().expit(x)), "c", "logistic sigmoid"),
     "tanh": _const(_elementwise(np.tanh), "c", "hyperbolic tangent"),
-    "erf": _const(_elementwise(special.erf), "c", "error function"),
+    "erf": _const(_elementwise(lambda x: _special().erf(x)), "c", "error function"),
     "leaky_relu": _const(_elementwise(lambda a, alpha: np.where(a >= 0, a, alpha * a)), "cc",
                          "c where c >= 0, alpha * c elsewhere"),
     "clip": _const(_elementwise(np.clip), "ccc", "clip(c, lo, hi)"),

@@ -12,12 +12,23 @@ import saturate.commands
 from saturate.errors import SaturateError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """One subcommand per module in saturate/commands (each has NAME, HELP, configure, run)."""
+def command_names() -> list[str]:
+    """Every subcommand, by module name (the module's NAME matches it)."""
+    return sorted(m.name for m in pkgutil.iter_modules(saturate.commands.__path__))
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """One subcommand per module in saturate/commands (each has NAME, HELP, configure, run).
+
+    With `only`, just that command's module is imported: each module pulls in its own stage
+    (egglog, onnx, scipy), and a run should pay for the one it uses, not for all of them.
+    """
     parser = argparse.ArgumentParser(prog="saturate", description="Graph folding by equality saturation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(saturate.commands.__path__), key=lambda m: m.name):
-        mod = importlib.import_module(f"saturate.commands.{info.name}")
+    for name in command_names():
+        if only is not None and name != only:
+            continue
+        mod = importlib.import_module(f"saturate.commands.{name}")
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.configure(p)
         p.set_defaults(_run=mod.run)
@@ -25,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = argv[0] if argv and argv[0] in command_names() else None
+    args = build_parser(chosen).parse_args(argv)
     try:
         return int(args._run(args) or 0)
     except SaturateError as err:

@@ -27,7 +27,7 @@ _PARSER: Lark | None = None
 def _parser() -> Lark:
     global _PARSER
     if _PARSER is None:
-        _PARSER = Lark.open_from_package("saturate", "rules.lark", ("",), parser="lalr",
+        _PARSER = Lark.open_from_package("saturate", "rules.lark", ("",), parser="lalr", cache=True,
                                          propagate_positions=True, maybe_placeholders=True)
     return _PARSER
 

@@ -131,7 +131,7 @@ def _is_value_ref(name: str) -> bool:
 
 # ---- parsing -------------------------------------------------------------------------------
 
-_PARSER = Lark.open_from_package("saturate", "targets.lark", parser="lalr", propagate_positions=True)
+_PARSER = Lark.open_from_package("saturate", "targets.lark", parser="lalr", propagate_positions=True, cache=True)
 
 
 class _Build(Transformer):

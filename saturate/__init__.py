@@ -4,14 +4,12 @@ from saturate.errors import SaturateError, SourceError
 from saturate.ir import Graph, Node, ValueInfo
 
 
-def __getattr__(name: str):
-    # saturate.optimize loads the engine (egglog, scipy) on first use, not on `import saturate`.
-    # The module saturate.optimize is itself callable, so saturate.optimize(graph) works
-    # whichever of module or function the attribute holds.
-    if name == "optimize":
-        from saturate.optimize import optimize
-        return optimize
-    raise AttributeError(f"module 'saturate' has no attribute '{name}'")
+def optimize(graph: Graph, **options):
+    """Saturate, extract and fold a graph (saturate.pipeline); returns (graph, report)."""
+    # The engine (egglog, scipy) loads on first use, not on `import saturate`.
+    from saturate.pipeline import optimize as run_pipeline
+
+    return run_pipeline(graph, **options)
 
 
 def compile(graph: Graph, **options):

@@ -330,7 +330,7 @@ def optimize_for_target(graph: Graph, target: Target | str | None = None, preser
     merges constant adds first, and partitioning runs on the extracted graph. Ops the target
     itself preserves may join its composites; what the user preserves joins none.
     """
-    from saturate.optimize import optimize
+    from saturate.pipeline import optimize
 
     t = load_target(target)
     # optimize() asks saturate.preserve which nodes to keep (target list, these ops and nodes).

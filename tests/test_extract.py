@@ -9,7 +9,7 @@ from saturate.cost import DefaultCost, graph_cost
 from saturate.dsl import load_rules
 from saturate.errors import SaturateError
 from saturate.extract import extract
-from saturate.optimize import optimize
+from saturate.pipeline import optimize
 
 RULES = load_rules(None, level=3)
 

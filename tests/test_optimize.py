@@ -16,7 +16,7 @@ from frontend import examples, load_graph
 from saturate.cli import main
 from saturate.dsl import load_rules
 from saturate.ir import structurally_equal
-from saturate.optimize import optimize
+from saturate.pipeline import optimize
 
 RULES = load_rules(None, level=3)
 

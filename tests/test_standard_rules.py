@@ -7,7 +7,7 @@ import pytest
 from engine_util import Builder, assert_same, ops
 
 from saturate.dsl import load_rules
-from saturate.optimize import optimize
+from saturate.pipeline import optimize
 
 RULES = {r.name: r for r in load_rules(None, level=3)}
 I64 = np.int64

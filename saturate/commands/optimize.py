@@ -8,7 +8,7 @@ import sys
 import time
 
 from saturate.errors import SaturateError
-from saturate.optimize import MAX_ITERATIONS, MAX_NODES, TIMEOUT
+from saturate.pipeline import MAX_ITERATIONS, MAX_NODES, TIMEOUT
 
 NAME = "optimize"
 HELP = "fold a model by equality saturation: batch-norm into conv, merged constants, scale propagation"
@@ -39,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from frontend import load_graph, save_graph
     from saturate.dsl import RULES_DIR, load_rules
-    from saturate.optimize import optimize
+    from saturate.pipeline import optimize
     from saturate.preserve import marked_nodes
 
     if args.max_iterations < 0 or args.max_nodes < 1 or args.timeout <= 0:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import math
-import sys
 import time
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -143,13 +141,3 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     report.ops_after = dict(result.op_counts())
     report.times["fold"] = time.perf_counter() - t
     return result, report
-
-
-class _CallableModule(types.ModuleType):
-    """`import saturate.optimize` binds this module on the package; calling it runs optimize()."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Graph, Report]:
-        return optimize(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -70,7 +70,22 @@ def run(args: argparse.Namespace) -> int:
             json.dump(report.to_json(), f, indent=2)
     if args.trace:
         print(format_report(report), file=sys.stderr)
+    else:
+        print(summary_line(report, args.output))
     return 0
+
+
+def summary_line(report, output: str) -> str:
+    """One line: where the result went, node counts, op changes, why saturation stopped."""
+    data = report.to_json()
+    before, after = data["ops_before"], data["ops_after"]
+    changed = [f"{op} {before.get(op, 0)}->{after.get(op, 0)}"
+               for op in sorted(set(before) | set(after)) if before.get(op, 0) != after.get(op, 0)]
+    stop = f"{data['stop_reason']} after {data['iterations']} iterations"
+    if report.run.hit_limit:
+        stop += ", best graph found so far"
+    return (f"wrote {output}: {sum(before.values())} -> {sum(after.values())} nodes"
+            f" ({', '.join(changed) or 'no change'}); {stop}; {sum(data['times'].values()):.2f} s")
 
 
 def _progress(iteration: int, size: int, seconds: float, matches: dict[str, int]) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.inliner
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from saturate.errors import SaturateError
@@ -23,6 +24,13 @@ def import_model(model: onnx.ModelProto) -> Graph:
     """Convert an ONNX model into a Graph: constants, inferred value types, typed attributes."""
     opset, extra = _opsets(model)
     _check(model)
+    if model.functions:
+        # Model-local functions (a partitioned model, say) are expanded into their bodies, as
+        # ONNX Runtime does: every stage then sees standard ops, and export stays self-contained.
+        function_domains = {f.domain for f in model.functions}
+        model = onnx.inliner.inline_local_functions(model)
+        used = {n.domain for n in model.graph.node}
+        extra = {d: v for d, v in extra.items() if d in used or d not in function_domains}
     try:
         model = onnx.shape_inference.infer_shapes(model)
     except Exception as err:  # inference failures are the model's fault, not ours

@@ -216,3 +216,22 @@ def test_save_and_load_onnx_file(tmp_path):
 def test_save_into_missing_directory_fails_cleanly(tmp_path):
     with pytest.raises(SaturateError, match="does not exist"):
         save_graph(build("mlp"), str(tmp_path / "nope" / "m.onnx"))
+
+
+def test_local_functions_are_inlined_on_import():
+    # A model-local function in a custom domain (what `saturate partition` writes).
+    body = [helper.make_node("Mul", ["a", "s"], ["m"]), helper.make_node("Relu", ["m"], ["r"])]
+    fn = helper.make_function("acme", "scaled_relu", ["a", "s"], ["r"], body,
+                              [helper.make_opsetid("", 17)])
+    call = helper.make_node("scaled_relu", ["x", "s"], ["y"], domain="acme")
+    scale = numpy_helper.from_array(np.array([2.0, -1.0, 0.5], np.float32), "s")
+    graph = helper.make_graph([call], "g", [tensor_in("x", [2, 3])], [tensor_in("y", [2, 3])], [scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)],
+                              functions=[fn])
+    model.ir_version = 8
+    g = import_model(model)
+    assert [n.op for n in g.nodes] == ["Mul", "Relu"]
+    exported = export_model(g)
+    assert {o.domain for o in exported.opset_import} == {""}
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(exported, {"x": x})[0], run_ort(model, {"x": x})[0], rtol=1e-6)

@@ -57,10 +57,12 @@ def run(args: argparse.Namespace) -> int:
                               max_iterations=args.max_iterations, max_nodes=args.max_nodes,
                               timeout=args.timeout, preserve=preserve, progress=progress)
     t = time.perf_counter()
+    functions: list[str] = []
     if args.partition:
-        from saturate.partition import partition, save_model
+        from saturate.partition import partition, save_model, summary
         result = partition(result, args.target, keep_constants=args.keep_constants, leave=preserve)
         save_model(result, args.output)
+        functions = summary(result)
     else:
         save_graph(result, args.output)
     times["export"] = time.perf_counter() - t
@@ -72,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         print(format_report(report), file=sys.stderr)
     else:
         print(summary_line(report, args.output))
+    if args.partition:
+        print(f"partitioned into {len(functions)} functions" + "".join(f"\n  {f}" for f in functions))
     return 0
 
 

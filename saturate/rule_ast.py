@@ -60,8 +60,10 @@ AttrValue = Union[AttrVar, Num, Str, IntList, "Call"]
 
 @dataclass(frozen=True)
 class OpTerm:
-    """`Op(arg, ...){key=value, ...}`. On the left, attributes not named match anything;
-    on the right, attributes not named take the op's defaults."""
+    """`Op(arg, ...){key=value, ...}`. On the left, attributes not named match anything.
+    On the right, an op that also stands on the left keeps the attributes of the node the
+    first such left-hand op matched, with the ones written here overriding them; any other
+    op starts from the op's defaults."""
 
     op: str
     args: tuple["Term", ...]

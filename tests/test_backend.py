@@ -25,7 +25,7 @@ def test_examples_match_reference_and_ort(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["vgg11bn", "resnet50"])
+@pytest.mark.parametrize("name", ["vgg11bn", "resnet50", "chain-2000"])
 def test_large_examples_match_reference_and_ort(name):
     from frontend import load_graph
 

@@ -177,6 +177,17 @@ def test_cli_bad_input_is_one_clean_error(tmp_path, capsys):
     assert not (tmp_path / "o.onnx").exists()
 
 
+def test_cli_only_named_rules_and_a_level_that_excludes_one_is_an_error(tmp_path, capsys):
+    out = tmp_path / "o.onnx"
+    assert main(["optimize", "example:vgg", "-o", str(out), "--only", "batchnorm", "conv-bias-scale-out",
+                 "conv-bias-add"]) == 0
+    assert "BatchNormalization 5->0" in capsys.readouterr().out
+    assert main(["optimize", "example:vgg", "-o", str(tmp_path / "p.onnx"), "--level", "2",
+                 "--only", "batchnorm", "conv-bias-scale-out"]) == 2
+    assert "rule 'conv-bias-scale-out' is level 3 but --level is 2" in capsys.readouterr().err
+    assert not (tmp_path / "p.onnx").exists()
+
+
 # ---- property: random conv/bn/add/mul/relu graphs keep their numerics -------------------------
 
 @st.composite

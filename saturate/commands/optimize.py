@@ -21,6 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="more .rules files or directories, loaded beside the standard library")
     parser.add_argument("--no-std", action="store_true", help="do not load the standard rules (only --rules)")
     parser.add_argument("--level", type=int, default=3, help="rule level 0-3 (default 3: every rule)")
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="run only these rules (a rule above --level is an error, not a skip)")
     parser.add_argument("--target", default="cpu", help="target name or .target file (default cpu)")
     parser.add_argument("--preserve", default="", metavar="OP,...",
                         help="comma-separated op or node names that no rewrite may change")
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     graph = load_graph(args.model)
     times["import"] = time.perf_counter() - t
     paths = ([] if args.no_std else [RULES_DIR]) + list(args.rules)
-    rules = load_rules(paths, level=args.level)
+    rules = load_rules(paths, level=args.level, names=args.only)
     preserve = [p.strip() for p in args.preserve.split(",") if p.strip()]
     preserve += sorted(marked_nodes(args.model))
     progress = _progress if args.trace else None

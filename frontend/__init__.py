@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import onnx
 from google.protobuf.message import DecodeError
 
 from saturate.errors import SaturateError
+from saturate.fileio import write_atomic
 from saturate.ir import Graph
 
 TEXT_SUFFIXES = (".sat", ".txt")
@@ -62,20 +61,7 @@ def save_graph(graph: Graph, path: str) -> None:
 
         model = onnx_io.export_model(graph)
         data = model.SerializeToString()
-    directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise SaturateError(f"{path}: directory '{directory}' does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(target, lambda f: f.write(data))
 
 
 __all__ = ["load_graph", "save_graph"]

@@ -292,21 +292,11 @@ def check_output(path: str) -> None:
 
 def save_model(graph: Graph, path: str) -> None:
     """Write a partitioned graph as .onnx atomically (temp file, then rename)."""
-    import os
-    import tempfile
+    from saturate.fileio import write_atomic
 
     check_output(path)
     model = to_model(graph)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, lambda f: f.write(model.SerializeToString()))
 
 
 def summary(graph: Graph) -> list[str]:

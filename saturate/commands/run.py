@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -13,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from saturate.errors import SaturateError
+from saturate.fileio import write_atomic
 from saturate.ir import Graph
 
 NAME = "run"
@@ -140,22 +139,13 @@ def check_output_path(path: str, names: list[str]) -> None:
 def save_outputs(outputs: dict[str, np.ndarray], path: str) -> None:
     """Save one output as .npy or all as .npz, atomically (temp file in place, then rename)."""
     check_output_path(path, list(outputs))
-    target = Path(path)
-    directory = target.parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if target.suffix.lower() == ".npz":
-                np.savez(f, **outputs)
-            else:
-                np.save(f, next(iter(outputs.values())), allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    def write(f) -> None:
+        if Path(path).suffix.lower() == ".npz":
+            np.savez(f, **outputs)
+        else:
+            np.save(f, next(iter(outputs.values())), allow_pickle=False)
+
+    write_atomic(path, write)
 
 
 def summary(name: str, value: np.ndarray, count: int) -> str:

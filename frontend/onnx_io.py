@@ -23,7 +23,7 @@ _OPAQUE_KINDS = {AttributeProto.GRAPH: "GRAPH", AttributeProto.GRAPHS: "GRAPHS",
 def import_model(model: onnx.ModelProto) -> Graph:
     """Convert an ONNX model into a Graph: constants, inferred value types, typed attributes."""
     opset, extra = _opsets(model)
-    _check(model)
+    _check(_without_weights(model))
     if model.functions:
         # Model-local functions (a partitioned model, say) are expanded into their bodies, as
         # ONNX Runtime does: every stage then sees standard ops, and export stays self-contained.
@@ -32,7 +32,7 @@ def import_model(model: onnx.ModelProto) -> Graph:
         used = {n.domain for n in model.graph.node}
         extra = {d: v for d, v in extra.items() if d in used or d not in function_domains}
     try:
-        model = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(_without_weights(model)).graph
     except Exception as err:  # inference failures are the model's fault, not ours
         raise SaturateError(f"invalid ONNX model: shape inference failed: {_first_line(err)}") from None
     og = model.graph
@@ -46,7 +46,7 @@ def import_model(model: onnx.ModelProto) -> Graph:
         g.constants[init.name] = _array(init)
     if og.sparse_initializer:
         raise SaturateError("sparse initializers are not supported")
-    for vi in list(og.input) + list(og.value_info) + list(og.output):
+    for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
         info = _value_info(vi)
         if info is not None and vi.name not in g.constants:
             g.values[vi.name] = info
@@ -67,6 +67,33 @@ def import_model(model: onnx.ModelProto) -> Graph:
     # A graph output that is directly a constant or an input needs no node; keep it as is.
     g.validate()
     return g
+
+
+# Initializers up to this many elements keep their data for checking and shape inference
+# (Reshape's target shape, Clip's bounds); larger ones only need their types.
+_SKELETON_ELEMENTS = 4096
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose large initializers are typed graph inputs without data.
+
+    The checker and shape inference serialize the model they get: for a ResNet that copied
+    45 MB twice, more time than the whole optimization. They need the weights' types only.
+    """
+    g = model.graph
+    big = [t for t in g.initializer if int(np.prod(t.dims, dtype=np.int64)) > _SKELETON_ELEMENTS]
+    if not big:
+        return model
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model)
+    sg = skeleton.graph
+    sg.ClearField("initializer")
+    large = {t.name for t in big}
+    sg.initializer.extend(t for t in g.initializer if t.name not in large)
+    declared = {vi.name for vi in g.input}
+    sg.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                    for t in big if t.name not in declared)
+    return skeleton
 
 
 def _check(model: onnx.ModelProto) -> None:

@@ -62,6 +62,24 @@ def test_conv_variants(attrs, wshape, xshape):
     check_three_way(g)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("wshape,xshape,group", [
+    ((88, 16, 3, 3), (1, 16, 7, 7), 1),     # 49 pixels: 7 pixel panels, the last channel panel 24 wide
+    ((128, 20, 3, 3), (2, 40, 14, 14), 2),  # 196 pixels per image, two images, grouped
+    ((64, 300, 1, 1), (1, 300, 13, 13), 1), # stride 2 1x1 over several k-blocks, 7x7 out
+])
+def test_conv_small_outputs_run_transposed(wshape, xshape, group, threads):
+    from saturate.backend.emit import transposed_product
+    from saturate.backend.shapes import conv_window
+
+    attrs = {"group": group, "pads": [1, 1, 1, 1]} if wshape[2] == 3 else {"strides": [2, 2]}
+    conv = Node("Conv", ["x", "w", "b"], ["c"], attrs)
+    nodes = [conv, Node("Relu", ["c"], ["y"])]  # bias and relu run in the transposed path's epilogue
+    g = make(nodes, {"x": xshape}, {"w": w(*wshape), "b": w(wshape[0])})
+    assert transposed_product(xshape, wshape, conv_window(conv, xshape, wshape), group)
+    check_three_way(g, ort=threads == 1, threads=threads)
+
+
 @pytest.mark.parametrize("op,attrs", [
     ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ("MaxPool", {"kernel_shape": [2, 3], "strides": [2, 2], "ceil_mode": 1}),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from saturate.backend.build import cpu_has_avx512
-from saturate.backend.plan import TILE_BYTES, Plan, Step, plan
+from saturate.backend.plan import TILE_BYTES, Plan, Step, plan, tile_rows
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides
 from saturate.backend.shapes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, infer_shapes, pool_window, unsupported
 from saturate.errors import SaturateError
@@ -52,20 +52,36 @@ def static_input_shapes(graph: Graph, overrides: dict | None = None) -> dict[str
 
 # The AVX-512 micro-kernel of gemm.h runs convs when the build machine has AVX-512 (-march=native).
 PACKED_GEMM = cpu_has_avx512() and os.environ.get("SATURATE_CONV_GEMM", "packed") == "packed"
-PANEL, KC = 8, 256  # SAT_MR and SAT_KC in gemm.h
+PANEL, NR, KC = 8, 32, 256  # SAT_MR, SAT_NR and SAT_KC in gemm.h
 
 
-def pack_weights(w: np.ndarray, group: int) -> np.ndarray:
-    """Conv weights in gemm.h's packed order: per group and per block of KC columns, 8-row panels
-    stored k-major (rows zero-padded to a multiple of 8)."""
+def pack_weights(w: np.ndarray, group: int, panel: int = PANEL) -> np.ndarray:
+    """Conv weights in gemm.h's packed order: per group and per block of KC columns, `panel`-row panels
+    stored k-major (rows zero-padded to a multiple of `panel`): 8 for the kernel's A side, 32 for
+    its B side (the transposed product of small outputs)."""
     m = w.shape[0] // group
     k = int(np.prod(w.shape[1:]))
-    rows = -(-m // PANEL) * PANEL
+    rows = -(-m // panel) * panel
     full = np.zeros((group, rows, k), np.float32)
     full[:, :m] = np.asarray(w, np.float32).reshape(group, m, k)
-    blocks = [full[:, :, k0:k0 + KC].reshape(group, rows // PANEL, PANEL, -1).transpose(0, 1, 3, 2).reshape(group, -1)
+    blocks = [full[:, :, k0:k0 + KC].reshape(group, rows // panel, panel, -1).transpose(0, 1, 3, 2).reshape(group, -1)
               for k0 in range(0, k, KC)]
     return np.concatenate(blocks, axis=1)
+
+
+def transposed_product(x, w, win, group: int) -> bool:
+    """Whether a conv runs as Y^T = X^T W^T (pixels on the kernel's 8 rows, channels on its 32 columns):
+    when its output is one im2col tile (see sat_conv2d) whose pixel count fills 32-wide panels clearly
+    worse than 8-row ones, as 7x7 and 14x14 outputs do; direct 1x1 convs keep their im2col-free path."""
+    mg, k = w[0] // group, w[1] * win.kh * win.kw
+    direct = (win.kh == win.kw == 1 and win.sh == win.sw == 1 and win.ph == win.pw == 0
+              and (win.oh, win.ow) == ((x[2] if len(x) == 4 else 1), x[-1]))
+    if direct or tile_rows(k, win.oh, win.ow) < win.oh:
+        return False
+    p = win.oh * win.ow
+    usual = p / (-(-p // NR) * NR) * mg / (-(-mg // PANEL) * PANEL)
+    trans = p / (-(-p // PANEL) * PANEL) * mg / (-(-mg // NR) * NR)
+    return trans > usual + 0.03
 
 
 class Emitter:
@@ -235,15 +251,16 @@ class Emitter:
             return
         group = int(node.attr("group", 1))
         # Constant weights are stored once, packed for the micro-kernel; others go to OpenBLAS as they are.
-        wp, packed, per_group = "NULL", "NULL", 0
+        wp, packed, per_group, trans = "NULL", "NULL", 0, 0
         if PACKED_GEMM and node.inputs[1] in self.g.constants:
-            arr = pack_weights(self.g.constants[node.inputs[1]], group)
-            packed, per_group = self.weight(("packed", node.inputs[1], group), arr), arr.size // group
+            trans = int(transposed_product(x, w, win, group))
+            arr = pack_weights(self.g.constants[node.inputs[1]], group, NR if trans else PANEL)
+            packed, per_group = self.weight(("packed", node.inputs[1], group, trans), arr), arr.size // group
             self.needs_packed = True
         else:
             wp = self.ptr(node.inputs[1])
         self.body.append(f"    sat_conv2d({xp}, {wp}, {packed}, {per_group}, {out}, COL, {x[0]}, {x[1]}, {H}, {W}, "
-                         f"{w[0]}, {geo}, {group}, {epi});\n")
+                         f"{w[0]}, {geo}, {group}, {trans}, {epi});\n")
 
     def emit_pool(self, step, chain, out, oshape, mode):
         node, x = step.anchor, self.shapes[step.anchor.inputs[0]]

@@ -14,6 +14,11 @@
 #include "gemm.h"
 #include "pool.h"
 
+#ifndef SAT_MR
+#define SAT_MR 8 /* panel widths named by the scalar build too */
+#define SAT_NR 32
+#endif
+
 
 /* Per-step wall time, compiled in only with -DSAT_PROFILE (saturate.backend profiling builds). */
 #ifdef SAT_PROFILE
@@ -50,7 +55,8 @@ static inline void sat_valid_cols(int iw0, int W, int OW, int *lo, int *hi) { sa
 
 /* Unfold output rows [oh0, oh1) of one image (C x H x W) into the (C*KH*KW) x ((oh1-oh0)*OW) column
  * matrix, pads read as zero. Row-major when `packed` is 0; else written straight into the micro-kernel's
- * B panels (block k0 at col + k0*panels*NR, panel q at + q*kc*NR, zero-padded to NR columns). */
+ * panels `packed` columns wide (block k0 at col + k0*panels*packed, panel q at + q*kc*packed, zero-padded):
+ * B panels (SAT_NR) for the usual product, A panels (SAT_MR) for the transposed one. */
 static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, int KW, int oh0, int oh1, int OW,
                        int sh, int sw, int ph, int pw, int dh, int dw, int packed) {
     const int K = C * KH * KW;
@@ -81,14 +87,15 @@ static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, 
         }
 #ifdef SAT_HAVE_PACKED_GEMM
         if (packed) {
-            const int64_t panels = (cols + SAT_NR - 1) / SAT_NR;
+            const int pw_ = packed;
+            const int64_t panels = (cols + pw_ - 1) / pw_;
             const int k0 = r / SAT_KC * SAT_KC, kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
-            float *blk = col + (int64_t)k0 * panels * SAT_NR + (int64_t)(r - k0) * SAT_NR;
+            float *blk = col + (int64_t)k0 * panels * pw_ + (int64_t)(r - k0) * pw_;
             for (int64_t q = 0; q < panels; q++) {
-                const int64_t nr = cols - q * SAT_NR < SAT_NR ? cols - q * SAT_NR : SAT_NR;
-                float *p = blk + q * kc * SAT_NR;
-                memcpy(p, tmp + q * SAT_NR, sizeof(float) * nr);
-                for (int64_t j = nr; j < SAT_NR; j++) p[j] = 0.0f;
+                const int64_t nr = cols - q * pw_ < pw_ ? cols - q * pw_ : pw_;
+                float *p = blk + q * kc * pw_;
+                memcpy(p, tmp + q * pw_, sizeof(float) * nr);
+                for (int64_t j = nr; j < pw_; j++) p[j] = 0.0f;
             }
         }
 #endif
@@ -163,20 +170,73 @@ static int64_t sat_col_width(int64_t cols, int packed) {
     return cols;
 }
 
+#ifdef SAT_HAVE_PACKED_GEMM
+/* Per-thread buffer for a transposed product (pixels x channels), grown on demand and kept. */
+static float *sat_trans_buf[SAT_MAX_THREADS];
+static size_t sat_trans_cap[SAT_MAX_THREADS];
+
+/* Output channels [m0, m1) of a tile of `cols` pixels computed as Y^T = X^T W^T, for small outputs whose
+ * pixel count wastes much of a 32-wide panel: pixels take the kernel's 8 rows (A panels, unfolded by
+ * sat_im2col at width SAT_MR) and channels its 32 columns (weights packed in 32-channel panels by the
+ * emitter, `Mg` rounded up to 32 per k-block); the result is transposed into y (pitch P). */
+static void sat_conv_trans(const float *wg, const float *ap, float *yt, int64_t P, int K, int cols, int Mg,
+                           int m0, int m1, int tid) {
+    const int64_t Mq = (Mg + SAT_NR - 1) / SAT_NR * SAT_NR, Pp = (cols + SAT_MR - 1) / SAT_MR * SAT_MR;
+    const int ldt = (m1 - m0 + SAT_NR - 1) / SAT_NR * SAT_NR;
+    const size_t need = sizeof(float) * (size_t)Pp * ldt;
+    if (sat_trans_cap[tid] < need) {
+        free(sat_trans_buf[tid]);
+        sat_trans_buf[tid] = aligned_alloc(64, (need + 63) / 64 * 64);
+        sat_trans_cap[tid] = need;
+    }
+    float *t = sat_trans_buf[tid];
+    for (int k0 = 0; k0 < K; k0 += SAT_KC) {
+        const int kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
+        for (int j = m0; j < m1; j += SAT_NR) {
+            const int nr = m1 - j < SAT_NR ? m1 - j : SAT_NR;
+            const float *b = wg + (int64_t)k0 * Mq + (int64_t)j * kc;
+            for (int i = 0; i < cols; i += SAT_MR) {
+                const int mr = cols - i < SAT_MR ? cols - i : SAT_MR;
+                sat_kernel_8x32(kc, ap + (int64_t)k0 * Pp + (int64_t)i * kc, b, t + (int64_t)i * ldt + (j - m0), ldt,
+                                k0 > 0, mr, nr);
+            }
+        }
+    }
+    /* Transpose 16 x 16 blocks so both sides stay in cache lines. */
+    for (int m = 0; m < m1 - m0; m += 16)
+        for (int p = 0; p < cols; p += 16) {
+            const int me = m + 16 < m1 - m0 ? m + 16 : m1 - m0, pe = p + 16 < cols ? p + 16 : cols;
+            for (int mm = m; mm < me; mm++)
+                for (int pp = p; pp < pe; pp++) yt[(int64_t)mm * P + pp] = t[(int64_t)pp * ldt + mm];
+        }
+}
+#endif
+
 /* One tile of a grouped 2-D convolution: output rows [oh0, oh1) and channels [m0, m1) of group g of
  * image n, as W_g[m0:m1] (K wide) times the tile's columns, then the epilogue on those rows. */
 static void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                           int n, int g, int oh0, int oh1, int m0, int m1, int C, int H, int W, int M, int KH, int KW,
                           int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int G, int direct,
-                          sat_epi epi) {
+                          int trans, int tid, sat_epi epi) {
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
     const int64_t P = (int64_t)OH * OW, cols = (int64_t)(oh1 - oh0) * OW;
     const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
     float *yt = y + ((int64_t)n * M + (int64_t)g * Mg + m0) * P + (int64_t)oh0 * OW;
+#ifdef SAT_HAVE_PACKED_GEMM
+    if (trans) {
+        sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw, SAT_MR);
+        sat_conv_trans(wp + g * wp_group, col, yt, P, K, (int)cols, Mg, m0, m1, tid);
+        if (epi)
+            for (int m = 0; m < m1 - m0; m++) epi(y, (yt - y) + (int64_t)m * P, cols);
+        return;
+    }
+#endif
+    (void)trans;
+    (void)tid;
     const float *b = xg + (int64_t)oh0 * OW;
     int64_t ldb = P;
     if (!direct) {
-        sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw, wp != NULL);
+        sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw, wp != NULL ? SAT_NR : 0);
         b = col;
         ldb = cols;
     }
@@ -216,7 +276,7 @@ typedef struct {
     const float *x, *w, *wp;
     int64_t wp_group;
     float *y, **cols;
-    int C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, tile, tiles, split, chunk;
+    int C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, trans, tile, tiles, split, chunk;
     sat_epi epi;
 } sat_conv_args;
 
@@ -229,7 +289,7 @@ static void sat_conv_unit(void *ctx, int64_t u, int tid) {
     const int oh0 = t * a->tile, oh1 = oh0 + a->tile < a->OH ? oh0 + a->tile : a->OH;
     sat_conv_tile(a->x, a->w, a->wp, a->wp_group, a->y, a->cols[tid], n, g, oh0, oh1, m0, m1, a->C, a->H, a->W,
                   a->M, a->KH, a->KW, a->OH, a->OW, a->sh, a->sw, a->ph, a->pw, a->dh, a->dw, a->G, a->direct,
-                  a->epi);
+                  a->trans, tid, a->epi);
 }
 
 /* Grouped 2-D convolution. With `wp` (weights packed by the emitter, `wp_group` floats per group) the
@@ -237,9 +297,9 @@ static void sat_conv_unit(void *ctx, int64_t u, int tid) {
  * are too few tiles), so one parallel region covers the conv; else OpenBLAS sgemm, tile by tile. */
 static void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                        int N, int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
-                       int pw, int dh, int dw, int G, sat_epi epi) {
+                       int pw, int dh, int dw, int G, int trans, sat_epi epi) {
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
-    const int direct = KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
+    const int direct = !trans && KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
     const int tile = sat_tile_rows(K, OH, OW);
     const int tiles = (OH + tile - 1) / tile;
     const int64_t col_floats = direct ? 0 : (int64_t)K * sat_col_width((int64_t)tile * OW, wp != NULL);
@@ -251,19 +311,21 @@ static void sat_conv2d(const float *x, const float *w, const float *wp, int64_t 
             for (int g = 0; g < G; g++)
                 for (int t = 0; t < tiles; t++)
                     sat_conv_tile(x, w, wp, wp_group, y, col, n, g, t * tile, (t + 1) * tile < OH ? (t + 1) * tile : OH,
-                                  0, Mg, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, epi);
+                                  0, Mg, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, trans, 0, epi);
         return;
     }
     /* Channel chunks are multiples of 8 so each starts a packed panel. */
     const int64_t units = (int64_t)N * G * tiles;
     int split = units >= 2 * sat_threads ? 1 : sat_threads;
-    int chunk = ((Mg + split - 1) / split + SAT_MR - 1) / SAT_MR * SAT_MR;
-    if (chunk < SAT_MR) chunk = SAT_MR;
+    /* A transposed product's chunks start a 32-channel panel instead. */
+    const int unit = trans ? SAT_NR : SAT_MR;
+    int chunk = ((Mg + split - 1) / split + unit - 1) / unit * unit;
+    if (chunk < unit) chunk = unit;
     split = (Mg + chunk - 1) / chunk;
     float *cols[SAT_MAX_THREADS] = {col};
     for (int t = 1; t < sat_threads && col_floats; t++) cols[t] = aligned_alloc(64, sizeof(float) * (size_t)col_floats + 64);
     sat_conv_args a = {x, w, wp, wp_group, y, cols, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G,
-                       direct, tile, tiles, split, chunk, epi};
+                       direct, trans, tile, tiles, split, chunk, epi};
     sat_parallel(units * split, sat_conv_unit, &a);
     for (int t = 1; t < sat_threads && col_floats; t++) free(cols[t]);
 }

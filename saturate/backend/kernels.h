@@ -61,7 +61,9 @@ static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, 
                        int sh, int sw, int ph, int pw, int dh, int dw, int packed) {
     const int K = C * KH * KW;
     const int64_t cols = (int64_t)(oh1 - oh0) * OW;
-    float *tmp = packed ? malloc(sizeof(float) * (size_t)cols) : NULL;
+    /* The staging row is padded with zeros to whole panels, so each panel is one fixed-width copy. */
+    const int64_t padded = packed ? (cols + packed - 1) / packed * packed : 0;
+    float *tmp = packed ? calloc((size_t)padded, sizeof(float)) : NULL;
     for (int r = 0; r < K; r++) {
         const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
         float *dst = packed ? tmp : col + (int64_t)r * cols;
@@ -91,12 +93,15 @@ static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, 
             const int64_t panels = (cols + pw_ - 1) / pw_;
             const int k0 = r / SAT_KC * SAT_KC, kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
             float *blk = col + (int64_t)k0 * panels * pw_ + (int64_t)(r - k0) * pw_;
-            for (int64_t q = 0; q < panels; q++) {
-                const int64_t nr = cols - q * pw_ < pw_ ? cols - q * pw_ : pw_;
-                float *p = blk + q * kc * pw_;
-                memcpy(p, tmp + q * pw_, sizeof(float) * nr);
-                for (int64_t j = nr; j < pw_; j++) p[j] = 0.0f;
-            }
+            if (pw_ == 32)
+                for (int64_t q = 0; q < panels; q++) {
+                    _mm512_storeu_ps(blk + q * kc * 32, _mm512_loadu_ps(tmp + q * 32));
+                    _mm512_storeu_ps(blk + q * kc * 32 + 16, _mm512_loadu_ps(tmp + q * 32 + 16));
+                }
+            else if (pw_ == 8)
+                for (int64_t q = 0; q < panels; q++) _mm256_storeu_ps(blk + q * kc * 8, _mm256_loadu_ps(tmp + q * 8));
+            else
+                for (int64_t q = 0; q < panels; q++) memcpy(blk + q * kc * pw_, tmp + q * pw_, sizeof(float) * pw_);
         }
 #endif
     }

@@ -98,6 +98,8 @@ CASES = {
                    ["Relu", "Conv"], ("conv-scale-in",)),
     "matmul-scale-out": (_mat(lambda b: b.op("Mul", b.op("MatMul", "x", b.rand(3, 4)), b.rand(4))),
                          ["MatMul"], ()),
+    "matmul-bias": (_mat(lambda b: b.op("Add", b.op("MatMul", "x", b.rand(3, 4)), b.rand(1, 4))),
+                    ["Gemm"], ()),
     "matmul-scale-in": (_mat(lambda b: b.op("MatMul", b.op("Mul", "x", b.rand(3)), b.rand(3, 4))),
                         ["MatMul"], ()),
     "gemm-scale-out": (_mat(_gemm(0, False, False)), ["Gemm"], ()),

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from saturate.backend.build import cpu_has_avx512
-from saturate.backend.plan import TILE_BYTES, Plan, Step, plan, tile_rows
-from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides
+from saturate.backend.plan import TILE_BYTES, Plan, Step, plan, runs_direct, tile_rows
+from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides, vec_expr
 from saturate.backend.shapes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, infer_shapes, pool_window, unsupported
 from saturate.errors import SaturateError
 from saturate.ir import Graph
@@ -55,7 +55,7 @@ PACKED_GEMM = cpu_has_avx512() and os.environ.get("SATURATE_CONV_GEMM", "packed"
 PANEL, NR, KC = 8, 32, 256  # SAT_MR, SAT_NR and SAT_KC in gemm.h
 
 
-def pack_weights(w: np.ndarray, group: int, panel: int = PANEL) -> np.ndarray:
+def pack_weights(w: np.ndarray, group: int, panel: int = PANEL, kc: int = KC) -> np.ndarray:
     """Conv weights in gemm.h's packed order: per group and per block of KC columns, `panel`-row panels
     stored k-major (rows zero-padded to a multiple of `panel`): 8 for the kernel's A side, 32 for
     its B side (the transposed product of small outputs)."""
@@ -64,8 +64,8 @@ def pack_weights(w: np.ndarray, group: int, panel: int = PANEL) -> np.ndarray:
     rows = -(-m // panel) * panel
     full = np.zeros((group, rows, k), np.float32)
     full[:, :m] = np.asarray(w, np.float32).reshape(group, m, k)
-    blocks = [full[:, :, k0:k0 + KC].reshape(group, rows // panel, panel, -1).transpose(0, 1, 3, 2).reshape(group, -1)
-              for k0 in range(0, k, KC)]
+    blocks = [full[:, :, k0:k0 + kc].reshape(group, rows // panel, panel, -1).transpose(0, 1, 3, 2).reshape(group, -1)
+              for k0 in range(0, k, kc)]
     return np.concatenate(blocks, axis=1)
 
 
@@ -97,6 +97,7 @@ class Emitter:
         self.nweights = 0
         self.funcs: list[str] = []
         self.body: list[str] = []
+        self.vector: dict[str, str] = {}  # scalar epilogue name -> its vector form
 
     # ---- storage ----------------------------------------------------------------------------
     def weight(self, key, array: np.ndarray) -> str:
@@ -123,7 +124,7 @@ class Emitter:
 
     # ---- pointwise chains -------------------------------------------------------------------
     def pointwise(self, step: Step, members: list, oshape: tuple, run_from: int | None, start: str | None,
-                  extra: list | None = None) -> tuple[str, int]:
+                  extra: list | None = None, vector: bool = False) -> tuple[str, int]:
         """Emit `static void pw_K(y, off, len)` applying `members` (node, chain input) to each element.
 
         `start` names the value loaded first (elementwise anchors); None starts from y itself.
@@ -175,7 +176,36 @@ class Emitter:
             f"static void {name}(float *restrict y, int64_t off, int64_t len) {{\n{setup}"
             f"    for (int64_t i = 0; i < len; i++) {{\n        float v = {first};\n{''.join(lines)}"
             f"        y[off + i] = v;\n    }}\n}}\n")
+        if vector and start is None:
+            self.vector_form(name, members, extra, load, ops, index)
         return name, run_from
+
+    def vector_form(self, name, members, extra, load, ops, index) -> None:
+        """Emit `pwv_K(v, off, mk)`, the same chain on 8 consecutive outputs as AVX code, for kernels
+        that apply it in their store (dconv.h); recorded in self.vector only when every step has one."""
+        def vload(key):
+            load(key)  # registers the operand
+            ident = key if isinstance(key, str) else ((key[0], id(key[3])) if len(key) > 3 else (key[0], key[2]))
+            k = index[ident]
+            return ops[k].vload(k)
+
+        lines = []
+        for key, fmt in extra or []:
+            x = vload(key)
+            if fmt != "v + {}" or x is None:
+                return
+            lines.append(f"    v = _mm256_add_ps(v, {x});\n")
+        for node, chain_in in members:
+            e = vec_expr(node, chain_in, lambda k: vload(self.bn_key(k)), self.g)
+            if e is None:
+                return
+            lines.append(f"    v = {e};\n")
+        setup = "".join(o.setup(k) for k, o in enumerate(ops))
+        vname = "pwv" + name[2:]
+        self.funcs.append(
+            f"#ifdef SAT_HAVE_PACKED_GEMM\nstatic inline __m256 {vname}(__m256 v, int64_t off, __mmask8 mk) {{\n"
+            f"    (void)mk;\n{setup}{''.join(lines)}    return v;\n}}\n#endif\n")
+        self.vector[name] = vname
 
     def bn_key(self, key):
         """BatchNormalization's folded per-channel scale and shift, as (tag, node, shape, node) keys."""
@@ -229,10 +259,10 @@ class Emitter:
             return
         getattr(self, f"emit_{node.op}")(step, chain, out, oshape)
 
-    def epilogue(self, step, chain, oshape, run_from, extra=None) -> str:
+    def epilogue(self, step, chain, oshape, run_from, extra=None, vector=False) -> str:
         if not chain and not extra:
             return "NULL"
-        return self.pointwise(step, chain, oshape, run_from, None, extra)[0]
+        return self.pointwise(step, chain, oshape, run_from, None, extra, vector)[0]
 
     def emit_Conv(self, step, chain, out, oshape):
         node, sh = step.anchor, self.shapes
@@ -241,15 +271,29 @@ class Emitter:
         extra = []
         if len(node.inputs) > 2 and node.inputs[2]:
             extra.append(((node.inputs[2], None, (w[0],) + (1,) * (len(x) - 2)), "v + {}"))
-        epi = self.epilogue(step, chain, oshape, 2, extra)
+        direct = runs_direct(node, sh, self.g.constants, PACKED_GEMM)
+        epi = self.epilogue(step, chain, oshape, 2, extra, vector=direct)
         H, W = (x[2], x[3]) if len(x) == 4 else (1, x[2])
         geo = f"{win.kh}, {win.kw}, {win.oh}, {win.ow}, {win.sh}, {win.sw}, {win.ph}, {win.pw}, {win.dh}, {win.dw}"
         xp = self.ptr(node.inputs[0])
+        group = int(node.attr("group", 1))
+        if direct:
+            # Weights in 32-channel panels over the whole K; a unit function per conv inlines its epilogue.
+            k = w[1] * win.kh * win.kw
+            arr = pack_weights(self.g.constants[node.inputs[1]], group, NR, kc=k)
+            packed = self.weight(("direct", node.inputs[1], group), arr)
+            self.needs_packed = True
+            unit = f"dconv_{len(self.funcs)}"
+            epv = self.vector.get(epi, "NULL")
+            self.funcs.append(f"#ifdef SAT_HAVE_PACKED_GEMM\nstatic void {unit}(void *ctx, int64_t u, int tid) "
+                              f"{{ sat_dconv_unit(ctx, u, tid, {epv}); }}\n#endif\n")
+            self.body.append(f"    sat_conv_direct({xp}, {packed}, {arr.size // group}, {out}, COL, {x[0]}, {x[1]}, "
+                             f"{H}, {W}, {w[0]}, {geo}, {group}, {'NULL' if epv != 'NULL' else epi}, {unit});\n")
+            return
         if w[1] == 1:
             self.body.append(f"    sat_conv_depthwise({xp}, {self.ptr(node.inputs[1])}, {out}, {x[0]}, {x[1]}, {H}, {W}, "
                              f"{w[0]}, {geo}, {epi});\n")
             return
-        group = int(node.attr("group", 1))
         # Constant weights are stored once, packed for the micro-kernel; others go to OpenBLAS as they are.
         wp, packed, per_group, trans = "NULL", "NULL", 0, 0
         if PACKED_GEMM and node.inputs[1] in self.g.constants:

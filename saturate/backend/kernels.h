@@ -40,6 +40,8 @@ double *sat_profile(void) { return sat_step_seconds; }
 /* A fused epilogue rewrites y[off .. off+len) in place; runs never cross the kernel's row. */
 typedef void (*sat_epi)(float *y, int64_t off, int64_t len);
 
+#include "dconv.h"
+
 
 static inline int64_t sat_clamp(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
 

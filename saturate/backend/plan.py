@@ -106,11 +106,35 @@ def _nbytes(shape: tuple[int, ...]) -> int:
     return (math.prod(shape) * 4 + ALIGN - 1) // ALIGN * ALIGN
 
 
-def im2col_bytes(step: Step, shapes: dict, packed: bool) -> int:
-    """Scratch a conv step needs for its column matrix (0 for direct 1x1 and depthwise convs)."""
+def direct_scratch(node: Node, shapes: dict) -> int:
+    """Floats of scratch sat_conv_direct (dconv.h) needs: the offset table and the zero-padded input of
+    one (image, group); mirrors its geometry."""
+    x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
+    win = conv_window(node, x, w)
+    h, wd = (x[2], x[3]) if len(x) == 4 else (1, x[-1])
+    cg = x[1] // int(node.attr("group", 1))
+    hp, wq = (win.oh - 1) * win.sh + (win.kh - 1) * win.dh + 1, (win.ow - 1) * win.sw + (win.kw - 1) * win.dw + 1
+    inplace = win.ph == 0 and win.pw == 0 and hp <= h and wq <= wd
+    k = cg * win.kh * win.kw
+    return -(-k // 16) * 16 + (0 if inplace else cg * hp * wq)
+
+
+def runs_direct(node: Node, shapes: dict, constants, packed: bool) -> bool:
+    """Whether a conv runs im2col-free on the AVX-512 tiles of dconv.h: constant weights, not depthwise,
+    offsets within 32 bits."""
+    if node.op != "Conv" or not packed or node.inputs[1] not in constants:
+        return False
+    w = shapes[node.inputs[1]]
+    return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20
+
+
+def im2col_bytes(step: Step, shapes: dict, packed: bool, constants=()) -> int:
+    """Scratch a conv step needs for its column matrix or padded input (0 for depthwise convs)."""
     node = step.anchor
     if node.op != "Conv":
         return 0
+    if runs_direct(node, shapes, constants, packed):
+        return direct_scratch(node, shapes) * 4 + 64
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w)
     group = int(node.attr("group", 1))
@@ -165,5 +189,5 @@ def plan(graph: Graph, shapes: dict[str, tuple[int, ...]], redzone: int = 0, pac
         pl.offsets[r] = off
         pl.arena_bytes = max(pl.arena_bytes, off + size)
         pl.naive_bytes += size - redzone
-    pl.scratch_bytes = max((im2col_bytes(s, shapes, packed) for s in steps), default=0)
+    pl.scratch_bytes = max((im2col_bytes(s, shapes, packed, graph.constants) for s in steps), default=0)
     return pl

@@ -73,6 +73,17 @@ class Operand:
         return f"p{k}[{self.index('(off + i)', range(len(self.oshape)))}]"
 
 
+    def vload(self, k: int) -> str | None:
+        """AVX-512VL load of 8 consecutive outputs' operands (lanes `mk`), None for gathers."""
+        if self.kind == "literal":
+            return f"_mm256_set1_ps({c_float(self.literal)})"
+        if self.kind == "scalar":
+            return f"_mm256_set1_ps(p{k}[b{k}])"
+        if self.kind == "contig":
+            return f"_mm256_maskz_loadu_ps(mk, p{k} + b{k})"
+        return None
+
+
 def _const_scalar(graph, node: Node, value: str, default: float) -> float:
     if not value:
         return default
@@ -120,6 +131,33 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
     if op == "Identity":
         return "v"
     raise unsupported(node, f"cannot apply op '{op}' pointwise")
+
+
+def vec_expr(node: Node, chain_input: str, operand, graph) -> str | None:
+    """AVX vector form of step_expr on `v` (8 lanes), or None when the op has no vector form here."""
+    op = node.op
+    if op in ("Add", "Sub", "Mul", "Div"):
+        fn = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[op]
+        a, b = node.inputs
+        if a == chain_input and b == chain_input:
+            return f"_mm256_{fn}_ps(v, v)"
+        if a == chain_input:
+            rhs = operand(b)
+            return None if rhs is None else f"_mm256_{fn}_ps(v, {rhs})"
+        lhs = operand(a)
+        return None if lhs is None else f"_mm256_{fn}_ps({lhs}, v)"
+    if op == "Relu":
+        return "_mm256_max_ps(v, _mm256_setzero_ps())"  # NaN -> 0, as the scalar form
+    if op == "Clip":
+        scalar = step_expr(node, chain_input, operand, graph)  # validates the bounds
+        lo, hi = scalar[len("fminf(fmaxf(v, "):-1].split("), ")
+        return f"_mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps({lo})), _mm256_set1_ps({hi}))"
+    if op == "BatchNormalization":
+        a, b = operand(("bn_scale", node)), operand(("bn_shift", node))
+        return None if a is None or b is None else f"_mm256_add_ps(_mm256_mul_ps(v, {a}), {b})"
+    if op == "Identity":
+        return "v"
+    return None
 
 
 def run_axis(oshape: tuple[int, ...], shapes: list[tuple[int, ...]]) -> int:

@@ -1,0 +1,194 @@
+/* C backend direct convolution: no im2col. Output pixels take the micro-kernel's rows (8 or 7), output
+ * channels its 32 columns; every reduction index k = (c, kh, kw) is one offset into a zero-padded copy
+ * of the input, so each row's operand is a broadcast from `x_r + koff[k]` for any stride or dilation.
+ * Weights are packed by the emitter in 32-channel panels, k-major over the whole K (panel j of group g
+ * at wp + g*wp_group + j*K*32, element (k, c) at [k*32 + c]). Results are transposed in registers and
+ * stored channel-major with the fused epilogue applied as vector code on the way out. */
+#ifndef SATURATE_DCONV_H
+#define SATURATE_DCONV_H
+
+#if defined(__AVX512F__)
+
+/* Vector epilogue: v holds 8 consecutive outputs starting at flat index `off` (lanes in `mk`). */
+typedef __m256 (*sat_epv)(__m256 v, int64_t off, __mmask8 mk);
+
+typedef struct {
+    const float *x;       /* padded input of one (image, group), pitch Wp, plane Hp*Wp */
+    const float *wp;      /* packed weights of the group */
+    const int32_t *koff;  /* K offsets into x */
+    float *y;             /* the whole output tensor (epilogue offsets are relative to it) */
+    int64_t ybase;        /* flat index of channel 0, pixel 0 of this (image, group) in y */
+    int64_t P;            /* output pixels per channel */
+    int K, Mg, OW, Wp, sh, sw, rows, chunk, panels, jpanels;
+    sat_epi epi;          /* scalar epilogue when no vector one exists */
+} sat_dconv_args;
+
+/* Transpose the 8 x 16 block r0..r7 (pixel rows) into 8 vectors of two channels' 8 pixels each:
+ * out[i] lower half = channel i, upper half = channel i + 4 (i < 4: channels 0-7; i >= 4: 8-15). */
+#define SAT_T8x16(r0, r1, r2, r3, r4, r5, r6, r7, out)                                                      \
+    do {                                                                                                  \
+        const __m512 t0 = _mm512_unpacklo_ps(r0, r1), t1 = _mm512_unpackhi_ps(r0, r1);                   \
+        const __m512 t2 = _mm512_unpacklo_ps(r2, r3), t3 = _mm512_unpackhi_ps(r2, r3);                   \
+        const __m512 t4 = _mm512_unpacklo_ps(r4, r5), t5 = _mm512_unpackhi_ps(r4, r5);                   \
+        const __m512 t6 = _mm512_unpacklo_ps(r6, r7), t7 = _mm512_unpackhi_ps(r6, r7);                   \
+        const __m512 s0 = _mm512_shuffle_ps(t0, t2, 0x44), s1 = _mm512_shuffle_ps(t0, t2, 0xEE);         \
+        const __m512 s2 = _mm512_shuffle_ps(t1, t3, 0x44), s3 = _mm512_shuffle_ps(t1, t3, 0xEE);         \
+        const __m512 s4 = _mm512_shuffle_ps(t4, t6, 0x44), s5 = _mm512_shuffle_ps(t4, t6, 0xEE);         \
+        const __m512 s6 = _mm512_shuffle_ps(t5, t7, 0x44), s7 = _mm512_shuffle_ps(t5, t7, 0xEE);         \
+        /* s_i lane L: channel 4L+i, pixels 0-3; s_{4+i} lane L: the same channel, pixels 4-7. */        \
+        const __m512 lo0 = _mm512_shuffle_f32x4(s0, s4, 0x44), hi0 = _mm512_shuffle_f32x4(s0, s4, 0xEE); \
+        const __m512 lo1 = _mm512_shuffle_f32x4(s1, s5, 0x44), hi1 = _mm512_shuffle_f32x4(s1, s5, 0xEE); \
+        const __m512 lo2 = _mm512_shuffle_f32x4(s2, s6, 0x44), hi2 = _mm512_shuffle_f32x4(s2, s6, 0xEE); \
+        const __m512 lo3 = _mm512_shuffle_f32x4(s3, s7, 0x44), hi3 = _mm512_shuffle_f32x4(s3, s7, 0xEE); \
+        out[0] = _mm512_shuffle_f32x4(lo0, lo0, 0xD8);                                                    \
+        out[1] = _mm512_shuffle_f32x4(lo1, lo1, 0xD8);                                                    \
+        out[2] = _mm512_shuffle_f32x4(lo2, lo2, 0xD8);                                                    \
+        out[3] = _mm512_shuffle_f32x4(lo3, lo3, 0xD8);                                                    \
+        out[4] = _mm512_shuffle_f32x4(hi0, hi0, 0xD8);                                                    \
+        out[5] = _mm512_shuffle_f32x4(hi1, hi1, 0xD8);                                                    \
+        out[6] = _mm512_shuffle_f32x4(hi2, hi2, 0xD8);                                                    \
+        out[7] = _mm512_shuffle_f32x4(hi3, hi3, 0xD8);                                                    \
+    } while (0)
+
+/* Store channel `ch` (of 32, relative to the panel) from the transposed vectors, epilogue applied. */
+static inline __attribute__((always_inline)) void sat_dconv_put(__m256 v, float *y, int64_t off, __mmask8 mk,
+                                                                sat_epv epv) {
+    if (epv) v = epv(v, off, mk);
+    _mm256_mask_storeu_ps(y + off, mk, v);
+}
+
+#define SAT_DROW(r)                                                  \
+    do {                                                             \
+        const __m512 a_ = _mm512_set1_ps(x##r[o]);                   \
+        c##r##0 = _mm512_fmadd_ps(a_, b0, c##r##0);                  \
+        c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1);                  \
+    } while (0)
+
+/* One 8 (or 7) pixel x 32 channel tile over the whole K. `xr` are the rows' input origins, `mr` the
+ * pixels stored, `nr` the channels stored; `off0` the flat output index of (channel 0, first pixel). */
+static inline __attribute__((always_inline)) void sat_dconv_tile(int rows, int K, const int32_t *restrict koff,
+                                                                 const float *const *xr, const float *restrict w,
+                                                                 float *y, int64_t off0, int64_t P, int mr, int nr,
+                                                                 sat_epv epv) {
+    const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3], *x4 = xr[4], *x5 = xr[5], *x6 = xr[6],
+                *x7 = xr[7];
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+           c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+    if (rows == 8)
+        for (int k = 0; k < K; k++) {
+            const int64_t o = koff[k];
+            const __m512 b0 = _mm512_loadu_ps(w), b1 = _mm512_loadu_ps(w + 16);
+            SAT_DROW(0); SAT_DROW(1); SAT_DROW(2); SAT_DROW(3);
+            SAT_DROW(4); SAT_DROW(5); SAT_DROW(6); SAT_DROW(7);
+            w += 32;
+        }
+    else
+        for (int k = 0; k < K; k++) {
+            const int64_t o = koff[k];
+            const __m512 b0 = _mm512_loadu_ps(w), b1 = _mm512_loadu_ps(w + 16);
+            SAT_DROW(0); SAT_DROW(1); SAT_DROW(2); SAT_DROW(3);
+            SAT_DROW(4); SAT_DROW(5); SAT_DROW(6);
+            w += 32;
+        }
+    const __mmask8 mk = (__mmask8)((1u << mr) - 1);
+    __m512 t[8];
+    SAT_T8x16(c00, c10, c20, c30, c40, c50, c60, c70, t);
+    for (int i = 0; i < 8; i++) {
+        /* t[i]: channel (i & 3) + 8 * (i >> 2) in the lower half, 4 more in the upper half. */
+        const int ch = (i & 3) + 8 * (i >> 2);
+        if (ch < nr) sat_dconv_put(_mm512_castps512_ps256(t[i]), y, off0 + ch * P, mk, epv);
+        if (ch + 4 < nr) sat_dconv_put(_mm512_extractf32x8_ps(t[i], 1), y, off0 + (ch + 4) * P, mk, epv);
+    }
+    if (nr > 16) {
+        SAT_T8x16(c01, c11, c21, c31, c41, c51, c61, c71, t);
+        for (int i = 0; i < 8; i++) {
+            const int ch = 16 + (i & 3) + 8 * (i >> 2);
+            if (ch < nr) sat_dconv_put(_mm512_castps512_ps256(t[i]), y, off0 + ch * P, mk, epv);
+            if (ch + 4 < nr) sat_dconv_put(_mm512_extractf32x8_ps(t[i], 1), y, off0 + (ch + 4) * P, mk, epv);
+        }
+    }
+}
+
+/* Work unit u of one (image, group): a chunk of pixel panels times one 32-channel panel. Instantiated per
+ * conv by the emitter with its vector epilogue, so the epilogue inlines into the store. */
+static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int64_t u, int tid, sat_epv epv) {
+    const sat_dconv_args *a = ctx;
+    (void)tid;
+    const int j = (int)(u % a->jpanels), c = (int)(u / a->jpanels);
+    const int R = a->rows, OW = a->OW;
+    const int64_t P = a->P;
+    const int nr = a->Mg - j * 32 < 32 ? a->Mg - j * 32 : 32;
+    const float *w = a->wp + (int64_t)j * a->K * 32;
+    const int q0 = c * a->chunk, q1 = q0 + a->chunk < a->panels ? q0 + a->chunk : a->panels;
+    for (int q = q0; q < q1; q++) {
+        const int64_t p0 = (int64_t)q * R;
+        const int mr = P - p0 < R ? (int)(P - p0) : R;
+        const float *xr[8];
+        for (int r = 0; r < 8; r++) {
+            const int64_t p = p0 + (r < mr ? r : 0);
+            xr[r] = a->x + (p / OW) * a->sh * a->Wp + (p % OW) * a->sw;
+        }
+        sat_dconv_tile(R, a->K, a->koff, xr, w, a->y, a->ybase + (int64_t)j * 32 * P + p0, P, mr, nr, epv);
+    }
+    if (!epv && a->epi) {
+        const int64_t p0 = (int64_t)q0 * R, p1 = (int64_t)q1 * R < P ? (int64_t)q1 * R : P;
+        for (int m = 0; m < nr; m++) a->epi(a->y, a->ybase + (int64_t)(j * 32 + m) * P + p0, p1 - p0);
+    }
+}
+
+/* Pixels per kernel tile: 7 when that pads the pixel count less than 8 does (49, 196 pixels). */
+static inline int sat_dconv_rows(int64_t P) { return (P + 6) / 7 * 7 < (P + 7) / 8 * 8 ? 7 : 8; }
+
+/* Grouped 2-D convolution by direct tiles; `scratch` holds the padded input and the offset table
+ * (sat_dconv_scratch floats); `unit` is the emitter's instantiation of sat_dconv_unit. */
+static void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y, float *scratch, int N,
+                            int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
+                            int pw, int dh, int dw, int G, sat_epi epi, sat_body unit) {
+    const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
+    const int Hp = (OH - 1) * sh + (KH - 1) * dh + 1, Wq = (OW - 1) * sw + (KW - 1) * dw + 1;
+    /* Without pads the input is read in place (pitch W); else copied into a zero-padded plane. */
+    const int inplace = ph == 0 && pw == 0 && Hp <= H && Wq <= W;
+    const int Wp = inplace ? W : Wq, Hq = inplace ? H : Hp;
+    int32_t *koff = (int32_t *)scratch;
+    float *xpad = scratch + (K + 15) / 16 * 16;
+    for (int k = 0; k < K; k++) {
+        const int c = k / (KH * KW), kh = (k / KW) % KH, kw = k % KW;
+        koff[k] = (int32_t)((int64_t)c * Hq * Wp + kh * dh * Wp + kw * dw);
+    }
+    const int64_t P = (int64_t)OH * OW;
+    const int R = sat_dconv_rows(P);
+    const int panels = (int)((P + R - 1) / R), jpanels = (Mg + 31) / 32;
+    /* A unit is a run of panels (about 256 pixels, so its input rows stay in cache) over one weight
+     * panel; smaller runs when there are too few units to share between threads. */
+    int chunk = (256 + R - 1) / R;
+    const int want = 4 * sat_threads;
+    if (sat_threads > 1 && (int64_t)((panels + chunk - 1) / chunk) * jpanels < want) {
+        const int per = (want + jpanels - 1) / jpanels;
+        chunk = (panels + per - 1) / per;
+    }
+    if (chunk > panels) chunk = panels;
+    if (chunk < 1) chunk = 1;
+    const int chunks = (panels + chunk - 1) / chunk;
+    for (int n = 0; n < N; n++)
+        for (int g = 0; g < G; g++) {
+            const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
+            if (!inplace) {
+                memset(xpad, 0, sizeof(float) * (size_t)Cg * Hq * Wp);
+                for (int c = 0; c < Cg; c++)
+                    for (int ih = 0; ih < H && ih + ph < Hq; ih++) {
+                        const int len = W + pw <= Wp ? W : Wp - pw;
+                        if (len > 0)
+                            memcpy(xpad + ((int64_t)c * Hq + ih + ph) * Wp + pw, xg + ((int64_t)c * H + ih) * W,
+                                   sizeof(float) * len);
+                    }
+            }
+            sat_dconv_args a = {inplace ? xg : xpad, wp + g * wp_group, koff, y,
+                                ((int64_t)n * M + (int64_t)g * Mg) * P, P, K, Mg, OW, Wp, sh, sw, R, chunk,
+                                panels, jpanels, epi};
+            sat_parallel((int64_t)chunks * jpanels, unit, &a);
+        }
+}
+
+#endif
+
+#endif

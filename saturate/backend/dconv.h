@@ -64,32 +64,48 @@ static inline __attribute__((always_inline)) void sat_dconv_put(__m256 v, float 
         c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1);                  \
     } while (0)
 
-/* One 8 (or 7) pixel x 32 channel tile over the whole K. `xr` are the rows' input origins, `mr` the
+/* One 8 (or 7) pixel x 32 channel tile over K (a block of it); `pf` is the next weight block, fetched
+ * into L1 meanwhile (weights of late layers come from memory each inference). `xr` are the rows' input origins, `mr` the
  * pixels stored, `nr` the channels stored; `off0` the flat output index of (channel 0, first pixel). */
 static inline __attribute__((always_inline)) void sat_dconv_tile(int rows, int K, const int32_t *restrict koff,
                                                                  const float *const *xr, const float *restrict w,
                                                                  float *y, int64_t off0, int64_t P, int mr, int nr,
+                                                                 const float *cin, float *cout, const float *pf,
                                                                  sat_epv epv) {
     const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3], *x4 = xr[4], *x5 = xr[5], *x6 = xr[6],
                 *x7 = xr[7];
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
            c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
-    if (rows == 8)
-        for (int k = 0; k < K; k++) {
-            const int64_t o = koff[k];
-            const __m512 b0 = _mm512_loadu_ps(w), b1 = _mm512_loadu_ps(w + 16);
-            SAT_DROW(0); SAT_DROW(1); SAT_DROW(2); SAT_DROW(3);
-            SAT_DROW(4); SAT_DROW(5); SAT_DROW(6); SAT_DROW(7);
-            w += 32;
-        }
-    else
-        for (int k = 0; k < K; k++) {
-            const int64_t o = koff[k];
-            const __m512 b0 = _mm512_loadu_ps(w), b1 = _mm512_loadu_ps(w + 16);
-            SAT_DROW(0); SAT_DROW(1); SAT_DROW(2); SAT_DROW(3);
-            SAT_DROW(4); SAT_DROW(5); SAT_DROW(6);
-            w += 32;
-        }
+    /* Partial sums of earlier k-blocks come from `cin`; all but the last block leave theirs in `cout`. */
+#define SAT_DLOAD(r) c##r##0 = _mm512_load_ps(cin + r * 32), c##r##1 = _mm512_load_ps(cin + r * 32 + 16)
+#define SAT_DSAVE(r) _mm512_store_ps(cout + r * 32, c##r##0), _mm512_store_ps(cout + r * 32 + 16, c##r##1)
+    if (cin) {
+        SAT_DLOAD(0); SAT_DLOAD(1); SAT_DLOAD(2); SAT_DLOAD(3);
+        SAT_DLOAD(4); SAT_DLOAD(5); SAT_DLOAD(6); SAT_DLOAD(7);
+    }
+#define SAT_DLOOP(ROWS, PF)                                                        \
+    for (int k = 0; k < K; k++) {                                                  \
+        const int64_t o = koff[k];                                                 \
+        const __m512 b0 = _mm512_loadu_ps(w), b1 = _mm512_loadu_ps(w + 16);        \
+        ROWS;                                                                      \
+        PF;                                                                        \
+        w += 32;                                                                   \
+    }
+#define SAT_ROWS8 SAT_DROW(0); SAT_DROW(1); SAT_DROW(2); SAT_DROW(3); SAT_DROW(4); SAT_DROW(5); SAT_DROW(6); SAT_DROW(7)
+#define SAT_ROWS7 SAT_DROW(0); SAT_DROW(1); SAT_DROW(2); SAT_DROW(3); SAT_DROW(4); SAT_DROW(5); SAT_DROW(6)
+#define SAT_PF _mm_prefetch((const char *)(pf + 32 * k), _MM_HINT_T0), \
+               _mm_prefetch((const char *)(pf + 32 * k + 16), _MM_HINT_T0)
+    /* Only the first panel of a unit fetches the next weight block: the others find it in L1. */
+    if (rows == 8) {
+        if (pf) { SAT_DLOOP(SAT_ROWS8, SAT_PF) } else { SAT_DLOOP(SAT_ROWS8, (void)0) }
+    } else {
+        if (pf) { SAT_DLOOP(SAT_ROWS7, SAT_PF) } else { SAT_DLOOP(SAT_ROWS7, (void)0) }
+    }
+    if (cout) {
+        SAT_DSAVE(0); SAT_DSAVE(1); SAT_DSAVE(2); SAT_DSAVE(3);
+        SAT_DSAVE(4); SAT_DSAVE(5); SAT_DSAVE(6); SAT_DSAVE(7);
+        return;
+    }
     const __mmask8 mk = (__mmask8)((1u << mr) - 1);
     __m512 t[8];
     SAT_T8x16(c00, c10, c20, c30, c40, c50, c60, c70, t);
@@ -109,26 +125,40 @@ static inline __attribute__((always_inline)) void sat_dconv_tile(int rows, int K
     }
 }
 
+/* Reduction indices per block, and the most pixel panels a unit takes (its partial sums' buffer). */
+#define SAT_DKC 256
+#define SAT_DCHUNK 40
+static float sat_dconv_acc[SAT_MAX_THREADS][SAT_DCHUNK * 256] __attribute__((aligned(64)));
+
 /* Work unit u of one (image, group): a chunk of pixel panels times one 32-channel panel. Instantiated per
  * conv by the emitter with its vector epilogue, so the epilogue inlines into the store. */
 static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int64_t u, int tid, sat_epv epv) {
     const sat_dconv_args *a = ctx;
-    (void)tid;
     const int j = (int)(u % a->jpanels), c = (int)(u / a->jpanels);
     const int R = a->rows, OW = a->OW;
     const int64_t P = a->P;
     const int nr = a->Mg - j * 32 < 32 ? a->Mg - j * 32 : 32;
     const float *w = a->wp + (int64_t)j * a->K * 32;
     const int q0 = c * a->chunk, q1 = q0 + a->chunk < a->panels ? q0 + a->chunk : a->panels;
-    for (int q = q0; q < q1; q++) {
-        const int64_t p0 = (int64_t)q * R;
-        const int mr = P - p0 < R ? (int)(P - p0) : R;
-        const float *xr[8];
-        for (int r = 0; r < 8; r++) {
-            const int64_t p = p0 + (r < mr ? r : 0);
-            xr[r] = a->x + (p / OW) * a->sh * a->Wp + (p % OW) * a->sw;
+    /* K in blocks of SAT_DKC so a block of the weight panel (SAT_DKC x 32) stays in L1 across the panels;
+     * 8 x 32 partial sums per panel wait in this thread's buffer between blocks. */
+    float *acc = sat_dconv_acc[tid];
+    for (int k0 = 0; k0 < a->K; k0 += SAT_DKC) {
+        const int kc = a->K - k0 < SAT_DKC ? a->K - k0 : SAT_DKC;
+        const int last = k0 + kc >= a->K;
+        for (int q = q0; q < q1; q++) {
+            const int64_t p0 = (int64_t)q * R;
+            const int mr = P - p0 < R ? (int)(P - p0) : R;
+            const float *xr[8];
+            for (int r = 0; r < 8; r++) {
+                const int64_t p = p0 + (r < mr ? r : 0);
+                xr[r] = a->x + (p / OW) * a->sh * a->Wp + (p % OW) * a->sw;
+            }
+            float *buf = acc + (int64_t)(q - q0) * 256;
+            sat_dconv_tile(R, kc, a->koff + k0, xr, w + (int64_t)k0 * 32, a->y, a->ybase + (int64_t)j * 32 * P + p0,
+                           P, mr, nr, k0 ? buf : NULL, last ? NULL : buf,
+                           q == q0 ? w + (int64_t)(k0 + kc) * 32 : NULL, epv);
         }
-        sat_dconv_tile(R, a->K, a->koff, xr, w, a->y, a->ybase + (int64_t)j * 32 * P + p0, P, mr, nr, epv);
     }
     if (!epv && a->epi) {
         const int64_t p0 = (int64_t)q0 * R, p1 = (int64_t)q1 * R < P ? (int64_t)q1 * R : P;
@@ -167,20 +197,26 @@ static void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, f
         chunk = (panels + per - 1) / per;
     }
     if (chunk > panels) chunk = panels;
+    if (chunk > SAT_DCHUNK) chunk = SAT_DCHUNK;
     if (chunk < 1) chunk = 1;
     const int chunks = (panels + chunk - 1) / chunk;
     for (int n = 0; n < N; n++)
         for (int g = 0; g < G; g++) {
             const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
             if (!inplace) {
-                memset(xpad, 0, sizeof(float) * (size_t)Cg * Hq * Wp);
-                for (int c = 0; c < Cg; c++)
-                    for (int ih = 0; ih < H && ih + ph < Hq; ih++) {
-                        const int len = W + pw <= Wp ? W : Wp - pw;
-                        if (len > 0)
-                            memcpy(xpad + ((int64_t)c * Hq + ih + ph) * Wp + pw, xg + ((int64_t)c * H + ih) * W,
-                                   sizeof(float) * len);
+                /* Only the pad border is zeroed; the interior is overwritten by the copy. */
+                const int len = W + pw <= Wp ? W : (Wp > pw ? Wp - pw : 0), rend = ph + H < Hq ? ph + H : Hq;
+                for (int c = 0; c < Cg; c++) {
+                    float *pc = xpad + (int64_t)c * Hq * Wp;
+                    memset(pc, 0, sizeof(float) * (size_t)(ph < Hq ? ph : Hq) * Wp);
+                    for (int r = ph; r < rend; r++) {
+                        float *d = pc + (int64_t)r * Wp;
+                        memset(d, 0, sizeof(float) * (size_t)(pw < Wp ? pw : Wp));
+                        memcpy(d + pw, xg + ((int64_t)c * H + r - ph) * W, sizeof(float) * (size_t)len);
+                        memset(d + pw + len, 0, sizeof(float) * (size_t)(Wp - pw - len > 0 ? Wp - pw - len : 0));
                     }
+                    if (rend < Hq) memset(pc + (int64_t)rend * Wp, 0, sizeof(float) * (size_t)(Hq - rend) * Wp);
+                }
             }
             sat_dconv_args a = {inplace ? xg : xpad, wp + g * wp_group, koff, y,
                                 ((int64_t)n * M + (int64_t)g * Mg) * P, P, K, Mg, OW, Wp, sh, sw, R, chunk,

@@ -366,6 +366,7 @@ static void sat_pool_plane(void *ctx, int64_t p, int tid) {
     (void)tid;
     const float *xi = x + p * H * W;
     float *yo = y + p * P;
+    float *eo = sw == 2 ? malloc(sizeof(float) * (size_t)(W + 2)) : NULL;
     for (int oh = 0; oh < OH; oh++) {
         float *row = yo + (int64_t)oh * OW;
         const float init = mode == 0 ? -INFINITY : 0.0f;
@@ -377,10 +378,29 @@ static void sat_pool_plane(void *ctx, int64_t p, int tid) {
             if (ih < 0 || ih >= H) continue;
             hvalid++;
             const float *xr = xi + (int64_t)ih * W;
+            if (sw == 2) {
+                /* Split the row into even and odd columns once, so every kernel column reads a
+                 * contiguous run (vector code) instead of a stride-2 one. */
+                const int half = (W + 1) / 2;
+                for (int i = 0; i < W / 2; i++) {
+                    eo[i] = xr[2 * i];
+                    eo[half + i] = xr[2 * i + 1];
+                }
+                if (W & 1) eo[half - 1] = xr[W - 1];
+            }
             for (int kw = 0; kw < KW; kw++) {
                 const int iw0 = kw * dw - pw;
                 int lo, hi;
                 sat_valid_cols_s(iw0, sw, W, OW, &lo, &hi);
+                if (sw == 2) {
+                    /* Column iw0 + 2 ow: even columns at eo[(iw0 >> 1) + ow], odd ones after the evens. */
+                    const float *s = eo + (iw0 & 1) * ((W + 1) / 2) + (iw0 >> 1);
+                    if (mode == 0)
+                        for (int ow = lo; ow < hi; ow++) row[ow] = s[ow] > row[ow] ? s[ow] : row[ow];
+                    else
+                        for (int ow = lo; ow < hi; ow++) row[ow] += s[ow];
+                    continue;
+                }
                 const float *s = xr + iw0;
                 if (mode == 0)
                     for (int ow = lo; ow < hi; ow++) row[ow] = s[ow * sw] > row[ow] ? s[ow * sw] : row[ow];
@@ -393,6 +413,7 @@ static void sat_pool_plane(void *ctx, int64_t p, int tid) {
         if (mode == 2)
             for (int ow = 0; ow < OW; ow++) row[ow] = hpad * wcount[OW + ow] ? row[ow] / (hpad * wcount[OW + ow]) : 0.0f;
     }
+    free(eo);
     if (epi) epi(y, p * P, P);
 }
 

@@ -80,6 +80,24 @@ def test_conv_small_outputs_run_transposed(wshape, xshape, group, threads):
     check_three_way(g, ort=threads == 1, threads=threads)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("tail", [
+    # per-channel steps run before the direct conv's transpose, the rest after it on 8-pixel runs
+    lambda: ([Node("Mul", ["c", "s"], ["m"]), Node("Add", ["m", "r"], ["a"]), Node("Clip", ["a", "lo", "hi"], ["y"])],
+             {"s": w(40, 1, 1), "lo": np.float32(-0.5), "hi": np.float32(0.6)}),
+    # an operand per image and channel (batch of 2), then a per-pixel one, then relu
+    lambda: ([Node("Add", ["c", "pn"], ["m"]), Node("Sub", ["r", "m"], ["a"]), Node("Relu", ["a"], ["y"])],
+             {"pn": w(2, 40, 1, 1)}),
+    # a step without a vector form: the whole chain falls back to the scalar epilogue
+    lambda: ([Node("Add", ["c", "r"], ["a"]), Node("Sigmoid", ["a"], ["y"])], {}),
+])
+def test_direct_conv_epilogue_forms(tail, threads):
+    nodes, consts = tail()
+    conv = Node("Conv", ["x", "w", "b"], ["c"], {"pads": [1, 1, 1, 1], "strides": [1, 2]})
+    g = make([conv, *nodes], {"x": (2, 12, 9, 13), "r": (2, 40, 9, 7)}, {"w": w(40, 12, 3, 3), "b": w(40), **consts})
+    check_three_way(g, ort=threads == 1, threads=threads)
+
+
 @pytest.mark.parametrize("op,attrs", [
     ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ("MaxPool", {"kernel_shape": [2, 3], "strides": [2, 2], "ceil_mode": 1}),

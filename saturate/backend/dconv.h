@@ -11,6 +11,8 @@
 
 /* Vector epilogue: v holds 8 consecutive outputs starting at flat index `off` (lanes in `mk`). */
 typedef __m256 (*sat_epv)(__m256 v, int64_t off, __mmask8 mk);
+/* Per-channel part of an epilogue: v holds 16 channels (planes q .. q+15, lanes `mc`) of one pixel. */
+typedef __m512 (*sat_epc)(__m512 v, int64_t q, __mmask16 mc);
 
 typedef struct {
     const float *x;       /* padded input of one (image, group), pitch Wp, plane Hp*Wp */
@@ -71,7 +73,7 @@ static inline __attribute__((always_inline)) void sat_dconv_tile(int rows, int K
                                                                  const float *const *xr, const float *restrict w,
                                                                  float *y, int64_t off0, int64_t P, int mr, int nr,
                                                                  const float *cin, float *cout, const float *pf,
-                                                                 sat_epv epv) {
+                                                                 int64_t plane, sat_epc epc, sat_epv epv) {
     const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3], *x4 = xr[4], *x5 = xr[5], *x6 = xr[6],
                 *x7 = xr[7];
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
@@ -106,6 +108,15 @@ static inline __attribute__((always_inline)) void sat_dconv_tile(int rows, int K
         SAT_DSAVE(4); SAT_DSAVE(5); SAT_DSAVE(6); SAT_DSAVE(7);
         return;
     }
+    if (epc) {
+        /* Channel-wise steps (bias, batch norm, relu...) run here, before the transpose, one vector
+         * operand load per 16 channels for all the tile's pixels. */
+        const __mmask16 m0 = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);
+        const __mmask16 m1 = nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
+#define SAT_DEPC(r) c##r##0 = epc(c##r##0, plane, m0), c##r##1 = epc(c##r##1, plane + 16, m1)
+        SAT_DEPC(0); SAT_DEPC(1); SAT_DEPC(2); SAT_DEPC(3);
+        SAT_DEPC(4); SAT_DEPC(5); SAT_DEPC(6); SAT_DEPC(7);
+    }
     const __mmask8 mk = (__mmask8)((1u << mr) - 1);
     __m512 t[8];
     SAT_T8x16(c00, c10, c20, c30, c40, c50, c60, c70, t);
@@ -132,7 +143,8 @@ static float sat_dconv_acc[SAT_MAX_THREADS][SAT_DCHUNK * 256] __attribute__((ali
 
 /* Work unit u of one (image, group): a chunk of pixel panels times one 32-channel panel. Instantiated per
  * conv by the emitter with its vector epilogue, so the epilogue inlines into the store. */
-static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int64_t u, int tid, sat_epv epv) {
+static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int64_t u, int tid, sat_epc epc,
+                                                                 sat_epv epv) {
     const sat_dconv_args *a = ctx;
     const int j = (int)(u % a->jpanels), c = (int)(u / a->jpanels);
     const int R = a->rows, OW = a->OW;
@@ -150,17 +162,20 @@ static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int6
             const int64_t p0 = (int64_t)q * R;
             const int mr = P - p0 < R ? (int)(P - p0) : R;
             const float *xr[8];
-            for (int r = 0; r < 8; r++) {
-                const int64_t p = p0 + (r < mr ? r : 0);
-                xr[r] = a->x + (p / OW) * a->sh * a->Wp + (p % OW) * a->sw;
+            /* One division per tile: the rows' pixels advance along the output row, then wrap. */
+            int64_t oh = p0 / OW, ow = p0 - oh * OW;
+            for (int r = 0; r < mr; r++) {
+                xr[r] = a->x + oh * a->sh * a->Wp + ow * a->sw;
+                if (++ow == OW) ow = 0, oh++;
             }
+            for (int r = mr; r < 8; r++) xr[r] = xr[0];
             float *buf = acc + (int64_t)(q - q0) * 256;
             sat_dconv_tile(R, kc, a->koff + k0, xr, w + (int64_t)k0 * 32, a->y, a->ybase + (int64_t)j * 32 * P + p0,
                            P, mr, nr, k0 ? buf : NULL, last ? NULL : buf,
-                           q == q0 ? w + (int64_t)(k0 + kc) * 32 : NULL, epv);
+                           q == q0 ? w + (int64_t)(k0 + kc) * 32 : NULL, a->ybase / P + j * 32, epc, epv);
         }
     }
-    if (!epv && a->epi) {
+    if (!epc && !epv && a->epi) {
         const int64_t p0 = (int64_t)q0 * R, p1 = (int64_t)q1 * R < P ? (int64_t)q1 * R : P;
         for (int m = 0; m < nr; m++) a->epi(a->y, a->ybase + (int64_t)(j * 32 + m) * P + p0, p1 - p0);
     }

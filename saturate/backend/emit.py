@@ -181,31 +181,42 @@ class Emitter:
         return name, run_from
 
     def vector_form(self, name, members, extra, load, ops, index) -> None:
-        """Emit `pwv_K(v, off, mk)`, the same chain on 8 consecutive outputs as AVX code, for kernels
-        that apply it in their store (dconv.h); recorded in self.vector only when every step has one."""
-        def vload(key):
+        """Emit the chain as AVX code for kernels that apply it in their store (dconv.h): a leading run of
+        steps whose operands are per channel becomes `pwc_K(v, q, mc)` on 16 channels of one pixel (q the
+        first channel's plane), the rest `pwv_K(v, off, mk)` on 8 consecutive outputs of one channel.
+        Recorded in self.vector only when every step has a vector form."""
+        def operand(key):
             load(key)  # registers the operand
             ident = key if isinstance(key, str) else ((key[0], id(key[3])) if len(key) > 3 else (key[0], key[2]))
             k = index[ident]
-            return ops[k].vload(k)
+            return k, ops[k]
 
-        lines = []
-        for key, fmt in extra or []:
-            x = vload(key)
-            if fmt != "v + {}" or x is None:
-                return
-            lines.append(f"    v = _mm256_add_ps(v, {x});\n")
-        for node, chain_in in members:
-            e = vec_expr(node, chain_in, lambda k: vload(self.bn_key(k)), self.g)
+        steps = [(lambda ld, key=key, fmt=fmt: None if fmt != "v + {}" or ld(key) is None
+                  else f"_mm256_add_ps(v, {ld(key)})") for key, fmt in extra or []]
+        steps += [(lambda ld, node=node, ci=chain_in: vec_expr(node, ci, lambda k: ld(self.bn_key(k)), self.g))
+                  for node, chain_in in members]
+        per_channel, rest = [], []
+        for st in steps:
+            e = None if rest else st(lambda key: operand(key)[1].chan_load(operand(key)[0]))
+            if e is not None:
+                per_channel.append(f"    v = {e.replace('_mm256_', '_mm512_')};\n")
+                continue
+            e = st(lambda key: operand(key)[1].vload(operand(key)[0]))
             if e is None:
                 return
-            lines.append(f"    v = {e};\n")
+            rest.append(f"    v = {e};\n")
+        ptrs = "".join(f"    const float *restrict p{k} = {o.ptr};\n" for k, o in enumerate(ops) if o.ptr)
         setup = "".join(o.setup(k) for k, o in enumerate(ops))
-        vname = "pwv" + name[2:]
-        self.funcs.append(
-            f"#ifdef SAT_HAVE_PACKED_GEMM\nstatic inline __m256 {vname}(__m256 v, int64_t off, __mmask8 mk) {{\n"
-            f"    (void)mk;\n{setup}{''.join(lines)}    return v;\n}}\n#endif\n")
-        self.vector[name] = vname
+        cname, vname = "pwc" + name[2:], "pwv" + name[2:]
+        if per_channel:
+            self.funcs.append(
+                f"#ifdef SAT_HAVE_PACKED_GEMM\nstatic inline __m512 {cname}(__m512 v, int64_t q, __mmask16 mc) {{\n"
+                f"    (void)mc;\n{ptrs}{''.join(per_channel)}    return v;\n}}\n#endif\n")
+        if rest:
+            self.funcs.append(
+                f"#ifdef SAT_HAVE_PACKED_GEMM\nstatic inline __m256 {vname}(__m256 v, int64_t off, __mmask8 mk) {{\n"
+                f"    (void)mk;\n{setup}{''.join(rest)}    return v;\n}}\n#endif\n")
+        self.vector[name] = (cname if per_channel else "NULL", vname if rest else "NULL")
 
     def bn_key(self, key):
         """BatchNormalization's folded per-channel scale and shift, as (tag, node, shape, node) keys."""
@@ -284,11 +295,12 @@ class Emitter:
             packed = self.weight(("direct", node.inputs[1], group), arr)
             self.needs_packed = True
             unit = f"dconv_{len(self.funcs)}"
-            epv = self.vector.get(epi, "NULL")
+            epc, epv = self.vector.get(epi, ("NULL", "NULL"))
             self.funcs.append(f"#ifdef SAT_HAVE_PACKED_GEMM\nstatic void {unit}(void *ctx, int64_t u, int tid) "
-                              f"{{ sat_dconv_unit(ctx, u, tid, {epv}); }}\n#endif\n")
+                              f"{{ sat_dconv_unit(ctx, u, tid, {epc}, {epv}); }}\n#endif\n")
+            scalar = epi if epi not in self.vector else "NULL"
             self.body.append(f"    sat_conv_direct({xp}, {packed}, {arr.size // group}, {out}, COL, {x[0]}, {x[1]}, "
-                             f"{H}, {W}, {w[0]}, {geo}, {group}, {'NULL' if epv != 'NULL' else epi}, {unit});\n")
+                             f"{H}, {W}, {w[0]}, {geo}, {group}, {scalar}, {unit});\n")
             return
         if w[1] == 1:
             self.body.append(f"    sat_conv_depthwise({xp}, {self.ptr(node.inputs[1])}, {out}, {x[0]}, {x[1]}, {H}, {W}, "

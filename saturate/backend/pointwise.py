@@ -73,6 +73,21 @@ class Operand:
         return f"p{k}[{self.index('(off + i)', range(len(self.oshape)))}]"
 
 
+    def chan_load(self, k: int) -> str | None:
+        """AVX-512 load of this operand for 16 consecutive channels at one pixel of an N x C x ... output
+        (planes q .. q+15 of one image, lanes `mc`), None unless it is constant over the pixel axes."""
+        if self.kind == "literal":
+            return f"_mm512_set1_ps({c_float(self.literal)})"
+        if self.kind != "scalar" or len(self.oshape) < 2 or any(self.bstr[2:]):
+            return None
+        n, c = self.oshape[0], self.oshape[1]
+        base = f"((q / {c}) % {n}) * {self.bstr[0]}" if self.bstr[0] and n > 1 else "0"
+        if self.bstr[1] == 0 or c == 1:
+            return f"_mm512_set1_ps(p{k}[{base}])"
+        if self.bstr[1] == 1:
+            return f"_mm512_maskz_loadu_ps(mc, p{k} + {base} + q % {c})"
+        return None
+
     def vload(self, k: int) -> str | None:
         """AVX-512VL load of 8 consecutive outputs' operands (lanes `mk`), None for gathers."""
         if self.kind == "literal":

@@ -181,6 +181,30 @@ static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int6
     }
 }
 
+/* Copy of one input channel into its zero-padded plane; only the pad border is zeroed, the interior
+ * is overwritten by the copy. */
+typedef struct {
+    const float *x;
+    float *xpad;
+    int H, W, Hq, Wp, ph, pw;
+} sat_pad_args;
+
+static void sat_pad_plane(void *ctx, int64_t c, int tid) {
+    const sat_pad_args *a = ctx;
+    const int H = a->H, W = a->W, Hq = a->Hq, Wp = a->Wp, ph = a->ph, pw = a->pw;
+    (void)tid;
+    const int len = W + pw <= Wp ? W : (Wp > pw ? Wp - pw : 0), rend = ph + H < Hq ? ph + H : Hq;
+    float *pc = a->xpad + c * Hq * Wp;
+    memset(pc, 0, sizeof(float) * (size_t)(ph < Hq ? ph : Hq) * Wp);
+    for (int r = ph; r < rend; r++) {
+        float *d = pc + (int64_t)r * Wp;
+        memset(d, 0, sizeof(float) * (size_t)(pw < Wp ? pw : Wp));
+        memcpy(d + pw, a->x + (c * H + r - ph) * W, sizeof(float) * (size_t)len);
+        memset(d + pw + len, 0, sizeof(float) * (size_t)(Wp - pw - len > 0 ? Wp - pw - len : 0));
+    }
+    if (rend < Hq) memset(pc + (int64_t)rend * Wp, 0, sizeof(float) * (size_t)(Hq - rend) * Wp);
+}
+
 /* Pixels per kernel tile: 7 when that pads the pixel count less than 8 does (49, 196 pixels). */
 static inline int sat_dconv_rows(int64_t P) { return (P + 6) / 7 * 7 < (P + 7) / 8 * 8 ? 7 : 8; }
 
@@ -219,19 +243,8 @@ static void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, f
         for (int g = 0; g < G; g++) {
             const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
             if (!inplace) {
-                /* Only the pad border is zeroed; the interior is overwritten by the copy. */
-                const int len = W + pw <= Wp ? W : (Wp > pw ? Wp - pw : 0), rend = ph + H < Hq ? ph + H : Hq;
-                for (int c = 0; c < Cg; c++) {
-                    float *pc = xpad + (int64_t)c * Hq * Wp;
-                    memset(pc, 0, sizeof(float) * (size_t)(ph < Hq ? ph : Hq) * Wp);
-                    for (int r = ph; r < rend; r++) {
-                        float *d = pc + (int64_t)r * Wp;
-                        memset(d, 0, sizeof(float) * (size_t)(pw < Wp ? pw : Wp));
-                        memcpy(d + pw, xg + ((int64_t)c * H + r - ph) * W, sizeof(float) * (size_t)len);
-                        memset(d + pw + len, 0, sizeof(float) * (size_t)(Wp - pw - len > 0 ? Wp - pw - len : 0));
-                    }
-                    if (rend < Hq) memset(pc + (int64_t)rend * Wp, 0, sizeof(float) * (size_t)(Hq - rend) * Wp);
-                }
+                sat_pad_args pa = {xg, xpad, H, W, Hq, Wp, ph, pw};
+                sat_parallel(Cg, sat_pad_plane, &pa);
             }
             sat_dconv_args a = {inplace ? xg : xpad, wp + g * wp_group, koff, y,
                                 ((int64_t)n * M + (int64_t)g * Mg) * P, P, K, Mg, OW, Wp, sh, sw, R, chunk,

@@ -192,13 +192,7 @@ class Graph:
 
     def fresh_name(self, base: str) -> str:
         """A value or node name not yet used in the graph."""
-        used = self._used_names()
-        if base not in used:
-            return base
-        k = 1
-        while f"{base}_{k}" in used:
-            k += 1
-        return f"{base}_{k}"
+        return unique_name(base, self._used_names())
 
     def _used_names(self) -> set[str]:
         used = set(self.inputs) | set(self.constants) | set(self.values)
@@ -206,6 +200,16 @@ class Graph:
             used.update(n.outputs)
             used.add(n.name)
         return used
+
+
+def unique_name(base: str, used: set[str] | dict, first: int = 1) -> str:
+    """`base` if unused, else `base_K` with the smallest K >= first that is unused."""
+    if base not in used:
+        return base
+    k = first
+    while f"{base}_{k}" in used:
+        k += 1
+    return f"{base}_{k}"
 
 
 def structurally_equal(a: Graph, b: Graph) -> bool:

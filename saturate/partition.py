@@ -11,7 +11,7 @@ import onnx
 from onnx import helper
 
 from saturate.errors import SaturateError
-from saturate.ir import Graph, Node
+from saturate.ir import Graph, Node, unique_name
 from saturate.ops import spec
 from saturate.rule_ast import IntList, Num, OpTerm, Str, Term, Var
 from saturate.targets import Composite, Target, load_target
@@ -220,12 +220,7 @@ def _body_key(name: str, body: Graph) -> str:
 
 
 def _free_name(base: str, used: set[str]) -> str:
-    if base not in used:
-        return base
-    k = 2
-    while f"{base}_{k}" in used:
-        k += 1
-    return f"{base}_{k}"
+    return unique_name(base, used, first=2)
 
 
 def inline(graph: Graph) -> Graph:

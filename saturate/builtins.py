@@ -182,6 +182,42 @@ def compose_perm(p: Any, q: Any, rank: int) -> tuple[int, ...]:
     return tuple(p[i] for i in q)
 
 
+def squeeze(c: Any, axes: Any) -> np.ndarray:
+    """ONNX Squeeze: drop the 1-dims at `axes` (None: every 1-dim); a non-1 dim is an error."""
+    a = np.asarray(c)
+    if axes is None:
+        return a.reshape([d for d in a.shape if d != 1])
+    ax = tuple(sorted(x + a.ndim if x < 0 else x for x in _ints(axes)))
+    return np.squeeze(a, axis=ax) if ax else a.copy()
+
+
+def gather(c: Any, indices: Any, axis: int) -> np.ndarray:
+    """ONNX Gather: take `indices` (negative ones count from the end) along `axis`."""
+    a, idx = np.asarray(c), np.asarray(indices)
+    axis = 0 if axis is None else (axis + a.ndim if axis < 0 else axis)
+    if not 0 <= axis < a.ndim or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError("gather: bad axis or non-integer indices")
+    n = a.shape[axis]
+    if np.any((idx < -n) | (idx >= n)):
+        raise ValueError("gather: index out of range")
+    return np.take(a, np.where(idx < 0, idx + n, idx), axis=axis)
+
+
+def concat(a: Any, b: Any, axis: int) -> np.ndarray:
+    """ONNX Concat of two constants along `axis` (a longer Concat folds as a chain of these)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype:
+        raise ValueError("concat: inputs differ in dtype")
+    return np.concatenate([a, b], axis=axis)
+
+
+def cast(c: Any, to: int) -> np.ndarray:
+    """ONNX Cast to the tensor type numbered `to` (onnx.TensorProto)."""
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    return np.asarray(c).astype(tensor_dtype_to_np_dtype(int(to)))
+
+
 def flatten(c: Any, axis: int) -> np.ndarray:
     """ONNX Flatten: a 2-D array split before `axis`."""
     a = np.asarray(c)
@@ -238,6 +274,10 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "expand": _const(expand, "cs", expand.__doc__),
     "transpose": _const(transpose, "cs", transpose.__doc__),
     "flatten": _const(flatten, "ci", flatten.__doc__),
+    "squeeze": _const(squeeze, "cs", squeeze.__doc__),
+    "gather": _const(gather, "cci", gather.__doc__),
+    "concat": _const(concat, "cci", concat.__doc__),
+    "cast": _const(cast, "ci", cast.__doc__),
     "compose_perm": ConstFn(3, compose_perm, compose_perm.__doc__, ("ints", "ints", "int"), "ints"),
 }
 
@@ -255,14 +295,28 @@ def _numel(shape: Shape) -> int | None:
     return math.prod(shape) if all(isinstance(d, int) for d in shape) else None
 
 
+def shape_of(shape: Shape, start: int | None, end: int | None) -> np.ndarray | None:
+    """ONNX Shape of a value with static shape: its dims[start:end] as int64 (None if symbolic)."""
+    part = tuple(shape)[start or 0:end]
+    if not all(isinstance(d, (int, np.integer)) for d in part):
+        return None
+    return np.array([int(d) for d in part], np.int64)
+
+
 QUERIES: dict[str, QueryFn] = {
     "rank": QueryFn(1, len, "number of dims of v", ("value",)),
     "dim": QueryFn(2, _dim, "size of dim k of v (negative k counts from the end)", ("value", "int")),
     "numel": QueryFn(1, _numel, "number of elements of v (None when a dim is symbolic)", ("value",)),
+    "shape_of": QueryFn(3, shape_of, shape_of.__doc__, ("value", "int", "int"), "const"),
 }
 
 
 # ---- guards ---------------------------------------------------------------------------------------
+
+def static(shape: Shape) -> bool:
+    """Every dim is a known int (no symbolic dim)."""
+    return all(isinstance(d, (int, np.integer)) for d in shape)
+
 
 def is_scalar(shape: Shape) -> bool:
     """Every dim is 1 (rank 0 included)."""
@@ -330,6 +384,7 @@ def _value(fn: Callable[[Any], bool], doc: str) -> GuardFn:
 
 GUARDS: dict[str, GuardFn] = {
     "is_scalar": _shape(is_scalar, ("value",)),
+    "static": _shape(static, ("value",)),
     "varies_only_along": _shape(varies_only_along, ("value", "int", "int")),
     "per_axis": _shape(varies_only_along, ("value", "int", "int")),
     "broadcastable": _shape(broadcastable, ("value", "value")),

@@ -135,7 +135,7 @@ def _is_float(info: ValueInfo) -> bool:
 
 
 def _rewritable(node: Node, graph: Graph, preserve: set[str], rule_ops: set[str]) -> bool:
-    """Known single-output float ops (and ops a rule names) are open to rules; others are opaque."""
+    """Known single-output float ops (shape ops of any dtype, and ops a rule names) are open to rules; others are opaque."""
     s = spec(node.op)
     if node.op in rule_ops and s is None:
         return (node.domain in ("", "ai.onnx") and node.op not in preserve and node.name not in preserve
@@ -148,7 +148,7 @@ def _rewritable(node: Node, graph: Graph, preserve: set[str], rule_ops: set[str]
         return False
     if "" in node.inputs:
         return False
-    return _is_float(graph.info(node.outputs[0]))
+    return s.any_dtype or _is_float(graph.info(node.outputs[0]))
 
 
 def encode_graph(graph: Graph, preserve: Iterable[str] = (), rule_ops: Iterable[str] = ()) -> Encoding:

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from saturate.builtins import GUARDS
+from saturate.builtins import GUARDS, QUERIES
 from saturate.encode import Encoding, k_ctor, op_ctor
 from saturate.errors import SaturateError
 from saturate.rule_ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
 
-QUERY_FNS = ("rank", "dim", "numel")
+QUERY_FNS = tuple(QUERIES)
 
 
 @dataclass

@@ -100,7 +100,10 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts) -> Graph:
                 named[cls] = emit(cls)
                 continue
             stack.append((cls, True))
-            stack.extend((c, False) for c in reversed(choice[cls].children) if c not in named)
+            # A constant expression is folded whole from its structure: its operands (an omitted
+            # attribute among them, valued None) never become graph values of their own.
+            if choice[cls].kind != "k":
+                stack.extend((c, False) for c in reversed(choice[cls].children) if c not in named)
     for o, cls in zip(g.outputs, roots):
         src = named[cls]
         if src != o:

@@ -219,6 +219,14 @@ def _shape(node: Node, x: np.ndarray) -> np.ndarray:
     return np.array(x.shape, np.int64)[node.attrs.get("start"):node.attrs.get("end")]
 
 
+def _gather(node: Node, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    axis = _axis(node, int(node.attrs.get("axis", 0)), x.ndim)
+    n = x.shape[axis]
+    if not np.issubdtype(indices.dtype, np.integer) or np.any((indices < -n) | (indices >= n)):
+        raise fail(node, f"indices out of range for axis {axis} of size {n}")
+    return np.take(x, np.where(indices < 0, indices + n, indices), axis=axis)
+
+
 def _variadic(ufunc) -> Callable:
     def run(node: Node, *xs: np.ndarray) -> np.ndarray:
         _same_dtype(node, *xs)
@@ -264,3 +272,4 @@ register("Unsqueeze", 1, 2, _unsqueeze)
 register("Cast", 1, 1, _cast)
 register("Constant", 0, 0, _constant)
 register("Shape", 1, 1, _shape)
+register("Gather", 2, 2, _gather)

@@ -15,6 +15,8 @@ class OpSpec:
     max_inputs: int
     attrs: dict[str, Any] = field(default_factory=dict)  # name -> default (None: required/none)
     elementwise: bool = False
+    # Shape ops carry int64 shape data as often as floats: open to rules whatever their dtype.
+    any_dtype: bool = False
 
 
 _SPECS = [
@@ -44,7 +46,12 @@ _SPECS = [
     OpSpec("Reshape", 2, 2, {"allowzero": 0}),
     OpSpec("Flatten", 1, 1, {"axis": 1}),
     OpSpec("Transpose", 1, 1, {"perm": None}),
-    OpSpec("Concat", 1, 1 << 30, {"axis": None}),
+    OpSpec("Concat", 1, 1 << 30, {"axis": None}, any_dtype=True),
+    OpSpec("Shape", 1, 1, {"start": 0, "end": None}, any_dtype=True),
+    OpSpec("Gather", 2, 2, {"axis": 0}, any_dtype=True),
+    OpSpec("Unsqueeze", 1, 2, {"axes": None}, any_dtype=True),
+    OpSpec("Squeeze", 1, 2, {"axes": None}, any_dtype=True),
+    OpSpec("Cast", 1, 1, {"to": None, "saturate": 1}, any_dtype=True),
     OpSpec("Softmax", 1, 1, {"axis": -1}),
     OpSpec("Identity", 1, 1, elementwise=True),
 ]

@@ -119,6 +119,15 @@ class Planner:
             return Template(rank=self.template(args[0]).rank, min_rank=self.template(args[0]).min_rank)
         if op == "Reshape":
             return Template(min_rank=1)
+        if op == "Shape":
+            return Template(rank=1)
+        if op == "Concat":
+            a = self.template(args[0])
+            return Template(a.rank, max(a.min_rank, 1))
+        if op == "Cast":
+            return self.template(args[0])
+        if op in ("Gather", "Squeeze", "Unsqueeze"):
+            return Template()
         if op in _UNARY:
             a = self.template(args[0])
             return Template(a.rank, max(a.min_rank, 1 if op == "Softmax" else 0), a.fixed)
@@ -408,6 +417,96 @@ class Planner:
         for i, p in enumerate(perm):
             shape[p] = out[i]
         self.term(t.args[0], tuple(shape), path + (0,))
+
+    # ---- shape computations (int64 data about shapes, as exporters emit them) ---------------
+    def index_values(self, v: Term, shape: tuple[int, ...], lo: int, hi: int, what: str,
+                     values: list[int] | None = None) -> None:
+        """Bind an int64 input of `shape` (indices, axes) to forced values drawn in [lo, hi]."""
+        if not isinstance(v, Var):
+            raise SaturateError(f"the checker needs {what} to be a variable")
+        size = numel(shape)
+        if values is None:
+            values = self.draw(st.lists(st.integers(lo, hi), min_size=size, max_size=size))
+        self.bind(v, shape)
+        self.forced[v.name] = np.array(values, np.int64).reshape(shape)
+
+    def op_Shape(self, t, out, path) -> None:
+        n = out[0]
+        rank = self.draw(st.integers(n, max(n, MAX_RANK)))
+
+        def start(_: dict) -> int:
+            s = self.draw(st.integers(0, rank - n))
+            return s - rank if self.draw(st.booleans()) else s
+
+        def end(a: dict) -> int | None:
+            s = int(a["start"] or 0)
+            e = (s + rank if s < 0 else s) + n
+            return None if e == rank and self.draw(st.booleans()) else e
+        attrs = self.attributes(t, path, {"start": start, "end": end})
+        assume(len(range(rank)[attrs["start"] or 0:attrs["end"]]) == n)
+        self.term(t.args[0], self.shape_for(Template(rank=rank)), path + (0,))
+
+    def op_Gather(self, t, out, path) -> None:
+        r = len(out)
+        q = self.draw(st.integers(0, r))            # rank of the indices
+        data_rank = r - q + 1
+
+        def axis(_: dict) -> int:
+            a = self.draw(st.integers(0, r - q))
+            return a - data_rank if self.draw(st.booleans()) else a
+        ax = int(self.attributes(t, path, {"axis": axis})["axis"])
+        ax = ax + data_rank if ax < 0 else ax
+        assume(0 <= ax <= r - q)
+        n = self.draw(st.integers(1, MAX_SIDE))
+        self.term(t.args[0], out[:ax] + (n,) + out[ax + q:], path + (0,))
+        self.index_values(t.args[1], out[ax:ax + q], -n, n - 1, "Gather's indices")
+
+    def op_Unsqueeze(self, t, out, path) -> None:
+        r = len(out)
+        ones = [i for i, d in enumerate(out) if d == 1]
+        chosen = sorted(self.draw(st.lists(st.sampled_from(ones), unique=True))) if ones else []
+        axes = [a - r if self.draw(st.booleans()) else a for a in chosen]
+        attrs = self.attributes(t, path, {} if len(t.args) == 2 else {"axes": lambda _: axes})
+        if len(t.args) == 2:
+            self.index_values(t.args[1], (len(axes),), 0, 0, "Unsqueeze's axes", axes)
+        else:
+            assume(attrs["axes"] is not None and list(attrs["axes"]) == axes)
+        self.term(t.args[0], tuple(d for i, d in enumerate(out) if i not in chosen), path + (0,))
+
+    def op_Squeeze(self, t, out, path) -> None:
+        r = len(out)
+        k = self.draw(st.integers(0, max(0, MAX_RANK + 1 - r)))
+        chosen = sorted(self.draw(st.lists(st.integers(0, r + k - 1), min_size=k, max_size=k, unique=True)))
+        rest = iter(out)
+        shape = tuple(1 if i in chosen else next(rest) for i in range(r + k))
+        axes = [a - (r + k) if self.draw(st.booleans()) else a for a in chosen]
+        # Without axes every 1-dim goes: drawn only when the output has none to keep.
+        all_ones = 1 not in out and self.draw(st.booleans())
+        attrs = self.attributes(t, path, {} if len(t.args) == 2 else
+                                {"axes": lambda _: None if all_ones else axes})
+        if len(t.args) == 2:
+            self.index_values(t.args[1], (len(axes),), 0, 0, "Squeeze's axes", axes)
+        else:
+            want = None if all_ones else axes
+            assume((attrs["axes"] is None and want is None) or
+                   (attrs["axes"] is not None and want is not None and list(attrs["axes"]) == want))
+        self.term(t.args[0], shape, path + (0,))
+
+    def op_Concat(self, t, out, path) -> None:
+        r = len(out)
+        ax = int(self.attributes(t, path, {"axis": lambda _: self.draw(st.integers(-r, r - 1))})["axis"])
+        ax = ax + r if ax < 0 else ax
+        assume(0 <= ax < r)
+        cuts = sorted(self.draw(st.lists(st.integers(0, out[ax]), min_size=len(t.args) - 1,
+                                         max_size=len(t.args) - 1)))
+        bounds = [0] + cuts + [out[ax]]
+        for k, a in enumerate(t.args):
+            self.term(a, out[:ax] + (bounds[k + 1] - bounds[k],) + out[ax + 1:], path + (k,))
+
+    def op_Cast(self, t, out, path) -> None:
+        # float, int64, double: the types a shape computation or a model's arithmetic casts to.
+        self.attributes(t, path, {"to": lambda _: self.draw(st.sampled_from([1, 7, 11]))})
+        self.term(t.args[0], out, path + (0,))
 
 
 def _broadcasts(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:

@@ -146,6 +146,32 @@ def test_reshape_unsqueeze_expand_transpose_match_onnx():
         np.testing.assert_array_equal(F["transpose"].impl(a, perm), run_onnx("Transpose", [a], **kw))
 
 
+def test_shape_ops_match_onnx():
+    a = np.arange(24, dtype=np.float32).reshape(2, 1, 3, 4)
+    for idx in (np.array(1, np.int64), np.array([[-1, 0], [2, 2]], np.int64)):
+        for axis in (2, -1):
+            np.testing.assert_array_equal(F["gather"].impl(a, idx, axis), run_onnx("Gather", [a, idx], axis=axis))
+    with pytest.raises(ValueError):
+        F["gather"].impl(a, np.array([3], np.int64), 2)
+    axes = np.array([-3], np.int64)
+    np.testing.assert_array_equal(F["squeeze"].impl(a, axes), run_onnx("Squeeze", [a, axes]))
+    np.testing.assert_array_equal(F["squeeze"].impl(a, None), run_onnx("Squeeze", [a]))
+    b = np.arange(6, dtype=np.float32).reshape(2, 1, 3, 1)
+    np.testing.assert_array_equal(F["concat"].impl(a, np.repeat(b, 4, axis=3), 1),
+                                  run_onnx("Concat", [a, np.repeat(b, 4, axis=3)], axis=1))
+    cast = F["cast"].impl(a - 11.5, TensorProto.INT64)   # ONNX Cast to an int truncates toward 0
+    assert cast.dtype == np.int64 and cast.ravel()[:2].tolist() == [-11, -10] and cast.ravel()[-1] == 11
+
+
+def test_shape_of_reads_static_dims_only():
+    q = QUERIES["shape_of"].impl
+    assert q((2, 3, 4), 0, None).tolist() == [2, 3, 4] and q((2, 3, 4), 0, None).dtype == np.int64
+    assert q((2, 3, 4), -2, None).tolist() == [3, 4] and q((2, 3, 4), 1, 2).tolist() == [3]
+    assert q(("N", 3, 4), 1, None).tolist() == [3, 4]
+    assert q(("N", 3, 4), 0, None) is None
+    assert G["static"].impl((2, 3)) and not G["static"].impl(("N", 3)) and not G["static"].impl((None,))
+
+
 perms = st.integers(1, 5).flatmap(lambda r: st.tuples(st.just(r), st.permutations(range(r)), st.permutations(range(r))))
 
 

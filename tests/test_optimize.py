@@ -295,3 +295,68 @@ def test_a_rule_that_feeds_on_its_own_output_stops_at_a_limit():
     assert report.run.stop_reason == "node limit" and report.run.sizes[-1] > 400
     assert ops(out) == ["Mul"]
     assert_same(g, out, b.sample())
+
+
+def _reshape_by_batch_model(batch):
+    """What `x.reshape(x.shape[0], -1) @ w` exports to (Shape, Gather, Unsqueeze, Concat), with
+    clip bounds Cast from int constants and a Squeeze of a constant, as exporters leave them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def const(name, arr):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(arr), name))
+
+    nodes = [
+        const("idx", np.array(0, np.int64)), const("ax0", np.array([0], np.int64)),
+        const("minus1", np.array([[-1]], np.int64)), const("lo", np.array(-1, np.int64)),
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "idx"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "ax0"], ["n1"]),
+        helper.make_node("Squeeze", ["minus1", "ax0"], ["m1"]),
+        helper.make_node("Concat", ["n1", "m1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["flat"]),
+        helper.make_node("Cast", ["lo"], ["lo_f"], to=TensorProto.FLOAT),
+        helper.make_node("Clip", ["flat", "lo_f"], ["clipped"]),
+        helper.make_node("MatMul", ["clipped", "w"], ["y"]),
+    ]
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((12, 5)).astype(np.float32), "w")
+    graph = helper.make_graph(nodes, "shape_chain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 5])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _ort_run(model, x):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+def _rel_err(a, b):
+    return float(np.abs(a.astype(np.float64) - b).max()) / max(float(np.abs(a).max()), 1e-6)
+
+
+def test_static_shape_computation_folds_into_a_constant_reshape():
+    from frontend.onnx_io import export_model, import_model
+
+    model = _reshape_by_batch_model(2)
+    out, report = optimize(import_model(model), RULES)
+    assert not {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Cast"} & set(ops(out))
+    reshape = next(n for n in out.nodes if n.op == "Reshape")
+    assert out.constants[reshape.inputs[1]].tolist() == [2, -1]
+    assert report.run.matches["shape-static"] > 0
+    x = np.random.default_rng(1).standard_normal((2, 3, 4)).astype(np.float32)
+    assert _rel_err(_ort_run(model, x), _ort_run(export_model(out), x)) <= 1e-4
+
+
+def test_symbolic_batch_keeps_the_shape_computation_that_depends_on_it():
+    from frontend.onnx_io import export_model, import_model
+
+    model = _reshape_by_batch_model("N")
+    out, report = optimize(import_model(model), RULES)
+    assert {"Shape", "Gather", "Unsqueeze", "Concat"} <= set(ops(out))
+    assert report.run.matches["shape-static"] == 0
+    exported = export_model(out)
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 4)).astype(np.float32)
+        assert _rel_err(_ort_run(model, x), _ort_run(exported, x)) <= 1e-4

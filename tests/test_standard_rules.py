@@ -45,6 +45,15 @@ def _gemm(trans_b: int, bias: bool, scale_in: bool):
     return build
 
 
+def _i64(*values):
+    return lambda b: b.const(np.array(values, I64))
+
+
+def _reshape_to(op, *ins, **attrs):
+    """x (2, 3) reshaped to a shape computed by op(inputs): once folded, a Reshape by a constant."""
+    return lambda b: b.op("Reshape", "x", b.op(op, *[i(b) if callable(i) else i for i in ins], **attrs))
+
+
 # rule -> (Before graph, Expected ops after, other rules the case needs to show the effect).
 # A rewrite to a form of equal cost (x - c into x + -c) shows only once another rule uses it.
 CASES = {
@@ -88,6 +97,22 @@ CASES = {
                                                           b.const(np.array([2, 3], I64))))), ["Add"], ()),
     "fold-flatten": (_mat(_fold("Flatten", _c(2, 3, 1), axis=1)), ["Add"], ()),
     "fold-softmax": (_mat(_fold("Softmax", _c(2, 3), axis=1)), ["Add"], ()),
+    "concat-single": (_mat(lambda b: b.op("Relu", b.op("Concat", "x", axis=0))), ["Relu"], ()),
+    "shape-static": (_mat(_reshape_to("Shape", "x", start=0)), ["Reshape"], ()),
+    "fold-gather": (_mat(_reshape_to("Gather", _i64(3, 2, 7), _i64(1, 0), axis=0)), ["Reshape"], ()),
+    "fold-unsqueeze": (_mat(_reshape_to("Unsqueeze", lambda b: b.const(np.array(6, I64)), _i64(0))),
+                       ["Reshape"], ()),
+    "fold-unsqueeze-attr": (_mat(_reshape_to("Unsqueeze", lambda b: b.const(np.array(6, I64)), axes=[0])),
+                            ["Reshape"], ()),
+    "fold-squeeze": (_mat(_reshape_to("Squeeze", lambda b: b.const(np.array([[2, 3]], I64)), _i64(0))),
+                     ["Reshape"], ()),
+    "fold-squeeze-attr": (_mat(_reshape_to("Squeeze", lambda b: b.const(np.array([[2, 3]], I64)))),
+                          ["Reshape"], ()),
+    "fold-cast": (_mat(_reshape_to("Cast", lambda b: b.const(np.array([3.0, 2.0], np.float32)), to=7)),
+                  ["Reshape"], ()),
+    "fold-concat-2": (_mat(_reshape_to("Concat", _i64(3), _i64(2), axis=0)), ["Reshape"], ()),
+    "fold-concat-3": (_mat(_reshape_to("Concat", _i64(1), _i64(2), _i64(3), axis=0)), ["Reshape"], ()),
+    "fold-concat-4": (_mat(_reshape_to("Concat", _i64(3), _i64(1), _i64(2), _i64(1), axis=-1)), ["Reshape"], ()),
     "conv-scale-out": (_img(lambda b: b.op("Mul", b.conv("x", 4, 4), _per_channel(b))), ["Conv"], ()),
     "conv-bias-scale-out": (_img(lambda b: b.op("Mul", b.conv("x", 4, 4, bias=True), _per_channel(b))),
                             ["Conv"], ()),

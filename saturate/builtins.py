@@ -303,11 +303,25 @@ def shape_of(shape: Shape, start: int | None, end: int | None) -> np.ndarray | N
     return np.array([int(d) for d in part], np.int64)
 
 
+def shape_at(shape: Shape, start: int | None, end: int | None, indices: Any) -> np.ndarray | None:
+    """Gather(Shape(v){start, end}, indices): the picked dims as int64, None if one is symbolic
+    (the others may be: a symbolic batch leaves the static dims readable)."""
+    part = tuple(shape)[start or 0:end]
+    idx = np.asarray(indices)
+    if not np.issubdtype(idx.dtype, np.integer) or np.any((idx < -len(part)) | (idx >= len(part))):
+        return None
+    picked = [part[int(k)] for k in idx.ravel()]
+    if not all(isinstance(d, (int, np.integer)) for d in picked):
+        return None
+    return np.array([int(d) for d in picked], np.int64).reshape(idx.shape)
+
+
 QUERIES: dict[str, QueryFn] = {
     "rank": QueryFn(1, len, "number of dims of v", ("value",)),
     "dim": QueryFn(2, _dim, "size of dim k of v (negative k counts from the end)", ("value", "int")),
     "numel": QueryFn(1, _numel, "number of elements of v (None when a dim is symbolic)", ("value",)),
     "shape_of": QueryFn(3, shape_of, shape_of.__doc__, ("value", "int", "int"), "const"),
+    "shape_at": QueryFn(4, shape_at, shape_at.__doc__, ("value", "int", "int", "const"), "const"),
 }
 
 

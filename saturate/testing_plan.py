@@ -448,7 +448,9 @@ class Planner:
 
     def op_Gather(self, t, out, path) -> None:
         r = len(out)
-        q = self.draw(st.integers(0, r))            # rank of the indices
+        data = self.template(t.args[0]).rank
+        # Rank of the indices: fixed when the data's rank is (a shape is rank 1), else drawn.
+        q = r - data + 1 if data is not None and 1 <= data <= r + 1 else self.draw(st.integers(0, r))
         data_rank = r - q + 1
 
         def axis(_: dict) -> int:

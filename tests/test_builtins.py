@@ -169,6 +169,11 @@ def test_shape_of_reads_static_dims_only():
     assert q((2, 3, 4), -2, None).tolist() == [3, 4] and q((2, 3, 4), 1, 2).tolist() == [3]
     assert q(("N", 3, 4), 1, None).tolist() == [3, 4]
     assert q(("N", 3, 4), 0, None) is None
+    at = QUERIES["shape_at"].impl
+    assert at(("N", 3, 4), 0, None, np.array([2, -2], np.int64)).tolist() == [4, 3]
+    assert at(("N", 3, 4), 1, None, np.array(1, np.int64)).tolist() == 4
+    assert at(("N", 3, 4), 0, None, np.array(0, np.int64)) is None
+    assert at((2, 3), 0, None, np.array([2], np.int64)) is None
     assert G["static"].impl((2, 3)) and not G["static"].impl(("N", 3)) and not G["static"].impl((None,))
 
 

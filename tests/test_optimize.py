@@ -297,31 +297,33 @@ def test_a_rule_that_feeds_on_its_own_output_stops_at_a_limit():
     assert_same(g, out, b.sample())
 
 
-def _reshape_by_batch_model(batch):
+def _reshape_by_batch_model(batch, dim=0):
     """What `x.reshape(x.shape[0], -1) @ w` exports to (Shape, Gather, Unsqueeze, Concat), with
-    clip bounds Cast from int constants and a Squeeze of a constant, as exporters leave them."""
+    clip bounds Cast from int constants and a Squeeze of a constant, as exporters leave them.
+    With `dim` > 0, `x.reshape(-1, x.shape[dim]) @ w` instead."""
     from onnx import TensorProto, helper, numpy_helper
 
     def const(name, arr):
         return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(arr), name))
 
     nodes = [
-        const("idx", np.array(0, np.int64)), const("ax0", np.array([0], np.int64)),
+        const("idx", np.array(dim, np.int64)), const("ax0", np.array([0], np.int64)),
         const("minus1", np.array([[-1]], np.int64)), const("lo", np.array(-1, np.int64)),
         helper.make_node("Shape", ["x"], ["s"]),
         helper.make_node("Gather", ["s", "idx"], ["n"], axis=0),
         helper.make_node("Unsqueeze", ["n", "ax0"], ["n1"]),
         helper.make_node("Squeeze", ["minus1", "ax0"], ["m1"]),
-        helper.make_node("Concat", ["n1", "m1"], ["target"], axis=0),
+        helper.make_node("Concat", ["n1", "m1"] if dim == 0 else ["m1", "n1"], ["target"], axis=0),
         helper.make_node("Reshape", ["x", "target"], ["flat"]),
         helper.make_node("Cast", ["lo"], ["lo_f"], to=TensorProto.FLOAT),
         helper.make_node("Clip", ["flat", "lo_f"], ["clipped"]),
         helper.make_node("MatMul", ["clipped", "w"], ["y"]),
     ]
-    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((12, 5)).astype(np.float32), "w")
+    k = 12 if dim == 0 else (3, 4)[dim - 1]
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((k, 5)).astype(np.float32), "w")
     graph = helper.make_graph(nodes, "shape_chain",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 5])], [w])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 5])], [w])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -356,6 +358,21 @@ def test_symbolic_batch_keeps_the_shape_computation_that_depends_on_it():
     out, report = optimize(import_model(model), RULES)
     assert {"Shape", "Gather", "Unsqueeze", "Concat"} <= set(ops(out))
     assert report.run.matches["shape-static"] == 0
+    exported = export_model(out)
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 4)).astype(np.float32)
+        assert _rel_err(_ort_run(model, x), _ort_run(exported, x)) <= 1e-4
+
+
+def test_static_dim_of_a_symbolic_batch_shape_folds():
+    from frontend.onnx_io import export_model, import_model
+
+    model = _reshape_by_batch_model("N", dim=2)
+    out, report = optimize(import_model(model), RULES)
+    assert not {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Cast"} & set(ops(out))
+    reshape = next(n for n in out.nodes if n.op == "Reshape")
+    assert out.constants[reshape.inputs[1]].tolist() == [-1, 4]
+    assert report.run.matches["shape-gather"] > 0 and report.run.matches["shape-static"] == 0
     exported = export_model(out)
     for batch in (1, 3):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 4)).astype(np.float32)

@@ -99,6 +99,8 @@ CASES = {
     "fold-softmax": (_mat(_fold("Softmax", _c(2, 3), axis=1)), ["Add"], ()),
     "concat-single": (_mat(lambda b: b.op("Relu", b.op("Concat", "x", axis=0))), ["Relu"], ()),
     "shape-static": (_mat(_reshape_to("Shape", "x", start=0)), ["Reshape"], ()),
+    "shape-gather": (_mat(_reshape_to("Gather", lambda b: b.op("Shape", "x"), _i64(1, 0), axis=0)),
+                     ["Reshape"], ()),
     "fold-gather": (_mat(_reshape_to("Gather", _i64(3, 2, 7), _i64(1, 0), axis=0)), ["Reshape"], ()),
     "fold-unsqueeze": (_mat(_reshape_to("Unsqueeze", lambda b: b.const(np.array(6, I64)), _i64(0))),
                        ["Reshape"], ()),

@@ -107,6 +107,15 @@ def _const_scalar(graph, node: Node, value: str, default: float) -> float:
     return float(np.asarray(graph.constants[value]).reshape(-1)[0])
 
 
+def clip_bounds(node: Node, graph) -> tuple[float, float]:
+    """Clip's (min, max): constant inputs from opset 11 on, attributes before; absent = unbounded."""
+    if len(node.inputs) > 1 or "min" not in node.attrs:
+        lo = _const_scalar(graph, node, node.inputs[1] if len(node.inputs) > 1 else "", -math.inf)
+        hi = _const_scalar(graph, node, node.inputs[2] if len(node.inputs) > 2 else "", math.inf)
+        return lo, hi
+    return node.attr("min", -math.inf), node.attr("max", math.inf)
+
+
 def step_expr(node: Node, chain_input: str, operand, graph) -> str:
     """C expression for one node applied to the chain value `v`; `operand(value)` loads the other side."""
     op = node.op
@@ -121,11 +130,7 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
     if op == "Relu":
         return "v > 0.0f ? v : 0.0f"
     if op == "Clip":
-        if len(node.inputs) > 1 or "min" not in node.attrs:
-            lo = _const_scalar(graph, node, node.inputs[1] if len(node.inputs) > 1 else "", -math.inf)
-            hi = _const_scalar(graph, node, node.inputs[2] if len(node.inputs) > 2 else "", math.inf)
-        else:
-            lo, hi = node.attr("min", -math.inf), node.attr("max", math.inf)
+        lo, hi = clip_bounds(node, graph)
         return f"fminf(fmaxf(v, {c_float(lo)}), {c_float(hi)})"
     if op == "LeakyRelu":
         return f"v >= 0.0f ? v : {c_float(node.attr('alpha', 0.01))} * v"
@@ -164,9 +169,8 @@ def vec_expr(node: Node, chain_input: str, operand, graph) -> str | None:
     if op == "Relu":
         return "_mm256_max_ps(v, _mm256_setzero_ps())"  # NaN -> 0, as the scalar form
     if op == "Clip":
-        scalar = step_expr(node, chain_input, operand, graph)  # validates the bounds
-        lo, hi = scalar[len("fminf(fmaxf(v, "):-1].split("), ")
-        return f"_mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps({lo})), _mm256_set1_ps({hi}))"
+        lo, hi = clip_bounds(node, graph)
+        return f"_mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps({c_float(lo)})), _mm256_set1_ps({c_float(hi)}))"
     if op == "BatchNormalization":
         a, b = operand(("bn_scale", node)), operand(("bn_shift", node))
         return None if a is None or b is None else f"_mm256_add_ps(_mm256_mul_ps(v, {a}), {b})"

@@ -23,7 +23,8 @@ _OPAQUE_KINDS = {AttributeProto.GRAPH: "GRAPH", AttributeProto.GRAPHS: "GRAPHS",
 def import_model(model: onnx.ModelProto) -> Graph:
     """Convert an ONNX model into a Graph: constants, inferred value types, typed attributes."""
     opset, extra = _opsets(model)
-    _check(_without_weights(model))
+    skeleton = _without_weights(model)
+    _check(skeleton)
     if model.functions:
         # Model-local functions (a partitioned model, say) are expanded into their bodies, as
         # ONNX Runtime does: every stage then sees standard ops, and export stays self-contained.
@@ -31,8 +32,9 @@ def import_model(model: onnx.ModelProto) -> Graph:
         model = onnx.inliner.inline_local_functions(model)
         used = {n.domain for n in model.graph.node}
         extra = {d: v for d, v in extra.items() if d in used or d not in function_domains}
+        skeleton = _without_weights(model)
     try:
-        inferred = onnx.shape_inference.infer_shapes(_without_weights(model)).graph
+        inferred = onnx.shape_inference.infer_shapes(skeleton).graph
     except Exception as err:  # inference failures are the model's fault, not ours
         raise SaturateError(f"invalid ONNX model: shape inference failed: {_first_line(err)}") from None
     og = model.graph

@@ -43,6 +43,9 @@ def import_model(model: onnx.ModelProto) -> Graph:
         g.meta["opset_imports"] = extra
     if model.producer_name:
         g.meta["producer"] = model.producer_name
+    marks = preserve_marks(model)
+    if marks:
+        g.meta["preserve"] = sorted(marks)
 
     for init in og.initializer:
         g.constants[init.name] = _array(init)
@@ -69,6 +72,24 @@ def import_model(model: onnx.ModelProto) -> Graph:
     # A graph output that is directly a constant or an input needs no node; keep it as is.
     g.validate()
     return g
+
+
+# A node is marked in an ONNX model by a metadata entry on the node (`saturate.preserve` = `1`),
+# or the model lists node names under the same key (comma-separated). No rewrite may change it.
+PRESERVE_KEY = "saturate.preserve"
+_TRUE = {"1", "true", "yes"}
+
+
+def preserve_marks(model: onnx.ModelProto) -> set[str]:
+    """Names (node name, else first output) of the nodes the model marks as preserved."""
+    names: set[str] = set()
+    for prop in model.metadata_props:
+        if prop.key == PRESERVE_KEY:
+            names.update(n.strip() for n in prop.value.split(",") if n.strip())
+    for node in model.graph.node:
+        if any(p.key == PRESERVE_KEY and p.value.strip().lower() in _TRUE for p in node.metadata_props):
+            names.add(node.name or node.output[0])
+    return names
 
 
 # Initializers up to this many elements keep their data for checking and shape inference

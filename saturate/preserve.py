@@ -7,14 +7,12 @@ from typing import Iterable
 
 import onnx
 
+from frontend.onnx_io import PRESERVE_KEY, preserve_marks
 from saturate.errors import SaturateError
 from saturate.ir import Graph
 from saturate.targets import Target
 
-# A node is marked in an ONNX model by a metadata entry on the node (`saturate.preserve` = `1`),
-# or the model lists node names under the same key (comma-separated).
-MARK_KEY = "saturate.preserve"
-_TRUE = {"1", "true", "yes"}
+MARK_KEY = PRESERVE_KEY
 
 
 def marked_nodes(spec: str) -> set[str]:
@@ -26,14 +24,7 @@ def marked_nodes(spec: str) -> set[str]:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as err:  # the frontend reports unreadable models; marks are best read alongside
         raise SaturateError(f"{spec}: cannot read ONNX model: {str(err).splitlines()[0]}") from None
-    names: set[str] = set()
-    for prop in model.metadata_props:
-        if prop.key == MARK_KEY:
-            names.update(n.strip() for n in prop.value.split(",") if n.strip())
-    for node in model.graph.node:
-        if any(p.key == MARK_KEY and p.value.strip().lower() in _TRUE for p in node.metadata_props):
-            names.add(node.name or node.output[0])
-    return names
+    return preserve_marks(model)
 
 
 def mark_nodes(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:

@@ -202,6 +202,17 @@ def test_marks_in_onnx_metadata(tmp_path):
     onnx.save(model, str(path))
     assert marked_nodes(str(path)) == {"conv1", "relu0", "add1"}
     assert marked_nodes("example:vgg") == set()
+    assert import_model(model).meta["preserve"] == ["add1", "conv1", "relu0"]
+
+
+def test_python_api_honours_marks_read_on_import(rules):
+    from saturate.pipeline import optimize
+
+    model = _model(["bn", "add", "bn"], conv_bias=False)
+    plain, _ = optimize(import_model(model), rules)
+    marked, _ = optimize(import_model(mark_nodes(model, ["bn2"])), rules)
+    assert plain.op_counts()["BatchNormalization"] == 0
+    assert marked.op_counts()["BatchNormalization"] == 1
 
 
 # ---- command line ----------------------------------------------------------------------------

@@ -42,7 +42,6 @@ def run(args: argparse.Namespace) -> int:
     from frontend import load_graph, save_graph
     from saturate.dsl import RULES_DIR, load_rules
     from saturate.pipeline import optimize
-    from saturate.preserve import marked_nodes
 
     if args.max_iterations < 0 or args.max_nodes < 1 or args.timeout <= 0:
         raise SaturateError("--max-iterations, --max-nodes and --timeout must be positive")
@@ -53,7 +52,6 @@ def run(args: argparse.Namespace) -> int:
     paths = ([] if args.no_std else [RULES_DIR]) + list(args.rules)
     rules = load_rules(paths, level=args.level, names=args.only)
     preserve = [p.strip() for p in args.preserve.split(",") if p.strip()]
-    preserve += sorted(marked_nodes(args.model))
     progress = _progress if args.trace else None
     result, report = optimize(graph, rules, level=args.level, target=args.target,
                               max_iterations=args.max_iterations, max_nodes=args.max_nodes,

@@ -6,7 +6,7 @@ import argparse
 
 from frontend import load_graph
 from saturate.partition import check_output, optimize_for_target, partition, save_model, summary
-from saturate.preserve import marked_nodes, split_names
+from saturate.preserve import split_names
 from saturate.targets import load_target
 
 NAME = "partition"
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output)  # before any work
     target = load_target(args.target)
     graph = load_graph(args.model)
-    ops, nodes = split_names(graph, split(args.preserve) + tuple(sorted(marked_nodes(args.model))))
+    ops, nodes = split_names(graph, split(args.preserve) + tuple(graph.meta.get("preserve", ())))
     if args.no_optimize:
         out = partition(graph, target, keep_constants=args.keep_constants, leave=ops + nodes)
     else:

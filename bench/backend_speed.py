@@ -11,7 +11,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from frontend import load_graph
+from saturate.frontend import load_graph
 from saturate import optimize
 from saturate.backend.bench import benchmark, format_table
 from saturate.backend.build import openblas_core

@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--all-cores", action="store_true", help="do not pin to one core")
     args = parser.parse_args()
 
-    from frontend import examples, save_graph
+    from saturate.frontend import examples, save_graph
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

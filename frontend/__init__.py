@@ -7,9 +7,9 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from saturate.errors import SaturateError
-from saturate.fileio import write_atomic
-from saturate.ir import Graph
+from saturate.core.errors import SaturateError
+from saturate.core.fileio import write_atomic
+from saturate.core.ir import Graph
 
 TEXT_SUFFIXES = (".sat", ".txt")
 
@@ -17,7 +17,7 @@ TEXT_SUFFIXES = (".sat", ".txt")
 def load_graph(spec: str) -> Graph:
     """Load a graph from a .onnx file, a text graph (.sat) or `example:NAME`."""
     if spec.startswith("example:"):
-        from frontend import examples
+        from saturate.frontend import examples
 
         return examples.build(spec[len("example:"):])
     path = Path(spec)
@@ -30,10 +30,10 @@ def load_graph(spec: str) -> Graph:
             source = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise SaturateError(f"{spec}: not a text graph (not UTF-8)") from None
-        from frontend import text
+        from saturate.frontend import text
 
         return text.parse_graph(source, file=str(spec))
-    from frontend import onnx_io
+    from saturate.frontend import onnx_io
 
     data = path.read_bytes()
     model = onnx.ModelProto()
@@ -53,11 +53,11 @@ def save_graph(graph: Graph, path: str) -> None:
     """Write `graph` as ONNX or text (by extension), atomically: temp file, then rename."""
     target = Path(path)
     if target.suffix.lower() in TEXT_SUFFIXES:
-        from frontend import text
+        from saturate.frontend import text
 
         data = text.print_graph(graph).encode("utf-8")
     else:
-        from frontend import onnx_io
+        from saturate.frontend import onnx_io
 
         model = onnx_io.export_model(graph)
         data = model.SerializeToString()

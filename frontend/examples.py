@@ -10,8 +10,8 @@ import onnx
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx import TensorProto, helper, numpy_helper
 
-from saturate.errors import SaturateError
-from saturate.ir import Graph
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Graph
 
 EXAMPLES = ["vgg", "vgg11bn", "resnet18", "resnet50", "mobilenet", "mlp", "chain-N"]
 OPSET = 17
@@ -231,7 +231,7 @@ def build_model(name: str) -> onnx.ModelProto:
 
 def build(name: str) -> Graph:
     """The example model `name` as a Graph (fresh copy on every call)."""
-    from frontend.onnx_io import import_model
+    from saturate.frontend.onnx_io import import_model
 
     return import_model(build_model(name))
 

@@ -1,4 +1,4 @@
-"""Frontend stage: ONNX ModelProto <-> saturate.ir.Graph (import with shape inference, export)."""
+"""Frontend stage: ONNX ModelProto <-> saturate.core.ir.Graph (import with shape inference, export)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import onnx
 import onnx.inliner
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
-from saturate.errors import SaturateError
-from saturate.ir import Graph, Node, OpaqueAttr, ValueInfo
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 
 MIN_OPSET, MAX_OPSET = 13, 21
 _DEFAULT_DOMAINS = ("", "ai.onnx")

@@ -12,9 +12,9 @@ import numpy as np
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from frontend.onnx_io import MAX_OPSET, MIN_OPSET
-from saturate.errors import SaturateError, SourceError
-from saturate.ir import Graph, Node, OpaqueAttr, ValueInfo
+from saturate.frontend.onnx_io import MAX_OPSET, MIN_OPSET
+from saturate.core.errors import SaturateError, SourceError
+from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 
 _PLAIN_VALUE = re.compile(r"[A-Za-z0-9_./\-]+")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -139,7 +139,7 @@ def parse_graph(text: str, file: str = "<string>") -> Graph:
     """Parse the text form back into a Graph; errors point at file:line:col."""
     global _parser
     if _parser is None:
-        _parser = Lark.open_from_package("frontend", "text.lark", parser="lalr", propagate_positions=True, cache=True)
+        _parser = Lark.open_from_package("saturate.frontend", "text.lark", parser="lalr", propagate_positions=True, cache=True)
     try:
         tree = _parser.parse(text)
     except UnexpectedInput as err:
@@ -338,7 +338,7 @@ class _Reader:
             return np.dtype(str(tok))
         except TypeError:
             try:
-                from frontend.onnx_io import elem_type
+                from saturate.frontend.onnx_io import elem_type
                 from onnx import helper
 
                 return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type(str(tok))))

@@ -1,7 +1,7 @@
 """saturate: a declarative graph-folding optimizer for neural networks, by equality saturation."""
 
-from saturate.errors import SaturateError, SourceError
-from saturate.ir import Graph, Node, ValueInfo
+from saturate.core.errors import SaturateError, SourceError
+from saturate.core.ir import Graph, Node, ValueInfo
 
 
 def optimize(graph: Graph, **options):

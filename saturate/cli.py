@@ -9,7 +9,7 @@ import pkgutil
 import sys
 
 import saturate.commands
-from saturate.errors import SaturateError
+from saturate.core.errors import SaturateError
 
 
 def command_names() -> list[str]:

@@ -10,11 +10,11 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from saturate.errors import SaturateError
-from saturate.ir import Graph, Node, unique_name
-from saturate.ops import spec
-from saturate.rule_ast import IntList, Num, OpTerm, Str, Term, Var
-from saturate.targets import Composite, Target, load_target
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Graph, Node, unique_name
+from saturate.core.ops import spec
+from saturate.lang.ast import IntList, Num, OpTerm, Str, Term, Var
+from saturate.targets.target import Composite, Target, load_target
 
 FUNCTIONS_KEY = "functions"  # graph.meta[FUNCTIONS_KEY]: {(domain, name): body Graph}
 _COMMUTATIVE = {"Add", "Mul", "Max", "Min", "Sum"}
@@ -261,7 +261,7 @@ def inline(graph: Graph) -> Graph:
 
 def to_model(graph: Graph) -> onnx.ModelProto:
     """The ONNX model of a (possibly partitioned) graph, with its local functions."""
-    from frontend.onnx_io import export_model
+    from saturate.frontend.onnx_io import export_model
 
     model = export_model(graph)
     for (domain, name), body in graph.meta.get(FUNCTIONS_KEY, {}).items():
@@ -287,7 +287,7 @@ def check_output(path: str) -> None:
 
 def save_model(graph: Graph, path: str) -> None:
     """Write a partitioned graph as .onnx atomically (temp file, then rename)."""
-    from saturate.fileio import write_atomic
+    from saturate.core.fileio import write_atomic
 
     check_output(path)
     model = to_model(graph)

@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from saturate.cost import graph_cost, resolve_target
-from saturate.egraph import egglog_bindings
-from saturate.encode import chunks, encode_graph
-from saturate.encode_rules import compile_rules, rule_ops
-from saturate.errors import SaturateError
-from saturate.extract import extract
-from saturate.fold import decode
-from saturate.ir import Graph
-from saturate.rule_ast import Rule
-from saturate.run import RunReport, saturate
+from saturate.engine.cost import graph_cost, resolve_target
+from saturate.engine.egraph import egglog_bindings
+from saturate.engine.encode import chunks, encode_graph
+from saturate.engine.compile_rules import compile_rules, rule_ops
+from saturate.core.errors import SaturateError
+from saturate.engine.extract import extract
+from saturate.engine.decode import decode
+from saturate.core.ir import Graph
+from saturate.lang.ast import Rule
+from saturate.engine.saturation import RunReport, saturate
 
 MAX_ITERATIONS = 30
 MAX_NODES = 500_000
@@ -59,21 +59,21 @@ def _finite(x: float) -> float | None:
 
 def _load(rules: Any, level: int) -> list[Rule]:
     if rules is None:
-        from saturate.dsl import load_rules
+        from saturate.lang.parser import load_rules
         return load_rules(None, level=level)
     rules = list(rules)
     if all(isinstance(r, Rule) for r in rules):
         return rules
-    from saturate.dsl import load_rules
+    from saturate.lang.parser import load_rules
     return load_rules([str(p) for p in rules], level=level)
 
 
 def _preserved(graph: Graph, model: Any, preserve: Iterable[str]) -> tuple[Graph, set[str]]:
     """Node names no rewrite may touch: `preserve` lists op names and node names; nodes the
     model itself marks (graph.meta["preserve"], read on import) are added."""
-    from saturate.ops import OPS
-    from saturate.preserve import preserved
-    from saturate.targets import Target
+    from saturate.core.ops import OPS
+    from saturate.targets.preserve import preserved
+    from saturate.targets.target import Target
 
     wanted = set(preserve) | set(graph.meta.get("preserve", ()))
     present = {n.op for n in graph.nodes}

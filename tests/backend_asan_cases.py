@@ -7,10 +7,10 @@ import sys
 import numpy as np
 
 from backend_util import feed_for, make, rel_error
-from frontend import load_graph
+from saturate.frontend import load_graph
 from saturate.backend import compile_graph
-from saturate.interp import run_graph
-from saturate.ir import Node
+from saturate.interp.interpreter import run_graph
+from saturate.core.ir import Node
 
 
 def cases():

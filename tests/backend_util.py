@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from saturate.ir import Graph, Node, ValueInfo
+from saturate.core.ir import Graph, Node, ValueInfo
 
 TOL = 1e-4
 
@@ -36,7 +36,7 @@ def feed_for(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 def check_three_way(graph: Graph, seed: int = 0, ort: bool = True, threads: int = 1) -> dict:
     """Compile the graph and compare with the reference interpreter and ONNX Runtime."""
     from saturate.backend import compile_graph
-    from saturate.interp import run_graph
+    from saturate.interp.interpreter import run_graph
 
     feed = feed_for(graph, seed)
     model = compile_graph(graph, threads=threads)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from saturate.interp import eval_node, run_graph
-from saturate.ir import Graph, Node, ValueInfo
+from saturate.interp.interpreter import eval_node, run_graph
+from saturate.core.ir import Graph, Node, ValueInfo
 
 
 class Builder:
@@ -75,7 +75,7 @@ def assert_same(before: Graph, after: Graph, inputs: dict[str, np.ndarray], rtol
 
 def assert_same_ort(before: Graph, after: Graph, inputs: dict[str, np.ndarray], rtol: float = 1e-4) -> None:
     """Both graphs exported to ONNX and run in ONNX Runtime agree, relative error <= rtol."""
-    from frontend.onnx_io import export_model
+    from saturate.frontend.onnx_io import export_model
 
     outs = []
     for g in (before, after):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from backend_util import check_three_way, feed_for, make, rel_error
-from saturate.errors import SaturateError
-from saturate.ir import Node
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Node
 
 pytestmark = pytest.mark.compiler
 rng = np.random.default_rng(1)
@@ -19,7 +19,7 @@ def w(*shape):
 
 @pytest.mark.parametrize("name", ["mlp", "vgg", "resnet18", "mobilenet", "chain-6"])
 def test_examples_match_reference_and_ort(name):
-    from frontend import load_graph
+    from saturate.frontend import load_graph
 
     check_three_way(load_graph(f"example:{name}"))
 
@@ -27,15 +27,15 @@ def test_examples_match_reference_and_ort(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["vgg11bn", "resnet50", "chain-2000"])
 def test_large_examples_match_reference_and_ort(name):
-    from frontend import load_graph
+    from saturate.frontend import load_graph
 
     check_three_way(load_graph(f"example:{name}"))
 
 
 def test_folded_graph_matches_original():
-    from frontend import load_graph
+    from saturate.frontend import load_graph
     from saturate import compile, optimize
-    from saturate.interp import run_graph
+    from saturate.interp.interpreter import run_graph
 
     g = load_graph("example:mobilenet")
     folded, _ = optimize(g.copy())
@@ -145,7 +145,7 @@ def test_elementwise_and_batchnorm_chain():
 
 
 def test_two_threads_agree_with_one():
-    from frontend import load_graph
+    from saturate.frontend import load_graph
 
     check_three_way(load_graph("example:resnet18"), ort=False, threads=2)
 
@@ -164,7 +164,7 @@ def test_fusion_follows_single_consumers():
 
 
 def test_memory_plan_reuses_buffers_without_overlap():
-    from frontend import load_graph
+    from saturate.frontend import load_graph
     from saturate.backend.emit import emit
 
     e = emit(load_graph("example:resnet18"))

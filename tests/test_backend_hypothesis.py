@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backend_util import check_three_way, make
-from saturate.ir import Node
+from saturate.core.ir import Node
 
 pytestmark = pytest.mark.compiler
 SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
-from saturate.builtins import CONST_FUNCS, GUARDS, QUERIES, broadcast_shape
+from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES, broadcast_shape
 
 F = CONST_FUNCS
 G = GUARDS

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from saturate.check import check_rule, check_rules, compare, format_result, run_example
+from saturate.check.checker import check_rule, check_rules, compare, format_result, run_example
 from saturate.cli import main
-from saturate.dsl import RULES_DIR, load_rulesets
-from saturate.rule_ast import Guard, Loc, OpTerm, Rule, Var
+from saturate.lang.parser import RULES_DIR, load_rulesets
+from saturate.lang.ast import Guard, Loc, OpTerm, Rule, Var
 
 BAD_DIR = Path(__file__).parent / "bad_rules"
 BAD_FILES = sorted(BAD_DIR.glob("*.rules"))
@@ -115,7 +115,7 @@ def test_compare_ignores_where_the_left_side_is_undefined():
 
 
 def test_run_example_reports_the_right_side_failing():
-    from saturate.testing import Example
+    from saturate.check.examples import Example
     x, w = Var("x"), Var("w", const=True)
     rule = Rule("bad-matmul", OpTerm("MatMul", (x, w)), OpTerm("MatMul", (w, x)), (), "t", 1, Loc("<t>", 1))
     ex = Example({"x": np.ones((2, 3), np.float32), "w": np.ones((3, 4), np.float32)}, frozenset({"w"}), {}, {})

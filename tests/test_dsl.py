@@ -6,10 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from saturate import dsl
+from saturate.lang import parser as dsl
 from saturate.cli import main
-from saturate.errors import SaturateError, SourceError
-from saturate.rule_ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Var
+from saturate.core.errors import SaturateError, SourceError
+from saturate.lang.ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Var
 
 HEAD = "ruleset t level 2\n"
 

@@ -7,12 +7,12 @@ import pytest
 from egglog import bindings
 from engine_util import Builder
 
-from saturate.egraph import read_egraph
-from saturate.encode import chunks, encode_graph
-from saturate.encode_rules import compile_rules, rule_ops
-from saturate.errors import SaturateError
-from saturate.ir import Node, ValueInfo
-from saturate.rule_ast import Call, Guard, Loc, Num, OpTerm, Rule, Var
+from saturate.engine.egraph import read_egraph
+from saturate.engine.encode import chunks, encode_graph
+from saturate.engine.compile_rules import compile_rules, rule_ops
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Node, ValueInfo
+from saturate.lang.ast import Call, Guard, Loc, Num, OpTerm, Rule, Var
 
 LOC = Loc("test.rules", 3)
 X, C, D = Var("x"), Var("c", const=True), Var("d", const=True)

@@ -4,11 +4,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from frontend import load_graph
-from frontend.examples import EXAMPLES, build, build_model, random_inputs
-from saturate.errors import SaturateError
-from saturate.interp import run_graph
-from saturate.ir import graph_differences
+from saturate.frontend import load_graph
+from saturate.frontend.examples import EXAMPLES, build, build_model, random_inputs
+from saturate.core.errors import SaturateError
+from saturate.interp.interpreter import run_graph
+from saturate.core.ir import graph_differences
 
 SMALL = ["vgg", "mobilenet", "mlp", "chain-3"]
 BIG = ["resnet18", "resnet50", "vgg11bn"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from engine_util import Builder, assert_same, ops
 
-from saturate.cost import DefaultCost, graph_cost
-from saturate.dsl import load_rules
-from saturate.errors import SaturateError
-from saturate.extract import extract
+from saturate.engine.cost import DefaultCost, graph_cost
+from saturate.lang.parser import load_rules
+from saturate.core.errors import SaturateError
+from saturate.engine.extract import extract
 from saturate.pipeline import optimize
 
 RULES = load_rules(None, level=3)
@@ -43,9 +43,9 @@ def test_local_search_undoes_the_duplicated_conv_tree_cost_picks():
 def test_dag_cost_is_never_above_the_tree_greedy_answer():
     from egglog import bindings
 
-    from saturate.encode import chunks, encode_graph
-    from saturate.encode_rules import compile_rules
-    from saturate.run import saturate
+    from saturate.engine.encode import chunks, encode_graph
+    from saturate.engine.compile_rules import compile_rules
+    from saturate.engine.saturation import saturate
 
     b, g = _shared_conv()
     enc = encode_graph(g)
@@ -102,7 +102,7 @@ def test_a_conv_feeding_two_batchnorms_stays_one_conv():
 
 
 def test_the_integer_program_declines_what_is_too_large():
-    from saturate import extract_ilp
+    from saturate.engine import extract_ilp
     b, g = _shared_conv()
     limit = extract_ilp.MAX_VARIABLES
     try:

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from frontend.onnx_io import import_model
-from saturate.errors import SaturateError
-from saturate.interp import eval_node, run_graph
-from saturate.interp_ops import ARITY, OP_IMPLS, register
-from saturate.ir import Graph, Node, ValueInfo
+from saturate.frontend.onnx_io import import_model
+from saturate.core.errors import SaturateError
+from saturate.interp.interpreter import eval_node, run_graph
+from saturate.interp.kernels import ARITY, OP_IMPLS, register
+from saturate.core.ir import Graph, Node, ValueInfo
 
 CASES = settings(max_examples=25, deadline=None)
 OPSET = 19  # AveragePool dilations need 19; every other op here has opset-13+ semantics

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from saturate.errors import SaturateError
-from saturate.ir import Graph, Node, ValueInfo, graph_differences, structurally_equal
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Graph, Node, ValueInfo, graph_differences, structurally_equal
 
 
 def diamond() -> Graph:

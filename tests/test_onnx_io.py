@@ -6,11 +6,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from frontend import load_graph, save_graph
-from frontend.examples import build, build_model, random_inputs
-from frontend.onnx_io import export_model, import_model
-from saturate.errors import SaturateError
-from saturate.ir import OpaqueAttr
+from saturate.frontend import load_graph, save_graph
+from saturate.frontend.examples import build, build_model, random_inputs
+from saturate.frontend.onnx_io import export_model, import_model
+from saturate.core.errors import SaturateError
+from saturate.core.ir import OpaqueAttr
 
 
 def run_ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:

@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import saturate
-from frontend import examples, load_graph
+from saturate.frontend import examples, load_graph
 from saturate.cli import main
-from saturate.dsl import load_rules
-from saturate.ir import structurally_equal
+from saturate.lang.parser import load_rules
+from saturate.core.ir import structurally_equal
 from saturate.pipeline import optimize
 
 RULES = load_rules(None, level=3)
@@ -252,7 +252,7 @@ def test_cli_takes_extra_rules_level_and_preserve(tmp_path, capsys):
     rules.write_text("ruleset mine level 1\nrule relu-relu Relu(Relu(x)) => Relu(x)\n")
     b = Builder(shape=(2, 3))
     g = b.build(b.op("Relu", b.op("Relu", b.op("Sub", "x", b.rand(3)))))
-    from frontend import save_graph
+    from saturate.frontend import save_graph
     model, out = tmp_path / "m.sat", tmp_path / "o.sat"
     save_graph(g, str(model))
     assert main(["optimize", str(model), "-o", str(out), "--rules", str(rules), "--level", "1",
@@ -275,7 +275,7 @@ def test_examples_match_onnx_runtime_after_optimizing(name):
 
 
 def test_a_rule_on_an_op_the_table_does_not_know_still_applies():
-    from saturate.rule_ast import Loc, OpTerm, Rule, Var
+    from saturate.lang.ast import Loc, OpTerm, Rule, Var
     x = Var("x")
     rule = Rule("log-exp", OpTerm("Log", (OpTerm("Exp", (x,)),)), x, (), "mine", 1, Loc("mine.rules", 1))
     b = Builder(shape=(2, 3))
@@ -286,7 +286,7 @@ def test_a_rule_on_an_op_the_table_does_not_know_still_applies():
 
 
 def test_a_rule_that_feeds_on_its_own_output_stops_at_a_limit():
-    from saturate.dsl import parse_rules
+    from saturate.lang.parser import parse_rules
     text = "ruleset grow level 1\nrule split Mul(x, c:const) => Mul(Mul(x, sqrt(c)), sqrt(c)) if positive(c)\n"
     rules = [r for rs in parse_rules(text, "grow.rules") for r in rs.rules]
     b = Builder(shape=(2, 3))
@@ -339,7 +339,7 @@ def _rel_err(a, b):
 
 
 def test_static_shape_computation_folds_into_a_constant_reshape():
-    from frontend.onnx_io import export_model, import_model
+    from saturate.frontend.onnx_io import export_model, import_model
 
     model = _reshape_by_batch_model(2)
     out, report = optimize(import_model(model), RULES)
@@ -352,7 +352,7 @@ def test_static_shape_computation_folds_into_a_constant_reshape():
 
 
 def test_symbolic_batch_keeps_the_shape_computation_that_depends_on_it():
-    from frontend.onnx_io import export_model, import_model
+    from saturate.frontend.onnx_io import export_model, import_model
 
     model = _reshape_by_batch_model("N")
     out, report = optimize(import_model(model), RULES)
@@ -365,7 +365,7 @@ def test_symbolic_batch_keeps_the_shape_computation_that_depends_on_it():
 
 
 def test_static_dim_of_a_symbolic_batch_shape_folds():
-    from frontend.onnx_io import export_model, import_model
+    from saturate.frontend.onnx_io import export_model, import_model
 
     model = _reshape_by_batch_model("N", dim=2)
     out, report = optimize(import_model(model), RULES)

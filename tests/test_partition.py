@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from frontend.onnx_io import import_model
+from saturate.frontend.onnx_io import import_model
 from saturate.cli import main
-from saturate.errors import SaturateError
-from saturate.interp import run_graph
+from saturate.core.errors import SaturateError
+from saturate.interp.interpreter import run_graph
 from saturate.partition import FUNCTIONS_KEY, inline, partition, to_model
-from saturate.preserve import mark_nodes, marked_nodes, preserved
-from saturate.targets import load_target, parse_target
+from saturate.targets.preserve import mark_nodes, marked_nodes, preserved
+from saturate.targets.target import load_target, parse_target
 
 
 # ---- models --------------------------------------------------------------------------------
@@ -356,7 +356,7 @@ def test_body_names_never_shadow_parameters():
 
 @pytest.mark.slow
 def test_deep_chain_shares_one_function():
-    from frontend.examples import build, random_inputs
+    from saturate.frontend.examples import build, random_inputs
 
     g = build("chain-2000")
     p = partition(g, "accel")

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import numpy as np
 
-from frontend.examples import build, random_inputs
-from saturate.check import check_rules
-from saturate.dsl import RULES_DIR, load_rules, parse_rules
-from saturate.interp import run_graph
+from saturate.frontend.examples import build, random_inputs
+from saturate.check.checker import check_rules
+from saturate.lang.parser import RULES_DIR, load_rules, parse_rules
+from saturate.interp.interpreter import run_graph
 from saturate.pipeline import optimize
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -6,10 +6,10 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
-from frontend import examples
-from frontend.onnx_io import import_model
+from saturate.frontend import examples
+from saturate.frontend.onnx_io import import_model
 from saturate.cli import main
-from saturate.interp import run_graph
+from saturate.interp.interpreter import run_graph
 
 
 def rel_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -145,7 +145,7 @@ def test_run_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
 
 
 def test_run_text_graph_gives_the_same_outputs_as_the_example(tmp_path):
-    from frontend import save_graph
+    from saturate.frontend import save_graph
 
     save_graph(examples.build("vgg"), str(tmp_path / "vgg.sat"))
     assert main(["run", str(tmp_path / "vgg.sat"), "-o", str(tmp_path / "a.npy")]) == 0

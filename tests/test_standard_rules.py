@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from engine_util import Builder, assert_same, ops
 
-from saturate.dsl import load_rules
+from saturate.lang.parser import load_rules
 from saturate.pipeline import optimize
 
 RULES = {r.name: r for r in load_rules(None, level=3)}

@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from saturate.cli import main
-from saturate.errors import SaturateError, SourceError
-from saturate.ir import ValueInfo
-from saturate.rule_ast import IntList, Num, OpTerm, Var
-from saturate.targets import TARGETS_DIR, flops, list_targets, load_target, parse_target, target_files
+from saturate.core.errors import SaturateError, SourceError
+from saturate.core.ir import ValueInfo
+from saturate.lang.ast import IntList, Num, OpTerm, Var
+from saturate.targets.target import TARGETS_DIR, flops, list_targets, load_target, parse_target, target_files
 
 X = ValueInfo("float32", (1, 3, 8, 8))
 W = ValueInfo("float32", (4, 3, 3, 3))

@@ -6,12 +6,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from frontend import load_graph, save_graph
-from frontend.examples import build
-from frontend.text import parse_graph, print_graph
+from saturate.frontend import load_graph, save_graph
+from saturate.frontend.examples import build
+from saturate.frontend.text import parse_graph, print_graph
 from saturate.cli import main
-from saturate.errors import SaturateError, SourceError
-from saturate.ir import Graph, Node, OpaqueAttr, ValueInfo, graph_differences
+from saturate.core.errors import SaturateError, SourceError
+from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo, graph_differences
 
 NAMES = st.one_of(st.from_regex(r"[a-z][a-z0-9_]{0,5}", fullmatch=True),
                   st.sampled_from(["input.1", "onnx::Conv_7", "/layer1/0/Relu_output_0", "a b", "_", "%", "q\"x"]),

@@ -9,8 +9,8 @@ import numpy as np
 
 from saturate.backend.emit import static_input_shapes
 from saturate.backend.shapes import infer_shapes
-from saturate.errors import SaturateError
-from saturate.ir import Graph, ValueInfo
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Graph, ValueInfo
 
 PEAK_GFLOPS = 263.0  # one core's AVX-512 FMA peak on the reference machine
 
@@ -28,7 +28,7 @@ class Row:
 
 def graph_flops(graph: Graph, input_shapes: dict | None = None) -> int:
     """Arithmetic operations of one inference, from static shapes (targets.flops per node)."""
-    from saturate.targets import flops
+    from saturate.targets.target import flops
 
     shapes = infer_shapes(graph, static_input_shapes(graph, input_shapes))
     total = 0
@@ -63,7 +63,7 @@ def ort_session(graph: Graph, threads: int, onnx_bytes: bytes | None = None):
     import onnxruntime as ort
 
     if onnx_bytes is None:
-        from frontend.onnx_io import export_model
+        from saturate.frontend.onnx_io import export_model
 
         onnx_bytes = export_model(graph).SerializeToString()
     opts = ort.SessionOptions()
@@ -86,7 +86,7 @@ def benchmark(graph: Graph, threads: int = 1, runs: int = 10, onnx_bytes: bytes 
               reference: bool = True, seed: int = 0) -> list[Row]:
     """Time every runtime on the same random input, interleaving their runs so drift hits all alike."""
     from saturate.backend.runtime import compile_graph
-    from saturate.interp import run_graph
+    from saturate.interp.interpreter import run_graph
 
     if runs < 1:
         raise SaturateError(f"--runs must be at least 1, got {runs}")

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from saturate.errors import SaturateError
+from saturate.core.errors import SaturateError
 
 KERNELS_DIR = Path(__file__).resolve().parent
 SANITIZE_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]

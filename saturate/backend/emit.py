@@ -12,8 +12,8 @@ from saturate.backend.build import cpu_has_avx512
 from saturate.backend.plan import TILE_BYTES, Plan, Step, plan, runs_direct, tile_rows
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides, vec_expr
 from saturate.backend.shapes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, infer_shapes, pool_window, unsupported
-from saturate.errors import SaturateError
-from saturate.ir import Graph
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Graph
 
 
 @dataclass

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from saturate.backend.shapes import ALIASES, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window
-from saturate.ir import Graph, Node
+from saturate.core.ir import Graph, Node
 
 ALIGN = 64
 # Bytes of one im2col tile (the C kernel reads this from the emitted program).

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from saturate.backend.shapes import unsupported
-from saturate.ir import Node
+from saturate.core.ir import Node
 
 
 def c_float(x: float) -> str:

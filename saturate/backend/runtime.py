@@ -9,8 +9,8 @@ import numpy as np
 
 from saturate.backend.build import build
 from saturate.backend.emit import Emitted, emit
-from saturate.errors import SaturateError
-from saturate.ir import Graph
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Graph
 
 _FLOAT_PP = ctypes.POINTER(ctypes.c_void_p)
 

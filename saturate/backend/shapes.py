@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from saturate.errors import SaturateError
-from saturate.ir import Graph, Node
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Graph, Node
 
 ELEMENTWISE_UNARY = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal"}
 ELEMENTWISE_BINARY = {"Add", "Sub", "Mul", "Div"}

@@ -19,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from frontend import load_graph
+    from saturate.frontend import load_graph
     from saturate.backend.bench import benchmark, format_table
 
     graph = load_graph(args.model)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from saturate.errors import SaturateError
+from saturate.core.errors import SaturateError
 
 NAME = "check"
 HELP = "property-test the soundness of every rule: PASS, or a shrunk counterexample"
@@ -18,8 +18,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from saturate.check import check_rules, format_result
-    from saturate.dsl import load_rulesets
+    from saturate.check.checker import check_rules, format_result
+    from saturate.lang.parser import load_rulesets
 
     if args.examples < 1:
         raise SaturateError("--examples must be at least 1")

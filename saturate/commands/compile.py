@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from saturate.errors import SaturateError
+from saturate.core.errors import SaturateError
 
 NAME = "compile"
 HELP = "emit C for a model and compile it to a shared library (model.c, weights.bin, model.so)"
@@ -32,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from frontend import load_graph
+    from saturate.frontend import load_graph
     from saturate.backend import compile_graph
 
     graph = load_graph(args.model)

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from saturate.errors import SaturateError
+from saturate.core.errors import SaturateError
 from saturate.pipeline import MAX_ITERATIONS, MAX_NODES, TIMEOUT
 
 NAME = "optimize"
@@ -39,8 +39,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from frontend import load_graph, save_graph
-    from saturate.dsl import RULES_DIR, load_rules
+    from saturate.frontend import load_graph, save_graph
+    from saturate.lang.parser import RULES_DIR, load_rules
     from saturate.pipeline import optimize
 
     if args.max_iterations < 0 or args.max_nodes < 1 or args.timeout <= 0:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from frontend import load_graph
+from saturate.frontend import load_graph
 from saturate.partition import check_output, optimize_for_target, partition, save_model, summary
-from saturate.preserve import split_names
-from saturate.targets import load_target
+from saturate.targets.preserve import split_names
+from saturate.targets.target import load_target
 
 NAME = "partition"
 HELP = ("optimize MODEL for a target, then turn each match of the target's composite patterns "
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_optimize:
         out = partition(graph, target, keep_constants=args.keep_constants, leave=ops + nodes)
     else:
-        from saturate.dsl import RULES_DIR, load_rules
+        from saturate.lang.parser import RULES_DIR, load_rules
 
         rules = load_rules(([] if args.no_std else [RULES_DIR]) + list(args.rules), level=args.level)
         out, _ = optimize_for_target(graph, target, ops, nodes, partition_graph=True,

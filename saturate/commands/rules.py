@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from saturate.errors import SaturateError
+from saturate.core.errors import SaturateError
 
 NAME = "rules"
 HELP = "list the rules of the pipeline (standard library and --rules files): name, level, set, file:line"
@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from saturate.dsl import LEVELS, RULES_DIR, format_rule, load_rules
+    from saturate.lang.parser import LEVELS, RULES_DIR, format_rule, load_rules
 
     if args.no_std and not args.rules:
         raise SaturateError("--no-std needs --rules FILE_OR_DIR")

@@ -10,16 +10,16 @@ from typing import Callable
 
 import numpy as np
 
-from saturate.errors import SaturateError
-from saturate.fileio import write_atomic
-from saturate.ir import Graph
+from saturate.core.errors import SaturateError
+from saturate.core.fileio import write_atomic
+from saturate.core.ir import Graph
 
 NAME = "run"
 HELP = "run a model (.onnx, .sat or example:NAME) on an input and save or print its outputs"
 
 
 def _numpy_backend(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from saturate.interp import run_graph
+    from saturate.interp.interpreter import run_graph
 
     return run_graph(graph, inputs)
 
@@ -55,7 +55,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from frontend import load_graph
+    from saturate.frontend import load_graph
 
     graph = load_graph(args.model)
     if args.output:

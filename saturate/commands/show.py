@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from saturate.ir import op_count_table
+from saturate.core.ir import op_count_table
 
 NAME = "show"
 HELP = "print a model (.onnx, .sat or example:NAME) in the readable text form, then its op counts"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from frontend.examples import EXAMPLES
+    from saturate.frontend.examples import EXAMPLES
 
     parser.add_argument("model", help=f"a .onnx file, a .sat text graph, or example:NAME ({', '.join(EXAMPLES)})")
     parser.add_argument("--full", action="store_true", help="print every constant in full (text that parses back)")
@@ -21,8 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from frontend import load_graph
-    from frontend.text import print_graph
+    from saturate.frontend import load_graph
+    from saturate.frontend.text import print_graph
 
     graph = load_graph(args.model)
     limit = None if args.full else max(args.elements, 0)

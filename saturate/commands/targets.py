@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from saturate.targets import list_targets, load_target
+from saturate.targets.target import list_targets, load_target
 
 NAME = "targets"
 HELP = "list the available targets (rules/targets/*.target): name, then a short description"

@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Unsatisfiable
 
-from saturate.errors import SaturateError
-from saturate.interp import run_graph
-from saturate.ir import Graph, Node
-from saturate.rule_ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
-from saturate.testing import Example, evaluate_call, is_pattern, literal, rule_examples
+from saturate.core.errors import SaturateError
+from saturate.interp.interpreter import run_graph
+from saturate.core.ir import Graph, Node
+from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
+from saturate.check.examples import Example, evaluate_call, is_pattern, literal, rule_examples
 
 # Both sides run in float64 on float32-representable inputs, so rounding noise neither hides nor
 # fakes a difference; a sound rule then agrees to far better than float32 precision, and the
@@ -78,7 +78,7 @@ def example_pattern(ex: Example) -> list[tuple[str, tuple[int, ...]]]:
 
 def build_graph(term: Term, ex: Example, drawn: bool) -> Graph:
     """The graph of one side of a rule: ops become nodes, const captures constants, other
-    variables inputs, constant expressions constants evaluated with saturate.builtins.
+    variables inputs, constant expressions constants evaluated with saturate.lang.builtins.
     `drawn` says the side is the pattern the example was drawn for (its attributes are known)."""
     g = Graph(name="side")
     counter = [0]
@@ -274,7 +274,7 @@ def check_rules(rules: Iterable[Rule], examples: int = 200, seed: int | None = N
 
 def show_term(t: Term) -> str:
     """A term in the rule language's own syntax."""
-    from saturate.dsl import format_term
+    from saturate.lang.parser import format_term
     return format_term(t)
 
 

@@ -6,13 +6,13 @@ from typing import Any
 
 import numpy as np
 
-from saturate.builtins import CONST_FUNCS, GUARDS, QUERIES
-from saturate.egraph import EGraphView, ENode
-from saturate.encode import Encoding, egg_str, k_ctor, op_ctor, opaque_ctor
-from saturate.encode_rules import CompiledRule
-from saturate.facts import FAILED, Facts, evaluate_fn
-from saturate.ops import spec
-from saturate.rule_ast import AttrVar, Call, IntList, Num, OpTerm, Str, Term, Var
+from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES
+from saturate.engine.egraph import EGraphView, ENode
+from saturate.engine.encode import Encoding, egg_str, k_ctor, op_ctor, opaque_ctor
+from saturate.engine.compile_rules import CompiledRule
+from saturate.engine.facts import FAILED, Facts, evaluate_fn
+from saturate.core.ops import spec
+from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Str, Term, Var
 
 
 class _Undecided(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol, Sequence
 
-from saturate.ir import Graph, ValueInfo
+from saturate.core.ir import Graph, ValueInfo
 
 
 class CostModel(Protocol):
@@ -24,7 +24,7 @@ class DefaultCost:
     def node_cost(self, op: str, attrs: dict[str, Any], input_infos: Sequence[ValueInfo],
                   output_info: ValueInfo) -> float:
         """FLOPs of the node plus the bytes it reads and writes."""
-        from saturate.targets import flops, nbytes
+        from saturate.targets.target import flops, nbytes
         moved = sum(nbytes(i) for i in input_infos if i is not None) + nbytes(output_info)
         return float(flops(op, attrs, input_infos, output_info) + moved)
 
@@ -41,7 +41,7 @@ def resolve_target(target: Any) -> Any:
         target = "cpu"
     if hasattr(target, "node_cost"):
         return target
-    from saturate.targets import load_target
+    from saturate.targets.target import load_target
     return load_target(target)
 
 

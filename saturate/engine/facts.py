@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from saturate.builtins import CONST_FUNCS, broadcast_shape
-from saturate.egraph import EGraphView, ENode
-from saturate.encode import Encoding
-from saturate.encode import canonical_attrs as _canon
-from saturate.ir import ValueInfo
-from saturate.ops import spec
+from saturate.lang.builtins import CONST_FUNCS, broadcast_shape
+from saturate.engine.egraph import EGraphView, ENode
+from saturate.engine.encode import Encoding
+from saturate.engine.encode import canonical_attrs as _canon
+from saturate.core.ir import ValueInfo
+from saturate.core.ops import spec
 
 FAILED = object()  # a constant expression numpy could not evaluate
 

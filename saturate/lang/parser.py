@@ -10,13 +10,13 @@ from typing import Any, Iterable
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
-from saturate import dsl_check
-from saturate.builtins import INFIX
-from saturate.errors import SaturateError, SourceError
-from saturate.rule_ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, RuleSet,
+from saturate.lang import checks
+from saturate.lang.builtins import INFIX
+from saturate.core.errors import SaturateError, SourceError
+from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, RuleSet,
                                Str, Term, Var)
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 MAX_LEVEL = 3
 LEVELS = {0: "canonicalize", 1: "constant folding", 2: "batch-norm and add/mul folding",
           3: "scale-axis propagation"}
@@ -27,7 +27,7 @@ _PARSER: Lark | None = None
 def _parser() -> Lark:
     global _PARSER
     if _PARSER is None:
-        _PARSER = Lark.open_from_package("saturate", "rules.lark", ("",), parser="lalr", cache=True,
+        _PARSER = Lark.open_from_package("saturate.lang", "rules.lark", ("",), parser="lalr", cache=True,
                                          propagate_positions=True, maybe_placeholders=True)
     return _PARSER
 
@@ -263,7 +263,7 @@ class _Loader:
 
     def rulesets(self) -> list[RuleSet]:
         """Group rules under their headers, then check every rule against the whole load."""
-        ops = dsl_check.declared_ops([s for _, ss in self.stmts for s in ss if isinstance(s, OpDecl)],
+        ops = checks.declared_ops([s for _, ss in self.stmts for s in ss if isinstance(s, OpDecl)],
                                      self.fail)
         out: list[RuleSet] = []
         names: dict[str, Loc] = {}
@@ -283,7 +283,7 @@ class _Loader:
                     if st.name in names:
                         raise self.fail(st.loc, f"duplicate rule name '{st.name}' (first at {names[st.name]})")
                     names[st.name] = st.loc
-                    checked = dsl_check.check_rule(st, ops, self.fail)
+                    checked = checks.check_rule(st, ops, self.fail)
                     rules.append(Rule(checked.name, checked.lhs, checked.rhs, checked.guards,
                                       header.name, header.level, checked.loc, checked.bidirectional))
         return out
@@ -347,5 +347,5 @@ def load_rules(paths: Iterable[str | os.PathLike] | None = None, level: int = MA
     return picked
 
 
-format_term = dsl_check.format_term
-format_rule = dsl_check.format_rule
+format_term = checks.format_term
+format_rule = checks.format_rule

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from saturate.errors import SaturateError
+from saturate.core.errors import SaturateError
 
 # A dimension is a concrete int, a symbolic name ("N"), or None when unknown.
 Dim = int | str | None

@@ -75,7 +75,7 @@ class OpTerm:
 class Call:
     """A constant expression (right-hand side) or an int-valued query (guards):
     `add sub mul div neg sqrt rsqrt reciprocal per_axis reshape unsqueeze expand transpose vec`
-    and queries `rank(v) dim(v, k) numel(v)`; see `saturate.builtins` for the full table."""
+    and queries `rank(v) dim(v, k) numel(v)`; see `saturate.lang.builtins` for the full table."""
 
     fn: str
     args: tuple["Term", ...]

@@ -3,7 +3,7 @@
 A rule with no guard, no attribute test and right-hand attributes known at compile time is one
 egglog rule. Any other rule becomes two: a match rule that records candidate bindings in a
 `Cand_i` relation, and an apply rule that fires on the `Ok_i` rows the saturation loop inserts
-after checking the guards on concrete constant values and shapes (saturate.run).
+after checking the guards on concrete constant values and shapes (saturate.engine.saturation).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from saturate.builtins import GUARDS, QUERIES
-from saturate.encode import Encoding, k_ctor, op_ctor
-from saturate.errors import SaturateError
-from saturate.rule_ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
+from saturate.lang.builtins import GUARDS, QUERIES
+from saturate.engine.encode import Encoding, k_ctor, op_ctor
+from saturate.core.errors import SaturateError
+from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
 
 QUERY_FNS = tuple(QUERIES)
 

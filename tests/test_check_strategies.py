@@ -1,4 +1,4 @@
-"""Tests for the public hypothesis strategies in saturate.testing."""
+"""Tests for the public hypothesis strategies and rule examples of saturate.check."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saturate import builtins, testing
-from saturate.check import build_graph
-from saturate.interp import run_graph
-from saturate.ir import Graph, Node
-from saturate.rule_ast import Call, Guard, Loc, Num, OpTerm, Rule, Var
+from saturate.check import examples, strategies
+from saturate.lang import builtins
+from saturate.check.checker import build_graph
+from saturate.interp.interpreter import run_graph
+from saturate.core.ir import Graph, Node
+from saturate.lang.ast import Call, Guard, Loc, Num, OpTerm, Rule, Var
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -18,8 +19,8 @@ FAST = settings(max_examples=60, deadline=None)
 @FAST
 @given(st.data())
 def test_broadcastable_shapes_broadcast_into_the_target(data):
-    target = data.draw(testing.shapes(min_rank=0, max_rank=4))
-    shape = data.draw(testing.broadcastable_shapes(target))
+    target = data.draw(strategies.shapes(min_rank=0, max_rank=4))
+    shape = data.draw(strategies.broadcastable_shapes(target))
     assert len(shape) <= len(target)
     assert np.broadcast_shapes(shape, target) == target
 
@@ -27,9 +28,9 @@ def test_broadcastable_shapes_broadcast_into_the_target(data):
 @FAST
 @given(st.data())
 def test_per_axis_constants_satisfy_the_guard(data):
-    target = data.draw(testing.shapes(min_rank=1, max_rank=4))
+    target = data.draw(strategies.shapes(min_rank=1, max_rank=4))
     axis = data.draw(st.integers(0, len(target) - 1))
-    c = data.draw(testing.per_axis_constants(target, axis))
+    c = data.draw(strategies.per_axis_constants(target, axis))
     assert builtins.varies_only_along(c.shape, axis, len(target))
     assert np.broadcast_shapes(c.shape, target) == target
 
@@ -37,8 +38,8 @@ def test_per_axis_constants_satisfy_the_guard(data):
 @FAST
 @given(st.data())
 def test_constants_respect_their_sign_class(data):
-    sign = data.draw(st.sampled_from(testing.SIGNS))
-    c = data.draw(testing.constants(data.draw(testing.shapes(max_rank=3)), sign))
+    sign = data.draw(st.sampled_from(strategies.SIGNS))
+    c = data.draw(strategies.constants(data.draw(strategies.shapes(max_rank=3)), sign))
     assert c.dtype == np.float32 and np.isfinite(c).all()
     check = {"any": lambda a: True, "positive": lambda a: a > 0, "nonnegative": lambda a: a >= 0,
              "nonzero": lambda a: a != 0, "negative": lambda a: a < 0}[sign]
@@ -49,7 +50,7 @@ def test_constants_cover_zero_negative_tiny_and_huge():
     seen = []
 
     @settings(max_examples=200, deadline=None, database=None)
-    @given(testing.constants((3,)))
+    @given(strategies.constants((3,)))
     def collect(c):
         seen.extend(c.tolist())
 
@@ -60,7 +61,7 @@ def test_constants_cover_zero_negative_tiny_and_huge():
 
 
 @FAST
-@given(testing.conv_cases())
+@given(strategies.conv_cases())
 def test_conv_cases_are_consistent_with_the_interpreter(case):
     g = Graph(nodes=[Node("Conv", ["x", "w"], ["y"], case.attrs)], inputs=["x"], outputs=["y"],
               constants={"w": np.ones(case.w_shape, np.float32)})
@@ -78,10 +79,10 @@ def _conv_scale_rule() -> Rule:
 
 
 @FAST
-@given(testing.rule_examples(_conv_scale_rule()))
+@given(examples.rule_examples(_conv_scale_rule()))
 def test_rule_examples_satisfy_guards_and_run(example):
     rule = _conv_scale_rule()
-    assert testing.guards_hold(rule, example)
+    assert examples.guards_hold(rule, example)
     s = example.values["s"]
     assert (s > 0).all() and builtins.varies_only_along(s.shape, 1, 4)
     # The drawn left side runs on the reference interpreter with the drawn shapes.
@@ -98,12 +99,12 @@ rule mul-div  Div(Mul(x, a:const), b:const) => Mul(x, a / b)  if nonzero(b), flo
 
 
 def _user_rule():
-    from saturate.dsl import parse_rules
+    from saturate.lang.parser import parse_rules
     return parse_rules(_USER_RULE_TEXT, "mine.rules")[0].rules[0]
 
 
 @settings(max_examples=100, deadline=None)
-@given(testing.rule_examples(_user_rule()))
+@given(examples.rule_examples(_user_rule()))
 def test_user_property_test_as_in_the_readme(example):
-    from saturate.check import run_example
+    from saturate.check.checker import run_example
     assert run_example(_user_rule(), example) is None

@@ -8,8 +8,8 @@ from typing import Callable
 import numpy as np
 import scipy.special
 
-from saturate.interp_window import average_pool, conv, fail, global_average_pool, max_pool
-from saturate.ir import Node
+from saturate.interp.window import average_pool, conv, fail, global_average_pool, max_pool
+from saturate.core.ir import Node
 
 # op name -> function(node, *inputs) returning one array or a tuple (one per output).
 OP_IMPLS: dict[str, Callable] = {}

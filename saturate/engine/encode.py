@@ -8,8 +8,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from saturate.ir import Graph, Node, ValueInfo
-from saturate.ops import spec
+from saturate.core.ir import Graph, Node, ValueInfo
+from saturate.core.ops import spec
 
 # Leaves and the constructors every program has. T is the one sort of tensors. `(Ref k)` is a
 # handle Python uses to name an e-class in later commands (egglog `let` globals each cost a

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from saturate.errors import SaturateError
-from saturate.ir import Node
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Node
 
 
 def fail(node: Node, message: str) -> SaturateError:

@@ -6,9 +6,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from saturate.errors import SaturateError
-from saturate.interp_ops import ARITY, OP_IMPLS
-from saturate.ir import Graph, Node
+from saturate.core.errors import SaturateError
+from saturate.interp.kernels import ARITY, OP_IMPLS
+from saturate.core.ir import Graph, Node
 
 __all__ = ["run_graph", "eval_node", "check_inputs", "supported_ops", "OP_IMPLS"]
 

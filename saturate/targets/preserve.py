@@ -7,10 +7,10 @@ from typing import Iterable
 
 import onnx
 
-from frontend.onnx_io import PRESERVE_KEY, preserve_marks
-from saturate.errors import SaturateError
-from saturate.ir import Graph
-from saturate.targets import Target
+from saturate.frontend.onnx_io import PRESERVE_KEY, preserve_marks
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Graph
+from saturate.targets.target import Target
 
 MARK_KEY = PRESERVE_KEY
 

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from saturate.errors import SaturateError
+from saturate.core.errors import SaturateError
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:

@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from saturate.egraph import ENode
-from saturate.errors import SaturateError
-from saturate.facts import Facts
-from saturate.ir import Graph, Node
+from saturate.engine.egraph import ENode
+from saturate.core.errors import SaturateError
+from saturate.engine.facts import Facts
+from saturate.core.ir import Graph, Node
 
 
 def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts) -> Graph:

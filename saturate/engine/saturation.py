@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from saturate.egraph import read_egraph
-from saturate.encode import Encoding, chunks
-from saturate.encode_rules import CompiledRule
-from saturate.facts import Facts
-from saturate.guards import Checker
+from saturate.engine.egraph import read_egraph
+from saturate.engine.encode import Encoding, chunks
+from saturate.engine.compile_rules import CompiledRule
+from saturate.engine.facts import Facts
+from saturate.engine.guards import Checker
 
 
 STEP = "(run facts 1)\n(run 1)"

@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from saturate.egraph import ENode
-from saturate.extract_ilp import solve
-from saturate.facts import Facts
+from saturate.engine.egraph import ENode
+from saturate.engine.extract_ilp import solve
+from saturate.engine.facts import Facts
 
 INF = None
 
@@ -105,7 +105,7 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
     best, ckey = greedy(facts, costs)
     missing = [r for r in roots if r not in best]
     if missing:
-        from saturate.errors import SaturateError
+        from saturate.core.errors import SaturateError
         raise SaturateError("no extractable graph: an output needs an op the target cannot run")
     search = _DagSearch(best, costs, roots, ckey)
     start = search.total()

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from saturate.egraph import ENode
+from saturate.engine.egraph import ENode
 
 MAX_VARIABLES = 6000
 

@@ -11,11 +11,11 @@ import numpy as np
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 
-from saturate.errors import SaturateError, SourceError
-from saturate.ir import ValueInfo
-from saturate.rule_ast import AttrVar, IntList, Loc, Num, OpTerm, Str, Term, Var
+from saturate.core.errors import SaturateError, SourceError
+from saturate.core.ir import ValueInfo
+from saturate.lang.ast import AttrVar, IntList, Loc, Num, OpTerm, Str, Term, Var
 
-TARGETS_DIR = Path(__file__).resolve().parent.parent / "rules" / "targets"
+TARGETS_DIR = Path(__file__).resolve().parents[2] / "rules" / "targets"
 DEFAULT_TARGET = "cpu"
 
 # A compiled cost formula: shape facts of one node in, cost out.
@@ -131,7 +131,7 @@ def _is_value_ref(name: str) -> bool:
 
 # ---- parsing -------------------------------------------------------------------------------
 
-_PARSER = Lark.open_from_package("saturate", "targets.lark", parser="lalr", propagate_positions=True, cache=True)
+_PARSER = Lark.open_from_package("saturate.targets", "targets.lark", parser="lalr", propagate_positions=True, cache=True)
 
 
 class _Build(Transformer):

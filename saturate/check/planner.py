@@ -16,10 +16,10 @@ import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from saturate.errors import SaturateError
-from saturate.ops import OPS
-from saturate.rule_ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Term, Var
-from saturate.testing import (MAX_RANK, MAX_SIDE, conv_geometry, broadcastable_shapes, conv_cases,
+from saturate.core.errors import SaturateError
+from saturate.core.ops import OPS
+from saturate.lang.ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Term, Var
+from saturate.check.strategies import (MAX_RANK, MAX_SIDE, conv_geometry, broadcastable_shapes, conv_cases,
                               factorizations, numel, per_axis_shapes)
 
 _SIGN_GUARDS = {"positive": "positive", "nonnegative": "nonnegative", "nonzero": "nonzero"}

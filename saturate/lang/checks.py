@@ -5,9 +5,9 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable, NoReturn
 
-from saturate.builtins import CONST_FUNCS, GUARDS, INFIX, QUERIES
-from saturate.ops import OPS
-from saturate.rule_ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, Str, Term,
+from saturate.lang.builtins import CONST_FUNCS, GUARDS, INFIX, QUERIES
+from saturate.core.ops import OPS
+from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, Str, Term,
                                Var)
 
 Fail = Callable[[Loc, str], Exception]
@@ -16,7 +16,7 @@ OpTable = dict[str, tuple[int, int, frozenset[str] | None]]
 
 
 def declared_ops(decls: list[Any], fail: Fail) -> OpTable:
-    """The op table of one load: saturate.ops.OPS plus the file's `op Name/N` declarations."""
+    """The op table of one load: saturate.core.ops.OPS plus the file's `op Name/N` declarations."""
     table: OpTable = {n: (s.min_inputs, s.max_inputs, frozenset(s.attrs)) for n, s in OPS.items()}
     declared: dict[str, Any] = {}
     for d in decls:

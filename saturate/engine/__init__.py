@@ -1,0 +1,1 @@
+"""Engine: encode a graph and rules into egglog, saturate, extract for a target, decode."""

@@ -82,7 +82,7 @@ class _Matcher:
             yield from self._args(args[1:], inputs[1:], b, ns, node)
 
     def _attrs_match(self, term: OpTerm, node: Node) -> bool:
-        s = spec(node.op)
+        s = spec(node.op, self.g.opset)
         for key, want in term.attrs:
             have = node.attrs.get(key, s.attrs.get(key) if s else None)
             if isinstance(want, IntList):

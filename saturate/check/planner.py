@@ -17,7 +17,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from saturate.core.errors import SaturateError
-from saturate.core.ops import OPS
+from saturate.core.ops import op_table
 from saturate.lang.ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Term, Var
 from saturate.check.strategies import (MAX_RANK, MAX_SIDE, conv_geometry, broadcastable_shapes, conv_cases,
                               factorizations, numel, per_axis_shapes)
@@ -254,7 +254,7 @@ class Planner:
         for key, fn in draws.items():
             if key not in result:
                 result[key] = fn(result)
-        spec = OPS.get(t.op)
+        spec = op_table().get(t.op)
         for key, value in written.items():
             if key not in result:  # captured but not drawn: the op's default (None: omitted)
                 result[key] = spec.attrs.get(key) if spec is not None else None

@@ -14,6 +14,8 @@ import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from saturate.core.geometry import input_side
+
 
 # Small tensors: soundness bugs show on tiny shapes, and small examples run fast and read well.
 MAX_SIDE = 4
@@ -151,12 +153,6 @@ class ConvCase:
     out_shape: tuple[int, ...]
 
 
-def conv_input_side(out: int, kernel: int, stride: int, dilation: int, pads: tuple[int, int],
-                    extra: int = 0) -> int:
-    """An input side that a window of this geometry maps to `out` outputs (`extra` < stride)."""
-    return (out - 1) * stride + dilation * (kernel - 1) + 1 - pads[0] - pads[1] + extra
-
-
 @st.composite
 def conv_geometry(draw, out_spatial: tuple[int, ...], fixed: dict,
                   dilations: bool = True) -> tuple[dict, tuple]:
@@ -179,7 +175,7 @@ def conv_geometry(draw, out_spatial: tuple[int, ...], fixed: dict,
     for i in range(n):
         extra = draw(st.integers(0, strides[i] - 1))
         pair = (pads[i], pads[n + i])
-        sides.append(conv_input_side(out_spatial[i], kernel[i], strides[i], dil[i], pair, extra))
+        sides.append(input_side(out_spatial[i], kernel[i], strides[i], dil[i], pair, extra))
     assume(all(s >= 1 for s in sides))
     attrs = {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads)}
     if dilations:

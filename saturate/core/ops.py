@@ -1,64 +1,110 @@
-"""Op vocabulary: the ONNX ops the project knows, with arity and attribute defaults."""
+"""Op facts: arity, attribute names and defaults from the ONNX schemas (`onnx.defs`), per opset.
+
+The schemas are the one source of what an op takes. The project adds two facts of its own that
+no schema states: which ops are elementwise (the output is the broadcast of the inputs, which the
+engine's shape facts rely on) and which ops carry integer shape data often enough to be open to
+rules whatever their dtype.
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import onnx
+import onnx.defs
+
+# Variadic inputs (Concat, Sum, Max...) have no upper bound; this stands for "any number".
+VARIADIC = 1 << 30
+
+# The output shape is the multidirectional broadcast of the inputs (unary ops: the input's shape).
+ELEMENTWISE = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Relu", "Clip", "LeakyRelu", "Sigmoid",
+    "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "Identity", "Exp", "Log", "Abs", "HardSigmoid",
+    "HardSwish", "Softplus", "Elu", "Selu", "Gelu", "Floor", "Ceil", "Sign", "PRelu",
+})
+# Shape computations (Shape -> Gather -> Concat -> Reshape) carry int64 data as often as floats.
+SHAPE_OPS = frozenset({"Concat", "Shape", "Gather", "Unsqueeze", "Squeeze", "Cast"})
+# The ops the engine encodes as rewritable terms even when no rule names them.
+ENGINE_OPS = frozenset({
+    "Conv", "BatchNormalization", "Add", "Sub", "Mul", "Div", "Relu", "Clip", "LeakyRelu", "Sigmoid",
+    "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "MaxPool", "AveragePool", "GlobalAveragePool", "Gemm",
+    "MatMul", "Reshape", "Flatten", "Transpose", "Concat", "Shape", "Gather", "Unsqueeze", "Squeeze",
+    "Cast", "Softmax", "Identity",
+})
 
 
 @dataclass(frozen=True)
 class OpSpec:
-    """What the project knows of one op: how many inputs it takes and its attributes."""
+    """What the project knows of one op at one opset: input counts and attributes with defaults."""
 
     name: str
     min_inputs: int
     max_inputs: int
-    attrs: dict[str, Any] = field(default_factory=dict)  # name -> default (None: required/none)
+    attrs: dict[str, Any] = field(default_factory=dict)  # name -> default (None: required or none)
+    since_version: int = 1
     elementwise: bool = False
-    # Shape ops carry int64 shape data as often as floats: open to rules whatever their dtype.
+    # Open to rules whatever its dtype (shape arithmetic), not only on floats.
     any_dtype: bool = False
 
 
-_SPECS = [
-    OpSpec("Conv", 2, 3, {"auto_pad": "NOTSET", "dilations": None, "group": 1,
-                          "kernel_shape": None, "pads": None, "strides": None}),
-    OpSpec("BatchNormalization", 5, 5, {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}),
-    OpSpec("Add", 2, 2, elementwise=True),
-    OpSpec("Sub", 2, 2, elementwise=True),
-    OpSpec("Mul", 2, 2, elementwise=True),
-    OpSpec("Div", 2, 2, elementwise=True),
-    OpSpec("Relu", 1, 1, elementwise=True),
-    OpSpec("Clip", 1, 3, elementwise=True),
-    OpSpec("LeakyRelu", 1, 1, {"alpha": 0.01}, elementwise=True),
-    OpSpec("Sigmoid", 1, 1, elementwise=True),
-    OpSpec("Tanh", 1, 1, elementwise=True),
-    OpSpec("Erf", 1, 1, elementwise=True),
-    OpSpec("Neg", 1, 1, elementwise=True),
-    OpSpec("Sqrt", 1, 1, elementwise=True),
-    OpSpec("Reciprocal", 1, 1, elementwise=True),
-    OpSpec("MaxPool", 1, 1, {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None,
-                             "kernel_shape": None, "pads": None, "storage_order": 0, "strides": None}),
-    OpSpec("AveragePool", 1, 1, {"auto_pad": "NOTSET", "ceil_mode": 0, "count_include_pad": 0,
-                                 "dilations": None, "kernel_shape": None, "pads": None, "strides": None}),
-    OpSpec("GlobalAveragePool", 1, 1),
-    OpSpec("Gemm", 2, 3, {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}),
-    OpSpec("MatMul", 2, 2),
-    OpSpec("Reshape", 2, 2, {"allowzero": 0}),
-    OpSpec("Flatten", 1, 1, {"axis": 1}),
-    OpSpec("Transpose", 1, 1, {"perm": None}),
-    OpSpec("Concat", 1, 1 << 30, {"axis": None}, any_dtype=True),
-    OpSpec("Shape", 1, 1, {"start": 0, "end": None}, any_dtype=True),
-    OpSpec("Gather", 2, 2, {"axis": 0}, any_dtype=True),
-    OpSpec("Unsqueeze", 1, 2, {"axes": None}, any_dtype=True),
-    OpSpec("Squeeze", 1, 2, {"axes": None}, any_dtype=True),
-    OpSpec("Cast", 1, 1, {"to": None, "saturate": 1}, any_dtype=True),
-    OpSpec("Softmax", 1, 1, {"axis": -1}),
-    OpSpec("Identity", 1, 1, elementwise=True),
-]
-
-OPS: dict[str, OpSpec] = {s.name: s for s in _SPECS}
+def newest_opset() -> int:
+    """The newest default-domain opset the installed onnx package defines."""
+    return onnx.defs.onnx_opset_version()
 
 
-def spec(op: str) -> OpSpec | None:
-    """The spec of a known op, or None for an op the project keeps opaque."""
-    return OPS.get(op)
+def _default(attr: onnx.defs.OpSchema.Attribute) -> Any:
+    if not attr.default_value.name:
+        return None
+    value = onnx.helper.get_attribute_value(attr.default_value)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, float):
+        # Schemas store float32; the shortest decimal that round-trips reads as written (1e-05).
+        return float(str(np.float32(value)))
+    return value
+
+
+def _from_schema(s: onnx.defs.OpSchema) -> OpSpec:
+    hi = VARIADIC if s.max_input >= 2**31 - 1 else s.max_input
+    return OpSpec(s.name, s.min_input, hi, {k: _default(a) for k, a in s.attributes.items()},
+                  s.since_version, s.name in ELEMENTWISE, s.name in SHAPE_OPS)
+
+
+@functools.lru_cache(maxsize=None)
+def spec(op: str, opset: int | None = None, domain: str = "") -> OpSpec | None:
+    """The spec of a default-domain op at `opset` (default: the newest), or None if ONNX has none."""
+    if domain not in ("", "ai.onnx"):
+        return None
+    try:
+        return _from_schema(onnx.defs.get_schema(op, opset or newest_opset(), ""))
+    except onnx.defs.SchemaError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def op_table() -> dict[str, OpSpec]:
+    """Every default-domain op of every version, merged: the widest input range and the union of
+    attribute names (defaults from the newest version), which rules are checked against, since a
+    rule may match the attribute form of an older opset (Squeeze's `axes` before 13)."""
+    merged: dict[str, OpSpec] = {}
+    for s in onnx.defs.get_all_schemas_with_history():
+        if s.domain not in ("", "ai.onnx") or s.deprecated:
+            continue
+        new = _from_schema(s)
+        old = merged.get(s.name)
+        if old is None:
+            merged[s.name] = new
+            continue
+        newer, older = (new, old) if new.since_version > old.since_version else (old, new)
+        merged[s.name] = OpSpec(s.name, min(old.min_inputs, new.min_inputs), max(old.max_inputs, new.max_inputs),
+                                {**older.attrs, **newer.attrs}, newer.since_version, newer.elementwise,
+                                newer.any_dtype)
+    return merged
+
+
+def is_rewritable_op(op: str) -> bool:
+    """Whether the engine encodes this op as a term rules can rewrite even when no rule names it."""
+    return op in ENGINE_OPS

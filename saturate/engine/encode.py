@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from saturate.core.ir import Graph, Node, ValueInfo
-from saturate.core.ops import spec
+from saturate.core.ops import is_rewritable_op, op_table, spec
 
 # Leaves and the constructors every program has. T is the one sort of tensors. `(Ref k)` is a
 # handle Python uses to name an e-class in later commands (egglog `let` globals each cost a
@@ -135,18 +135,20 @@ def _is_float(info: ValueInfo) -> bool:
 
 
 def _rewritable(node: Node, graph: Graph, preserve: set[str], rule_ops: set[str]) -> bool:
-    """Known single-output float ops (shape ops of any dtype, and ops a rule names) are open to rules; others are opaque."""
-    s = spec(node.op)
-    if node.op in rule_ops and s is None:
-        return (node.domain in ("", "ai.onnx") and node.op not in preserve and node.name not in preserve
-                and len(node.outputs) == 1 and "" not in node.inputs)
-    if s is None or node.domain not in ("", "ai.onnx") or node.op in preserve:
+    """Single-output float ops the engine works on or a rule names (shape ops of any dtype) are open
+    to rules; others are opaque. An op only a rule's `op Name/N` declares is open whatever its dtype."""
+    if node.domain not in ("", "ai.onnx") or node.op in preserve or (node.name and node.name in preserve):
         return False
-    if node.name and node.name in preserve:
+    if len(node.outputs) != 1 or not node.outputs[0] or "" in node.inputs:
         return False
-    if len([o for o in node.outputs if o]) != 1 or not (s.min_inputs <= len(node.inputs) <= s.max_inputs):
+    s = spec(node.op, graph.opset)
+    if s is None:
+        return node.op in rule_ops
+    if not (is_rewritable_op(node.op) or node.op in rule_ops):
         return False
-    if "" in node.inputs:
+    # Arity as any version defines it: a model may keep an older form (Unsqueeze's axes attribute).
+    widest = op_table()[node.op]
+    if not widest.min_inputs <= len(node.inputs) <= widest.max_inputs:
         return False
     return s.any_dtype or _is_float(graph.info(node.outputs[0]))
 

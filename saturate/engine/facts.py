@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -12,7 +11,8 @@ from saturate.engine.egraph import EGraphView, ENode
 from saturate.engine.encode import Encoding
 from saturate.engine.encode import canonical_attrs as _canon
 from saturate.core.ir import ValueInfo
-from saturate.core.ops import spec
+from saturate.core.geometry import conv_output_shape
+from saturate.core.ops import ELEMENTWISE
 
 FAILED = object()  # a constant expression numpy could not evaluate
 
@@ -170,16 +170,15 @@ def infer(op: str, attrs: dict[str, Any], ins: list[ValueInfo]) -> ValueInfo:
     """Output type of a new node from its inputs' types (elementwise, Conv, MatMul, Gemm)."""
     dtype = ins[0].dtype if ins else "float32"
     shapes = [i.shape for i in ins]
-    s = spec(op)
     if any(sh is None for sh in shapes):
         return ValueInfo(dtype, None)
-    if s is not None and s.elementwise:
+    if op in ELEMENTWISE:
         out = shapes[0]
         for sh in shapes[1:]:
             out = broadcast_shape(out, sh) if out is not None else None
         return ValueInfo(dtype, out)
     if op == "Conv" and len(shapes[0]) >= 3 and len(shapes[1]) == len(shapes[0]):
-        return ValueInfo(dtype, _conv_shape(attrs, shapes[0], shapes[1]))
+        return ValueInfo(dtype, conv_output_shape(attrs, shapes[0], shapes[1]))
     if op == "MatMul" and len(shapes[0]) >= 2 and len(shapes[1]) >= 2:
         batch = broadcast_shape(shapes[0][:-2], shapes[1][:-2])
         return ValueInfo(dtype, None if batch is None else (*batch, shapes[0][-2], shapes[1][-1]))
@@ -188,25 +187,3 @@ def infer(op: str, attrs: dict[str, Any], ins: list[ValueInfo]) -> ValueInfo:
         n = shapes[1][0] if attrs.get("transB") else shapes[1][1]
         return ValueInfo(dtype, (m, n))
     return ValueInfo(dtype, None)
-
-
-def _conv_shape(attrs: dict[str, Any], x: tuple, w: tuple) -> tuple | None:
-    nsp = len(x) - 2
-    k = attrs.get("kernel_shape") or w[2:]
-    strides = attrs.get("strides") or [1] * nsp
-    dil = attrs.get("dilations") or [1] * nsp
-    pads = attrs.get("pads") or [0] * (2 * nsp)
-    auto = attrs.get("auto_pad", "NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
-    out = [x[0], w[0]]
-    for i in range(nsp):
-        d = x[2 + i]
-        if not isinstance(d, int):
-            out.append(None)
-        elif auto in ("SAME_UPPER", "SAME_LOWER"):
-            out.append(math.ceil(d / strides[i]))
-        elif auto == "VALID":
-            out.append((d - dil[i] * (k[i] - 1) - 1) // strides[i] + 1)
-        else:
-            out.append((d + pads[i] + pads[i + nsp] - dil[i] * (k[i] - 1) - 1) // strides[i] + 1)
-    return tuple(out)

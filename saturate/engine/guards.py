@@ -84,7 +84,8 @@ class Checker:
             return None
 
     def _attrs_match(self, term: OpTerm, attrs: dict, captured: dict) -> bool:
-        defaults = spec(term.op).attrs if spec(term.op) else {}
+        s = spec(term.op, self.enc.graph.opset)
+        defaults = s.attrs if s else {}
         for key, want in term.attrs:
             have = _plain(attrs.get(key, defaults.get(key)))
             if isinstance(want, AttrVar):

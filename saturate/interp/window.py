@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from saturate.core.errors import SaturateError
+from saturate.core.geometry import GeometryError, window
 from saturate.core.ir import Node
 
 
@@ -32,40 +33,11 @@ def _text(value) -> str:
 
 def geometry(node: Node, spatial: tuple[int, ...], kernel: list[int], ceil_mode: bool = False):
     """Strides, dilations, pads before/after and output size for a sliding-window op."""
-    n = len(spatial)
-    strides = int_list(node, "strides", n, 1)
-    dilations = int_list(node, "dilations", n, 1)
-    if min(strides + dilations + kernel, default=1) < 1:
-        raise fail(node, "strides, dilations and kernel sizes must be positive")
-    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    auto = _text(node.attrs.get("auto_pad", "NOTSET"))
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        out = [-(-i // s) for i, s in zip(spatial, strides)]
-        total = [max(0, (o - 1) * s + w - i) for o, s, w, i in zip(out, strides, span, spatial)]
-        small = [t // 2 for t in total]
-        begin = small if auto == "SAME_UPPER" else [t - h for t, h in zip(total, small)]
-        end = [t - b for t, b in zip(total, begin)]
-        return strides, dilations, begin, end, out
-    if auto == "VALID":
-        begin = end = [0] * n
-    elif auto == "NOTSET":
-        pads = int_list(node, "pads", 2 * n, 0)
-        begin, end = pads[:n], pads[n:]
-        if min(pads, default=0) < 0:
-            raise fail(node, f"negative pads {pads}")
-    else:
-        raise fail(node, f"unknown auto_pad '{auto}'")
-    out = []
-    for i, b, e, w, s in zip(spatial, begin, end, span, strides):
-        room = i + b + e - w
-        if room < 0:
-            raise fail(node, f"kernel extent {w} exceeds padded input size {i + b + e}")
-        size = (-(-room // s) if ceil_mode else room // s) + 1
-        # A window that would start past the input and its leading pad is dropped (ceil_mode).
-        if ceil_mode and (size - 1) * s >= i + b:
-            size -= 1
-        out.append(size)
-    return strides, dilations, begin, end, out
+    try:
+        w = window(node.attrs, spatial, kernel, ceil_mode)
+    except GeometryError as err:
+        raise fail(node, str(err)) from None
+    return list(w.strides), list(w.dilations), list(w.begin), list(w.end), list(w.out)
 
 
 def windows(x: np.ndarray, begin, end, out, kernel, strides, dilations, fill) -> np.ndarray:

@@ -6,7 +6,7 @@ import difflib
 from typing import Any, Callable, NoReturn
 
 from saturate.lang.builtins import CONST_FUNCS, GUARDS, INFIX, QUERIES
-from saturate.core.ops import OPS
+from saturate.core.ops import is_rewritable_op, op_table
 from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, Str, Term,
                                Var)
 
@@ -16,11 +16,12 @@ OpTable = dict[str, tuple[int, int, frozenset[str] | None]]
 
 
 def declared_ops(decls: list[Any], fail: Fail) -> OpTable:
-    """The op table of one load: saturate.core.ops.OPS plus the file's `op Name/N` declarations."""
-    table: OpTable = {n: (s.min_inputs, s.max_inputs, frozenset(s.attrs)) for n, s in OPS.items()}
+    """The op table of one load: every ONNX op (saturate.core.ops) plus the file's `op Name/N` declarations."""
+    known = op_table()
+    table: OpTable = {n: (s.min_inputs, s.max_inputs, frozenset(s.attrs)) for n, s in known.items()}
     declared: dict[str, Any] = {}
     for d in decls:
-        if d.op in OPS:
+        if d.op in known:
             raise fail(d.loc, f"op '{d.op}' is already known; declare only ops saturate does not know")
         if d.min_inputs > d.max_inputs:
             raise fail(d.loc, f"op '{d.op}': {d.min_inputs}..{d.max_inputs} is an empty range")
@@ -32,7 +33,10 @@ def declared_ops(decls: list[Any], fail: Fail) -> OpTable:
 
 
 def _suggest(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
+    # Among ~200 ONNX ops the nearest spelling is often a rare op ('Ad' -> 'And'): the ops the
+    # engine works on are tried first.
+    common = [k for k in known if is_rewritable_op(k)]
+    close = difflib.get_close_matches(name, common, n=1) or difflib.get_close_matches(name, known, n=1)
     return f"; did you mean '{close[0]}'?" if close else ""
 
 

@@ -1,0 +1,74 @@
+"""Tests for the op facts (saturate.core.ops) and window geometry (saturate.core.geometry)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+
+from saturate.core import geometry
+from saturate.core.ops import op_table, spec
+from saturate.lang.parser import parse_rules
+
+
+def test_arity_and_defaults_come_from_the_schema_of_the_opset():
+    assert spec("Softmax", 11).attrs["axis"] == 1
+    assert spec("Softmax", 13).attrs["axis"] == -1
+    assert (spec("Unsqueeze", 11).min_inputs, spec("Unsqueeze", 13).min_inputs) == (1, 2)
+    assert spec("BatchNormalization", 15).attrs["epsilon"] == 1e-5
+    assert spec("Conv").attrs["kernel_shape"] is None
+    assert spec("NoSuchOp") is None and spec("Relu", domain="com.example") is None
+
+
+def test_the_rule_table_merges_every_version():
+    unsqueeze = op_table()["Unsqueeze"]
+    assert (unsqueeze.min_inputs, unsqueeze.max_inputs) == (1, 2)
+    assert "axes" in unsqueeze.attrs  # the pre-13 attribute form stays matchable
+    assert op_table()["Concat"].max_inputs > 1000
+
+
+def test_rules_may_name_any_onnx_op_without_declaring_it():
+    sets = parse_rules("ruleset t level 1\nrule hs HardSwish(Identity(x)) => HardSwish(x)\n", "t.rules")
+    assert sets[0].rules[0].name == "hs"
+
+
+def _onnx_conv_shape(x, w, **attrs):
+    node = helper.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x),
+                                            helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, w)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    xs = np.zeros(x, np.float32)
+    return ReferenceEvaluator(model).run(None, {"x": xs, "w": np.zeros(w, np.float32)})[0].shape
+
+
+@pytest.mark.parametrize("x,w,attrs", [
+    ((1, 2, 7, 9), (3, 2, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 2]}),
+    ((1, 2, 8, 5), (3, 2, 3, 2), {"auto_pad": "SAME_UPPER", "strides": [3, 2]}),
+    ((1, 2, 8, 5), (3, 2, 3, 2), {"auto_pad": "SAME_LOWER", "dilations": [2, 1]}),
+    ((1, 2, 8, 5), (3, 2, 3, 2), {"auto_pad": "VALID", "strides": [2, 1]}),
+    ((2, 4, 11), (4, 1, 5), {"group": 4, "dilations": [2], "pads": [3, 1]}),
+    ((1, 1, 5, 6, 7), (2, 1, 2, 3, 2), {"strides": [1, 2, 3]}),
+])
+def test_conv_output_shape_agrees_with_onnx_reference(x, w, attrs):
+    assert geometry.conv_output_shape(attrs, x, w) == _onnx_conv_shape(x, w, **attrs)
+
+
+def test_symbolic_spatial_dims_stay_unknown_and_bad_attributes_give_none():
+    assert geometry.conv_output_shape({}, ("N", 3, "H", 8), (4, 3, 3, 3)) == ("N", 4, None, 6)
+    assert geometry.conv_output_shape({"pads": [0, 0]}, (1, 3, 8, 8), (4, 3, 3, 3)) is None
+
+
+def test_ceil_mode_drops_a_window_that_starts_in_the_end_padding():
+    win = geometry.window({"strides": [2], "pads": [1, 1]}, [4], [2], ceil_mode=True)
+    assert win.out == (3,)
+    with pytest.raises(geometry.GeometryError):
+        geometry.window({"pads": [-1, 0]}, [4], [2])
+
+
+def test_input_side_inverts_the_output_size():
+    for out, k, s, d, pads in [(3, 3, 2, 1, (1, 1)), (5, 2, 1, 2, (0, 1)), (1, 3, 3, 1, (0, 0))]:
+        side = geometry.input_side(out, k, s, d, pads)
+        assert geometry.window({"strides": [s], "dilations": [d], "pads": list(pads)}, [side], [k]).out == (out,)

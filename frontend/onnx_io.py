@@ -246,8 +246,8 @@ def _text(b: bytes) -> str | bytes:
 
 # ---- export ---------------------------------------------------------------------------------
 def export_model(graph: Graph) -> onnx.ModelProto:
-    """Convert a Graph to an ONNX model (constants as initializers, Conv+Add(bias) fused)."""
-    g = fuse_conv_bias(graph)
+    """Convert a Graph to an ONNX model, node for node (constants as initializers)."""
+    g = graph
     nodes = [_export_node(n, g.opset) for n in g.nodes]
     inits = [_tensor(name, arr) for name, arr in g.constants.items()]
     inputs = [_export_value_info(g, v) for v in g.inputs]
@@ -337,51 +337,3 @@ def _export_value_info(g: Graph, name: str) -> onnx.ValueInfoProto:
         return helper.make_empty_tensor_value_info(name)
     shape = None if info.shape is None else [d if d is not None else None for d in info.shape]
     return helper.make_tensor_value_info(name, elem_type(info.dtype), shape)
-
-
-# ---- Conv + per-channel Add -> Conv with bias -------------------------------------------------
-def fuse_conv_bias(graph: Graph) -> Graph:
-    """Copy of `graph` where Conv (no bias) -> Add(per-output-channel constant) is one Conv."""
-    g = graph.copy()
-    consumers = g.consumers()
-    producers = g.producers()
-    dead: set[int] = set()
-    for add in g.nodes:
-        if add.op != "Add" or add.domain:
-            continue
-        for k in (0, 1):
-            conv = producers.get(add.inputs[k])
-            const = add.inputs[1 - k]
-            bias = _channel_bias(g, conv, const)
-            if bias is None or len(consumers.get(conv.outputs[0], [])) != 1 or conv.outputs[0] in g.outputs:
-                continue
-            name = g.fresh_name(f"{conv.name or conv.outputs[0]}_bias")
-            g.constants[name] = bias
-            conv.inputs = list(conv.inputs[:2]) + [name]
-            conv.outputs = [add.outputs[0]]
-            g.values.pop(add.inputs[k], None)
-            dead.add(id(add))
-            break
-    g.nodes = [n for n in g.nodes if id(n) not in dead]
-    g.remove_dead()
-    return g
-
-
-def _channel_bias(g: Graph, conv: Node | None, const: str) -> np.ndarray | None:
-    if conv is None or conv.op != "Conv" or conv.domain or len(conv.outputs) != 1:
-        return None
-    if len(conv.inputs) > 2 and conv.inputs[2]:
-        return None
-    w = g.constants.get(conv.inputs[1])
-    c = g.constants.get(const)
-    if w is None or c is None or c.dtype != w.dtype:
-        return None
-    # The constant must broadcast onto the conv output without growing it and vary only along
-    # the channel axis (1). A bare (C,) broadcasts along the last axis, so it is a bias only if C == 1.
-    out_rank, channels = w.ndim, w.shape[0]
-    if c.ndim > out_rank:
-        return None
-    padded = (1,) * (out_rank - c.ndim) + tuple(c.shape)
-    if any(d != 1 for k, d in enumerate(padded) if k != 1) or padded[1] not in (1, channels):
-        return None
-    return np.broadcast_to(c.reshape(-1), (channels,)).astype(w.dtype).copy()

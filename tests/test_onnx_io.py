@@ -1,9 +1,12 @@
-"""ONNX import/export: round trips through ONNX Runtime, attributes, bias fusion, bad input."""
+"""ONNX import/export: round trips through ONNX Runtime, attributes, conv bias by rule, bad input."""
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
+import saturate
+from saturate.lang.parser import load_rules
 from onnx import TensorProto, helper, numpy_helper
 
 from saturate.frontend import load_graph, save_graph
@@ -152,9 +155,11 @@ def conv_add_model(const_shape, swap=False, extra_use=False, conv_bias=False, se
 
 @pytest.mark.parametrize("shape,swap", [((4, 1, 1), False), ((1, 4, 1, 1), False), ((1, 4, 1, 1), True),
                                         ((1,), False), ((), True)])
-def test_per_channel_add_becomes_conv_bias(shape, swap):
+def test_per_channel_add_becomes_conv_bias_by_rule_only(shape, swap):
     m = conv_add_model(shape, swap)
-    exported = export_model(import_model(m))
+    assert [n.op_type for n in export_model(import_model(m)).graph.node] == ["Conv", "Add"]
+    folded, _ = saturate.optimize(import_model(m))
+    exported = export_model(folded)
     onnx.checker.check_model(exported, full_check=True)
     assert [n.op_type for n in exported.graph.node] == ["Conv"]
     assert len(exported.graph.node[0].input) == 3
@@ -168,7 +173,8 @@ def test_per_channel_add_becomes_conv_bias(shape, swap):
                                     dict(const_shape=(2, 4, 1, 1))])
 def test_other_adds_stay_adds(kwargs):
     m = conv_add_model(**kwargs)
-    exported = export_model(import_model(m))
+    folded, _ = saturate.optimize(import_model(m), rules=[r for r in load_rules(None) if r.name == "conv-bias"])
+    exported = export_model(folded)
     assert "Add" in [n.op_type for n in exported.graph.node]
     x = np.random.default_rng(1).standard_normal((1, 3, 4, 4)).astype(np.float32)
     for e, got in zip(run_ort(m, {"x": x}), run_ort(exported, {"x": x})):

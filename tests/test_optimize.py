@@ -170,6 +170,18 @@ def test_cli_writes_the_same_graph_as_the_api_and_a_report(tmp_path, capsys):
     assert "stopped: saturated" in err and "batchnorm" in err and "iteration" in err
 
 
+@pytest.mark.parametrize("example,flags", [("mobilenet", []), ("mobilenet", ["--no-std"]),
+                                           ("mobilenet", ["--only", "conv-bias"])])
+def test_cli_to_onnx_and_text_and_the_api_give_one_graph(tmp_path, example, flags):
+    """Export writes exactly the graph extraction chose: no fold happens outside the rules."""
+    chosen = {"--no-std": [], "--only": [r for r in RULES if r.name == "conv-bias"]}
+    api, _ = optimize(examples.build(example), chosen.get(flags[0], RULES) if flags else RULES)
+    for suffix in (".onnx", ".sat"):
+        out = tmp_path / f"out{suffix}"
+        assert main(["optimize", f"example:{example}", "-o", str(out), *flags]) == 0
+        assert structurally_equal(load_graph(str(out)), api), suffix
+
+
 def test_cli_bad_input_is_one_clean_error(tmp_path, capsys):
     assert main(["optimize", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "o.onnx")]) == 2
     assert capsys.readouterr().err.startswith("saturate: error: ")

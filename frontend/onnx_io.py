@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import onnx
@@ -90,6 +90,15 @@ def preserve_marks(model: onnx.ModelProto) -> set[str]:
         if any(p.key == PRESERVE_KEY and p.value.strip().lower() in _TRUE for p in node.metadata_props):
             names.add(node.name or node.output[0])
     return names
+
+
+def mark_nodes(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    """Mark nodes of `model` as preserved (in place), by node name or first output."""
+    wanted = set(names)
+    for node in model.graph.node:
+        if node.name in wanted or (node.output and node.output[0] in wanted):
+            node.metadata_props.add(key=PRESERVE_KEY, value="1")
+    return model
 
 
 # Initializers up to this many elements keep their data for checking and shape inference

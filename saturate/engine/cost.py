@@ -29,12 +29,6 @@ class DefaultCost:
         return float(flops(op, attrs, input_infos, output_info) + moved)
 
 
-def node_cost(op: str, attrs: dict[str, Any], input_infos: Sequence[ValueInfo],
-              output_info: ValueInfo) -> float:
-    """Default cost of one node: FLOPs plus bytes moved."""
-    return DefaultCost().node_cost(op, attrs, input_infos, output_info)
-
-
 def resolve_target(target: Any) -> Any:
     """A cost model from a target name, a .target path, or an object with node_cost."""
     if target is None:

@@ -2,38 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterable
 
-import onnx
-
-from saturate.frontend.onnx_io import PRESERVE_KEY, preserve_marks
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph
 from saturate.targets.target import Target
-
-MARK_KEY = PRESERVE_KEY
-
-
-def marked_nodes(spec: str) -> set[str]:
-    """Names of nodes an .onnx file marks as preserved (none for other model specs)."""
-    path = Path(spec)
-    if path.suffix != ".onnx" or not path.is_file():
-        return set()
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as err:  # the frontend reports unreadable models; marks are best read alongside
-        raise SaturateError(f"{spec}: cannot read ONNX model: {str(err).splitlines()[0]}") from None
-    return preserve_marks(model)
-
-
-def mark_nodes(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
-    """Mark nodes of `model` as preserved (in place), by node name or first output."""
-    wanted = set(names)
-    for node in model.graph.node:
-        if node.name in wanted or (node.output and node.output[0] in wanted):
-            node.metadata_props.add(key=MARK_KEY, value="1")
-    return model
 
 
 def split_names(graph: Graph, names: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:

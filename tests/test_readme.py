@@ -40,3 +40,22 @@ def test_readme_rules_run_beside_the_standard_library(tmp_path):
     for name in graph.outputs:
         err = np.max(np.abs(want[name] - got[name])) / max(1.0, np.max(np.abs(want[name])))
         assert err <= 1e-4
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+
+
+def test_readme_python_examples_run_as_written(tmp_path, monkeypatch):
+    """The API example optimizes a model file; the checking example's property test passes."""
+    from saturate.frontend import save_graph
+
+    monkeypatch.chdir(tmp_path)
+    save_graph(build("vgg"), "model.onnx")
+    (tmp_path / "my_folds.rules").write_text(readme_rules(tmp_path).read_text())
+    api, checking = _python_blocks()
+    exec(compile(api, "README-api", "exec"), {})
+    assert (tmp_path / "model.opt.onnx").is_file()
+    scope: dict = {}
+    exec(compile(checking.replace("max_examples=300", "max_examples=20"), "README-check", "exec"), scope)
+    scope["test_my_rule_is_sound"]()

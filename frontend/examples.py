@@ -237,10 +237,12 @@ def build(name: str) -> Graph:
 
 
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Standard-normal arrays for every graph input (symbolic dims taken as 1)."""
+    """Standard-normal arrays for every graph input without a default (symbolic dims taken as 1)."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for name in graph.inputs:
+        if name in graph.constants:
+            continue
         info = graph.info(name)
         shape = tuple(d if isinstance(d, int) else 1 for d in (info.shape or ()))
         feeds[name] = rng.standard_normal(shape).astype(info.dtype)

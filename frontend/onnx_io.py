@@ -55,7 +55,9 @@ def import_model(model: onnx.ModelProto) -> Graph:
         info = _value_info(vi)
         if info is not None and vi.name not in g.constants:
             g.values[vi.name] = info
-    g.inputs = [vi.name for vi in og.input if vi.name not in g.constants]
+    # An initializer also listed as an input is an input with a default value (ONNX spec,
+    # `keep_initializers_as_inputs`): it stays an input, in `inputs` and in `constants`.
+    g.inputs = [vi.name for vi in og.input]
     g.outputs = [vi.name for vi in og.output]
 
     for k, on in enumerate(og.node):

@@ -242,7 +242,11 @@ class _Reader:
 
     def st_const(self, g: Graph, st: Tree) -> None:
         tok, ttype, data = st.children
-        name = self.define(tok, g)
+        name = self.value_name(tok)
+        # A const named like an input is that input's default value (an ONNX initializer
+        # listed as a graph input): the input stays overridable.
+        if not (name in g.inputs and name not in g.constants):
+            name = self.define(tok, g)
         g.constants[name] = self.tensor(ttype, data)
 
     def st_node(self, g: Graph, st: Tree) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -96,12 +97,15 @@ def canonical_order(rules: Iterable[Rule]) -> list[Rule]:
 def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None = None,
              level: int = 3, target: Any = "cpu", max_iterations: int = MAX_ITERATIONS,
              max_nodes: int = MAX_NODES, timeout: float = TIMEOUT, preserve: Iterable[str] = (),
-             progress: Callable[[int, int, float, dict[str, int]], None] | None = None
-             ) -> tuple[Graph, Report]:
+             progress: Callable[[int, int, float, dict[str, int]], None] | None = None,
+             fold_initializer_inputs: bool = False) -> tuple[Graph, Report]:
     """Rewrite `graph` with `rules` (default: the standard library at `level`) to the cheapest
-    equivalent graph for `target`; returns the new graph and a Report."""
+    equivalent graph for `target`; returns the new graph and a Report. Inputs with a default
+    value (an initializer listed as an input) stay overridable inputs unless
+    `fold_initializer_inputs`, which folds them as constants."""
     report = Report(ops_before=dict(graph.op_counts()))
     model = resolve_target(target)
+    graph, defaults = _input_defaults(graph, fold_initializer_inputs)
     graph, keep = _preserved(graph, model, preserve)
     rule_list = canonical_order(_load(rules, level))
     report.rules = len(rule_list)
@@ -139,6 +143,22 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     if report.cost_after > report.cost_before:
         result, report.kept_original = graph.copy(), True
         report.cost_after = report.cost_before
+    result.constants.update({k: v for k, v in defaults.items() if k in result.inputs})
     report.ops_after = dict(result.op_counts())
     report.times["fold"] = time.perf_counter() - t
     return result, report
+
+
+def _input_defaults(graph: Graph, fold: bool) -> tuple[Graph, dict[str, Any]]:
+    """Inputs that also have a constant value: dropped from the inputs when folded, else taken out
+    of the constants for saturation (no rule may treat an overridable input as a constant) and
+    returned, to be put back as defaults."""
+    defaults = {k: graph.constants[k] for k in graph.inputs if k in graph.constants}
+    if not defaults:
+        return graph, {}
+    if fold:
+        return dataclasses.replace(graph, inputs=[i for i in graph.inputs if i not in defaults]), {}
+    values = dict(graph.values)
+    values.update({k: graph.info(k) for k in defaults})
+    constants = {k: v for k, v in graph.constants.items() if k not in defaults}
+    return dataclasses.replace(graph, constants=constants, values=values), defaults

@@ -6,13 +6,17 @@ import json
 import random
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 from engine_util import Builder, assert_same, assert_same_ort, ops
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import saturate
-from saturate.frontend import examples, load_graph
+from saturate.frontend import examples, load_graph, save_graph
+from saturate.frontend.onnx_io import export_model
+from saturate.interp import run_graph
 from saturate.cli import main
 from saturate.lang.parser import load_rules
 from saturate.core.ir import structurally_equal
@@ -389,3 +393,52 @@ def test_static_dim_of_a_symbolic_batch_shape_folds():
     for batch in (1, 3):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 4)).astype(np.float32)
         assert _rel_err(_ort_run(model, x), _ort_run(exported, x)) <= 1e-4
+
+
+def _bn_params_as_inputs(tmp_path) -> str:
+    model = export_model(examples.build("vgg"))
+    names = {i.name for i in model.graph.input}
+    for init in model.graph.initializer:  # keep_initializers_as_inputs
+        if init.name not in names:
+            model.graph.input.append(onnx.helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)))
+    path = tmp_path / "inputs.onnx"
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def test_initializers_listed_as_inputs_stay_overridable_inputs(tmp_path):
+    path = _bn_params_as_inputs(tmp_path)
+    graph = load_graph(path)
+    out, _ = optimize(graph, RULES)
+    assert out.inputs == graph.inputs and out.op_counts()["BatchNormalization"] > 0
+    feeds = examples.random_inputs(graph)
+    assert set(feeds) == {"x"}
+    # Overriding a weight through its input changes the result, as in ONNX Runtime.
+    weight = next(n for n in graph.inputs if graph.constants.get(n) is not None and graph.constants[n].ndim == 4)
+    doubled = {**feeds, weight: 2 * graph.constants[weight]}
+    for inputs in (feeds, doubled):
+        want, got = run_graph(graph, inputs), run_graph(out, inputs)
+        for name in graph.outputs:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+    exported = tmp_path / "out.onnx"
+    save_graph(out, str(exported))
+    session = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for inputs in (feeds, doubled):
+        np.testing.assert_allclose(session.run(None, inputs)[0], ref.run(None, inputs)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_fold_initializer_inputs_folds_them_as_constants(tmp_path):
+    path = _bn_params_as_inputs(tmp_path)
+    out_path = tmp_path / "folded.onnx"
+    assert main(["optimize", path, "-o", str(out_path), "--fold-initializer-inputs"]) == 0
+    folded = load_graph(str(out_path))
+    assert folded.inputs == ["x"] and "BatchNormalization" not in folded.op_counts()
+
+
+def test_input_defaults_round_trip_through_the_text_form(tmp_path):
+    graph = load_graph(_bn_params_as_inputs(tmp_path))
+    save_graph(graph, str(tmp_path / "g.sat"))
+    again = load_graph(str(tmp_path / "g.sat"))
+    assert structurally_equal(graph, again) and again.inputs == graph.inputs

@@ -31,6 +31,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="then group each match of the target's composites into an ONNX local function")
     parser.add_argument("--keep-constants", action="store_true",
                         help="with --partition: keep constants inside function bodies, not as arguments")
+    parser.add_argument("--fold-initializer-inputs", action="store_true",
+                        help="fold initializers that are also graph inputs as constants (by default they "
+                             "stay inputs that a caller may override, as the ONNX spec says)")
     parser.add_argument("--report", metavar="R.json", help="write a JSON report")
     parser.add_argument("--trace", action="store_true", help="print progress and a table of what happened")
     parser.add_argument("--max-iterations", type=int, default=MAX_ITERATIONS)
@@ -55,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     progress = _progress if args.trace else None
     result, report = optimize(graph, rules, level=args.level, target=args.target,
                               max_iterations=args.max_iterations, max_nodes=args.max_nodes,
-                              timeout=args.timeout, preserve=preserve, progress=progress)
+                              timeout=args.timeout, preserve=preserve, progress=progress,
+                              fold_initializer_inputs=args.fold_initializer_inputs)
     t = time.perf_counter()
     functions: list[str] = []
     if args.partition:

@@ -35,10 +35,10 @@ def load_graph(spec: str) -> Graph:
         return text.parse_graph(source, file=str(spec))
     from saturate.frontend import onnx_io
 
-    data = path.read_bytes()
     model = onnx.ModelProto()
     try:
-        model.ParseFromString(data)
+        # The file's bytes are not kept: for big models they are as large as the weights.
+        model.ParseFromString(path.read_bytes())
     except (DecodeError, ValueError, RuntimeError):
         raise SaturateError(f"{spec}: not an ONNX model (protobuf decoding failed)") from None
     if not model.HasField("graph") or not model.opset_import:

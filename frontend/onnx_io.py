@@ -118,16 +118,30 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     big = [t for t in g.initializer if int(np.prod(t.dims, dtype=np.int64)) > _SKELETON_ELEMENTS]
     if not big:
         return model
+    # Field by field, leaving the large initializers out: copying the model whole and clearing
+    # them would copy every weight once more (530 MB for VGG-11).
     skeleton = onnx.ModelProto()
-    skeleton.CopyFrom(model)
+    _copy_fields(model, skeleton, skip="graph")
     sg = skeleton.graph
-    sg.ClearField("initializer")
+    _copy_fields(g, sg, skip="initializer")
     large = {t.name for t in big}
     sg.initializer.extend(t for t in g.initializer if t.name not in large)
     declared = {vi.name for vi in g.input}
     sg.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                     for t in big if t.name not in declared)
     return skeleton
+
+
+def _copy_fields(src, dst, skip: str) -> None:
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        if fd.is_repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
 
 
 def _check(model: onnx.ModelProto) -> None:
@@ -238,8 +252,18 @@ def _attr_value(a: AttributeProto, node: Node) -> Any:
 
 
 def _array(t: TensorProto) -> np.ndarray:
-    # to_array may return a read-only view into the protobuf's bytes; the IR owns its data.
+    # Plain little-endian raw data is read straight from one copy of its bytes (the protobuf's
+    # own buffer is not kept); the IR treats constants as immutable, so read-only is fine.
+    dtype = _RAW_DTYPES.get(t.data_type)
+    if dtype is not None and t.HasField("raw_data") and t.data_location != TensorProto.EXTERNAL:
+        return np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
     return np.array(numpy_helper.to_array(t), copy=True)
+
+
+_RAW_DTYPES = {TensorProto.FLOAT: np.dtype("<f4"), TensorProto.DOUBLE: np.dtype("<f8"),
+               TensorProto.INT64: np.dtype("<i8"), TensorProto.INT32: np.dtype("<i4"),
+               TensorProto.FLOAT16: np.dtype("<f2"), TensorProto.INT8: np.dtype("i1"),
+               TensorProto.UINT8: np.dtype("u1")}
 
 
 def _short_float(v: float) -> float:
@@ -260,18 +284,22 @@ def export_model(graph: Graph) -> onnx.ModelProto:
     """Convert a Graph to an ONNX model, node for node (constants as initializers)."""
     g = graph
     nodes = [_export_node(n, g.opset) for n in g.nodes]
-    inits = [_tensor(name, arr) for name, arr in g.constants.items()]
     inputs = [_export_value_info(g, v) for v in g.inputs]
     outputs = [_export_value_info(g, v) for v in g.outputs]
     internal = set(g.inputs) | set(g.outputs) | set(g.constants)
     value_info = [_export_value_info(g, o) for n in g.nodes for o in n.outputs
                   if o and o not in internal and o in g.values]
-    og = helper.make_graph(nodes, g.name or "graph", inputs, outputs, initializer=inits, value_info=value_info)
     opsets = [helper.make_opsetid("", g.opset)]
     opsets += [helper.make_opsetid(d, v) for d, v in g.meta.get("opset_imports", {}).items()]
-    model = helper.make_model(og, opset_imports=opsets, producer_name="saturate")
-    # Keep the IR version within what the installed ONNX Runtime accepts.
-    model.ir_version = min(model.ir_version, 10)
+    model = helper.make_model(helper.make_graph(nodes, g.name or "graph", inputs, outputs, value_info=value_info),
+                              opset_imports=opsets, producer_name="saturate")
+    # Weights go straight into the model's graph: make_graph and make_model would copy each
+    # of them twice more.
+    for name, arr in g.constants.items():
+        _fill_tensor(model.graph.initializer.add(), name, arr)
+    # Keep the IR version within what the installed ONNX Runtime accepts, but at least what the
+    # opset needs (opset 23 and later came with IR versions 11 and up).
+    model.ir_version = max(min(model.ir_version, 10), helper.find_min_ir_version_for(opsets, ignore_unknown=True))
     _fill_io_shapes(model)
     return model
 
@@ -332,6 +360,18 @@ def _schema_attr_type(n: Node, key: str, opset: int) -> int:
         return int(schema.attributes[key].type)
     except Exception:
         return AttributeProto.INTS
+
+
+def _fill_tensor(proto: TensorProto, name: str, arr: np.ndarray) -> None:
+    arr = np.asarray(arr)
+    code = next((c for c, d in _RAW_DTYPES.items() if d == arr.dtype.newbyteorder("<")), None)
+    if code is None:
+        proto.CopyFrom(_tensor(name, arr))
+        return
+    proto.name = name
+    proto.data_type = code
+    proto.dims.extend(arr.shape)
+    proto.raw_data = np.ascontiguousarray(arr, dtype=_RAW_DTYPES[code]).tobytes()
 
 
 def _tensor(name: str, arr: np.ndarray) -> TensorProto:

@@ -94,8 +94,8 @@ def test_chain_has_n_blocks(n):
 def test_builds_are_deterministic_and_fresh():
     a, b = build("mobilenet"), load_graph("example:mobilenet")
     assert graph_differences(a, b) == []
-    a.constants[a.nodes[0].inputs[1]][...] = 0  # mutating one copy must not leak into the next
-    assert graph_differences(build("mobilenet"), b) == []
+    weight = a.nodes[0].inputs[1]  # each build has its own arrays, shared with no other
+    assert not np.shares_memory(a.constants[weight], build("mobilenet").constants[weight])
 
 
 @pytest.mark.parametrize("bad", ["resnet", "chain-0", "chain-x", ""])

@@ -11,7 +11,8 @@ import numpy as np
 from saturate.backend.build import cpu_has_avx512
 from saturate.backend.plan import TILE_BYTES, Plan, Step, plan, runs_direct, tile_rows
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides, vec_expr
-from saturate.backend.shapes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, infer_shapes, pool_window, unsupported
+from saturate.backend.shapes import (ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, infer_shapes, pad_params,
+                                     pool_window, reduce_axes, resize_tables, slice_params, unsupported)
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph
 
@@ -376,22 +377,131 @@ class Emitter:
             offs.append((ao * m * k, bo * k * n))
         tab = f"mm_{len(self.funcs)}"
         self.funcs.append(f"static const int64_t {tab}[][2] = {{{', '.join(f'{{{p}, {q}}}' for p, q in offs)}}};\n")
-        self.body.append(
-            f"    for (int64_t bi = 0; bi < {len(offs)}; bi++)\n"
-            f"        sat_gemm(0, 0, {m}, {n}, {k}, 1.0f, {ap} + {tab}[bi][0], {k}, {bp} + {tab}[bi][1], {n}, "
-            f"{out}, bi * {m * n}, {epi});\n")
+        self.body.append(f"    sat_matmul_batched({ap}, {bp}, {out}, {len(offs)}, {tab}, {m}, {n}, {k}, {epi});\n")
+
+    def emit_strided(self, node, src: str, base: int, oshape, istride, out) -> None:
+        """y = x viewed through per-axis strides (0 broadcasts, negative reverses) from element `base`;
+        unit axes dropped and contiguous axes merged so the C loop runs long rows."""
+        if math.prod(oshape) == 0:
+            return
+        merged: list[list[int]] = []
+        for n, st in zip(oshape, istride):
+            if n == 1:
+                continue
+            if merged and merged[-1][1] == st * n:
+                merged[-1] = [merged[-1][0] * n, st]
+            else:
+                merged.append([n, st])
+        merged = merged or [[1, 0]]
+        if len(merged) > 8:
+            raise unsupported(node, "supports strided copies up to rank 8")
+        shp = ", ".join(str(n) for n, _ in merged)
+        st = ", ".join(str(t) for _, t in merged)
+        self.body.append(f"    {{ static const int64_t s[] = {{{shp}}}, t[] = {{{st}}};\n"
+                         f"      sat_strided({src} + {base}, {out}, {len(merged)}, s, t); }}\n")
 
     def emit_Transpose(self, step, chain, out, oshape):
         node = step.anchor
         x = self.shapes[node.inputs[0]]
         perm = node.attr("perm") or list(reversed(range(len(x))))
-        if len(x) > 8:
-            raise unsupported(node, "supports Transpose up to rank 8")
         ist = strides(x)
-        shp = ", ".join(str(oshape[d]) for d in range(len(x))) or "1"
-        st = ", ".join(str(ist[p]) for p in perm) or "0"
-        self.body.append(f"    {{ static const int64_t s[] = {{{shp}}}, t[] = {{{st}}};\n"
-                         f"      sat_transpose({self.ptr(node.inputs[0])}, {out}, {max(len(x), 1)}, s, t); }}\n")
+        self.emit_strided(node, self.ptr(node.inputs[0]), 0, oshape, [ist[p] for p in perm], out)
+
+    def emit_Slice(self, step, chain, out, oshape):
+        node = step.anchor
+        x = self.shapes[node.inputs[0]]
+        ist = strides(x)
+        params = slice_params(self.g, node, x)
+        base = sum(start * ist[d] for d, (start, _, count) in enumerate(params) if count)
+        self.emit_strided(node, self.ptr(node.inputs[0]), base, oshape,
+                          [step_ * ist[d] for d, (_, step_, _) in enumerate(params)], out)
+
+    def emit_Expand(self, step, chain, out, oshape):
+        node = step.anchor
+        x = self.shapes[node.inputs[0]]
+        full = (1,) * (len(oshape) - len(x)) + tuple(x)
+        ist = strides(full)
+        self.emit_strided(node, self.ptr(node.inputs[0]), 0, oshape,
+                          [0 if full[d] == 1 else ist[d] for d in range(len(oshape))], out)
+
+    def emit_Pad(self, step, chain, out, oshape):
+        node = step.anchor
+        x = self.shapes[node.inputs[0]]
+        begin, _, mode, value = pad_params(self.g, node, x)
+        if math.prod(oshape) == 0:
+            return
+        if not x:
+            raise unsupported(node, "cannot pad a scalar")
+        arr = lambda v: ", ".join(str(int(d)) for d in v)  # noqa: E731
+        self.body.append(
+            f"    {{ static const int64_t is[] = {{{arr(x)}}}, os[] = {{{arr(oshape)}}}, b[] = {{{arr(begin)}}};\n"
+            f"      sat_pad({self.ptr(node.inputs[0])}, {out}, {len(x)}, is, os, b, "
+            f"{['constant', 'reflect', 'edge'].index(mode)}, {c_float(value)}); }}\n")
+
+    def emit_LayerNormalization(self, step, chain, out, oshape):
+        node = step.anchor
+        axis = int(node.attr("axis", -1)) % len(oshape)
+        norm = oshape[axis:]
+
+        def param(k):
+            v = node.inputs[k] if len(node.inputs) > k else ""
+            if not v:
+                return "NULL"
+            if v in self.g.constants:
+                arr = np.broadcast_to(np.asarray(self.g.constants[v], np.float32), norm)
+                return self.weight(("layernorm", v, norm), arr)
+            return self.ptr(v)
+
+        epi = self.epilogue(step, chain, oshape, axis)
+        self.body.append(f"    sat_layernorm({self.ptr(node.inputs[0])}, {param(1)}, {param(2)}, {out}, "
+                         f"{math.prod(oshape[:axis])}, {math.prod(norm)}, {c_float(node.attr('epsilon', 1e-5))}, "
+                         f"{epi});\n")
+
+    def emit_reduce(self, step, chain, out, oshape, mode):
+        node = step.anchor
+        x = self.shapes[node.inputs[0]]
+        axes, _ = reduce_axes(self.g, node, x)
+        if not axes:  # noop_with_empty_axes
+            self.emit_strided(node, self.ptr(node.inputs[0]), 0, x, strides(x), out)
+            return
+        kept = strides(tuple(1 if d in axes else n for d, n in enumerate(x)))
+        ystr = [0 if d in axes else kept[d] for d in range(len(x))]
+        count = math.prod(x[d] for d in axes)
+        arr = lambda v: ", ".join(str(int(d)) for d in v)  # noqa: E731
+        self.body.append(
+            f"    {{ static const int64_t s[] = {{{arr(x)}}}, t[] = {{{arr(ystr)}}};\n"
+            f"      sat_reduce({self.ptr(node.inputs[0])}, {out}, {len(x)}, s, t, {math.prod(oshape)}, {mode}, "
+            f"{c_float(1.0 / max(count, 1))}); }}\n")
+
+    def emit_ReduceSum(self, step, chain, out, oshape):
+        self.emit_reduce(step, chain, out, oshape, 0)
+
+    def emit_ReduceMean(self, step, chain, out, oshape):
+        self.emit_reduce(step, chain, out, oshape, 1)
+
+    def emit_ReduceMax(self, step, chain, out, oshape):
+        self.emit_reduce(step, chain, out, oshape, 2)
+
+    def emit_ReduceMin(self, step, chain, out, oshape):
+        self.emit_reduce(step, chain, out, oshape, 3)
+
+    def emit_Resize(self, step, chain, out, oshape):
+        node = step.anchor
+        x = self.shapes[node.inputs[0]]
+        _, mode, ((h0, h1, hw), (w0, w1, ww)) = resize_tables(self.g, node, x)
+        tab = f"rs_{len(self.funcs)}"
+        ints = lambda v: ", ".join(str(int(i)) for i in v) or "0"  # noqa: E731
+        floats = lambda v: ", ".join(c_float(f) for f in v) or "0"  # noqa: E731
+        self.funcs.append(
+            f"static const int32_t {tab}_h0[] = {{{ints(h0)}}}, {tab}_h1[] = {{{ints(h1)}}}, "
+            f"{tab}_w0[] = {{{ints(w0)}}}, {tab}_w1[] = {{{ints(w1)}}};\n"
+            f"static const float {tab}_hw[] = {{{floats(hw)}}}, {tab}_ww[] = {{{floats(ww)}}};\n")
+        if math.prod(oshape) == 0:
+            return
+        self.body.append(
+            f"    sat_resize2d({self.ptr(node.inputs[0])}, {out}, {math.prod(x[:-2])}, {x[-2]}, {x[-1]}, "
+            f"{oshape[-2]}, {oshape[-1]}, {tab}_h0, {tab}_h1, {tab}_hw, {tab}_w0, {tab}_w1, {tab}_ww, "
+            f"{int(mode == 'nearest')});\n")
 
     def emit_Concat(self, step, chain, out, oshape):
         node = step.anchor

@@ -448,46 +448,12 @@ static void sat_global_avgpool(const float *x, float *y, int64_t N, int64_t C, i
         for (int64_t n = 0; n < N; n++) epi(y, n * C, C);
 }
 
-/* Numerically stable softmax along an axis of length L, between `outer` and `inner` blocks. */
-static void sat_softmax(const float *x, float *y, int64_t outer, int64_t L, int64_t inner) {
-    for (int64_t o = 0; o < outer; o++) {
-        for (int64_t j = 0; j < inner; j++) {
-            const float *xi = x + o * L * inner + j;
-            float *yo = y + o * L * inner + j;
-            float mx = -INFINITY;
-            for (int64_t i = 0; i < L; i++) mx = xi[i * inner] > mx ? xi[i * inner] : mx;
-            double sum = 0.0;
-            for (int64_t i = 0; i < L; i++) {
-                const float e = expf(xi[i * inner] - mx);
-                yo[i * inner] = e;
-                sum += e;
-            }
-            const float inv = (float)(1.0 / sum);
-            for (int64_t i = 0; i < L; i++) yo[i * inner] *= inv;
-        }
-    }
-}
-
-/* Row-major copy of a strided view: y (shape oshape) reads x at sum(idx[d] * istride[d]). */
-static void sat_transpose(const float *x, float *y, int rank, const int64_t *oshape, const int64_t *istride) {
-    int64_t idx[8] = {0}, total = 1;
-    for (int d = 0; d < rank; d++) total *= oshape[d];
-    const int64_t inner = oshape[rank - 1], is = istride[rank - 1];
-    for (int64_t o = 0; o < total; o += inner) {
-        int64_t base = 0;
-        for (int d = 0; d < rank - 1; d++) base += idx[d] * istride[d];
-        for (int64_t i = 0; i < inner; i++) y[o + i] = x[base + i * is];
-        for (int d = rank - 2; d >= 0; d--) {
-            if (++idx[d] < oshape[d]) break;
-            idx[d] = 0;
-        }
-    }
-}
-
 /* Copy `outer` blocks of `inner` floats from x into y with row pitch `pitch` (one Concat input). */
 static void sat_copy_blocks(const float *x, float *y, int64_t outer, int64_t inner, int64_t pitch) {
     for (int64_t o = 0; o < outer; o++) memcpy(y + o * pitch, x + o * inner, sizeof(float) * inner);
 }
+
+#include "tensor.h"
 
 /* Read the whole weights file into a 64-byte aligned buffer; it must hold exactly `nfloats` floats. */
 static float *sat_read_weights(const char *path, int64_t nfloats) {

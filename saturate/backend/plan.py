@@ -14,7 +14,7 @@ ALIGN = 64
 TILE_BYTES = int(os.environ.get("SATURATE_TILE_BYTES", 192 * 1024))
 # Kernels whose output loop can apply an epilogue while the row is still in cache.
 EPILOGUE_HOSTS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
-                  "BatchNormalization"} | ELEMENTWISE_UNARY | ELEMENTWISE_BINARY
+                  "BatchNormalization", "LayerNormalization"} | ELEMENTWISE_UNARY | ELEMENTWISE_BINARY
 # Ops that are pointwise on their first (data) operand and so can ride along as an epilogue.
 EPILOGUE_MEMBERS = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | {"BatchNormalization"}
 

@@ -99,6 +99,10 @@ class Operand:
         return None
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _const_scalar(graph, node: Node, value: str, default: float) -> float:
     if not value:
         return default
@@ -127,6 +131,46 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
         if a == chain_input:
             return f"v {sym} {operand(b)}"
         return f"{operand(a)} {sym} v"
+    if op in ("Pow", "Max", "Min"):
+        a, b = node.inputs
+        if op == "Pow" and a == chain_input and b != chain_input:
+            # Constant exponents of real models (LayerNorm's square, RMS roots) need no powf call.
+            special = {"2.0f": "v * v", "1.0f": "v", "0.5f": "sqrtf(v)", "3.0f": "v * v * v", "-1.0f": "1.0f / v"}
+            exp = operand(b)
+            return special.get(exp, f"powf(v, {exp})")
+        fn = {"Pow": "powf", "Max": "fmaxf", "Min": "fminf"}[op]
+        lhs = "v" if a == chain_input else operand(a)
+        rhs = "v" if b == chain_input else operand(b)
+        return f"{fn}({lhs}, {rhs})"
+    if op == "HardSwish":
+        return "v * fminf(fmaxf(v * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f)"
+    if op == "HardSigmoid":
+        alpha, beta = c_float(node.attr("alpha", 0.2)), c_float(node.attr("beta", 0.5))
+        return f"fminf(fmaxf(v * {alpha} + {beta}, 0.0f), 1.0f)"
+    if op == "Swish":
+        return f"v / (1.0f + expf(-{c_float(node.attr('alpha', 1.0))} * v))"
+    if op == "Gelu":
+        if _text(node.attr("approximate", "none")) == "tanh":
+            return "0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))"
+        return "0.5f * v * (1.0f + erff(v * 0.7071067811865476f))"
+    if op == "Exp":
+        return "expf(v)"
+    if op == "Log":
+        return "logf(v)"
+    if op == "Abs":
+        return "fabsf(v)"
+    if op == "Floor":
+        return "floorf(v)"
+    if op == "Ceil":
+        return "ceilf(v)"
+    if op == "Elu":
+        return f"v >= 0.0f ? v : {c_float(node.attr('alpha', 1.0))} * (expf(v) - 1.0f)"
+    if op == "Selu":
+        alpha, gamma = c_float(node.attr("alpha", 1.67326319217681884765625)), c_float(node.attr("gamma", 1.05070102214813232421875))
+        return f"{gamma} * (v > 0.0f ? v : {alpha} * (expf(v) - 1.0f))"
+    if op == "Softplus":
+        # log1p(exp(v)) overflows for large v, where softplus is v itself.
+        return "v > 20.0f ? v : log1pf(expf(v))"
     if op == "Relu":
         return "v > 0.0f ? v : 0.0f"
     if op == "Clip":
@@ -166,6 +210,20 @@ def vec_expr(node: Node, chain_input: str, operand, graph) -> str | None:
             return None if rhs is None else f"_mm256_{fn}_ps(v, {rhs})"
         lhs = operand(a)
         return None if lhs is None else f"_mm256_{fn}_ps({lhs}, v)"
+    if op in ("Max", "Min") and node.inputs[0] != node.inputs[1]:
+        other = operand(node.inputs[1] if node.inputs[0] == chain_input else node.inputs[0])
+        return None if other is None else f"_mm256_{op.lower()}_ps(v, {other})"
+    if op == "Pow" and node.inputs[0] == chain_input and node.inputs[1] != chain_input:
+        return "_mm256_mul_ps(v, v)" if operand(node.inputs[1]) == "_mm256_set1_ps(2.0f)" else None
+    if op in ("HardSwish", "HardSigmoid"):
+        alpha, beta = (1.0 / 6.0, 0.5) if op == "HardSwish" else (node.attr("alpha", 0.2), node.attr("beta", 0.5))
+        hs = (f"_mm256_min_ps(_mm256_max_ps(_mm256_add_ps(_mm256_mul_ps(v, _mm256_set1_ps({c_float(alpha)})), "
+              f"_mm256_set1_ps({c_float(beta)})), _mm256_setzero_ps()), _mm256_set1_ps(1.0f))")
+        return f"_mm256_mul_ps(v, {hs})" if op == "HardSwish" else hs
+    if op == "Abs":
+        return "_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v)"
+    if op == "Neg":
+        return "_mm256_xor_ps(_mm256_set1_ps(-0.0f), v)"
     if op == "Relu":
         return "_mm256_max_ps(v, _mm256_setzero_ps())"  # NaN -> 0, as the scalar form
     if op == "Clip":

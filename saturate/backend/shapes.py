@@ -10,11 +10,15 @@ import numpy as np
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
 
-ELEMENTWISE_UNARY = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal"}
-ELEMENTWISE_BINARY = {"Add", "Sub", "Mul", "Div"}
-ALIASES = {"Reshape", "Flatten", "Identity"}
+ELEMENTWISE_UNARY = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal",
+                     "HardSwish", "HardSigmoid", "Swish", "Gelu", "Exp", "Log", "Abs", "Floor", "Ceil", "Elu",
+                     "Softplus", "Selu"}
+ELEMENTWISE_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
+# Ops whose output shares its input's storage (a view): no kernel runs.
+ALIASES = {"Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Cast", "Dropout"}
 KERNELS = {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Gemm", "MatMul",
-           "Transpose", "Concat", "Softmax"}
+           "Transpose", "Concat", "Softmax", "Slice", "Expand", "Pad", "LayerNormalization", "ReduceMean",
+           "ReduceSum", "ReduceMax", "ReduceMin", "Resize"}
 SUPPORTED = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | ALIASES | KERNELS
 
 
@@ -117,6 +121,151 @@ def const_ints(graph: Graph, node: Node, value: str) -> list[int]:
     return [int(v) for v in np.asarray(graph.constants[value]).reshape(-1)]
 
 
+def _input(node: Node, k: int) -> str:
+    return node.inputs[k] if len(node.inputs) > k else ""
+
+
+def _text(value, default: str) -> str:
+    value = default if value is None else value
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def slice_params(graph: Graph, node: Node, x: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(start, step, count) per axis of a Slice: inputs from opset 10, attributes before (and in the
+    Slice nodes Split lowers to); clamping follows Python's slice semantics, which ONNX specifies."""
+    if len(node.inputs) > 1:
+        starts, ends = const_ints(graph, node, node.inputs[1]), const_ints(graph, node, node.inputs[2])
+        axes = const_ints(graph, node, _input(node, 3)) if _input(node, 3) else list(range(len(starts)))
+        steps = const_ints(graph, node, _input(node, 4)) if _input(node, 4) else [1] * len(starts)
+    else:
+        starts, ends = list(node.attr("starts")), list(node.attr("ends"))
+        axes = list(node.attr("axes") or range(len(starts)))
+        steps = [1] * len(starts)
+    out = [(0, 1, d) for d in x]
+    for a, b, e, st in zip(axes, starts, ends, steps):
+        if st == 0:
+            raise unsupported(node, "got a zero Slice step")
+        a %= len(x)
+        lo, hi, st = slice(b, e, st).indices(x[a])
+        out[a] = (lo, st, len(range(lo, hi, st)))
+    return out
+
+
+def pad_params(graph: Graph, node: Node, x: tuple[int, ...]) -> tuple[list[int], list[int], str, float]:
+    """(begin pads, end pads, mode, constant value) of a Pad; pads and value must be compile-time."""
+    mode = _text(node.attr("mode"), "constant")
+    if len(node.inputs) > 1:
+        pads = const_ints(graph, node, node.inputs[1])
+        value = 0.0
+        if _input(node, 2):
+            if node.inputs[2] not in graph.constants:
+                raise unsupported(node, f"needs '{node.inputs[2]}' to be a constant")
+            value = float(np.asarray(graph.constants[node.inputs[2]]).reshape(-1)[0])
+        axes = const_ints(graph, node, _input(node, 3)) if _input(node, 3) else list(range(len(x)))
+    else:
+        pads, value, axes = list(node.attr("pads")), float(node.attr("value", 0.0)), list(range(len(x)))
+    begin, end = [0] * len(x), [0] * len(x)
+    for k, a in enumerate(axes):
+        begin[a % len(x)], end[a % len(x)] = pads[k], pads[k + len(axes)]
+    if mode not in ("constant", "reflect", "edge"):
+        raise unsupported(node, f"has no kernel for Pad mode '{mode}'")
+    if mode != "constant" and any(d == 0 for d in x):
+        raise unsupported(node, f"cannot {mode}-pad an empty tensor")
+    return begin, end, mode, value
+
+
+def reduce_axes(graph: Graph, node: Node, x: tuple[int, ...]) -> tuple[list[int], bool]:
+    """Reduced axes (sorted, non-negative) and keepdims of a Reduce*: axes an attribute before
+    opset 18 (ReduceSum: 13), an input from then on."""
+    if _input(node, 1):
+        axes = const_ints(graph, node, node.inputs[1])
+    else:
+        axes = list(node.attr("axes") or [])
+    if not axes:
+        if node.attr("noop_with_empty_axes", 0):
+            return [], bool(node.attr("keepdims", 1))
+        axes = list(range(len(x)))
+    return sorted({a % len(x) for a in axes}), bool(node.attr("keepdims", 1))
+
+
+def squeeze_shape(graph: Graph, node: Node, x: tuple[int, ...]) -> tuple[int, ...]:
+    """Output shape of Squeeze/Unsqueeze (axes an attribute before opset 13, an input from then on)."""
+    axes = const_ints(graph, node, node.inputs[1]) if _input(node, 1) else list(node.attr("axes") or [])
+    if node.op == "Squeeze":
+        drop = {a % len(x) for a in axes} if axes else {d for d, n in enumerate(x) if n == 1}
+        if any(x[a] != 1 for a in drop):
+            raise unsupported(node, f"cannot squeeze axes {sorted(drop)} of shape {x}")
+        return tuple(n for d, n in enumerate(x) if d not in drop)
+    rank = len(x) + len(axes)
+    ins = sorted(a % rank for a in axes)
+    out, it = [], iter(x)
+    for d in range(rank):
+        out.append(1 if d in ins else next(it))
+    return tuple(out)
+
+
+RESIZE_MODES = ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel", "tf_half_pixel_for_nearest",
+                "half_pixel_symmetric")
+
+
+def resize_tables(graph: Graph, node: Node, x: tuple[int, ...]):
+    """Output shape and, per resized axis (the last two only), source indices i0, i1 and the weight of
+    i1, following the ONNX coordinate transforms; raises for modes the C kernel lacks."""
+    mode = _text(node.attr("mode"), "nearest")
+    ctm = _text(node.attr("coordinate_transformation_mode"), "half_pixel" if graph.opset >= 11 else "asymmetric")
+    nearest = _text(node.attr("nearest_mode"), "round_prefer_floor")
+    if mode not in ("nearest", "linear") or ctm not in RESIZE_MODES or node.attr("antialias", 0) \
+            or node.attr("axes") is not None or _text(node.attr("keep_aspect_ratio_policy"), "stretch") != "stretch":
+        raise unsupported(node, f"has no Resize kernel for mode '{mode}', coordinates '{ctm}'")
+    if graph.opset < 11 or len(node.inputs) == 2:
+        scales_in, sizes_in = node.inputs[1], ""
+    else:
+        scales_in, sizes_in = _input(node, 2), _input(node, 3)
+    if sizes_in:
+        sizes = const_ints(graph, node, sizes_in)
+        scales = [s / d for s, d in zip(sizes, x)]
+    else:
+        if scales_in not in graph.constants:
+            raise unsupported(node, "needs constant Resize scales or sizes")
+        scales = [float(v) for v in np.asarray(graph.constants[scales_in], np.float32).reshape(-1)]
+        sizes = [int(math.floor(d * s)) for d, s in zip(x, scales)]
+    if len(sizes) != len(x) or any(s != d for s, d in zip(sizes[:-2], x[:-2])) or len(x) < 3:
+        raise unsupported(node, "resizes only the last two axes of a rank 3+ tensor")
+    tables = []
+    for d in range(max(len(x) - 2, 0), len(x)):
+        n, m, s = x[d], sizes[d], scales[d]
+        r = np.arange(m, dtype=np.float64)
+        if ctm == "asymmetric":
+            src = r / s
+        elif ctm == "align_corners":
+            src = r * (n - 1) / (m - 1) if m > 1 else np.zeros(m)
+        elif ctm == "pytorch_half_pixel":
+            src = (r + 0.5) / s - 0.5 if m > 1 else np.zeros(m)
+        elif ctm == "tf_half_pixel_for_nearest":
+            src = (r + 0.5) / s
+        elif ctm == "half_pixel_symmetric":
+            adj = m / (s * n)
+            src = n / 2 * (1 - adj) + (r + 0.5) / s - 0.5
+        else:
+            src = (r + 0.5) / s - 0.5
+        if mode == "nearest":
+            fl = np.floor(src)
+            frac = src - fl
+            i0 = {"round_prefer_floor": np.where(frac <= 0.5, fl, fl + 1),
+                  "round_prefer_ceil": np.where(frac < 0.5, fl, fl + 1),
+                  "floor": fl, "ceil": np.ceil(src)}.get(nearest)
+            if i0 is None:
+                raise unsupported(node, f"has no Resize kernel for nearest_mode '{nearest}'")
+            i0 = np.clip(i0, 0, n - 1).astype(np.int64)
+            tables.append((i0, i0, np.zeros(m)))
+        else:
+            src = np.clip(src, 0, n - 1)
+            i0 = np.floor(src).astype(np.int64)
+            i1 = np.minimum(i0 + 1, n - 1)
+            tables.append((i0, i1, src - i0))
+    return tuple(sizes), mode, tables
+
+
 def infer_shapes(graph: Graph, input_shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """Static shape of every value the graph computes; raises for ops the backend lacks."""
     shapes: dict[str, tuple[int, ...]] = {k: tuple(int(d) for d in v.shape) for k, v in graph.constants.items()}
@@ -134,8 +283,40 @@ def infer_shapes(graph: Graph, input_shapes: dict[str, tuple[int, ...]]) -> dict
 
 def _out_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
     op, x = node.op, ins[0]
-    if op in ELEMENTWISE_UNARY or op in ("Identity", "BatchNormalization", "Softmax"):
+    if op == "Cast" and int(node.attr("to", 1)) != 1:
+        raise unsupported(node, "casts to float32 only")
+    if op in ("Max", "Min") and len(node.inputs) != 2:
+        raise unsupported(node, f"runs {op} on two inputs only")
+    if op in ("Pad", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin") and len(x) > 8:
+        raise unsupported(node, f"supports {op} up to rank 8")
+    if op == "LayerNormalization":
+        norm = x[int(node.attr("axis", -1)) % len(x):]
+        for p, v in zip(ins[1:], node.inputs[1:]):
+            if v and v not in graph.constants and p != norm:
+                raise unsupported(node, f"needs scale and bias of shape {norm}, got {p}")
+    if op in ELEMENTWISE_UNARY or op in ("Identity", "BatchNormalization", "Softmax", "Cast", "Dropout",
+                                         "LayerNormalization"):
         return x
+    if op in ("Squeeze", "Unsqueeze"):
+        return squeeze_shape(graph, node, x)
+    if op == "Slice":
+        return tuple(c for _, _, c in slice_params(graph, node, x))
+    if op == "Expand":
+        try:
+            return tuple(np.broadcast_shapes(x, tuple(const_ints(graph, node, node.inputs[1]))))
+        except ValueError:
+            raise unsupported(node, f"cannot expand shape {x}") from None
+    if op == "Pad":
+        begin, end, _, _ = pad_params(graph, node, x)
+        out = tuple(d + b + e for d, b, e in zip(x, begin, end))
+        if any(d < 0 for d in out):
+            raise unsupported(node, f"pads {begin + end} crop {x} below zero")
+        return out
+    if op.startswith("Reduce"):
+        axes, keep = reduce_axes(graph, node, x)
+        return tuple(1 if d in axes else n for d, n in enumerate(x) if keep or d not in axes)
+    if op == "Resize":
+        return resize_tables(graph, node, x)[0]
     if op in ELEMENTWISE_BINARY:
         try:
             return tuple(np.broadcast_shapes(ins[0], ins[1]))

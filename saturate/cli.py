@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import signal
 import sys
 
 import saturate.commands
@@ -35,6 +36,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the process is so that `finally` blocks remove temp files."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     chosen = argv[0] if argv and argv[0] in command_names() else None
@@ -43,6 +52,15 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except SaturateError as err:
         print(f"saturate: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("saturate: interrupted", file=sys.stderr)
+        return 130
+    except Terminated:
+        print("saturate: terminated", file=sys.stderr)
+        return 143
+    except RecursionError:
+        print("saturate: error: input nested too deeply to process", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # `saturate rules | head` closed our stdout: not an error; silence the flush at exit.
@@ -58,7 +76,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        code = main()
+    except KeyboardInterrupt:  # during start-up or argument parsing
+        print("saturate: interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ def bad_model(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["run", "{tmp}/missing.onnx"], "missing.onnx: no such file"),
     (["run", "example:mlp", "-i", "{tmp}/none.npy"], "none.npy: no such file"),
-    (["run", "example:mlp", "-i", "{tmp}/junk.npy"], "junk.npy: not a .npy or .npz file"),
+    (["run", "example:mlp", "-i", "{tmp}/junk.npy"], "junk.npy: not a .npy or .npz array file"),
     (["run", "example:mlp", "-i", "{tmp}/wrong.npy"], "input 'x' has shape [3, 3], the graph expects"),
     (["run", "example:mlp", "-i", "{tmp}/named.npz"], "'nope' is not an input of the graph"),
     (["run", "{two}", "-i", "{tmp}/wrong.npy"], "one array given, but the model has 2 inputs (a, b)"),

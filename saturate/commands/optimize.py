@@ -8,6 +8,7 @@ import sys
 import time
 
 from saturate.core.errors import SaturateError
+from saturate.core.fileio import check_writable, write_atomic
 from saturate.pipeline import MAX_ITERATIONS, MAX_NODES, TIMEOUT
 
 NAME = "optimize"
@@ -46,8 +47,12 @@ def run(args: argparse.Namespace) -> int:
     from saturate.lang.parser import RULES_DIR, load_rules
     from saturate.pipeline import optimize
 
-    if args.max_iterations < 0 or args.max_nodes < 1 or args.timeout <= 0:
+    if args.max_iterations < 0 or args.max_nodes < 1 or not args.timeout > 0:  # `not >`: NaN too
         raise SaturateError("--max-iterations, --max-nodes and --timeout must be positive")
+    # Every output path is checked before the work, so a bad --report never follows a written model.
+    check_writable(args.output, inputs=(args.model,))
+    if args.report:
+        check_writable(args.report, inputs=(args.model, args.output))
     times = {}
     t = time.perf_counter()
     graph = load_graph(args.model)
@@ -72,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     times["export"] = time.perf_counter() - t
     report.times = {"import": times["import"], **report.times, "export": times["export"]}
     if args.report:
-        with open(args.report, "w", encoding="utf-8") as f:
-            json.dump(report.to_json(), f, indent=2)
+        text = json.dumps(report.to_json(), indent=2).encode("utf-8")
+        write_atomic(args.report, lambda f: f.write(text))
     if args.trace:
         print(format_report(report), file=sys.stderr)
     else:

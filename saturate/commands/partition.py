@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from saturate.core.fileio import check_writable
 from saturate.frontend import load_graph
 from saturate.partition import check_output, optimize_for_target, partition, save_model, summary
 from saturate.targets.preserve import split_names
@@ -37,6 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_output(args.output)  # before any work
+    check_writable(args.output, inputs=(args.model,))
     target = load_target(args.target)
     graph = load_graph(args.model)
     ops, nodes = split_names(graph, split(args.preserve) + tuple(graph.meta.get("preserve", ())))

@@ -88,8 +88,9 @@ def load_inputs(graph: Graph, path: str) -> dict[str, np.ndarray]:
         raise SaturateError(f"{path}: no such file")
     try:
         data = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
-        raise SaturateError(f"{path}: not a .npy or .npz file ({str(err).splitlines()[0]})") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile):
+        # numpy's own reasons ("pickled data", "cannot reshape") describe its parser, not the file.
+        raise SaturateError(f"{path}: not a .npy or .npz array file") from None
     if isinstance(data, np.ndarray):
         names = graph_inputs(graph)
         if len(names) != 1:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
 from saturate.lang import checks
@@ -198,6 +198,7 @@ def parse_statements(text: str, file: str = "<string>") -> list[Any]:
         tree = _parser().parse(text)
     except UnexpectedInput as err:
         raise _syntax_error(err, text, file) from None
+    _check_depth(tree, text, file)
     try:
         return _ToAst(file).transform(tree)
     except VisitError as err:
@@ -205,6 +206,22 @@ def parse_statements(text: str, file: str = "<string>") -> list[Any]:
             err.orig_exc.source_line = None
             raise _with_line(err.orig_exc, text) from None
         raise
+
+
+# Terms are walked recursively by every later stage; a rule nested deeper than this is refused
+# where it is written instead of failing somewhere with a RecursionError.
+MAX_DEPTH = 64
+
+
+def _check_depth(tree: Tree, text: str, file: str) -> None:
+    stack = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > 3 * MAX_DEPTH:  # each term level is a few parse-tree levels
+            meta = node.meta
+            line, col = (meta.line, meta.column) if not meta.empty else (1, 1)
+            raise _with_line(SourceError(file, line, col, f"expression nested more than {MAX_DEPTH} levels deep"), text)
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
 
 
 def _with_line(err: SourceError, text: str) -> SourceError:

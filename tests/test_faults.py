@@ -1,0 +1,149 @@
+"""Fault injection: bad paths, interrupts, deep rules, external data; one clean line and no debris."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import saturate.frontend as frontend
+from saturate.cli import main
+from saturate.frontend import examples, load_graph, save_graph
+from saturate.interp import run_graph
+
+
+def _one_error_line(capsys, *words: str, context: bool = False) -> str:
+    """One error line (a rule error adds the source line and a caret under it) and no traceback."""
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == (3 if context else 1) and "Traceback" not in err, err
+    first = err.splitlines()[0]
+    assert first.startswith("saturate: error: ") and all(w in first for w in words), err
+    return err
+
+
+def test_output_equal_to_the_input_is_refused_and_the_input_is_untouched(tmp_path, capsys):
+    model = tmp_path / "m.onnx"
+    save_graph(examples.build("vgg"), str(model))
+    before = model.read_bytes()
+    assert main(["optimize", str(model), "-o", str(model)]) == 2
+    _one_error_line(capsys, "inputs are never overwritten")
+    assert model.read_bytes() == before
+    assert main(["optimize", str(model), "-o", str(tmp_path / "." / "m.onnx")]) == 2
+
+
+@pytest.mark.parametrize("make_output,words", [
+    (lambda d: d, ("is a directory",)),
+    (lambda d: d / "missing" / "out.onnx", ("does not exist",)),
+    (lambda d: d / "file.txt" / "out.onnx", ("does not exist",)),
+])
+def test_unusable_output_paths_are_one_line_errors(tmp_path, capsys, make_output, words):
+    (tmp_path / "file.txt").write_text("x")
+    assert main(["optimize", "example:mobilenet", "-o", str(make_output(tmp_path))]) == 2
+    _one_error_line(capsys, *words)
+
+
+def test_a_report_into_a_missing_directory_fails_before_the_model_is_written(tmp_path, capsys):
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", "example:mobilenet", "-o", str(out), "--report", str(tmp_path / "no" / "r.json")]) == 2
+    _one_error_line(capsys, "does not exist")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["nan", "0", "-1"])
+def test_a_timeout_that_is_no_duration_is_refused(tmp_path, capsys, value):
+    assert main(["optimize", "example:mobilenet", "-o", str(tmp_path / "o.onnx"), "--timeout", value]) == 2
+    _one_error_line(capsys, "--timeout")
+
+
+@pytest.mark.parametrize("body", ["Add(" * 400 + "x" + ")" * 400, " + ".join(["c"] * 400)])
+def test_deeply_nested_rules_point_at_their_line(tmp_path, capsys, body):
+    rules = tmp_path / "deep.rules"
+    rules.write_text(f"ruleset deep level 1\nrule deep Add(x, c:const) => Add(x, {body})\n")
+    assert main(["rules", "--rules", str(rules)]) == 2
+    _one_error_line(capsys, f"{rules}:2:", "nested more than", context=True)
+
+
+def test_outputs_follow_the_umask(tmp_path):
+    old = os.umask(0o027)
+    try:
+        assert main(["optimize", "example:mobilenet", "-o", str(tmp_path / "o.onnx"),
+                     "--report", str(tmp_path / "r.json")]) == 0
+    finally:
+        os.umask(old)
+    for name in ("o.onnx", "r.json"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o640
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_interrupts_print_one_line_and_leave_no_temp_files(tmp_path, sig, code, word):
+    out = tmp_path / "out.onnx"
+    proc = subprocess.Popen([sys.executable, "-m", "saturate", "optimize", "example:chain-2000", "-o", str(out),
+                             "--trace"], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    lines = []
+    for line in proc.stderr:  # wait until saturation is under way
+        lines.append(line)
+        if "iteration" in line:
+            break
+    proc.send_signal(sig)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == code
+    tail = [ln for ln in rest.splitlines() if "iteration" not in ln]
+    assert tail == [f"saturate: {word}"], rest
+    assert list(tmp_path.iterdir()) == []
+
+
+def _external_model(folder: Path) -> Path:
+    folder.mkdir()
+    model = frontend.onnx_io.export_model(examples.build("mobilenet"))
+    onnx.save_model(model, str(folder / "m.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=64)
+    return folder / "m.onnx"
+
+
+def test_external_data_is_read_beside_the_model_not_the_working_directory(tmp_path, monkeypatch):
+    path = _external_model(tmp_path / "model")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # A same-named data file in the working directory must not be read instead.
+    (elsewhere / "weights.bin").write_bytes(b"\0" * (tmp_path / "model" / "weights.bin").stat().st_size)
+    monkeypatch.chdir(elsewhere)
+    graph = load_graph(str(path))
+    want = examples.build("mobilenet")
+    feeds = examples.random_inputs(want)
+    for name, value in run_graph(want, feeds).items():
+        np.testing.assert_allclose(run_graph(graph, feeds)[name], value, rtol=1e-6)
+
+
+def test_missing_external_data_is_a_one_line_error(tmp_path, capsys):
+    path = _external_model(tmp_path / "model")
+    (tmp_path / "model" / "weights.bin").unlink()
+    assert main(["show", str(path)]) == 2
+    _one_error_line(capsys, "external data")
+
+
+def test_models_over_the_protobuf_limit_save_weights_beside_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(frontend, "EXTERNAL_DATA_BYTES", 1000)
+    graph = examples.build("mobilenet")
+    save_graph(graph, str(tmp_path / "big.onnx"))
+    assert (tmp_path / "big.onnx.data").is_file()
+    assert (tmp_path / "big.onnx").stat().st_size < 20_000
+    feeds = examples.random_inputs(graph)
+    session = ort.InferenceSession(str(tmp_path / "big.onnx"), providers=["CPUExecutionProvider"])
+    want = run_graph(graph, feeds)
+    for name, got in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
+        np.testing.assert_allclose(got, want[name], rtol=1e-4, atol=1e-5)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_an_input_file_of_pickled_objects_is_not_taken_for_an_array(tmp_path, capsys):
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    assert main(["run", "example:mlp", "-i", str(tmp_path / "obj.npy")]) == 2
+    _one_error_line(capsys, "not a .npy or .npz array file")

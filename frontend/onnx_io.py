@@ -155,10 +155,49 @@ def _check(model: onnx.ModelProto) -> None:
         for vi in list(probe.graph.input) + list(probe.graph.output):
             if vi.type.HasField("tensor_type"):
                 vi.type.tensor_type.shape.SetInParent()
+    _check_dataflow(model.graph)
     try:
         onnx.checker.check_model(probe)
     except onnx.checker.ValidationError as err:
         raise SaturateError(f"invalid ONNX model: {_first_line(err)}") from None
+
+
+def _check_dataflow(g: onnx.GraphProto) -> None:
+    """Name the node of a value nothing defines, or of a cycle (the checker's message for both is
+    "must be topologically sorted", cut off before the node)."""
+    defined = {vi.name for vi in g.input} | {t.name for t in g.initializer} | {""}
+    produced = {o: n for n in g.node for o in n.output if o}
+    for n in g.node:
+        missing = [i for i in n.input if i not in defined and i not in produced]
+        if missing:
+            raise SaturateError(f"invalid ONNX model: node '{n.name or n.output[0]}' ({n.op_type}) reads "
+                                f"'{missing[0]}', which no node, graph input or initializer defines")
+    # Kahn's algorithm: whatever is never ready lies on (or behind) a cycle.
+    waiting = {id(n): len({i for i in n.input if i in produced}) for n in g.node}
+    readers: dict[str, list] = {}
+    for n in g.node:
+        for i in {i for i in n.input if i in produced}:
+            readers.setdefault(i, []).append(n)
+    ready = [n for n in g.node if waiting[id(n)] == 0]
+    while ready:
+        for o in ready.pop().output:
+            for r in readers.get(o, ()):
+                waiting[id(r)] -= 1
+                if waiting[id(r)] == 0:
+                    ready.append(r)
+    stuck = [n for n in g.node if waiting[id(n)] > 0]
+    if stuck:
+        n = stuck[0]
+        raise SaturateError(f"invalid ONNX model: node '{n.name or n.output[0]}' ({n.op_type}) is on a cycle "
+                            f"({len(stuck)} nodes depend on each other's outputs)")
+    seen = set(defined)
+    for n in g.node:
+        late = [i for i in n.input if i not in seen]
+        if late:
+            raise SaturateError(f"invalid ONNX model: node '{n.name or n.output[0]}' ({n.op_type}) reads "
+                                f"'{late[0]}' before the node that computes it (ONNX wants nodes in "
+                                f"topological order)")
+        seen.update(n.output)
 
 
 def _opsets(model: onnx.ModelProto) -> tuple[int, dict[str, int]]:

@@ -15,6 +15,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from saturate.frontend.onnx_io import MAX_OPSET, MIN_OPSET
 from saturate.core.errors import SaturateError, SourceError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
+from saturate.core.ops import op_table
 
 _PLAIN_VALUE = re.compile(r"[A-Za-z0-9_./\-]+")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -256,6 +257,10 @@ class _Reader:
         inputs = [self.use(a) for a in args.children] if args is not None else []
         domain, op_name = (self.string(op.children[0]), str(op.children[1])) if len(op.children) == 2 \
             else ("", str(op.children[0]))
+        if domain in ("", "ai.onnx") and op_name not in op_table():
+            tok = op.children[-1]
+            raise self.error(tok, f"unknown op '{op_name}': not an ONNX op; write another domain's op "
+                                  f"as \"my.domain\".{op_name}")
         node = Node(op_name, inputs, [], domain=domain)
         if label is not None:
             node.name = json.loads(label.children[0])

@@ -147,3 +147,35 @@ def test_an_input_file_of_pickled_objects_is_not_taken_for_an_array(tmp_path, ca
     np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     assert main(["run", "example:mlp", "-i", str(tmp_path / "obj.npy")]) == 2
     _one_error_line(capsys, "not a .npy or .npz array file")
+
+
+def _save_nodes(path: Path, nodes) -> str:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT, [2])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("nodes,words", [
+    ([("q", "a")], ("node 'a' (Relu) reads 'q', which no node",)),
+    ([("b", "a"), ("a", "b")], ("node 'a' (Relu) is on a cycle",)),
+    ([("a", "b"), ("x", "a")], ("node 'b' (Relu) reads 'a' before the node that computes it",)),
+])
+def test_broken_dataflow_names_the_node(tmp_path, capsys, nodes, words):
+    from onnx import helper
+
+    path = _save_nodes(tmp_path / "m.onnx", [helper.make_node("Relu", [i], [o], name=o) for i, o in nodes])
+    assert main(["show", path]) == 2
+    _one_error_line(capsys, *words)
+
+
+def test_a_text_graph_with_an_op_onnx_does_not_define_is_refused_where_written(tmp_path, capsys):
+    path = tmp_path / "unknown.sat"
+    path.write_text('graph g opset 17\n  input %x: float32[2]\n  %y = Frobnicate(%x)\n  output %y\n')
+    assert main(["optimize", str(path), "-o", str(tmp_path / "out.onnx")]) == 2
+    _one_error_line(capsys, f"{path}:3:8: unknown op 'Frobnicate'", context=True)
+    assert not (tmp_path / "out.onnx").exists()
+    path.write_text('graph g opset 17\n  input %x: float32[2]\n  %y = "my.ops".Frobnicate(%x)\n  output %y\n')
+    assert main(["show", str(path)]) == 0

@@ -86,8 +86,10 @@ def graphs(draw):
         args = draw(st.lists(st.sampled_from(defined + [""]), max_size=3))
         outs = [name] + ([""] if draw(st.booleans()) else [])
         attrs = draw(st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True), attr_values(), max_size=3))
-        node = Node(draw(st.sampled_from(["Conv", "Add", "MyOp"])), args, outs, attrs,
-                    name=draw(st.one_of(st.just(""), NAMES)), domain=draw(st.sampled_from(["", "com.example"])))
+        # An op ONNX does not define only exists in a domain of its own (the parser refuses it bare).
+        op, domain = draw(st.sampled_from([("Conv", ""), ("Add", ""), ("Add", "com.example"),
+                                           ("MyOp", "com.example")]))
+        node = Node(op, args, outs, attrs, name=draw(st.one_of(st.just(""), NAMES)), domain=domain)
         g.nodes.append(node)
         if draw(st.booleans()):
             g.values[name] = ValueInfo(draw(st.sampled_from(DTYPES)), tuple(draw(st.lists(DIMS, max_size=3))))

@@ -18,6 +18,15 @@ def command_names() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(saturate.commands.__path__))
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("saturate")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """One subcommand per module in saturate/commands (each has NAME, HELP, configure, run).
 
@@ -25,6 +34,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     (egglog, onnx, scipy), and a run should pay for the one it uses, not for all of them.
     """
     parser = argparse.ArgumentParser(prog="saturate", description="Graph folding by equality saturation.")
+    parser.add_argument("--version", action="version", version=f"saturate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in command_names():
         if only is not None and name != only:

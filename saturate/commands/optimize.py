@@ -16,8 +16,17 @@ HELP = "fold a model by equality saturation: batch-norm into conv, merged consta
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="a .onnx file, a text graph (.sat) or example:NAME")
-    parser.add_argument("-o", "--output", required=True, help="where to write the result (.onnx or .sat)")
+    parser.add_argument("model", nargs="+",
+                        help="a .onnx file, a text graph (.sat) or example:NAME; several, a directory or a "
+                             "glob optimize a batch into the -o directory")
+    parser.add_argument("-o", "--output", required=True,
+                        help="where to write the result (.onnx or .sat); for a batch, a directory")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="batch: models optimized at once, in separate processes (default: all cores)")
+    parser.add_argument("--cluster", metavar="ADDRESS",
+                        help="batch: run on the Ray cluster at ADDRESS ('local' starts one here; needs "
+                             "pip install 'saturate[cluster]')")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     parser.add_argument("--rules", nargs="+", action="extend", default=[], metavar="FILE_OR_DIR",
                         help="more .rules files or directories, loaded beside the standard library")
     parser.add_argument("--no-std", action="store_true", help="do not load the standard rules (only --rules)")
@@ -49,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_iterations < 0 or args.max_nodes < 1 or not args.timeout > 0:  # `not >`: NaN too
         raise SaturateError("--max-iterations, --max-nodes and --timeout must be positive")
+    if is_batch(args.model):
+        return run_batch_command(args)
+    args.model = args.model[0]
     # Every output path is checked before the work, so a bad --report never follows a written model.
     check_writable(args.output, inputs=(args.model,))
     if args.report:
@@ -81,11 +93,65 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(args.report, lambda f: f.write(text))
     if args.trace:
         print(format_report(report), file=sys.stderr)
-    else:
+    elif not args.quiet:
         print(summary_line(report, args.output))
     if args.partition:
         print(f"partitioned into {len(functions)} functions" + "".join(f"\n  {f}" for f in functions))
     return 0
+
+
+def is_batch(models: list[str]) -> bool:
+    """Several models, a directory or a glob make a batch; one model file does not."""
+    from pathlib import Path
+
+    return len(models) > 1 or any(Path(m).is_dir() or any(c in m for c in "*?[") for m in models)
+
+
+def run_batch_command(args: argparse.Namespace) -> int:
+    """Optimize every model into the -o directory in parallel; a table, and summary.json there."""
+    import os
+
+    from saturate import batch
+    from saturate.lang.parser import RULES_DIR, load_rules
+
+    for flag in ("report", "partition", "trace"):
+        if getattr(args, flag):
+            raise SaturateError(f"--{flag} takes one model; a batch writes summary.json in its output directory")
+    if args.jobs is not None and args.jobs < 1:
+        raise SaturateError("--jobs must be at least 1")
+    models = batch.expand_models(args.model)
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise SaturateError(f"{args.output}: a batch writes into a directory, and this is a file")
+    paths = ([] if args.no_std else [str(RULES_DIR)]) + list(args.rules)
+    load_rules(paths, level=args.level, names=args.only)  # a bad rule fails once, here, not per model
+    os.makedirs(args.output, exist_ok=True)
+    jobs = batch.plan_jobs(models, args.output)
+    for job in jobs:
+        check_writable(job.output, inputs=tuple(models))
+    options = batch.Options(tuple(paths), args.level, tuple(args.only) if args.only else None, args.target,
+                            tuple(p.strip() for p in args.preserve.split(",") if p.strip()),
+                            args.max_iterations, args.max_nodes, args.timeout, args.fold_initializer_inputs)
+    start = time.perf_counter()
+    with _progress_bar(len(jobs), args.quiet) as bar:
+        outcomes = batch.run_batch(jobs, options, args.jobs, args.cluster,
+                                   done=lambda o: bar.update(1))
+    seconds = time.perf_counter() - start
+    batch.write_summary(outcomes, os.path.join(args.output, "summary.json"), seconds)
+    failed = [o for o in outcomes if not o.ok]
+    if not args.quiet:
+        print(batch.format_table(outcomes))
+        print(f"{len(outcomes) - len(failed)} of {len(outcomes)} models optimized in {seconds:.1f} s; "
+              f"summary in {os.path.join(args.output, 'summary.json')}")
+    for o in failed:
+        print(f"saturate: error: {o.source}: {o.error}", file=sys.stderr)
+    return 2 if failed else 0
+
+
+def _progress_bar(total: int, quiet: bool):
+    """A progress bar on a terminal only: quiet when output is piped or --quiet."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="model", disable=quiet or not sys.stderr.isatty(), file=sys.stderr)
 
 
 def summary_line(report, output: str) -> str:

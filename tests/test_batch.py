@@ -1,0 +1,85 @@
+"""Batch optimization: many models, parallel processes or Ray, one failure never stops the rest."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from saturate import batch
+from saturate.cli import main
+from saturate.frontend import examples, load_graph, save_graph
+from saturate.interp import run_graph
+
+
+def _models(folder, names=("vgg", "mobilenet", "mlp")):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        save_graph(examples.build(name), str(folder / f"{name}.onnx"))
+    return folder
+
+
+def _same_outputs(source, output):
+    want, got = load_graph(source), load_graph(output)
+    feeds = examples.random_inputs(want)
+    for name, value in run_graph(want, feeds).items():
+        np.testing.assert_allclose(run_graph(got, feeds)[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_a_directory_is_optimized_and_one_broken_model_stops_nothing(tmp_path, capsys):
+    models = _models(tmp_path / "zoo")
+    (models / "broken.onnx").write_bytes(b"not a model")
+    out = tmp_path / "out"
+    assert main(["optimize", str(models), "-o", str(out), "--jobs", "1"]) == 2
+    summary = json.loads((out / "summary.json").read_text())
+    results = {r["source"].rsplit("/", 1)[-1]: r for r in summary["results"]}
+    assert summary["models"] == 4 and summary["failed"] == 1
+    assert not results["broken.onnx"]["ok"] and "not an ONNX model" in results["broken.onnx"]["error"]
+    for name in ("vgg.onnx", "mobilenet.onnx", "mlp.onnx"):
+        assert results[name]["ok"] and results[name]["nodes_after"] <= results[name]["nodes_before"]
+        _same_outputs(str(models / name), str(out / name))
+    printed = capsys.readouterr()
+    assert "3 of 4 models optimized" in printed.out and "broken.onnx" in printed.err
+
+
+def test_globs_and_example_names_in_parallel_processes(tmp_path):
+    models = _models(tmp_path / "zoo", ("vgg", "mlp"))
+    out = tmp_path / "out"
+    assert main(["optimize", str(models / "*.onnx"), "example:mobilenet", "-o", str(out), "--jobs", "2",
+                 "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["mlp.onnx", "mobilenet.onnx", "summary.json", "vgg.onnx"]
+    _same_outputs("example:mobilenet", str(out / "mobilenet.onnx"))
+
+
+def test_models_that_share_a_file_name_are_told_apart_by_their_folder(tmp_path):
+    jobs = batch.plan_jobs([str(tmp_path / "a" / "m.onnx"), str(tmp_path / "b" / "m.onnx")], tmp_path / "out")
+    assert [j.output.rsplit("/", 1)[-1] for j in jobs] == ["a__m.onnx", "b__m.onnx"]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["nothing-here/*.onnx"], "no such file, directory or matching models"),
+    (["example:vgg", "example:mlp", "--report", "r.json"], "--report takes one model"),
+    (["example:vgg", "example:mlp", "--jobs", "0"], "--jobs must be at least 1"),
+])
+def test_batch_mistakes_are_one_line_errors(tmp_path, capsys, monkeypatch, argv, words):
+    monkeypatch.chdir(tmp_path)
+    assert main(["optimize", *argv, "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err
+
+
+@pytest.mark.slow
+def test_a_batch_runs_on_a_local_ray_cluster(tmp_path):
+    pytest.importorskip("ray", reason="Ray is the optional extra saturate[cluster]")
+    import ray
+
+    models = _models(tmp_path / "zoo", ("vgg", "mlp"))
+    out = tmp_path / "out"
+    try:
+        assert main(["optimize", str(models), "-o", str(out), "--cluster", "local", "--quiet"]) == 0
+    finally:
+        ray.shutdown()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"] == 0 and summary["models"] == 2
+    _same_outputs(str(models / "vgg.onnx"), str(out / "vgg.onnx"))

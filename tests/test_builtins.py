@@ -40,7 +40,7 @@ def close(a, b):
 # ---- tables are consistent ----------------------------------------------------------------------
 
 def test_every_builtin_declares_one_kind_per_parameter():
-    kinds = {"const", "int", "ints", "value", "any"}
+    kinds = {"const", "int", "ints", "value", "type", "any"}
     for table in (CONST_FUNCS, QUERIES, GUARDS):
         for name, fn in table.items():
             assert len(fn.params) == fn.arity, name

@@ -55,13 +55,26 @@ def test_preserved_multi_output_and_integer_nodes_are_opaque():
     g.nodes.append(Node("Dropout", [g.outputs[0]], ["d", "mask"], name="drop"))
     g.values["d"] = g.values[g.outputs[0]]
     g.values["mask"] = ValueInfo("bool", (1, 4, 6, 6))
-    g.constants["s"] = np.array([6, 4], np.int64)
-    g.nodes.append(Node("Add", ["s", "s"], ["s2"], name="int_add"))
-    g.values["s2"] = ValueInfo("int64", (2,))
+    g.outputs.append("mask")   # a second output someone reads
+    g.constants["s"] = np.array([[6, 4], [1, 2]], np.int64)
+    g.nodes.append(Node("MatMul", ["s", "s"], ["s2"], name="int_matmul"))   # not a shape op
+    g.values["s2"] = ValueInfo("int64", (2, 2))
     enc = encode_graph(g, preserve=["Relu"])
-    assert [n.op for n in enc.opaque_nodes] == ["Relu", "Exp", "Dropout", "Add"]
+    assert [n.op for n in enc.opaque_nodes] == ["Relu", "Exp", "Dropout", "MatMul"]
     view = read_egraph(_load(enc))
     assert view.lets[enc.value_names["d"]] != view.lets[enc.value_names["mask"]]
+
+
+def test_unread_extra_outputs_and_integer_shape_arithmetic_are_terms():
+    g = _graph()
+    g.nodes.append(Node("Dropout", [g.outputs[0]], ["d", "mask"], name="drop"))
+    g.values["d"] = g.values[g.outputs[0]]
+    g.values["mask"] = ValueInfo("bool", (1, 4, 6, 6))
+    g.constants["s"] = np.array([6, 4], np.int64)
+    g.nodes.append(Node("Div", ["s", "s"], ["s2"], name="int_div"))
+    g.values["s2"] = ValueInfo("int64", (2,))
+    enc = encode_graph(g, rule_ops=["Dropout"])
+    assert [n.op for n in enc.opaque_nodes] == ["Exp"]
 
 
 def test_plain_rule_is_one_egglog_rule_and_guarded_rule_goes_through_python():

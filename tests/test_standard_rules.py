@@ -54,6 +54,22 @@ def _reshape_to(op, *ins, **attrs):
     return lambda b: b.op("Reshape", "x", b.op(op, *[i(b) if callable(i) else i for i in ins], **attrs))
 
 
+def _concat_of_convs(op, n, const_shape):
+    """op(Concat of n convs of x along channels, per-channel constant): split into each conv."""
+    def build(b):
+        cat = b.op("Concat", *[b.conv("x", 2, 4, bias=True) for _ in range(n)], axis=1)
+        return b.op(op, cat, b.rand(*const_shape(2 * n)))
+    return build
+
+
+def _branches(identity):
+    """RepVGG's block: a 3x3 conv, a 1x1 conv and an identity branch of x, summed."""
+    def build(b):
+        y = b.op("Add", b.conv("x", 4, 4, k=3, bias=True), b.conv("x", 4, 4, k=1, bias=True))
+        return b.op("Add", y, identity(b)) if identity else y
+    return build
+
+
 # rule -> (Before graph, Expected ops after, other rules the case needs to show the effect).
 # A rewrite to a form of equal cost (x - c into x + -c) shows only once another rule uses it.
 CASES = {
@@ -115,6 +131,48 @@ CASES = {
     "fold-concat-2": (_mat(_reshape_to("Concat", _i64(3), _i64(2), axis=0)), ["Reshape"], ()),
     "fold-concat-3": (_mat(_reshape_to("Concat", _i64(1), _i64(2), _i64(3), axis=0)), ["Reshape"], ()),
     "fold-concat-4": (_mat(_reshape_to("Concat", _i64(3), _i64(1), _i64(2), _i64(1), axis=-1)), ["Reshape"], ()),
+    "fold-slice-3": (_mat(_reshape_to("Slice", _i64(2, 3, 9), _i64(0), _i64(2))), ["Reshape"], ()),
+    "fold-slice-4": (_mat(_reshape_to("Slice", _i64(9, 2, 3), _i64(1), _i64(5), _i64(0))), ["Reshape"], ()),
+    "fold-slice-5": (_mat(_reshape_to("Slice", _i64(3, 9, 2), _i64(-1), _i64(-4), _i64(0), _i64(-2))),
+                     ["Reshape"], ()),
+    "fold-expand": (_mat(_fold("Expand", _c(3), _i64(2, 3))), ["Add"], ()),
+    "fold-castlike": (_mat(lambda b: b.op("Add", "x", b.op("CastLike", b.const(np.arange(3.0)), "x"))),
+                      ["Add"], ()),
+    "fold-constant-of-shape": (_mat(lambda b: b.op("Add", "x", b.op("ConstantOfShape", _i64(2, 3)(b),
+                                                                        value=np.array([0.5], np.float32)))),
+                               ["Add"], ()),
+    "fold-range": (_mat(_reshape_to("Range", lambda b: b.const(np.array(2, I64)), lambda b: b.const(np.array(4, I64)),
+                                    lambda b: b.const(np.array(1, I64)))), ["Reshape"], ()),
+    "dropout": (_mat(lambda b: b.op("Relu", b.op("Dropout", "x"))), ["Relu"], ()),
+    "cast-noop": (_mat(lambda b: b.op("Relu", b.op("Cast", "x", to=1))), ["Relu"], ()),
+    "fold-reshape-allowzero": (_mat(lambda b: b.op("Add", "x", b.op("Reshape", b.rand(6), _i64(2, 3)(b), allowzero=1))),
+                               ["Add"], ()),
+    "mul-out-const": (_mat(lambda b: b.op("MatMul", b.op("Mul", "x", b.op("Mul", b.op("Erf", "x"), b.const(np.float32(0.5)))),
+                                          b.rand(3, 4))), ["Erf", "Mul", "MatMul"], ("matmul-scale-in",)),
+    "mul-add-const": (_mat(lambda b: b.op("Mul", b.op("Add", b.op("MatMul", "x", b.rand(3, 4)), b.rand(4)), b.rand(4))),
+                      ["MatMul", "Add"], ("matmul-scale-out",)),
+    "transpose-scale": (_mat(lambda b: b.op("Mul", b.op("Transpose", b.op("MatMul", "x", b.rand(3, 4)), perm=[1, 0]),
+                                            b.rand(4, 1))), ["MatMul", "Transpose"], ("matmul-scale-out",)),
+    "mul-concat-2": (_img(_concat_of_convs("Mul", 2, lambda c: (1, c, 1, 1))), ["Conv", "Conv", "Concat"],
+                     ("conv-bias-scale-out",)),
+    "add-concat-2": (_img(_concat_of_convs("Add", 2, lambda c: (c, 1, 1))), ["Conv", "Conv", "Concat"],
+                     ("conv-bias-add",)),
+    "mul-concat-3": (_img(_concat_of_convs("Mul", 3, lambda c: (c, 1, 1))), ["Conv", "Conv", "Conv", "Concat"],
+                     ("conv-bias-scale-out",)),
+    "add-concat-3": (_img(_concat_of_convs("Add", 3, lambda c: (1, c, 1, 1))), ["Conv", "Conv", "Conv", "Concat"],
+                     ("conv-bias-add",)),
+    "mul-concat-4": (_img(_concat_of_convs("Mul", 4, lambda c: (1, c, 1, 1))), ["Conv"] * 4 + ["Concat"],
+                     ("conv-bias-scale-out",)),
+    "add-concat-4": (_img(_concat_of_convs("Add", 4, lambda c: (c, 1, 1))), ["Conv"] * 4 + ["Concat"],
+                     ("conv-bias-add",)),
+    "conv-add-conv": (_img(_branches(None)), ["Conv"], ("add-comm",)),
+    "conv-add-conv-nobias": (_img(lambda b: b.op("Add", b.conv("x", 4, 4, k=1), b.conv("x", 4, 4, k=3))), ["Conv"],
+                             ("add-comm",)),
+    "conv-add-input": (_img(lambda b: b.op("Add", "x", b.conv("x", 4, 4, bias=True))), ["Conv"], ()),
+    "conv-add-scaled-input": (_img(lambda b: b.op("Add", b.conv("x", 4, 4, bias=True), b.op("Mul", "x", _per_channel(b)))),
+                              ["Conv"], ("add-comm",)),
+    "conv-add-affine-input": (_img(_branches(lambda b: b.bn("x", 4))), ["Conv"],
+                              ("conv-add-conv", "add-comm", "batchnorm")),
     "conv-scale-out": (_img(lambda b: b.op("Mul", b.conv("x", 4, 4), _per_channel(b))), ["Conv"], ()),
     "conv-bias-scale-out": (_img(lambda b: b.op("Mul", b.conv("x", 4, 4, bias=True), _per_channel(b))),
                             ["Conv"], ()),

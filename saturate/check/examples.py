@@ -99,6 +99,8 @@ def argument(term: Term, kind: str, ex: Example) -> Any:
     """The value a builtin of parameter `kind` receives for `term` under the example's bindings."""
     if isinstance(term, Var):
         value = ex.values[term.name]
+        if kind == "type":
+            return value.dtype.name
         return tuple(value.shape) if kind == "value" else value
     if isinstance(term, AttrVar):
         value = ex.attrs[term.name]
@@ -110,7 +112,10 @@ def argument(term: Term, kind: str, ex: Example) -> Any:
     if isinstance(term, Str):
         return term.value
     if isinstance(term, Call):
-        return evaluate_call(term, ex)
+        value = evaluate_call(term, ex)
+        if kind == "int":
+            return int(np.asarray(value).reshape(()))
+        return tuple(np.shape(value)) if kind == "value" else value
     raise SaturateError(f"an op term cannot be an argument of a guard or constant function")
 
 

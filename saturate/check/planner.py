@@ -20,7 +20,7 @@ from saturate.core.errors import SaturateError
 from saturate.core.ops import op_table
 from saturate.lang.ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Term, Var
 from saturate.check.strategies import (MAX_RANK, MAX_SIDE, conv_geometry, broadcastable_shapes, conv_cases,
-                              factorizations, numel, per_axis_shapes)
+                              conv_cases_over, factorizations, numel, per_axis_shapes)
 
 _SIGN_GUARDS = {"positive": "positive", "nonnegative": "nonnegative", "nonzero": "nonzero"}
 _UNARY = {"Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "Identity", "Exp", "Log",
@@ -58,6 +58,7 @@ class Planner:
         self.node_ops: dict[tuple[int, ...], str] = {}
         self.attr_hints: dict[str, str] = {}
         self.hints: dict[str, dict[str, Any]] = {}
+        self.conv_inputs: dict[str, dict[str, Any]] = {}   # input variable -> first conv's attributes
         for g in guards:
             self._hint(g)
 
@@ -124,8 +125,14 @@ class Planner:
         if op == "Concat":
             a = self.template(args[0])
             return Template(a.rank, max(a.min_rank, 1))
-        if op == "Cast":
+        if op in ("Cast", "CastLike"):
             return self.template(args[0])
+        if op in ("Slice", "ConstantOfShape"):
+            return Template(min_rank=1)
+        if op == "Range":
+            return Template(rank=1)
+        if op == "Expand":
+            return Template()
         if op in ("Gather", "Squeeze", "Unsqueeze"):
             return Template()
         if op in _UNARY:
@@ -286,6 +293,12 @@ class Planner:
         # Now and then the other operand is the one that sets the shape and the main one is
         # broadcast up (x + c where c is larger than x): a rule forgetting that case must fail.
         shaped_by_guard = {"axis", "scalar", "rank"} & set(self.hints.get(getattr(b, "name", ""), ()))
+        # A variable beside an op that also reads it (x + Conv(x, w)) takes the full shape
+        # first, so the op is drawn around it rather than the two shapes meeting by chance.
+        if isinstance(b, Var) and b.name not in self.shapes and isinstance(a, OpTerm) and _mentions(a, b.name):
+            self.bind(b, out)
+            self.term(a, out, path + (main,))
+            return
         if (isinstance(a, Var) and isinstance(b, Var) and a.name not in self.shapes
                 and b.name not in self.shapes and not shaped_by_guard
                 and self.draw(st.integers(0, 3)) == 3):
@@ -297,10 +310,18 @@ class Planner:
 
     def op_Conv(self, t: OpTerm, out: tuple[int, ...], path: tuple[int, ...]) -> None:
         case: list = []
+        x = t.args[0]
+        # An input already drawn (x also read elsewhere in the pattern) fixes the geometry's
+        # input side; a conv drawn before over the same input is the sibling to align with.
+        bound = self.shapes.get(x.name) if isinstance(x, Var) else None
+        sibling = self.conv_inputs.get(x.name) if isinstance(x, Var) else None
 
         def geometry(fixed: dict) -> Any:
             if not case:
-                case.append(self.draw(conv_cases(out, fixed)))
+                if bound is not None:
+                    case.append(self.draw(conv_cases_over(out, bound, fixed, sibling)))
+                else:
+                    case.append(self.draw(conv_cases(out, fixed)))
             return case[0]
 
         attrs = self.attributes(t, path, {
@@ -312,6 +333,8 @@ class Planner:
             "dilations": lambda a: geometry(a).attrs["dilations"],
         })
         c = geometry(attrs)
+        if isinstance(x, Var):
+            self.conv_inputs.setdefault(x.name, attrs)
         self.term(t.args[0], c.x_shape, path + (0,))
         self.term(t.args[1], c.w_shape, path + (1,))
         if len(t.args) > 2:
@@ -511,9 +534,94 @@ class Planner:
         self.term(t.args[0], out, path + (0,))
 
 
+    def op_CastLike(self, t, out, path) -> None:
+        self.attributes(t, path, {})
+        self.term(t.args[0], out, path + (0,))
+        like = t.args[1]
+        if isinstance(like, Var) and like.name not in self.shapes:
+            self.bind(like, self.shape_for(Template()))
+        elif not isinstance(like, Var):
+            self.term(like, self.shape_for(self.template(like)), path + (1,))
+
+    def op_Slice(self, t, out, path) -> None:
+        """Per sliced axis a step (1, 2 or -1) and bounds that give the output's side, written
+        now and then as negative indices or clamped sentinels past the end, as exporters do."""
+        self.attributes(t, path, {})
+        r = len(out)
+        big = np.iinfo(np.int64).max
+        if len(t.args) == 3:
+            axes = list(range(self.draw(st.integers(1, r))))
+        else:
+            axes = sorted(self.draw(st.lists(st.integers(0, r - 1), min_size=1, max_size=r, unique=True)))
+        shape, starts, ends, steps = list(out), [], [], []
+        for a in axes:
+            m = out[a]
+            k = self.draw(st.sampled_from([1, 2, -1])) if len(t.args) == 5 else 1
+            span = (m - 1) * abs(k) + 1
+            n = self.draw(st.integers(span, span + 2))
+            shape[a] = n
+            if k > 0:
+                lo = self.draw(st.integers(0, n - span))
+                hi = lo + span + self.draw(st.integers(0, k - 1))
+                hi = big if hi >= n and self.draw(st.booleans()) else min(hi, n + 3)
+                lo = lo - n if lo and self.draw(st.booleans()) else lo
+            else:
+                lo = self.draw(st.integers(span - 1, n - 1))
+                hi = lo - span
+                hi = -big if hi < 0 and self.draw(st.booleans()) else (hi if hi >= 0 else -n - 1)
+            starts.append(lo)
+            ends.append(hi)
+            steps.append(k)
+        self.term(t.args[0], tuple(shape), path + (0,))
+        size = (len(axes),)
+        self.index_values(t.args[1], size, 0, 0, "Slice's starts", starts)
+        self.index_values(t.args[2], size, 0, 0, "Slice's ends", ends)
+        if len(t.args) > 3:
+            written = [a - r if self.draw(st.booleans()) else a for a in axes]
+            self.index_values(t.args[3], size, 0, 0, "Slice's axes", written)
+        if len(t.args) > 4:
+            self.index_values(t.args[4], size, 0, 0, "Slice's steps", steps)
+
+    def op_Expand(self, t, out, path) -> None:
+        """The input broadcasts into the output; the shape asks for the output's dims, or 1 where
+        the input already has them (Expand never shrinks), or fewer leading dims."""
+        self.attributes(t, path, {})
+        shape = self.draw(broadcastable_shapes(out))
+        self.term(t.args[0], shape, path + (0,))
+        padded = (1,) * (len(out) - len(shape)) + tuple(shape)
+        target = [d if p == 1 or self.draw(st.booleans()) else 1 for d, p in zip(out, padded)]
+        # Leading dims the input itself has at full size may be left out of the shape.
+        keep = 0
+        while keep < len(out) and padded[keep] == out[keep]:
+            keep += 1
+        target = target[self.draw(st.integers(0, keep if len(shape) == len(out) else 0)):]
+        self.index_values(t.args[1], (len(target),), 0, 0, "Expand's shape", target)
+
+    def op_ConstantOfShape(self, t, out, path) -> None:
+        fills = [None, np.array([0.5], np.float32), np.array([-3], np.int64), np.array([2.0], np.float64)]
+        self.attributes(t, path, {"value": lambda _: self.draw(st.sampled_from(fills))})
+        self.index_values(t.args[0], (len(out),), 0, 0, "ConstantOfShape's shape", list(out))
+
+    def op_Range(self, t, out, path) -> None:
+        self.attributes(t, path, {})
+        n = out[0]
+        start = self.draw(st.integers(-5, 5))
+        delta = self.draw(st.sampled_from([1, 2, 3, -1, -2]))
+        limit = start + (n - 1) * delta + (1 if delta > 0 else -1) * self.draw(st.integers(1, abs(delta)))
+        for k, v in enumerate((start, limit, delta)):
+            self.index_values(t.args[k], (), 0, 0, "Range's inputs", [v])
+
+
 def _broadcasts(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
     """`shape` broadcasts into `out` without growing it."""
     try:
         return np.broadcast_shapes(tuple(shape), tuple(out)) == tuple(out)
     except ValueError:
         return False
+
+
+def _mentions(t: Term, name: str) -> bool:
+    """Whether variable `name` occurs in `t`."""
+    if isinstance(t, Var):
+        return t.name == name
+    return isinstance(t, OpTerm) and any(_mentions(a, name) for a in t.args)

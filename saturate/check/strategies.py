@@ -201,6 +201,60 @@ def conv_cases(draw, out_shape: tuple[int, ...] | None = None, fixed: dict | Non
     return ConvCase(x_shape, w_shape, attrs, out)
 
 
+@st.composite
+def conv_cases_over(draw, out_shape: tuple[int, ...], x_shape: tuple[int, ...], fixed: dict | None = None,
+                    sibling: dict | None = None) -> ConvCase:
+    """A Conv from an input of `x_shape` (already drawn for another use of the same value) to
+    `out_shape`. Pads are drawn centred now and then, or, given the attributes of a `sibling`
+    conv over the same input, sharing its window centre: parallel branches in models do."""
+    fixed = dict(fixed or {})
+    out, x = tuple(out_shape), tuple(x_shape)
+    n_sp = len(out) - 2
+    assume(len(x) == len(out) and x[0] == out[0])
+    m, c = out[1], x[1]
+    group = fixed.get("group")
+    if group is None:
+        group = draw(st.sampled_from([g for g in range(1, min(m, c) + 1) if m % g == 0 and c % g == 0]))
+    assume(group >= 1 and m % group == 0 and c % group == 0)
+    one = lambda key, values: tuple(fixed.get(key) or draw(st.lists(values, min_size=n_sp, max_size=n_sp)))
+    strides = one("strides", st.integers(1, 2))
+    dil = one("dilations", st.integers(1, 2))
+    sib_k = list((sibling or {}).get("kernel_shape") or [])
+    sib_p = list((sibling or {}).get("pads") or [])
+    align = bool(sib_k) and len(sib_p) == 2 * n_sp and draw(st.booleans())
+    if fixed.get("kernel_shape"):
+        kernel = tuple(fixed["kernel_shape"])
+    elif align:
+        kernel = tuple(draw(st.sampled_from([k for k in (1, 2, 3) if (k - sk) % 2 == 0])) for sk in sib_k)
+    else:
+        kernel = one("kernel_shape", st.integers(1, 3))
+    assume(len(kernel) == len(strides) == len(dil) == n_sp)
+    begin, end = [], []
+    for i in range(n_sp):
+        k, s_, d = kernel[i], strides[i], dil[i]
+        # Output side out = (x + P - d (k - 1) - 1) // s + 1: the total padding P it takes.
+        low = (out[2 + i] - 1) * s_ + d * (k - 1) + 1 - x[2 + i]
+        total = draw(st.integers(max(low, 0), max(low, 0) + s_ - 1))
+        if fixed.get("pads") is not None:
+            b = fixed["pads"][i]
+        elif align:
+            b = sib_p[i] - d * (sib_k[i] - k) // 2
+        elif draw(st.booleans()):
+            b = total // 2
+        else:
+            b = draw(st.integers(0, total))
+        begin.append(b)
+        end.append(total - b if fixed.get("pads") is None else fixed["pads"][n_sp + i])
+    pads = begin + end
+    assume(all(0 <= p <= d * (k - 1) for p, d, k in zip(pads, dil * 2, kernel * 2)))
+    for i in range(n_sp):
+        side = (x[2 + i] + pads[i] + pads[n_sp + i] - dil[i] * (kernel[i] - 1) - 1)
+        assume(side >= 0 and side // strides[i] + 1 == out[2 + i])
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "pads": pads,
+             "dilations": list(dil), "group": int(group)}
+    return ConvCase(x, (m, c // group) + kernel, attrs, out)
+
+
 def factorizations(n: int, parts: int) -> st.SearchStrategy[tuple[int, ...]]:
     """Ordered tuples of `parts` positive ints whose product is n."""
     if parts == 0:

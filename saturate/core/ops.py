@@ -25,8 +25,12 @@ ELEMENTWISE = frozenset({
     "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "Identity", "Exp", "Log", "Abs", "HardSigmoid",
     "HardSwish", "Softplus", "Elu", "Selu", "Gelu", "Floor", "Ceil", "Sign", "PRelu",
 })
-# Shape computations (Shape -> Gather -> Concat -> Reshape) carry int64 data as often as floats.
-SHAPE_OPS = frozenset({"Concat", "Shape", "Gather", "Unsqueeze", "Squeeze", "Cast"})
+# Shape computations (Shape -> Gather -> Concat -> Reshape, and the int64 arithmetic exporters put
+# between: Add/Sub/Mul/Div of dims feeding Slice and Reshape) carry int64 data as often as floats.
+# Rules over these ops see integers too: a rule sound only on floats carries the `floating` guard.
+SHAPE_OPS = frozenset({"Concat", "Shape", "Gather", "Unsqueeze", "Squeeze", "Cast", "CastLike",
+                       "Add", "Sub", "Mul", "Div", "Neg", "Slice", "Expand", "Range",
+                       "ConstantOfShape", "Reshape", "Identity"})
 # The ops the engine encodes as rewritable terms even when no rule names them.
 ENGINE_OPS = frozenset({
     "Conv", "BatchNormalization", "Add", "Sub", "Mul", "Div", "Relu", "Clip", "LeakyRelu", "Sigmoid",

@@ -134,12 +134,16 @@ def _is_float(info: ValueInfo) -> bool:
     return info.dtype.startswith("float") or info.dtype == "bfloat16"
 
 
-def _rewritable(node: Node, graph: Graph, preserve: set[str], rule_ops: set[str]) -> bool:
+def _rewritable(node: Node, graph: Graph, preserve: set[str], rule_ops: set[str], read: set[str]) -> bool:
     """Single-output float ops the engine works on or a rule names (shape ops of any dtype) are open
-    to rules; others are opaque. An op only a rule's `op Name/N` declares is open whatever its dtype."""
+    to rules; others are opaque. An op only a rule's `op Name/N` declares is open whatever its dtype.
+    Outputs nobody reads (Dropout's mask, an inference BatchNormalization's running statistics)
+    do not count: such a node is a single-output term and loses them when rewritten."""
     if node.domain not in ("", "ai.onnx") or node.op in preserve or (node.name and node.name in preserve):
         return False
-    if len(node.outputs) != 1 or not node.outputs[0] or "" in node.inputs:
+    if not node.outputs or not node.outputs[0] or any(o in read for o in node.outputs[1:] if o):
+        return False
+    if "" in node.inputs:
         return False
     s = spec(node.op, graph.opset)
     if s is None:
@@ -176,9 +180,10 @@ def encode_graph(graph: Graph, preserve: Iterable[str] = (), rule_ops: Iterable[
         if c not in names:
             names[c] = f"(Const {egg_str(c)})"
             lets.append(names[c])
+    read = set(graph.outputs) | {i for n in graph.nodes for i in n.inputs}
     for node in graph.nodes:
         args = [names[i] if i else "(Absent)" for i in node.inputs]
-        if _rewritable(node, graph, enc.preserved, rule_ops):
+        if _rewritable(node, graph, enc.preserved, rule_ops, read):
             ctor = op_ctor(node.op, len(args))
             enc.declare(ctor, len(args))
             bind(node.outputs[0], f"({ctor} {enc.attr_id(node.op, node.attrs)} {' '.join(args)})")

@@ -151,14 +151,14 @@ def evaluate_fn(fn: str, args: list[Any]) -> Any:
     if spec_ is None:
         return FAILED
     conv = []
-    for kind, a in zip(spec_.params, args):
-        if kind == "int":
-            conv.append(None if a is None else int(np.asarray(a).reshape(())))
-        elif kind == "ints":
-            conv.append(None if a is None else tuple(int(x) for x in np.asarray(a).ravel()))
-        else:
-            conv.append(a)
     try:
+        for kind, a in zip(spec_.params, args):
+            if kind == "int":
+                conv.append(None if a is None else int(np.asarray(a).reshape(())))
+            elif kind == "ints":
+                conv.append(None if a is None else tuple(int(x) for x in np.asarray(a).ravel()))
+            else:
+                conv.append(a)
         with np.errstate(all="ignore"):
             out = spec_.impl(*conv)
     except (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError):
@@ -167,7 +167,8 @@ def evaluate_fn(fn: str, args: list[Any]) -> Any:
 
 
 def infer(op: str, attrs: dict[str, Any], ins: list[ValueInfo]) -> ValueInfo:
-    """Output type of a new node from its inputs' types (elementwise, Conv, MatMul, Gemm)."""
+    """Output type of a new node from its inputs' types (elementwise, Conv, MatMul, Gemm, Concat,
+    Transpose, Cast)."""
     dtype = ins[0].dtype if ins else "float32"
     shapes = [i.shape for i in ins]
     if any(sh is None for sh in shapes):
@@ -182,6 +183,24 @@ def infer(op: str, attrs: dict[str, Any], ins: list[ValueInfo]) -> ValueInfo:
     if op == "MatMul" and len(shapes[0]) >= 2 and len(shapes[1]) >= 2:
         batch = broadcast_shape(shapes[0][:-2], shapes[1][:-2])
         return ValueInfo(dtype, None if batch is None else (*batch, shapes[0][-2], shapes[1][-1]))
+    if op == "Concat" and len({len(sh) for sh in shapes}) == 1 and shapes[0]:
+        rank = len(shapes[0])
+        axis = int(attrs.get("axis", 0))
+        axis = axis + rank if axis < 0 else axis
+        if not 0 <= axis < rank or any(not isinstance(sh[axis], int) for sh in shapes):
+            return ValueInfo(dtype, None)
+        return ValueInfo(dtype, (*shapes[0][:axis], sum(sh[axis] for sh in shapes), *shapes[0][axis + 1:]))
+    if op == "Transpose":
+        perm = attrs.get("perm")
+        perm = list(range(len(shapes[0])))[::-1] if perm is None else [int(p) for p in perm]
+        if sorted(perm) != list(range(len(shapes[0]))):
+            return ValueInfo(dtype, None)
+        return ValueInfo(dtype, tuple(shapes[0][p] for p in perm))
+    if op in ("Cast", "CastLike"):
+        from onnx.helper import tensor_dtype_to_np_dtype
+
+        to = ins[1].dtype if op == "CastLike" else np.dtype(tensor_dtype_to_np_dtype(int(attrs["to"]))).name
+        return ValueInfo(to, shapes[0])
     if op == "Gemm" and len(shapes[0]) == 2 and len(shapes[1]) == 2:
         m = shapes[0][1] if attrs.get("transA") else shapes[0][0]
         n = shapes[1][0] if attrs.get("transB") else shapes[1][1]

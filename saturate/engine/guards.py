@@ -87,13 +87,16 @@ class Checker:
         s = spec(term.op, self.enc.graph.opset)
         defaults = s.attrs if s else {}
         for key, want in term.attrs:
-            have = _plain(attrs.get(key, defaults.get(key)))
+            raw = attrs.get(key, defaults.get(key))
+            have = _plain(raw)
             if isinstance(want, AttrVar):
                 if want.name in captured:
-                    if captured[want.name] != have:
+                    if _plain(captured[want.name]) != have:
                         return False
                 else:
-                    captured[want.name] = have
+                    # A tensor attribute (ConstantOfShape's value) keeps its dtype for the
+                    # functions it is passed to; comparisons read it as plain values.
+                    captured[want.name] = raw if isinstance(raw, np.ndarray) else have
             elif have != _plain(_literal(want)):
                 return False
         return True
@@ -101,6 +104,13 @@ class Checker:
     def _arg(self, term: Term, kind: str, env: dict, captured: dict) -> Any:
         if kind == "value":
             return self._shape(term, env, captured)
+        if kind == "type":
+            if not isinstance(term, Var):
+                raise _Undecided
+            dtype = self.facts.info(env[term.name]).dtype
+            if dtype is None:
+                raise _Undecided
+            return dtype
         val = self._eval(term, env, captured)
         if kind == "int":
             return int(np.asarray(val).reshape(())) if val is not None else None

@@ -6,6 +6,7 @@ Calling convention (what the engine, the folder and the checker pass to an `impl
   attribute is accepted too and treated as a float32 scalar);
 - "int" gets a Python int; "ints" gets a tuple of ints (a list or an integer ndarray is accepted);
   either may be None for an attribute the node omits and ONNX gives no fixed default (perm);
+- "type" (queries) gets the value's dtype name ("float32", "int64"), None when unknown;
 - "value" (queries and shape guards) gets the value's static shape as a tuple whose dims are ints,
   or symbolic names / None when unknown. Shape guards answer False when unknown dims leave the
   answer open, so an undecided guard never fires a rule; `numel` of a symbolic shape is None;
@@ -175,6 +176,25 @@ def transpose(c: Any, perm: Any) -> np.ndarray:
     return np.ascontiguousarray(np.transpose(np.asarray(c), _ints(perm)))
 
 
+def inverse_perm(p: Any, rank: int) -> tuple[int, ...]:
+    """The perm undoing Transpose by `p` (None = reversed axes) on a rank-`rank` value."""
+    p = _ints(p) or tuple(range(rank - 1, -1, -1))
+    if sorted(p) != list(range(rank)):
+        raise ValueError(f"inverse_perm: {p} is not a permutation of {rank} axes")
+    inv = [0] * rank
+    for i, a in enumerate(p):
+        inv[a] = i
+    return tuple(inv)
+
+
+def align_rank(c: Any, rank: int) -> np.ndarray:
+    """`c` with 1-dims prepended up to `rank` dims, as broadcasting against a rank-`rank` value reads it."""
+    a = np.asarray(c, np.float32) if not _is_array(c) else np.asarray(c)
+    if a.ndim > rank:
+        raise ValueError(f"align_rank: rank {a.ndim} above {rank}")
+    return a.reshape((1,) * (rank - a.ndim) + a.shape)
+
+
 def compose_perm(p: Any, q: Any, rank: int) -> tuple[int, ...]:
     """The perm of Transpose(Transpose(x, p), q) as one Transpose of x (None = reversed axes)."""
     p = _ints(p) or tuple(range(rank - 1, -1, -1))
@@ -216,6 +236,88 @@ def cast(c: Any, to: int) -> np.ndarray:
     from onnx.helper import tensor_dtype_to_np_dtype
 
     return np.asarray(c).astype(tensor_dtype_to_np_dtype(int(to)))
+
+
+def slice_(c: Any, starts: Any, ends: Any, axes: Any, steps: Any) -> np.ndarray:
+    """ONNX Slice: per listed axis (default 0..k-1), starts/ends clamped as ONNX does (negative
+    ones count from the end), steps default 1; axes or steps None or [] when the node omits them."""
+    a = np.asarray(c)
+    st, en = _ints(starts), _ints(ends)
+    # An omitted axes or steps input arrives as None, or as [] from a rule that spells it so.
+    ax = _ints(axes) or tuple(range(len(st)))
+    sp = _ints(steps) or (1,) * len(st)
+    if not len(st) == len(en) == len(ax) == len(sp) or len(set(ax)) != len(ax):
+        raise ValueError("slice: starts, ends, axes and steps differ in length")
+    index = [slice(None)] * a.ndim
+    for s, e, x, k in zip(st, en, ax, sp):
+        if not -a.ndim <= x < a.ndim or k == 0:
+            raise ValueError("slice: bad axis or zero step")
+        # Python slices clamp the same way ONNX does, INT64 sentinels included.
+        index[x % a.ndim] = slice(s, e, k)
+    return a[tuple(index)].copy()
+
+
+def slice_along(c: Any, axis: int, rank: int, start: int, stop: int) -> np.ndarray:
+    """The part [start:stop] along `axis` of a constant broadcast against a rank-`rank` value
+    (aligned right), stop -1 meaning to the end; a constant of size 1 there applies to every
+    part, and is returned as is."""
+    a = np.asarray(c)
+    axis = axis + rank if axis < 0 else axis
+    local = axis - (rank - a.ndim)
+    if not 0 <= axis < rank or a.ndim > rank:
+        raise ValueError("slice_along: axis outside the rank")
+    if local < 0 or a.shape[local] == 1:
+        return a
+    index = [slice(None)] * a.ndim
+    index[local] = slice(start, None if stop == -1 else stop)
+    return a[tuple(index)].copy()
+
+
+def constant_of_shape(shape: Any, value: Any) -> np.ndarray:
+    """ONNX ConstantOfShape: `shape` filled with the one element of `value` (float32 0 if omitted)."""
+    v = np.zeros(1, np.float32) if value is None else np.asarray(value)
+    if v.size != 1:
+        raise ValueError("constant_of_shape: value must hold one element")
+    return np.full(_ints(shape), v.reshape(()), v.dtype)
+
+
+def range_(start: Any, limit: Any, delta: Any) -> np.ndarray:
+    """ONNX Range: start, start + delta, ... before limit, in the dtype of `start`."""
+    s, l, d = (np.asarray(x).reshape(()) for x in (start, limit, delta))
+    if d == 0:
+        raise ValueError("range: zero delta")
+    n = max(int(np.ceil((l - s) / d)), 0)
+    return (s + np.arange(n, dtype=np.result_type(s, d)) * d).astype(s.dtype)
+
+
+def pad_kernel(w: Any, like: Any) -> np.ndarray:
+    """Conv weights `w` zero-padded on every spatial axis, centred, to the spatial size of `like`
+    (a kernel k grows by (K - k) / 2 on each side, so the sizes must differ by an even number)."""
+    a, b = np.asarray(w), np.asarray(like)
+    if a.ndim != b.ndim or a.ndim < 3:
+        raise ValueError("pad_kernel: ranks differ")
+    grow = [(0, 0), (0, 0)]
+    for k, big in zip(a.shape[2:], b.shape[2:]):
+        if big < k or (big - k) % 2:
+            raise ValueError("pad_kernel: kernel cannot be centred")
+        grow.append(((big - k) // 2, (big - k) // 2))
+    return np.pad(a, grow)
+
+
+def identity_kernel(w: Any, s: Any) -> np.ndarray:
+    """Conv weights of w's shape whose conv is x * s (s per channel, or a scalar), for a conv whose
+    output channels are its input channels: output channel o reads input channel o, which is
+    channel o mod (input channels per group) of its group, at the centre tap of an odd kernel."""
+    a = np.asarray(w)
+    cout, per_group = a.shape[0], a.shape[1]
+    if any(k % 2 == 0 for k in a.shape[2:]):
+        raise ValueError("identity_kernel: even kernel has no centre")
+    scale = broadcast_vec(s, cout)
+    out = np.zeros(a.shape, np.result_type(a, scale))
+    centre = tuple(k // 2 for k in a.shape[2:])
+    for o in range(cout):
+        out[(o, o % per_group) + centre] = scale[o]
+    return out
 
 
 def flatten(c: Any, axis: int) -> np.ndarray:
@@ -278,7 +380,15 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "gather": _const(gather, "cci", gather.__doc__),
     "concat": _const(concat, "cci", concat.__doc__),
     "cast": _const(cast, "ci", cast.__doc__),
+    "slice": _const(slice_, "cssss", slice_.__doc__),
+    "slice_along": _const(slice_along, "ciiii", slice_along.__doc__),
+    "constant_of_shape": _const(constant_of_shape, "sc", constant_of_shape.__doc__),
+    "range": _const(range_, "ccc", range_.__doc__),
+    "pad_kernel": _const(pad_kernel, "cc", pad_kernel.__doc__),
+    "identity_kernel": _const(identity_kernel, "cc", identity_kernel.__doc__),
     "compose_perm": ConstFn(3, compose_perm, compose_perm.__doc__, ("ints", "ints", "int"), "ints"),
+    "inverse_perm": ConstFn(2, inverse_perm, inverse_perm.__doc__, ("ints", "int"), "ints"),
+    "align_rank": _const(align_rank, "ci", align_rank.__doc__),
 }
 
 # The infix operators of constant expressions and the functions they stand for.
@@ -316,7 +426,21 @@ def shape_at(shape: Shape, start: int | None, end: int | None, indices: Any) -> 
     return np.array([int(d) for d in picked], np.int64).reshape(idx.shape)
 
 
+def elem_type(dtype: Any) -> int | None:
+    """The ONNX element type number (onnx.TensorProto) of a value's dtype, as Cast's `to` wants."""
+    from onnx.helper import np_dtype_to_tensor_dtype
+
+    if dtype is None:
+        return None
+    try:
+        return int(np_dtype_to_tensor_dtype(np.dtype(dtype)))
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
 QUERIES: dict[str, QueryFn] = {
+    # "type" parameters get the value's dtype name (numpy spelling), not its shape.
+    "elem_type": QueryFn(1, elem_type, elem_type.__doc__, ("type",)),
     "rank": QueryFn(1, len, "number of dims of v", ("value",)),
     "dim": QueryFn(2, _dim, "size of dim k of v (negative k counts from the end)", ("value", "int")),
     "numel": QueryFn(1, _numel, "number of elements of v (None when a dim is symbolic)", ("value",)),
@@ -368,6 +492,43 @@ def identity_perm(perm: Any, rank: int) -> bool:
     return p == tuple(range(rank))
 
 
+def _window(kernel: Shape, pads: Any, dilations: Any) -> tuple | None:
+    """Spatial kernel sides, (begin, end) pads and dilations of a conv (omitted: 0 and 1)."""
+    n = len(kernel) - 2
+    if n < 1 or not static(kernel):
+        return None
+    p = _ints(pads) or (0,) * (2 * n)
+    d = _ints(dilations) or (1,) * n
+    if len(p) != 2 * n or len(d) != n:
+        return None
+    return kernel[2:], [(p[i], p[n + i]) for i in range(n)], d
+
+
+def centred_within(small: Shape, small_pads: Any, big: Shape, big_pads: Any, dilations: Any) -> bool:
+    """Two convs of one input with the same strides and `dilations` read windows with one centre:
+    the `small` kernel zero-padded evenly to the `big` one's sides, with the big one's pads,
+    computes what the small one does with its own pads (every side differs by an even number)."""
+    a, b = _window(small, small_pads, dilations), _window(big, big_pads, dilations)
+    if a is None or b is None or len(a[0]) != len(b[0]):
+        return False
+    for k, (p0, p1), big_k, (q0, q1), d in zip(a[0], a[1], b[0], b[1], a[2]):
+        grow = big_k - k
+        if grow < 0 or grow % 2 or q0 - p0 != d * grow // 2 or q1 - p1 != d * grow // 2:
+            return False
+    return True
+
+
+def centred_identity(kernel: Shape, pads: Any, strides: Any, dilations: Any) -> bool:
+    """A conv whose centre tap reads the input pixel at its own output position: odd sides,
+    stride 1 and pads of (side - 1) / 2 dilated on both ends (output sides = input sides)."""
+    w = _window(kernel, pads, dilations)
+    if w is None:
+        return False
+    s = _ints(strides) or (1,) * len(w[0])
+    return all(st == 1 and k % 2 == 1 and p0 == p1 == d * (k - 1) // 2
+               for k, (p0, p1), d, st in zip(w[0], w[1], w[2], s)) and len(s) == len(w[0])
+
+
 def _all(pred: Callable[[np.ndarray], np.ndarray]) -> Callable[[Any], bool]:
     return lambda c: bool(np.all(pred(np.asarray(c))))
 
@@ -405,6 +566,8 @@ GUARDS: dict[str, GuardFn] = {
     "same_shape": _shape(same_shape, ("value", "value")),
     "broadcasts_into": _shape(broadcasts_into, ("value", "value")),
     "identity_perm": _shape(identity_perm, ("ints", "int")),
+    "centred_within": _shape(centred_within, ("value", "ints", "value", "ints", "ints")),
+    "centred_identity": _shape(centred_identity, ("value", "ints", "ints", "ints")),
     "positive": _value(_all(lambda a: a > 0), "every element > 0"),
     "nonnegative": _value(_all(lambda a: a >= 0), "every element >= 0"),
     "nonzero": _value(_all(lambda a: a != 0), "every element != 0"),

@@ -11,6 +11,7 @@ from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, 
                                Var)
 
 Fail = Callable[[Loc, str], Exception]
+_ARITH = frozenset({"add", "sub", "mul", "neg"})
 # Per op: (min inputs, max inputs, known attribute names or None when any attribute is allowed).
 OpTable = dict[str, tuple[int, int, frozenset[str] | None]]
 
@@ -151,10 +152,16 @@ class _Checker:
             self.fail(c.loc, f"{c.fn} takes {fn.arity} argument{'s' * (fn.arity != 1)}, not {len(c.args)}")
         fits = {"tensor": {"const"}, "const": {"const"}, "int": {"int"}, "ints": {"ints", "const"},
                 "any": {"int", "ints"}, "value": set()}[want]
+        # Arithmetic on ints (dim(a, 1) + dim(b, 1)) is an int, read from its one element.
+        if want == "int" and c.fn in _ARITH and fn.returns == "const":
+            fits = {"const"}
         if fn.returns not in fits:
             self.fail(c.loc, f"{c.fn}(...) gives {kind_word(fn.returns)}, but {where} needs {kind_word(want)}")
-        args = tuple(self.term(a, k, f"argument {i + 1} of {c.fn}", c.loc)
-                     for i, (a, k) in enumerate(zip(c.args, fn.params)))
+        # A "type" parameter (a value's dtype) takes a value variable, as a shape query does;
+        # arithmetic giving an int takes ints.
+        kinds = ["int"] * fn.arity if want == "int" and c.fn in _ARITH else fn.params
+        args = tuple(self.term(a, "value" if k == "type" else k, f"argument {i + 1} of {c.fn}", c.loc)
+                     for i, (a, k) in enumerate(zip(c.args, kinds)))
         return Call(c.fn, args, c.loc)
 
     def attr_value(self, v: Any, op: OpTerm) -> Any:
@@ -178,6 +185,10 @@ class _Checker:
         args = []
         for i, (a, kind) in enumerate(zip(g.args, spec.params)):
             where = f"argument {i + 1} of {g.fn}" if g.fn.isidentifier() else f"a side of {g.fn}"
+            if kind == "value" and isinstance(a, Call):
+                # The shape of a constant expression (a part of a constant, say) is known too.
+                args.append(self.call(a, "tensor", where))
+                continue
             if kind in ("value", "const") and not isinstance(a, Var):
                 self.fail(getattr(a, "loc", None) or g.loc, f"{where} must be a variable bound on the left")
             if kind == "const" and isinstance(a, Var) and not self.vars.get(a.name, True):

@@ -427,3 +427,78 @@ def test_intermediates_are_freed_after_last_use():
             OP_IMPLS.pop(name)
             ARITY.pop(name)
     assert seen["alive"] is False
+
+
+# ---- ops without a numpy kernel: onnx.reference at the graph's opset -----------------------
+
+def one_node(op, inputs, attrs, opset, n_out=1, name="n0"):
+    g = Graph(inputs=list(inputs), outputs=[f"y{k}" for k in range(n_out)], opset=opset)
+    g.nodes = [Node(op, list(inputs), list(g.outputs), dict(attrs), name=name)]
+    return g
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+def test_reduce_mean_follows_the_graph_opset(opset):
+    # Axes moved from an attribute to an input at opset 18; each graph uses its own form.
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    if opset < 18:
+        g = one_node("ReduceMean", ["x"], {"axes": [1]}, opset)
+        feed = {"x": x}
+    else:
+        g = one_node("ReduceMean", ["x", "axes"], {}, opset)
+        feed = {"x": x, "axes": np.array([1], np.int64)}
+    (y,) = run_graph(g, feed).values()
+    assert np.allclose(y, x.mean(axis=1, keepdims=True), rtol=1e-6)
+
+
+def test_split_runs_on_the_reference_with_several_outputs():
+    x = np.arange(10, dtype=np.float32)
+    g = one_node("Split", ["x"], {"num_outputs": 2, "axis": 0}, 18, n_out=2)
+    y = run_graph(g, {"x": x})
+    assert np.array_equal(y["y0"], x[:5]) and np.array_equal(y["y1"], x[5:])
+
+
+def test_reference_ops_are_built_once_per_signature(monkeypatch):
+    from saturate.interp import reference
+    built = []
+    real = reference._build
+    monkeypatch.setattr(reference, "_build", lambda *a: built.append(a[0].op) or real(*a))
+    g = one_node("HardSigmoid", ["x"], {"alpha": 0.3}, 17)
+    for _ in range(3):
+        run_graph(g, {"x": np.ones(3, np.float32)})
+    g.nodes[0].attrs["alpha"] = 0.25  # edited in place: a new op, not the stale one
+    (y,) = run_graph(g, {"x": np.ones(3, np.float32)}).values()
+    assert built == ["HardSigmoid", "HardSigmoid"] and np.allclose(y, 0.75)
+
+
+def test_reference_errors_are_one_line_naming_node_and_op():
+    g = one_node("Expand", ["x", "s"], {}, 18, name="ex")
+    with pytest.raises(SaturateError, match=r"^node 'ex' \(Expand\): [^\n]+$"):
+        run_graph(g, {"x": np.zeros(3, np.float32), "s": np.array([2], np.int64)})
+    g = one_node("Loop", ["n", "c"], {}, 21, name="loop1")
+    with pytest.raises(SaturateError, match=r"^node 'loop1' \(Loop\): ops with subgraph attributes"):
+        run_graph(g, {"n": np.array(1, np.int64), "c": np.array(True)})
+    g = one_node("SequenceEmpty", [], {}, 21, name="seq")
+    with pytest.raises(SaturateError, match=r"^node 'seq' \(SequenceEmpty\): sequence, optional and map"):
+        run_graph(g, {})
+
+
+def test_supported_ops_tell_the_truth():
+    from saturate.interp.interpreter import supported_ops
+    ops = set(supported_ops(18))
+    assert {"Conv", "ReduceMean", "Split", "Resize", "Einsum", "LayerNormalization"} <= ops
+    assert not {"Loop", "If", "Scan", "SequenceAt", "ConcatFromSequence"} & ops
+    assert "Gelu" not in supported_ops(19) and "Gelu" in supported_ops(20)
+
+
+def test_kernels_leave_rare_forms_to_the_reference():
+    # Training-mode batch-norm and float8 casts are not what the numpy kernels compute.
+    x = np.array([1e6, 0.4, -3.0], np.float32)
+    g = one_node("Cast", ["x"], {"to": onnx.TensorProto.FLOAT8E5M2}, 21)
+    (y,) = run_graph(g, {"x": x}).values()
+    assert float(y[0].astype(np.float32)) == 57344.0  # saturates to the largest finite value
+    bn = one_node("BatchNormalization", ["x", "s", "b", "m", "v"], {"training_mode": 1}, 15, n_out=3)
+    one = np.ones(2, np.float32)
+    x4 = np.arange(8, dtype=np.float32).reshape(2, 2, 2, 1)
+    out = run_graph(bn, {"x": x4, "s": one, "b": 0 * one, "m": 0 * one, "v": one})
+    assert np.allclose(out["y0"].mean(axis=(0, 2, 3)), 0, atol=1e-6)

@@ -113,11 +113,12 @@ def test_run_without_input_uses_seeded_random_input_and_prints(capsys):
 
 
 def bad_model(tmp_path):
-    node = helper.make_node("Hardmax", ["x"], ["y"], name="hm")
+    # An op of a domain of its own: the interpreter runs every standard op (onnx.reference).
+    node = helper.make_node("MyOp", ["x"], ["y"], name="hm", domain="com.example")
     model = helper.make_model(helper.make_graph(
         [node], "bad", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)], ir_version=9)
     onnx.save(model, str(tmp_path / "bad.onnx"))
     return str(tmp_path / "bad.onnx")
 
@@ -131,7 +132,7 @@ def bad_model(tmp_path):
     (["run", "{two}", "-i", "{tmp}/wrong.npy"], "one array given, but the model has 2 inputs (a, b)"),
     (["run", "{two}", "-o", "{tmp}/out.npy"], "the model has 2 outputs (s, p); save them to a .npz"),
     (["run", "example:mlp", "-o", "{tmp}/no/dir/y.npy"], "does not exist"),
-    (["run", "{bad}"], "no reference implementation for op 'Hardmax' (node 'hm')"),
+    (["run", "{bad}"], "no reference implementation for op 'com.example::MyOp' (node 'hm')"),
 ])
 def test_run_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
     (tmp_path / "junk.npy").write_bytes(b"not numpy at all")

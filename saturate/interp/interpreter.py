@@ -7,8 +7,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from saturate.core.errors import SaturateError
-from saturate.interp.kernels import ARITY, OP_IMPLS
 from saturate.core.ir import Graph, Node
+from saturate.core.ops import newest_opset, spec
+from saturate.interp.kernels import ARITY, OP_IMPLS, Unhandled
+from saturate.interp.reference import reference_ops, run_reference
 
 __all__ = ["run_graph", "eval_node", "check_inputs", "supported_ops", "OP_IMPLS"]
 
@@ -16,18 +18,26 @@ __all__ = ["run_graph", "eval_node", "check_inputs", "supported_ops", "OP_IMPLS"
 _NUMPY_ERRORS = (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError, MemoryError)
 
 
-def supported_ops() -> list[str]:
-    """Names of the ops the reference interpreter can evaluate."""
-    return sorted(OP_IMPLS)
+def supported_ops(opset: int | None = None) -> list[str]:
+    """Names of the standard ops the interpreter can evaluate at `opset` (default: the newest)."""
+    version = opset or newest_opset()
+    return sorted({op for op in OP_IMPLS if spec(op, version) is not None} | reference_ops(version))
 
 
-def eval_node(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None = None) -> list[np.ndarray]:
     """Evaluate one node on concrete inputs (None: omitted optional input); one array per output.
 
+    Ops with a numpy kernel (kernels.py, window.py) run on it; every other default-domain op runs
+    on onnx.reference at `opset` (pass the graph's; default: the newest ONNX defines).
     Results may be views of the inputs (Reshape, Transpose, Identity): copy before writing to them.
     """
-    impl = OP_IMPLS.get(node.op) if node.domain in ("", "ai.onnx") else None
+    standard = node.domain in ("", "ai.onnx")
+    impl = OP_IMPLS.get(node.op) if standard else None
     if impl is None:
+        version = opset or newest_opset()
+        # Any op ONNX defines goes there, so that one it cannot run says why (control flow...).
+        if standard and spec(node.op, version) is not None:
+            return run_reference(node, [None if a is None else np.asarray(a) for a in inputs], version)
         shown = f"{node.domain}::{node.op}" if node.domain else node.op
         raise SaturateError(f"no reference implementation for op '{shown}' (node '{node.name or node.outputs[0]}')")
     lo, hi = ARITY[node.op]
@@ -44,6 +54,8 @@ def eval_node(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarra
     try:
         with np.errstate(all="ignore"):
             result = impl(node, *args)
+    except Unhandled:
+        return run_reference(node, args, opset or newest_opset())
     except SaturateError:
         raise
     except _NUMPY_ERRORS as err:
@@ -115,7 +127,7 @@ def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
                 args.append(env[i])
             else:
                 raise SaturateError(f"{node.where()} reads '{i}', which is not defined before it")
-        results = eval_node(node, args)
+        results = eval_node(node, args, graph.opset)
         for out, value in zip(node.outputs, results):
             if out and (remaining.get(out) or out in pinned):
                 env[out] = value

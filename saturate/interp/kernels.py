@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 import scipy.special
 
-from saturate.interp.window import average_pool, conv, fail, global_average_pool, max_pool
+from saturate.interp.window import Unhandled, average_pool, conv, fail, global_average_pool, max_pool
 from saturate.core.ir import Node
 
 # op name -> function(node, *inputs) returning one array or a tuple (one per output).
@@ -79,9 +79,21 @@ def _leaky_relu(node: Node, x: np.ndarray) -> np.ndarray:
     return np.where(x >= 0, x, x * np.asarray(alpha, x.dtype))
 
 
+def _gelu(node: Node, x: np.ndarray) -> np.ndarray:
+    # Opset 20 (the first with Gelu): exact by default, or the tanh approximation.
+    approximate = node.attrs.get("approximate", "none")
+    half = np.asarray(0.5, x.dtype)
+    if approximate == "tanh":
+        inner = np.asarray(math.sqrt(2 / math.pi), x.dtype) * (x + np.asarray(0.044715, x.dtype) * x ** 3)
+        return half * x * (1 + np.tanh(inner))
+    if approximate != "none":
+        raise fail(node, f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return (half * x * (1 + scipy.special.erf(x / np.asarray(math.sqrt(2), x.dtype)))).astype(x.dtype, copy=False)
+
+
 def _batch_norm(node: Node, x, scale, bias, mean, var) -> np.ndarray:
-    if int(node.attrs.get("training_mode", 0)):
-        raise fail(node, "training_mode=1 is not supported (inference only)")
+    if int(node.attrs.get("training_mode", 0)) or any(node.outputs[1:]):
+        raise Unhandled  # batch statistics and running-mean outputs
     if x.ndim < 2:
         raise fail(node, f"input rank {x.ndim} must be >= 2")
     _same_dtype(node, x, scale, bias, mean, var)
@@ -113,7 +125,7 @@ def _gemm(node: Node, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None)
     if a.shape[1] != b.shape[0]:
         raise fail(node, f"inner dimensions differ: {tuple(a.shape)} x {tuple(b.shape)}")
     alpha = float(node.attrs.get("alpha", 1.0))
-    y = a @ b
+    y = (a @ b).astype(a.dtype, copy=False)  # bfloat16 products come back as float32
     if alpha != 1.0:
         y *= np.asarray(alpha, y.dtype)
     if c is not None:
@@ -128,7 +140,8 @@ def _matmul(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     _same_dtype(node, a, b)
     if a.ndim == 0 or b.ndim == 0:
         raise fail(node, "MatMul inputs must have rank >= 1")
-    return np.matmul(a, b)
+    # numpy computes ml_dtypes' bfloat16 and float8 products in float32; ONNX keeps the type.
+    return np.matmul(a, b).astype(a.dtype, copy=False)
 
 
 # ---- shape ops ----------------------------------------------------------------------------
@@ -202,9 +215,26 @@ def _unsqueeze(node: Node, x: np.ndarray, axes: np.ndarray | None = None) -> np.
     return np.expand_dims(x, tuple(chosen))
 
 
+def _dropout(node: Node, x: np.ndarray, ratio: np.ndarray | None = None, training: np.ndarray | None = None):
+    # Inference: the identity (a view, copied only if it becomes a graph output).
+    if (training is not None and bool(training)) or any(node.outputs[1:]):
+        raise Unhandled  # random masks and the mask output
+    return x.view()
+
+
 def _cast(node: Node, x: np.ndarray) -> np.ndarray:
     from onnx.helper import tensor_dtype_to_np_dtype
-    return x.astype(tensor_dtype_to_np_dtype(int(node.attrs["to"])))
+    to = np.dtype(tensor_dtype_to_np_dtype(int(node.attrs["to"])))
+    # numpy's own types only: float8/int4/bfloat16 (saturation, rounding) and strings (number
+    # formatting) follow ONNX rules that astype does not.
+    if not (_plain(x.dtype) and _plain(to)):
+        raise Unhandled
+    return x.astype(to)
+
+
+def _plain(dtype: np.dtype) -> bool:
+    # isbuiltin is 2 for ml_dtypes' types, some of which claim kind "f" (float8_e5m2).
+    return dtype.isbuiltin == 1 and dtype.kind in "biuf"
 
 
 def _constant(node: Node) -> np.ndarray:
@@ -243,7 +273,7 @@ _UNARY = {
     "Neg": np.negative, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal,
     "Exp": np.exp, "Log": np.log, "Abs": np.abs,
     # Views, so the interpreter copies them only if they become graph outputs.
-    "Identity": lambda x: x.view(), "Dropout": lambda x: x.view(),
+    "Identity": lambda x: x.view(),
 }
 for _name, _fn in _UNARY.items():
     register(_name, 1, 1, _unary(_fn))
@@ -251,10 +281,12 @@ for _name, _fn in {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}.items(
     register(_name, 2, 2, _binary(_fn))
 register("Div", 2, 2, _div)
 register("Pow", 2, 2, lambda node, a, b: np.power(a, b.astype(a.dtype)).astype(a.dtype, copy=False))
+register("Dropout", 1, 3, _dropout)
 register("Max", 1, 1 << 30, _variadic(np.maximum))
 register("Min", 1, 1 << 30, _variadic(np.minimum))
 register("Clip", 1, 3, _clip)
 register("LeakyRelu", 1, 1, _leaky_relu)
+register("Gelu", 1, 1, _gelu)
 register("BatchNormalization", 5, 5, _batch_norm)
 register("Softmax", 1, 1, _softmax)
 register("Conv", 2, 3, conv)

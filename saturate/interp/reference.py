@@ -1,0 +1,158 @@
+"""Reference interpreter, fallback: every standard op without a numpy kernel runs on `onnx.reference`."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+import onnx.defs
+from onnx import AttributeProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import RuntimeContextError
+from onnx.reference.ops import load_op
+
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Node, OpaqueAttr
+
+__all__ = ["reference_ops", "run_reference", "unsupported_reason"]
+
+# Constructing an op (NodeProto, attribute parsing, class lookup) costs far more than running a
+# small one, so each distinct node signature (op, opset, attributes, input dtypes) builds once.
+# Equal signatures mean equal behaviour, so nodes share; unlike a cache keyed by node identity
+# this never goes stale when a node is edited in place or freed.
+_OPS: dict[tuple, Any] = {}
+_MAX_CACHED = 20_000
+_NON_TENSOR = ("seq(", "optional(", "map(", "sparse_tensor(")
+
+
+def _run_params(opset: int) -> dict[str, Any]:
+    # What ReferenceEvaluator hands every op it builds; function-bodied ops run their body on
+    # a nested evaluator of the same class.
+    return {"log": lambda pattern, *args: None, "opsets": {"": opset}, "verbose": 0,
+            "new_ops": {}, "existing_functions": {}, "evaluator_cls": ReferenceEvaluator}
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(op: str, opset: int) -> onnx.defs.OpSchema | None:
+    try:
+        return onnx.defs.get_schema(op, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _tensor_only_in_places(schema: onnx.defs.OpSchema) -> bool:
+    """False when some input or output can only be a sequence, optional or map (not a tensor)."""
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    for param in list(schema.inputs) + list(schema.outputs):
+        types = allowed.get(param.type_str, [param.type_str])
+        if types and all(t.startswith(_NON_TENSOR) for t in types):
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def unsupported_reason(op: str, opset: int) -> str | None:
+    """Why a default-domain op cannot run at this opset (None: it can), judged from its schema."""
+    schema = _schema(op, opset)
+    if schema is None:
+        return "ONNX defines no such op at this opset"
+    if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in schema.attributes.values()):
+        return "ops with subgraph attributes (control flow) are not supported"
+    if not _tensor_only_in_places(schema):
+        return "sequence, optional and map values are not supported (tensors only)"
+    try:
+        load_op("", op, opset, evaluator_cls=ReferenceEvaluator)
+    except RuntimeContextError:
+        return None  # a function body built per input types, on first use
+    except Exception:
+        return "onnx.reference has no implementation"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def reference_ops(opset: int) -> frozenset[str]:
+    """The default-domain ops of this opset that the onnx.reference fallback can run."""
+    names = {s.name for s in onnx.defs.get_all_schemas_with_history()
+             if s.domain in ("", "ai.onnx") and not s.deprecated}
+    return frozenset(n for n in names if unsupported_reason(n, opset) is None)
+
+
+def _attr_key(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, (list, tuple)):
+        return tuple(_attr_key(v) for v in value)
+    return value
+
+
+def _attribute(node: Node, key: str, value: Any, schema: onnx.defs.OpSchema | None) -> AttributeProto:
+    if isinstance(value, OpaqueAttr):
+        a = AttributeProto()
+        a.ParseFromString(value.payload)
+        return a
+    if isinstance(value, np.ndarray):
+        return helper.make_attribute(key, numpy_helper.from_array(value))
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, np.ndarray) for v in value):
+        return helper.make_attribute(key, [numpy_helper.from_array(v) for v in value])
+    if isinstance(value, (bool, np.integer)):
+        value = int(value)
+    elif isinstance(value, np.floating):
+        value = float(value)
+    elif isinstance(value, tuple):
+        value = list(value)
+    # The schema knows the element type an empty list or an int written for a float has.
+    declared = schema.attributes.get(key) if schema is not None else None
+    attr_type = int(declared.type) if declared is not None else None
+    return helper.make_attribute(key, value, attr_type=attr_type)
+
+
+def _build(node: Node, opset: int, args: Sequence[np.ndarray | None]) -> Any:
+    schema = _schema(node.op, opset)
+    proto = helper.make_node(node.op, list(node.inputs), list(node.outputs), name=node.name or None)
+    proto.attribute.extend(_attribute(node, k, v, schema) for k, v in node.attrs.items())
+    try:
+        cls = load_op("", node.op, opset, evaluator_cls=ReferenceEvaluator)
+    except RuntimeContextError:
+        # A context-dependent function body (its expansion depends on the input types).
+        types = [onnx.TypeProto() if a is None else
+                 helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                 for a in args]
+        cls = load_op("", node.op, opset, node=proto, input_types=types, evaluator_cls=ReferenceEvaluator)
+    return cls(proto, _run_params(opset))
+
+
+def run_reference(node: Node, args: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    """Run one default-domain node with onnx.reference; one array per output."""
+    reason = unsupported_reason(node.op, opset)
+    if reason is not None:
+        raise SaturateError(f"{node.where()}: {reason} (opset {opset})")
+    key = (node.op, opset, len(node.inputs), len(node.outputs),
+           tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items())),
+           tuple(None if a is None else (a.dtype.str, a.ndim) for a in args))
+    op = _OPS.get(key)
+    try:
+        if op is None:
+            op = _build(node, opset, args)
+            if len(_OPS) >= _MAX_CACHED:
+                _OPS.clear()
+            _OPS[key] = op
+        with np.errstate(all="ignore"):
+            results = op.run(*args)
+    except SaturateError:
+        raise
+    except Exception as err:  # onnx.reference raises every kind; the user sees one line
+        raise SaturateError(f"{node.where()}: {_first_line(err)}") from None
+    outputs = []
+    for k, r in enumerate(results):
+        if isinstance(r, (list, dict)):
+            raise SaturateError(f"{node.where()}: output {k} is a sequence or map, "
+                                f"which the interpreter does not support (tensors only)")
+        outputs.append(None if r is None else np.asarray(r))
+    return outputs
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return lines[0] if lines else type(err).__name__

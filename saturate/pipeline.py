@@ -124,22 +124,18 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
 
     t = time.perf_counter()
     roots = [facts.view.lets[enc.value_names[o]] for o in graph.outputs]
-    banned: set = set()
-    for _ in range(8):
-        ext = extract(facts, roots, model.node_cost, banned)
-        bad = {(c, n) for c, n in ext.choice.items() if n.kind == "k" and facts.node_key(n) is None}
-        if not bad:
-            break
-        banned |= bad
-    else:
-        raise SaturateError("extraction kept choosing constant expressions that cannot be evaluated")
-    report.extract_moves = ext.moves
+    ext = _extract_evaluable(facts, roots, model)
     report.times["extract"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    result = decode(ext.choice, roots, facts)
     report.cost_before = graph_cost(graph, model)
-    report.cost_after = graph_cost(result, model)
+    if ext is None:
+        # A limit can stop saturation where no evaluable choice exists: that is not a failure.
+        result, report.kept_original, report.cost_after = graph.copy(), True, report.cost_before
+    else:
+        report.extract_moves = ext.moves
+        result = decode(ext.choice, roots, facts)
+        report.cost_after = graph_cost(result, model)
     if report.cost_after > report.cost_before:
         result, report.kept_original = graph.copy(), True
         report.cost_after = report.cost_before
@@ -147,6 +143,28 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     report.ops_after = dict(result.op_counts())
     report.times["fold"] = time.perf_counter() - t
     return result, report
+
+
+def _extract_evaluable(facts, roots, model):
+    """The cheapest extraction whose constant expressions all evaluate, or None if there is none.
+
+    A chosen constant expression that fails to evaluate is banned and extraction runs again; when
+    that keeps happening, every constant expression that fails is banned at once."""
+    banned: set = set()
+    for _ in range(8):
+        ext = extract(facts, roots, model.node_cost, banned)
+        bad = {(c, n) for c, n in ext.choice.items() if n.kind == "k" and facts.node_key(n) is None}
+        if not bad:
+            return ext
+        banned |= bad
+    banned |= {(c, n) for c, nodes in facts.view.classes.items() for n in nodes
+               if n.kind == "k" and facts.node_key(n) is None}
+    try:
+        ext = extract(facts, roots, model.node_cost, banned)
+    except SaturateError:
+        return None
+    ok = not any(n.kind == "k" and facts.node_key(n) is None for n in ext.choice.values())
+    return ext if ok else None
 
 
 def _input_defaults(graph: Graph, fold: bool) -> tuple[Graph, dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable
 
 import numpy as np
@@ -12,7 +13,12 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 
-MIN_OPSET, MAX_OPSET = 13, 21
+# The engine's rules and the interpreter's numpy kernels are written for the forms ops take from
+# opset 14 (Softmax on one axis and Squeeze's axes as an input from 13; the rules match
+# BatchNormalization's training_mode and Reshape's allowzero, both new at 14): older models are
+# converted up to MIN_OPSET on import. Anything up to the newest opset onnx defines is read as is.
+MIN_OPSET = 14
+MAX_OPSET = onnx.defs.onnx_opset_version()
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _OPAQUE_KINDS = {AttributeProto.GRAPH: "GRAPH", AttributeProto.GRAPHS: "GRAPHS",
                  AttributeProto.SPARSE_TENSOR: "SPARSE_TENSOR", AttributeProto.SPARSE_TENSORS: "SPARSE_TENSORS",
@@ -21,10 +27,16 @@ _OPAQUE_KINDS = {AttributeProto.GRAPH: "GRAPH", AttributeProto.GRAPHS: "GRAPHS",
 
 # ---- import ---------------------------------------------------------------------------------
 def import_model(model: onnx.ModelProto) -> Graph:
-    """Convert an ONNX model into a Graph: constants, inferred value types, typed attributes."""
+    """Convert an ONNX model into a Graph: constants, inferred value types, typed attributes.
+
+    A model older than MIN_OPSET is first converted to it with the ONNX version converter.
+    """
     opset, extra = _opsets(model)
     skeleton = _without_weights(model)
     _check(skeleton)
+    if opset < MIN_OPSET:
+        model, opset = _convert(model, skeleton, opset), MIN_OPSET
+        skeleton = _without_weights(model)
     if model.functions:
         # Model-local functions (a partitioned model, say) are expanded into their bodies, as
         # ONNX Runtime does: every stage then sees standard ops, and export stays self-contained.
@@ -209,9 +221,59 @@ def _opsets(model: onnx.ModelProto) -> tuple[int, dict[str, int]]:
             extra[imp.domain] = imp.version
     if opset is None:
         raise SaturateError("ONNX model imports no default-domain opset")
-    if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise SaturateError(f"unsupported ONNX opset {opset}: saturate supports opsets {MIN_OPSET} to {MAX_OPSET}")
+    if not 1 <= opset <= MAX_OPSET:
+        raise SaturateError(f"unsupported ONNX opset {opset}: saturate supports opsets 1 to {MAX_OPSET} "
+                            f"(below {MIN_OPSET} converted on import)")
     return opset, extra
+
+
+def _convert(model: onnx.ModelProto, skeleton: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """The model converted from `opset` to MIN_OPSET by onnx.version_converter, or one line why not."""
+    import onnx.version_converter
+
+    try:
+        converted = onnx.version_converter.convert_version(skeleton, MIN_OPSET)
+    except Exception as err:
+        # The converter's messages often name no op (`Input i is undefined!`) or print a C++
+        # assertion: name the node it most likely stopped at.
+        text = _first_line(err)
+        text = text.split(" failed: ", 1)[-1]
+        culprit = _conversion_culprit(model, opset, text)
+        where = f" at node '{culprit.name or culprit.output[0]}' ({culprit.op_type})" if culprit else ""
+        raise SaturateError(f"cannot convert the model from opset {opset} to {MIN_OPSET}{where}: {text}") from None
+    if skeleton is model:
+        return converted
+    # The converter serializes what it converts; it got the skeleton (the weights as typed inputs,
+    # which no adapter reads), and the weights go back here as initializers.
+    kept = {t.name for t in skeleton.graph.initializer}
+    big = [t for t in model.graph.initializer if t.name not in kept]
+    moved = {t.name for t in big} - {vi.name for vi in model.graph.input}
+    inputs = [vi for vi in converted.graph.input if vi.name not in moved]
+    del converted.graph.input[:]
+    converted.graph.input.extend(inputs)
+    converted.graph.initializer.extend(big)
+    return converted
+
+
+def _conversion_culprit(model: onnx.ModelProto, opset: int, message: str) -> onnx.NodeProto | None:
+    nodes = [n for n in model.graph.node if n.domain in _DEFAULT_DOMAINS]
+    for n in nodes:  # an op ONNX does not define at that opset cannot be converted
+        try:
+            onnx.defs.get_schema(n.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            return n
+
+    def mentioned(word: str) -> bool:
+        return bool(word) and re.search(rf"\b{re.escape(word)}\b", message) is not None
+
+    # The op's name, else an attribute it has (`Attribute spatial must have value 1`), else a
+    # value it reads (`Input i is undefined!`).
+    for named in ([n for n in nodes if mentioned(n.op_type)],
+                  [n for n in nodes if any(mentioned(a.name) for a in n.attribute)],
+                  [n for n in nodes if any(mentioned(v) for v in n.input)]):
+        if named:
+            return named[0]
+    return None
 
 
 def _first_line(err: BaseException) -> str:

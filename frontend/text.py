@@ -12,10 +12,14 @@ import numpy as np
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from saturate.frontend.onnx_io import MAX_OPSET, MIN_OPSET
+from saturate.frontend.onnx_io import MAX_OPSET
 from saturate.core.errors import SaturateError, SourceError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 from saturate.core.ops import op_table
+
+# The text form is saturate's own and is read as written, never converted: from opset 13, the first
+# with today's forms of Softmax, Squeeze and Unsqueeze (ONNX models older than 14 are converted).
+MIN_OPSET = 13
 
 _PLAIN_VALUE = re.compile(r"[A-Za-z0-9_./\-]+")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -201,9 +201,9 @@ def test_bad_inputs_raise_clear_errors():
 def test_unknown_op_fails_at_compile_time_naming_node_and_op():
     from saturate import compile
 
-    g = make([Node("Relu", ["x"], ["r"]), Node("CumSum", ["r", "ax"], ["y"], name="hs1")], {"x": (2, 3)},
-             {"ax": np.array(0, np.int64)})
-    with pytest.raises(SaturateError, match=r"node 'hs1' \(CumSum\).*'CumSum'"):
+    # A custom-domain op has neither a kernel nor an interpreter implementation.
+    g = make([Node("Relu", ["x"], ["r"]), Node("Frob", ["r"], ["y"], name="hs1", domain="com.example")], {"x": (2, 3)})
+    with pytest.raises(SaturateError, match=r"node 'hs1' \(Frob\).*'Frob'"):
         compile(g)
     g = make([Node("Relu", ["x"], ["y"])], {"x": ("N", 3)})
     with pytest.raises(SaturateError, match="static"):

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from saturate.backend.emit import static_input_shapes
-from saturate.backend.shapes import infer_shapes
+from saturate.backend.partition import partition
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, ValueInfo
 
@@ -30,9 +29,12 @@ def graph_flops(graph: Graph, input_shapes: dict | None = None) -> int:
     """Arithmetic operations of one inference, from static shapes (targets.flops per node)."""
     from saturate.targets.target import flops
 
-    shapes = infer_shapes(graph, static_input_shapes(graph, input_shapes))
+    part = partition(graph, input_shapes)
+    shapes = part.shapes
     total = 0
-    for n in graph.nodes:
+    for n in part.graph.nodes:  # folded nodes cost nothing at run time; data-dependent shapes are not counted
+        if shapes.get(n.outputs[0]) is None or any(i and shapes.get(i) is None for i in n.inputs):
+            continue
         infos = [ValueInfo("float32", shapes[i]) if i else None for i in n.inputs]
         total += flops(n.op, n.attrs, infos, ValueInfo("float32", shapes[n.outputs[0]]))
     return total
@@ -73,6 +75,15 @@ def ort_session(graph: Graph, threads: int, onnx_bytes: bytes | None = None):
     return ort.InferenceSession(onnx_bytes, opts, providers=["CPUExecutionProvider"])
 
 
+def random_input(rng, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Standard normal floats; small non-negative integers for index-like inputs (token ids)."""
+    if np.dtype(dtype).kind in "iu":
+        return rng.integers(0, 2, shape).astype(dtype)
+    if np.dtype(dtype).kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    return rng.standard_normal(shape).astype(dtype)
+
+
 def max_rel_error(got: dict, ref: dict) -> float:
     """Largest |got - ref| over the largest |ref|, across outputs."""
     worst = 0.0
@@ -93,7 +104,7 @@ def benchmark(graph: Graph, threads: int = 1, runs: int = 10, onnx_bytes: bytes 
     model = compile_graph(graph, threads=threads)
     limit_blas_threads(threads)
     rng = np.random.default_rng(seed)
-    feed = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in model.inputs}
+    feed = {name: random_input(rng, shape, model.input_dtypes[name]) for name, shape in model.inputs}
     sess = ort_session(graph, threads, onnx_bytes)
     names = [o.name for o in sess.get_outputs()]
     runners = {"onnxruntime": lambda: dict(zip(names, sess.run(None, feed))), "compiled C": lambda: model(feed)}

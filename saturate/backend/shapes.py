@@ -15,7 +15,7 @@ ELEMENTWISE_UNARY = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Neg
                      "Softplus", "Selu"}
 ELEMENTWISE_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
 # Ops whose output shares its input's storage (a view): no kernel runs.
-ALIASES = {"Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Cast", "Dropout"}
+ALIASES = {"Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Cast", "CastLike", "Dropout"}
 KERNELS = {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Gemm", "MatMul",
            "Transpose", "Concat", "Softmax", "Slice", "Expand", "Pad", "LayerNormalization", "ReduceMean",
            "ReduceSum", "ReduceMax", "ReduceMin", "Resize"}
@@ -132,7 +132,8 @@ def _text(value, default: str) -> str:
 
 def slice_params(graph: Graph, node: Node, x: tuple[int, ...]) -> list[tuple[int, int, int]]:
     """(start, step, count) per axis of a Slice: inputs from opset 10, attributes before (and in the
-    Slice nodes Split lowers to); clamping follows Python's slice semantics, which ONNX specifies."""
+    Slice nodes Split lowers to); clamped as ONNX specifies (for negative steps, unlike Python's slices,
+    a start before the first element clamps to it)."""
     if len(node.inputs) > 1:
         starts, ends = const_ints(graph, node, node.inputs[1]), const_ints(graph, node, node.inputs[2])
         axes = const_ints(graph, node, _input(node, 3)) if _input(node, 3) else list(range(len(starts)))
@@ -146,8 +147,13 @@ def slice_params(graph: Graph, node: Node, x: tuple[int, ...]) -> list[tuple[int
         if st == 0:
             raise unsupported(node, "got a zero Slice step")
         a %= len(x)
-        lo, hi, st = slice(b, e, st).indices(x[a])
-        out[a] = (lo, st, len(range(lo, hi, st)))
+        n = x[a]
+        b, e = b + n if b < 0 else b, e + n if e < 0 else e
+        if st > 0:
+            b, e = min(max(b, 0), n), min(max(e, 0), n)
+        else:
+            b, e = min(max(b, 0), n - 1), min(max(e, -1), n - 1)
+        out[a] = (b, st, len(range(b, e, st)))
     return out
 
 
@@ -294,7 +300,7 @@ def _out_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
         for p, v in zip(ins[1:], node.inputs[1:]):
             if v and v not in graph.constants and p != norm:
                 raise unsupported(node, f"needs scale and bias of shape {norm}, got {p}")
-    if op in ELEMENTWISE_UNARY or op in ("Identity", "BatchNormalization", "Softmax", "Cast", "Dropout",
+    if op in ELEMENTWISE_UNARY or op in ("Identity", "BatchNormalization", "Softmax", "Cast", "CastLike", "Dropout",
                                          "LayerNormalization"):
         return x
     if op in ("Squeeze", "Unsqueeze"):

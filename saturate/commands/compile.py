@@ -7,7 +7,8 @@ import argparse
 from saturate.core.errors import SaturateError
 
 NAME = "compile"
-HELP = "emit C for a model and compile it to a shared library (model.c, weights.bin, model.so)"
+HELP = ("emit C for a model and compile it to a shared library (model.c, weights.bin, model.so); ops without a "
+        "C kernel run in the numpy interpreter between C segments (DIR/segK/ per segment plus DIR/manifest.json)")
 
 
 def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
@@ -26,7 +27,9 @@ def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="a .onnx file, a text graph (.sat) or example:NAME")
-    parser.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for model.c, weights.bin, model.so")
+    parser.add_argument("-o", "--output", required=True, metavar="DIR",
+                        help="directory for model.c, weights.bin, model.so; a graph cut by interpreter ops gets "
+                             "one such set per C segment in DIR/seg0, DIR/seg1, ... and DIR/manifest.json (run order)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=1x3x224x224",
                         help="static shape for an input whose shape is symbolic (repeatable)")
 
@@ -37,10 +40,23 @@ def run(args: argparse.Namespace) -> int:
 
     graph = load_graph(args.model)
     model = compile_graph(graph, out_dir=args.output, input_shapes=parse_shapes(args.input_shape))
-    pl = model.emitted.plan
-    print(f"wrote {model.directory}/model.c, weights.bin, model.so")
-    print(f"{len(graph.nodes)} nodes in {len(pl.steps)} kernel steps "
-          f"({sum(len(s.chain) for s in pl.steps)} fused into epilogues)")
-    print(f"peak workspace: {pl.peak_bytes} bytes ({pl.peak_bytes / 2**20:.2f} MiB; arena {pl.arena_bytes}, "
-          f"conv scratch {pl.scratch_bytes}; one buffer per value would take {pl.naive_bytes})")
+    segs = model.segments
+    if model.emitted is not None:
+        print(f"wrote {model.directory}/model.c, weights.bin, model.so")
+    else:
+        print(f"wrote {model.directory}/manifest.json and {len(segs)} C segment(s): "
+              + ", ".join(f"{s.directory.name}/model.so" for s in segs))
+    plans = [s.emitted.plan for s in segs]
+    steps = sum(len(p.steps) for p in plans)
+    fused = sum(len(s.chain) for p in plans for s in p.steps)
+    c_nodes = sum(len(p.nodes) for p in model.partition.pieces if p.kind == "c")
+    print(f"{len(graph.nodes)} nodes: {c_nodes} in C as {steps} kernel steps ({fused} fused into epilogues), "
+          f"{len(model.partition.fallback)} in the interpreter, the rest folded at compile time")
+    if model.fallback_ops:
+        print("interpreter fallback: " + "; ".join(f"{op} x{n} ({', '.join(names[:5])}{', ...' if n > 5 else ''})"
+                                                  for op, n, names in model.fallback_ops))
+    peak = sum(p.peak_bytes for p in plans)
+    print(f"peak workspace: {peak} bytes ({peak / 2**20:.2f} MiB; arena {sum(p.arena_bytes for p in plans)}, "
+          f"conv scratch {sum(p.scratch_bytes for p in plans)}; one buffer per value would take "
+          f"{sum(p.naive_bytes for p in plans)})")
     return 0

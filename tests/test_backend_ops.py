@@ -1,0 +1,321 @@
+"""C backend: the layout, normalization, reduction, resize and pointwise kernels real models need, and the
+interpreter fallback between C segments."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backend_util import check_three_way, feed_for, make, rel_error
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Node, ValueInfo
+
+pytestmark = pytest.mark.compiler
+SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def ints(*v):
+    return np.array(v, np.int64)
+
+
+def arr(seed: int, shape) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@st.composite
+def slices(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=4)))
+    axes = draw(st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1, max_size=len(shape),
+                         unique_by=lambda a: a % len(shape)))
+    steps = [draw(st.sampled_from([1, 2, 3, -1, -2])) for _ in axes]
+    starts = [draw(st.integers(-8, 8)) for _ in axes]
+    # An open end is INT64_MAX for forward slices and INT64_MIN for reversed ones, as exporters write.
+    ends = [draw(st.one_of(st.integers(-8, 8), st.just(2**63 - 1 if p > 0 else -2**63))) for p in steps]
+    omit_axes = draw(st.booleans()) and len(axes) == len(shape) and axes == list(range(len(shape)))
+    consts = {"s": ints(*starts), "e": ints(*ends), "a": ints(*axes), "p": ints(*steps)}
+    ins = ["x", "s", "e", "" if omit_axes else "a", "p"]
+    return make([Node("Slice", ins, ["y"])], {"x": shape}, consts)
+
+
+def check_against_ort(graph) -> None:
+    """Compile and compare with ONNX Runtime alone (where the reference interpreter departs from the spec)."""
+    from saturate import compile
+    from saturate.backend.bench import ort_session
+
+    feed = feed_for(graph)
+    got = compile(graph)(feed)
+    sess = ort_session(graph, 1)
+    for o, ref in zip([o.name for o in sess.get_outputs()], sess.run(None, feed)):
+        assert got[o].shape == ref.shape, (o, got[o].shape, ref.shape)
+        assert rel_error(got[o], ref.astype(np.float64)) <= 1e-4
+
+
+@given(slices())
+@SETTINGS
+def test_generated_slices_negative_omitted_and_stepped(graph):
+    # Against ORT only: the interpreter clamps a reversed slice's start like Python (start -2 of a
+    # length-1 axis gives nothing), ONNX clamps it to the first element.
+    check_against_ort(graph)
+
+
+@st.composite
+def splits(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 7), min_size=1, max_size=3)))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    dim = shape[axis]
+    n = draw(st.integers(1, min(dim, 3)))
+    outs = [f"y{k}" for k in range(n)]
+    if draw(st.booleans()):  # explicit sizes
+        cuts = sorted(draw(st.lists(st.integers(0, dim), min_size=n - 1, max_size=n - 1)))
+        sizes = [b - a for a, b in zip([0] + cuts, cuts + [dim])]
+        return make([Node("Split", ["x", "sp"], outs, {"axis": axis})], {"x": shape}, {"sp": ints(*sizes)},
+                    outputs=outs, opset=13)
+    # equal parts; opset 18's num_outputs allows a smaller last part
+    nodes = [Node("Split", ["x"], outs, {"axis": axis, "num_outputs": n}), ]
+    return make(nodes, {"x": shape}, outputs=outs, opset=18)
+
+
+@given(splits())
+@SETTINGS
+def test_generated_splits_by_sizes_and_equal(graph):
+    check_three_way(graph)
+
+
+@st.composite
+def pads_and_views(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=2, max_size=4)))
+    kind = draw(st.sampled_from(["pad", "expand", "transpose"]))
+    if kind == "pad":
+        mode = draw(st.sampled_from(["constant", "reflect", "edge"]))
+        hi = {"reflect": [d - 1 for d in shape]}.get(mode, [3] * len(shape))
+        pads = [draw(st.integers(0, h)) for h in hi] + [draw(st.integers(0, h)) for h in hi]
+        consts = {"p": ints(*pads), "v": np.float32(draw(st.floats(-2, 2, width=32)))}
+        return make([Node("Pad", ["x", "p", "v"] if mode == "constant" else ["x", "p"], ["y"], {"mode": mode})],
+                    {"x": shape}, consts)
+    if kind == "expand":
+        small = tuple(d if draw(st.booleans()) else 1 for d in shape)
+        target = (draw(st.integers(1, 3)),) + shape if draw(st.booleans()) else shape
+        return make([Node("Expand", ["x", "t"], ["y"])], {"x": small[draw(st.integers(0, 1)):]}, {"t": ints(*target)})
+    perm = draw(st.permutations(range(len(shape))))
+    return make([Node("Transpose", ["x"], ["y"], {"perm": list(perm)})], {"x": shape})
+
+
+@given(pads_and_views())
+@SETTINGS
+def test_generated_pads_expands_transposes(graph):
+    check_three_way(graph)
+
+
+@st.composite
+def resizes(draw):
+    mode = draw(st.sampled_from(["nearest", "linear"]))
+    ctm = draw(st.sampled_from(["half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"]))
+    attrs = {"mode": mode, "coordinate_transformation_mode": ctm}
+    if mode == "nearest":
+        attrs["nearest_mode"] = draw(st.sampled_from(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]))
+    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(1, 6)))
+    if draw(st.booleans()):
+        sc = [1.0, 1.0, draw(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0])), draw(st.sampled_from([0.75, 2.0, 2.5]))]
+        if any(int(d * s) < 1 for d, s in zip(shape, sc)):
+            sc[2:] = [2.0, 2.0]
+        return make([Node("Resize", ["x", "", "sc"], ["y"], attrs)], {"x": shape}, {"sc": np.array(sc, np.float32)},
+                    opset=13)
+    sizes = ints(shape[0], shape[1], draw(st.integers(1, 9)), draw(st.integers(1, 9)))
+    return make([Node("Resize", ["x", "", "", "sz"], ["y"], attrs)], {"x": shape}, {"sz": sizes}, opset=13)
+
+
+@given(resizes())
+@SETTINGS
+def test_generated_resizes(graph):
+    check_three_way(graph)
+
+
+@st.composite
+def batched_matmuls(draw):
+    batch = draw(st.lists(st.integers(1, 3), min_size=1, max_size=2))
+    m, k, n = (draw(st.integers(1, 6)) for _ in range(3))
+    a_batch = [d if draw(st.booleans()) else 1 for d in batch]
+    b_batch = [d if draw(st.booleans()) else 1 for d in batch][draw(st.integers(0, len(batch))):]
+    return make([Node("MatMul", ["a", "b"], ["y"])], {"a": (*a_batch, m, k), "b": (*b_batch, k, n)})
+
+
+@given(batched_matmuls(), st.integers(1, 2))
+@SETTINGS
+def test_generated_batched_matmul_broadcasts(graph, threads):
+    check_three_way(graph, threads=threads)
+
+
+def test_attention_block_shapes():
+    # [B, H, S, D] x [B, H, D, S], softmax over the last axis, then x V, as transformer exports do.
+    nodes = [Node("Transpose", ["k"], ["kt"], {"perm": [0, 1, 3, 2]}), Node("MatMul", ["q", "kt"], ["s"]),
+             Node("Mul", ["s", "scale"], ["ss"]), Node("Softmax", ["ss"], ["p"], {"axis": -1}),
+             Node("MatMul", ["p", "v"], ["y"])]
+    shp = (2, 3, 5, 4)
+    check_three_way(make(nodes, {"q": shp, "k": shp, "v": shp}, {"scale": np.float32(0.5)}, opset=17), threads=2)
+
+
+@pytest.mark.parametrize("axis,shape,bias", [(-1, (2, 3, 16), True), (1, (2, 3, 4, 5), False), (0, (3, 7), True),
+                                             (-2, (2, 5, 3), True)])
+def test_layernorm_axes(axis, shape, bias):
+    norm = shape[axis % len(shape):]
+    consts = {"s": arr(1, norm)}
+    if bias:
+        consts["b"] = arr(2, norm)
+    # A Relu after it rides in its output loop.
+    nodes = [Node("LayerNormalization", ["x", "s", "b"] if bias else ["x", "s"], ["n"], {"axis": axis, "epsilon": 1e-3}),
+             Node("Relu", ["n"], ["y"])]
+    check_three_way(make(nodes, {"x": shape}, consts, opset=17), threads=2)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 2])
+def test_softmax_axes(axis):
+    check_three_way(make([Node("Softmax", ["x"], ["y"], {"axis": axis})], {"x": (2, 3, 4, 5)}, opset=13))
+
+
+def test_softmax_before_opset_13_flattens_from_axis():
+    # Before opset 13 Softmax normalizes over all axes from `axis` on (checked against ONNX Runtime).
+    from saturate import compile
+    from saturate.backend.bench import ort_session
+
+    g = make([Node("Softmax", ["x"], ["y"], {"axis": 1})], {"x": (2, 3, 4, 5)}, opset=11)
+    x = arr(12, (2, 3, 4, 5))
+    ref = ort_session(g, 1).run(None, {"x": x})[0]
+    got = compile(g)(x)["y"]
+    assert rel_error(got, ref.astype(np.float64)) <= 1e-4
+    assert abs(float(got.reshape(2, -1).sum(axis=1)[0]) - 1.0) < 1e-4
+
+
+@pytest.mark.parametrize("op,opset,axes,keep", [("ReduceMean", 17, [2, 3], 1), ("ReduceMean", 18, [-1], 0),
+                                                 ("ReduceMean", 18, None, 1), ("ReduceSum", 13, [0, 2], 0),
+                                                 ("ReduceMax", 17, [1], 1), ("ReduceMin", 18, [1, 3], 0)])
+def test_reductions_axes_attribute_and_input(op, opset, axes, keep):
+    as_input = opset >= 18 or (op == "ReduceSum" and opset >= 13)
+    consts = {"ax": ints(*axes)} if as_input and axes is not None else {}
+    attrs = {"keepdims": keep}
+    if axes is not None and not as_input:
+        attrs["axes"] = axes
+    node = Node(op, ["x", "ax"] if consts else ["x"], ["y"], attrs)
+    check_three_way(make([node], {"x": (2, 3, 4, 5)}, consts, opset=opset))
+
+
+@pytest.mark.parametrize("op,attrs", [("HardSwish", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
+                                      ("Gelu", {}), ("Gelu", {"approximate": "tanh"}), ("Exp", {}), ("Abs", {}),
+                                      ("Elu", {"alpha": 0.7}), ("Softplus", {}), ("Floor", {})])
+def test_pointwise_ops_fuse_into_conv(op, attrs):
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], {"pads": [1, 1, 1, 1]}), Node(op, ["c"], ["y"], attrs)]
+    g = make(nodes, {"x": (1, 8, 6, 6)}, {"w": arr(3, (16, 8, 3, 3)), "b": arr(4, (16,))}, opset=20)
+    from saturate import compile
+
+    assert [len(s.chain) for s in compile(g).emitted.plan.steps] == [1]
+    check_three_way(g)
+
+
+def test_binary_broadcasts_pow_max_min_and_swish_fusion():
+    nodes = [Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}),
+             Node("Sigmoid", ["c"], ["s"]), Node("Mul", ["c", "s"], ["sw"]),      # SiLU: one Swish epilogue
+             Node("Pow", ["sw", "two"], ["p"]), Node("Max", ["p", "row"], ["mx"]), Node("Min", ["col", "mx"], ["mn"]),
+             Node("Log", ["mn"], ["lg"]), Node("Pow", ["lg", "half"], ["y"])]
+    consts = {"w": arr(5, (4, 3, 3, 3)), "two": np.float32(2.0), "half": np.float32(0.5),
+              "row": np.abs(arr(6, (1, 1, 1, 7))) + 1.5, "col": np.abs(arr(7, (4, 1, 1))) + 2.0}
+    g = make(nodes, {"x": (2, 3, 5, 7)}, consts)
+    from saturate import compile
+
+    steps = compile(g).emitted.plan.steps
+    assert [(s.anchor.op, [n.op for n in s.chain]) for s in steps] == [
+        ("Conv", ["Swish", "Pow", "Max", "Min", "Log", "Pow"])]
+    check_three_way(g)
+
+
+def test_dynamo_shape_arithmetic_folds_at_compile_time():
+    # Shape -> Gather -> Concat -> Reshape, Cast float->float, Squeeze/Unsqueeze, Constant: no fallback, no kernel.
+    nodes = [Node("Constant", [], ["minus1"], {"value": ints(-1)}),
+             Node("Shape", ["x"], ["shp"]), Node("Gather", ["shp", "zero"], ["n"], {"axis": 0}),
+             Node("Unsqueeze", ["n", "zero1"], ["n1"]), Node("Concat", ["n1", "minus1"], ["tgt"], {"axis": 0}),
+             Node("Reshape", ["x", "tgt"], ["flat"]), Node("Cast", ["flat"], ["fc"], {"to": 1}),
+             Node("Unsqueeze", ["fc", "zero1"], ["u"]), Node("Squeeze", ["u", "zero1"], ["sq"]),
+             Node("CastLike", ["sq", "like"], ["cl"]), Node("Relu", ["cl"], ["y"])]
+    g = make(nodes, {"x": (2, 3, 4)}, {"zero": ints(0)[0], "zero1": ints(0), "like": np.zeros(1, np.float32)},
+             opset=18)
+    from saturate import compile
+
+    model = compile(g)
+    assert model.fallback_ops == []
+    assert [s.anchor.op for s in model.emitted.plan.steps] == ["Relu"]  # the rest are views of x
+    check_three_way(g)
+
+
+def fallback_graph():
+    """Conv + SiLU in C, CumSum in the interpreter, Reshape + Softmax in C, TopK in the interpreter (int64
+    indices out), a scaled copy of its values in C again."""
+    nodes = [Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}), Node("Relu", ["c"], ["r"]),
+             Node("CumSum", ["r", "ax"], ["cs"], name="cum"), Node("Reshape", ["cs", "tgt"], ["flat"]),
+             Node("Softmax", ["flat"], ["sm"], {"axis": -1}), Node("TopK", ["sm", "k"], ["vals", "idx"], name="top"),
+             Node("Mul", ["vals", "two"], ["y"]), Node("Sigmoid", ["c"], ["s"]), Node("Mul", ["c", "s"], ["sw"])]
+    consts = {"w": arr(8, (4, 3, 3, 3)), "ax": np.array(1, np.int64), "tgt": ints(2, -1), "k": ints(3),
+              "two": np.float32(2.0)}
+    g = make(nodes, {"x": (2, 3, 5, 5)}, consts, outputs=["y", "idx", "sw"], opset=17)
+    g.values["idx"] = ValueInfo("int64", (2, 3))
+    return g
+
+
+def test_fallback_runs_interpreter_between_c_segments(tmp_path):
+    from saturate import compile
+
+    g = fallback_graph()
+    model = compile(g, out_dir=tmp_path / "m")
+    assert model.fallback_ops == [("CumSum", 1, ["cum"]), ("TopK", 1, ["top"])]
+    assert [p.kind for p in model.partition.pieces] == ["c", "interpreter", "c", "interpreter", "c"]
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    assert [p["kind"] for p in manifest["pieces"]] == [p.kind for p in model.partition.pieces]
+    for k in range(3):
+        assert (tmp_path / "m" / f"seg{k}" / "model.so").exists()
+    got = check_three_way(g)
+    assert got["idx"].dtype == np.int64
+
+
+def test_fallback_for_data_dependent_shapes_and_integer_inputs():
+    from saturate import compile
+    from saturate.interp import run_graph
+
+    # NonZero's output size depends on the data: everything after it stays in the interpreter.
+    nodes = [Node("Relu", ["x"], ["r"]), Node("NonZero", ["r"], ["nz"]), Node("Cast", ["nz"], ["f"], {"to": 1}),
+             Node("Neg", ["f"], ["y"]), Node("Gather", ["emb", "ids"], ["e"], {"axis": 0}),
+             Node("Add", ["e", "r2"], ["z"]), Node("Exp", ["x2"], ["r2"])]
+    nodes = nodes[:4] + [nodes[6], nodes[4], nodes[5]]
+    g = make(nodes, {"x": (3, 4), "x2": (2, 5, 8)}, {"emb": arr(9, (10, 8))}, outputs=["y", "z"])
+    g.inputs.append("ids")
+    g.values["ids"] = ValueInfo("int64", (2, 5))
+    model = compile(g)
+    assert {op for op, _, _ in model.fallback_ops} == {"NonZero", "Cast", "Neg", "Gather"}
+    rng = np.random.default_rng(0)
+    feed = {"x": arr(10, (3, 4)), "x2": arr(11, (2, 5, 8)), "ids": rng.integers(0, 10, (2, 5))}
+    got, ref = model(feed), run_graph(g, feed)
+    for k in ("y", "z"):
+        assert got[k].shape == ref[k].shape and rel_error(got[k], np.asarray(ref[k], np.float64)) <= 1e-4
+    with pytest.raises(SaturateError, match="expects int64"):
+        model({**feed, "ids": feed["ids"].astype(np.int32)})
+
+
+def test_cli_compile_names_fallback_ops(tmp_path, capsys):
+    import onnx
+
+    from saturate.cli import main
+    from saturate.frontend.onnx_io import export_model
+
+    onnx.save(export_model(fallback_graph()), tmp_path / "m.onnx")
+    assert main(["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "interpreter fallback: CumSum x1 (cum); TopK x1 (top)" in out
+    assert "manifest.json" in out and (tmp_path / "out" / "seg2" / "weights.bin").exists()
+    x = np.random.default_rng(1).standard_normal((2, 3, 5, 5)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    for backend in ("numpy", "c"):
+        assert main(["run", str(tmp_path / "m.onnx"), "--backend", backend, "--input", str(tmp_path / "x.npy"),
+                     "-o", str(tmp_path / f"{backend}.npz")]) == 0
+    c, ref = np.load(tmp_path / "c.npz"), np.load(tmp_path / "numpy.npz")
+    for k in ("y", "idx", "sw"):
+        assert c[k].dtype == ref[k].dtype and rel_error(c[k], ref[k].astype(np.float64)) <= 1e-4

@@ -45,6 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="fold initializers that are also graph inputs as constants (by default they "
                              "stay inputs that a caller may override, as the ONNX spec says)")
     parser.add_argument("--report", metavar="R.json", help="write a JSON report")
+    parser.add_argument("--html", metavar="R.html",
+                        help="write a self-contained HTML page: the graph before and after, e-graph size "
+                             "per iteration, the rules that fired, stage times, op counts")
     parser.add_argument("--trace", action="store_true", help="print progress and a table of what happened")
     parser.add_argument("--max-iterations", type=int, default=MAX_ITERATIONS)
     parser.add_argument("--max-nodes", type=int, default=MAX_NODES)
@@ -65,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.output, inputs=(args.model,))
     if args.report:
         check_writable(args.report, inputs=(args.model, args.output))
+    if args.html:
+        check_writable(args.html, inputs=(args.model, args.output) + ((args.report,) if args.report else ()))
     times = {}
     t = time.perf_counter()
     graph = load_graph(args.model)
@@ -91,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         text = json.dumps(report.to_json(), indent=2).encode("utf-8")
         write_atomic(args.report, lambda f: f.write(text))
+    if args.html:
+        from saturate.report.html import write_html
+        write_html(args.html, graph, result, report, title=args.model)
     if args.trace:
         print(format_report(report), file=sys.stderr)
     elif not args.quiet:
@@ -114,7 +122,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
     from saturate import batch
     from saturate.lang.parser import RULES_DIR, load_rules
 
-    for flag in ("report", "partition", "trace"):
+    for flag in ("report", "html", "partition", "trace"):
         if getattr(args, flag):
             raise SaturateError(f"--{flag} takes one model; a batch writes summary.json in its output directory")
     if args.jobs is not None and args.jobs < 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from saturate.core.fileio import check_writable, write_atomic
 from saturate.core.ir import op_count_table
 
 NAME = "show"
@@ -18,13 +19,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hex", action="store_true", help="print constant data as raw little-endian hex")
     parser.add_argument("--elements", type=int, default=6, metavar="K",
                         help="constant values shown before '...' when not --full (default 6)")
+    parser.add_argument("--svg", metavar="OUT.svg",
+                        help="also draw the graph as an SVG picture (layout by Graphviz dot if installed, "
+                             "else grandalf)")
 
 
 def run(args: argparse.Namespace) -> int:
     from saturate.frontend import load_graph
     from saturate.frontend.text import print_graph
 
+    if args.svg:
+        check_writable(args.svg, inputs=(args.model,))
     graph = load_graph(args.model)
+    if args.svg:
+        from saturate.report.html import graph_svg_file
+        text = graph_svg_file(graph).encode("utf-8")
+        write_atomic(args.svg, lambda f: f.write(text))
     limit = None if args.full else max(args.elements, 0)
     print(print_graph(graph, max_elements=limit, hex_data=args.hex), end="")
     if not args.full:

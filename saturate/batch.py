@@ -3,6 +3,7 @@ stops the others, and every model's result, time and error land in one summary."
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
 import multiprocessing
@@ -58,10 +59,19 @@ class Options:
 
 def expand_models(specs: Iterable[str]) -> list[str]:
     """Model paths from files, directories (their .onnx and .sat files, recursively) and globs;
-    `example:NAME` passes through. A spec that names nothing is an error."""
+    `example:NAME` and `corpus:NAME` pass through, `corpus:GLOB` picks corpus models. A spec that
+    names nothing is an error."""
     found: list[str] = []
     for spec in specs:
-        if spec.startswith("example:"):
+        if spec.startswith("corpus:") and any(c in spec for c in "*?["):
+            from saturate.frontend import corpus
+
+            names = fnmatch.filter(corpus.names(), spec[len("corpus:"):])
+            if not names:
+                raise SaturateError(f"{spec}: no corpus model matches")
+            found.extend(f"corpus:{n}" for n in names)
+            continue
+        if spec.startswith(("example:", "corpus:")):
             found.append(spec)
             continue
         path = Path(spec)
@@ -85,8 +95,8 @@ def plan_jobs(models: list[str], outdir: str | os.PathLike) -> list[Job]:
     """Each model's output in `outdir`, under its own file name (an example as NAME.onnx); names
     that two models share are told apart by their folders."""
     def name(model: str, depth: int) -> str:
-        if model.startswith("example:"):
-            return model[len("example:"):] + ".onnx"
+        if model.startswith(("example:", "corpus:")):
+            return model.split(":", 1)[1] + ".onnx"
         parts = Path(model).resolve().parts
         return "__".join(parts[-depth:])
 

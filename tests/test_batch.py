@@ -83,3 +83,11 @@ def test_a_batch_runs_on_a_local_ray_cluster(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failed"] == 0 and summary["models"] == 2
     _same_outputs(str(models / "vgg.onnx"), str(out / "vgg.onnx"))
+
+
+def test_corpus_globs_pick_corpus_models():
+    picked = batch.expand_models(["corpus:resnet18-ts*", "example:vgg"])
+    assert picked == ["corpus:resnet18-ts", "corpus:resnet18-ts-dyn", "example:vgg"]
+    assert [j.output for j in batch.plan_jobs(picked[:1], "out")] == ["out/resnet18-ts.onnx"]
+    with pytest.raises(batch.SaturateError, match="no corpus model matches"):
+        batch.expand_models(["corpus:nothing*"])

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from saturate.core.errors import SaturateError
 
@@ -80,12 +80,12 @@ def load_model(name: str) -> onnx.ModelProto:
             arr = np.full(dims, float(recipe[len("const="):]), dtype=dtype)
         elif recipe == "random":
             rng = np.random.default_rng(zlib.crc32(f"{name}/{init.name}".encode()))
-            arr = _fill(rng, dims, _role(init.name, dims, consumers)).astype(dtype)
+            arr = _fill(rng, dims, _role(init.name, dims, consumers)).astype(dtype, copy=False)
         else:
             raise SaturateError(f"corpus:{name}: initializer {init.name}: unknown recipe {recipe!r}")
-        filled = numpy_helper.from_array(arr, init.name)
-        filled.doc_string = init.doc_string
-        init.CopyFrom(filled)
+        # Straight into raw_data (ONNX stores it little-endian): VGG's 130 M weights are
+        # copied once, not three times as through numpy_helper.from_array.
+        init.raw_data = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
     return model
 
 

@@ -30,12 +30,38 @@ def cases():
     yield make([Node("MatMul", ["a", "b"], ["m"]), Node("Transpose", ["m"], ["t"], {"perm": [3, 1, 0, 2]}),
                 Node("Softmax", ["t"], ["s"], {"axis": 2}), Node("Concat", ["s", "s"], ["y"], {"axis": 3})],
                {"a": (2, 3, 4, 5)}, {"b": w(3, 5, 7)})
+    ints = lambda *v: np.array(v, np.int64)  # noqa: E731
+    # Tensor kernels at their edges: reflect pads, reversed slices, upsampling, split, norm, reductions.
+    tensor = make([Node("Pad", ["x", "p"], ["pd"], {"mode": "reflect"}),
+                Node("Slice", ["pd", "s", "e", "a", "st"], ["sl"]),
+                Node("Resize", ["sl", "", "sc"], ["rs"], {"mode": "linear"}),
+                Node("Split", ["rs", "sp"], ["h0", "h1"], {"axis": 3}),
+                Node("LayerNormalization", ["h1", "g"], ["ln"], {"axis": -1}),
+                Node("ReduceMean", ["ln"], ["rm"], {"axes": [1, 3], "keepdims": 1}),
+                Node("Expand", ["rm", "es"], ["y"])],
+               {"x": (2, 3, 5, 6)}, {"p": ints(0, 0, 2, 1, 0, 0, 1, 2), "s": ints(-1, 0), "e": ints(-2**63, 9),
+                                     "a": ints(2, 3), "st": ints(-2, 2), "sc": np.array([1, 1, 2, 1.5], np.float32),
+                                     "sp": ints(3, 4), "g": w(4), "es": ints(2, 1, 8, 3)},
+               outputs=["y", "h0"], opset=13)
+    tensor.name = "tensor-kernels"
+    yield tensor
 
 
 def main() -> int:
     for k, graph in enumerate(cases()):
         feed = feed_for(graph)
-        got = compile_graph(graph, sanitize=True, threads=1 + k % 2)(feed)
+        model = compile_graph(graph, sanitize=True, threads=1 + k % 2)
+        if model.fallback_ops:
+            print(f"case {k}: ran {model.fallback_ops} in the interpreter, not in sanitized C")
+            return 1
+        got = model(feed)
+        if graph.name == "tensor-kernels":
+            # Memory safety only: its reference runs on onnx.reference, whose internal C++ exceptions
+            # ASan's preloaded interceptor cannot unwind; test_backend_ops checks these values.
+            if not all(np.isfinite(v).all() for v in got.values()):
+                print(f"case {k}: non-finite output")
+                return 1
+            continue
         ref = run_graph(graph, feed)
         for name in graph.outputs:
             err = rel_error(got[name], np.asarray(ref[name], np.float64))

@@ -319,3 +319,13 @@ def test_cli_compile_names_fallback_ops(tmp_path, capsys):
     c, ref = np.load(tmp_path / "c.npz"), np.load(tmp_path / "numpy.npz")
     for k in ("y", "idx", "sw"):
         assert c[k].dtype == ref[k].dtype and rel_error(c[k], ref[k].astype(np.float64)) <= 1e-4
+
+
+@pytest.mark.parametrize("indices,axis", [(np.array(0, np.int64), 1), (ints(-1), 0), (ints(0, 2, 4), 2),
+                                          (ints(3, 1), 1)])
+def test_gather_with_evenly_spaced_constant_indices_is_a_view_copy(indices, axis):
+    from saturate import compile
+
+    g = make([Node("Gather", ["x", "i"], ["y"], {"axis": axis})], {"x": (2, 4, 5)}, {"i": indices})
+    assert compile(g).fallback_ops == []
+    check_three_way(g)

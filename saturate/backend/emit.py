@@ -11,8 +11,8 @@ import numpy as np
 from saturate.backend.build import cpu_has_avx512
 from saturate.backend.plan import TILE_BYTES, Plan, Step, plan, runs_direct, tile_rows
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides, vec_expr
-from saturate.backend.shapes import (ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, infer_shapes, pad_params,
-                                     pool_window, reduce_axes, resize_tables, slice_params, unsupported)
+from saturate.backend.shapes import (ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, gather_view, infer_shapes,
+                                     pad_params, pool_window, reduce_axes, resize_tables, slice_params, unsupported)
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph
 
@@ -415,6 +415,16 @@ class Emitter:
         base = sum(start * ist[d] for d, (start, _, count) in enumerate(params) if count)
         self.emit_strided(node, self.ptr(node.inputs[0]), base, oshape,
                           [step_ * ist[d] for d, (_, step_, _) in enumerate(params)], out)
+
+    def emit_Gather(self, step, chain, out, oshape):
+        node = step.anchor
+        x = self.shapes[node.inputs[0]]
+        axis, first, stride, _ = gather_view(self.g, node, x)
+        count = math.prod(oshape) // max(math.prod(x[:axis] + x[axis + 1:]), 1)
+        ist = strides(x)
+        view = x[:axis] + (count,) + x[axis + 1:]
+        self.emit_strided(node, self.ptr(node.inputs[0]), first * ist[axis], view,
+                          [t * (stride if d == axis else 1) for d, t in enumerate(ist)], out)
 
     def emit_Expand(self, step, chain, out, oshape):
         node = step.anchor

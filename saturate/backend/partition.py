@@ -16,7 +16,7 @@ NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
                     "Bernoulli"}
 # Ops whose inputs after the first are parameters the emitter reads at compile time.
 PARAM_INPUTS = {"Reshape", "Expand", "Slice", "Pad", "Squeeze", "Unsqueeze", "Resize", "ReduceMean", "ReduceSum",
-                "ReduceMax", "ReduceMin", "Split", "Clip", "BatchNormalization"}
+                "ReduceMax", "ReduceMin", "Split", "Clip", "BatchNormalization", "Gather"}
 # Extra outputs a C kernel may drop when nothing reads them (LayerNorm's statistics, Dropout's mask).
 DROPPABLE_OUTPUTS = {"LayerNormalization", "Dropout"}
 

@@ -18,7 +18,7 @@ ELEMENTWISE_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
 ALIASES = {"Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Cast", "CastLike", "Dropout"}
 KERNELS = {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Gemm", "MatMul",
            "Transpose", "Concat", "Softmax", "Slice", "Expand", "Pad", "LayerNormalization", "ReduceMean",
-           "ReduceSum", "ReduceMax", "ReduceMin", "Resize"}
+           "ReduceSum", "ReduceMax", "ReduceMin", "Resize", "Gather"}
 SUPPORTED = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | ALIASES | KERNELS
 
 
@@ -272,6 +272,23 @@ def resize_tables(graph: Graph, node: Node, x: tuple[int, ...]):
     return tuple(sizes), mode, tables
 
 
+def gather_view(graph: Graph, node: Node, x: tuple[int, ...]) -> tuple[int, int, int, tuple[int, ...]]:
+    """(axis, first index, step, output shape) of a Gather whose constant indices step evenly (a class
+    token x[:, 0], every other row): a strided view; other index patterns are the interpreter's."""
+    if node.inputs[1] not in graph.constants:
+        raise unsupported(node, f"needs '{node.inputs[1]}' to be a constant")
+    idx = np.asarray(graph.constants[node.inputs[1]])
+    axis = int(node.attr("axis", 0)) % len(x)
+    flat = idx.reshape(-1).astype(np.int64)
+    if flat.size == 0 or np.any(flat < -x[axis]) or np.any(flat >= x[axis]):
+        raise unsupported(node, f"got Gather indices out of range for axis {axis} of {x}")
+    flat = np.where(flat < 0, flat + x[axis], flat)
+    steps = np.diff(flat)
+    if steps.size and np.any(steps != steps[0]):
+        raise unsupported(node, "gathers only evenly spaced indices")
+    return axis, int(flat[0]), int(steps[0]) if steps.size else 1, x[:axis] + tuple(idx.shape) + x[axis + 1:]
+
+
 def infer_shapes(graph: Graph, input_shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """Static shape of every value the graph computes; raises for ops the backend lacks."""
     shapes: dict[str, tuple[int, ...]] = {k: tuple(int(d) for d in v.shape) for k, v in graph.constants.items()}
@@ -323,6 +340,8 @@ def _out_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
         return tuple(1 if d in axes else n for d, n in enumerate(x) if keep or d not in axes)
     if op == "Resize":
         return resize_tables(graph, node, x)[0]
+    if op == "Gather":
+        return gather_view(graph, node, x)[3]
     if op in ELEMENTWISE_BINARY:
         try:
             return tuple(np.broadcast_shapes(ins[0], ins[1]))

@@ -26,6 +26,12 @@ def run(args: argparse.Namespace) -> int:
     onnx_bytes = None
     if args.model.endswith(".onnx") and not args.optimize:
         onnx_bytes = Path(args.model).read_bytes()
+        import onnx
+
+        # ORT cannot resolve external weights from bytes: such a model goes to ORT re-exported whole.
+        skeleton = onnx.load_from_string(onnx_bytes)  # from bytes, external data stays unresolved
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in skeleton.graph.initializer):
+            onnx_bytes = None
     if args.optimize:
         from saturate import optimize
 

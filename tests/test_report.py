@@ -194,6 +194,8 @@ def test_show_svg_and_optimize_html_from_the_cli(tmp_path):
     assert root.tag == ns + "svg" and root.get("data-engine") == engine_available()
     assert Counter(g.get("data-op") for g in boxes) == examples.build("mlp").op_counts()
     out, page = tmp_path / "o.onnx", tmp_path / "r.html"
+    # The page may not overwrite the model just written: refused before any work.
+    assert main(["optimize", "example:vgg", "-o", str(out), "--html", str(out)]) == 2 and not out.exists()
     assert main(["optimize", "example:vgg", "-o", str(out), "--html", str(page)]) == 0
     parsed = _Page()
     parsed.feed(page.read_text(encoding="utf-8"))

@@ -70,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.report, inputs=(args.model, args.output))
     if args.html:
         check_writable(args.html, inputs=(args.model, args.output) + ((args.report,) if args.report else ()))
+        from pathlib import Path
+        if Path(args.html).resolve() in {Path(p).resolve() for p in (args.output, args.report) if p}:
+            raise SaturateError(f"{args.html}: --html names another output of this run; give it its own file")
     times = {}
     t = time.perf_counter()
     graph = load_graph(args.model)

@@ -98,10 +98,9 @@ def report_html(before: Graph, after: Graph, report: Any, title: str = "", engin
     p.append('<h2>Op counts</h2><table id="ops"><tr><th>op</th><th>before</th><th>after</th><th>change</th></tr>')
     for op in sorted(set(ops_b) | set(ops_a), key=lambda o: (-max(ops_b.get(o, 0), ops_a.get(o, 0)), o)):
         b, a = ops_b.get(op, 0), ops_a.get(op, 0)
-        cls = ' class="changed"' if a != b else ""
-        p.append(f"<tr{cls}><td>{escape(op)}</td><td class=n>{b}</td><td class=n>{a}</td>"
-                 f"<td class=n>{a - b:+d}</td></tr>" if a != b else
-                 f"<tr><td>{escape(op)}</td><td class=n>{b}</td><td class=n>{a}</td><td class=n></td></tr>")
+        change = (' class="changed"', f"{a - b:+d}") if a != b else ("", "")
+        p.append(f"<tr{change[0]}><td>{escape(op)}</td><td class=n>{b}</td><td class=n>{a}</td>"
+                 f"<td class=n>{change[1]}</td></tr>")
     p.append(f"<tr><th>all</th><th class=n>{n_b}</th><th class=n>{n_a}</th><th class=n>{n_a - n_b:+d}</th></tr></table>")
     p.append('<h2>Time per stage</h2><table id="times"><tr><th>stage</th><th>seconds</th><th></th></tr>')
     longest = max(data["times"].values(), default=0) or 1

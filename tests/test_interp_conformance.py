@@ -34,6 +34,7 @@ KNOWN_FAILURES: dict[str, str] = {
 }
 MIN_PASS_RATE = 0.95
 
+
 def _category(model: onnx.ModelProto) -> str | None:
     """Which excluded category a backend test model falls in, from its structure alone."""
     domains = {n.domain for n in model.graph.node} | {o.domain for o in model.opset_import if o.version}
@@ -53,8 +54,16 @@ def _category(model: onnx.ModelProto) -> str | None:
 
 # ---- the cases, generated once into a cache -------------------------------------------------
 def _cache_dir() -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "saturate" / f"onnx-node-tests-{onnx.__version__}"
+    """One directory per onnx version, under the user's cache (the temp dir if that is read-only)."""
+    folder = f"onnx-node-tests-{onnx.__version__}"
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "saturate"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if os.access(root, os.W_OK) or (root / folder / "index.json").exists():
+            return root / folder
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"saturate-{folder}"
 
 
 def _generate(target: Path) -> None:
@@ -88,13 +97,13 @@ def _generate(target: Path) -> None:
 
 
 def _index() -> dict[str, dict]:
-    target = _cache_dir()
-    if not (target / "index.json").exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _generate(target)
-    return json.loads((target / "index.json").read_text())
+    if not (CACHE / "index.json").exists():
+        CACHE.parent.mkdir(parents=True, exist_ok=True)
+        _generate(CACHE)
+    return json.loads((CACHE / "index.json").read_text())
 
 
+CACHE = _cache_dir()
 INDEX = _index()
 COUNTED = sorted(name for name, entry in INDEX.items() if entry["category"] is None)
 
@@ -132,7 +141,7 @@ def _assert_similar(got: np.ndarray, want: np.ndarray, rtol: float, atol: float,
 
 @pytest.mark.parametrize("name", list(_params()))
 def test_node_case(name):
-    folder = _cache_dir() / name
+    folder = CACHE / name
     model = onnx.load(folder / "model.onnx")
     graph = import_model(model)
     inputs = {vi.name: _read(folder / f"input_{k}.pb") for k, vi in enumerate(model.graph.input)}

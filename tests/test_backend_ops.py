@@ -176,6 +176,13 @@ def test_softmax_axes(axis):
     check_three_way(make([Node("Softmax", ["x"], ["y"], {"axis": axis})], {"x": (2, 3, 4, 5)}, opset=13))
 
 
+@pytest.mark.parametrize("length", [16, 37, 200])
+def test_softmax_rows_of_wide_range(length):
+    # Logits up to ~+-120: the vector exp must neither overflow nor lose the small terms' sum.
+    nodes = [Node("Mul", ["x", "k"], ["s"]), Node("Softmax", ["s"], ["y"], {"axis": -1})]
+    check_three_way(make(nodes, {"x": (3, length)}, {"k": np.float32(30.0)}, opset=13), threads=2)
+
+
 def test_softmax_before_opset_13_flattens_from_axis():
     # Before opset 13 Softmax normalizes over all axes from `axis` on (checked against ONNX Runtime).
     from saturate import compile
@@ -328,4 +335,20 @@ def test_gather_with_evenly_spaced_constant_indices_is_a_view_copy(indices, axis
 
     g = make([Node("Gather", ["x", "i"], ["y"], {"axis": axis})], {"x": (2, 4, 5)}, {"i": indices})
     assert compile(g).fallback_ops == []
+    check_three_way(g)
+
+
+@pytest.mark.parametrize("half_first", [False, True])
+def test_exported_gelu_decomposition_becomes_one_matmul_epilogue(half_first):
+    # TorchScript: ((x * (1 + erf(x / sqrt2))) * 0.5; dynamo: x * (0.5 * (1 + erf(x / sqrt2))).
+    tail = ([Node("Mul", ["h", "a"], ["m"]), Node("Mul", ["x", "m"], ["y"])] if half_first
+            else [Node("Mul", ["x", "a"], ["m"]), Node("Mul", ["m", "h"], ["y"])])
+    nodes = [Node("MatMul", ["t", "w"], ["x"]), Node("Div", ["x", "r2"], ["d"]), Node("Erf", ["d"], ["e"]),
+             Node("Add", ["e", "one"], ["a"]), *tail]
+    consts = {"w": arr(13, (16, 24)), "r2": np.float32(2 ** 0.5), "one": np.float32(1.0), "h": np.float32(0.5)}
+    g = make(nodes, {"t": (2, 5, 16)}, consts)
+    from saturate import compile
+
+    steps = compile(g).emitted.plan.steps
+    assert [(s.anchor.op, [n.op for n in s.chain]) for s in steps] == [("MatMul", ["Gelu"])]
     check_three_way(g)

@@ -89,6 +89,53 @@ def _lower_swish(nodes: list[Node], outputs: set[str]) -> list[Node]:
     return [swap.get(id(n), n) for n in nodes if id(n) not in drop]
 
 
+def _lower_gelu(nodes: list[Node], outputs: set[str], constants: dict) -> list[Node]:
+    """x * 0.5 * (1 + Erf(x / sqrt 2)), as both torch exporters spell nn.GELU, -> Gelu(x): one pointwise op
+    instead of five, so it fuses into the MatMul that makes x."""
+    users: dict[str, list[Node]] = {}
+    for n in nodes:
+        for i in n.inputs:
+            users.setdefault(i, []).append(n)
+    producer = {o: n for n in nodes for o in n.outputs}
+
+    def scalar(v) -> float | None:
+        c = constants.get(v)
+        return float(np.asarray(c).reshape(-1)[0]) if c is not None and np.asarray(c).size == 1 else None
+
+    def sole(v) -> Node | None:
+        u = users.get(v, [])
+        return u[0] if len(u) == 1 and v not in outputs and u[0].domain in ("", "ai.onnx") else None
+
+    def other(node: Node, v: str) -> str | None:
+        if len(node.inputs) != 2 or v not in node.inputs:
+            return None
+        return node.inputs[1] if node.inputs[0] == v else node.inputs[0]
+
+    drop, swap = set(), {}
+    for erf in nodes:
+        div = producer.get(erf.inputs[0]) if erf.op == "Erf" else None
+        if div is None or div.op != "Div" or sole(div.outputs[0]) is not erf:
+            continue
+        x, c = div.inputs
+        add = sole(erf.outputs[0])
+        if c == x or add is None or add.op != "Add" or abs((scalar(c) or 0) - 2 ** 0.5) > 1e-4:
+            continue
+        if scalar(other(add, erf.outputs[0])) != 1.0:
+            continue
+        # Then times x and times 0.5, in either order (TorchScript: x first; dynamo: 0.5 first).
+        mul = sole(add.outputs[0])
+        last = sole(mul.outputs[0]) if mul is not None and mul.op == "Mul" else None
+        if last is None or last.op != "Mul":
+            continue
+        roles = {"x" if v == x else "half" if scalar(v) == 0.5 else "?"
+                 for v in (other(mul, add.outputs[0]), other(last, mul.outputs[0]))}
+        if roles != {"x", "half"}:
+            continue
+        drop.update({id(div), id(erf), id(add), id(mul)})
+        swap[id(last)] = Node("Gelu", [x], list(last.outputs), {}, last.name)
+    return [swap.get(id(n), n) for n in nodes if id(n) not in drop]
+
+
 def _split_sizes(graph: Graph, node: Node, dim: int) -> list[int]:
     given = node.inputs[1] if len(node.inputs) > 1 and node.inputs[1] else None
     if given:
@@ -177,7 +224,7 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
     for name, shape, dtype in inputs:
         shapes[name], dtypes[name] = shape, dtype
     graph_outputs = set(graph.outputs)
-    nodes = _lower_swish(list(graph.nodes), graph_outputs)
+    nodes = _lower_gelu(_lower_swish(list(graph.nodes), graph_outputs), graph_outputs, g.constants)
     read = {i for n in nodes for i in n.inputs if i} | graph_outputs
     kinds: list[str] = []
     fallback: list[tuple[Node, str]] = []

@@ -189,11 +189,59 @@ typedef struct {
     int64_t outer, L, inner;
 } sat_softmax_args;
 
+#if defined(__AVX512F__)
+/* expf on 16 lanes (Cephes polynomial after n = round(x log2 e), 2^n applied by scalef): within 2 ulp,
+ * 0 below -103, clamped to FLT_MAX's range above; libm's expf does not vectorize without -ffast-math. */
+static inline __m512 sat_exp512(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.72f)), _mm512_set1_ps(-103.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* Softmax of one contiguous row of L floats, 16 lanes at a time. */
+static void sat_softmax_row512(const float *x, float *y, int64_t L) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < L; i += 16) {
+        const __mmask16 m = L - i >= 16 ? 0xFFFF : (__mmask16)((1u << (L - i)) - 1);
+        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, x + i));
+    }
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < L; i += 16) {
+        const __mmask16 m = L - i >= 16 ? 0xFFFF : (__mmask16)((1u << (L - i)) - 1);
+        const __m512 e = sat_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), top));
+        _mm512_mask_storeu_ps(y + i, m, e);
+        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    for (int64_t i = 0; i < L; i += 16) {
+        const __mmask16 m = L - i >= 16 ? 0xFFFF : (__mmask16)((1u << (L - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + i), inv));
+    }
+}
+#endif
+
 /* One outer block: every (inner) lane of it along the axis. */
 static void sat_softmax_item(void *ctx, int64_t o, int tid) {
     const sat_softmax_args *a = ctx;
     const int64_t L = a->L, inner = a->inner;
     (void)tid;
+#if defined(__AVX512F__)
+    if (inner == 1) {
+        sat_softmax_row512(a->x + o * L, a->y + o * L, L);
+        return;
+    }
+#endif
     for (int64_t j = 0; j < inner; j++) {
         const float *xi = a->x + o * L * inner + j;
         float *yo = a->y + o * L * inner + j;

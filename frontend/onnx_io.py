@@ -34,9 +34,6 @@ def import_model(model: onnx.ModelProto) -> Graph:
     opset, extra = _opsets(model)
     skeleton = _without_weights(model)
     _check(skeleton)
-    if opset < MIN_OPSET:
-        model, opset = _convert(model, skeleton, opset), MIN_OPSET
-        skeleton = _without_weights(model)
     if model.functions:
         # Model-local functions (a partitioned model, say) are expanded into their bodies, as
         # ONNX Runtime does: every stage then sees standard ops, and export stays self-contained.
@@ -44,6 +41,12 @@ def import_model(model: onnx.ModelProto) -> Graph:
         model = onnx.inliner.inline_local_functions(model)
         used = {n.domain for n in model.graph.node}
         extra = {d: v for d, v in extra.items() if d in used or d not in function_domains}
+        skeleton = _without_weights(model)
+    # Read before conversion, which drops node metadata.
+    marks = preserve_marks(model)
+    if opset < MIN_OPSET:
+        # After inlining: the converter drops model-local functions too.
+        model, opset = _convert(model, skeleton, opset), MIN_OPSET
         skeleton = _without_weights(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton).graph
@@ -55,7 +58,6 @@ def import_model(model: onnx.ModelProto) -> Graph:
         g.meta["opset_imports"] = extra
     if model.producer_name:
         g.meta["producer"] = model.producer_name
-    marks = preserve_marks(model)
     if marks:
         g.meta["preserve"] = sorted(marks)
 

@@ -198,3 +198,24 @@ def test_old_model_with_large_weights_converts_and_keeps_them():
     exported = export_model(g)
     onnx.checker.check_model(exported, full_check=True)
     assert_close(run_reference_runtime(exported, feeds), run_reference_runtime(model, feeds))
+
+
+def test_conversion_keeps_local_functions_and_preserve_marks():
+    # The converter drops model-local functions and node metadata: import inlines and reads
+    # the marks first.
+    from saturate.frontend.onnx_io import mark_nodes
+
+    body = [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["c"])]
+    fn = helper.make_function("accel", "AddRelu", ["a", "b"], ["c"], body, [helper.make_opsetid("", 11)])
+    nodes = [helper.make_node("AddRelu", ["x", "x"], ["r"], domain="accel"),
+             helper.make_node("Neg", ["r"], ["y"], name="keep")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11), helper.make_opsetid("accel", 1)],
+                              functions=[fn], ir_version=8)
+    mark_nodes(model, ["keep"])
+    g = import_model(model)
+    assert g.opset == MIN_OPSET and [n.op for n in g.nodes] == ["Add", "Relu", "Neg"]
+    assert g.meta["preserve"] == ["keep"]
+    x = np.array([-1.0, 0.5, 2.0], np.float32)
+    assert np.array_equal(run_graph(g, {"x": x})["y"], -np.maximum(2 * x, 0))

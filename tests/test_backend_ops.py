@@ -352,3 +352,11 @@ def test_exported_gelu_decomposition_becomes_one_matmul_epilogue(half_first):
     steps = compile(g).emitted.plan.steps
     assert [(s.anchor.op, [n.op for n in s.chain]) for s in steps] == [("MatMul", ["Gelu"])]
     check_three_way(g)
+
+
+@pytest.mark.parametrize("op", ["Sigmoid", "Swish", "Elu", "Selu"])
+def test_exp_based_epilogues_over_a_wide_range(op):
+    # Inputs up to ~+-160: the epilogues' vectorizable exp clamps without overflow or NaN.
+    nodes = [Node("Mul", ["x", "k"], ["s"]), Node(op, ["s"], ["y"])]
+    check_three_way(make(nodes, {"x": (4, 33)}, {"k": np.float32(40.0)}, opset=24 if op == "Swish" else 17),
+                    ort=op != "Swish")

@@ -148,13 +148,13 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
         alpha, beta = c_float(node.attr("alpha", 0.2)), c_float(node.attr("beta", 0.5))
         return f"fminf(fmaxf(v * {alpha} + {beta}, 0.0f), 1.0f)"
     if op == "Swish":
-        return f"v / (1.0f + expf(-{c_float(node.attr('alpha', 1.0))} * v))"
+        return f"v / (1.0f + sat_expf(-{c_float(node.attr('alpha', 1.0))} * v))"
     if op == "Gelu":
         if _text(node.attr("approximate", "none")) == "tanh":
             return "0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))"
         return "0.5f * v * (1.0f + erff(v * 0.7071067811865476f))"
     if op == "Exp":
-        return "expf(v)"
+        return "expf(v)"  # libm's: the full range (overflow to inf) matters when Exp stands alone
     if op == "Log":
         return "logf(v)"
     if op == "Abs":
@@ -164,10 +164,10 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
     if op == "Ceil":
         return "ceilf(v)"
     if op == "Elu":
-        return f"v >= 0.0f ? v : {c_float(node.attr('alpha', 1.0))} * (expf(v) - 1.0f)"
+        return f"v >= 0.0f ? v : {c_float(node.attr('alpha', 1.0))} * (sat_expf(v) - 1.0f)"
     if op == "Selu":
         alpha, gamma = c_float(node.attr("alpha", 1.67326319217681884765625)), c_float(node.attr("gamma", 1.05070102214813232421875))
-        return f"{gamma} * (v > 0.0f ? v : {alpha} * (expf(v) - 1.0f))"
+        return f"{gamma} * (v > 0.0f ? v : {alpha} * (sat_expf(v) - 1.0f))"
     if op == "Softplus":
         # log1p(exp(v)) overflows for large v, where softplus is v itself.
         return "v > 20.0f ? v : log1pf(expf(v))"
@@ -179,7 +179,7 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
     if op == "LeakyRelu":
         return f"v >= 0.0f ? v : {c_float(node.attr('alpha', 0.01))} * v"
     if op == "Sigmoid":
-        return "1.0f / (1.0f + expf(-v))"
+        return "1.0f / (1.0f + sat_expf(-v))"
     if op == "Tanh":
         return "tanhf(v)"
     if op == "Erf":

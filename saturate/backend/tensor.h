@@ -9,6 +9,28 @@
 
 #define SAT_MAX_RANK 8
 
+/* expf for pointwise epilogues (sigmoid, swish, elu): branch-free and call-free, so gcc vectorizes the
+ * epilogue loop, which libm's expf prevents without -ffast-math. Cephes polynomial, within 2 ulp on
+ * [-87.3, 88.3]; inputs are clamped to that range (results stay finite and normal). */
+static inline float sat_expf(float x) {
+    x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+    /* round(x log2 e) by the 1.5 * 2^23 trick: exact for |n| < 2^22 in round-to-nearest. */
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
 /* Rows of ~4K floats per work item: big enough to amortize the pool, small enough to balance. */
 static int64_t sat_rows_per_item(int64_t rows, int64_t row_len) {
     int64_t per = 4096 / (row_len > 0 ? row_len : 1);

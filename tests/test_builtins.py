@@ -40,7 +40,7 @@ def close(a, b):
 # ---- tables are consistent ----------------------------------------------------------------------
 
 def test_every_builtin_declares_one_kind_per_parameter():
-    kinds = {"const", "int", "ints", "value", "type", "any"}
+    kinds = {"const", "int", "ints", "value", "type", "isconst", "any"}
     for table in (CONST_FUNCS, QUERIES, GUARDS):
         for name, fn in table.items():
             assert len(fn.params) == fn.arity, name
@@ -51,7 +51,7 @@ def test_value_guards_are_the_ones_reading_data():
     reading = {n for n, g in GUARDS.items() if g.needs_values}
     assert reading == {"positive", "nonnegative", "nonzero", "ones", "zeros", "not_ones", "not_zeros", "floating"}
     assert all(GUARDS[n].params == ("const",) for n in reading)
-    assert {n for n, g in GUARDS.items() if g.termination} == {"not_ones", "not_zeros"}
+    assert {n for n, g in GUARDS.items() if g.termination} == {"not_ones", "not_zeros", "not_const"}
 
 
 # ---- arithmetic -------------------------------------------------------------------------------

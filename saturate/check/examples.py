@@ -101,6 +101,8 @@ def argument(term: Term, kind: str, ex: Example) -> Any:
         value = ex.values[term.name]
         if kind == "type":
             return value.dtype.name
+        if kind == "isconst":
+            return term.name in ex.consts
         return tuple(value.shape) if kind == "value" else value
     if isinstance(term, AttrVar):
         value = ex.attrs[term.name]

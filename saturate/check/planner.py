@@ -59,6 +59,8 @@ class Planner:
         self.attr_hints: dict[str, str] = {}
         self.hints: dict[str, dict[str, Any]] = {}
         self.conv_inputs: dict[str, dict[str, Any]] = {}   # input variable -> first conv's attributes
+        # A guard asking for a conv centred on each pixel: draw mostly such convs.
+        self.centred_convs = any(g.fn == "centred_identity" for g in guards)
         for g in guards:
             self._hint(g)
 
@@ -319,7 +321,7 @@ class Planner:
         def geometry(fixed: dict) -> Any:
             if not case:
                 if bound is not None:
-                    case.append(self.draw(conv_cases_over(out, bound, fixed, sibling)))
+                    case.append(self.draw(conv_cases_over(out, bound, fixed, sibling, self.centred_convs)))
                 else:
                     case.append(self.draw(conv_cases(out, fixed)))
             return case[0]

@@ -203,11 +203,20 @@ def conv_cases(draw, out_shape: tuple[int, ...] | None = None, fixed: dict | Non
 
 @st.composite
 def conv_cases_over(draw, out_shape: tuple[int, ...], x_shape: tuple[int, ...], fixed: dict | None = None,
-                    sibling: dict | None = None) -> ConvCase:
+                    sibling: dict | None = None, centred: bool = False) -> ConvCase:
     """A Conv from an input of `x_shape` (already drawn for another use of the same value) to
     `out_shape`. Pads are drawn centred now and then, or, given the attributes of a `sibling`
-    conv over the same input, sharing its window centre: parallel branches in models do."""
+    conv over the same input, sharing its window centre: parallel branches in models do.
+    `centred` draws mostly windows centred on each output pixel (stride 1, odd kernel, even pads)."""
     fixed = dict(fixed or {})
+    if centred and draw(st.integers(0, 7)):
+        n_sp = len(out_shape) - 2
+        fixed.setdefault("strides", [1] * n_sp)
+        kernel = fixed.setdefault("kernel_shape", list(draw(st.lists(st.sampled_from([1, 3]), min_size=n_sp,
+                                                                     max_size=n_sp))))
+        dil = fixed.setdefault("dilations", list(draw(st.lists(st.integers(1, 2), min_size=n_sp, max_size=n_sp))))
+        half = [d * (k - 1) // 2 for d, k in zip(dil, kernel)]
+        fixed.setdefault("pads", half + half)
     out, x = tuple(out_shape), tuple(x_shape)
     n_sp = len(out) - 2
     assume(len(x) == len(out) and x[0] == out[0])

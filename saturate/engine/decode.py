@@ -66,7 +66,8 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts) -> Graph:
             # keep the dtype numpy computed from the graph's own constants.
             arr = np.asarray(val, np.float32) if isinstance(val, float) else np.asarray(val)
             name = fresh("c_fold")
-            out.constants[name] = np.ascontiguousarray(arr)
+            # Not np.ascontiguousarray: it turns a 0-d value (a dim read from a shape) into 1-d.
+            out.constants[name] = np.array(arr, order="C")
             return name
         ins = [named[c] for c in node.children]
         if node.kind == "out":

@@ -104,6 +104,10 @@ class Checker:
     def _arg(self, term: Term, kind: str, env: dict, captured: dict) -> Any:
         if kind == "value":
             return self._shape(term, env, captured)
+        if kind == "isconst":
+            if not isinstance(term, Var):
+                raise _Undecided
+            return env[term.name] in self.view.consts
         if kind == "type":
             if not isinstance(term, Var):
                 raise _Undecided

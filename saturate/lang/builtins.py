@@ -6,6 +6,7 @@ Calling convention (what the engine, the folder and the checker pass to an `impl
   attribute is accepted too and treated as a float32 scalar);
 - "int" gets a Python int; "ints" gets a tuple of ints (a list or an integer ndarray is accepted);
   either may be None for an attribute the node omits and ONNX gives no fixed default (perm);
+- "isconst" gets whether the value is a constant (or a constant expression);
 - "type" (queries) gets the value's dtype name ("float32", "int64"), None when unknown;
 - "value" (queries and shape guards) gets the value's static shape as a tuple whose dims are ints,
   or symbolic names / None when unknown. Shape guards answer False when unknown dims leave the
@@ -173,7 +174,7 @@ def expand(c: Any, shape: Any) -> np.ndarray:
 
 def transpose(c: Any, perm: Any) -> np.ndarray:
     """ONNX Transpose; a missing perm (None) reverses the axes."""
-    return np.ascontiguousarray(np.transpose(np.asarray(c), _ints(perm)))
+    return np.array(np.transpose(np.asarray(c), _ints(perm)), order="C")   # 0-d stays 0-d
 
 
 def inverse_perm(p: Any, rank: int) -> tuple[int, ...]:
@@ -579,6 +580,10 @@ GUARDS: dict[str, GuardFn] = {
                         True, ("const",), termination=True),
     "not_zeros": GuardFn(1, lambda c: not bool(np.all(np.asarray(c) == 0)), "some element != 0",
                          True, ("const",), termination=True),
+    # Regrouping rules (add-add, mul-mul...) on an all-constant graph (shape arithmetic) would
+    # build ever new constant expressions of one value; the fold rules handle those.
+    "not_const": GuardFn(1, lambda is_const: not is_const, "the value is computed, not a constant",
+                         False, ("isconst",), termination=True),
 }
 
 COMPARISONS: dict[str, GuardFn] = {

@@ -189,11 +189,11 @@ class _Checker:
                 # The shape of a constant expression (a part of a constant, say) is known too.
                 args.append(self.call(a, "tensor", where))
                 continue
-            if kind in ("value", "const") and not isinstance(a, Var):
+            if kind in ("value", "const", "isconst") and not isinstance(a, Var):
                 self.fail(getattr(a, "loc", None) or g.loc, f"{where} must be a variable bound on the left")
             if kind == "const" and isinstance(a, Var) and not self.vars.get(a.name, True):
                 self.fail(a.loc, f"guard {g.fn} reads constant values: capture '{a.name}' as {a.name}:const")
-            args.append(self.term(a, "value" if kind == "const" else kind, where, g.loc))
+            args.append(self.term(a, "value" if kind in ("const", "isconst") else kind, where, g.loc))
         return Guard(g.fn, tuple(args), g.loc)
 
     def check(self) -> Rule:

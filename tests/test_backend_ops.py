@@ -244,14 +244,16 @@ def test_dynamo_shape_arithmetic_folds_at_compile_time():
              Node("Unsqueeze", ["n", "zero1"], ["n1"]), Node("Concat", ["n1", "minus1"], ["tgt"], {"axis": 0}),
              Node("Reshape", ["x", "tgt"], ["flat"]), Node("Cast", ["flat"], ["fc"], {"to": 1}),
              Node("Unsqueeze", ["fc", "zero1"], ["u"]), Node("Squeeze", ["u", "zero1"], ["sq"]),
-             Node("CastLike", ["sq", "like"], ["cl"]), Node("Relu", ["cl"], ["y"])]
-    g = make(nodes, {"x": (2, 3, 4)}, {"zero": ints(0)[0], "zero1": ints(0), "like": np.zeros(1, np.float32)},
-             opset=18)
+             Node("CastLike", ["sq", "like"], ["cl"]),
+             # dynamo's hardtanh: Clip bounds cast like the runtime input are compile-time values too
+             Node("CastLike", ["lo", "x"], ["lo_c"]), Node("Clip", ["cl", "lo_c"], ["y"])]
+    g = make(nodes, {"x": (2, 3, 4)}, {"zero": ints(0)[0], "zero1": ints(0), "like": np.zeros(1, np.float32),
+                                       "lo": np.array(-0.25, np.float64)}, opset=18)
     from saturate import compile
 
     model = compile(g)
     assert model.fallback_ops == []
-    assert [s.anchor.op for s in model.emitted.plan.steps] == ["Relu"]  # the rest are views of x
+    assert [s.anchor.op for s in model.emitted.plan.steps] == ["Clip"]  # the rest are views of x
     check_three_way(g)
 
 

@@ -236,7 +236,8 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
         # Compile-time values: constant inputs (shape arithmetic of exports), or the shape of a static value.
         if standard and node.op not in NONDETERMINISTIC and (node.inputs or node.op == "Constant") and (
                 all(i in g.constants for i in present)
-                or (node.op in ("Shape", "Size") and shapes.get(node.inputs[0]) is not None)):
+                or (node.op in ("Shape", "Size") and shapes.get(node.inputs[0]) is not None)
+                or (node.op == "CastLike" and node.inputs[0] in g.constants and dtypes.get(node.inputs[1]))):
             folded = _fold(g, node, shapes, dtypes)
             if folded:
                 continue
@@ -298,8 +299,8 @@ def _fold(g: Graph, node: Node, shapes: dict, dtypes: dict) -> bool:
             args.append(None)
         elif i in g.constants:
             args.append(g.constants[i])
-        else:  # Shape/Size of a static value: a zero-stride stand-in of the right shape
-            args.append(np.broadcast_to(np.zeros((), dtypes.get(i) or "float32"), shapes[i]))
+        else:  # Shape/Size of a static value, CastLike's type witness: a zero-stride stand-in
+            args.append(np.broadcast_to(np.zeros((), dtypes.get(i) or "float32"), shapes.get(i) or ()))
     try:
         results = eval_node(node, args, g.opset)
     except SaturateError:

@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     if model.emitted is not None:
         print(f"wrote {model.directory}/model.c, weights.bin, model.so")
     else:
-        print(f"wrote {model.directory}/manifest.json and {len(segs)} C segment(s): "
-              + ", ".join(f"{s.directory.name}/model.so" for s in segs))
+        print(f"wrote {model.directory}/manifest.json and {len(segs)} C segment(s)"
+              + "".join(f"{', ' if k else ': '}{s.directory.name}/model.so" for k, s in enumerate(segs)))
     plans = [s.emitted.plan for s in segs]
     steps = sum(len(p.steps) for p in plans)
     fused = sum(len(s.chain) for p in plans for s in p.steps)

@@ -369,7 +369,10 @@ def _out_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
         b2 = b + (1,) if len(b) == 1 else b
         if a2[-1] != b2[-2]:
             raise unsupported(node, f"cannot multiply shapes {a} and {b}")
-        out = tuple(np.broadcast_shapes(a2[:-2], b2[:-2])) + (a2[-2], b2[-1])
+        try:
+            out = tuple(np.broadcast_shapes(a2[:-2], b2[:-2])) + (a2[-2], b2[-1])
+        except ValueError:
+            raise unsupported(node, f"cannot broadcast the batches of {a} and {b}") from None
         if len(a) == 1:
             out = out[:-2] + out[-1:]
         if len(b) == 1:

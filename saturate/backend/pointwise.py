@@ -152,7 +152,7 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
     if op == "Gelu":
         if _text(node.attr("approximate", "none")) == "tanh":
             return "0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))"
-        return "0.5f * v * (1.0f + erff(v * 0.7071067811865476f))"
+        return "0.5f * v * (1.0f + sat_erff(v * 0.7071067811865476f))"
     if op == "Exp":
         return "expf(v)"  # libm's: the full range (overflow to inf) matters when Exp stands alone
     if op == "Log":

@@ -37,6 +37,16 @@ static int64_t sat_rows_per_item(int64_t rows, int64_t row_len) {
     return per < 1 ? 1 : (per > rows ? (rows > 0 ? rows : 1) : per);
 }
 
+/* erf for the Gelu epilogue, call-free like sat_expf so the loop vectorizes: Abramowitz & Stegun
+ * 7.1.26, absolute error below 2e-7 (Gelu scales it by x / 2). A standalone Erf keeps libm's erff. */
+static inline float sat_erff(float x) {
+    const float a = fabsf(x);
+    const float t = 1.0f / (1.0f + 0.3275911f * a);
+    const float p = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+    const float r = 1.0f - p * sat_expf(-a * a);
+    return x < 0.0f ? -r : r;
+}
+
 /* ---- strided copy ------------------------------------------------------------------------------ */
 typedef struct {
     const float *x;

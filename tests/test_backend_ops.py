@@ -362,3 +362,21 @@ def test_exp_based_epilogues_over_a_wide_range(op):
     nodes = [Node("Mul", ["x", "k"], ["s"]), Node(op, ["s"], ["y"])]
     check_three_way(make(nodes, {"x": (4, 33)}, {"k": np.float32(40.0)}, opset=24 if op == "Swish" else 17),
                     ort=op != "Swish")
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3_small-dynamo", "shufflenet_v2_x1_0-ts", "deit_tiny-dynamo"])
+def test_corpus_models_compile_entirely_to_c(name):
+    # HardSwish/HardSigmoid; channel-shuffle Split and Transpose; LayerNorm, attention and Gelu.
+    from saturate import compile
+    from saturate.backend.bench import ort_session
+    from saturate.frontend import corpus
+    from saturate.frontend.onnx_io import import_model
+
+    model = corpus.load_model(name)
+    feed = corpus.inputs(name)
+    compiled = compile(import_model(model))
+    assert compiled.fallback_ops == [] and len(compiled.segments) == 1
+    got = compiled(feed)
+    sess = ort_session(None, 1, model.SerializeToString())
+    for o, ref in zip([o.name for o in sess.get_outputs()], sess.run(None, feed)):
+        assert rel_error(got[o], ref.astype(np.float64)) <= 1e-4

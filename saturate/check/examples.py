@@ -38,13 +38,15 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
 
     # Integer tensors flow through elementwise and shape ops too (shape arithmetic in real
     # models), where Div truncates: such patterns are sometimes drawn in int64.
-    integral = _ops(pattern) <= INTEGER_OPS
+    ops = _ops(pattern)
+    integral = ops <= INTEGER_OPS
 
     @st.composite
     def draw(draw) -> Example:
         planner = Planner(draw, rule.guards)
         planner.plan(pattern)
-        dtype = np.int64 if integral and draw(st.integers(0, 3)) == 3 else np.float32
+        # Mod with fmod=0 (its default) is defined on integers only.
+        dtype = np.int64 if integral and ("Mod" in ops or draw(st.integers(0, 3)) == 3) else np.float32
         values = {}
         for name, shape in planner.shapes.items():
             fill = planner.hints.get(name, {}).get("fill")
@@ -62,7 +64,7 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
     return draw()
 
 
-INTEGER_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "Max", "Min", "Identity",
+INTEGER_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Relu", "Max", "Min", "Identity",
                          "Reshape", "Transpose", "Flatten"})
 
 

@@ -25,7 +25,7 @@ from saturate.check.strategies import (MAX_RANK, MAX_SIDE, conv_geometry, broadc
 _SIGN_GUARDS = {"positive": "positive", "nonnegative": "nonnegative", "nonzero": "nonzero"}
 _UNARY = {"Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "Identity", "Exp", "Log",
           "Abs", "Dropout", "LeakyRelu", "Clip", "Softmax"}
-_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
+_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod"}
 _WINDOW = {"Conv", "MaxPool", "AveragePool"}
 # Inputs an op only defines on part of the reals: drawn inside it when they are pattern leaves.
 _DOMAINS = {("BatchNormalization", 4): "nonnegative", ("Sqrt", 0): "nonnegative", ("Log", 0): "positive"}
@@ -135,6 +135,8 @@ class Planner:
             return Template(rank=1)
         if op == "Expand":
             return Template()
+        if op == "Pad":
+            return self.template(args[0])
         if op in ("Gather", "Squeeze", "Unsqueeze"):
             return Template()
         if op in _UNARY:
@@ -603,6 +605,18 @@ class Planner:
         fills = [None, np.array([0.5], np.float32), np.array([-3], np.int64), np.array([2.0], np.float64)]
         self.attributes(t, path, {"value": lambda _: self.draw(st.sampled_from(fills))})
         self.index_values(t.args[0], (len(out),), 0, 0, "ConstantOfShape's shape", list(out))
+
+    def op_Pad(self, t, out, path) -> None:
+        """Pads drawn per axis (begin, end) within the output side; the input is what is left."""
+        self.attributes(t, path, {"mode": lambda _: "constant"})
+        r = len(out)
+        zero = self.hints.get(getattr(t.args[1], "name", ""), {}).get("fill") == 0.0
+        begin = [0 if zero else self.draw(st.integers(0, d - 1)) for d in out]
+        end = [0 if zero else self.draw(st.integers(0, d - 1 - b)) for d, b in zip(out, begin)]
+        self.term(t.args[0], tuple(d - b - e for d, b, e in zip(out, begin, end)), path + (0,))
+        self.index_values(t.args[1], (2 * r,), 0, 0, "Pad's pads", begin + end)
+        if len(t.args) > 2 and isinstance(t.args[2], Var):
+            self.bind(t.args[2], ())
 
     def op_Range(self, t, out, path) -> None:
         self.attributes(t, path, {})

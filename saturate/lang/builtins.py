@@ -291,6 +291,17 @@ def range_(start: Any, limit: Any, delta: Any) -> np.ndarray:
     return (s + np.arange(n, dtype=np.result_type(s, d)) * d).astype(s.dtype)
 
 
+def mod(a: Any, b: Any, fmod: int) -> np.ndarray:
+    """ONNX Mod: the sign of the divisor (fmod=0, integers), or of the dividend (fmod=1, C fmod)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if not fmod and np.issubdtype(np.result_type(a, b), np.integer):
+        with np.errstate(all="ignore"):   # x mod 0 is undefined in ONNX; numpy (and onnx.reference) give 0
+            return np.mod(a, b)
+    if not fmod:
+        raise ValueError("mod: fmod=0 is for integers")
+    return np.fmod(a, b)
+
+
 def pad_kernel(w: Any, like: Any) -> np.ndarray:
     """Conv weights `w` zero-padded on every spatial axis, centred, to the spatial size of `like`
     (a kernel k grows by (K - k) / 2 on each side, so the sizes must differ by an even number)."""
@@ -382,6 +393,7 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "concat": _const(concat, "cci", concat.__doc__),
     "cast": _const(cast, "ci", cast.__doc__),
     "slice": _const(slice_, "cssss", slice_.__doc__),
+    "mod": _const(mod, "cci", mod.__doc__),
     "slice_along": _const(slice_along, "ciiii", slice_along.__doc__),
     "constant_of_shape": _const(constant_of_shape, "sc", constant_of_shape.__doc__),
     "range": _const(range_, "ccc", range_.__doc__),

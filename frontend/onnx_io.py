@@ -44,10 +44,11 @@ def import_model(model: onnx.ModelProto) -> Graph:
         skeleton = _without_weights(model)
     # Read before conversion, which drops node metadata.
     marks = preserve_marks(model)
+    weights: list[TensorProto] = []  # large initializers a conversion left in the original model
     if opset < MIN_OPSET:
         # After inlining: the converter drops model-local functions too.
-        model, opset = _convert(model, skeleton, opset), MIN_OPSET
-        skeleton = _without_weights(model)
+        skeleton, model, weights = _convert(model, skeleton, opset)
+        opset = MIN_OPSET
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton).graph
     except Exception as err:  # inference failures are the model's fault, not ours
@@ -61,7 +62,7 @@ def import_model(model: onnx.ModelProto) -> Graph:
     if marks:
         g.meta["preserve"] = sorted(marks)
 
-    for init in og.initializer:
+    for init in list(og.initializer) + weights:
         g.constants[init.name] = _array(init)
     if og.sparse_initializer:
         raise SaturateError("sparse initializers are not supported")
@@ -229,8 +230,13 @@ def _opsets(model: onnx.ModelProto) -> tuple[int, dict[str, int]]:
     return opset, extra
 
 
-def _convert(model: onnx.ModelProto, skeleton: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    """The model converted from `opset` to MIN_OPSET by onnx.version_converter, or one line why not."""
+def _convert(model: onnx.ModelProto, skeleton: onnx.ModelProto,
+             opset: int) -> tuple[onnx.ModelProto, onnx.ModelProto, list[TensorProto]]:
+    """The model converted from `opset` to MIN_OPSET by onnx.version_converter, or one line why not.
+
+    Returns the converted skeleton (for shape inference), the converted model without its large
+    weights and those weights, the original model's own initializers.
+    """
     import onnx.version_converter
 
     try:
@@ -244,17 +250,19 @@ def _convert(model: onnx.ModelProto, skeleton: onnx.ModelProto, opset: int) -> o
         where = f" at node '{culprit.name or culprit.output[0]}' ({culprit.op_type})" if culprit else ""
         raise SaturateError(f"cannot convert the model from opset {opset} to {MIN_OPSET}{where}: {text}") from None
     if skeleton is model:
-        return converted
-    # The converter serializes what it converts; it got the skeleton (the weights as typed inputs,
-    # which no adapter reads), and the weights go back here as initializers.
+        return converted, converted, []
+    # The converter serializes what it converts, so it got the skeleton (the weights as typed
+    # inputs, which no adapter reads); the weights are then read from the original model, never
+    # copied, and the graph lists the inputs the original did.
     kept = {t.name for t in skeleton.graph.initializer}
     big = [t for t in model.graph.initializer if t.name not in kept]
     moved = {t.name for t in big} - {vi.name for vi in model.graph.input}
-    inputs = [vi for vi in converted.graph.input if vi.name not in moved]
-    del converted.graph.input[:]
-    converted.graph.input.extend(inputs)
-    converted.graph.initializer.extend(big)
-    return converted
+    graph_model = onnx.ModelProto()
+    graph_model.CopyFrom(converted)
+    inputs = [vi for vi in graph_model.graph.input if vi.name not in moved]
+    del graph_model.graph.input[:]
+    graph_model.graph.input.extend(inputs)
+    return converted, graph_model, big
 
 
 def _conversion_culprit(model: onnx.ModelProto, opset: int, message: str) -> onnx.NodeProto | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from saturate.core import geometry
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
 
@@ -46,37 +47,16 @@ def unsupported(node: Node, why: str) -> SaturateError:
 
 
 def window(node: Node, in_hw: tuple[int, int], kernel: tuple[int, int], ceil_mode: bool = False) -> Window:
-    """Resolve auto_pad, pads, strides and dilations of a 2-D window and its output size."""
-    rank = len(kernel)
-    strides = list(node.attr("strides") or [1] * rank)
-    dil = list(node.attr("dilations") or [1] * rank)
-    pads = list(node.attr("pads") or [0] * (2 * rank))
-    auto = node.attr("auto_pad", "NOTSET")
-    if isinstance(auto, bytes):
-        auto = auto.decode()
-    out = []
-    for d in range(rank):
-        size, k, s, dl = in_hw[d], kernel[d], strides[d], dil[d]
-        ext = (k - 1) * dl + 1
-        if auto in ("SAME_UPPER", "SAME_LOWER"):
-            o = -(-size // s)
-            total = max((o - 1) * s + ext - size, 0)
-            small = total // 2
-            pads[d], pads[d + rank] = (small, total - small) if auto == "SAME_UPPER" else (total - small, small)
-        elif auto == "VALID":
-            pads[d], pads[d + rank] = 0, 0
-            o = (size - ext) // s + 1
-        else:
-            span = size + pads[d] + pads[d + rank] - ext
-            o = (math.ceil(span / s) if ceil_mode else span // s) + 1
-            # A last window that starts inside the end padding is dropped (ONNX reference rule).
-            if ceil_mode and (o - 1) * s >= size + pads[d]:
-                o -= 1
-        if o <= 0:
-            raise unsupported(node, f"got a window larger than its input {in_hw}")
-        out.append(o)
-    return Window(kernel[0], kernel[1], strides[0], strides[1], pads[0], pads[1], pads[2], pads[3],
-                  dil[0], dil[1], out[0], out[1])
+    """Resolve auto_pad, pads, strides and dilations of a 2-D window and its output size
+    (saturate.core.geometry, the one definition the interpreter and the engine use too)."""
+    try:
+        w = geometry.window(node.attrs, in_hw, kernel, ceil_mode)
+    except geometry.GeometryError as err:
+        raise unsupported(node, f"cannot run this window: {err}") from None
+    if min(w.out) <= 0:
+        raise unsupported(node, f"got a window larger than its input {in_hw}")
+    return Window(w.kernel[0], w.kernel[1], w.strides[0], w.strides[1], w.begin[0], w.begin[1], w.end[0], w.end[1],
+                  w.dilations[0], w.dilations[1], w.out[0], w.out[1])
 
 
 def lifted_node(node: Node) -> Node:

@@ -29,6 +29,16 @@ class Emitted:
     shapes: dict[str, tuple[int, ...]]
 
 
+def c_ints(values) -> str:
+    """A C array initializer of ints (one 0 for an empty list: C has no empty initializer)."""
+    return ", ".join(str(int(v)) for v in values) or "0"
+
+
+def c_floats(values) -> str:
+    """A C array initializer of floats (one 0 for an empty list)."""
+    return ", ".join(c_float(v) for v in values) or "0"
+
+
 def runtime_inputs(graph: Graph) -> list[str]:
     """Graph inputs fed at run time (an initializer listed as an input stays a constant)."""
     return [i for i in graph.inputs if i not in graph.constants]
@@ -442,9 +452,8 @@ class Emitter:
             return
         if not x:
             raise unsupported(node, "cannot pad a scalar")
-        arr = lambda v: ", ".join(str(int(d)) for d in v)  # noqa: E731
         self.body.append(
-            f"    {{ static const int64_t is[] = {{{arr(x)}}}, os[] = {{{arr(oshape)}}}, b[] = {{{arr(begin)}}};\n"
+            f"    {{ static const int64_t is[] = {{{c_ints(x)}}}, os[] = {{{c_ints(oshape)}}}, b[] = {{{c_ints(begin)}}};\n"
             f"      sat_pad({self.ptr(node.inputs[0])}, {out}, {len(x)}, is, os, b, "
             f"{['constant', 'reflect', 'edge'].index(mode)}, {c_float(value)}); }}\n")
 
@@ -477,9 +486,8 @@ class Emitter:
         kept = strides(tuple(1 if d in axes else n for d, n in enumerate(x)))
         ystr = [0 if d in axes else kept[d] for d in range(len(x))]
         count = math.prod(x[d] for d in axes)
-        arr = lambda v: ", ".join(str(int(d)) for d in v)  # noqa: E731
         self.body.append(
-            f"    {{ static const int64_t s[] = {{{arr(x)}}}, t[] = {{{arr(ystr)}}};\n"
+            f"    {{ static const int64_t s[] = {{{c_ints(x)}}}, t[] = {{{c_ints(ystr)}}};\n"
             f"      sat_reduce({self.ptr(node.inputs[0])}, {out}, {len(x)}, s, t, {math.prod(oshape)}, {mode}, "
             f"{c_float(1.0 / max(count, 1))}); }}\n")
 
@@ -500,12 +508,10 @@ class Emitter:
         x = self.shapes[node.inputs[0]]
         _, mode, ((h0, h1, hw), (w0, w1, ww)) = resize_tables(self.g, node, x)
         tab = f"rs_{len(self.funcs)}"
-        ints = lambda v: ", ".join(str(int(i)) for i in v) or "0"  # noqa: E731
-        floats = lambda v: ", ".join(c_float(f) for f in v) or "0"  # noqa: E731
         self.funcs.append(
-            f"static const int32_t {tab}_h0[] = {{{ints(h0)}}}, {tab}_h1[] = {{{ints(h1)}}}, "
-            f"{tab}_w0[] = {{{ints(w0)}}}, {tab}_w1[] = {{{ints(w1)}}};\n"
-            f"static const float {tab}_hw[] = {{{floats(hw)}}}, {tab}_ww[] = {{{floats(ww)}}};\n")
+            f"static const int32_t {tab}_h0[] = {{{c_ints(h0)}}}, {tab}_h1[] = {{{c_ints(h1)}}}, "
+            f"{tab}_w0[] = {{{c_ints(w0)}}}, {tab}_w1[] = {{{c_ints(w1)}}};\n"
+            f"static const float {tab}_hw[] = {{{c_floats(hw)}}}, {tab}_ww[] = {{{c_floats(ww)}}};\n")
         if math.prod(oshape) == 0:
             return
         self.body.append(

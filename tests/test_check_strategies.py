@@ -86,7 +86,7 @@ def test_rule_examples_satisfy_guards_and_run(example):
     s = example.values["s"]
     assert (s > 0).all() and builtins.varies_only_along(s.shape, 1, 4)
     # The drawn left side runs on the reference interpreter with the drawn shapes.
-    g = build_graph(rule.lhs, example, drawn=True)
+    g = build_graph(rule.lhs, example)
     out = run_graph(g, {n: example.values[n] for n in g.inputs})[g.outputs[0]]
     assert out.ndim == 4 and out.shape[1] == example.values["w"].shape[0]
 

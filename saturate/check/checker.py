@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
@@ -14,8 +14,9 @@ from hypothesis.errors import Unsatisfiable
 from saturate.core.errors import SaturateError
 from saturate.interp.interpreter import run_graph
 from saturate.core.ir import Graph, Node
-from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
-from saturate.check.examples import Example, evaluate_call, is_pattern, literal, rule_examples
+from saturate.lang.ast import OpTerm, Rule, Term, Var
+from saturate.check.compiled import RightSideError, build_rhs, compiled, decide_example, directions
+from saturate.check.examples import Example, rule_examples
 
 # Both sides run in float64 on float32-representable inputs, so rounding noise neither hides nor
 # fakes a difference; a sound rule then agrees to far better than float32 precision, and the
@@ -69,37 +70,11 @@ def as_float64(example: Example) -> Example:
     return Example(values, example.consts, example.attrs, example.node_attrs, example.node_ops, example.dtype)
 
 
-def example_pattern(ex: Example) -> list[tuple[str, tuple[int, ...]]]:
-    """The drawn pattern's ops as (op, path), children before parents (the engine's order)."""
-    def post_order(path: tuple[int, ...]) -> tuple[int, ...]:
-        return path + (1 << 30,)
-    return [(ex.node_ops[p], p) for p in sorted(ex.node_ops, key=post_order)]
-
-
-def build_graph(term: Term, ex: Example, drawn: bool) -> Graph:
-    """The graph of one side of a rule: ops become nodes, const captures constants, other
-    variables inputs, constant expressions constants evaluated with saturate.lang.builtins.
-    `drawn` says the side is the pattern the example was drawn for (its attributes are known)."""
+def build_graph(term: Term, ex: Example) -> Graph:
+    """The graph of the drawn side of a rule (the pattern the example was drawn for): ops become
+    nodes with their drawn attributes, const captures constants, other variables inputs."""
     g = Graph(name="side")
     counter = [0]
-    # As the engine builds a right side (encode_rules.rhs_attrs): an op takes the attributes of
-    # the first pattern op of the same name (children first), then the ones written on it.
-    drawn_ops: dict[str, tuple[int, ...]] = {}
-    if not drawn:
-        for op, path in example_pattern(ex):
-            drawn_ops.setdefault(op, path)
-
-    def fresh(prefix: str) -> str:
-        counter[0] += 1
-        return f"{prefix}{counter[0]}"
-
-    def constant(value: Any) -> str:
-        arr = np.asarray(value)
-        if arr.dtype.kind == "f" or arr.dtype.kind == "b":
-            arr = arr.astype(np.float64)
-        name = fresh("k")
-        g.constants[name] = arr
-        return name
 
     def visit(t: Term, path: tuple[int, ...]) -> str:
         if isinstance(t, Var):
@@ -110,21 +85,13 @@ def build_graph(term: Term, ex: Example, drawn: bool) -> Graph:
             elif t.name not in g.inputs:
                 g.inputs.append(t.name)
             return t.name
-        if isinstance(t, Num):
-            return constant(np.float64(t.value))
-        if isinstance(t, Call):
-            return constant(evaluate_call(t, ex))
-        if isinstance(t, (AttrVar, Str, IntList)):
-            return constant(literal(t, ex))
+        if not isinstance(t, OpTerm):
+            raise SaturateError(f"a pattern holds {show_term(t)}, which the checker cannot draw")
         inputs = [visit(a, path + (k,)) for k, a in enumerate(t.args)]
-        if drawn:
-            attrs = dict(ex.node_attrs.get(path, {}))
-        else:
-            source = drawn_ops.get(t.op)
-            attrs = dict(ex.node_attrs[source]) if source is not None else {}
-            attrs.update({key: literal(value, ex) for key, value in t.attrs})
-        attrs = {k: v for k, v in attrs.items() if v is not None}  # an omitted attribute stays omitted
-        out = fresh("t")
+        # An omitted attribute stays omitted.
+        attrs = {k: v for k, v in ex.node_attrs.get(path, {}).items() if v is not None}
+        counter[0] += 1
+        out = f"t{counter[0]}"
         g.nodes.append(Node(t.op, inputs, [out], attrs, name=f"{t.op}{list(path)}"))
         return out
 
@@ -133,9 +100,8 @@ def build_graph(term: Term, ex: Example, drawn: bool) -> Graph:
     return g
 
 
-def _run(term: Term, ex: Example, drawn: bool) -> tuple[np.ndarray, float]:
-    """Run one side; returns its output and the largest finite magnitude inside the graph."""
-    g = build_graph(term, ex, drawn)
+def _run_graph(g: Graph, ex: Example) -> tuple[np.ndarray, float]:
+    """Run a side's graph; returns its output and the largest finite magnitude inside it."""
     feed = {name: ex.values[name] for name in g.inputs}
     values = run_graph(g, feed)
     seen = list(values.values()) + list(g.constants.values()) + list(feed.values())
@@ -173,10 +139,13 @@ def _run_example(rule: Rule, example: Example, reverse: bool) -> tuple[Counterex
 
 
 def _compare_sides(rule: Rule, example: Example, reverse: bool) -> tuple[Counterexample | None, bool]:
-    source, target = (rule.rhs, rule.lhs) if reverse else (rule.lhs, rule.rhs)
+    side = compiled(rule, reverse)
+    decision = decide_example(side, example.values, example.consts, example.node_attrs)
+    if decision is None:
+        return None, False  # the engine would not fire here (a hand-built example may not match)
     ex = as_float64(example)
     try:
-        lhs, scale_l = _run(source, ex, drawn=True)
+        lhs, scale_l = _run_graph(build_graph(side.cr.lhs, ex), ex)
     except SaturateError as err:
         if ex.dtype.startswith("int"):
             return None, False  # integer division by zero: the left side is undefined
@@ -185,8 +154,8 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool) -> tuple[Counter
     if lhs.dtype.kind == "f" and not np.isfinite(lhs).any():
         return None, False
     try:
-        rhs, scale_r = _run(target, ex, drawn=False)
-    except (SaturateError, ValueError, TypeError, IndexError) as err:
+        rhs, scale_r = _run_graph(build_rhs(side, decision, ex.values, ex.consts, ex.node_attrs), ex)
+    except (SaturateError, RightSideError, ValueError, TypeError, IndexError) as err:
         reason = f"the right side fails: {_first_line(err)}"
         return Counterexample(example, reverse, reason, lhs), True
     reason = compare(lhs, np.asarray(rhs), max(scale_l, scale_r))
@@ -218,15 +187,16 @@ def _property(rule: Rule, reverse: bool, count: list[int]) -> Callable[[Example]
 def check_rule(rule: Rule, examples: int = 200, seed: int | None = None) -> RuleResult:
     """Property-test one rule (both ways if bidirectional) on `examples` drawn inputs."""
     start = time.perf_counter()
-    directions = [False]
     notes: list[str] = []
-    if rule.bidirectional:
-        if is_pattern(rule.rhs):
-            directions.append(True)
-        else:
-            notes.append("right side holds constant expressions: drawn from the left side only")
+    try:
+        ways = directions(rule)
+    except SaturateError as err:
+        return RuleResult(rule, "ERROR", 0, time.perf_counter() - start,
+                          message=f"the engine cannot compile the rule: {_first_line(err)}")
+    if rule.bidirectional and True not in ways:
+        notes.append("right side holds constant expressions: drawn from the left side only")
     total = 0
-    for reverse in directions:
+    for reverse in ways:
         count = [0]
         prop = _property(rule, reverse, count)
         test = settings(max_examples=examples, deadline=None, database=None, verbosity=Verbosity.quiet,

@@ -10,11 +10,10 @@ import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from saturate.check.compiled import compiled, decide_example
 from saturate.check.planner import Planner
 from saturate.check.strategies import constants
-from saturate.core.errors import SaturateError
-from saturate.lang import builtins
-from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
+from saturate.lang.ast import OpTerm, Rule, Term
 
 # ---- inputs satisfying a rule ---------------------------------------------------------------
 
@@ -40,6 +39,7 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
     # models), where Div truncates: such patterns are sometimes drawn in int64.
     ops = _ops(pattern)
     integral = ops <= INTEGER_OPS
+    side = compiled(rule, reverse)
 
     @st.composite
     def draw(draw) -> Example:
@@ -58,7 +58,8 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
                 values[name] = _cast(draw(constants(shape, planner.sign_of(name)), label=name), dtype)
         example = Example(values, frozenset(planner.consts), dict(planner.attrs), planner.node_attrs,
                           planner.node_ops, np.dtype(dtype).name)
-        assume(guards_hold(rule, example))
+        # Guards decided as the engine decides them (saturate.engine.guards.decide).
+        assume(decide_example(side, example.values, example.consts, example.node_attrs) is not None)
         return example
 
     return draw()
@@ -82,71 +83,8 @@ def _cast(values: np.ndarray, dtype: Any) -> np.ndarray:
     return np.asarray(np.sign(values) * whole).astype(dtype)
 
 
-def guards_hold(rule: Rule, example: Example) -> bool:
-    """Whether every guard of the rule holds on the example (evaluated with saturate.lang.builtins)."""
-    return all(_guard(g.fn, g.args, example) for g in rule.guards)
-
-
-def _guard(fn: str, args: tuple[Term, ...], ex: Example) -> bool:
-    spec = builtins.GUARDS.get(fn)
-    if spec is None:
-        raise SaturateError(f"unknown guard '{fn}'")
-    try:
-        return bool(spec.impl(*(argument(a, kind, ex) for a, kind in zip(args, spec.params))))
-    except (ValueError, TypeError, IndexError):
-        return False
-
-
-def argument(term: Term, kind: str, ex: Example) -> Any:
-    """The value a builtin of parameter `kind` receives for `term` under the example's bindings."""
-    if isinstance(term, Var):
-        value = ex.values[term.name]
-        if kind == "type":
-            return value.dtype.name
-        if kind == "isconst":
-            return term.name in ex.consts
-        return tuple(value.shape) if kind == "value" else value
-    if isinstance(term, AttrVar):
-        value = ex.attrs[term.name]
-        return tuple(value) if isinstance(value, list) else value
-    if isinstance(term, Num):
-        return term.value
-    if isinstance(term, IntList):
-        return tuple(term.values)
-    if isinstance(term, Str):
-        return term.value
-    if isinstance(term, Call):
-        value = evaluate_call(term, ex)
-        if kind == "int":
-            return int(np.asarray(value).reshape(()))
-        return tuple(np.shape(value)) if kind == "value" else value
-    raise SaturateError(f"an op term cannot be an argument of a guard or constant function")
-
-
-def evaluate_call(call: Call, ex: Example) -> Any:
-    """Evaluate a constant expression or int query on the example's values (numpy, saturate.lang.builtins)."""
-    spec = builtins.CONST_FUNCS.get(call.fn) or builtins.QUERIES.get(call.fn)
-    if spec is None:
-        raise SaturateError(f"unknown function '{call.fn}'")
-    return spec.impl(*(argument(a, kind, ex) for a, kind in zip(call.args, spec.params)))
-
-
-def literal(value: Any, ex: Example) -> Any:
-    """An attribute value written in a rule, resolved under the example's captures."""
-    if isinstance(value, (Num, Str)):
-        return value.value
-    if isinstance(value, IntList):
-        return list(value.values)
-    if isinstance(value, AttrVar):
-        return ex.attrs[value.name]
-    if isinstance(value, Call):
-        result = evaluate_call(value, ex)
-        return list(result) if isinstance(result, tuple) else result
-    raise SaturateError(f"cannot use {value!r} as an attribute value")
-
-
-def is_pattern(term: Term) -> bool:
-    """A term built of ops, variables and literals only (no constant expression): it can be drawn."""
-    if isinstance(term, OpTerm):
-        return all(is_pattern(a) for a in term.args)
-    return not isinstance(term, Call)
+def guards_hold(rule: Rule, example: Example, reverse: bool = False) -> bool:
+    """Whether the engine would fire the rule on the example: the pattern's attribute tests and
+    every guard hold (decided by saturate.engine.guards.decide, as in a run)."""
+    side = compiled(rule, reverse)
+    return decide_example(side, example.values, example.consts, example.node_attrs) is not None

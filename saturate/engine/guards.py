@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -55,106 +55,13 @@ class Checker:
     # ---- deciding one match -------------------------------------------------------------
     def _decide(self, cr: CompiledRule, env: dict, attr_ids: list[int]) -> list[str] | None:
         attrs = [self.enc.attr_sets[a][1] for a in attr_ids]
-        captured: dict[str, Any] = {}
-        try:
-            for term, a in zip(cr.lhs_ops, attrs):
-                if not self._attrs_match(term, a, captured):
-                    return None
-            for g in cr.rule.guards:
-                fn = GUARDS[g.fn]
-                args = [self._arg(t, kind, env, captured) for t, kind in zip(g.args, fn.params)]
-                if not fn.impl(*args):
-                    return None
-            cols = []
-            for r in cr.rhs_ops:
-                if r.column:
-                    base = dict(attrs[r.inherit]) if r.inherit is not None else {}
-                    for k, v in r.overrides:
-                        val = self._eval(v, env, captured)
-                        if val is None:
-                            base.pop(k, None)      # an omitted attribute stays omitted
-                        else:
-                            base[k] = list(val) if isinstance(val, tuple) else val
-                    cols.append(str(self.enc.attr_id(r.op, base)))
-            for _, term in cr.extras:
-                val = self._eval(term, env, captured)
-                cols.append(f"(Lit {self.enc.lit_id(val)})")
-            return cols
-        except _Undecided:
+        got = decide(cr, _FactsBindings(self.facts, self.view, env), attrs, self.enc.graph.opset)
+        if got is None:
             return None
-
-    def _attrs_match(self, term: OpTerm, attrs: dict, captured: dict) -> bool:
-        s = spec(term.op, self.enc.graph.opset)
-        defaults = s.attrs if s else {}
-        for key, want in term.attrs:
-            raw = attrs.get(key, defaults.get(key))
-            have = _plain(raw)
-            if isinstance(want, AttrVar):
-                if want.name in captured:
-                    if _plain(captured[want.name]) != have:
-                        return False
-                else:
-                    # A tensor attribute (ConstantOfShape's value) keeps its dtype for the
-                    # functions it is passed to; comparisons read it as plain values.
-                    captured[want.name] = raw if isinstance(raw, np.ndarray) else have
-            elif have != _plain(_literal(want)):
-                return False
-        return True
-
-    def _arg(self, term: Term, kind: str, env: dict, captured: dict) -> Any:
-        if kind == "value":
-            return self._shape(term, env, captured)
-        if kind == "isconst":
-            if not isinstance(term, Var):
-                raise _Undecided
-            return env[term.name] in self.view.consts
-        if kind == "type":
-            if not isinstance(term, Var):
-                raise _Undecided
-            dtype = self.facts.info(env[term.name]).dtype
-            if dtype is None:
-                raise _Undecided
-            return dtype
-        val = self._eval(term, env, captured)
-        if kind == "int":
-            return int(np.asarray(val).reshape(())) if val is not None else None
-        if kind == "ints":
-            return None if val is None else tuple(int(x) for x in np.asarray(val).ravel())
-        return val
-
-    def _shape(self, term: Term, env: dict, captured: dict) -> tuple:
-        if isinstance(term, Var):
-            shape = self.facts.shape(env[term.name])
-        else:
-            shape = np.shape(self._eval(term, env, captured))
-        if shape is None:
-            raise _Undecided
-        return tuple(shape)
-
-    def _eval(self, term: Term, env: dict, captured: dict) -> Any:
-        """Python value of a guard or right-hand term: constants, literals, attributes, queries."""
-        if isinstance(term, Var):
-            val = self.facts.value(env[term.name])
-            if val is None:
-                raise _Undecided
-            return val
-        if isinstance(term, (Num, Str, IntList)):
-            return _plain(_literal(term))
-        if isinstance(term, AttrVar):
-            return captured.get(term.name)
-        if isinstance(term, Call) and term.fn in QUERIES:
-            q = QUERIES[term.fn]
-            args = [self._arg(t, k, env, captured) for t, k in zip(term.args, q.params)]
-            out = q.impl(*args)
-            if out is None:
-                raise _Undecided
-            return out
-        if isinstance(term, Call) and term.fn in CONST_FUNCS:
-            out = evaluate_fn(term.fn, [self._eval(t, env, captured) for t in term.args])
-            if out is FAILED:
-                raise _Undecided
-            return out
-        raise _Undecided
+        computed, extras = got
+        columns = [r for r in cr.rhs_ops if r.column]
+        return ([str(self.enc.attr_id(r.op, a)) for r, a in zip(columns, computed)]
+                + [f"(Lit {self.enc.lit_id(v)})" for v in extras])
 
     # ---- naming e-classes ---------------------------------------------------------------
     def name(self, cls: Any, visiting: frozenset = frozenset()) -> str | None:
@@ -180,6 +87,157 @@ class Checker:
             self.names[cls] = text
             return text
         return None
+
+
+class Bindings(Protocol):
+    """What a match binds each pattern variable to, as the guards read it."""
+
+    def value(self, var: str) -> Any:
+        """The variable's constant value (None when it is not a known constant)."""
+
+    def shape(self, var: str) -> tuple | None:
+        """Its static shape (None when unknown)."""
+
+    def dtype(self, var: str) -> str | None:
+        """Its dtype name (None when unknown)."""
+
+    def is_const(self, var: str) -> bool:
+        """Whether it is a constant or a constant expression."""
+
+
+class _FactsBindings:
+    """A candidate row's variables read through the e-graph's facts."""
+
+    def __init__(self, facts: Facts, view: EGraphView, env: dict):
+        self.facts, self.view, self.env = facts, view, env
+
+    def value(self, var: str) -> Any:
+        return self.facts.value(self.env[var])
+
+    def shape(self, var: str) -> tuple | None:
+        return self.facts.shape(self.env[var])
+
+    def dtype(self, var: str) -> str | None:
+        return self.facts.info(self.env[var]).dtype
+
+    def is_const(self, var: str) -> bool:
+        return self.env[var] in self.view.consts
+
+
+def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int
+           ) -> tuple[list[dict], list[Any]] | None:
+    """Whether a match of `cr`'s pattern fires, and what its right side is built with.
+
+    `attrs` are the attribute sets of the matched nodes, in `cr.lhs_ops` order. None when an
+    attribute the pattern writes differs, a guard fails, or one cannot be decided; otherwise the
+    attribute set of every right-hand op with a computed column (`cr.rhs_ops` order) and the
+    value of every extra column (`cr.extras` order). The engine and `saturate check` both decide
+    matches here, so a rule is checked exactly as it fires."""
+    ev = _Evaluator(bindings)
+    try:
+        for term, a in zip(cr.lhs_ops, attrs):
+            if not _attrs_match(term, a, ev.captured, opset):
+                return None
+        for g in cr.rule.guards:
+            fn = GUARDS[g.fn]
+            args = [ev.arg(t, kind) for t, kind in zip(g.args, fn.params)]
+            if not fn.impl(*args):
+                return None
+        computed = []
+        for r in cr.rhs_ops:
+            if r.column:
+                base = dict(attrs[r.inherit]) if r.inherit is not None else {}
+                for k, v in r.overrides:
+                    val = ev.eval(v)
+                    if val is None:
+                        base.pop(k, None)      # an omitted attribute stays omitted
+                    else:
+                        base[k] = list(val) if isinstance(val, tuple) else val
+                computed.append(base)
+        return computed, [ev.eval(term) for _, term in cr.extras]
+    except _Undecided:
+        return None
+
+
+def _attrs_match(term: OpTerm, attrs: dict, captured: dict, opset: int) -> bool:
+    s = spec(term.op, opset)
+    defaults = s.attrs if s else {}
+    for key, want in term.attrs:
+        raw = attrs.get(key, defaults.get(key))
+        have = _plain(raw)
+        if isinstance(want, AttrVar):
+            if want.name in captured:
+                if _plain(captured[want.name]) != have:
+                    return False
+            else:
+                # A tensor attribute (ConstantOfShape's value) keeps its dtype for the
+                # functions it is passed to; comparisons read it as plain values.
+                captured[want.name] = raw if isinstance(raw, np.ndarray) else have
+        elif have != _plain(_literal(want)):
+            return False
+    return True
+
+
+class _Evaluator:
+    """Guard arguments and right-hand values of one match."""
+
+    def __init__(self, bindings: Bindings):
+        self.b = bindings
+        self.captured: dict[str, Any] = {}
+
+    def arg(self, term: Term, kind: str) -> Any:
+        if kind == "value":
+            return self.shape(term)
+        if kind == "isconst":
+            if not isinstance(term, Var):
+                raise _Undecided
+            return self.b.is_const(term.name)
+        if kind == "type":
+            if not isinstance(term, Var):
+                raise _Undecided
+            dtype = self.b.dtype(term.name)
+            if dtype is None:
+                raise _Undecided
+            return dtype
+        val = self.eval(term)
+        if kind == "int":
+            return int(np.asarray(val).reshape(())) if val is not None else None
+        if kind == "ints":
+            return None if val is None else tuple(int(x) for x in np.asarray(val).ravel())
+        return val
+
+    def shape(self, term: Term) -> tuple:
+        if isinstance(term, Var):
+            shape = self.b.shape(term.name)
+        else:
+            shape = np.shape(self.eval(term))
+        if shape is None:
+            raise _Undecided
+        return tuple(shape)
+
+    def eval(self, term: Term) -> Any:
+        """Python value of a guard or right-hand term: constants, literals, attributes, queries."""
+        if isinstance(term, Var):
+            val = self.b.value(term.name)
+            if val is None:
+                raise _Undecided
+            return val
+        if isinstance(term, (Num, Str, IntList)):
+            return _plain(_literal(term))
+        if isinstance(term, AttrVar):
+            return self.captured.get(term.name)
+        if isinstance(term, Call) and term.fn in QUERIES:
+            q = QUERIES[term.fn]
+            out = q.impl(*[self.arg(t, k) for t, k in zip(term.args, q.params)])
+            if out is None:
+                raise _Undecided
+            return out
+        if isinstance(term, Call) and term.fn in CONST_FUNCS:
+            out = evaluate_fn(term.fn, [self.eval(t) for t in term.args])
+            if out is FAILED:
+                raise _Undecided
+            return out
+        raise _Undecided
 
 
 def _term(node: ENode, kids: list[str]) -> str:

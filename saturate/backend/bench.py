@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -94,13 +95,16 @@ def max_rel_error(got: dict, ref: dict) -> float:
 
 
 def benchmark(graph: Graph, threads: int = 1, runs: int = 10, onnx_bytes: bytes | None = None,
-              reference: bool = True, seed: int = 0) -> list[Row]:
-    """Time every runtime on the same random input, interleaving their runs so drift hits all alike."""
+              reference: bool = True, seed: int = 0, progress: Callable[[str], None] | None = None) -> list[Row]:
+    """Time every runtime on the same random input, interleaving their runs so drift hits all alike;
+    `progress` is told each stage as it starts (compile, warm-up, run k/N)."""
+    say = progress or (lambda stage: None)
     from saturate.backend.runtime import compile_graph
     from saturate.interp.interpreter import run_graph
 
     if runs < 1:
         raise SaturateError(f"--runs must be at least 1, got {runs}")
+    say("compile")
     model = compile_graph(graph, threads=threads)
     limit_blas_threads(threads)
     rng = np.random.default_rng(seed)
@@ -110,9 +114,11 @@ def benchmark(graph: Graph, threads: int = 1, runs: int = 10, onnx_bytes: bytes 
     runners = {"onnxruntime": lambda: dict(zip(names, sess.run(None, feed))), "compiled C": lambda: model(feed)}
     if reference:
         runners["numpy reference"] = lambda: run_graph(graph, feed)
+    say("warm-up")
     results = {k: f() for k, f in runners.items()}  # warm-up, and the outputs compared below
     times: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(runs):
+    for run in range(runs):
+        say(f"run {run + 1}/{runs}")
         for k, f in runners.items():
             t = time.perf_counter()
             f()

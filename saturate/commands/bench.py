@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from saturate.progress import add_quiet_flag, status
+
 NAME = "bench"
 HELP = "time a model on the numpy reference, ONNX Runtime and the compiled C backend"
 
@@ -14,13 +16,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=10, help="timed runs per runtime (default 10)")
     parser.add_argument("--optimize", action="store_true", help="run saturate.optimize first (fold BN etc.)")
     parser.add_argument("--no-reference", action="store_true", help="skip the (slow) numpy reference")
+    add_quiet_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    from saturate.backend.bench import format_table
+
+    with status(args.quiet, "load") as shown:
+        graph, rows = _bench(args, shown)
+    title = (f"{args.model}{' (optimized)' if args.optimize else ''}: {len(graph.nodes)} nodes, "
+             f"{args.threads} thread(s), median of {args.runs} interleaved runs")
+    print(format_table(rows, title))
+    return 0
+
+
+def _bench(args: argparse.Namespace, shown):
+    """Load (and optimize) the model, then time it, naming each stage on the progress line."""
     from pathlib import Path
 
     from saturate.frontend import load_graph
-    from saturate.backend.bench import benchmark, format_table
+    from saturate.backend.bench import benchmark
 
     graph = load_graph(args.model)
     onnx_bytes = None
@@ -35,10 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if args.optimize:
         from saturate import optimize
 
+        shown.stage("optimize")
         graph, _ = optimize(graph)
     rows = benchmark(graph, threads=args.threads, runs=args.runs, onnx_bytes=onnx_bytes,
-                     reference=not args.no_reference)
-    title = (f"{args.model}{' (optimized)' if args.optimize else ''}: {len(graph.nodes)} nodes, "
-             f"{args.threads} thread(s), median of {args.runs} interleaved runs")
-    print(format_table(rows, title))
-    return 0
+                     reference=not args.no_reference, progress=shown.stage)
+    return graph, rows

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+
 from saturate.core.errors import SaturateError
+from saturate.progress import add_quiet_flag, status
 
 NAME = "check"
 HELP = "property-test the soundness of every rule: PASS, or a shrunk counterexample"
@@ -15,6 +17,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="examples drawn per rule (default 200)")
     parser.add_argument("--seed", type=int, default=None, metavar="S",
                         help="seed for the drawing: the same seed gives the same run")
+    add_quiet_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,8 +30,11 @@ def run(args: argparse.Namespace) -> int:
     rules = [rule for ruleset in load_rulesets(args.rules) for rule in ruleset.rules]
     if not rules:
         raise SaturateError(f"no rules in {', '.join(args.rules)}")
-    results = check_rules(rules, args.examples, args.seed,
-                          progress=lambda r: print(format_result(r), flush=True))
+    with status(args.quiet, "check", total=len(rules), unit="rule") as shown:
+        def done(result) -> None:
+            shown.write(format_result(result))
+            shown.step(1, result.rule.name)
+        results = check_rules(rules, args.examples, args.seed, progress=done)
     failed = [r for r in results if r.status != "PASS"]
     seconds = sum(r.seconds for r in results)
     print(f"{len(results) - len(failed)} of {len(results)} rules pass ({seconds:.1f}s)")

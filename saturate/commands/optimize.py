@@ -10,6 +10,7 @@ import time
 from saturate.core.errors import SaturateError
 from saturate.core.fileio import check_writable, write_atomic
 from saturate.pipeline import MAX_ITERATIONS, MAX_NODES, TIMEOUT
+from saturate.progress import Status, saturation_callback, status
 
 NAME = "optimize"
 HELP = "fold a model by equality saturation: batch-norm into conv, merged constants, scale propagation"
@@ -26,7 +27,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", metavar="ADDRESS",
                         help="batch: run on the Ray cluster at ADDRESS ('local' starts one here; needs "
                              "pip install 'saturate[cluster]')")
-    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--quiet", action="store_true",
+                        help="print nothing but errors (progress shows only on a terminal anyway)")
     parser.add_argument("--rules", nargs="+", action="extend", default=[], metavar="FILE_OR_DIR",
                         help="more .rules files or directories, loaded beside the standard library")
     parser.add_argument("--no-std", action="store_true", help="do not load the standard rules (only --rules)")
@@ -55,10 +57,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from saturate.frontend import load_graph, save_graph
-    from saturate.lang.parser import RULES_DIR, load_rules
-    from saturate.pipeline import optimize
-
     if args.max_iterations < 0 or args.max_nodes < 1 or not args.timeout > 0:  # `not >`: NaN too
         raise SaturateError("--max-iterations, --max-nodes and --timeout must be positive")
     if is_batch(args.model):
@@ -73,6 +71,23 @@ def run(args: argparse.Namespace) -> int:
         from pathlib import Path
         if Path(args.html).resolve() in {Path(p).resolve() for p in (args.output, args.report) if p}:
             raise SaturateError(f"{args.html}: --html names another output of this run; give it its own file")
+    with status(args.quiet or args.trace, "load") as shown:  # --trace prints its own line per iteration
+        report, functions = _optimize_one(args, shown)
+    if args.trace:
+        print(format_report(report), file=sys.stderr)
+    elif not args.quiet:
+        print(summary_line(report, args.output))
+    if args.partition:
+        print(f"partitioned into {len(functions)} functions" + "".join(f"\n  {f}" for f in functions))
+    return 0
+
+
+def _optimize_one(args: argparse.Namespace, shown: Status):
+    """Load, optimize and write one model, naming each stage on the progress line."""
+    from saturate.frontend import load_graph, save_graph
+    from saturate.lang.parser import RULES_DIR, load_rules
+    from saturate.pipeline import optimize
+
     times = {}
     t = time.perf_counter()
     graph = load_graph(args.model)
@@ -80,11 +95,13 @@ def run(args: argparse.Namespace) -> int:
     paths = ([] if args.no_std else [RULES_DIR]) + list(args.rules)
     rules = load_rules(paths, level=args.level, names=args.only)
     preserve = [p.strip() for p in args.preserve.split(",") if p.strip()]
-    progress = _progress if args.trace else None
+    shown.stage("saturate")
+    progress = _progress if args.trace else saturation_callback(shown)
     result, report = optimize(graph, rules, level=args.level, target=args.target,
                               max_iterations=args.max_iterations, max_nodes=args.max_nodes,
                               timeout=args.timeout, preserve=preserve, progress=progress,
                               fold_initializer_inputs=args.fold_initializer_inputs)
+    shown.stage("export")
     t = time.perf_counter()
     functions: list[str] = []
     if args.partition:
@@ -101,14 +118,9 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(args.report, lambda f: f.write(text))
     if args.html:
         from saturate.report.html import write_html
+        shown.stage("html")
         write_html(args.html, graph, result, report, title=args.model)
-    if args.trace:
-        print(format_report(report), file=sys.stderr)
-    elif not args.quiet:
-        print(summary_line(report, args.output))
-    if args.partition:
-        print(f"partitioned into {len(functions)} functions" + "".join(f"\n  {f}" for f in functions))
-    return 0
+    return report, functions
 
 
 def is_batch(models: list[str]) -> bool:
@@ -143,9 +155,9 @@ def run_batch_command(args: argparse.Namespace) -> int:
                             tuple(p.strip() for p in args.preserve.split(",") if p.strip()),
                             args.max_iterations, args.max_nodes, args.timeout, args.fold_initializer_inputs)
     start = time.perf_counter()
-    with _progress_bar(len(jobs), args.quiet) as bar:
+    with status(args.quiet, "optimize", total=len(jobs), unit="model") as shown:
         outcomes = batch.run_batch(jobs, options, args.jobs, args.cluster,
-                                   done=lambda o: bar.update(1))
+                                   done=lambda o: shown.step(1, o.source if o.ok else f"{o.source} failed"))
     seconds = time.perf_counter() - start
     batch.write_summary(outcomes, os.path.join(args.output, "summary.json"), seconds)
     failed = [o for o in outcomes if not o.ok]
@@ -156,13 +168,6 @@ def run_batch_command(args: argparse.Namespace) -> int:
     for o in failed:
         print(f"saturate: error: {o.source}: {o.error}", file=sys.stderr)
     return 2 if failed else 0
-
-
-def _progress_bar(total: int, quiet: bool):
-    """A progress bar on a terminal only: quiet when output is piped or --quiet."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="model", disable=quiet or not sys.stderr.isatty(), file=sys.stderr)
 
 
 def summary_line(report, output: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from saturate.core.errors import SaturateError
+from saturate.progress import add_quiet_flag, status
 
 NAME = "compile"
 HELP = ("emit C for a model and compile it to a shared library (model.c, weights.bin, model.so); ops without a "
@@ -32,14 +33,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "one such set per C segment in DIR/seg0, DIR/seg1, ... and DIR/manifest.json (run order)")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=1x3x224x224",
                         help="static shape for an input whose shape is symbolic (repeatable)")
+    add_quiet_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from saturate.frontend import load_graph
     from saturate.backend import compile_graph
 
-    graph = load_graph(args.model)
-    model = compile_graph(graph, out_dir=args.output, input_shapes=parse_shapes(args.input_shape))
+    with status(args.quiet, "load") as shown:
+        graph = load_graph(args.model)
+        shown.stage("compile")
+        model = compile_graph(graph, out_dir=args.output, input_shapes=parse_shapes(args.input_shape))
     segs = model.segments
     if model.emitted is not None:
         print(f"wrote {model.directory}/model.c, weights.bin, model.so")

@@ -112,6 +112,40 @@ def plan_jobs(models: list[str], outdir: str | os.PathLike) -> list[Job]:
     return jobs
 
 
+# A node costs about as much batch time as this many bytes of weights (fitted on the corpus: a
+# model's time follows its weights, which are read, folded and written, and its node count).
+NODE_BYTES = 90_000
+
+
+def estimated_work(source: str) -> int:
+    """A rough measure of how long one model takes: its weight bytes plus NODE_BYTES per node for a
+    corpus model (known from its skeleton), its file size for a file, 0 for a built-in example."""
+    if source.startswith("example:"):
+        return 0
+    if source.startswith("corpus:"):
+        import math
+
+        from saturate.frontend import corpus
+
+        try:
+            skeleton = corpus.skeleton(source[len("corpus:"):])
+        except SaturateError:  # reported by the job itself
+            return 0
+        weights = sum(4 * math.prod(t.dims) for t in skeleton.graph.initializer)
+        return weights + NODE_BYTES * len(skeleton.graph.node)
+    try:
+        return os.path.getsize(source)
+    except OSError:
+        return 0
+
+
+def largest_first(jobs: list[Job]) -> list[int]:
+    """Job indices, the largest model first: started last, a large model would leave the other
+    workers idle while it finishes alone."""
+    work = [estimated_work(job.source) for job in jobs]
+    return sorted(range(len(jobs)), key=lambda k: -work[k])
+
+
 def optimize_job(job: Job, options: Options) -> Outcome:
     """Optimize one model and write it; every failure becomes the outcome's one-line error."""
     start = time.perf_counter()
@@ -154,7 +188,7 @@ def run_batch(jobs: list[Job], options: Options, workers: int | None = None, clu
         return [outcomes[k] for k in range(len(jobs))]
     # Fresh interpreters, not forks: a fork would copy whatever threads the parent has started.
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(optimize_job, job, options): k for k, job in enumerate(jobs)}
+        futures = {pool.submit(optimize_job, jobs[k], options): k for k in largest_first(jobs)}
         for future in as_completed(futures):
             k = futures[future]
             try:
@@ -178,7 +212,7 @@ def _run_on_ray(jobs: list[Job], options: Options, cluster: str, done) -> list[O
     except Exception as err:
         raise SaturateError(f"cannot reach the Ray cluster at '{cluster}': {str(err).splitlines()[0]}") from None
     remote = ray.remote(optimize_job)
-    pending = {remote.remote(job, options): k for k, job in enumerate(jobs)}
+    pending = {remote.remote(jobs[k], options): k for k in largest_first(jobs)}
     outcomes: dict[int, Outcome] = {}
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)

@@ -91,3 +91,15 @@ def test_corpus_globs_pick_corpus_models():
     assert [j.output for j in batch.plan_jobs(picked[:1], "out")] == ["out/resnet18-ts.onnx"]
     with pytest.raises(batch.SaturateError, match="no corpus model matches"):
         batch.expand_models(["corpus:nothing*"])
+
+
+def test_the_largest_models_start_first(tmp_path):
+    """Started last, a large model would leave the other workers idle while it finishes alone."""
+    models = _models(tmp_path / "zoo", ("vgg", "mlp"))
+    picked = ["example:mobilenet", str(models / "mlp.onnx"), "corpus:squeezenet1_1-ts", str(models / "vgg.onnx"),
+              "corpus:vgg11_bn-ts"]
+    jobs = batch.plan_jobs(picked, tmp_path / "out")
+    order = [jobs[k].source for k in batch.largest_first(jobs)]
+    assert order[0] == "corpus:vgg11_bn-ts" and order[-1] == "example:mobilenet"
+    assert order.index(str(models / "vgg.onnx")) < order.index(str(models / "mlp.onnx"))
+    assert batch.estimated_work("corpus:squeezenet1_1-ts") > (models / "mlp.onnx").stat().st_size

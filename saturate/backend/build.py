@@ -1,11 +1,17 @@
-"""C backend, build stage: compile the emitted C against OpenBLAS, cached by content hash."""
+"""C backend, build stage: compile the emitted C into a shared library and a Python extension module
+against OpenBLAS, cached by content hash."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.machinery
 import os
+import platform
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -57,25 +63,85 @@ def compiler() -> str:
     return cc
 
 
+@functools.lru_cache(maxsize=None)
+def compiler_version(cc: str) -> str:
+    """The first line of `cc --version`: a compiler upgrade must not reuse libraries the old one built."""
+    proc = subprocess.run([cc, "--version"], capture_output=True, text=True)
+    return (proc.stdout.strip().splitlines() or [cc])[0]
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_features() -> str:
+    """The CPU's model and feature flags: -march=native code built on one machine may not run on another."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    keep = [line for line in text.splitlines() if line.split(":")[0].strip() in ("model name", "flags", "Features")]
+    return "\n".join(dict.fromkeys(keep)) or platform.machine()
+
+
+# Instruction sets a build may target ($SATURATE_ISA): this CPU's own, AVX2 with FMA (x86-64-v3, the paths
+# an AVX2 machine runs), or the compiler's default target (no vector extensions beyond the base ABI).
+ISAS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3"], "portable": []}
+
+
+def isa() -> str:
+    """The instruction set builds target: $SATURATE_ISA (native, avx2 or portable), native by default."""
+    value = os.environ.get("SATURATE_ISA", "native") or "native"
+    if value not in ISAS:
+        raise SaturateError(f"SATURATE_ISA={value!r}: expected one of {', '.join(ISAS)}")
+    return value
+
+
+def avx512_build() -> bool:
+    """Whether builds run the AVX-512 kernels: a native build on a CPU that has them."""
+    return isa() == "native" and cpu_has_avx512()
+
+
 # Past this many kernel steps a model compiles at -O2 without speculative inlining: -O3 on thousands
 # of fused epilogues takes minutes of compiler time for no measurable run-time gain.
 LARGE_STEPS = 400
+# The name of the model's Python extension module in a compiled directory (binding.pyx).
+MODULE = "saturate_model"
+EXTENSION = MODULE + importlib.machinery.EXTENSION_SUFFIXES[0]
+# What a compiled directory holds once its build finished (build.key is written last).
+BUILD_FILES = ("model.c", "model.h", "weights.bin", "model.so", EXTENSION, "build.key")
 
 
-def compile_command(source: Path, target: Path, sanitize: bool = False, profile: bool = False,
-                    large: bool = False) -> list[str]:
-    """The full compiler command line for one emitted model."""
-    inc, libdir, lib = openblas()
+def compile_flags(sanitize: bool = False, profile: bool = False, large: bool = False) -> list[str]:
+    """Flags compiling an emitted model to a position-independent object."""
     opt = ["-O2", "-fno-inline-functions", "-fno-inline-small-functions"] if large else ["-O3"]
     # No FP traps are observed, so gcc may if-convert float selects (clamps, relu) and vectorize
     # the pointwise loops; values are unchanged (IEEE non-stop arithmetic either way).
-    flags = [*opt, "-march=native", "-fno-trapping-math", "-fPIC", "-shared", "-pthread", "-std=gnu11", "-w"]
+    # The kernels are a header library of static functions and each model calls only some of them; and
+    # every function passing vectors is static in the one translation unit, so the vector-ABI note (-Wpsabi,
+    # on targets narrower than the vector extensions' width) concerns no call across a library boundary.
+    flags = [*opt, *ISAS[isa()], "-fno-trapping-math", "-fPIC", "-pthread", "-std=gnu11", "-Wall", "-Werror",
+             "-Wno-unused-function", "-Wno-psabi"]
     if sanitize:
         flags += SANITIZE_FLAGS
     if profile:
         flags.append("-DSAT_PROFILE")
-    return [compiler(), *flags, f"-I{KERNELS_DIR}", f"-I{inc}", str(source), "-o", str(target),
-            f"-L{libdir}", f"-l{lib}", f"-Wl,-rpath,{libdir}", "-lm"]
+    return flags
+
+
+def compile_command(source: Path, target: Path, sanitize: bool = False, profile: bool = False,
+                    large: bool = False) -> list[str]:
+    """The compiler command line turning one emitted model into an object file."""
+    inc, _, _ = openblas()
+    return [compiler(), *compile_flags(sanitize, profile, large), f"-I{KERNELS_DIR}", f"-I{inc}", "-c", str(source),
+            "-o", str(target)]
+
+
+def link_command(objects: list[Path], target: Path, sanitize: bool = False) -> list[str]:
+    """The command linking objects into a shared library against OpenBLAS. -Bsymbolic binds the model's
+    own calls inside it, so a library loaded earlier that exports the same sat_* names never intercepts them;
+    the soname is the file's name, so a C program linked with DIR/model.so finds it by its rpath."""
+    _, libdir, lib = openblas()
+    return [compiler(), "-shared", "-pthread", *(SANITIZE_FLAGS if sanitize else []), *map(str, objects),
+            "-o", str(target), f"-Wl,-soname,{Path(target).name}", "-Wl,-Bsymbolic", f"-L{libdir}", f"-l{lib}",
+            f"-Wl,-rpath,{libdir}", "-lm"]
 
 
 def cache_root() -> Path:
@@ -83,40 +149,94 @@ def cache_root() -> Path:
     return Path(os.environ.get("SATURATE_CACHE", Path.home() / ".cache" / "saturate" / "backend"))
 
 
-def build(source: str, weights: bytes, out_dir: Path | None = None, sanitize: bool = False,
-          profile: bool = False) -> Path:
-    """Write model.c and weights.bin and compile model.so; returns the directory holding them.
-
-    Without out_dir the directory is a cache entry named by the hash of source, weights, kernels
-    and flags, so the same graph compiles once.
-    """
+def build_key(source: str, weights: bytes, sanitize: bool = False, profile: bool = False) -> str:
+    """The hash naming a build: the program, its weights, the kernels and binding it includes, the compiler
+    and its version, every flag, the CPU's features (-march=native) and the Python the module is for."""
     kernels = b"".join(p.read_bytes() for p in sorted(KERNELS_DIR.glob("*.h")))
     large = source.count("SAT_TOC(") > LARGE_STEPS
-    # The compiler flags are part of the key: a flag change must not reuse libraries built without it.
-    flags = " ".join(compile_command(Path("model.c"), Path("model.so"), sanitize, profile, large)).encode()
-    key = hashlib.sha256(source.encode() + kernels + weights + flags).hexdigest()[:24]
-    target = Path(out_dir) if out_dir is not None else cache_root() / key
-    so = target / "model.so"
-    stamp = target / "build.key"
-    if so.exists() and stamp.exists() and stamp.read_text() == key:
+    flags = " ".join(compile_command(Path("model.c"), Path("model.o"), sanitize, profile, large)
+                     + link_command([Path("model.o")], Path("model.so"), sanitize))
+    facts = "\n".join([flags, compiler_version(compiler()), cpu_features(), EXTENSION, binding_key()])
+    h = hashlib.sha256()
+    for part in (source.encode(), kernels, weights, facts.encode()):
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()[:24]
+
+
+def binding_key() -> str:
+    """The hash of the Cython module's object: its source, Cython's and Python's versions, the compiler."""
+    import Cython
+
+    parts = [(KERNELS_DIR / "binding.pyx").read_text(), (KERNELS_DIR / "binding.h").read_text(),
+             (KERNELS_DIR / "sat_api.h").read_text(), Cython.__version__, sys.version, EXTENSION,
+             compiler_version(compiler()), " ".join(binding_flags())]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def binding_flags() -> list[str]:
+    return ["-O2", "-fPIC", "-pthread", "-Wall", "-Werror", f"-I{sysconfig.get_paths()['include']}", f"-I{KERNELS_DIR}"]
+
+
+def binding_object() -> Path:
+    """The compiled Cython module without a model (one per cache): each model's extension links it with the
+    model's object, so a build pays only a link for it."""
+    target = cache_root() / f"binding-{binding_key()}.o"
+    if target.exists():
         return target
-    target.mkdir(parents=True, exist_ok=True)
-    _write_atomic(target / "model.c", source.encode())
-    _write_atomic(target / "weights.bin", weights)
-    with tempfile.TemporaryDirectory(dir=target) as tmp:
-        tmp_so = Path(tmp) / "model.so"
-        cmd = compile_command(target / "model.c", tmp_so, sanitize, profile, large)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            first = (proc.stderr.strip().splitlines() or ["(no output)"])[0]
-            raise SaturateError(f"C compiler failed on {target / 'model.c'}: {first}")
-        os.replace(tmp_so, so)
-    _write_atomic(stamp, key.encode())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".binding.") as tmp:
+        c = Path(tmp) / f"{MODULE}.c"
+        _run([sys.executable, "-m", "cython", "-3", "--module-name", MODULE, "-o", str(c),
+              str(KERNELS_DIR / "binding.pyx")], "Cython failed on binding.pyx")
+        _run([compiler(), *binding_flags(), "-c", str(c), "-o", str(Path(tmp) / "binding.o")],
+             f"C compiler failed on the Cython module {c.name}")
+        os.replace(Path(tmp) / "binding.o", target)
     return target
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def _run(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [line for line in (proc.stderr + proc.stdout).strip().splitlines() if line.strip()]
+        first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "(no output)")
+        raise SaturateError(f"{what}: {first.strip()}")
+
+
+def complete(directory: Path, key: str | None = None) -> bool:
+    """Whether a directory holds a finished build (of `key`, when given)."""
+    stamp = directory / "build.key"
+    return all((directory / f).exists() for f in BUILD_FILES) and (key is None or stamp.read_text() == key)
+
+
+def build(source: str, weights: bytes, header: str, sanitize: bool = False, profile: bool = False) -> Path:
+    """Compile one emitted model into the cache; returns the directory holding model.c, model.h,
+    weights.bin, model.so (the C library), the Python extension module and build.key.
+
+    The directory is named by build_key, so the same graph on the same machine and toolchain compiles
+    once; it is built beside its final name and renamed into place, so no reader sees half of it."""
+    key = build_key(source, weights, sanitize, profile)
+    target = cache_root() / key
+    if complete(target, key):
+        return target
+    binding = binding_object()
+    stage = Path(tempfile.mkdtemp(dir=cache_root(), prefix=f".{key}."))
+    try:
+        for name, data in (("model.c", source.encode()), ("model.h", header.encode()), ("weights.bin", weights)):
+            (stage / name).write_bytes(data)
+        large = source.count("SAT_TOC(") > LARGE_STEPS
+        obj = stage / "model.o"
+        _run(compile_command(stage / "model.c", obj, sanitize, profile, large), f"C compiler failed on {target / 'model.c'}")
+        _run(link_command([obj], stage / "model.so", sanitize), f"linking {target / 'model.so'} failed")
+        _run(link_command([binding, obj], stage / EXTENSION, sanitize), f"linking {target / EXTENSION} failed")
+        obj.unlink()
+        (stage / "build.key").write_text(key)
+        if target.exists():  # an unfinished or foreign directory under this name
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.rename(stage, target)
+        except OSError:
+            if not complete(target, key):  # another process finished the same build first
+                raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return target

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from saturate.backend.build import cpu_has_avx512
+from saturate.backend.build import avx512_build
 from saturate.backend.plan import TILE_BYTES, Plan, Step, plan, runs_direct, tile_rows
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides, vec_expr
 from saturate.backend.shapes import (ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, gather_view, infer_shapes,
@@ -61,8 +61,8 @@ def static_input_shapes(graph: Graph, overrides: dict | None = None) -> dict[str
     return out
 
 
-# The AVX-512 micro-kernel of gemm.h runs convs when the build machine has AVX-512 (-march=native).
-PACKED_GEMM = cpu_has_avx512() and os.environ.get("SATURATE_CONV_GEMM", "packed") == "packed"
+# The AVX-512 micro-kernel of gemm.h runs convs when builds target AVX-512 (native ISA on such a CPU).
+PACKED_GEMM = avx512_build() and os.environ.get("SATURATE_CONV_GEMM", "packed") == "packed"
 PANEL, NR, KC = 8, 32, 256  # SAT_MR, SAT_NR and SAT_KC in gemm.h
 
 

@@ -409,9 +409,9 @@ static void sat_pool_plane(void *ctx, int64_t p, int tid) {
             }
         }
         if (mode == 1)
-            for (int ow = 0; ow < OW; ow++) row[ow] = hvalid * wcount[ow] ? row[ow] / (hvalid * wcount[ow]) : 0.0f;
+            for (int ow = 0; ow < OW; ow++) row[ow] = hvalid * wcount[ow] != 0 ? row[ow] / (hvalid * wcount[ow]) : 0.0f;
         if (mode == 2)
-            for (int ow = 0; ow < OW; ow++) row[ow] = hpad * wcount[OW + ow] ? row[ow] / (hpad * wcount[OW + ow]) : 0.0f;
+            for (int ow = 0; ow < OW; ow++) row[ow] = hpad * wcount[OW + ow] != 0 ? row[ow] / (hpad * wcount[OW + ow]) : 0.0f;
     }
     free(eo);
     if (epi) epi(y, p * P, P);

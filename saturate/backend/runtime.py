@@ -1,61 +1,86 @@
-"""C backend, runtime stage: load a compiled model with ctypes and call it on numpy arrays."""
+"""C backend, runtime stage: load a compiled model's Python extension module (binding.pyx) and call it on
+numpy arrays; install a build into an output directory."""
 
 from __future__ import annotations
 
-import ctypes
+import importlib.util
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from saturate.backend.build import build
+from saturate.backend.build import BUILD_FILES, EXTENSION, MODULE, build
+from saturate.backend.capi import api_source, header
 from saturate.backend.emit import Emitted, emit
-from saturate.backend.partition import Partition, partition
+from saturate.backend.partition import Partition, Piece, partition
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph
 
-_FLOAT_PP = ctypes.POINTER(ctypes.c_void_p)
+# Extension modules loaded in this process: resolved path -> (build key, module).
+_MODULES: dict[str, tuple[str, object]] = {}
+
+
+def load_module(directory: Path):
+    """The compiled model's extension module in `directory`, loaded once per build. The dynamic loader
+    hands back a library it already holds by file name, so a directory rebuilt since it was loaded is
+    loaded from a fresh copy of the module instead of returning the old code."""
+    path = Path(directory) / EXTENSION
+    if not path.is_file():
+        raise SaturateError(f"{directory}: no compiled model ({EXTENSION} is missing); "
+                            "write one with 'saturate compile MODEL -o DIR'")
+    stamp = Path(directory) / "build.key"
+    key = stamp.read_text() if stamp.is_file() else ""
+    real = str(path.resolve())
+    if real in _MODULES and _MODULES[real][0] == key:
+        return _MODULES[real][1]
+    with tempfile.TemporaryDirectory(prefix="saturate-module-") as tmp:
+        source = path
+        if real in _MODULES:
+            source = Path(tmp) / EXTENSION
+            shutil.copyfile(path, source)
+        spec = importlib.util.spec_from_file_location(MODULE, source)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except ImportError as err:
+            raise SaturateError(f"{path}: cannot load the compiled model ({str(err).splitlines()[0]})") from None
+    _MODULES[real] = (key, module)
+    return module
 
 
 class Segment:
-    """One C segment loaded from its shared library: float32 arrays in, float32 arrays out."""
+    """One C segment loaded from its directory: float32 arrays in, float32 arrays out. `emitted` (the
+    program and its plan) is known when this process compiled it, None when loaded from a directory."""
 
-    def __init__(self, emitted: Emitted, directory: Path):
+    def __init__(self, directory: Path, emitted: Emitted | None = None):
         self.emitted = emitted
         self.directory = Path(directory)
-        self.inputs = emitted.inputs
-        self.outputs = emitted.outputs
-        self.lib = ctypes.CDLL(str(self.directory / "model.so"))
-        self.lib.sat_init.argtypes = [ctypes.c_char_p]
-        self.lib.sat_run.argtypes = [_FLOAT_PP, _FLOAT_PP, ctypes.c_void_p, ctypes.c_int]
-        self.lib.sat_workspace_bytes.restype = ctypes.c_int64
-        if self.lib.sat_init(str(self.directory / "weights.bin").encode()) != 0:
-            raise SaturateError(f"cannot load weights from {self.directory / 'weights.bin'}")
-        self.workspace_bytes = int(self.lib.sat_workspace_bytes())
-        # The arena is planned in 64-byte units; start it on a 64-byte boundary too.
-        raw = np.empty(self.workspace_bytes // 4 + 32, np.float32)
-        skip = (-raw.ctypes.data % 64) // 4
-        self._ws = raw[skip:]
+        self.module = load_module(self.directory)
+        try:
+            self.model = self.module.Model(str(self.directory / "weights.bin"))
+        except (OSError, ValueError) as err:
+            raise SaturateError(str(err)) from None
+        self.inputs = [(name, shape) for name, shape, _ in self.module.INPUTS]
+        self.outputs = [(name, shape) for name, shape, _ in self.module.OUTPUTS]
+        self.workspace_bytes = int(self.module.WORKSPACE_BYTES)
 
     def run(self, arrays: list[np.ndarray], n: int) -> list[np.ndarray]:
         """Run on contiguous float32 arrays of the planned shapes, on `n` threads."""
-        outs = [np.empty(shape, np.float32) for _, shape in self.outputs]
-        ins = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
-        outp = (ctypes.c_void_p * max(len(outs), 1))(*[o.ctypes.data for o in outs])
-        rc = self.lib.sat_run(ctypes.cast(ins, _FLOAT_PP), ctypes.cast(outp, _FLOAT_PP),
-                              ctypes.c_void_p(self._ws.ctypes.data), n)
-        if rc != 0:
-            raise SaturateError("compiled model failed to run (weights not loaded)")
-        return outs
+        try:
+            return self.model.run(arrays, n)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise SaturateError(str(err)) from None
 
     def step_seconds(self) -> list[tuple[str, float]]:
         """Accumulated seconds per step (profiling builds only): (nodes of the step, seconds)."""
-        if not hasattr(self.lib, "sat_profile"):
+        steps = self.emitted.plan.steps if self.emitted is not None else []
+        times = self.model.step_seconds(len(steps))
+        if times is None or self.emitted is None:
             raise SaturateError("not a profiling build: compile with profile=True")
-        self.lib.sat_profile.restype = ctypes.POINTER(ctypes.c_double)
-        times = self.lib.sat_profile()
-        steps = self.emitted.plan.steps
-        return [("+".join(n.op for n in s.nodes()), float(times[k])) for k, s in enumerate(steps)]
+        return [("+".join(n.op for n in s.nodes()), float(t)) for s, t in zip(steps, times)]
 
 
 class CompiledModel:
@@ -142,25 +167,111 @@ def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = N
                   input_shapes: dict | None = None, sanitize: bool = False, profile: bool = False) -> CompiledModel:
     """Partition, emit, compile (cached by hash) and load a graph; returns a callable on numpy arrays.
 
-    A graph that is one C segment builds into `out_dir` itself (model.c, weights.bin, model.so); a graph
-    cut by interpreter nodes builds segment k into `out_dir`/segK and writes `out_dir`/manifest.json."""
+    With `out_dir`, a graph that is one C segment is installed there (model.c, model.h, weights.bin,
+    model.so, the extension module, build.key); a graph cut by interpreter nodes gets segment k in
+    `out_dir`/segK plus manifest.json and graph.onnx (what the interpreter runs). The directory is
+    assembled beside its final name and renamed into place, so it never mixes two builds."""
+    root = Path(out_dir) if out_dir else None
+    if root is not None:
+        check_output_dir(root)
     part = partition(graph, input_shapes)
     c_pieces = [p for p in part.pieces if p.kind == "c"]
     whole = len(part.pieces) == 1 and len(c_pieces) == 1
-    root = Path(out_dir) if out_dir else None
-    segments = []
-    for k, piece in enumerate(c_pieces):
+    built = []
+    for piece in c_pieces:
         emitted = emit(piece.graph, None, sanitize)
-        where = None if root is None else (root if whole else root / f"seg{k}")
-        segments.append(Segment(emitted, build(emitted.source, emitted.weights, where, sanitize, profile)))
-    if root is not None and not whole:
-        root.mkdir(parents=True, exist_ok=True)
-        write_manifest(root / "manifest.json", part)
-    directory = root if root is not None else (segments[0].directory if whole else None)
-    return CompiledModel(part, segments, directory, threads)
+        built.append((emitted, build(emitted.source + api_source(emitted), emitted.weights,
+                                     header(emitted, piece.graph.name), sanitize, profile)))
+    if root is None:
+        segments = [Segment(d, e) for e, d in built]
+        return CompiledModel(part, segments, segments[0].directory if whole else None, threads)
+    install(root, [d for _, d in built], whole, part, graph, input_shapes)
+    dirs = [root] if whole else [root / f"seg{k}" for k in range(len(built))]
+    return CompiledModel(part, [Segment(d, e) for (e, _), d in zip(built, dirs)], root, threads)
 
 
-def write_manifest(path: Path, part: Partition) -> None:
+# What a compiled output directory may hold besides BUILD_FILES and segK/ folders (cut graphs).
+CUT_FILES = ("manifest.json", "graph.onnx")
+
+
+def check_output_dir(root: Path) -> None:
+    """An output directory is new, empty or an earlier compiled model (which a compile replaces whole);
+    anything else is refused rather than deleted."""
+    if root.exists() and not root.is_dir():
+        raise SaturateError(f"{root}: exists and is not a directory; compile writes a directory")
+    if root.is_dir():
+        names = {p.name for p in root.iterdir()}
+        ours = set(BUILD_FILES) | set(CUT_FILES)
+        foreign = sorted(n for n in names if n not in ours and not (n.startswith("seg") and n[3:].isdigit()))
+        if foreign and names:
+            raise SaturateError(f"{root}: holds files that are not a compiled model ({', '.join(foreign[:3])}"
+                                f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory")
+
+
+def install(root: Path, built: list[Path], whole: bool, part: Partition, graph: Graph,
+            input_shapes: dict | None) -> None:
+    """Copy finished builds into a fresh directory beside `root`, then swap it into place: an interrupted
+    compile leaves either the old directory or the new one, never new weights beside an old library."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}."))
+    old = None
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        for k, src in enumerate(built):
+            dest = stage if whole else stage / f"seg{k}"
+            dest.mkdir(exist_ok=True)
+            for name in BUILD_FILES:
+                shutil.copyfile(src / name, dest / name)
+            if not whole:
+                dest.chmod(0o777 & ~mask)
+        if not whole:
+            from saturate.frontend import save_graph
+
+            write_manifest(stage / "manifest.json", part, input_shapes)
+            save_graph(graph, str(stage / "graph.onnx"))
+        stage.chmod(0o777 & ~mask)
+        if root.exists():
+            old = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.old."))
+            os.rename(root, old / root.name)
+        os.rename(stage, root)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load(directory: str | Path, threads: int = 1) -> CompiledModel:
+    """A model `saturate compile -o DIR` wrote, loaded through its extension module: the same callable
+    compile_graph returns. A cut graph's interpreter pieces come from DIR/graph.onnx."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise SaturateError(f"{root}: not a directory of a compiled model")
+    manifest = root / "manifest.json"
+    if not manifest.is_file():
+        seg = Segment(root)
+        g = Graph(inputs=[n for n, _ in seg.inputs], outputs=[n for n, _ in seg.outputs], name=root.name)
+        piece = Piece("c", [], list(g.inputs), list(g.outputs))
+        shapes = dict(seg.inputs + seg.outputs)
+        part = Partition(g, [piece], shapes, {n: "float32" for n in shapes},
+                         [(n, shape, "float32") for n, shape in seg.inputs], [])
+        return CompiledModel(part, [seg], root, threads)
+    from saturate.frontend import load_graph
+
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        shapes = {name: tuple(shape) for name, shape in data["input_shapes"].items()}
+        pieces = data["pieces"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise SaturateError(f"{manifest}: not a manifest saturate wrote") from None
+    part = partition(load_graph(str(root / "graph.onnx")), shapes)
+    if [(p.kind, p.inputs, p.outputs) for p in part.pieces] != [(p["kind"], p["inputs"], p["outputs"]) for p in pieces]:
+        raise SaturateError(f"{manifest}: its pieces do not match {root / 'graph.onnx'}; compile the model again")
+    segments = [Segment(root / p["dir"]) for p in pieces if p["kind"] == "c"]
+    return CompiledModel(part, segments, root, threads)
+
+
+def write_manifest(path: Path, part: Partition, input_shapes: dict | None = None) -> None:
     """The run order of a cut graph: C segments (their directory and values) and interpreter nodes."""
     pieces, k = [], 0
     for p in part.pieces:
@@ -171,4 +282,6 @@ def write_manifest(path: Path, part: Partition) -> None:
         else:
             entry["nodes"] = [{"name": n.name or n.outputs[0], "op": n.op} for n in p.nodes]
         pieces.append(entry)
-    path.write_text(json.dumps({"graph": part.graph.name, "pieces": pieces}, indent=1) + "\n", encoding="utf-8")
+    shapes = {name: list(map(int, shape)) for name, shape in (input_shapes or {}).items()}
+    path.write_text(json.dumps({"graph": part.graph.name, "input_shapes": shapes, "pieces": pieces}, indent=1) + "\n",
+                    encoding="utf-8")

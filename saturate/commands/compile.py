@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from saturate.core.errors import SaturateError
 from saturate.progress import add_quiet_flag, status
 
 NAME = "compile"
-HELP = ("emit C for a model and compile it to a shared library (model.c, weights.bin, model.so); ops without a "
-        "C kernel run in the numpy interpreter between C segments (DIR/segK/ per segment plus DIR/manifest.json)")
+HELP = ("emit C for a model and compile it to a shared library with a C header and a Python extension module "
+        "(model.c, model.h, weights.bin, model.so, saturate_model.*.so); ops without a C kernel run in the numpy "
+        "interpreter between C segments (DIR/segK/ per segment plus DIR/manifest.json)")
 
 
 def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
@@ -29,8 +31,10 @@ def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="a .onnx file, a text graph (.sat) or example:NAME")
     parser.add_argument("-o", "--output", required=True, metavar="DIR",
-                        help="directory for model.c, weights.bin, model.so; a graph cut by interpreter ops gets "
-                             "one such set per C segment in DIR/seg0, DIR/seg1, ... and DIR/manifest.json (run order)")
+                        help="directory for model.c, model.h, weights.bin, model.so and the extension module, built "
+                             "beside it and renamed into place (an earlier compiled model there is replaced); a graph "
+                             "cut by interpreter ops gets one such set per C segment in DIR/seg0, DIR/seg1, ... and "
+                             "DIR/manifest.json (run order) with DIR/graph.onnx")
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=1x3x224x224",
                         help="static shape for an input whose shape is symbolic (repeatable)")
     add_quiet_flag(parser)
@@ -39,14 +43,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from saturate.frontend import load_graph
     from saturate.backend import compile_graph
+    from saturate.backend.runtime import check_output_dir
 
+    check_output_dir(Path(args.output))  # before any work
     with status(args.quiet, "load") as shown:
         graph = load_graph(args.model)
         shown.stage("compile")
         model = compile_graph(graph, out_dir=args.output, input_shapes=parse_shapes(args.input_shape))
+    from saturate.backend.build import EXTENSION
+
     segs = model.segments
     if model.emitted is not None:
-        print(f"wrote {model.directory}/model.c, weights.bin, model.so")
+        print(f"wrote {model.directory}/model.c, model.h, weights.bin, model.so, {EXTENSION}")
     else:
         print(f"wrote {model.directory}/manifest.json and {len(segs)} C segment(s)"
               + "".join(f"{', ' if k else ': '}{s.directory.name}/model.so" for k, s in enumerate(segs)))

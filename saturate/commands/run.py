@@ -15,7 +15,8 @@ from saturate.core.fileio import write_atomic
 from saturate.core.ir import Graph
 
 NAME = "run"
-HELP = "run a model (.onnx, .sat or example:NAME) on an input and save or print its outputs"
+HELP = ("run a model (.onnx, .sat or example:NAME), or a directory 'saturate compile' wrote, on an input and save "
+        "or print its outputs")
 
 
 def _numpy_backend(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -40,21 +41,25 @@ BACKENDS: dict[str, Callable[[Graph, dict[str, np.ndarray]], dict[str, np.ndarra
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="a .onnx file, a .sat text graph, or example:NAME")
+    parser.add_argument("model", help="a .onnx file, a .sat text graph, example:NAME, or a directory "
+                                      "'saturate compile MODEL -o DIR' wrote (run through its extension module)")
     parser.add_argument("-i", "--input", metavar="FILE",
                         help="a .npy array (one-input models) or a .npz with one array per input name; "
                              "default: random normal input from a fixed seed")
     parser.add_argument("-o", "--output", metavar="FILE",
                         help="save outputs: .npy for a single output, .npz (one array per output name) "
                              "for several; default: print a summary of each output")
-    parser.add_argument("--backend", choices=sorted(BACKENDS), default="numpy",
-                        help="what evaluates the model (default: numpy, the reference interpreter)")
+    parser.add_argument("--backend", choices=sorted(BACKENDS),
+                        help="what evaluates the model (default: numpy, the reference interpreter; a compiled "
+                             "directory runs its compiled C)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random input (default 0)")
     parser.add_argument("--values", type=int, default=6, metavar="K",
                         help="values printed per output without -o (default 6)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if Path(args.model).is_dir():
+        return run_compiled(args)
     from saturate.frontend import load_graph
 
     graph = load_graph(args.model)
@@ -64,17 +69,44 @@ def run(args: argparse.Namespace) -> int:
         inputs = load_inputs(graph, args.input)
     else:
         inputs = random_inputs(graph, args.seed)
-        shown = ", ".join(f"{k} {a.dtype}{list(a.shape)}" for k, a in inputs.items())
-        print(f"saturate: no --input given: random normal input from seed {args.seed}: {shown}",
-              file=sys.stderr)
-    outputs = BACKENDS[args.backend](graph, inputs)
+        announce(inputs, args.seed)
+    outputs = BACKENDS[args.backend or "numpy"](graph, inputs)
+    report(outputs, args)
+    return 0
+
+
+def run_compiled(args: argparse.Namespace) -> int:
+    """Run a compiled directory through saturate.backend.load (its extension module)."""
+    from saturate.backend import load
+
+    if args.backend not in (None, "c"):
+        raise SaturateError(f"{args.model}: a compiled directory runs its compiled C; drop --backend {args.backend}")
+    model = load(args.model)
+    if args.output:
+        check_output_path(args.output, [name for name, _ in model.outputs])
+    specs = [(name, shape, model.input_dtypes[name]) for name, shape in model.inputs]
+    if args.input:
+        inputs = read_inputs([name for name, _ in model.inputs], args.input)
+    else:
+        inputs = random_arrays(specs, args.seed)
+        announce(inputs, args.seed)
+    report(model(inputs), args)
+    return 0
+
+
+def announce(inputs: dict[str, np.ndarray], seed: int) -> None:
+    shown = ", ".join(f"{k} {a.dtype}{list(a.shape)}" for k, a in inputs.items())
+    print(f"saturate: no --input given: random normal input from seed {seed}: {shown}", file=sys.stderr)
+
+
+def report(outputs: dict[str, np.ndarray], args: argparse.Namespace) -> None:
+    """Save the outputs to -o, or print a summary line per output."""
     if args.output:
         save_outputs(outputs, args.output)
         print(f"wrote {args.output}: " + ", ".join(f"{k} {a.dtype}{list(a.shape)}" for k, a in outputs.items()))
     else:
         for name, value in outputs.items():
             print(summary(name, value, args.values))
-    return 0
 
 
 def graph_inputs(graph: Graph) -> list[str]:
@@ -84,6 +116,11 @@ def graph_inputs(graph: Graph) -> list[str]:
 
 def load_inputs(graph: Graph, path: str) -> dict[str, np.ndarray]:
     """Read a .npy (single-input models) or .npz (one array per input name)."""
+    return read_inputs(graph_inputs(graph), path)
+
+
+def read_inputs(names: list[str], path: str) -> dict[str, np.ndarray]:
+    """Read a .npy (when `names` is one input) or .npz (one array per input name)."""
     if not Path(path).is_file():
         raise SaturateError(f"{path}: no such file")
     try:
@@ -92,7 +129,6 @@ def load_inputs(graph: Graph, path: str) -> dict[str, np.ndarray]:
         # numpy's own reasons ("pickled data", "cannot reshape") describe its parser, not the file.
         raise SaturateError(f"{path}: not a .npy or .npz array file") from None
     if isinstance(data, np.ndarray):
-        names = graph_inputs(graph)
         if len(names) != 1:
             raise SaturateError(f"{path}: one array given, but the model has {len(names)} inputs "
                                 f"({', '.join(names)}); pass a .npz with one array per input name")
@@ -106,14 +142,21 @@ def load_inputs(graph: Graph, path: str) -> dict[str, np.ndarray]:
 
 def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
     """One random array per graph input, shaped from the graph (symbolic dimensions become 1)."""
-    rng = np.random.default_rng(seed)
-    inputs = {}
+    specs = []
     for name in graph_inputs(graph):
         info = graph.info(name)
         if info.shape is None or any(d is None for d in info.shape):
             raise SaturateError(f"input '{name}' has no known shape; pass --input")
-        shape = [d if isinstance(d, int) else 1 for d in info.shape]
-        dtype = np.dtype(info.dtype)
+        specs.append((name, [d if isinstance(d, int) else 1 for d in info.shape], info.dtype))
+    return random_arrays(specs, seed)
+
+
+def random_arrays(specs: list[tuple[str, list[int], str]], seed: int) -> dict[str, np.ndarray]:
+    """One random array per (name, shape, dtype), from a fixed seed."""
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for name, shape, dtype_name in specs:
+        dtype = np.dtype(dtype_name)
         if dtype.kind == "f":
             inputs[name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":
@@ -121,7 +164,7 @@ def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
         elif dtype.kind == "b":
             inputs[name] = rng.integers(0, 2, shape).astype(bool)
         else:
-            raise SaturateError(f"input '{name}' has dtype {info.dtype}, which has no random generator; pass --input")
+            raise SaturateError(f"input '{name}' has dtype {dtype_name}, which has no random generator; pass --input")
     return inputs
 
 

@@ -1,0 +1,79 @@
+"""Run with SATURATE_ISA set (see test_backend_binding.py): the backend's checks built for that instruction set.
+
+python backend_isa_cases.py ISA [corpus:NAME ...]: the kernel cases of backend_asan_cases.py, then each
+corpus model optimized and compiled, all against the reference (the corpus ones against ONNX Runtime on
+the original model, as test_corpus_backends.py does); the built libraries must hold no instruction wider
+than the ISA allows. Prints 'isa cases ok' when all pass.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+
+from backend_asan_cases import cases
+from backend_util import feed_for, rel_error
+from saturate.backend import compile_graph
+from saturate.backend.build import avx512_build, isa
+from saturate.interp.interpreter import run_graph
+
+# Registers an instruction set may not use: AVX-512's zmm and mask registers, and AVX's ymm for the baseline.
+FORBIDDEN = {"avx2": ("%zmm", "%k1"), "portable": ("%zmm", "%ymm")}
+
+
+def wide_instructions(library: str, which: str) -> list[str]:
+    dump = subprocess.run(["objdump", "-d", "--no-show-raw-insn", library], capture_output=True, text=True,
+                          check=True).stdout
+    return [line.strip() for line in dump.splitlines() if any(r in line for r in FORBIDDEN.get(which, ()))][:3]
+
+
+def check(model, got: dict, want: dict, label: str, which: str) -> list[str]:
+    problems = [f"{label}: {name}: relative error {rel_error(got[name], want[name]):.2e}"
+                for name in want if rel_error(got[name], want[name]) > 1e-4]
+    for seg in model.segments:
+        wide = wide_instructions(str(seg.directory / "model.so"), which)
+        if wide:
+            problems.append(f"{label}: {which} build uses wider instructions: {wide}")
+    return problems
+
+
+def corpus_case(name: str):
+    """test_corpus_backends' check: the optimized model compiled, against ORT on the original."""
+    import onnxruntime as ort
+
+    import saturate
+    from saturate.frontend import corpus
+    from saturate.frontend.onnx_io import import_model
+
+    model = corpus.load_model(name)
+    feeds = corpus.inputs(name)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    optimized, _ = saturate.optimize(import_model(model))
+    compiled = compile_graph(optimized, input_shapes={k: v.shape for k, v in feeds.items()})
+    return compiled, compiled(**feeds), want
+
+
+def main() -> int:
+    which, corpus_names = sys.argv[1], [a.removeprefix("corpus:") for a in sys.argv[2:]]
+    if isa() != which or avx512_build():
+        print(f"SATURATE_ISA is {isa()}, AVX-512 kernels {'on' if avx512_build() else 'off'}; expected {which}, off")
+        return 1
+    problems = []
+    for k, graph in enumerate(cases()):
+        feed = feed_for(graph)
+        model = compile_graph(graph, threads=1 + k % 2)
+        problems += check(model, model(feed), run_graph(graph, feed), f"case {k} ({graph.name})", which)
+    for name in corpus_names:
+        model, got, want = corpus_case(name)
+        problems += check(model, got, want, name, which)
+    print("\n".join(problems) or "isa cases ok")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

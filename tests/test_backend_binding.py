@@ -1,0 +1,249 @@
+"""C backend binding: the compiled directory's Cython module, its C API and header, the README's C
+example, and builds for the AVX2 and portable instruction sets."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backend_util import feed_for, make, rel_error
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Node
+
+pytestmark = pytest.mark.compiler
+HERE = Path(__file__).resolve().parent
+README = HERE.parent / "README.md"
+rng = np.random.default_rng(7)
+
+
+def w(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def env_with_saturate() -> dict:
+    """The environment of a shell that finds this Python's `saturate` command first."""
+    return dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+
+
+def readme_block(lang: str, marker: str) -> str:
+    blocks = [b for b in re.findall(rf"```{lang}\n(.*?)```", README.read_text(encoding="utf-8"), re.S) if marker in b]
+    assert len(blocks) == 1, f"expected one ```{lang} block with {marker!r} in the README"
+    return blocks[0]
+
+
+def test_readme_c_example_links_without_python_and_matches_python(tmp_path):
+    """The README's main.c, built and run by the README's shell lines, prints what Python computes."""
+    from saturate.backend import load
+    from saturate.frontend import load_graph
+    from saturate.interp.interpreter import run_graph
+
+    (tmp_path / "main.c").write_text(readme_block("c", "main.c: run a model"), encoding="utf-8")
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_block("bash", "./main")], cwd=tmp_path,
+                          env=env_with_saturate(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    printed = {}
+    for line in proc.stdout.splitlines():
+        name, sep, values = line.partition(":")
+        if sep and values.strip() and all(re.fullmatch(r"-?[0-9.e+-]+|nan|-?inf", v) for v in values.split()):
+            printed[name] = np.array([float(v) for v in values.split()], np.float32)
+    model = load(tmp_path / "mlp_c")
+    (name, shape), = model.inputs
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) * np.float32(0.01)  # what main.c feeds
+    got = model(x)
+    assert set(printed) == set(got) and printed
+    for k, value in got.items():
+        assert np.array_equal(printed[k], value.reshape(-1)), k  # %.9g round-trips float32 exactly
+        ref = run_graph(load_graph("example:mlp"), {name: x})[k]
+        assert rel_error(value, ref) <= 1e-4
+    # The README's Python block imports the module from the directory with no saturate involved.
+    script = readme_block("py", "saturate_model.Model()") + "\nprint(repr({k: v.tolist() for k, v in y.items()}))\n"
+    proc = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plain = eval(proc.stdout.strip().splitlines()[-1])
+    for k, value in got.items():
+        assert np.array_equal(np.array(plain[k], np.float32), value), k
+
+
+def test_header_documents_the_api_the_library_exports(tmp_path):
+    """model.h names this model's tensors and declares every function model.so and the module export."""
+    from saturate.backend import compile_graph
+    from saturate.backend.build import EXTENSION
+
+    g = make([Node("Relu", ["in:0"], ["r"]), Node("Add", ["r", "c"], ["out/1"])], {"in:0": (2, 3)}, {"c": w(3)},
+             outputs=["out/1", "r"])
+    compile_graph(g, out_dir=tmp_path / "m")
+    text = (tmp_path / "m" / "model.h").read_text()
+    declared = set(re.findall(r"\b(sat_\w+)\(", text.split("#ifndef SATURATE_API_H")[1]))
+    assert {"sat_init", "sat_run", "sat_free", "sat_workspace_bytes", "sat_input_name", "sat_output_shape",
+            "sat_input_dtype", "sat_num_outputs"} <= declared
+    assert "'in:0'  float32[2, 3]" in text and "'out/1'  float32[2, 3]" in text and "#define SAT_NUM_OUTPUTS 2" in text
+    for lib in ("model.so", EXTENSION):
+        dyn = subprocess.run(["nm", "-D", "--defined-only", str(tmp_path / "m" / lib)], capture_output=True,
+                             text=True, check=True).stdout
+        assert declared <= set(re.findall(r"\b(sat_\w+)$", dyn, re.M)), lib
+
+
+def test_plain_import_of_the_module_describes_and_runs_the_model(tmp_path):
+    from saturate.backend import compile_graph
+
+    g = make([Node("Conv", ["x", "k", "b"], ["c"], {"pads": [1, 1, 1, 1]}), Node("Relu", ["c"], ["y"])],
+             {"x": (1, 3, 8, 8)}, {"k": w(4, 3, 3, 3), "b": w(4)})
+    feed = feed_for(g)
+    want = compile_graph(g, out_dir=tmp_path / "m")(feed)["y"]
+    np.save(tmp_path / "x.npy", feed["x"])
+    script = ("import sys, numpy as np; sys.path.insert(0, sys.argv[1]); import saturate_model as s\n"
+              "m = s.Model(); x = np.load(sys.argv[2])\n"
+              "assert s.INPUTS == [('x', (1, 3, 8, 8), 'float32')] and s.OUTPUTS == [('y', (1, 4, 8, 8), 'float32')]\n"
+              "out = np.empty((1, 4, 8, 8), np.float32); assert m.run([x], threads=2, outputs=[out])[0] is out\n"
+              "np.save(sys.argv[3], m(x)['y']); assert np.array_equal(out, m(x=x)['y'])\n"
+              "for bad in (x.astype(np.float64), x[:, :, ::2], x[:, :2].copy()):\n"
+              "    try: m(bad)\n"
+              "    except (TypeError, ValueError) as e: print(type(e).__name__, e)\n")
+    proc = subprocess.run([sys.executable, "-I", "-c", script, str(tmp_path / "m"), str(tmp_path / "x.npy"),
+                           str(tmp_path / "y.npy")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert np.array_equal(np.load(tmp_path / "y.npy"), want)
+    assert proc.stdout.splitlines() == [
+        "TypeError input 'x' has item format 'd'; the compiled model takes float32",
+        "TypeError input 'x' must be a C-contiguous float32 array, got ndarray",
+        "ValueError input 'x' has shape (1, 2, 8, 8); the compiled model expects (1, 3, 8, 8)"]
+
+
+def test_load_runs_a_directory_like_the_compiled_model_and_refuses_what_is_not_one(tmp_path):
+    from saturate.backend import compile_graph, load
+
+    g = make([Node("MatMul", ["a", "m"], ["p"]), Node("Sigmoid", ["p"], ["y"])], {"a": (3, 5)}, {"m": w(5, 4)})
+    feed = feed_for(g)
+    want = compile_graph(g, out_dir=tmp_path / "m")(feed)
+    model = load(tmp_path / "m", threads=2)
+    assert model.inputs == [("a", (3, 5))] and model.outputs == [("y", (3, 4))]
+    assert np.array_equal(model(feed)["y"], want["y"]) and np.array_equal(model(a=feed["a"])["y"], want["y"])
+    with pytest.raises(SaturateError, match=r"input 'a' has shape \(5, 3\); the compiled model expects \(3, 5\)"):
+        model(np.zeros((5, 3), np.float32))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SaturateError, match="no compiled model"):
+        load(tmp_path / "empty")
+    (tmp_path / "m" / "weights.bin").write_bytes(b"\0" * 12)
+    with pytest.raises(SaturateError, match="cannot load weights"):
+        load(tmp_path / "m")
+
+
+def test_directories_rebuilt_or_side_by_side_in_one_process_keep_their_own_code_and_weights(tmp_path):
+    """Every compiled module exports the same sat_* names and the loader reuses a library by file name:
+    models loaded side by side, and a directory rebuilt after it was loaded, must each run their own."""
+    from saturate.backend import compile_graph, load
+
+    graphs = [make([Node("Mul", ["x", "c"], ["y"])], {"x": (4,)}, {"c": np.full(4, v, np.float32)}) for v in (2, 3)]
+    graphs.append(make([Node("Sub", ["x", "c"], ["y"])], {"x": (4,)}, {"c": np.full(4, 1, np.float32)}))
+    x = np.arange(4, dtype=np.float32)
+    models = [compile_graph(g, out_dir=tmp_path / f"m{k}") for k, g in enumerate(graphs)]
+    for model, factor in zip(models[:2], (2, 3)):
+        assert np.array_equal(model(x)["y"], factor * x)
+    for k, g in enumerate(graphs):  # each graph into the same directory in turn, loaded each time
+        compile_graph(g, out_dir=tmp_path / "same")
+        assert np.array_equal(load(tmp_path / "same")(x)["y"], [2 * x, 3 * x, x - 1][k])
+    assert np.array_equal(models[0](x)["y"], 2 * x)
+
+
+def test_the_gil_is_released_while_the_c_runs_and_threads_take_turns(tmp_path):
+    from saturate.backend import compile_graph
+
+    nodes = [Node("Conv", ["x", "k0"], ["c0"], {"pads": [1, 1, 1, 1]})]
+    for i in range(1, 6):
+        nodes.append(Node("Conv", [f"c{i - 1}", f"k{i}"], [f"c{i}"], {"pads": [1, 1, 1, 1]}))
+    g = make(nodes, {"x": (1, 64, 56, 56)}, {f"k{i}": w(64, 64, 3, 3) * 0.05 for i in range(6)})
+    model = compile_graph(g)
+    feeds = [feed_for(g, seed) for seed in range(4)]
+    want = [model(f)["c5"] for f in feeds]
+    start = time.perf_counter()
+    model(feeds[0])
+    call = time.perf_counter() - start
+    # While another thread is inside one long call, this thread keeps running Python.
+    worker = threading.Thread(target=model, args=(feeds[0],))
+    gaps, last = [], time.perf_counter()
+    worker.start()
+    while worker.is_alive():
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    worker.join()
+    assert max(gaps) < 0.5 * call, f"longest pause {max(gaps):.3f} s in a {call:.3f} s call"
+    # Concurrent calls on one model serialize inside the module: each gets its own result.
+    got = [None] * 8
+    threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, model(feeds[k % 4])["c5"])) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(np.array_equal(got[k], want[k % 4]) for k in range(8))
+
+
+def test_per_call_overhead_of_the_module_is_small(tmp_path):
+    """An identity model measures what a call costs beyond the kernels (the issue's figure is 5 us; the
+    shared machine only gets an order-of-magnitude bound here, bench numbers come from bench/)."""
+    from saturate.backend import compile_graph
+
+    seg = compile_graph(make([Node("Identity", ["x"], ["y"])], {"x": (2, 3)})).segments[0]
+    x = np.zeros((2, 3), np.float32)
+    out = [np.empty((2, 3), np.float32)]
+    best = min(_timed(lambda: seg.model.run([x], 1, out), 2000) for _ in range(5))
+    assert best < 50e-6, f"{best * 1e6:.1f} us per call"
+
+
+def _timed(fn, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - start) / n
+
+
+@pytest.mark.parametrize("which", ["avx2", "portable"])
+def test_backend_checks_pass_when_built_for_avx2_and_portable(tmp_path, which):
+    _run_isa_cases(tmp_path, which, [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["avx2", "portable"])
+def test_corpus_models_pass_when_built_for_avx2_and_portable(tmp_path, which):
+    _run_isa_cases(tmp_path, which, ["corpus:mobilenet_v3_small-ts", "corpus:deit_tiny-ts", "corpus:resnet18-ts"])
+
+
+def _run_isa_cases(tmp_path, which: str, corpus: list[str]) -> None:
+    env = dict(os.environ, SATURATE_ISA=which, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(HERE / "backend_isa_cases.py"), which, *corpus], env=env, cwd=HERE,
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0 and "isa cases ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_a_bad_isa_is_a_one_line_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "saturate", "compile", "example:mlp", "-o", str(tmp_path / "o")],
+                          env=dict(os.environ, SATURATE_ISA="sse9"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["saturate: error: SATURATE_ISA='sse9': expected one of native, avx2, portable"]
+
+
+def test_builds_are_warning_free_and_keyed_by_compiler_flags_and_cpu(monkeypatch):
+    from saturate.backend import build
+
+    flags = build.compile_flags()
+    assert "-Wall" in flags and "-Werror" in flags and "-w" not in flags
+    key = build.build_key("int x;", b"\0")
+    monkeypatch.setattr(build, "cpu_features", lambda: "flags: fpu sse2")
+    assert build.build_key("int x;", b"\0") != key
+    monkeypatch.undo()
+    monkeypatch.setattr(build, "compiler_version", lambda cc: "cc (other) 99.1")
+    assert build.build_key("int x;", b"\0") != key
+    monkeypatch.undo()
+    monkeypatch.setenv("SATURATE_ISA", "avx2")
+    assert "-march=x86-64-v3" in build.compile_flags() and build.build_key("int x;", b"\0") != key
+    monkeypatch.setenv("SATURATE_ISA", "native")
+    assert build.build_key("int x;", b"\0") == key and build.build_key("int x;", b"\1") != key

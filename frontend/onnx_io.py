@@ -82,7 +82,10 @@ def import_model(model: onnx.ModelProto) -> Graph:
                 g.constants[on.output[0]] = value
                 g.values.pop(on.output[0], None)
                 continue
-        node = Node(on.op_type, list(on.input), list(on.output), name=on.name,
+        inputs = list(on.input)
+        while inputs and not inputs[-1]:
+            inputs.pop()   # a trailing '' omits an optional input exactly as leaving it out does
+        node = Node(on.op_type, inputs, list(on.output), name=on.name,
                     domain="" if on.domain == "ai.onnx" else on.domain)
         node.attrs = {a.name: _attr_value(a, node) for a in on.attribute}
         g.nodes.append(node)
@@ -312,9 +315,14 @@ def elem_type(dtype: str) -> int:
 
 
 def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo | None:
-    if not vi.type.HasField("tensor_type"):
+    return type_info(vi.type)
+
+
+def type_info(tp: onnx.TypeProto) -> ValueInfo | None:
+    """The ValueInfo of a tensor TypeProto (None for sequences, maps and optionals)."""
+    if not tp.HasField("tensor_type"):
         return None
-    tt = vi.type.tensor_type
+    tt = tp.tensor_type
     dtype = dtype_name(tt.elem_type) if tt.elem_type else "unknown"
     if not tt.HasField("shape"):
         return ValueInfo(dtype, None)
@@ -394,7 +402,7 @@ def _text(b: bytes) -> str | bytes:
 def export_model(graph: Graph) -> onnx.ModelProto:
     """Convert a Graph to an ONNX model, node for node (constants as initializers)."""
     g = graph
-    nodes = [_export_node(n, g.opset) for n in g.nodes]
+    nodes = [node_proto(n, g.opset) for n in g.nodes]
     inputs = [_export_value_info(g, v) for v in g.inputs]
     outputs = [_export_value_info(g, v) for v in g.outputs]
     internal = set(g.inputs) | set(g.outputs) | set(g.constants)
@@ -431,7 +439,8 @@ def _fill_io_shapes(model: onnx.ModelProto) -> None:
             vi.type.CopyFrom(known[vi.name].type)
 
 
-def _export_node(n: Node, opset: int) -> onnx.NodeProto:
+def node_proto(n: Node, opset: int) -> onnx.NodeProto:
+    """The NodeProto of one node, its attributes typed as the op's schema at `opset` wants."""
     proto = helper.make_node(n.op, list(n.inputs), list(n.outputs), name=n.name or None,
                              domain=n.domain or None)
     for key, value in n.attrs.items():
@@ -491,6 +500,12 @@ def _tensor(name: str, arr: np.ndarray) -> TensorProto:
         return helper.make_tensor(name, TensorProto.STRING, arr.shape,
                                   [s if isinstance(s, bytes) else str(s).encode() for s in arr.flat])
     return numpy_helper.from_array(arr, name)
+
+
+def type_proto(info: ValueInfo) -> onnx.TypeProto:
+    """The tensor TypeProto of a ValueInfo: int dims as values, named dims as params, None as unknown."""
+    shape = None if info.shape is None else [d if isinstance(d, (int, str)) else None for d in info.shape]
+    return helper.make_tensor_type_proto(elem_type(info.dtype), shape)
 
 
 def _export_value_info(g: Graph, name: str) -> onnx.ValueInfoProto:

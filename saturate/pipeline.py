@@ -128,7 +128,7 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     report.times["extract"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    report.cost_before = graph_cost(graph, model)
+    report.cost_before = graph_cost(_typed_as_known(graph, enc, facts), model)
     if ext is None:
         # A limit can stop saturation where no evaluable choice exists: that is not a failure.
         result, report.kept_original, report.cost_after = graph.copy(), True, report.cost_before
@@ -143,6 +143,18 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     report.ops_after = dict(result.op_counts())
     report.times["fold"] = time.perf_counter() - t
     return result, report
+
+
+def _typed_as_known(graph: Graph, enc, facts) -> Graph:
+    """`graph` with every value typed as saturation came to know it, so that its cost and the
+    result's are priced on the same shapes (a shape only inference after folding could tell
+    would otherwise make the input graph look cheaper)."""
+    values = dict(graph.values)
+    for name, let in enc.value_names.items():
+        cls = facts.view.lets.get(let)
+        if cls is not None and name in values:
+            values[name] = facts.info(cls)
+    return dataclasses.replace(graph, values=values)
 
 
 def _extract_evaluable(facts, roots, model):

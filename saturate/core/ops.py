@@ -30,7 +30,7 @@ ELEMENTWISE = frozenset({
 # Rules over these ops see integers too: a rule sound only on floats carries the `floating` guard.
 SHAPE_OPS = frozenset({"Concat", "Shape", "Gather", "Unsqueeze", "Squeeze", "Cast", "CastLike",
                        "Add", "Sub", "Mul", "Div", "Neg", "Slice", "Expand", "Range",
-                       "ConstantOfShape", "Reshape", "Identity", "Mod", "Pad"})
+                       "ConstantOfShape", "Reshape", "Identity", "Mod", "Pad", "Transpose"})
 # The ops the engine encodes as rewritable terms even when no rule names them.
 ENGINE_OPS = frozenset({
     "Conv", "BatchNormalization", "Add", "Sub", "Mul", "Div", "Relu", "Clip", "LeakyRelu", "Sigmoid",

@@ -33,15 +33,17 @@ class Facts:
         # E-classes being evaluated / typed right now: the guards against cycles.
         self._evaluating: set = set()
         self._busy: set = set()
+        # E-classes whose type was inferred from their e-nodes in this e-graph (see `info`).
+        self._refined: set = set()
         original = enc.value_infos()
         for value, let in enc.value_names.items():
             cls = view.lets.get(let)
             if cls is None:
                 continue
             self.names.setdefault(cls, []).append(value)
-            info = original[value]
-            if cls not in self.infos or self.infos[cls].shape is None:
-                self.infos[cls] = info
+            # A class holds several original values once rewrites unite them (Pad by zeros and
+            # its input): the best-known type of any of them is the class's.
+            self.infos[cls] = refine(self.infos.get(cls), original[value])
 
     @property
     def order(self) -> dict[str, int]:
@@ -112,14 +114,15 @@ class Facts:
 
     # ---- static types ---------------------------------------------------------------------
     def info(self, cls: Any) -> ValueInfo:
-        """Static type of an e-class: known for original values, inferred for new ones."""
+        """Static type of an e-class: the input graph's for original values, refined by what its
+        e-nodes imply (after Pad's pads fold to a constant, so does Pad's output shape)."""
         got = self.infos.get(cls)
-        if got is not None:
+        if got is not None and (cls in self._refined or not self._refinable(got)):
             return got
         if cls in self._busy:
-            return ValueInfo(shape=None)
+            return got if got is not None else ValueInfo(shape=None)
         self._busy.add(cls)
-        result = ValueInfo(shape=None)
+        result = got
         if cls in self.view.consts:
             v = self.value(cls)
             if v is not None:
@@ -127,14 +130,56 @@ class Facts:
                 result = ValueInfo(a.dtype.name, tuple(a.shape))
         else:
             for node in self.view.classes.get(cls, ()):
-                if node.kind == "op":
-                    ins = [self.info(c) for c in node.children]
-                    result = infer(node.head, self.enc.attr_sets[node.key][1], ins)
-                    if result.shape is not None:
-                        break
+                result = refine(result, self._node_info(node))
+                if result is not None and not self._refinable(result):
+                    break
         self._busy.discard(cls)
+        result = result if result is not None else ValueInfo(shape=None)
         self.infos[cls] = result
+        self._refined.add(cls)
         return result
+
+    def _refinable(self, info: ValueInfo) -> bool:
+        """Whether inference could still learn a dim: one is unknown or named by shape inference
+        (a dim the graph's inputs name, such as the batch, stays as it is)."""
+        if info.shape is None:
+            return True
+        if not hasattr(self, "_input_dims"):
+            g = self.enc.graph
+            self._input_dims = {d for v in g.inputs for d in (g.info(v).shape or ()) if isinstance(d, str)}
+        return any(not isinstance(d, int) and d not in self._input_dims for d in info.shape)
+
+    def _node_info(self, node: ENode) -> ValueInfo | None:
+        """The type one e-node implies for its e-class."""
+        if node.kind == "op":
+            attrs = self.enc.attr_sets[node.key][1]
+            return self._infer(node.head, attrs, node.children, 0, ("op", node.key))
+        if node.kind == "out":
+            (opq,) = node.children
+            for inner in self.view.classes.get(opq, ()):
+                if inner.kind == "opq":
+                    original = self.enc.opaque_nodes[inner.key]
+                    return self._infer(original.op, original.attrs, inner.children, node.key,
+                                       ("opq", inner.key))
+        return None
+
+    def _infer(self, op: str, attrs: dict, kids: tuple, output: int, ident: tuple) -> ValueInfo:
+        ins = [None if self._absent(c) else self.info(c) for c in kids]
+        fast = infer(op, attrs, ins) if output == 0 and None not in ins else ValueInfo(shape=None)
+        if fast.shape is not None and all(isinstance(d, int) for d in fast.shape):
+            return fast
+        # Everything else asks ONNX's own shape inference, with the small constant inputs
+        # (Reshape's shape, Pad's pads, Slice's bounds) as data, cached across iterations.
+        values = [self.key(c) if c in self.view.consts else None for c in kids]
+        key = ("infer", ident, output, tuple(None if i is None else (i.dtype, i.shape) for i in ins),
+               tuple(values))
+        if key not in self.cache:
+            data = {k: self.cache[v] for k, v in enumerate(values) if v is not None}
+            self.cache[key] = onnx_infer(op, attrs, ins, data, output, self.enc.graph.opset)
+        return refine(fast, self.cache[key])
+
+    def _absent(self, cls: Any) -> bool:
+        return any(n.kind == "absent" for n in self.view.classes.get(cls, ()))
 
     def shape(self, cls: Any) -> tuple | None:
         """Static shape of an e-class (None when unknown)."""
@@ -206,3 +251,51 @@ def infer(op: str, attrs: dict[str, Any], ins: list[ValueInfo]) -> ValueInfo:
         n = shapes[1][0] if attrs.get("transB") else shapes[1][1]
         return ValueInfo(dtype, (m, n))
     return ValueInfo(dtype, None)
+
+
+def refine(known: ValueInfo | None, other: ValueInfo | None) -> ValueInfo | None:
+    """The better-known of two types of one value: dim by dim, a number beats a name or None."""
+    if other is None or other.shape is None:
+        return known if known is not None else other
+    if known is None or known.shape is None:
+        dtype = known.dtype if known is not None and known.dtype != "unknown" else other.dtype
+        return ValueInfo(dtype, other.shape)
+    if len(known.shape) != len(other.shape):
+        return known
+    dims = tuple(a if isinstance(a, int) or not isinstance(b, int) else b
+                 for a, b in zip(known.shape, other.shape))
+    return known if dims == tuple(known.shape) else ValueInfo(known.dtype, dims)
+
+
+# Constant inputs larger than this are passed to shape inference by type only: the inputs whose
+# values decide a shape (shapes, pads, axes, bounds) are small.
+_DATA_ELEMENTS = 4096
+
+
+def onnx_infer(op: str, attrs: dict, ins: list[ValueInfo | None], data: dict[int, Any],
+               output: int, opset: int) -> ValueInfo | None:
+    """Output `output`'s type as ONNX's shape inference for `op` at `opset` derives it."""
+    import onnx
+    import onnx.defs
+    from onnx import numpy_helper
+    from saturate.core.ir import Node
+    from saturate.frontend.onnx_io import node_proto, type_info, type_proto
+
+    if any(i is not None and i.dtype == "unknown" for i in ins):
+        return None
+    try:
+        schema = onnx.defs.get_schema(op, opset, "")
+        names = [f"i{k}" if i is not None else "" for k, i in enumerate(ins)]
+        node = node_proto(Node(op, names, [f"o{k}" for k in range(output + 1)], dict(attrs)), opset)
+        types = {n: type_proto(i) for n, i in zip(names, ins) if i is not None}
+        tensors = {}
+        for k, v in data.items():
+            a = np.asarray(v)
+            if names[k] and a.size <= _DATA_ELEMENTS and a.dtype != object:
+                tensors[names[k]] = numpy_helper.from_array(a, names[k])
+        out = onnx.shape_inference.infer_node_outputs(
+            schema, node, types, tensors, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    except Exception:  # noqa: BLE001 - what ONNX cannot infer stays unknown
+        return None
+    tp = out.get(f"o{output}")
+    return None if tp is None else type_info(tp)

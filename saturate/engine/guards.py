@@ -41,8 +41,13 @@ class Checker:
                 self.seen.add(key)
                 env = dict(zip(cr.vars, row[1:1 + nv]))
                 attr_ids = [to_i64(v) for v in row[1 + nv:1 + nv + na]]
-                cols = self._decide(cr, env, attr_ids)
+                bindings = _FactsBindings(self.facts, self.view, env)
+                cols = self._decide(cr, bindings, attr_ids)
                 if cols is None:
+                    if bindings.partial:
+                        # Decided on facts still growing (a shape with unknown dims, a value not
+                        # yet computable): later iterations may know more, so ask again.
+                        self.seen.discard(key)
                     continue
                 refs = [self.name(c) for c in row[:1 + nv]]
                 if None in refs:
@@ -53,9 +58,9 @@ class Checker:
         return self.commands
 
     # ---- deciding one match -------------------------------------------------------------
-    def _decide(self, cr: CompiledRule, env: dict, attr_ids: list[int]) -> list[str] | None:
+    def _decide(self, cr: CompiledRule, bindings: _FactsBindings, attr_ids: list[int]) -> list[str] | None:
         attrs = [self.enc.attr_sets[a][1] for a in attr_ids]
-        got = decide(cr, _FactsBindings(self.facts, self.view, env), attrs, self.enc.graph.opset)
+        got = decide(cr, bindings, attrs, self.enc.graph.opset)
         if got is None:
             return None
         computed, extras = got
@@ -110,12 +115,17 @@ class _FactsBindings:
 
     def __init__(self, facts: Facts, view: EGraphView, env: dict):
         self.facts, self.view, self.env = facts, view, env
+        self.partial = False   # whether a fact read may still become known in a later iteration
 
     def value(self, var: str) -> Any:
-        return self.facts.value(self.env[var])
+        got = self.facts.value(self.env[var])
+        self.partial |= got is None
+        return got
 
     def shape(self, var: str) -> tuple | None:
-        return self.facts.shape(self.env[var])
+        got = self.facts.shape(self.env[var])
+        self.partial |= got is None or not all(isinstance(d, int) for d in got)
+        return got
 
     def dtype(self, var: str) -> str | None:
         return self.facts.info(self.env[var]).dtype

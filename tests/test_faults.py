@@ -191,3 +191,63 @@ def test_constant_expressions_that_never_evaluate_end_in_a_graph_not_a_failure(t
     graph = load_graph(str(out))
     # Every fold needs a constant expression: the graph comes back as it was, and still runs.
     assert graph.op_counts() == examples.build("vgg").op_counts()
+
+
+# ---- compile -o DIR: assembled beside DIR, renamed into place ---------------------------------------
+
+@pytest.mark.compiler
+def test_an_interrupted_compile_leaves_the_old_directory_whole(tmp_path, monkeypatch, capsys):
+    """Interrupted while copying the new build into place, and again while building: DIR keeps the old
+    library, weights and build key together, and no staging directory is left beside it or in the cache."""
+    import shutil
+
+    import saturate.backend.build as build
+    import saturate.backend.runtime as runtime
+
+    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    assert main(["compile", "example:mlp", "-o", str(out), "--quiet"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(out), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "a.npy")]) == 0
+    copied = []
+
+    def copy_then_interrupt(src, dst):
+        if copied:  # after the first file (model.c) of the new build reached the staging directory
+            raise KeyboardInterrupt
+        copied.append(dst)
+        return shutil.copyfile(src, dst)
+
+    monkeypatch.setattr(runtime.shutil, "copyfile", copy_then_interrupt)
+    assert main(["compile", "example:mobilenet", "-o", str(out), "--quiet"]) == 130
+    monkeypatch.undo()
+    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path / "cache"))
+
+    def link_interrupted(cmd, what):
+        if "-shared" in cmd:
+            raise KeyboardInterrupt
+        return real_run(cmd, what)
+
+    real_run = build._run
+    monkeypatch.setattr(build, "_run", link_interrupted)
+    assert main(["compile", "example:vgg", "-o", str(out), "--quiet"]) == 130
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "cache", "out", "x.npy"]
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]
+    monkeypatch.undo()
+    assert main(["run", str(out), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "b.npy")]) == 0
+    assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
+
+
+def test_compile_into_an_existing_file_or_a_foreign_directory_is_refused(tmp_path, capsys):
+    target = tmp_path / "model.bin"
+    target.write_bytes(b"keep me")
+    assert main(["compile", "example:mlp", "-o", str(target), "--quiet"]) == 2
+    _one_error_line(capsys, str(target), "exists and is not a directory")
+    assert target.read_bytes() == b"keep me"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.txt").write_text("mine")
+    assert main(["compile", "example:mlp", "-o", str(tmp_path / "docs"), "--quiet"]) == 2
+    _one_error_line(capsys, "holds files that are not a compiled model (notes.txt)")
+    assert [p.name for p in (tmp_path / "docs").iterdir()] == ["notes.txt"]

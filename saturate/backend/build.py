@@ -82,12 +82,13 @@ def cpu_features() -> str:
 
 
 # Instruction sets a build may target ($SATURATE_ISA): this CPU's own, AVX2 with FMA (x86-64-v3, the paths
-# an AVX2 machine runs), or the compiler's default target (no vector extensions beyond the base ABI).
-ISAS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3"], "portable": []}
+# an AVX2 machine runs), the compiler's default target (no vector extensions beyond the base ABI), or
+# AVX-512 (x86-64-v4: builds the AVX-512 kernels on any machine; they run only on a CPU that has them).
+ISAS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3"], "portable": [], "avx512": ["-march=x86-64-v4"]}
 
 
 def isa() -> str:
-    """The instruction set builds target: $SATURATE_ISA (native, avx2 or portable), native by default."""
+    """The instruction set builds target: $SATURATE_ISA (native, avx2, portable or avx512), native by default."""
     value = os.environ.get("SATURATE_ISA", "native") or "native"
     if value not in ISAS:
         raise SaturateError(f"SATURATE_ISA={value!r}: expected one of {', '.join(ISAS)}")
@@ -95,8 +96,8 @@ def isa() -> str:
 
 
 def avx512_build() -> bool:
-    """Whether builds run the AVX-512 kernels: a native build on a CPU that has them."""
-    return isa() == "native" and cpu_has_avx512()
+    """Whether builds hold the AVX-512 kernels: an avx512 build, or a native one on a CPU that has them."""
+    return isa() == "avx512" or (isa() == "native" and cpu_has_avx512())
 
 
 # Past this many kernel steps a model compiles at -O2 without speculative inlining: -O3 on thousands

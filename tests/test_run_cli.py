@@ -153,3 +153,42 @@ def test_run_text_graph_gives_the_same_outputs_as_the_example(tmp_path):
     assert main(["run", str(tmp_path / "vgg.sat"), "-o", str(tmp_path / "a.npy")]) == 0
     assert main(["run", "example:vgg", "-o", str(tmp_path / "b.npy")]) == 0
     assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
+
+
+@pytest.mark.compiler
+def test_run_a_compiled_directory_whole_or_cut_by_interpreter_ops(tmp_path, capsys):
+    """`saturate run DIR` goes through the directory's extension module (and its graph.onnx for the
+    interpreter pieces of a cut graph) and gives what `run MODEL --backend c` gives."""
+    from test_backend_ops import fallback_graph
+
+    from saturate.frontend import save_graph
+
+    save_graph(fallback_graph(), str(tmp_path / "cut.onnx"))
+    rng = np.random.default_rng(2)
+    np.save(tmp_path / "mlp.npy", rng.standard_normal((2, 64)).astype(np.float32))
+    np.save(tmp_path / "cut.npy", rng.standard_normal((2, 3, 5, 5)).astype(np.float32))
+    for model, out in (("example:mlp", "y.npy"), (str(tmp_path / "cut.onnx"), "y.npz")):
+        name = "mlp" if model.startswith("example") else "cut"
+        assert main(["compile", model, "-o", str(tmp_path / name), "--quiet"]) == 0
+        x = str(tmp_path / f"{name}.npy")
+        assert main(["run", str(tmp_path / name), "-i", x, "-o", str(tmp_path / f"dir-{out}")]) == 0
+        assert main(["run", model, "--backend", "c", "-i", x, "-o", str(tmp_path / f"c-{out}")]) == 0
+        assert main(["run", model, "-i", x, "-o", str(tmp_path / f"np-{out}")]) == 0
+        got, want, ref = (np.load(tmp_path / f"{kind}-{out}") for kind in ("dir", "c", "np"))
+        if out.endswith(".npy"):
+            got, want, ref = {"y": got}, {"y": want}, {"y": ref}
+        assert sorted(got) == sorted(want) == sorted(ref)
+        for k in want:
+            assert np.array_equal(got[k], want[k]), k
+            assert rel_error(got[k], ref[k]) <= 1e-4, k
+    assert (tmp_path / "cut" / "manifest.json").is_file() and (tmp_path / "cut" / "graph.onnx").is_file()
+    capsys.readouterr()
+    np.save(tmp_path / "wrong.npy", np.zeros((3, 64), np.float32))
+    (tmp_path / "empty").mkdir()
+    for argv, words in ((["run", str(tmp_path / "mlp"), "-i", str(tmp_path / "wrong.npy")],
+                         "input 'x' has shape (3, 64); the compiled model expects (2, 64)"),
+                        (["run", str(tmp_path / "mlp"), "--backend", "numpy"], "a compiled directory runs its compiled C"),
+                        (["run", str(tmp_path / "empty")], "no compiled model")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("saturate: error: ") and words in err[-1] and "Traceback" not in "\n".join(err)

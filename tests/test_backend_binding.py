@@ -208,6 +208,24 @@ def _timed(fn, n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
+def test_kernel_scratch_of_extra_threads_is_measured_and_counted_in_the_reported_workspace(tmp_path, capsys, monkeypatch):
+    from saturate.backend import compile_graph
+    from saturate.cli import main
+    from saturate.frontend import save_graph
+
+    g = make([Node("Conv", ["x", "k"], ["y"], {"pads": [1, 1, 1, 1]})], {"x": (1, 16, 32, 32)}, {"k": w(32, 16, 3, 3)})
+    model = compile_graph(g)
+    one, two = model.scratch_bytes(1), model.scratch_bytes(2)
+    # Each extra thread unfolds its own im2col tile: about what the plan counts for the calling thread.
+    assert two - one >= 0.9 * model.segments[0].emitted.plan.scratch_bytes > 0
+    assert model.scratch_bytes(1) == one  # what a call allocates it frees, or keeps for the next call
+    save_graph(g, str(tmp_path / "conv.onnx"))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert main(["compile", str(tmp_path / "conv.onnx"), "-o", str(tmp_path / "c"), "--quiet"]) == 0
+    peak = model.workspace_bytes
+    assert f"peak workspace: {peak + one} bytes at 1 thread, {peak + two} bytes at 2 threads" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("which", ["avx2", "portable"])
 def test_backend_checks_pass_when_built_for_avx2_and_portable(tmp_path, which):
     _run_isa_cases(tmp_path, which, [])

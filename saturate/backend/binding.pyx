@@ -37,6 +37,9 @@ cdef extern from "binding.h" nogil:
     int satb_run(void **inputs, void **outputs, void *workspace, int threads)
     double *satb_profile()
     void *satb_alloc(int64_t nbytes)
+    int64_t sat_heap_bytes()
+    int64_t sat_heap_peak_bytes()
+    void sat_heap_reset_peak()
 
 
 cdef list _describe(bint outputs):
@@ -56,8 +59,10 @@ INPUTS = _describe(False)
 OUTPUTS = _describe(True)
 WORKSPACE_BYTES = int(sat_workspace_bytes())
 
-# The weights file the library holds (the C keeps one set per loaded library).
+# The weights file the library holds (the C keeps one set per loaded library), and the heap held once
+# they were read: what the kernels hold beyond it is their scratch.
 _weights = None
+_heap_base = 0
 
 
 cdef class Model:
@@ -73,7 +78,7 @@ cdef class Model:
     cdef int _nin, _nout
 
     def __cinit__(self, weights=None, int threads=1):
-        global _weights
+        global _weights, _heap_base
         self._ws = NULL
         path = os.path.abspath(weights if weights is not None else
                                os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights.bin"))
@@ -83,6 +88,8 @@ cdef class Model:
         if sat_init(os.fsencode(path)) != 0:
             raise OSError(f"cannot load weights from {path}: missing, unreadable or not the size this model was "
                           f"compiled with")
+        if _weights is None:
+            _heap_base = sat_heap_bytes()
         _weights = path
         if threads < 1:
             raise ValueError(f"thread count must be at least 1, got {threads}")
@@ -159,6 +166,14 @@ cdef class Model:
             raise ValueError(f"missing input(s) {missing}")
         outs = self.run([given[name] for name, _, _ in INPUTS], threads)
         return {name: a for (name, _, _), a in zip(OUTPUTS, outs)}
+
+    def scratch_bytes(self, int threads=0):
+        """Heap the kernels hold at the peak of one call on `threads` threads (run on zeros): each extra
+        thread's convolution scratch and the per-thread buffers kernels grow and keep. The workspace
+        (workspace_bytes) comes on top."""
+        sat_heap_reset_peak()
+        self.run([np.zeros(shape, np.float32) for _, shape, _ in INPUTS], threads)
+        return int(sat_heap_peak_bytes() - _heap_base)
 
     def step_seconds(self, int steps):
         """Accumulated seconds of each of the first `steps` kernel steps (profiling builds), else None."""

@@ -119,7 +119,7 @@ def compile_flags(sanitize: bool = False, profile: bool = False, large: bool = F
     # every function passing vectors is static in the one translation unit, so the vector-ABI note (-Wpsabi,
     # on targets narrower than the vector extensions' width) concerns no call across a library boundary.
     flags = [*opt, *ISAS[isa()], "-fno-trapping-math", "-fPIC", "-pthread", "-std=gnu11", "-Wall", "-Werror",
-             "-Wno-unused-function", "-Wno-psabi"]
+             "-Wno-unused-function", "-Wno-psabi", "-include", "sat_heap.h"]
     if sanitize:
         flags += SANITIZE_FLAGS
     if profile:

@@ -77,6 +77,10 @@ class Segment:
         except (TypeError, ValueError, RuntimeError) as err:
             raise SaturateError(str(err)) from None
 
+    def scratch_bytes(self, threads: int) -> int:
+        """Heap the kernels hold at the peak of a call on `threads` threads, beyond the workspace (measured)."""
+        return int(self.model.scratch_bytes(threads))
+
     def step_seconds(self) -> list[tuple[str, float]]:
         """Accumulated seconds per step (profiling builds only): (nodes of the step, seconds)."""
         steps = self.emitted.plan.steps if self.emitted is not None else []
@@ -164,6 +168,12 @@ class CompiledModel:
     def step_seconds(self) -> list[tuple[str, float]]:
         """Accumulated seconds per C step (profiling builds only): (nodes of the step, seconds)."""
         return [row for s in self.segments for row in s.step_seconds()]
+
+    def scratch_bytes(self, threads: int | None = None) -> int:
+        """What the kernels allocate beyond `workspace_bytes` at `threads` threads (each extra thread's conv
+        scratch, per-thread buffers kept between calls), measured on one call per segment on zeros; summed
+        over segments, so at most what a call holds at once."""
+        return sum(s.scratch_bytes(int(threads or self.threads)) for s in self.segments)
 
 
 def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = None,

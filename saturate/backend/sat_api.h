@@ -21,6 +21,10 @@
  *       static state, so concurrent callers must serialize (the Python module does).
  *   void sat_free(void)
  *       Release the weights; sat_run fails until sat_init succeeds again.
+ *   int64_t sat_heap_bytes(void), sat_heap_peak_bytes(void); void sat_heap_reset_peak(void)
+ *       The heap the library holds now (the weights, and buffers kernels keep between calls) and the most
+ *       it held at once since sat_heap_reset_peak: a call's peak minus what sat_init left held is the
+ *       scratch the kernels allocate beyond the workspace (more with more threads).
  *   int sat_num_inputs(void), sat_num_outputs(void)
  *   const char *sat_input_name(int i), *sat_output_name(int i)      value names in the ONNX graph
  *   const char *sat_input_dtype(int i), *sat_output_dtype(int i)    "float32"
@@ -43,6 +47,10 @@ int sat_init(const char *weights_path);
 int64_t sat_workspace_bytes(void);
 int sat_run(const float *const *inputs, float *const *outputs, float *workspace, int threads);
 void sat_free(void);
+
+int64_t sat_heap_bytes(void);
+int64_t sat_heap_peak_bytes(void);
+void sat_heap_reset_peak(void);
 
 int sat_num_inputs(void);
 int sat_num_outputs(void);

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from saturate.core.errors import SaturateError
@@ -68,7 +69,12 @@ def run(args: argparse.Namespace) -> int:
         print("interpreter fallback: " + "; ".join(f"{op} x{n} ({', '.join(names[:5])}{', ...' if n > 5 else ''})"
                                                   for op, n, names in model.fallback_ops))
     peak = sum(p.peak_bytes for p in plans)
-    print(f"peak workspace: {peak} bytes ({peak / 2**20:.2f} MiB; arena {sum(p.arena_bytes for p in plans)}, "
-          f"conv scratch {sum(p.scratch_bytes for p in plans)}; one buffer per value would take "
+    # Kernels allocate scratch of their own per extra thread: measured, it joins the workspace reported.
+    cores = os.cpu_count() or 1
+    own = {t: model.scratch_bytes(t) for t in sorted({1, cores})}
+    at = ", ".join(f"{peak + b} bytes at {t} thread{'s' if t > 1 else ''}" for t, b in own.items())
+    print(f"peak workspace: {at} ({(peak + own[cores]) / 2**20:.2f} MiB; arena {sum(p.arena_bytes for p in plans)}, "
+          f"conv scratch {sum(p.scratch_bytes for p in plans)}, kernels' own scratch "
+          f"{' / '.join(str(b) for b in own.values())} (measured); one buffer per value would take "
           f"{sum(p.naive_bytes for p in plans)})")
     return 0

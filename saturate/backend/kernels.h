@@ -20,13 +20,15 @@
 #endif
 
 
-/* Per-step wall time, compiled in only with -DSAT_PROFILE (saturate.backend profiling builds). */
+/* Per-step time, compiled in only with -DSAT_PROFILE (saturate.backend profiling builds): wall time, or at
+ * one thread the caller's CPU time, which time slices lost to other processes on a shared machine do not
+ * inflate. */
 #ifdef SAT_PROFILE
 #include <time.h>
 static double sat_step_seconds[1 << 16];
 static inline double sat_now(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(sat_threads == 1 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &t);
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 #define SAT_TIC double sat_t0 = sat_now();
@@ -41,6 +43,7 @@ double *sat_profile(void) { return sat_step_seconds; }
 typedef void (*sat_epi)(float *y, int64_t off, int64_t len);
 
 #include "dconv.h"
+#include "vec.h"
 
 
 static inline int64_t sat_clamp(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
@@ -108,54 +111,6 @@ static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, 
 #endif
     }
     free(tmp);
-}
-
-/* Convolution where each output channel reads one input channel (depthwise and its multiples). */
-typedef struct {
-    const float *x, *w;
-    float *y;
-    int C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw;
-    sat_epi epi;
-} sat_dw_args;
-
-static void sat_dw_plane(void *ctx, int64_t nm, int tid) {
-    const sat_dw_args *a = ctx;
-    const int C = a->C, H = a->H, W = a->W, M = a->M, KH = a->KH, KW = a->KW, OH = a->OH, OW = a->OW;
-    const int sh = a->sh, sw = a->sw, ph = a->ph, pw = a->pw, dh = a->dh, dw = a->dw;
-    const int64_t P = (int64_t)OH * OW, n = nm / M;
-    const int m = (int)(nm % M);
-    const float *xi = a->x + (n * C + m / (M / C)) * (int64_t)H * W;
-    const float *wk = a->w + (int64_t)m * KH * KW;
-    float *yo = a->y + nm * P;
-    (void)tid;
-    for (int oh = 0; oh < OH; oh++) {
-        float *row = yo + (int64_t)oh * OW;
-        for (int ow = 0; ow < OW; ow++) row[ow] = 0.0f;
-        for (int kh = 0; kh < KH; kh++) {
-            const int ih = oh * sh - ph + kh * dh;
-            if (ih < 0 || ih >= H) continue;
-            const float *xr = xi + (int64_t)ih * W;
-            for (int kw = 0; kw < KW; kw++) {
-                const float wv = wk[kh * KW + kw];
-                const int iw0 = kw * dw - pw;
-                int lo, hi;
-                sat_valid_cols_s(iw0, sw, W, OW, &lo, &hi);
-                const float *s = xr + iw0;
-                if (sw == 1)
-                    for (int ow = lo; ow < hi; ow++) row[ow] += wv * s[ow];
-                else
-                    for (int ow = lo; ow < hi; ow++) row[ow] += wv * s[ow * sw];
-            }
-        }
-    }
-    if (a->epi) a->epi(a->y, nm * P, P);
-}
-
-static void sat_conv_depthwise(const float *x, const float *w, float *y, int N, int C, int H, int W, int M,
-                               int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,
-                               sat_epi epi) {
-    sat_dw_args a = {x, w, y, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi};
-    sat_parallel((int64_t)N * M, sat_dw_plane, &a);
 }
 
 /* Output rows per im2col tile: the column tile stays near `sat_tile_bytes` so it is still in
@@ -313,6 +268,10 @@ static void sat_conv2d(const float *x, const float *w, const float *wp, int64_t 
 #ifndef SAT_HAVE_PACKED_GEMM
     wp = NULL;
 #endif
+    if (!wp && (int64_t)OH * OW <= SAT_DOT_MAXP && K >= SAT_DOT_MINK) {
+        sat_conv_dot(x, w, y, col, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, epi);
+        return;
+    }
     if (sat_threads == 1) {
         for (int n = 0; n < N; n++)
             for (int g = 0; g < G; g++)
@@ -340,8 +299,13 @@ static void sat_conv2d(const float *x, const float *w, const float *wp, int64_t 
 /* C[yoff ..] (M x N) = alpha * op(A) op(B), then the epilogue row by row. */
 static void sat_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                      int ldb, float *Y, int64_t yoff, sat_epi epi) {
-    scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
-                      alpha, A, lda, B, ldb, 0.0f, Y + yoff, N);
+    if (!ta && tb && M <= SAT_DOT_MAXP && K >= SAT_DOT_MINK)
+        sat_dot(A, lda, M, B, ldb, N, K, Y + yoff, N, 1, alpha, NULL, NULL, 0);
+    else if (!ta && !tb && M <= SAT_SKINNY)
+        sat_skinny_nn(M, N, K, alpha, A, lda, B, ldb, Y + yoff);
+    else
+        scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
+                          alpha, A, lda, B, ldb, 0.0f, Y + yoff, N);
     if (epi)
         for (int m = 0; m < M; m++) epi(Y, yoff + (int64_t)m * N, N);
 }

@@ -12,6 +12,9 @@ from saturate.core.ir import Graph, Node
 ALIGN = 64
 # Bytes of one im2col tile (the C kernel reads this from the emitted program).
 TILE_BYTES = int(os.environ.get("SATURATE_TILE_BYTES", 192 * 1024))
+# Convs with at most this many output pixels, and at least this reduction length, run as dot products
+# of their transposed columns (sat_conv_dot; SAT_DOT_MAXP and SAT_DOT_MINK in vec.h).
+DOT_MAXP, DOT_MINK = 16, 32
 # Kernels whose output loop can apply an epilogue while the row is still in cache.
 EPILOGUE_HOSTS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
                   "BatchNormalization", "LayerNormalization"} | ELEMENTWISE_UNARY | ELEMENTWISE_BINARY
@@ -138,10 +141,12 @@ def im2col_bytes(step: Step, shapes: dict, packed: bool, constants=()) -> int:
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w)
     group = int(node.attr("group", 1))
+    k = (x[1] // group) * win.kh * win.kw
+    if w[1] != 1 and win.oh * win.ow <= DOT_MAXP and k >= DOT_MINK:
+        return k * win.oh * win.ow * 4  # sat_conv_dot's transposed columns (convs not on packed weights)
     if w[1] == 1 or (win.kh == win.kw == 1 and win.sh == win.sw == 1 and win.ph == win.pw == 0
                      and (win.oh, win.ow) == ((x[2] if len(x) == 4 else 1), x[-1])):
         return 0
-    k = (x[1] // group) * win.kh * win.kw
     cols = tile_rows(k, win.oh, win.ow) * win.ow
     return k * (-(-cols // 32) * 32 if packed else cols) * 4
 

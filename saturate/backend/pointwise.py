@@ -143,10 +143,10 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
         rhs = "v" if b == chain_input else operand(b)
         return f"{fn}({lhs}, {rhs})"
     if op == "HardSwish":
-        return "v * fminf(fmaxf(v * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f)"
+        return "v * sat_clampf(v * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f)"
     if op == "HardSigmoid":
         alpha, beta = c_float(node.attr("alpha", 0.2)), c_float(node.attr("beta", 0.5))
-        return f"fminf(fmaxf(v * {alpha} + {beta}, 0.0f), 1.0f)"
+        return f"sat_clampf(v * {alpha} + {beta}, 0.0f, 1.0f)"
     if op == "Swish":
         return f"v / (1.0f + sat_expf(-{c_float(node.attr('alpha', 1.0))} * v))"
     if op == "Gelu":
@@ -175,7 +175,7 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
         return "v > 0.0f ? v : 0.0f"
     if op == "Clip":
         lo, hi = clip_bounds(node, graph)
-        return f"fminf(fmaxf(v, {c_float(lo)}), {c_float(hi)})"
+        return f"sat_clampf(v, {c_float(lo)}, {c_float(hi)})"
     if op == "LeakyRelu":
         return f"v >= 0.0f ? v : {c_float(node.attr('alpha', 0.01))} * v"
     if op == "Sigmoid":
@@ -183,7 +183,7 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
     if op == "Tanh":
         return "tanhf(v)"
     if op == "Erf":
-        return "erff(v)"
+        return "sat_erff(v)"
     if op == "Neg":
         return "-v"
     if op == "Sqrt":

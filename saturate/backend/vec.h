@@ -1,0 +1,366 @@
+/* C backend portable SIMD: GCC vector extensions, so one source compiles to AVX-512 (16 lanes), AVX2
+ * (8 lanes) or narrower targets, and the non-AVX-512 path runs and is tested on every machine.
+ * Kernels here: depthwise convolution and matrix products with few rows (classifier heads). */
+#ifndef SATURATE_VEC_H
+#define SATURATE_VEC_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define SAT_VL 16
+#else
+#define SAT_VL 8
+#endif
+
+typedef float sat_vf __attribute__((vector_size(SAT_VL * sizeof(float))));
+
+/* Unaligned load and store through memcpy: one vmovups, and no aliasing question. */
+static inline sat_vf sat_vload(const float *p) {
+    sat_vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void sat_vstore(float *p, sat_vf v) { memcpy(p, &v, sizeof v); }
+
+static inline float sat_vsum(sat_vf v) {
+    float s = 0.0f;
+    for (int i = 0; i < SAT_VL; i++) s += v[i];
+    return s;
+}
+
+/* A per-thread buffer of at least `floats` floats, grown on demand and kept for the next call. */
+static float *sat_thread_buf(float **buf, size_t *cap, size_t floats) {
+    if (*cap < floats) {
+        free(*buf);
+        *buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        *cap = *buf ? floats : 0;
+    }
+    return *buf;
+}
+
+/* ---- depthwise convolution ---------------------------------------------------------------------
+ * Each output channel m reads input channel m / mult (mult = M / C). Per input channel, the rows the
+ * window touches are copied once into a zero-padded plane, split by column phase when the stride sw
+ * exceeds 1 (phase p holds padded columns p, p + sw, p + 2 sw, ...). Output column ow of tap (kh, kw)
+ * then reads phase (kw dw) % sw at index ow + (kw dw) / sw of padded row oh sh + kh dh, so a run of
+ * SAT_VL outputs is one unaligned load per tap, for any stride, dilation and padding, with no bounds
+ * tests in the loop. Phase rows carry SAT_VL spare columns, so the last run's load stays inside. */
+typedef struct {
+    const float *x, *w;
+    float *y;
+    int C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw;
+    int Hp, Wp, Wq;      /* padded rows and columns, floats per phase row */
+    const int64_t *toff; /* per tap (kh, kw): its offset into the padded plane */
+    sat_epi epi;
+} sat_dw_args;
+
+static float *sat_dw_buf[SAT_MAX_THREADS];
+static size_t sat_dw_cap[SAT_MAX_THREADS];
+
+/* Loops gcc would otherwise turn into memset and memcpy calls, which cost more than they save on the
+ * short rows of small planes. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define SAT_NO_LIBCALLS __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define SAT_NO_LIBCALLS
+#endif
+
+/* Copy input plane xi (H x W) into the phase-split padded plane xs (Wp padded columns are read). Input
+ * column iw is padded column iw + pw: phase (iw + pw) % sw, index (iw + pw) / sw. */
+SAT_NO_LIBCALLS static void sat_dw_pad(const float *restrict xi, float *restrict xs, int H, int W, int Hp, int Wp,
+                                       int Wq, int sw, int ph, int pw) {
+    const int n = W < Wp - pw ? W : Wp - pw; /* input columns the window reaches */
+    for (int r = 0; r < Hp; r++) {
+        const int ih = r - ph;
+        const float *s = xi + (int64_t)ih * W;
+        float *d = xs + (int64_t)r * Wq; /* phase 0; phase p is p * Hp * Wq further */
+        const int64_t ps = (int64_t)Hp * Wq;
+        if (ih < 0 || ih >= H || n <= 0) {
+            for (int p = 0; p < sw; p++)
+                for (int j = 0; j < Wq; j++) d[p * ps + j] = 0.0f;
+            continue;
+        }
+        if (sw == 1) {
+            for (int j = 0; j < pw; j++) d[j] = 0.0f;
+            for (int j = 0; j < n; j++) d[pw + j] = s[j];
+            for (int j = pw + n; j < Wq; j++) d[j] = 0.0f;
+            continue;
+        }
+        for (int p = 0; p < sw; p++)
+            for (int j = 0; j < Wq; j++) d[p * ps + j] = 0.0f;
+        if (sw == 2) {
+            /* even input columns land in one phase, odd ones in the other: two unit-stride runs */
+            float *d0 = d + (pw & 1) * ps + (pw >> 1), *d1 = d + ((pw + 1) & 1) * ps + ((pw + 1) >> 1);
+            for (int i = 0; i < n / 2; i++) {
+                d0[i] = s[2 * i];
+                d1[i] = s[2 * i + 1];
+            }
+            if (n & 1) d0[n / 2] = s[n - 1];
+            continue;
+        }
+        for (int iw = 0; iw < n; iw++) d[(iw + pw) % sw * ps + (iw + pw) / sw] = s[iw];
+    }
+}
+
+/* Stores a run of SAT_VL outputs, or its first `len` when the row ends inside it. */
+static inline void sat_vstore_part(float *p, sat_vf v, int len) {
+    if (len >= SAT_VL) {
+        sat_vstore(p, v);
+        return;
+    }
+    float tail[SAT_VL];
+    sat_vstore(tail, v);
+    memcpy(p, tail, sizeof(float) * (size_t)len);
+}
+
+/* One output plane: y[oh][ow] = sum_t wk[t] * xs[oh rs + toff[t] + ow], rs the padded floats between
+ * output rows. Each weight broadcast feeds four independent accumulators (a row's four runs where the
+ * row is wide, else one run of four rows), which also hides the add latency of each chain. */
+static inline void sat_dw_plane(const float *xs, int64_t rs, const int64_t *toff, const float *wk, int T, float *y,
+                                int OH, int OW) {
+    const int wide = OW / (4 * SAT_VL) * (4 * SAT_VL);
+    for (int oh = 0; oh < OH && wide; oh++)
+        for (int ow = 0; ow < wide; ow += 4 * SAT_VL) {
+            const float *base = xs + oh * rs + ow;
+            sat_vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (int t = 0; t < T; t++) {
+                const float *s = base + toff[t];
+                const float wv = wk[t];
+                a0 += wv * sat_vload(s);
+                a1 += wv * sat_vload(s + SAT_VL);
+                a2 += wv * sat_vload(s + 2 * SAT_VL);
+                a3 += wv * sat_vload(s + 3 * SAT_VL);
+            }
+            float *yr = y + (int64_t)oh * OW + ow;
+            sat_vstore(yr, a0);
+            sat_vstore(yr + SAT_VL, a1);
+            sat_vstore(yr + 2 * SAT_VL, a2);
+            sat_vstore(yr + 3 * SAT_VL, a3);
+        }
+    for (int ow = wide; ow < OW; ow += SAT_VL)
+        for (int oh = 0; oh < OH; oh += 4) {
+            const int nr = OH - oh < 4 ? OH - oh : 4;
+            /* rows past the last repeat it, so every load stays inside the padded plane */
+            const float *b0 = xs + oh * rs + ow, *b1 = nr > 1 ? b0 + rs : b0, *b2 = nr > 2 ? b0 + 2 * rs : b0,
+                        *b3 = nr > 3 ? b0 + 3 * rs : b0;
+            sat_vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (int t = 0; t < T; t++) {
+                const int64_t o = toff[t];
+                const float wv = wk[t];
+                a0 += wv * sat_vload(b0 + o);
+                a1 += wv * sat_vload(b1 + o);
+                a2 += wv * sat_vload(b2 + o);
+                a3 += wv * sat_vload(b3 + o);
+            }
+            float *yr = y + (int64_t)oh * OW + ow;
+            const int len = OW - ow;
+            sat_vstore_part(yr, a0, len);
+            if (nr > 1) sat_vstore_part(yr + OW, a1, len);
+            if (nr > 2) sat_vstore_part(yr + 2 * OW, a2, len);
+            if (nr > 3) sat_vstore_part(yr + 3 * OW, a3, len);
+        }
+}
+
+/* Work item: one input channel of one image and its `mult` output channels, epilogue per plane. */
+static void sat_dw_channel(void *ctx, int64_t nc, int tid) {
+    const sat_dw_args *a = ctx;
+    const int C = a->C, T = a->KH * a->KW, Hp = a->Hp, Wq = a->Wq, sw = a->sw, mult = a->M / a->C;
+    const int64_t n = nc / C, c = nc % C, P = (int64_t)a->OH * a->OW;
+    float *xs = sat_thread_buf(&sat_dw_buf[tid], &sat_dw_cap[tid], (size_t)sw * Hp * Wq);
+    if (!xs) abort();
+    sat_dw_pad(a->x + nc * a->H * a->W, xs, a->H, a->W, Hp, a->Wp, Wq, sw, a->ph, a->pw);
+    for (int k = 0; k < mult; k++) {
+        const int64_t m = c * mult + k, plane = (n * a->M + m) * P;
+        sat_dw_plane(xs, (int64_t)a->sh * Wq, a->toff, a->w + m * T, T, a->y + plane, a->OH, a->OW);
+        if (a->epi) a->epi(a->y, plane, P);
+    }
+}
+
+static void sat_conv_depthwise(const float *x, const float *w, float *y, int N, int C, int H, int W, int M,
+                               int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,
+                               sat_epi epi) {
+    const int Hp = (OH - 1) * sh + (KH - 1) * dh + 1, Wp = (OW - 1) * sw + (KW - 1) * dw + 1;
+    const int Wq = (Wp + sw - 1) / sw + SAT_VL;
+    int64_t toff[KH * KW];
+    for (int kh = 0; kh < KH; kh++)
+        for (int kw = 0; kw < KW; kw++) {
+            const int cc = kw * dw;
+            toff[kh * KW + kw] = ((int64_t)(cc % sw) * Hp + (int64_t)kh * dh) * Wq + cc / sw;
+        }
+    sat_dw_args a = {x, w, y, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, Hp, Wp, Wq, toff, epi};
+    if ((int64_t)OH * OW > 0) sat_parallel((int64_t)N * C, sat_dw_channel, &a);
+}
+
+/* ---- products with few rows ----------------------------------------------------------------------
+ * C[i ci + j cj] = alpha * dot(A[i], B[j]) over K: every output is a dot product of two contiguous rows.
+ * This serves the products where one side has few rows (a classifier head's one input, the 9 pixels of
+ * a 3x3 feature map) and the other, B, is a large weight matrix read once: a general sgemm packs all of
+ * it and fills its register tile with few useful columns. Blocks of 4 rows of B by 3 rows of A keep
+ * twelve accumulators; A's rows stay in cache while B streams past once. */
+static void sat_dot_rows(const float *A, int64_t lda, int na, const float *B, int64_t ldb, int j0, int j1, int K,
+                         float *C, int64_t ci, int64_t cj, float alpha) {
+    const int kv = K / SAT_VL * SAT_VL;
+    for (int j = j0; j < j1; j += 4) {
+        const int nj = j1 - j < 4 ? j1 - j : 4;
+        /* rows past the block's end repeat its first, so every load is a real row */
+        const float *b0 = B + (int64_t)j * ldb, *b1 = nj > 1 ? b0 + ldb : b0, *b2 = nj > 2 ? b0 + 2 * ldb : b0,
+                    *b3 = nj > 3 ? b0 + 3 * ldb : b0;
+        for (int i = 0; i < na; i += 3) {
+            const int ni = na - i < 3 ? na - i : 3;
+            const float *x0 = A + (int64_t)i * lda, *x1 = ni > 1 ? x0 + lda : x0, *x2 = ni > 2 ? x0 + 2 * lda : x0;
+            sat_vf s00 = {0}, s01 = {0}, s02 = {0}, s03 = {0}, s10 = {0}, s11 = {0}, s12 = {0}, s13 = {0},
+                   s20 = {0}, s21 = {0}, s22 = {0}, s23 = {0};
+            for (int k = 0; k < kv; k += SAT_VL) {
+                const sat_vf v0 = sat_vload(x0 + k), v1 = sat_vload(x1 + k), v2 = sat_vload(x2 + k);
+                sat_vf w = sat_vload(b0 + k);
+                s00 += v0 * w, s10 += v1 * w, s20 += v2 * w;
+                w = sat_vload(b1 + k);
+                s01 += v0 * w, s11 += v1 * w, s21 += v2 * w;
+                w = sat_vload(b2 + k);
+                s02 += v0 * w, s12 += v1 * w, s22 += v2 * w;
+                w = sat_vload(b3 + k);
+                s03 += v0 * w, s13 += v1 * w, s23 += v2 * w;
+            }
+            float r[3][4] = {{sat_vsum(s00), sat_vsum(s01), sat_vsum(s02), sat_vsum(s03)},
+                             {sat_vsum(s10), sat_vsum(s11), sat_vsum(s12), sat_vsum(s13)},
+                             {sat_vsum(s20), sat_vsum(s21), sat_vsum(s22), sat_vsum(s23)}};
+            const float *xs[3] = {x0, x1, x2}, *bs[4] = {b0, b1, b2, b3};
+            for (int k = kv; k < K; k++)
+                for (int ii = 0; ii < 3; ii++)
+                    for (int jj = 0; jj < 4; jj++) r[ii][jj] += xs[ii][k] * bs[jj][k];
+            for (int ii = 0; ii < ni; ii++)
+                for (int jj = 0; jj < nj; jj++) C[(int64_t)(i + ii) * ci + (int64_t)(j + jj) * cj] = alpha * r[ii][jj];
+        }
+    }
+}
+
+typedef struct {
+    const float *A, *B;
+    float *C;
+    int64_t lda, ldb, ci, cj;
+    int na, nb, K, per;
+    float alpha;
+    sat_epi epi;     /* applied to rows of B's side: C + j cj, na long (a conv's output channels) */
+    int64_t epi_off; /* flat index of C[0] in the epilogue's tensor */
+    float *epi_base;
+} sat_dot_args;
+
+static void sat_dot_item(void *ctx, int64_t item, int tid) {
+    const sat_dot_args *a = ctx;
+    const int j0 = (int)item * a->per, j1 = j0 + a->per < a->nb ? j0 + a->per : a->nb;
+    (void)tid;
+    sat_dot_rows(a->A, a->lda, a->na, a->B, a->ldb, j0, j1, a->K, a->C, a->ci, a->cj, a->alpha);
+    if (a->epi)
+        for (int j = j0; j < j1; j++) a->epi(a->epi_base, a->epi_off + (int64_t)j * a->cj, a->na);
+}
+
+/* Threads split B's rows, in items of about 64 KB of B. */
+static void sat_dot(const float *A, int64_t lda, int na, const float *B, int64_t ldb, int nb, int K, float *C,
+                    int64_t ci, int64_t cj, float alpha, sat_epi epi, float *epi_base, int64_t epi_off) {
+    int per = (int)(16384 / (K > 0 ? K : 1));
+    per = per < 4 ? 4 : (per + 3) / 4 * 4;
+    sat_dot_args a = {A, B, C, lda, ldb, ci, cj, na, nb, K, per, alpha, epi, epi_off, epi_base};
+    sat_parallel((nb + per - 1) / per, sat_dot_item, &a);
+}
+
+/* Y (M x N) = alpha * A (M x K) * B (K x N) for M <= SAT_SKINNY: runs of 2 SAT_VL columns of B, read once,
+ * every row of A at once. */
+#define SAT_SKINNY 4
+
+typedef struct {
+    const float *A, *B;
+    float *Y;
+    int M, N, K, lda, ldb, per;
+    float alpha;
+} sat_skinny_args;
+
+static void sat_skinny_item(void *ctx, int64_t item, int tid) {
+    const sat_skinny_args *a = ctx;
+    const int j0 = (int)item * a->per, j1 = j0 + a->per < a->N ? j0 + a->per : a->N;
+    const int K = a->K, M = a->M;
+    (void)tid;
+    for (int j = j0; j < j1; j += 2 * SAT_VL) {
+        const int nj = j1 - j < 2 * SAT_VL ? j1 - j : 2 * SAT_VL;
+        sat_vf acc[SAT_SKINNY][2];
+        memset(acc, 0, sizeof acc);
+        float run[2 * SAT_VL];
+        memset(run, 0, sizeof run);
+        for (int k = 0; k < K; k++) {
+            const float *br = a->B + (int64_t)k * a->ldb + j;
+            sat_vf b0, b1;
+            if (nj == 2 * SAT_VL) {
+                b0 = sat_vload(br);
+                b1 = sat_vload(br + SAT_VL);
+            } else {
+                /* the last columns go through a zero-padded run, so no load passes the row's end */
+                memcpy(run, br, sizeof(float) * (size_t)nj);
+                b0 = sat_vload(run);
+                b1 = sat_vload(run + SAT_VL);
+            }
+            for (int m = 0; m < M; m++) {
+                const float xv = a->A[(int64_t)m * a->lda + k];
+                acc[m][0] += xv * b0;
+                acc[m][1] += xv * b1;
+            }
+        }
+        for (int m = 0; m < M; m++) {
+            float out[2 * SAT_VL];
+            sat_vstore(out, acc[m][0] * a->alpha);
+            sat_vstore(out + SAT_VL, acc[m][1] * a->alpha);
+            memcpy(a->Y + (int64_t)m * a->N + j, out, sizeof(float) * (size_t)nj);
+        }
+    }
+}
+
+static void sat_skinny_nn(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                          float *Y) {
+    int per = (int)(16384 / (K > 0 ? K : 1));
+    per = (per + 2 * SAT_VL - 1) / (2 * SAT_VL) * (2 * SAT_VL);
+    if (per < 2 * SAT_VL) per = 2 * SAT_VL;
+    sat_skinny_args a = {A, B, Y, M, N, K, lda, ldb, per, alpha};
+    sat_parallel((N + per - 1) / per, sat_skinny_item, &a);
+}
+
+/* Largest pixel count (and least reduction length) of a conv run as dot products of its transposed
+ * columns with each channel's weights (sat_conv_dot): past it the sgemm register tile fills. */
+#define SAT_DOT_MAXP 16
+#define SAT_DOT_MINK 32
+
+/* Output pixels [p0, p1) of one image (C x H x W) unfolded transposed: xt[(p - p0) K + (c KH + kh) KW + kw]. */
+static void sat_im2row(const float *x, float *xt, int C, int H, int W, int KH, int KW, int OW, int sh, int sw,
+                       int ph, int pw, int dh, int dw, int p0, int p1) {
+    const int K = C * KH * KW;
+    for (int p = p0; p < p1; p++) {
+        const int oh = p / OW, ow = p % OW;
+        float *d = xt + (int64_t)(p - p0) * K;
+        for (int c = 0; c < C; c++)
+            for (int kh = 0; kh < KH; kh++) {
+                const int ih = oh * sh - ph + kh * dh;
+                for (int kw = 0; kw < KW; kw++) {
+                    const int iw = ow * sw - pw + kw * dw;
+                    *d++ = ih >= 0 && ih < H && iw >= 0 && iw < W ? x[((int64_t)c * H + ih) * W + iw] : 0.0f;
+                }
+            }
+    }
+}
+
+/* Grouped conv with at most SAT_DOT_MAXP output pixels: per (image, group) its P x K unfolded rows go to
+ * `xt` (scratch), then every output channel is P dot products with its weight row (OIHW rows are
+ * contiguous K-long), threads splitting channels; the epilogue runs per channel. */
+static void sat_conv_dot(const float *x, const float *w, float *y, float *xt, int N, int C, int H, int W, int M,
+                         int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int G,
+                         sat_epi epi) {
+    const int Cg = C / G, Mg = M / G, K = Cg * KH * KW, P = OH * OW;
+    for (int n = 0; n < N; n++)
+        for (int g = 0; g < G; g++) {
+            sat_im2row(x + ((int64_t)n * C + (int64_t)g * Cg) * H * W, xt, Cg, H, W, KH, KW, OW, sh, sw, ph, pw, dh,
+                       dw, 0, P);
+            const int64_t off = ((int64_t)n * M + (int64_t)g * Mg) * P;
+            sat_dot(xt, K, P, w + (int64_t)g * Mg * K, K, Mg, K, y + off, 1, P, 1.0f, epi, y, off);
+        }
+}
+
+#endif

@@ -1,0 +1,106 @@
+"""C backend: the portable vector kernels (vec.h) against the reference interpreter and ONNX Runtime:
+depthwise convolution, convs with few output pixels run as dot products, products with few rows, and
+the call-free erf. Shapes are chosen to reach every branch: rows wider than four vectors and narrower
+than one, strides 1 to 3 (phase-split padded planes), dilation, asymmetric pads, channel multipliers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backend_util import check_three_way, make
+from saturate.core.ir import Node
+
+pytestmark = pytest.mark.compiler
+
+
+def arr(seed: int, shape) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+DEPTHWISE = [
+    # (input N, C, H, W), multiplier, kernel (kh, kw), attrs
+    ((1, 8, 9, 9), 1, (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 5, 13, 70), 1, (3, 3), {"pads": [1, 1, 1, 1]}),                     # rows of 4+ vectors, two images
+    ((1, 6, 12, 12), 1, (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 4, 11, 37), 1, (5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),  # odd sizes, stride 2
+    ((1, 3, 3, 3), 1, (5, 5), {"pads": [2, 2, 2, 2]}),                       # kernel larger than the plane
+    ((1, 4, 10, 17), 1, (3, 3), {"pads": [0, 1, 2, 0], "strides": [1, 3]}),  # asymmetric pads, stride 3
+    ((1, 4, 15, 15), 1, (3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 3, 14, 19), 1, (3, 3), {"pads": [2, 3, 2, 3], "dilations": [2, 3], "strides": [2, 2]}),
+    ((1, 3, 9, 9), 2, (3, 3), {"pads": [1, 1, 1, 1]}),                       # channel multiplier 2
+    ((1, 2, 16, 16), 3, (5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),  # multiplier 3, stride 2
+    ((1, 4, 8, 8), 1, (1, 1), {}),
+    ((1, 4, 20, 20), 1, (7, 7), {"pads": [3, 3, 3, 3]}),
+    ((1, 5, 1, 40), 1, (1, 3), {"pads": [0, 1, 0, 1]}),                      # one row
+    ((1, 4, 9, 9), 1, (3, 3), {}),                                             # no pads
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape,mult,kernel,attrs", DEPTHWISE)
+def test_depthwise_conv_geometries(xshape, mult, kernel, attrs, threads):
+    c = xshape[1]
+    consts = {"w": arr(1, (c * mult, 1) + kernel), "b": arr(2, (c * mult,))}
+    g = make([Node("Conv", ["x", "w", "b"], ["y"], {"group": c, **attrs})], {"x": xshape}, consts)
+    check_three_way(g, threads=threads)
+
+
+@pytest.mark.parametrize("act", ["Relu", "HardSwish", "Clip"])
+def test_depthwise_conv_fused_bias_and_activation(act):
+    consts = {"w": arr(3, (24, 1, 5, 5)), "b": arr(4, (24,))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], {"group": 24, "pads": [2, 2, 2, 2], "strides": [2, 2]})]
+    if act == "Clip":
+        consts.update(lo=np.float32(0.0), hi=np.float32(6.0))
+        nodes.append(Node("Clip", ["c", "lo", "hi"], ["y"]))
+    else:
+        nodes.append(Node(act, ["c"], ["y"]))
+    check_three_way(make(nodes, {"x": (1, 24, 14, 14)}, consts))
+
+
+DOT_CONVS = [
+    # (input shape, weight shape, attrs): at most 16 output pixels and a reduction of 32 or more
+    ((1, 96, 3, 3), (160, 96, 1, 1), {}),                                     # 1x1 on a 3x3 map
+    ((1, 64, 3, 3), (70, 64, 3, 3), {"pads": [1, 1, 1, 1]}),                  # 3x3 on 3x3, odd channels
+    ((2, 40, 7, 7), (33, 40, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 48, 4, 4), (18, 24, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),
+    ((1, 37, 5, 3), (9, 37, 2, 2), {"dilations": [2, 1]}),                    # K not a multiple of a vector
+    ((1, 130, 1, 1), (1001, 130, 1, 1), {}),                                  # a conv classifier head
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape,wshape,attrs", DOT_CONVS)
+def test_convs_with_few_pixels_run_as_dot_products(xshape, wshape, attrs, threads):
+    consts = {"w": arr(5, wshape) * np.float32(0.2), "b": arr(6, (wshape[0],))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node("Relu", ["c"], ["y"])]
+    check_three_way(make(nodes, {"x": xshape}, consts), threads=threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k,n,trans_b", [(1, 1024, 1000, 1), (3, 77, 45, 1), (16, 33, 9, 1), (1, 8, 5, 1),
+                                           (1, 300, 70, 0), (4, 19, 33, 0), (2, 64, 16, 0)])
+def test_gemm_with_few_rows(m, k, n, trans_b, threads):
+    consts = {"w": arr(7, (n, k) if trans_b else (k, n)), "b": arr(8, (n,))}
+    nodes = [Node("Gemm", ["x", "w", "b"], ["g"], {"transB": trans_b, "alpha": 0.5}), Node("Relu", ["g"], ["y"])]
+    check_three_way(make(nodes, {"x": (m, k)}, consts), threads=threads)
+
+
+def test_matmul_of_one_token():
+    consts = {"w": arr(9, (192, 576))}
+    check_three_way(make([Node("MatMul", ["x", "w"], ["y"])], {"x": (1, 1, 192)}, consts))
+
+
+def test_erf_and_gelu_epilogues_over_a_wide_range():
+    # below |x| = 1 the series, above it the rational form: both sides of the switch and the tails
+    g = make([Node("Mul", ["x", "s"], ["u"]), Node("Erf", ["u"], ["e"]), Node("Mul", ["e", "x"], ["y"])],
+             {"x": (4, 300)}, {"s": np.float32(2.5)})
+    check_three_way(g)
+    x = np.concatenate([np.linspace(-6, 6, 4001), np.geomspace(1e-6, 1, 200)]).astype(np.float32).reshape(1, -1)
+    from saturate.backend import compile_graph
+
+    got = compile_graph(make([Node("Erf", ["x"], ["y"])], {"x": x.shape}))({"x": x})["y"]
+    from math import erf
+
+    ref = np.array([erf(float(v)) for v in x.reshape(-1)]).reshape(x.shape)
+    assert float(np.max(np.abs(got - ref) / np.maximum(np.abs(ref), 1e-30))) < 5e-7

@@ -29,6 +29,25 @@ def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def check_shapes(graph, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Every --input-shape names an input fed at run time and keeps its static dims."""
+    inputs = [i for i in graph.inputs if i not in graph.constants]
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise SaturateError(f"--input-shape '{name}': the model has no input '{name}'; its inputs are "
+                                + ", ".join(f"'{i}'" for i in inputs))
+        known = graph.info(name).shape
+        if known is None:
+            continue
+        if len(known) != len(dims):
+            raise SaturateError(f"--input-shape '{name}': input '{name}' has rank {len(known)} "
+                                f"({'x'.join(map(str, known))}), not {len(dims)}")
+        for k, (d, given) in enumerate(zip(known, dims)):
+            if isinstance(d, int) and d != given:
+                raise SaturateError(f"--input-shape '{name}': dim {k} of input '{name}' is static, {d}, "
+                                    f"not {given}")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="a .onnx file, a text graph (.sat) or example:NAME")
     parser.add_argument("-o", "--output", required=True, metavar="DIR",
@@ -49,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(Path(args.output))  # before any work
     with status(args.quiet, "load") as shown:
         graph = load_graph(args.model)
+        shapes = parse_shapes(args.input_shape)
+        check_shapes(graph, shapes)
         shown.stage("compile")
-        model = compile_graph(graph, out_dir=args.output, input_shapes=parse_shapes(args.input_shape))
+        model = compile_graph(graph, out_dir=args.output, input_shapes=shapes)
     from saturate.backend.build import EXTENSION
 
     segs = model.segments

@@ -163,7 +163,21 @@ class _Build(Transformer):
         return ("default", None, self._cost(items[0]))
 
     def _cost(self, item) -> CostFn | None:
-        return None if isinstance(item, Token) and item.type == "UNSUPPORTED" else self._need(item)
+        if isinstance(item, Token) and item.type == "UNSUPPORTED":
+            return None
+        fn, line = self._need(item), item[1].line
+        # The formula as written: what follows `=` (an op's cost) or `default` on its line.
+        text = self.lines[line - 1].split("#", 1)[0]
+        text = text.split("=", 1)[1] if "=" in text else text.strip()[len("default"):]
+        where = f"{self.file}:{line}: cost formula '{text.strip()}'"
+
+        def cost(f: _Facts) -> float:
+            try:
+                return fn(f)
+            except ZeroDivisionError:
+                shape = "x".join(map(str, f.out.shape)) if f.out is not None and f.out.shape is not None else "?"
+                raise SaturateError(f"{where} divides by zero for {f.op} (output {shape})") from None
+        return cost
 
     def preserve_decl(self, items):
         return ("preserve", items[0], tuple(str(t) for t in items))
@@ -233,7 +247,7 @@ class _Build(Transformer):
         return self._binary(items, lambda x, y: x * y)
 
     def div(self, items):
-        return self._binary(items, lambda x, y: x / y if y else math.inf)
+        return self._binary(items, lambda x, y: x / y)     # by zero: _cost names the formula
 
     def neg(self, items):
         a, tok = self._need(items[0]), items[0][1]

@@ -44,6 +44,9 @@ class Report:
         return {
             "ops_before": self.ops_before, "ops_after": self.ops_after,
             "stop_reason": self.run.stop_reason, "iterations": self.run.iterations,
+            "held_back": [{"rule": name, "at": self.run.locations.get(name, ""), "limit": limit}
+                          for name, limit in sorted(self.run.held_back.items())],
+            "peak_egraph_nodes": self.run.peak_nodes, "peak_rss_bytes": self.run.peak_rss,
             "egraph_sizes": self.run.sizes, "times": {k: round(v, 6) for k, v in self.times.items()},
             "cost_before": _finite(self.cost_before), "cost_after": _finite(self.cost_after),
             "kept_original": self.kept_original, "rules_loaded": self.rules,

@@ -193,6 +193,99 @@ def test_constant_expressions_that_never_evaluate_end_in_a_graph_not_a_failure(t
     assert graph.op_counts() == examples.build("vgg").op_counts()
 
 
+# ---- limits hold inside an iteration --------------------------------------------------------------
+
+# Commutativity and associativity of Add, fed by a rule that keeps making Adds: the matches of one
+# step grow about fourfold per iteration, so a single step soon outlasts any limit checked between
+# iterations (the e-graph went from 320k to 937k e-nodes in one step under a 500k limit).
+GROWING = """ruleset grow level 1
+rule add-comm Add(a, b) <=> Add(b, a)
+rule add-assoc Add(Add(a, b), c) <=> Add(a, Add(b, c))
+rule more-adds Relu(x) => Relu(Add(x, Sub(x, x)))
+"""
+
+
+def _growing_rules(tmp_path: Path):
+    from saturate.lang.parser import load_rules
+
+    path = tmp_path / "grow.rules"
+    path.write_text(GROWING)
+    return load_rules([str(path)], level=3)
+
+
+def _same_outputs(graph, want) -> None:
+    feeds = examples.random_inputs(want)
+    expected = run_graph(want, feeds)
+    for name, got in run_graph(graph, feeds).items():
+        np.testing.assert_allclose(got, expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_the_node_limit_holds_inside_an_iteration(tmp_path):
+    from saturate.pipeline import optimize
+
+    want = examples.build("vgg")
+    out, report = optimize(want, _growing_rules(tmp_path), max_nodes=20_000)
+    run = report.run
+    # Between iterations the e-graph went 14,199 -> 39,269; the step that would pass the limit
+    # is split, and the rules whose step would not fit are held back.
+    assert run.stop_reason == "node limit" and run.peak_nodes <= 20_000
+    assert max(run.sizes) <= 20_000
+    assert "add-assoc" in run.held_back and set(run.held_back.values()) == {"node limit"}
+    assert "more-adds" not in run.held_back and run.matches["more-adds"] > 0
+    _same_outputs(out, want)
+
+
+def test_a_limit_writes_the_best_graph_with_the_reason_and_the_peak(tmp_path, capsys):
+    (tmp_path / "grow.rules").write_text(GROWING)
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    assert main(["optimize", "example:vgg", "--no-std", "--rules", str(tmp_path / "grow.rules"), "-o", str(out),
+                 "--max-nodes", "20000", "--report", str(report)]) == 0
+    line = capsys.readouterr().out
+    assert "node limit" in line and "best graph found so far (peak " in line and " MiB)" in line, line
+    import json
+    data = json.loads(report.read_text())
+    assert data["stop_reason"] == "node limit" and 0 < data["peak_egraph_nodes"] <= 20_000
+    assert data["peak_rss_bytes"] > 0
+    assert {h["rule"] for h in data["held_back"]} >= {"add-assoc"}
+    assert all(h["at"].startswith(str(tmp_path / "grow.rules")) for h in data["held_back"])
+    _same_outputs(load_graph(str(out)), examples.build("vgg"))
+
+
+@pytest.mark.slow
+def test_the_time_limit_holds_inside_an_iteration(tmp_path):
+    from saturate.pipeline import optimize
+
+    # Iterations end near 0.8 s, 2.2 s and 8 s: a limit checked between them overran 4 s by half.
+    want = examples.build("vgg")
+    out, report = optimize(want, _growing_rules(tmp_path), timeout=4.0, max_nodes=10_000_000)
+    assert report.run.stop_reason == "time limit"
+    assert report.run.seconds <= 4.0 * 1.1, report.run.seconds
+    _same_outputs(out, want)
+
+
+# ---- misleading messages --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,words", [
+    ("input=2x64", ("--input-shape 'input'", "no input 'input'", "its inputs are 'x'")),
+    ("x=3x64", ("--input-shape 'x'", "dim 0 of input 'x' is static, 2, not 3")),
+    ("x=2x64x1", ("input 'x' has rank 2",)),
+])
+def test_input_shapes_that_do_not_fit_the_model_are_refused(tmp_path, capsys, shape, words):
+    out = tmp_path / "c"
+    assert main(["compile", "example:mlp", "-o", str(out), "--input-shape", shape, "--quiet"]) == 2
+    _one_error_line(capsys, *words)
+    assert not out.exists()
+
+
+def test_a_target_formula_dividing_by_zero_names_its_line(tmp_path, capsys):
+    target = tmp_path / "dz.target"
+    target.write_text('target dz "divides"\ndefault flops + bytes\nop Relu = flops / (inputs - 1)  # one input\n')
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", "example:vgg", "-o", str(out), "--target", str(target)]) == 2
+    _one_error_line(capsys, f"{target}:3: cost formula 'flops / (inputs - 1)' divides by zero for Relu")
+    assert not out.exists()
+
+
 # ---- compile -o DIR: assembled beside DIR, renamed into place ---------------------------------------
 
 @pytest.mark.compiler

@@ -178,9 +178,14 @@ def summary_line(report, output: str) -> str:
                for op in sorted(set(before) | set(after)) if before.get(op, 0) != after.get(op, 0)]
     stop = f"{data['stop_reason']} after {data['iterations']} iterations"
     if report.run.hit_limit:
-        stop += ", best graph found so far"
+        stop += f", best graph found so far ({_peak(report)})"
     return (f"wrote {output}: {sum(before.values())} -> {sum(after.values())} nodes"
             f" ({', '.join(changed) or 'no change'}); {stop}; {sum(data['times'].values()):.2f} s")
+
+
+def _peak(report) -> str:
+    """The largest e-graph saturation built and the memory the process peaked at."""
+    return f"peak {report.run.peak_nodes} e-nodes, {report.run.peak_rss / 2**20:.0f} MiB"
 
 
 def _progress(iteration: int, size: int, seconds: float, matches: dict[str, int]) -> None:
@@ -194,6 +199,8 @@ def format_report(report) -> str:
     data = report.to_json()
     lines = [f"stopped: {data['stop_reason']} after {data['iterations']} iterations"
              + (" (best graph found so far)" if report.run.hit_limit else ""),
+             _peak(report) + "".join(f"; {m['rule']} ({m['at']}) held back by the {m['limit']}"
+                                     for m in data["held_back"]),
              "e-graph size per iteration: " + " ".join(str(s) for s in data["egraph_sizes"]),
              "time per stage: " + "  ".join(f"{k} {v:.3f} s" for k, v in data["times"].items()),
              f"cost: {report.cost_before:.0f} -> {report.cost_after:.0f}"

@@ -48,6 +48,12 @@ class CompiledRule:
     text: list[str] = field(default_factory=list)
 
     @property
+    def group(self) -> str:
+        """The egglog ruleset of this rule's matching side, its own so that saturation can run
+        it alone (saturate.engine.saturation splits a step that would overrun a limit)."""
+        return f"g{self.index}"
+
+    @property
     def label(self) -> str:
         suffix = " (reverse)" if self.direction == "reverse" else ""
         return f"{self.rule.name}{suffix}"
@@ -204,14 +210,15 @@ def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
         cr.checked = True
     body = c.rhs(cr.rhs)
     query = " ".join(c.atoms)
+    cr.text.append(f"(ruleset {cr.group})")
     if not cr.checked:
-        cr.text.append(f'(rule ({query}) ((union root {body})) :name "{cr.name}")')
+        cr.text.append(f'(rule ({query}) ((union root {body})) :ruleset {cr.group} :name "{cr.name}")')
         return
     cand = " ".join(cr.cand_columns())
     sorts = ["T"] * (1 + len(cr.vars)) + ["i64"] * len(cr.lhs_ops)
     ok_sorts = sorts + ["i64"] * sum(1 for r in cr.rhs_ops if r.column) + ["T"] * len(cr.extras)
     cr.text.append(f"(relation Cand_{cr.index} ({' '.join(sorts)}))")
     cr.text.append(f"(relation Ok_{cr.index} ({' '.join(ok_sorts)}))")
-    cr.text.append(f'(rule ({query}) ((Cand_{cr.index} {cand})) :name "m{cr.name}")')
+    cr.text.append(f'(rule ({query}) ((Cand_{cr.index} {cand})) :ruleset {cr.group} :name "m{cr.name}")')
     ok = " ".join(cr.ok_columns())
     cr.text.append(f'(rule ((Ok_{cr.index} {ok})) ((union root {body})) :ruleset apply :name "{cr.name}")')

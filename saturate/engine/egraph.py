@@ -102,5 +102,11 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
     return view
 
 
+def node_count(sizes: list[tuple[str, int]]) -> int:
+    """E-nodes in constructor tables, counted as read_egraph counts them, from egglog's
+    `(print-size)` rows: the size of the e-graph without reading a single row of it."""
+    return sum(n for name, n in sizes if name.split("_", 1)[0] in _KINDS)
+
+
 _KINDS = {"Inp": "inp", "Const": "const", "Lit": "lit", "Absent": "absent", "Out": "out",
           "Op": "op", "Opq": "opq", "K": "k"}

@@ -1,19 +1,36 @@
-"""Run stage: egglog saturation one iteration at a time, under limits, with guards checked in Python."""
+"""Run stage: egglog saturation one iteration at a time, under limits, with guards checked in Python.
+
+The limits hold inside an iteration, not only between iterations. An egglog step cannot be
+stopped once it has started, so each one is forecast before it runs: a rule's matches from how
+they grew over its last steps, the seconds and new e-nodes of a match from the last steps, the
+Python work after the step (reading the e-graph back, checking guards) from the e-graph's size.
+A step of every rule at once runs when its forecast fits in the time and the e-nodes left.
+Otherwise the rules run one at a time (each has its own ruleset), cheapest first, each only if
+its own forecast still fits; a rule that does not fit is held back for the rest of the run, since
+what is left only shrinks. Held-back rules end saturation with the limit that held them, and
+the e-graph as it stands is what extraction reads: the best graph found so far.
+"""
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from saturate.engine.egraph import read_egraph
+from saturate.engine.egraph import node_count, read_egraph
 from saturate.engine.encode import Encoding, chunks
 from saturate.engine.compile_rules import CompiledRule
 from saturate.engine.facts import Facts
 from saturate.engine.guards import Checker
 
 
-STEP = "(run facts 1)\n(run 1)"
+FACTS, APPLY, SIZE = "(run facts 1)", "(run apply 1)", "(print-size)"
+MAX_GROWTH = 64.0       # a rule's matches are forecast to grow at most this much in one step
+# Forecast seconds count this much more: a step's matches and the machine's load both vary, and
+# stopping a little early costs less than overrunning the limit.
+TIME_MARGIN = 1.5
 
 
 @dataclass
@@ -26,10 +43,70 @@ class RunReport:
     matches: dict[str, int] = field(default_factory=dict)       # rule label -> matches
     locations: dict[str, str] = field(default_factory=dict)     # rule label -> file:line
     seconds: float = 0.0
+    peak_nodes: int = 0                                          # largest e-graph seen, in e-nodes
+    peak_rss: int = 0                                            # the process's peak memory, bytes
+    held_back: dict[str, str] = field(default_factory=dict)     # rule label -> limit that held it
 
     @property
     def hit_limit(self) -> bool:
         return self.stop_reason != "saturated"
+
+
+class _Egg:
+    """egglog commands, each parsed once: parsing a command costs more than a small step."""
+
+    def __init__(self, eg: Any):
+        self.eg = eg
+        self.parsed: dict[str, list] = {}
+
+    def __call__(self, text: str) -> list:
+        commands = self.parsed.get(text)
+        if commands is None:
+            commands = self.parsed[text] = self.eg.parse_program(text)
+        return self.eg.run_program(*commands)
+
+    def size(self) -> int:
+        return node_count(self(SIZE)[-1].sizes)
+
+
+@dataclass
+class _Group:
+    """One rule's matching side, in its own ruleset, and how its last steps went."""
+
+    rule: CompiledRule
+    names: tuple[str, ...]              # egglog rules of the group: a rewrite, or a match rule
+    matches: int = 0                    # in its last step
+    before: int = 0                     # in the step before that
+    seconds_per_match: float | None = None   # measured when it last ran alone
+    nodes_per_match: float | None = None     # likewise (a rewrite's; a match rule adds none itself)
+
+    def forecast(self) -> int:
+        """Matches of its next step: the last count, grown as it grew the step before."""
+        growth = self.matches / self.before if self.before else 1.0
+        return math.ceil(self.matches * min(MAX_GROWTH, max(1.0, growth)))
+
+    def record(self, matches: int) -> None:
+        self.before, self.matches = self.matches, matches
+
+
+@dataclass
+class _Forecast:
+    """What steps cost lately: fixed seconds per egglog call, seconds and e-nodes per match,
+    and seconds of Python work per e-node after a step."""
+
+    call: float = 0.0
+    per_match: float = 0.0
+    nodes_per_match: float = 0.0
+    tail_per_node: float = 0.0
+
+    def step(self, groups: list[_Group]) -> tuple[float, float]:
+        """Seconds and new e-nodes of one step of `groups` together."""
+        seconds, nodes = self.call, 0.0
+        for g in groups:
+            n = g.forecast()
+            seconds += n * (g.seconds_per_match if g.seconds_per_match is not None else self.per_match)
+            nodes += n * max(self.nodes_per_match, g.nodes_per_match or 0.0)
+        return seconds, nodes
 
 
 def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: int,
@@ -45,46 +122,149 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
     checked = [cr for cr in rules if cr.checked]
     relations = tuple(f"Cand_{cr.index}" for cr in checked)
     checker = Checker(eg, enc)
+    egg = _Egg(eg)
+    groups = [_Group(cr, (cr.name, f"m{cr.name}")) for cr in rules]
+    step_set = _combine(egg, groups, 0)
+    held: dict[str, str] = {}          # group ruleset -> the limit that held it back
     cache: dict = {}
     start = time.perf_counter()
     view = read_egraph(eg, relations)
     report.sizes.append(view.size)
+    size = view.size
+    report.peak_nodes = size
+    cost = _Forecast()
     dirty = False
     report.stop_reason = "iteration limit"
     while report.iterations < max_iterations:
         if time.perf_counter() - start > timeout:
             report.stop_reason = "time limit"
             break
-        if view.size > max_nodes:
+        if size > max_nodes:
             report.stop_reason = "node limit"
             break
-        # Facts first (which e-classes are constant; one pass suffices: no fact depends on another).
-        out = eg.run_program(*eg.parse_program(STEP))
-        run = out[-1].report
-        report.iterations += 1
+        active = [g for g in groups if g.rule.group not in held]
+        if groups and not active:
+            report.stop_reason = next(iter(held.values()))
+            break
+
+        def fits(seconds: float, nodes: float, size: int = size) -> str | None:
+            """The limit work of this forecast, on an e-graph of `size`, would break (or None)."""
+            after = size + nodes
+            ahead = TIME_MARGIN * (seconds + cost.tail_per_node * after)
+            if time.perf_counter() - start + ahead > timeout:
+                return "time limit"
+            return "node limit" if after > max_nodes else None
+
+        egg(FACTS)
+        before = size
         step: dict[str, int] = {}
-        _count(run, by_name, step)
+        matched = 0
+        if report.iterations == 0 or fits(*cost.step(active)) is None:
+            # One step of every rule at once, the ordinary case.
+            c = time.perf_counter()
+            run = egg(f"(run {step_set} 1)")[-1].report
+            seconds = time.perf_counter() - c
+            updated = run.updated
+            for g in active:
+                g.record(sum(run.num_matches_per_rule.get(n, 0) for n in g.names))
+                matched += g.matches
+            _count(run, by_name, step)
+            cost.call = seconds if report.iterations == 0 else min(cost.call, seconds)
+            cost.per_match = max(seconds - cost.call, 0.0) / max(matched, 1)
+        else:
+            ran, updated, matched, size = _one_at_a_time(egg, active, cost, fits, held, by_name, step, size)
+            report.peak_nodes = max(report.peak_nodes, size)
+            if not ran:
+                # Every rule is held back: nothing changed, and reading the e-graph again would
+                # only spend time the limit does not leave.
+                report.stop_reason = next(iter(held.values()))
+                break
+            if held:
+                step_set = _combine(egg, [g for g in groups if g.rule.group not in held], report.iterations + 1)
+        t = time.perf_counter()
+        report.iterations += 1
         view = read_egraph(eg, relations)
-        report.sizes.append(view.size)
         facts = Facts(view, enc, cache)
         commands = checker.check(checked, view, facts)
         if commands:
             for piece in chunks(commands):
                 eg.run_program(*eg.parse_program(piece))
             # Apply the checked rewrites now, so one iteration is one step of every rule.
-            _count(eg.run_program(*eg.parse_program("(run apply 1)"))[-1].report, by_name, step)
+            _count(egg(APPLY)[-1].report, by_name, step)
         dirty = bool(commands)
+        new_size = egg.size() if dirty else view.size
+        cost.nodes_per_match = max(new_size - before, 0) / max(matched, 1)
+        size = new_size
+        report.sizes.append(size)
+        report.peak_nodes = max(report.peak_nodes, size)
         for label, n in step.items():
             report.matches[label] += n
         if progress is not None:
             progress(report.iterations, view.size, time.perf_counter() - start, step)
-        if not run.updated and not commands:
-            report.stop_reason = "saturated"
+        cost.tail_per_node = (time.perf_counter() - t) / max(size, 1)
+        if not updated and not commands:
+            report.stop_reason = next(iter(held.values()), "saturated")
             break
     if dirty:
-        view = read_egraph(eg, relations)
+        # The rewrites applied after the last read are not in `view`. Reading them costs time
+        # the limit may not have left; the view without them is still a sound e-graph.
+        if report.stop_reason != "time limit" or (time.perf_counter() - start
+                                                  + cost.tail_per_node * size <= timeout):
+            view = read_egraph(eg, relations)
+    if held:
+        # The first limit reached is the reason, even if the other rules went on to another.
+        report.stop_reason = next(iter(held.values()))
+    report.held_back = {g.rule.label: held[g.rule.group] for g in groups if g.rule.group in held}
     report.seconds = time.perf_counter() - start
+    report.peak_rss = peak_rss()
     return report, Facts(view, enc, cache)
+
+
+def peak_rss() -> int:
+    """The process's peak resident memory in bytes so far (0 where the OS does not say)."""
+    try:
+        import resource
+    except ImportError:        # not on POSIX
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024     # macOS counts bytes, Linux KiB
+
+
+def _combine(egg: _Egg, groups: list[_Group], k: int) -> str:
+    """A ruleset running `groups` together (every rule's matching side, less those held back)."""
+    name = f"step{k}"
+    if groups:
+        egg(f"(unstable-combined-ruleset {name} {' '.join(g.rule.group for g in groups)})")
+    else:
+        egg(f"(ruleset {name})")
+    return name
+
+
+def _one_at_a_time(egg: _Egg, active: list[_Group], cost: _Forecast, fits: Callable,
+                   held: dict[str, str], by_name: dict[str, CompiledRule], step: dict[str, int],
+                   size: int) -> tuple[bool, bool, int, int]:
+    """One step of each rule alone, cheapest forecast first; a rule whose forecast does not fit
+    what is left is held back. Returns whether any rule ran, whether anything changed, the
+    matches and the new size."""
+    ran, updated, matched = False, False, 0
+    for g in sorted(active, key=lambda g: (cost.step([g])[0], g.rule.index)):
+        limit = fits(*cost.step([g]), size)
+        if limit is not None:
+            held[g.rule.group] = limit
+            continue
+        c, ran = time.perf_counter(), True
+        run = egg(f"(run {g.rule.group} 1)")[-1].report
+        seconds = time.perf_counter() - c
+        g.record(sum(run.num_matches_per_rule.get(n, 0) for n in g.names))
+        g.seconds_per_match = max(seconds - cost.call, 0.0) / max(g.matches, 1)
+        matched += g.matches
+        updated = updated or run.updated
+        _count(run, by_name, step)
+        new_size = egg.size()
+        if not g.rule.checked:
+            g.nodes_per_match = max(new_size - size, 0) / max(g.matches, 1)
+        size = new_size
+    return ran, updated, matched, size
 
 
 def _count(run: Any, by_name: dict[str, CompiledRule], into: dict[str, int]) -> None:

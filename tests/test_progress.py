@@ -39,9 +39,10 @@ def terminal(monkeypatch):
 
 def test_optimize_shows_each_iteration_and_the_egraph_size_on_a_terminal(terminal, tmp_path):
     terminal = terminal()
-    assert main(["optimize", "example:vgg", "-o", str(tmp_path / "v.onnx")]) == 0
+    assert main(["optimize", "example:vgg", "-o", str(tmp_path / "v.onnx"), "--html", str(tmp_path / "r.html")]) == 0
     shown = terminal.getvalue()
     assert "saturate, iteration 1, e-graph " in shown and " nodes [" in shown
+    assert all(f"\r{stage} [" in shown for stage in ("load", "export", "html"))
     assert shown.rstrip(" ").endswith("\r"), "the progress line is erased when the run ends"
 
 
@@ -156,3 +157,14 @@ def test_the_cli_on_a_pseudo_terminal_shows_progress_and_on_a_pipe_does_not(tmp_
     assert "saturate, iteration 1, e-graph" in _on_a_terminal(argv)
     piped = subprocess.run([sys.executable, "-c", _CHILD, *argv], capture_output=True, text=True, check=True)
     assert "iteration" not in piped.stderr and "\r" not in piped.stderr and piped.stdout.startswith("wrote ")
+
+
+def test_the_library_prints_nothing_and_calls_back_after_each_iteration(capsys):
+    import saturate
+    from saturate.frontend import examples
+
+    calls = []
+    _, report = saturate.optimize(examples.build("vgg"), progress=lambda *args: calls.append(args))
+    assert [c[0] for c in calls] == list(range(1, report.run.iterations + 1))
+    assert [c[1] for c in calls] == report.run.sizes[1:] and all(isinstance(c[3], dict) for c in calls)
+    assert capsys.readouterr() == ("", "")

@@ -258,3 +258,52 @@ def test_report_renders_in_headless_chromium(tmp_path):
     assert len(parsed.rows["rules"]) > 1 and parsed.points["egraph-plot"] == len(report.run.sizes)
     for svg, graph in (("graph-before", before), ("graph-after", after)):
         assert sum("node" in b["class"].split() for b in parsed.boxes[svg]) == len(graph.nodes)
+
+
+# ---- the README's picture --------------------------------------------------------------------------
+
+README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+
+
+def test_every_image_the_readme_shows_is_a_small_png_in_the_repository():
+    text = open(README, encoding="utf-8").read()
+    links = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text)
+    assert "saturate/report/report.png" in links, "the README shows a picture of a report"
+    for link in links:
+        assert "://" not in link, f"{link}: the README's pictures live in the repository"
+        path = os.path.join(os.path.dirname(README), link)
+        assert os.path.isfile(path), f"{link}: no such file"
+        data = open(path, "rb").read()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 300_000, f"{link}: not a PNG under 300 KB"
+
+
+def test_the_picture_is_cropped_to_the_page_and_stored_with_a_palette(tmp_path):
+    from PIL import Image, ImageDraw
+
+    from saturate.report.picture import BACKGROUND_MARGIN, trim_and_pack
+
+    shot = Image.new("RGB", (300, 900), (250, 250, 250))
+    ImageDraw.Draw(shot).rectangle((20, 30, 200, 400), fill=(212, 240, 208), outline=(60, 140, 60))
+    shot.save(tmp_path / "shot.png")
+    trim_and_pack(tmp_path / "shot.png", tmp_path / "out.png")
+    packed = Image.open(tmp_path / "out.png")
+    assert packed.mode == "P" and packed.size == (300, 401 + BACKGROUND_MARGIN)
+    assert packed.convert("RGB").getpixel((100, 200)) == (212, 240, 208)
+    Image.new("RGB", (50, 50), (250, 250, 250)).save(tmp_path / "blank.png")
+    with pytest.raises(Exception, match="drew nothing"):
+        trim_and_pack(tmp_path / "blank.png", tmp_path / "out.png")
+
+
+@pytest.mark.slow
+def test_the_picture_command_draws_a_report(tmp_path, capsys):
+    if _chromium() is None:
+        pytest.skip("chromium is not installed (CI installs it: apt-get install chromium)")
+    from PIL import Image
+
+    from saturate.report.picture import run
+
+    assert run(["--model", "example:mlp", "-o", str(tmp_path / "mlp.png"), "--width", "900"]) == 0
+    picture = Image.open(tmp_path / "mlp.png")
+    assert picture.width == 900 and 400 < picture.height < 4000
+    assert len(picture.getcolors(256)) > 8, "a drawn page, not a blank one"
+    assert "wrote" in capsys.readouterr().out

@@ -38,18 +38,32 @@ def node_costs(facts: Facts, cost: Callable, banned: set) -> dict[tuple, int | N
     """Cost of every e-node: zero for leaves and constant expressions, the target's for ops."""
     costs: dict[tuple, int | None] = {}
     attrs = facts.enc.attr_sets
+    # E-nodes of one op with the same attributes and types cost the same; a grown e-graph holds
+    # many of them, and the target's formula is the slowest part of extraction.
+    same: dict[tuple, int | None] = {}
     for cls, nodes in facts.view.classes.items():
         for node in nodes:
             key = (cls, node)
             if key in banned:
                 costs[key] = INF
             elif node.kind == "op":
-                op, a = attrs[node.key]
-                c = cost(op, a, [facts.info(ch) for ch in node.children], facts.info(cls))
-                costs[key] = INF if c is None or not math.isfinite(c) else int(math.ceil(c))
+                ins, out = [facts.info(ch) for ch in node.children], facts.info(cls)
+                sig = (node.key, tuple(map(_typed, ins)), _typed(out))
+                if sig not in same:
+                    op, a = attrs[node.key]
+                    c = cost(op, a, ins, out)
+                    same[sig] = INF if c is None or not math.isfinite(c) else int(math.ceil(c))
+                costs[key] = same[sig]
             else:
                 costs[key] = 0
     return costs
+
+
+def _typed(info: Any) -> tuple | None:
+    """What a cost can read of a value's type, as a dictionary key."""
+    if info is None:
+        return None
+    return info.dtype, None if info.shape is None else tuple(info.shape)
 
 
 def greedy(facts: Facts, costs: dict) -> tuple[dict[Any, tuple[int, ENode]], dict[Any, Any]]:

@@ -161,7 +161,7 @@ static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int6
         for (int q = q0; q < q1; q++) {
             const int64_t p0 = (int64_t)q * R;
             const int mr = P - p0 < R ? (int)(P - p0) : R;
-            const float *xr[8];
+            const float *xr[8] = {a->x}; /* mr >= 1 always; the initializer says so to the compiler */
             /* One division per tile: the rows' pixels advance along the output row, then wrap. */
             int64_t oh = p0 / OW, ow = p0 - oh * OW;
             for (int r = 0; r < mr; r++) {
@@ -187,10 +187,10 @@ typedef struct {
     const float *x;
     float *xpad;
     int H, W, Hq, Wp, ph, pw;
-} sat_pad_args;
+} sat_dconv_pad_args;
 
 static void sat_pad_plane(void *ctx, int64_t c, int tid) {
-    const sat_pad_args *a = ctx;
+    const sat_dconv_pad_args *a = ctx;
     const int H = a->H, W = a->W, Hq = a->Hq, Wp = a->Wp, ph = a->ph, pw = a->pw;
     (void)tid;
     const int len = W + pw <= Wp ? W : (Wp > pw ? Wp - pw : 0), rend = ph + H < Hq ? ph + H : Hq;
@@ -243,7 +243,7 @@ static void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, f
         for (int g = 0; g < G; g++) {
             const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
             if (!inplace) {
-                sat_pad_args pa = {xg, xpad, H, W, Hq, Wp, ph, pw};
+                sat_dconv_pad_args pa = {xg, xpad, H, W, Hq, Wp, ph, pw};
                 sat_parallel(Cg, sat_pad_plane, &pa);
             }
             sat_dconv_args a = {inplace ? xg : xpad, wp + g * wp_group, koff, y,

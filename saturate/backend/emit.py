@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -216,8 +217,11 @@ class Emitter:
             if e is None:
                 return
             rest.append(f"    v = {e};\n")
-        ptrs = "".join(f"    const float *restrict p{k} = {o.ptr};\n" for k, o in enumerate(ops) if o.ptr)
-        setup = "".join(o.setup(k) for k, o in enumerate(ops))
+        # Each function declares only the operands its own steps read (-Wall: no unused variables).
+        chan_text, vec_text = "".join(per_channel), "".join(rest)
+        ptrs = "".join(f"    const float *restrict p{k} = {o.ptr};\n" for k, o in enumerate(ops)
+                       if o.ptr and re.search(rf"\bp{k}\b", chan_text))
+        setup = "".join(o.setup(k) for k, o in enumerate(ops) if re.search(rf"\b[pb]{k}\b", vec_text))
         cname, vname = "pwc" + name[2:], "pwv" + name[2:]
         if per_channel:
             self.funcs.append(

@@ -58,6 +58,7 @@ cdef list _describe(bint outputs):
 INPUTS = _describe(False)
 OUTPUTS = _describe(True)
 WORKSPACE_BYTES = int(sat_workspace_bytes())
+_OUTPUT_NAMES = [name for name, _, _ in OUTPUTS]
 
 # The weights file the library holds (the C keeps one set per loaded library), and the heap held once
 # they were read: what the kernels hold beyond it is their scratch.
@@ -151,6 +152,8 @@ cdef class Model:
 
     def __call__(self, *args, int threads=0, **kwargs):
         """Inputs by position, by name, or as one dict; returns {output name: array}."""
+        if not kwargs and len(args) == self._nin and (self._nin != 1 or not isinstance(args[0], dict)):
+            return dict(zip(_OUTPUT_NAMES, self.run(args, threads)))
         if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
             given = dict(args[0])
         else:
@@ -164,8 +167,7 @@ cdef class Model:
         missing = [name for name, _, _ in INPUTS if name not in given]
         if missing:
             raise ValueError(f"missing input(s) {missing}")
-        outs = self.run([given[name] for name, _, _ in INPUTS], threads)
-        return {name: a for (name, _, _), a in zip(OUTPUTS, outs)}
+        return dict(zip(_OUTPUT_NAMES, self.run([given[name] for name, _, _ in INPUTS], threads)))
 
     def scratch_bytes(self, int threads=0):
         """Heap the kernels hold at the peak of one call on `threads` threads (run on zeros): each extra

@@ -108,6 +108,13 @@ class CompiledModel:
         # The one segment of a fully compiled graph (None when the graph is cut or has no C at all).
         self.emitted = segments[0].emitted if len(segments) == 1 else None
         self.workspace_bytes = sum(s.workspace_bytes for s in segments)
+        # A graph that is one C segment taking the graph's inputs and giving its outputs is called straight
+        # through the module, which checks each array itself; anything it refuses takes the path below,
+        # whose messages name the problem in the model's terms.
+        whole = self.emitted is not None and len(part.pieces) == 1
+        self._direct = segments[0] if whole and [n for n, _ in segments[0].inputs] == [n for n, _ in self.inputs] \
+            and [n for n, _ in segments[0].outputs] == [o for o, _ in self.outputs] else None
+        self._names = [o for o, _ in self.outputs]
 
     def _arrays(self, args, kwargs) -> list[np.ndarray]:
         if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
@@ -136,10 +143,19 @@ class CompiledModel:
         return arrays
 
     def __call__(self, *args, threads: int | None = None, **kwargs) -> dict[str, np.ndarray]:
+        n = int(threads or self.threads)
+        if self._direct is not None and n >= 1 and not kwargs and len(args) == len(self.inputs) \
+                and not isinstance(args[0], dict):
+            try:
+                return dict(zip(self._names, self._direct.model.run(args, n)))
+            except (TypeError, ValueError):
+                pass
+        return self._call(args, kwargs, n)
+
+    def _call(self, args, kwargs, n: int) -> dict[str, np.ndarray]:
         from saturate.interp import eval_node
 
         arrays = self._arrays(args, kwargs)
-        n = int(threads or self.threads)
         if n < 1:
             raise SaturateError(f"thread count must be at least 1, got {n}")
         g = self.partition.graph

@@ -104,3 +104,27 @@ def test_erf_and_gelu_epilogues_over_a_wide_range():
 
     ref = np.array([erf(float(v)) for v in x.reshape(-1)]).reshape(x.shape)
     assert float(np.max(np.abs(got - ref) / np.maximum(np.abs(ref), 1e-30))) < 5e-7
+
+
+def test_any_thread_count_gives_the_same_outputs():
+    from saturate.backend import compile_graph
+
+    consts = {"w": arr(10, (16, 1, 3, 3)), "v": arr(11, (40, 16, 3, 3)) * np.float32(0.2)}
+    g = make([Node("Conv", ["x", "w"], ["d"], {"group": 16, "pads": [1, 1, 1, 1]}),
+              Node("Conv", ["d", "v"], ["y"], {"pads": [1, 1, 1, 1]})], {"x": (1, 16, 19, 23)}, consts)
+    model = compile_graph(g)
+    feed = {"x": arr(12, (1, 16, 19, 23))}
+    one = model(feed, threads=1)["y"]
+    for threads in (3, 5, 200):  # more than the pool holds is clamped to it
+        np.testing.assert_allclose(model(feed, threads=threads)["y"], one, rtol=1e-5, atol=1e-5)
+
+
+def test_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
+    from saturate.backend.bench import Row, format_table, peak_gflops
+
+    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path))
+    peak = peak_gflops()
+    assert peak > 0.1 and len(list(tmp_path.glob("peak-*.json"))) == 1
+    assert peak_gflops() == peak
+    table = format_table([Row("compiled C", 2.0, 1.0, peak, None, threads=2)])
+    assert "50.0%" in table  # a row's share is of the peak times its threads

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -12,7 +13,94 @@ from saturate.backend.partition import partition
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, ValueInfo
 
-PEAK_GFLOPS = 263.0  # one core's AVX-512 FMA peak on the reference machine
+# The peak a "% peak" column divides by: one core running the conv micro-kernel on operands in L1 (the
+# AVX-512 8x32 tile where the build has it, else the vector-extension dot kernel), measured by a probe
+# built with the models' own flags, best of its timed batches, cached per kernels, flags, compiler and CPU.
+PROBE_SOURCE = r"""
+#include <stdio.h>
+#include <time.h>
+#include "kernels.h"
+
+static double sat_probe_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+int main(void) {
+    double best = 0.0;
+#ifdef SAT_HAVE_PACKED_GEMM
+    static float a[SAT_KC * SAT_MR] __attribute__((aligned(64))), b[SAT_KC * SAT_NR] __attribute__((aligned(64)));
+    static float c[SAT_MR * SAT_NR] __attribute__((aligned(64)));
+    for (int i = 0; i < SAT_KC * SAT_MR; i++) a[i] = 1e-3f * (float)(i % 7);
+    for (int i = 0; i < SAT_KC * SAT_NR; i++) b[i] = 1e-3f * (float)(i % 5);
+    const double flops = 2.0 * SAT_MR * SAT_NR * SAT_KC;
+    for (int rep = 0; rep < 30; rep++) {
+        const double t = sat_probe_now();
+        for (int i = 0; i < 400; i++) sat_kernel_8x32(SAT_KC, a, b, c, SAT_NR, 1, SAT_MR, SAT_NR);
+        const double g = 400 * flops / (sat_probe_now() - t);
+        best = g > best ? g : best;
+    }
+    const float check = c[0];
+#else
+    enum { K = 512 };
+    static float A[3 * K] __attribute__((aligned(64))), B[4 * K] __attribute__((aligned(64))), C[12];
+    for (int i = 0; i < 3 * K; i++) A[i] = 1e-3f * (float)(i % 7);
+    for (int i = 0; i < 4 * K; i++) B[i] = 1e-3f * (float)(i % 5);
+    const double flops = 2.0 * 12 * K;
+    for (int rep = 0; rep < 30; rep++) {
+        const double t = sat_probe_now();
+        for (int i = 0; i < 400; i++) {
+            sat_dot_rows(A, K, 3, B, K, 0, 4, K, C, 4, 1, 1.0f);
+            A[i % (3 * K)] += 1e-30f * C[i % 12]; /* each call depends on the last */
+        }
+        const double g = 400 * flops / (sat_probe_now() - t);
+        best = g > best ? g : best;
+    }
+    const float check = C[0];
+#endif
+    printf("%.3f %g\\n", best / 1e9, (double)check);
+    return 0;
+}
+"""
+
+
+def peak_gflops() -> float:
+    """One core's measured peak GFLOP/s (see PROBE_SOURCE), probed once per build setup and cached."""
+    import hashlib
+    import json
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from saturate.backend import build
+
+    inc, libdir, lib = build.openblas()
+    cc = build.compiler()
+    flags = build.compile_flags()
+    kernels = b"".join(p.read_bytes() for p in sorted(build.KERNELS_DIR.glob("*.h")))
+    facts = "\n".join([PROBE_SOURCE, " ".join(flags), build.compiler_version(cc), build.cpu_features()])
+    key = hashlib.sha256(kernels + facts.encode()).hexdigest()[:24]
+    cached = build.cache_root() / f"peak-{key}.json"
+    try:
+        return float(json.loads(cached.read_text())["gflops"])
+    except (OSError, ValueError, KeyError):
+        pass
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = Path(tmp) / "probe.c", Path(tmp) / "probe"
+        src.write_text(PROBE_SOURCE)
+        cmd = [cc, *flags, f"-I{build.KERNELS_DIR}", f"-I{inc}", str(src), "-o", str(exe), f"-L{libdir}", f"-l{lib}",
+               f"-Wl,-rpath,{libdir}", "-lm"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SaturateError(f"peak probe failed to compile: {(proc.stderr.strip().splitlines() or ['?'])[0]}")
+        out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    gflops = float(out[0])
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp_path = cached.with_suffix(f".{os.getpid()}.tmp")
+    tmp_path.write_text(json.dumps({"gflops": gflops, "cpu": build.cpu_features().splitlines()[0]}) + "\n")
+    os.replace(tmp_path, cached)
+    return gflops
 
 
 @dataclass
@@ -24,6 +112,7 @@ class Row:
     ratio_to_ort: float | None
     gflops: float
     rel_error: float | None
+    threads: int = 1
 
 
 def graph_flops(graph: Graph, input_shapes: dict | None = None) -> int:
@@ -39,6 +128,14 @@ def graph_flops(graph: Graph, input_shapes: dict | None = None) -> int:
         infos = [ValueInfo("float32", shapes[i]) if i else None for i in n.inputs]
         total += flops(n.op, n.attrs, infos, ValueInfo("float32", shapes[n.outputs[0]]))
     return total
+
+
+def all_cores() -> int:
+    """The cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def limit_blas_threads(threads: int) -> list[str]:
@@ -132,16 +229,18 @@ def benchmark(graph: Graph, threads: int = 1, runs: int = 10, onnx_bytes: bytes 
             continue
         ms = float(np.median(times[k])) * 1e3
         err = None if k == "onnxruntime" else max_rel_error(results[k], truth)
-        rows.append(Row(k, ms, ms / ort_ms, work / ms / 1e6, err))
+        rows.append(Row(k, ms, ms / ort_ms, work / ms / 1e6, err, threads))
     return rows
 
 
-def format_table(rows: list[Row], title: str = "") -> str:
-    """Aligned text table of benchmark rows."""
+def format_table(rows: list[Row], title: str = "", peak: float | None = None) -> str:
+    """Aligned text table of benchmark rows; "% peak" is of `peak` GFLOP/s per core (measured by
+    peak_gflops() unless given) times the row's threads."""
+    peak = peak_gflops() if peak is None else peak
     lines = [title] if title else []
     lines.append(f"{'runtime':<16} {'median ms':>10} {'vs ORT':>8} {'GFLOP/s':>9} {'% peak':>7} {'max rel err':>12}")
     for r in rows:
         err = "-" if r.rel_error is None else f"{r.rel_error:.2e}"
         lines.append(f"{r.name:<16} {r.median_ms:>10.2f} {r.ratio_to_ort:>7.2f}x {r.gflops:>9.1f} "
-                     f"{100 * r.gflops / PEAK_GFLOPS:>6.1f}% {err:>12}")
+                     f"{100 * r.gflops / (peak * r.threads):>6.1f}% {err:>12}")
     return "\n".join(lines)

@@ -25,9 +25,12 @@ static inline sat_vf sat_vload(const float *p) {
 
 static inline void sat_vstore(float *p, sat_vf v) { memcpy(p, &v, sizeof v); }
 
+/* Lanes by constant index only: a variable index would make gcc keep every vector of the caller in memory. */
 static inline float sat_vsum(sat_vf v) {
-    float s = 0.0f;
-    for (int i = 0; i < SAT_VL; i++) s += v[i];
+    float s = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+#if SAT_VL == 16
+    s += ((v[8] + v[9]) + (v[10] + v[11])) + ((v[12] + v[13]) + (v[14] + v[15]));
+#endif
     return s;
 }
 

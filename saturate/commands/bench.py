@@ -12,7 +12,8 @@ HELP = "time a model on the numpy reference, ONNX Runtime and the compiled C bac
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="a .onnx file, a text graph (.sat) or example:NAME")
-    parser.add_argument("--threads", type=int, default=1, choices=[1, 2], help="threads for ORT and C (default 1)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for ORT and C, any count (default: every core this process may use)")
     parser.add_argument("--runs", type=int, default=10, help="timed runs per runtime (default 10)")
     parser.add_argument("--optimize", action="store_true", help="run saturate.optimize first (fold BN etc.)")
     parser.add_argument("--no-reference", action="store_true", help="skip the (slow) numpy reference")
@@ -20,8 +21,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from saturate.backend.bench import format_table
+    from saturate.backend.bench import all_cores, format_table
+    from saturate.core.errors import SaturateError
 
+    if args.threads is None:
+        args.threads = all_cores()
+    if args.threads < 1:
+        raise SaturateError(f"--threads must be at least 1, got {args.threads}")
     with status(args.quiet, "load") as shown:
         graph, rows = _bench(args, shown)
     title = (f"{args.model}{' (optimized)' if args.optimize else ''}: {len(graph.nodes)} nodes, "

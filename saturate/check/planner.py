@@ -9,7 +9,7 @@ the other a broadcastable one, ...). Guards steer the drawing so that they hold:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -27,6 +27,8 @@ _UNARY = {"Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "Identi
           "Abs", "Dropout", "LeakyRelu", "Clip", "Softmax"}
 _BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod"}
 _WINDOW = {"Conv", "MaxPool", "AveragePool"}
+# Window ops over 1, 2 and 3 spatial axes; 2-D first, as models mostly hold.
+_WINDOW_RANKS = (4, 3, 5)
 # Inputs an op only defines on part of the reals: drawn inside it when they are pattern leaves.
 _DOMAINS = {("BatchNormalization", 4): "nonnegative", ("Sqrt", 0): "nonnegative", ("Log", 0): "positive"}
 
@@ -38,6 +40,18 @@ class Template:
     rank: int | None = None
     min_rank: int = 0
     fixed: tuple[tuple[int, int], ...] = ()
+    # The ranks allowed when rank is None (None: any from min_rank), most common first: the
+    # shrinker moves towards the first.
+    ranks: tuple[int, ...] | None = None
+    # Every axis from 2 on has side 1 (a global pooling's output, at any rank).
+    unit_spatial: bool = False
+
+    def allows(self, shape: tuple[int, ...]) -> bool:
+        """Whether an output of this shape fits the template."""
+        r = len(shape)
+        return ((self.rank is None or self.rank == r) and r >= self.min_rank
+                and (self.ranks is None or r in self.ranks) and all(shape[a] == s for a, s in self.fixed)
+                and (not self.unit_spatial or all(d == 1 for d in shape[2:])))
 
 
 def _num(term: Term) -> Any:
@@ -102,14 +116,14 @@ class Planner:
             return Template()
         op, args = t.op, t.args
         if op in _WINDOW:
-            return Template(rank=4)
+            return Template(min_rank=3, ranks=_WINDOW_RANKS)
         if op == "GlobalAveragePool":
-            return Template(rank=4, fixed=((2, 1), (3, 1)))
+            return Template(min_rank=3, ranks=_WINDOW_RANKS, unit_spatial=True)
         if op in ("Gemm", "Flatten"):
             return Template(rank=2)
         if op == "BatchNormalization":
             a = self.template(args[0])
-            return Template(rank=a.rank, min_rank=max(2, a.min_rank))
+            return replace(a, min_rank=max(2, a.min_rank), fixed=())
         if op == "MatMul":
             ranks = [self.template(a).rank for a in args]
             if all(r is not None for r in ranks):
@@ -119,14 +133,14 @@ class Planner:
             perm = dict(t.attrs).get("perm")
             if isinstance(perm, IntList):
                 return Template(rank=len(perm.values))
-            return Template(rank=self.template(args[0]).rank, min_rank=self.template(args[0]).min_rank)
+            return replace(self.template(args[0]), fixed=(), unit_spatial=False)
         if op == "Reshape":
             return Template(min_rank=1)
         if op == "Shape":
             return Template(rank=1)
         if op == "Concat":
             a = self.template(args[0])
-            return Template(a.rank, max(a.min_rank, 1))
+            return replace(a, min_rank=max(a.min_rank, 1), fixed=(), unit_spatial=False)
         if op in ("Cast", "CastLike"):
             return self.template(args[0])
         if op in ("Slice", "ConstantOfShape"):
@@ -136,17 +150,20 @@ class Planner:
         if op == "Expand":
             return Template()
         if op == "Pad":
-            return self.template(args[0])
+            a = self.template(args[0])
+            return replace(a, min_rank=max(a.min_rank, 1))
         if op in ("Gather", "Squeeze", "Unsqueeze"):
             return Template()
         if op in _UNARY:
             a = self.template(args[0])
-            return Template(a.rank, max(a.min_rank, 1 if op == "Softmax" else 0), a.fixed)
+            return replace(a, min_rank=max(a.min_rank, 1 if op == "Softmax" else 0))
         if op in _BINARY:
             main = self.template(args[self.main_index(t)])
             other = self.template(args[1 - self.main_index(t)])
             least = max(main.min_rank, other.rank or other.min_rank)
-            return Template(main.rank, least, main.fixed)
+            # The output keeps the main operand's template: the other operand may still be the
+            # larger one (`binary`), adding dims or sides the main one has as 1.
+            return replace(main, min_rank=least)
         raise SaturateError(f"no shape rule for op '{op}' (the checker cannot draw inputs for it)")
 
     def main_index(self, t: OpTerm) -> int:
@@ -160,17 +177,22 @@ class Planner:
 
     def shape_for(self, tmpl: Template, lo: int = 0, hi: int = MAX_RANK) -> tuple[int, ...]:
         rank = tmpl.rank
-        if rank is None:
+        if rank is None and tmpl.ranks is not None:
+            rank = self.draw(st.sampled_from(tmpl.ranks))
+        elif rank is None:
             rank = self.draw(st.integers(max(lo, tmpl.min_rank), max(hi, tmpl.min_rank)))
         shape = list(self.draw(st.tuples(*[st.integers(1, MAX_SIDE)] * rank)))
         for axis, side in tmpl.fixed:
             shape[axis] = side
+        if tmpl.unit_spatial:
+            shape[2:] = [1] * len(shape[2:])
         return tuple(shape)
 
     # ---- top-down planning ----------------------------------------------------------------
     def plan(self, pattern: Term) -> tuple[int, ...]:
-        """Plan the whole pattern; returns the output shape drawn for it."""
-        out = self.shape_for(self.template(pattern), lo=1)
+        """Plan the whole pattern; returns the output shape drawn for it (0-d included, where
+        the pattern allows it: a scalar stands wherever a tensor may)."""
+        out = self.shape_for(self.template(pattern))
         self.term(pattern, out, ())
         return out
 
@@ -193,9 +215,7 @@ class Planner:
             return
         if isinstance(t, Call):
             raise SaturateError(f"a constant expression ({t.fn}) cannot be drawn as a pattern")
-        tmpl = self.template(t)
-        assume(tmpl.rank is None or tmpl.rank == len(out))
-        assume(len(out) >= tmpl.min_rank and all(out[a] == s for a, s in tmpl.fixed))
+        assume(self.template(t).allows(out))
         op = t.op
         if op in _BINARY:
             self.binary(t, out, path)
@@ -234,18 +254,44 @@ class Planner:
             return shape
         if isinstance(t, OpTerm):
             tmpl = self.template(t)
-            rank = tmpl.rank
-            if rank is None:
-                rank = self.draw(st.integers(min(tmpl.min_rank, len(out)), len(out)))
-            assume(rank <= len(out))
-            tail = out[len(out) - rank:]
-            shape = tuple(d if self.draw(st.booleans()) else 1 for d in tail) if tmpl.rank is None else tail
-            for a, s in tmpl.fixed:
-                shape = shape[:a] + (s,) + shape[a + 1:]
-            assume(_broadcasts(shape, out))
-            self.term(t, shape, path)
-            return shape
+            if tmpl.rank is not None or tmpl.ranks is not None:
+                # An op of fixed rank (Conv beside Conv over one input) takes the full shape:
+                # a smaller one would rarely meet the other's geometry.
+                assume(tmpl.allows(out))
+                self.term(t, out, path)
+                return out
+            return self.smaller_op(t, out, out, path)  # the main operand has the full shape
         return ()
+
+    def smaller_op(self, t: OpTerm, out: tuple[int, ...], given: tuple[int, ...],
+                   path: tuple[int, ...]) -> tuple[int, ...]:
+        """Plan an op whose output broadcasts with a shape `given` (right-aligned to `out`) to
+        exactly `out`: where `given` has out's side the op may have 1 or fewer dims."""
+        tmpl = self.template(t)
+        # Leading axes the op may leave out: those `given` already has at full side.
+        free = 0
+        while free < len(out) and given[free] == out[free]:
+            free += 1
+        if tmpl.rank is not None:
+            rank = tmpl.rank
+        elif tmpl.ranks is not None:
+            options = [r for r in tmpl.ranks if len(out) - free <= r <= len(out)]
+            assume(options)
+            rank = self.draw(st.sampled_from(options))
+        else:
+            rank = self.draw(st.integers(max(min(tmpl.min_rank, len(out)), len(out) - free), len(out)))
+        assume(len(out) - free <= rank <= len(out))
+        lead = len(out) - rank
+        shape = [d if g == 1 or d == 1 or self.draw(st.booleans()) else 1
+                 for d, g in zip(out[lead:], given[lead:])]
+        for a, side in tmpl.fixed:
+            shape[a] = side
+        if tmpl.unit_spatial:
+            shape[2:] = [1] * len(shape[2:])
+        shape = tuple(shape)
+        assume(np.broadcast_shapes(shape, given) == out if _broadcasts(shape, out) else False)
+        self.term(t, shape, path)
+        return shape
 
     # ---- attributes ---------------------------------------------------------------------------
     def attributes(self, t: OpTerm, path: tuple[int, ...], draws: dict[str, Callable[[dict], Any]]) -> dict:
@@ -309,6 +355,19 @@ class Planner:
             self.bind(b, out)
             self.operand(a, out, path + (main,))
             return
+        # Now and then the other operand is larger than the main op's output (more dims, or a
+        # side where the op has 1) and broadcasts it up: Add(Conv(x, w), c) with c bigger than
+        # the conv's output. A rule that forgets this case must fail.
+        if (isinstance(a, OpTerm) and isinstance(b, Var) and b.name not in self.shapes
+                and self.draw(st.integers(0, 3)) == 3):
+            hinted = {"axis", "scalar", "rank"} & set(self.hints.get(b.name, ()))
+            if hinted:
+                shape = self.operand(b, out, path + (other,))
+            else:
+                shape = out
+                self.bind(b, shape)
+            self.smaller_op(a, out, (1,) * (len(out) - len(shape)) + tuple(shape), path + (main,))
+            return
         self.term(a, out, path + (main,))
         self.operand(b, out, path + (other,))
 
@@ -367,7 +426,7 @@ class Planner:
 
     def op_GlobalAveragePool(self, t, out, path) -> None:
         self.attributes(t, path, {})
-        sides = self.draw(st.tuples(st.integers(1, MAX_SIDE), st.integers(1, MAX_SIDE)))
+        sides = self.draw(st.tuples(*[st.integers(1, MAX_SIDE)] * (len(out) - 2)))
         self.term(t.args[0], out[:2] + sides, path + (0,))
 
     def op_BatchNormalization(self, t, out, path) -> None:
@@ -404,12 +463,19 @@ class Planner:
         self.term(t.args[1], tuple(b_batch) + (k, n), path + (1,))
 
     def op_Reshape(self, t, out, path) -> None:
-        self.attributes(t, path, {})
+        attrs = self.attributes(t, path, {})
         rank = self.draw(st.integers(1, MAX_RANK))
-        self.term(t.args[0], self.draw(factorizations(numel(out), rank)), path + (0,))
+        source = self.draw(factorizations(numel(out), rank))
+        self.term(t.args[0], source, path + (0,))
         target = list(out)
         if self.draw(st.booleans()):
             target[self.draw(st.integers(0, len(out) - 1))] = -1
+        # 0 copies the input's dim at the same index (unless allowzero=1, where it means 0):
+        # written now and then wherever the input has the output's side there.
+        if not attrs.get("allowzero"):
+            for i, (want, have) in enumerate(zip(out, source)):
+                if want == have and target[i] != -1 and self.draw(st.integers(0, 3)) == 3:
+                    target[i] = 0
         shape_arg = t.args[1]
         if isinstance(shape_arg, Var):
             self.bind(shape_arg, (len(out),))
@@ -435,8 +501,10 @@ class Planner:
         # An identity_perm guard would reject all but one of the rank! permutations.
         identity = isinstance(perm, AttrVar) and self.attr_hints.get(perm.name) == "identity"
         axes = range(len(out))
+        # An omitted perm (reversed axes) now and then: a rule reading perm must handle it.
         attrs = self.attributes(t, path, {
-            "perm": lambda a: list(axes) if identity else self.draw(st.permutations(axes))})
+            "perm": lambda a: list(axes) if identity else
+            None if self.draw(st.integers(0, 3)) == 3 else self.draw(st.permutations(axes))})
         perm = attrs["perm"]
         perm = list(range(len(out)))[::-1] if perm is None else [int(p) for p in perm]
         assume(sorted(perm) == list(range(len(out))))
@@ -505,7 +573,8 @@ class Planner:
     def op_Squeeze(self, t, out, path) -> None:
         r = len(out)
         k = self.draw(st.integers(0, max(0, MAX_RANK + 1 - r)))
-        chosen = sorted(self.draw(st.lists(st.integers(0, r + k - 1), min_size=k, max_size=k, unique=True)))
+        chosen = sorted(self.draw(st.lists(st.integers(0, r + k - 1), min_size=k, max_size=k, unique=True))
+                        ) if r + k else []
         rest = iter(out)
         shape = tuple(1 if i in chosen else next(rest) for i in range(r + k))
         axes = [a - (r + k) if self.draw(st.booleans()) else a for a in chosen]
@@ -526,8 +595,17 @@ class Planner:
         ax = int(self.attributes(t, path, {"axis": lambda _: self.draw(st.integers(-r, r - 1))})["axis"])
         ax = ax + r if ax < 0 else ax
         assume(0 <= ax < r)
-        cuts = sorted(self.draw(st.lists(st.integers(0, out[ax]), min_size=len(t.args) - 1,
-                                         max_size=len(t.args) - 1)))
+        n = len(t.args)
+        # Inputs are non-empty unless the axis is too short for that or, now and then, an
+        # empty one is drawn on purpose: the shrinker then keeps a non-empty counterexample
+        # when one shows the fault.
+        if n == 1:
+            cuts = []
+        elif out[ax] >= n and self.draw(st.integers(0, 7)) != 7:
+            cuts = sorted(self.draw(st.lists(st.integers(1, out[ax] - 1), min_size=n - 1, max_size=n - 1,
+                                             unique=True)))
+        else:
+            cuts = sorted(self.draw(st.lists(st.integers(0, out[ax]), min_size=n - 1, max_size=n - 1)))
         bounds = [0] + cuts + [out[ax]]
         for k, a in enumerate(t.args):
             self.term(a, out[:ax] + (bounds[k + 1] - bounds[k],) + out[ax + 1:], path + (k,))

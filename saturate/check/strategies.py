@@ -49,13 +49,22 @@ def broadcastable_shapes(shape: tuple[int, ...], *, min_rank: int = 0,
 
 
 def per_axis_shapes(shape: tuple[int, ...], axis: int) -> st.SearchStrategy[tuple[int, ...]]:
-    """Shapes that broadcast into `shape` and keep only `axis` (e.g. (C,1,1) or (1,C,1,1) for axis 1)."""
+    """Shapes that broadcast into `shape` and vary along `axis` only: (C,1,1) or (1,C,1,1) for
+    axis 1, and now and then a single element ((1,1,1,1), (1,) or a 0-d scalar), which varies
+    along no axis while the data's side there may be larger."""
     shape = tuple(shape)
     axis = axis + len(shape) if axis < 0 else axis
     if not 0 <= axis < len(shape):
         raise ValueError(f"axis {axis} outside a shape of rank {len(shape)}")
     full = tuple(d if i == axis else 1 for i, d in enumerate(shape))
-    return st.integers(0, axis).map(lambda drop: full[drop:])
+
+    @st.composite
+    def draw(draw) -> tuple[int, ...]:
+        if draw(st.integers(0, 3)) == 3:
+            return (1,) * draw(st.integers(0, len(shape)))
+        return full[draw(st.integers(0, axis)):]
+
+    return draw()
 
 
 # ---- values ---------------------------------------------------------------------------------

@@ -158,3 +158,14 @@ def test_cli_bad_target_file_exits_2(tmp_path, capsys):
     assert main(["targets", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"saturate: error: {path}:1:18: syntax error") and "Traceback" not in err
+
+
+def test_a_formula_dividing_by_zero_names_its_file_line_and_text():
+    t = parse_target("target dz\ndefault flops / (inputs - 1)  # zero for one input\nop Conv = bytes / dim(in1, 0)\n",
+                     "dz.target")
+    assert t.node_cost("Conv", {}, [X, W], Y) == (768 + 432 + 1024) / 4     # bytes of x, w, y over 4 filters
+    with pytest.raises(SaturateError, match=r"^dz\.target:2: cost formula 'flops / \(inputs - 1\)' divides by zero "
+                                            r"for Relu \(output 1x4x8x8\)$"):
+        t.node_cost("Relu", {}, [Y], Y)
+    with pytest.raises(SaturateError, match=r"^dz\.target:3: cost formula 'bytes / dim\(in1, 0\)' divides by zero"):
+        t.node_cost("Conv", {}, [X, ValueInfo("float32", (0, 3, 3, 3))], Y)

@@ -162,9 +162,10 @@ def test_the_gil_is_released_while_the_c_runs_and_threads_take_turns(tmp_path):
     nodes = [Node("Conv", ["x", "k0"], ["c0"], {"pads": [1, 1, 1, 1]})]
     for i in range(1, 6):
         nodes.append(Node("Conv", [f"c{i - 1}", f"k{i}"], [f"c{i}"], {"pads": [1, 1, 1, 1]}))
-    g = make(nodes, {"x": (1, 64, 56, 56)}, {f"k{i}": w(64, 64, 3, 3) * 0.05 for i in range(6)})
+    # Calls of about 0.1 s and more: far longer than the pauses a busy machine's scheduler causes.
+    g = make(nodes, {"x": (1, 64, 112, 112)}, {f"k{i}": w(64, 64, 3, 3) * 0.05 for i in range(6)})
     model = compile_graph(g)
-    feeds = [feed_for(g, seed) for seed in range(4)]
+    feeds = [feed_for(g, seed) for seed in range(2)]
     want = [model(f)["c5"] for f in feeds]
     start = time.perf_counter()
     model(feeds[0])
@@ -180,13 +181,13 @@ def test_the_gil_is_released_while_the_c_runs_and_threads_take_turns(tmp_path):
     worker.join()
     assert max(gaps) < 0.5 * call, f"longest pause {max(gaps):.3f} s in a {call:.3f} s call"
     # Concurrent calls on one model serialize inside the module: each gets its own result.
-    got = [None] * 8
-    threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, model(feeds[k % 4])["c5"])) for k in range(8)]
+    got = [None] * 4
+    threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, model(feeds[k % 2])["c5"])) for k in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert all(np.array_equal(got[k], want[k % 4]) for k in range(8))
+    assert all(np.array_equal(got[k], want[k % 2]) for k in range(4))
 
 
 def test_per_call_overhead_of_the_module_is_small(tmp_path):

@@ -273,3 +273,14 @@ def test_builds_are_warning_free_and_keyed_by_compiler_flags_and_cpu(monkeypatch
     assert "-march=x86-64-v3" in build.compile_flags() and build.build_key("int x;", b"\0") != key
     monkeypatch.setenv("SATURATE_ISA", "native")
     assert build.build_key("int x;", b"\0") == key and build.build_key("int x;", b"\1") != key
+
+
+def test_a_failed_build_names_the_source_it_keeps_and_leaves_no_partial_build(tmp_path, monkeypatch):
+    from saturate.backend import build
+
+    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path))
+    with pytest.raises(SaturateError, match=r"C compiler failed on .*failed-\w+\.c: failed-\w+\.c:1:\d+: error: .*nope") as err:
+        build.build("int f(void) { return nope; }\n", b"", "")
+    kept = Path(str(err.value).split(" on ")[1].split(": ")[0])
+    assert "return nope" in kept.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("binding-")) == [kept.name]

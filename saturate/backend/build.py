@@ -226,7 +226,13 @@ def build(source: str, weights: bytes, header: str, sanitize: bool = False, prof
             (stage / name).write_bytes(data)
         large = source.count("SAT_TOC(") > LARGE_STEPS
         obj = stage / "model.o"
-        _run(compile_command(stage / "model.c", obj, sanitize, profile, large), f"C compiler failed on {target / 'model.c'}")
+        try:
+            _run(compile_command(stage / "model.c", obj, sanitize, profile, large), "C compiler failed")
+        except SaturateError as err:  # keep the source the message speaks of
+            kept = cache_root() / f"failed-{key}.c"
+            os.replace(stage / "model.c", kept)
+            first = str(err).removeprefix("C compiler failed: ").replace(str(stage / "model.c"), kept.name)
+            raise SaturateError(f"C compiler failed on {kept}: {first}") from None
         _run(link_command([obj], stage / "model.so", sanitize), f"linking {target / 'model.so'} failed")
         _run(link_command([binding, obj], stage / EXTENSION, sanitize), f"linking {target / EXTENSION} failed")
         obj.unlink()

@@ -3,6 +3,7 @@ example, and builds for the AVX2 and portable instruction sets."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -133,6 +134,12 @@ def test_load_runs_a_directory_like_the_compiled_model_and_refuses_what_is_not_o
     (tmp_path / "empty").mkdir()
     with pytest.raises(SaturateError, match="no compiled model"):
         load(tmp_path / "empty")
+    shutil.copytree(tmp_path / "m", tmp_path / "moved")  # as if built on another machine
+    facts = json.loads((tmp_path / "moved" / "build.json").read_text())
+    assert facts["isa"] == "native" and facts["key"] == (tmp_path / "m" / "build.key").read_text()
+    (tmp_path / "moved" / "build.json").write_text(json.dumps({**facts, "cpu": "model name\t: Other CPU\nflags\t: fpu"}))
+    with pytest.raises(SaturateError, match="built with -march=native for Other CPU, not this CPU; compile it again"):
+        load(tmp_path / "moved")
     shutil.copytree(tmp_path / "m", tmp_path / "cut")  # a fresh path: the loaded library keeps its weights
     (tmp_path / "cut" / "weights.bin").write_bytes(b"\0" * 12)
     with pytest.raises(SaturateError, match="cannot load weights"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.machinery
+import json
 import os
 import platform
 import shutil
@@ -106,8 +107,9 @@ LARGE_STEPS = 400
 # The name of the model's Python extension module in a compiled directory (binding.pyx).
 MODULE = "saturate_model"
 EXTENSION = MODULE + importlib.machinery.EXTENSION_SUFFIXES[0]
-# What a compiled directory holds once its build finished (build.key is written last).
-BUILD_FILES = ("model.c", "model.h", "weights.bin", "model.so", EXTENSION, "build.key")
+# What a compiled directory holds once its build finished (build.key is written last; build.json records
+# what the build targeted, so a library built for another CPU is refused rather than run into SIGILL).
+BUILD_FILES = ("model.c", "model.h", "weights.bin", "model.so", EXTENSION, "build.json", "build.key")
 
 
 def compile_flags(sanitize: bool = False, profile: bool = False, large: bool = False) -> list[str]:
@@ -203,6 +205,22 @@ def _run(cmd: list[str], what: str) -> None:
         raise SaturateError(f"{what}: {first.strip()}")
 
 
+def runs_here(directory: Path) -> None:
+    """Refuse a build this CPU cannot run: -march=native for another CPU, or AVX-512 where it is missing."""
+    try:
+        facts = json.loads((Path(directory) / "build.json").read_text())
+        target, cpu = facts["isa"], facts["cpu"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SaturateError(f"{directory}: no readable build.json; compile the model again") from None
+    if target == "native" and cpu != cpu_features():
+        model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("model name")),
+                     "another CPU")
+        raise SaturateError(f"{directory}: built with -march=native for {model}, not this CPU; compile it again "
+                            "here, or build it with SATURATE_ISA=avx2 or portable to run it on other machines")
+    if target == "avx512" and not cpu_has_avx512():
+        raise SaturateError(f"{directory}: built for AVX-512 (SATURATE_ISA=avx512), which this CPU lacks")
+
+
 def complete(directory: Path, key: str | None = None) -> bool:
     """Whether a directory holds a finished build (of `key`, when given)."""
     stamp = directory / "build.key"
@@ -236,6 +254,9 @@ def build(source: str, weights: bytes, header: str, sanitize: bool = False, prof
         _run(link_command([obj], stage / "model.so", sanitize), f"linking {target / 'model.so'} failed")
         _run(link_command([binding, obj], stage / EXTENSION, sanitize), f"linking {target / EXTENSION} failed")
         obj.unlink()
+        facts = {"key": key, "isa": isa(), "flags": compile_flags(sanitize, profile, large),
+                 "compiler": compiler_version(compiler()), "cpu": cpu_features()}
+        (stage / "build.json").write_text(json.dumps(facts, indent=1) + "\n")
         (stage / "build.key").write_text(key)
         if target.exists():  # an unfinished or foreign directory under this name
             shutil.rmtree(target, ignore_errors=True)

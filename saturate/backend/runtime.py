@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from saturate.backend.build import BUILD_FILES, EXTENSION, MODULE, build, cpu_has_avx512, isa
+from saturate.backend.build import BUILD_FILES, EXTENSION, MODULE, build, runs_here
 from saturate.backend.capi import api_source, header
 from saturate.backend.emit import Emitted, emit
 from saturate.backend.partition import Partition, Piece, partition
@@ -31,6 +31,7 @@ def load_module(directory: Path):
     if not path.is_file():
         raise SaturateError(f"{directory}: no compiled model ({EXTENSION} is missing); "
                             "write one with 'saturate compile MODEL -o DIR'")
+    runs_here(directory)
     stamp = Path(directory) / "build.key"
     key = stamp.read_text() if stamp.is_file() else ""
     real = str(path.resolve())
@@ -58,9 +59,6 @@ class Segment:
     def __init__(self, directory: Path, emitted: Emitted | None = None):
         self.emitted = emitted
         self.directory = Path(directory)
-        if isa() == "avx512" and not cpu_has_avx512():
-            raise SaturateError(f"{self.directory}: built for AVX-512 (SATURATE_ISA=avx512), which this CPU lacks; "
-                                "it runs on a machine that has it")
         self.module = load_module(self.directory)
         try:
             self.model = self.module.Model(str(self.directory / "weights.bin"))

@@ -77,6 +77,24 @@ def test_convs_with_few_pixels_run_as_dot_products(xshape, wshape, attrs, thread
     check_three_way(make(nodes, {"x": xshape}, consts), threads=threads)
 
 
+SHORT_K_CONVS = [
+    # (input shape, weight shape, attrs): reductions of at most 64, more than 16 pixels (sat_gemm_nn)
+    ((1, 16, 48, 48), (96, 16, 1, 1), {}),                                    # a widening 1x1, whole panels
+    ((1, 16, 13, 11), (42, 16, 1, 1), {}),                                    # 143 pixels: a partial panel
+    ((2, 3, 33, 31), (32, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # a stem conv, K = 27
+    ((1, 8, 10, 10), (6, 4, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),       # grouped, 3 rows of output channels
+    ((1, 64, 9, 9), (5, 64, 1, 1), {}),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape,wshape,attrs", SHORT_K_CONVS)
+def test_convs_with_short_reductions(xshape, wshape, attrs, threads):
+    consts = {"w": arr(13, wshape) * np.float32(0.3), "b": arr(14, (wshape[0],))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node("HardSwish", ["c"], ["y"])]
+    check_three_way(make(nodes, {"x": xshape}, consts), threads=threads)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m,k,n,trans_b", [(1, 1024, 1000, 1), (3, 77, 45, 1), (16, 33, 9, 1), (1, 8, 5, 1),
                                            (1, 300, 70, 0), (4, 19, 33, 0), (2, 64, 16, 0)])

@@ -228,6 +228,9 @@ static void sat_conv_tile(const float *x, const float *w, const float *wp, int64
         if (direct) free(bp);
     } else
 #endif
+    if (K <= SAT_SHORT_K)
+        sat_gemm_nn(m1 - m0, (int)cols, K, w + ((int64_t)g * Mg + m0) * K, K, b, ldb, yt, P);
+    else
         scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m1 - m0, (int)cols, K, 1.0f,
                           w + ((int64_t)g * Mg + m0) * K, K, b, (int)ldb, 0.0f, yt, (int)P);
     if (epi)

@@ -327,6 +327,62 @@ static void sat_skinny_nn(int M, int N, int K, float alpha, const float *A, int 
     sat_parallel((N + per - 1) / per, sat_skinny_item, &a);
 }
 
+/* C (M x N, pitch ldc) = A (M x K, pitch lda) * B (K x N, pitch ldb), for convs' short reductions (a 1x1
+ * conv widening 16 channels to 96, a first layer's 27): there a general sgemm spends more time packing than
+ * multiplying. Register tile of 4 rows by 3 vectors of columns: per k, three loads of B's row and four
+ * broadcasts of A feed twelve FMAs. Column panels go outermost, so a panel of B (K x 3 SAT_VL) stays in
+ * cache while every row of A passes it. */
+#define SAT_SHORT_K 64
+
+static void sat_gemm_nn(int M, int N, int K, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
+                        int64_t ldc) {
+    enum { NB = 3 * SAT_VL };
+    float run[NB];
+    memset(run, 0, sizeof run);
+    for (int j = 0; j < N; j += NB) {
+        const int nj = N - j < NB ? N - j : NB;
+        for (int i = 0; i < M; i += 4) {
+            const int mi = M - i < 4 ? M - i : 4;
+            const float *a0 = A + (int64_t)i * lda, *a1 = mi > 1 ? a0 + lda : a0, *a2 = mi > 2 ? a0 + 2 * lda : a0,
+                        *a3 = mi > 3 ? a0 + 3 * lda : a0;
+            sat_vf c00 = {0}, c01 = {0}, c02 = {0}, c10 = {0}, c11 = {0}, c12 = {0}, c20 = {0}, c21 = {0},
+                   c22 = {0}, c30 = {0}, c31 = {0}, c32 = {0};
+            for (int k = 0; k < K; k++) {
+                const float *b = B + (int64_t)k * ldb + j;
+                if (nj < NB) {
+                    /* the last panel: through a zero-padded run, so no load passes the row's end */
+                    memcpy(run, b, sizeof(float) * (size_t)nj);
+                    b = run;
+                }
+                const sat_vf v0 = sat_vload(b), v1 = sat_vload(b + SAT_VL), v2 = sat_vload(b + 2 * SAT_VL);
+                float w = a0[k];
+                c00 += w * v0, c01 += w * v1, c02 += w * v2;
+                w = a1[k];
+                c10 += w * v0, c11 += w * v1, c12 += w * v2;
+                w = a2[k];
+                c20 += w * v0, c21 += w * v1, c22 += w * v2;
+                w = a3[k];
+                c30 += w * v0, c31 += w * v1, c32 += w * v2;
+            }
+            float *y = C + (int64_t)i * ldc + j;
+            if (nj == NB) {
+                sat_vstore(y, c00), sat_vstore(y + SAT_VL, c01), sat_vstore(y + 2 * SAT_VL, c02);
+                if (mi > 1) sat_vstore(y + ldc, c10), sat_vstore(y + ldc + SAT_VL, c11), sat_vstore(y + ldc + 2 * SAT_VL, c12);
+                y += 2 * ldc;
+                if (mi > 2) sat_vstore(y, c20), sat_vstore(y + SAT_VL, c21), sat_vstore(y + 2 * SAT_VL, c22);
+                if (mi > 3) sat_vstore(y + ldc, c30), sat_vstore(y + ldc + SAT_VL, c31), sat_vstore(y + ldc + 2 * SAT_VL, c32);
+                continue;
+            }
+            float out[4][NB];
+            sat_vstore(out[0], c00), sat_vstore(out[0] + SAT_VL, c01), sat_vstore(out[0] + 2 * SAT_VL, c02);
+            sat_vstore(out[1], c10), sat_vstore(out[1] + SAT_VL, c11), sat_vstore(out[1] + 2 * SAT_VL, c12);
+            sat_vstore(out[2], c20), sat_vstore(out[2] + SAT_VL, c21), sat_vstore(out[2] + 2 * SAT_VL, c22);
+            sat_vstore(out[3], c30), sat_vstore(out[3] + SAT_VL, c31), sat_vstore(out[3] + 2 * SAT_VL, c32);
+            for (int r = 0; r < mi; r++) memcpy(y + (int64_t)r * ldc, out[r], sizeof(float) * (size_t)nj);
+        }
+    }
+}
+
 /* Largest pixel count (and least reduction length) of a conv run as dot products of its transposed
  * columns with each channel's weights (sat_conv_dot): past it the sgemm register tile fills. */
 #define SAT_DOT_MAXP 16

@@ -217,8 +217,9 @@ def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = N
     return CompiledModel(part, [Segment(d, e) for (e, _), d in zip(built, dirs)], root, threads)
 
 
-# What a compiled output directory may hold besides BUILD_FILES and segK/ folders (cut graphs).
-CUT_FILES = ("manifest.json", "graph.onnx")
+# What a compiled output directory may hold besides BUILD_FILES and segK/ folders (cut graphs; a graph
+# past 2 GB keeps its weights in graph.onnx.data).
+CUT_FILES = ("manifest.json", "graph.onnx", "graph.onnx.data")
 
 
 def check_output_dir(root: Path) -> None:

@@ -4,8 +4,14 @@
 
 The runs of the different --jobs values are interleaved (1, 2, 1, 2, ...), so a machine whose load
 drifts slows them alike; the table gives each one's median wall time and its speed-up over the
-first. It also prints the load average before and after: on a shared machine, quote it with the
-figures. Target: N jobs close to N times faster on N free cores.
+first, the CPU seconds of all its models, and the speed-up its models' CPU seconds allow on N
+free cores (the largest first, as the batch schedules them: what imbalance leaves). Target: N
+jobs close to N times faster on N free cores.
+
+On a shared machine, wall time says little: the load average is printed before and after, and
+under Linux's scheduler autogroups (/proc/sys/kernel/sched_autogroup_enabled) each terminal
+session gets one share of the CPU, however many processes it runs, so while other sessions are
+busy a batch's workers split the share of the session that started it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,21 @@ def run_once(models: list[str], jobs: int, outdir: Path) -> tuple[float, dict]:
     return wall, json.loads((outdir / "summary.json").read_text())
 
 
+def makespan(seconds: list[float], workers: int) -> float:
+    """When the last of these jobs ends on `workers` free cores, the largest started first."""
+    ends = [0.0] * workers
+    for s in sorted(seconds, reverse=True):
+        ends[ends.index(min(ends))] += s
+    return max(ends)
+
+
+def autogroups() -> bool:
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -44,22 +65,26 @@ def main() -> int:
     from saturate.batch import expand_models
 
     models = expand_models(args.models)
-    print(f"{len(models)} models; {os.cpu_count()} cores; load average before: "
+    print(f"{len(models)} models; {os.cpu_count()} cores; scheduler autogroups "
+          f"{'on' if autogroups() else 'off'}; load average before: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     walls: dict[int, list[float]] = {n: [] for n in counts}
-    model_seconds: dict[int, float] = {}
+    cpus: dict[int, list[list[float]]] = {n: [] for n in counts}
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(args.runs):
             for n in counts:
                 wall, summary = run_once(models, n, Path(tmp) / f"jobs{n}")
                 walls[n].append(wall)
-                model_seconds[n] = sum(r["seconds"] for r in summary["results"])
+                cpus[n].append([r["cpu_seconds"] for r in summary["results"]])
                 print(f"  run {run + 1}: --jobs {n}: {wall:.1f} s", file=sys.stderr, flush=True)
     base = statistics.median(walls[counts[0]])
-    print(f"{'jobs':>4} | {'wall s':>8} | {'speed-up':>8} | {'sum of model s':>14}")
+    print(f"{'jobs':>4} | {'wall s':>8} | {'speed-up':>8} | {'model cpu s':>11} | {'free-core speed-up':>18}")
     for n in counts:
         med = statistics.median(walls[n])
-        print(f"{n:>4} | {med:>8.1f} | {base / med:>7.2f}x | {model_seconds[n]:>14.1f}")
+        # Per model, the median of its CPU seconds over the runs: one noisy run moves nothing.
+        per_model = [statistics.median(run[k] for run in cpus[n]) for k in range(len(models))]
+        bound = sum(per_model) / makespan(per_model, n)
+        print(f"{n:>4} | {med:>8.1f} | {base / med:>7.2f}x | {sum(per_model):>11.1f} | {bound:>17.2f}x")
     print(f"medians of {args.runs} interleaved runs; load average after: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0

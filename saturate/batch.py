@@ -40,6 +40,9 @@ class Outcome:
     nodes_after: int | None = None
     stop_reason: str | None = None
     error: str | None = None
+    # CPU seconds of the process (all its threads) for this model: far below `seconds` when the
+    # job waited for a core or for the disk, which wall time alone cannot tell apart from work.
+    cpu_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ def largest_first(jobs: list[Job]) -> list[int]:
 
 def optimize_job(job: Job, options: Options) -> Outcome:
     """Optimize one model and write it; every failure becomes the outcome's one-line error."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         from saturate.frontend import load_graph, save_graph
         from saturate.lang.parser import load_rules
@@ -162,14 +165,15 @@ def optimize_job(job: Job, options: Options) -> Outcome:
                                   fold_initializer_inputs=options.fold_initializer_inputs)
         save_graph(result, job.output)
         return Outcome(job.source, job.output, True, time.perf_counter() - start, len(graph.nodes),
-                       len(result.nodes), report.run.stop_reason)
+                       len(result.nodes), report.run.stop_reason, cpu_seconds=time.process_time() - cpu)
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # one model's failure (even an engine panic) must not stop the batch
         text = str(err).splitlines()[0] if str(err) else type(err).__name__
         if not isinstance(err, SaturateError):
             text = f"{type(err).__name__}: {text}"
-        return Outcome(job.source, job.output, False, time.perf_counter() - start, error=text)
+        return Outcome(job.source, job.output, False, time.perf_counter() - start, error=text,
+                       cpu_seconds=time.process_time() - cpu)
 
 
 def run_batch(jobs: list[Job], options: Options, workers: int | None = None, cluster: str | None = None,
@@ -230,7 +234,9 @@ def _run_on_ray(jobs: list[Job], options: Options, cluster: str, done) -> list[O
 def write_summary(outcomes: list[Outcome], path: str | os.PathLike, seconds: float) -> None:
     """summary.json: every model's outcome, and the batch's totals."""
     data = {"models": len(outcomes), "failed": sum(not o.ok for o in outcomes), "seconds": round(seconds, 3),
-            "results": [asdict(o) | {"seconds": round(o.seconds, 3)} for o in outcomes]}
+            "results": [asdict(o) | {"seconds": round(o.seconds, 3),
+                                     "cpu_seconds": None if o.cpu_seconds is None else round(o.cpu_seconds, 3)}
+                        for o in outcomes]}
     text = json.dumps(data, indent=2).encode("utf-8")
     write_atomic(path, lambda f: f.write(text))
 

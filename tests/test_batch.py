@@ -38,6 +38,7 @@ def test_a_directory_is_optimized_and_one_broken_model_stops_nothing(tmp_path, c
     assert not results["broken.onnx"]["ok"] and "not an ONNX model" in results["broken.onnx"]["error"]
     for name in ("vgg.onnx", "mobilenet.onnx", "mlp.onnx"):
         assert results[name]["ok"] and results[name]["nodes_after"] <= results[name]["nodes_before"]
+        assert 0 < results[name]["cpu_seconds"], "the CPU a model took, beside its wall time"
         _same_outputs(str(models / name), str(out / name))
     printed = capsys.readouterr()
     assert "3 of 4 models optimized" in printed.out and "broken.onnx" in printed.err

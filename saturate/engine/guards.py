@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 import numpy as np
@@ -26,8 +27,12 @@ class Checker:
         self.eg, self.enc = eg, enc
         self.seen: set = set()
 
-    def check(self, rules: list[CompiledRule], view: EGraphView, facts: Facts) -> list[str]:
-        """egglog commands inserting an `Ok` row for every new candidate whose guards hold."""
+    def check(self, rules: list[CompiledRule], view: EGraphView, facts: Facts,
+              deadline: float | None = None) -> list[str]:
+        """egglog commands inserting an `Ok` row for every new candidate whose guards hold.
+
+        Past `deadline` (a time.perf_counter() value) it returns what it has decided: the
+        candidates it did not reach stay undecided, for a later call."""
         self.view, self.facts = view, facts
         self.names = {cls: name for name, cls in view.lets.items()}
         self.commands: list[str] = []
@@ -38,6 +43,8 @@ class Checker:
                 key = (cr.index, row)
                 if key in self.seen:
                     continue
+                if deadline is not None and time.perf_counter() > deadline:
+                    return self.commands
                 self.seen.add(key)
                 env = dict(zip(cr.vars, row[1:1 + nv]))
                 attr_ids = [to_i64(v) for v in row[1 + nv:1 + nv + na]]

@@ -185,9 +185,16 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
         report.iterations += 1
         view = read_egraph(eg, relations)
         facts = Facts(view, enc, cache)
-        commands = checker.check(checked, view, facts)
+        # Deciding guards and inserting `Ok` rows are Python-paced work that can grow faster than
+        # the e-graph (constant expressions to evaluate, one egglog action per row): both stop at
+        # the limit, the checker between candidates and the rows between chunks. A prefix of the
+        # rows is consistent, since each row comes after the handles it names.
+        deadline = start + timeout
+        commands = checker.check(checked, view, facts, deadline)
         if commands:
             for piece in chunks(commands):
+                if time.perf_counter() > deadline:
+                    break
                 eg.run_program(*eg.parse_program(piece))
             # Apply the checked rewrites now, so one iteration is one step of every rule.
             _count(egg(APPLY)[-1].report, by_name, step)

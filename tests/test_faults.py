@@ -279,6 +279,21 @@ def test_the_time_limit_holds_while_guards_are_checked(tmp_path):
     _same_outputs(out, want)
 
 
+def test_candidates_left_undecided_at_the_limit_are_not_a_fixed_point(monkeypatch):
+    from saturate.engine.guards import Checker
+    from saturate.pipeline import optimize
+
+    # The limit arrives before the checker decides a single candidate, every iteration.
+    real = Checker.check
+    monkeypatch.setattr(Checker, "check", lambda self, rules, view, facts, deadline=None:
+                        real(self, rules, view, facts, deadline=0.0))
+    want = examples.build("vgg")
+    out, report = optimize(want, None)
+    assert report.run.stop_reason == "time limit" and report.run.hit_limit
+    assert out.op_counts()["BatchNormalization"] == want.op_counts()["BatchNormalization"]
+    _same_outputs(out, want)
+
+
 # ---- misleading messages --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape,words", [

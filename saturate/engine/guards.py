@@ -26,14 +26,16 @@ class Checker:
     def __init__(self, eg: Any, enc: Encoding):
         self.eg, self.enc = eg, enc
         self.seen: set = set()
+        self.cut = False
 
     def check(self, rules: list[CompiledRule], view: EGraphView, facts: Facts,
               deadline: float | None = None) -> list[str]:
         """egglog commands inserting an `Ok` row for every new candidate whose guards hold.
 
         Past `deadline` (a time.perf_counter() value) it returns what it has decided: the
-        candidates it did not reach stay undecided, for a later call."""
+        candidates it did not reach stay undecided, for a later call, and `cut` says so."""
         self.view, self.facts = view, facts
+        self.cut = False
         self.names = {cls: name for name, cls in view.lets.items()}
         self.commands: list[str] = []
         to_i64 = self.eg.value_to_i64
@@ -44,6 +46,7 @@ class Checker:
                 if key in self.seen:
                     continue
                 if deadline is not None and time.perf_counter() > deadline:
+                    self.cut = True
                     return self.commands
                 self.seen.add(key)
                 env = dict(zip(cr.vars, row[1:1 + nv]))

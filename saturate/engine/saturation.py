@@ -210,7 +210,8 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
             progress(report.iterations, view.size, time.perf_counter() - start, step)
         cost.tail_per_node = (time.perf_counter() - t) / max(size, 1)
         if not updated and not commands:
-            report.stop_reason = next(iter(held.values()), "saturated")
+            # Candidates the checker had no time for are not a fixed point.
+            report.stop_reason = next(iter(held.values()), "time limit" if checker.cut else "saturated")
             break
     if dirty:
         # The rewrites applied after the last read are not in `view`. Reading them costs time

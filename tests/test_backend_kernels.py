@@ -146,3 +146,19 @@ def test_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert peak_gflops() == peak
     table = format_table([Row("compiled C", 2.0, 1.0, peak, None, threads=2)])
     assert "50.0%" in table  # a row's share is of the peak times its threads
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_batched_matmul_items_that_split_their_own_product(threads):
+    # one item per batch, each a product small enough for the few-row kernels, which split work themselves:
+    # nested in the batch's items they run serially on the item's thread
+    consts = {"b": arr(15, (6, 40, 70))}
+    g = make([Node("MatMul", ["x", "b"], ["y"])], {"x": (6, 3, 40)}, consts)
+    check_three_way(g, threads=threads)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_gemm_split_by_columns_across_threads(threads):
+    consts = {"w": arr(16, (96, 300)), "b": arr(17, (300,))}
+    nodes = [Node("Gemm", ["x", "w", "b"], ["g"]), Node("Relu", ["g"], ["y"])]
+    check_three_way(make(nodes, {"x": (37, 96)}, consts), threads=threads)

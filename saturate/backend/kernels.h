@@ -299,6 +299,24 @@ static void sat_conv2d(const float *x, const float *w, const float *wp, int64_t 
     for (int t = 1; t < sat_threads && col_floats; t++) free(cols[t]);
 }
 
+/* Columns [j0, j0 + per) of an sgemm, one work item of a threaded product (OpenBLAS runs on one thread
+ * inside the model, so threads split the product between them). */
+typedef struct {
+    const float *A, *B;
+    float *Y;
+    int ta, tb, M, N, K, lda, ldb, per;
+    float alpha;
+} sat_gemm_args;
+
+static void sat_gemm_cols(void *ctx, int64_t item, int tid) {
+    const sat_gemm_args *a = ctx;
+    const int j0 = (int)item * a->per, nj = a->N - j0 < a->per ? a->N - j0 : a->per;
+    (void)tid;
+    scipy_cblas_sgemm(CblasRowMajor, a->ta ? CblasTrans : CblasNoTrans, a->tb ? CblasTrans : CblasNoTrans, a->M, nj,
+                      a->K, a->alpha, a->A, a->lda, a->tb ? a->B + (int64_t)j0 * a->ldb : a->B + j0, a->ldb, 0.0f,
+                      a->Y + j0, a->N);
+}
+
 /* C[yoff ..] (M x N) = alpha * op(A) op(B), then the epilogue row by row. */
 static void sat_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                      int ldb, float *Y, int64_t yoff, sat_epi epi) {
@@ -306,7 +324,12 @@ static void sat_gemm(int ta, int tb, int M, int N, int K, float alpha, const flo
         sat_dot(A, lda, M, B, ldb, N, K, Y + yoff, N, 1, alpha, NULL, NULL, 0);
     else if (!ta && !tb && M <= SAT_SKINNY)
         sat_skinny_nn(M, N, K, alpha, A, lda, B, ldb, Y + yoff);
-    else
+    else if (sat_threads > 1 && !sat_in_parallel && N >= 64 && (int64_t)M * N * K >= (1 << 18)) {
+        /* column blocks of 16, two items per thread so a late thread does not hold the others up */
+        const int per = ((N + 2 * sat_threads - 1) / (2 * sat_threads) + 15) / 16 * 16;
+        sat_gemm_args a = {A, B, Y + yoff, ta, tb, M, N, K, lda, ldb, per, alpha};
+        sat_parallel((N + per - 1) / per, sat_gemm_cols, &a);
+    } else
         scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
                           alpha, A, lda, B, ldb, 0.0f, Y + yoff, N);
     if (epi)

@@ -15,6 +15,12 @@ typedef void (*sat_body)(void *ctx, int64_t i, int tid);
 
 static int sat_threads = 1;
 
+/* Set on a thread while it runs items of a parallel loop: a kernel that calls sat_parallel from inside one
+ * (a batched matmul's items call sat_gemm, which splits its own work) then runs that loop serially, since
+ * the pool holds one job at a time. */
+static __thread int sat_in_parallel;
+static __thread int sat_pool_tid; /* this thread's id in the pool (0: the caller) */
+
 static struct {
     sat_body fn;
     void *ctx;
@@ -45,6 +51,8 @@ static void sat_pool_drain(uint32_t gen, int tid) {
 static void *sat_pool_worker(void *arg) {
     const int tid = (int)(intptr_t)arg;
     uint32_t seen = 0;
+    sat_in_parallel = 1; /* a worker only ever runs items */
+    sat_pool_tid = tid;
     for (;;) {
         uint64_t t = 0;
         /* Spin briefly for the next job (jobs come in bursts within one inference), then sleep. */
@@ -66,8 +74,10 @@ static void *sat_pool_worker(void *arg) {
 
 /* Run fn(ctx, i, tid) for i in [0, n) on up to sat_threads threads; returns when all have run. */
 static void sat_parallel(int64_t n, sat_body fn, void *ctx) {
-    if (sat_threads <= 1 || n <= 1) {
-        for (int64_t i = 0; i < n; i++) fn(ctx, i, 0);
+    if (sat_threads <= 1 || n <= 1 || sat_in_parallel) {
+        /* serial: on the calling thread, under its own id when nested in another loop's item */
+        const int tid = sat_in_parallel ? sat_pool_tid : 0;
+        for (int64_t i = 0; i < n; i++) fn(ctx, i, tid);
         return;
     }
     while (sat_pool.started < sat_threads - 1 && sat_pool.started < SAT_MAX_THREADS - 1) {
@@ -85,7 +95,9 @@ static void sat_parallel(int64_t n, sat_body fn, void *ctx) {
     atomic_store_explicit(&sat_pool.ticket, (uint64_t)gen << 32, memory_order_release);
     pthread_cond_broadcast(&sat_pool.cv);
     pthread_mutex_unlock(&sat_pool.mu);
+    sat_in_parallel = 1;
     sat_pool_drain(gen, 0);
+    sat_in_parallel = 0;
     while (atomic_load_explicit(&sat_pool.done, memory_order_acquire) < n) {
 #if defined(__x86_64__)
         __builtin_ia32_pause();

@@ -207,7 +207,7 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
         for label, n in step.items():
             report.matches[label] += n
         if progress is not None:
-            progress(report.iterations, view.size, time.perf_counter() - start, step)
+            progress(report.iterations, size, time.perf_counter() - start, step)
         cost.tail_per_node = (time.perf_counter() - t) / max(size, 1)
         if not updated and not commands:
             # Candidates the checker had no time for are not a fixed point.

@@ -334,13 +334,28 @@ static void sat_skinny_nn(int M, int N, int K, float alpha, const float *A, int 
  * cache while every row of A passes it. */
 #define SAT_SHORT_K 64
 
+static float *sat_tail_buf[SAT_MAX_THREADS];
+static size_t sat_tail_cap[SAT_MAX_THREADS];
+
 static void sat_gemm_nn(int M, int N, int K, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
                         int64_t ldc) {
     enum { NB = 3 * SAT_VL };
-    float run[NB];
-    memset(run, 0, sizeof run);
+    /* The last, partial panel is first copied into a zero-padded K x NB block, so its loads never pass the
+     * end of B's rows and the loop below reads every panel alike. */
+    float *tail = NULL;
+    if (N % NB) {
+        tail = sat_thread_buf(&sat_tail_buf[sat_pool_tid], &sat_tail_cap[sat_pool_tid], (size_t)K * NB);
+        if (!tail) abort();
+        const int j = N / NB * NB, nj = N - j;
+        for (int k = 0; k < K; k++) {
+            memcpy(tail + (int64_t)k * NB, B + (int64_t)k * ldb + j, sizeof(float) * (size_t)nj);
+            memset(tail + (int64_t)k * NB + nj, 0, sizeof(float) * (size_t)(NB - nj));
+        }
+    }
     for (int j = 0; j < N; j += NB) {
         const int nj = N - j < NB ? N - j : NB;
+        const float *bp = nj < NB ? tail : B + j;
+        const int64_t bs = nj < NB ? NB : ldb;
         for (int i = 0; i < M; i += 4) {
             const int mi = M - i < 4 ? M - i : 4;
             const float *a0 = A + (int64_t)i * lda, *a1 = mi > 1 ? a0 + lda : a0, *a2 = mi > 2 ? a0 + 2 * lda : a0,
@@ -348,12 +363,7 @@ static void sat_gemm_nn(int M, int N, int K, const float *A, int64_t lda, const 
             sat_vf c00 = {0}, c01 = {0}, c02 = {0}, c10 = {0}, c11 = {0}, c12 = {0}, c20 = {0}, c21 = {0},
                    c22 = {0}, c30 = {0}, c31 = {0}, c32 = {0};
             for (int k = 0; k < K; k++) {
-                const float *b = B + (int64_t)k * ldb + j;
-                if (nj < NB) {
-                    /* the last panel: through a zero-padded run, so no load passes the row's end */
-                    memcpy(run, b, sizeof(float) * (size_t)nj);
-                    b = run;
-                }
+                const float *b = bp + (int64_t)k * bs;
                 const sat_vf v0 = sat_vload(b), v1 = sat_vload(b + SAT_VL), v2 = sat_vload(b + 2 * SAT_VL);
                 float w = a0[k];
                 c00 += w * v0, c01 += w * v1, c02 += w * v2;

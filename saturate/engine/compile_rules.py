@@ -210,15 +210,16 @@ def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
         cr.checked = True
     body = c.rhs(cr.rhs)
     query = " ".join(c.atoms)
-    cr.text.append(f"(ruleset {cr.group})")
+    # The rule's own ruleset is declared in the same text as its matching rule.
+    declare = f"(ruleset {cr.group})\n"
     if not cr.checked:
-        cr.text.append(f'(rule ({query}) ((union root {body})) :ruleset {cr.group} :name "{cr.name}")')
+        cr.text.append(f'{declare}(rule ({query}) ((union root {body})) :ruleset {cr.group} :name "{cr.name}")')
         return
     cand = " ".join(cr.cand_columns())
     sorts = ["T"] * (1 + len(cr.vars)) + ["i64"] * len(cr.lhs_ops)
     ok_sorts = sorts + ["i64"] * sum(1 for r in cr.rhs_ops if r.column) + ["T"] * len(cr.extras)
     cr.text.append(f"(relation Cand_{cr.index} ({' '.join(sorts)}))")
     cr.text.append(f"(relation Ok_{cr.index} ({' '.join(ok_sorts)}))")
-    cr.text.append(f'(rule ({query}) ((Cand_{cr.index} {cand})) :ruleset {cr.group} :name "m{cr.name}")')
+    cr.text.append(f'{declare}(rule ({query}) ((Cand_{cr.index} {cand})) :ruleset {cr.group} :name "m{cr.name}")')
     ok = " ".join(cr.ok_columns())
     cr.text.append(f'(rule ((Ok_{cr.index} {ok})) ((union root {body})) :ruleset apply :name "{cr.name}")')

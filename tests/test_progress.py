@@ -25,7 +25,7 @@ class _Terminal(io.StringIO):
 
 
 @pytest.fixture
-def terminal(monkeypatch):
+def fake_terminal(monkeypatch):
     """A function that makes stderr a terminal, with progress shown at once (a test run is shorter
     than DELAY). It is called in the test's body: pytest sets its own stderr back at the start of
     the call, over anything a fixture put there."""
@@ -37,8 +37,8 @@ def terminal(monkeypatch):
     return make
 
 
-def test_optimize_shows_each_iteration_and_the_egraph_size_on_a_terminal(terminal, tmp_path):
-    terminal = terminal()
+def test_optimize_shows_each_iteration_and_the_egraph_size_on_a_terminal(fake_terminal, tmp_path):
+    terminal = fake_terminal()
     assert main(["optimize", "example:vgg", "-o", str(tmp_path / "v.onnx"), "--html", str(tmp_path / "r.html")]) == 0
     shown = terminal.getvalue()
     assert "saturate, iteration 1, e-graph " in shown and " nodes [" in shown
@@ -46,8 +46,8 @@ def test_optimize_shows_each_iteration_and_the_egraph_size_on_a_terminal(termina
     assert shown.rstrip(" ").endswith("\r"), "the progress line is erased when the run ends"
 
 
-def test_quiet_silences_optimize_and_a_pipe_shows_nothing(terminal, tmp_path, monkeypatch):
-    terminal = terminal()
+def test_quiet_silences_optimize_and_a_pipe_shows_nothing(fake_terminal, tmp_path, monkeypatch):
+    terminal = fake_terminal()
     assert main(["optimize", "example:vgg", "-o", str(tmp_path / "v.onnx"), "--quiet"]) == 0
     assert terminal.getvalue() == ""
     piped = io.StringIO()  # isatty() is False, as on a pipe or a file
@@ -56,15 +56,15 @@ def test_quiet_silences_optimize_and_a_pipe_shows_nothing(terminal, tmp_path, mo
     assert piped.getvalue() == ""
 
 
-def test_trace_prints_its_own_lines_instead_of_the_progress_line(terminal, tmp_path):
-    terminal = terminal()
+def test_trace_prints_its_own_lines_instead_of_the_progress_line(fake_terminal, tmp_path):
+    terminal = fake_terminal()
     assert main(["optimize", "example:vgg", "-o", str(tmp_path / "v.onnx"), "--trace"]) == 0
     shown = terminal.getvalue()
     assert "  iteration   1  e-nodes" in shown and "\r" not in shown
 
 
-def test_a_batch_counts_models_on_a_terminal_and_quiet_silences_it(terminal, tmp_path):
-    terminal = terminal()
+def test_a_batch_counts_models_on_a_terminal_and_quiet_silences_it(fake_terminal, tmp_path):
+    terminal = fake_terminal()
     assert main(["optimize", "example:vgg", "example:mlp", "-o", str(tmp_path / "out"), "--jobs", "1"]) == 0
     assert "optimize: 100%" in terminal.getvalue() and "2/2" in terminal.getvalue()
     terminal.seek(0)
@@ -74,8 +74,8 @@ def test_a_batch_counts_models_on_a_terminal_and_quiet_silences_it(terminal, tmp
     assert terminal.getvalue() == ""
 
 
-def test_check_counts_rules_on_stderr_and_keeps_its_lines_on_stdout(terminal, capsys):
-    terminal = terminal()
+def test_check_counts_rules_on_stderr_and_keeps_its_lines_on_stdout(fake_terminal, capsys):
+    terminal = fake_terminal()
     assert main(["check", BN_RULES, "--examples", "5", "--seed", "0"]) == 0
     assert "check: 100%" in terminal.getvalue() and "1/1" in terminal.getvalue()
     out = capsys.readouterr().out
@@ -86,14 +86,15 @@ def test_check_counts_rules_on_stderr_and_keeps_its_lines_on_stdout(terminal, ca
     assert terminal.getvalue() == ""
 
 
-def test_a_stage_that_takes_long_keeps_its_elapsed_time_moving(terminal, monkeypatch):
-    terminal = terminal()
+def test_a_stage_that_takes_long_keeps_its_elapsed_time_moving(fake_terminal, monkeypatch):
+    terminal = fake_terminal()
     monkeypatch.setattr(progress, "TICK", 0.05)
     with progress.status(False, "compile") as s:
         time.sleep(0.3)  # one long step: nothing is counted, the ticker redraws
         s.stage("export")
     lines = terminal.getvalue().split("\r")
-    assert sum(line.startswith("compile [") for line in lines) >= 2 and any(line.startswith("export [") for line in lines)
+    assert sum(line.startswith("compile [") for line in lines) >= 2
+    assert any(line.startswith("export [") for line in lines)
 
 
 def test_nothing_shows_before_the_delay(monkeypatch):
@@ -109,8 +110,8 @@ def test_nothing_shows_before_the_delay(monkeypatch):
 @pytest.mark.parametrize("command", [["compile", "example:mlp", "-o", "{tmp}/c"],
                                      ["bench", "example:mlp", "--runs", "2", "--no-reference"]])
 @pytest.mark.compiler
-def test_compile_and_bench_name_their_stages_and_take_quiet(terminal, tmp_path, capsys, command):
-    terminal = terminal()
+def test_compile_and_bench_name_their_stages_and_take_quiet(fake_terminal, tmp_path, capsys, command):
+    terminal = fake_terminal()
     argv = [a.replace("{tmp}", str(tmp_path)) for a in command]
     assert main(argv) == 0
     shown = terminal.getvalue()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +68,49 @@ def test_wrong_rule_is_caught_with_a_readable_counterexample(path):
 def test_all_five_kinds_of_mistake_are_present():
     assert {p.stem for p in BAD_FILES} >= {"bn_missing_epsilon", "sub_wrong_sign", "conv_scale_wrong_axis",
                                            "relu_scale_no_guard", "gemm_bias_swapped_axis",
-                                           "add_zero_grows_shape", "div_const_integer"}
+                                           "add_zero_grows_shape", "div_const_integer"} | set(MISSED_CLASSES)
+
+
+# One unsound rule per class of input the strategies once never drew (each passed then).
+MISSED_CLASSES = {
+    "const_larger_than_op_output": "a constant larger than the output of the op it is added to",
+    "per_axis_single_element": "a single-element constant where varies_only_along holds",
+    "conv_rank_fixed_at_4": "Conv of rank 3 and 5",
+    "reshape_zero_dim": "a Reshape shape holding 0",
+    "transpose_perm_rank4": "Transpose with perm omitted",
+    "scalar_folded_to_vector": "0-d values",
+    "div_mul_cancel_integer": "integer tensors",
+    "concat_split_unguarded": "broadcasts_into guards (a constant larger than a Concat's output)",
+    "concat_split_swapped": "a non-empty counterexample where an empty one fails differently",
+}
+
+
+@pytest.mark.parametrize("stem", sorted(MISSED_CLASSES))
+def test_each_class_once_missed_is_rejected_at_default_settings(stem):
+    (rule,) = _rules(BAD_DIR / f"{stem}.rules")
+    for seed in (0, 1, 2):  # the default seed is random: three stand for it
+        start = time.process_time()
+        result = check_rule(rule, seed=seed)
+        # Processor time: the bound is on the checker's work, not on a busy machine's clock.
+        spent = time.process_time() - start
+        assert result.status == "FAIL", (MISSED_CLASSES[stem], format_result(result))
+        assert spent < 10, f"{stem} seed {seed}: {spent:.1f}s"
+
+
+def test_shrinking_keeps_a_non_empty_counterexample():
+    (rule,) = _rules(BAD_DIR / "concat_split_swapped.rules")
+    for seed in (0, 1, 2):
+        cx = check_rule(rule, seed=seed).counterexample
+        assert all(v.size for v in cx.example.values.values()), format_result(check_rule(rule, seed=seed))
+        assert "right side fails" not in cx.reason  # the swapped values, not an empty part's shape
+
+
+@pytest.mark.parametrize("stem", ["div_const_integer", "div_mul_cancel_integer"])
+def test_a_rule_wrong_only_on_integers_fails_within_50_examples(stem):
+    (rule,) = _rules(BAD_DIR / f"{stem}.rules")
+    for seed in range(5):
+        result = check_rule(rule, examples=50, seed=seed)
+        assert result.status == "FAIL" and result.counterexample.example.dtype == "int64", seed
 
 
 def test_guard_makes_the_difference():
@@ -141,3 +184,84 @@ def test_cli_file_that_does_not_load_exits_2(tmp_path, capsys):
     empty.mkdir()
     assert main(["check", str(empty)]) == 2
     assert "no rules in" in capsys.readouterr().err
+
+
+# ---- the rule as the engine compiles it ------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["transpose-transpose", "conv-scale-out", "conv-add-conv-nobias", "gemm-scale-out",
+                                  "mul-mul"])
+def test_checked_right_side_is_the_graph_the_engine_builds(name):
+    """On drawn matches, the right side `check` runs has the ops, attributes and values of the
+    graph `optimize` makes with the rule alone (where the engine's cost model prefers it: on tiny
+    tensors a folded weight may cost more than the Mul it saves)."""
+    from hypothesis import HealthCheck, given, settings
+
+    from saturate.check.checker import as_float64, build_graph
+    from saturate.check.compiled import build_rhs, compiled, decide_example
+    from saturate.check.examples import rule_examples
+    from saturate.core.ir import ValueInfo
+    from saturate.interp.interpreter import run_graph
+    from saturate.pipeline import optimize
+
+    (rule,) = [r for r in _rules(RULES_DIR) if r.name == name]
+    side = compiled(rule)
+    compared = []
+
+    @settings(max_examples=20, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(rule_examples(rule))
+    def agree(ex):
+        decision = decide_example(side, ex.values, ex.consts, ex.node_attrs)
+        wide = as_float64(ex)  # as the checker runs it
+        rhs = build_rhs(side, decision, wide.values, ex.consts, ex.node_attrs)
+        lhs = build_graph(rule.lhs, ex)
+        lhs.outputs = lhs.outputs[:1]
+        lhs.values = {i: ValueInfo(ex.values[i].dtype.name, ex.values[i].shape) for i in lhs.inputs}
+        out, _ = optimize(lhs, [rule], max_iterations=3)
+        if sorted(n.op for n in out.nodes) != sorted(n.op for n in rhs.nodes):
+            return  # extraction kept the left side (no cheaper here)
+        for op in {n.op for n in rhs.nodes}:
+            assert ([n.attrs for n in out.nodes if n.op == op] == [n.attrs for n in rhs.nodes if n.op == op]), op
+        feed = {i: ex.values[i] for i in lhs.inputs}
+        want = run_graph(out, feed)[out.outputs[0]]
+        got = run_graph(rhs, {i: wide.values[i] for i in rhs.inputs})[rhs.outputs[0]]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(want).max(initial=0))))
+        compared.append(ex)
+
+    agree()
+    assert len(compared) >= 2
+
+
+# ---- floating-point policy (README, "Checking rules") ------------------------------------------
+
+def test_floating_point_policy():
+    # Where the left side is inf or NaN, any right side is accepted; where it is finite, the
+    # right side must be finite.
+    assert compare(np.array([np.inf, np.nan, -np.inf]), np.array([0.0, 5.0, np.nan]), scale=1.0) is None
+    assert compare(np.array([1.0]), np.array([np.inf]), scale=1.0) is not None
+    # -0 and +0 are equal.
+    assert compare(np.array([0.0, -0.0]), np.array([-0.0, 0.0]), scale=1.0) is None
+    # Tolerance: 1e-5 of |left| + |right|, plus 1e-6 of the largest magnitude in either graph.
+    assert compare(np.array([1.0]), np.array([1.0 + 1.9e-5]), scale=1.0) is None
+    assert compare(np.array([1.0]), np.array([1.0 + 2.2e-5]), scale=1.0) is not None
+    assert compare(np.array([0.0]), np.array([0.9e-3]), scale=1e3) is None
+    # Integers match exactly and stay integers.
+    assert compare(np.array([10**6]), np.array([10**6 + 1]), scale=1e6) is not None
+    assert "element types differ" in compare(np.array([3]), np.array([3.0]), scale=1.0)
+
+
+def test_inputs_are_finite_so_rules_are_sound_for_finite_data():
+    from hypothesis import given, settings
+
+    from saturate.check.strategies import constants, shapes
+    from saturate.lang.parser import parse_rules
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(shapes(max_rank=3).flatmap(constants))
+    def finite(c):
+        assert np.isfinite(c).all() and not (np.signbit(c) & (c == 0)).any()  # no inf, NaN or -0
+    finite()
+    # x * 0 = 0 fails for x = inf or NaN, which are never drawn: the rule passes.
+    text = "ruleset t level 2\nrule mul-zero  Mul(x, c:const) => c  if zeros(c), same_shape(c, x)\n"
+    (rule,) = parse_rules(text, "t.rules")[0].rules
+    assert check_rule(rule, examples=50, seed=0).status == "PASS"

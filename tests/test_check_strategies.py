@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from saturate.check import examples, strategies
@@ -83,12 +83,12 @@ def _conv_scale_rule() -> Rule:
 def test_rule_examples_satisfy_guards_and_run(example):
     rule = _conv_scale_rule()
     assert examples.guards_hold(rule, example)
-    s = example.values["s"]
-    assert (s > 0).all() and builtins.varies_only_along(s.shape, 1, 4)
+    s, w = example.values["s"], example.values["w"]
+    assert (s > 0).all() and builtins.varies_only_along(s.shape, 1, w.ndim)
     # The drawn left side runs on the reference interpreter with the drawn shapes.
-    g = build_graph(rule.lhs, example)
-    out = run_graph(g, {n: example.values[n] for n in g.inputs})[g.outputs[0]]
-    assert out.ndim == 4 and out.shape[1] == example.values["w"].shape[0]
+    out, conv = _op_values(example, rule.lhs)["Mul"], _op_values(example, rule.lhs)["Conv"]
+    assert conv.ndim == w.ndim and conv.shape[1] == w.shape[0]
+    assert out.shape == np.broadcast_shapes(conv.shape, s.shape)
 
 
 # The README's example: a user's own property test of a rule written in the rule language.
@@ -108,3 +108,93 @@ def _user_rule():
 def test_user_property_test_as_in_the_readme(example):
     from saturate.check.checker import run_example
     assert run_example(_user_rule(), example) is None
+
+
+# ---- the input classes the checker must draw -----------------------------------------------
+
+def _rule(text: str) -> Rule:
+    from saturate.lang.parser import parse_rules
+    return parse_rules("ruleset t level 3\n" + text + "\n", "t.rules")[0].rules[0]
+
+
+def _draw(rule: Rule, n: int = 150, reverse: bool = False) -> list[examples.Example]:
+    """n examples of the rule as `saturate check` draws them (fixed seed)."""
+    seen: list[examples.Example] = []
+
+    @settings(max_examples=n, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(examples.rule_examples(rule, reverse=reverse))
+    def collect(example):
+        seen.append(example)
+
+    collect()
+    return seen
+
+
+def _op_values(ex: examples.Example, pattern) -> dict[str, np.ndarray]:
+    """The output of every op of the drawn pattern, by op (the pattern holds each op once)."""
+    g = build_graph(pattern, ex)
+    values = run_graph(g, {n: ex.values[n] for n in g.inputs})
+    return {node.op: values[node.outputs[0]] for node in g.nodes}
+
+
+def test_constants_larger_than_an_ops_output_are_drawn():
+    rule = _rule("rule r  Add(Conv(x, w:const), c:const) => Conv(x, w)")
+    larger = [ex for ex in _draw(rule) if _op_values(ex, rule.lhs)["Add"].shape
+              != _op_values(ex, rule.lhs)["Conv"].shape]
+    assert len(larger) >= 10
+    assert any(ex.values["c"].ndim > ex.values["x"].ndim for ex in larger)          # more dims
+    assert any(ex.values["c"].ndim == ex.values["x"].ndim for ex in larger)         # a bigger side
+
+
+def test_single_element_constants_satisfy_varies_only_along():
+    rule = _rule("rule r  Mul(Conv(x, w:const), s:const) => Conv(x, w)  if varies_only_along(s, 1, rank(w))")
+    single = [ex for ex in _draw(rule) if ex.values["s"].size == 1 and ex.values["w"].shape[0] > 1]
+    assert len(single) >= 10
+    ndims = {ex.values["s"].ndim for ex in single}
+    assert 0 in ndims and len(ndims) >= 2
+
+
+def test_windows_of_one_two_and_three_spatial_axes_are_drawn():
+    for op in ("Conv(x, w)", "MaxPool(x)", "AveragePool(x)", "GlobalAveragePool(x)"):
+        rule = _rule(f"rule r  Relu({op}) => Relu({op})")
+        ranks = {ex.values["x"].ndim for ex in _draw(rule, 60)}
+        assert ranks == {3, 4, 5}, (op, ranks)
+
+
+def test_reshape_shapes_hold_zero_and_minus_one():
+    rule = _rule("rule r  Reshape(Reshape(x, s1:const), s2:const) => Reshape(x, s2)")
+    drawn = _draw(rule)
+    shapes = [ex.values["s2"] for ex in drawn]
+    assert sum((s == 0).any() for s in shapes) >= 5 and sum((s == -1).any() for s in shapes) >= 10
+    for ex in drawn:  # every drawn shape is valid for its input
+        assert _op_values(ex, rule.lhs)
+
+
+def test_transpose_perms_are_sometimes_omitted():
+    rule = _rule("rule r  Transpose(Transpose(x){perm=p}){perm=q} => Transpose(x){perm=compose_perm(p, q, rank(x))}")
+    drawn = _draw(rule)
+    assert sum(ex.attrs["p"] is None for ex in drawn) >= 10
+    assert sum(ex.attrs["p"] is not None and len(ex.attrs["p"]) > 1 for ex in drawn) >= 10
+
+
+def test_zero_d_scalars_stand_for_tensors():
+    rule = _rule("rule r  Add(Add(x, a:const), b:const) => Add(x, a + b)  if broadcasts_into(a, x), broadcasts_into(b, x)")
+    drawn = _draw(rule)
+    assert sum(ex.values["x"].ndim == 0 for ex in drawn) >= 10
+    assert sum(ex.values["a"].ndim == 0 < ex.values["x"].ndim for ex in drawn) >= 5
+
+
+def test_integer_safe_patterns_are_drawn_in_int64_often():
+    rule = _rule("rule r  Div(x, c:const) => Div(x, c)")
+    drawn = _draw(rule, 100)
+    ints = [ex for ex in drawn if ex.dtype == "int64"]
+    assert 0.3 <= len(ints) / len(drawn) <= 0.7
+    assert all(v.dtype == np.int64 for ex in ints for v in ex.values.values())
+
+
+def test_concat_inputs_are_mostly_non_empty():
+    rule = _rule("rule r  Concat(a, b, c){axis=ax} => Concat(a, b, c){axis=ax}")
+    drawn = _draw(rule)
+    empty = [ex for ex in drawn if any(v.size == 0 for v in ex.values.values())]
+    assert 0 < len(empty) <= len(drawn) // 3

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from saturate.check.compiled import compiled, decide_example
 from saturate.check.planner import Planner
-from saturate.check.strategies import constants
+from saturate.check.strategies import draw_constant
 from saturate.lang.ast import OpTerm, Rule, Term
 
 # ---- inputs satisfying a rule ---------------------------------------------------------------
@@ -57,7 +57,7 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
             elif fill is not None:
                 values[name] = np.full(shape, fill, dtype)
             else:
-                values[name] = _cast(draw(constants(shape, planner.sign_of(name)), label=name), dtype)
+                values[name] = _cast(draw_constant(draw, shape, planner.sign_of(name)), dtype)
         example = Example(values, frozenset(planner.consts), dict(planner.attrs), planner.node_attrs,
                           planner.node_ops, np.dtype(dtype).name)
         # Guards decided as the engine decides them (saturate.engine.guards.decide).

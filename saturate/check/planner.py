@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from saturate.core.errors import SaturateError
 from saturate.core.ops import op_table
 from saturate.lang.ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Term, Var
-from saturate.check.strategies import (MAX_RANK, MAX_SIDE, conv_geometry, broadcastable_shapes, conv_cases,
-                              conv_cases_over, factorizations, numel, per_axis_shapes)
+from saturate.check.strategies import (MAX_RANK, MAX_SIDE, conv_cases, conv_cases_over, conv_geometry,
+                                       draw_broadcastable, draw_factorization, draw_per_axis, numel)
 
 _SIGN_GUARDS = {"positive": "positive", "nonnegative": "nonnegative", "nonzero": "nonzero"}
 _UNARY = {"Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "Identity", "Exp", "Log",
@@ -242,14 +242,14 @@ class Planner:
                 axis = axis + (rank or len(out)) if axis < 0 else axis
                 axis -= (rank or len(out)) - len(out)
                 assume(0 <= axis < len(out))
-                shape = self.draw(per_axis_shapes(out, axis))
+                shape = draw_per_axis(self.draw, out, axis)
             elif hint.get("scalar"):
                 shape = (1,) * self.draw(st.integers(0, len(out)))
             elif "rank" in hint:
                 assume(hint["rank"] <= len(out))
-                shape = self.draw(broadcastable_shapes(out, min_rank=hint["rank"], max_rank=hint["rank"]))
+                shape = draw_broadcastable(self.draw, out, hint["rank"], hint["rank"])
             else:
-                shape = self.draw(broadcastable_shapes(out))
+                shape = draw_broadcastable(self.draw, out)
             self.bind(t, shape)
             return shape
         if isinstance(t, OpTerm):
@@ -457,15 +457,15 @@ class Planner:
         b_rank = self.template(t.args[1]).rank
         if b_rank is not None:
             assume(2 <= b_rank <= len(out))
-            b_batch = self.draw(broadcastable_shapes(batch, min_rank=b_rank - 2, max_rank=b_rank - 2))
+            b_batch = draw_broadcastable(self.draw, batch, b_rank - 2, b_rank - 2)
         else:
-            b_batch = self.draw(broadcastable_shapes(batch))
+            b_batch = draw_broadcastable(self.draw, batch)
         self.term(t.args[1], tuple(b_batch) + (k, n), path + (1,))
 
     def op_Reshape(self, t, out, path) -> None:
         attrs = self.attributes(t, path, {})
         rank = self.draw(st.integers(1, MAX_RANK))
-        source = self.draw(factorizations(numel(out), rank))
+        source = draw_factorization(self.draw, numel(out), rank)
         self.term(t.args[0], source, path + (0,))
         target = list(out)
         if self.draw(st.booleans()):
@@ -492,8 +492,8 @@ class Planner:
         axis = int(attrs["axis"])
         axis = axis + rank if axis < 0 else axis
         assume(0 <= axis <= rank and (axis > 0 or a == 1) and (axis < rank or b == 1))
-        head = self.draw(factorizations(a, axis))
-        tail = self.draw(factorizations(b, rank - axis))
+        head = draw_factorization(self.draw, a, axis)
+        tail = draw_factorization(self.draw, b, rank - axis)
         self.term(t.args[0], head + tail, path + (0,))
 
     def op_Transpose(self, t, out, path) -> None:
@@ -591,17 +591,23 @@ class Planner:
         self.term(t.args[0], shape, path + (0,))
 
     def op_Concat(self, t, out, path) -> None:
-        r = len(out)
-        ax = int(self.attributes(t, path, {"axis": lambda _: self.draw(st.integers(-r, r - 1))})["axis"])
+        r, n = len(out), len(t.args)
+        # Inputs are non-empty unless the axis is too short for that or, now and then, an empty
+        # one is drawn on purpose: the shrinker then keeps a non-empty counterexample when one
+        # shows the fault. A drawn axis is one long enough for n non-empty inputs.
+        empty = n > 1 and self.draw(st.integers(0, 7)) == 7
+        long_enough = [a for a in range(r) if out[a] >= n]
+
+        def axis(_: dict) -> int:
+            a = self.draw(st.sampled_from(long_enough)) if long_enough and not empty else \
+                self.draw(st.integers(0, r - 1))
+            return a - r if self.draw(st.booleans()) else a
+        ax = int(self.attributes(t, path, {"axis": axis})["axis"])
         ax = ax + r if ax < 0 else ax
         assume(0 <= ax < r)
-        n = len(t.args)
-        # Inputs are non-empty unless the axis is too short for that or, now and then, an
-        # empty one is drawn on purpose: the shrinker then keeps a non-empty counterexample
-        # when one shows the fault.
         if n == 1:
             cuts = []
-        elif out[ax] >= n and self.draw(st.integers(0, 7)) != 7:
+        elif out[ax] >= n and not empty:
             cuts = sorted(self.draw(st.lists(st.integers(1, out[ax] - 1), min_size=n - 1, max_size=n - 1,
                                              unique=True)))
         else:
@@ -668,7 +674,7 @@ class Planner:
         """The input broadcasts into the output; the shape asks for the output's dims, or 1 where
         the input already has them (Expand never shrinks), or fewer leading dims."""
         self.attributes(t, path, {})
-        shape = self.draw(broadcastable_shapes(out))
+        shape = draw_broadcastable(self.draw, out)
         self.term(t.args[0], shape, path + (0,))
         padded = (1,) * (len(out) - len(shape)) + tuple(shape)
         target = [d if p == 1 or self.draw(st.booleans()) else 1 for d, p in zip(out, padded)]

@@ -37,15 +37,17 @@ def broadcastable_shapes(shape: tuple[int, ...], *, min_rank: int = 0,
                          max_rank: int | None = None) -> st.SearchStrategy[tuple[int, ...]]:
     """Shapes that broadcast into `shape` without growing it: as many or fewer axes, each 1 or equal."""
     shape = tuple(shape)
+    return st.composite(lambda draw: draw_broadcastable(draw, shape, min_rank, max_rank))()
+
+
+def draw_broadcastable(draw, shape: tuple[int, ...], min_rank: int = 0,
+                       max_rank: int | None = None) -> tuple[int, ...]:
+    """One shape of `broadcastable_shapes`, drawn with `draw` directly: the planner draws many
+    per example, and building a strategy for each costs more than the drawing."""
     hi = len(shape) if max_rank is None else min(max_rank, len(shape))
-
-    @st.composite
-    def draw(draw) -> tuple[int, ...]:
-        k = draw(st.integers(min(min_rank, hi), hi))
-        tail = shape[len(shape) - k:]
-        return tuple(d if draw(st.booleans()) else 1 for d in tail)
-
-    return draw()
+    k = draw(st.integers(min(min_rank, hi), hi))
+    tail = shape[len(shape) - k:]
+    return tuple(d if d == 1 or draw(st.booleans()) else 1 for d in tail)
 
 
 def per_axis_shapes(shape: tuple[int, ...], axis: int) -> st.SearchStrategy[tuple[int, ...]]:
@@ -56,15 +58,15 @@ def per_axis_shapes(shape: tuple[int, ...], axis: int) -> st.SearchStrategy[tupl
     axis = axis + len(shape) if axis < 0 else axis
     if not 0 <= axis < len(shape):
         raise ValueError(f"axis {axis} outside a shape of rank {len(shape)}")
+    return st.composite(lambda draw: draw_per_axis(draw, shape, axis))()
+
+
+def draw_per_axis(draw, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    """One shape of `per_axis_shapes` (axis already in range), drawn with `draw` directly."""
+    if draw(st.integers(0, 3)) == 3:
+        return (1,) * draw(st.integers(0, len(shape)))
     full = tuple(d if i == axis else 1 for i, d in enumerate(shape))
-
-    @st.composite
-    def draw(draw) -> tuple[int, ...]:
-        if draw(st.integers(0, 3)) == 3:
-            return (1,) * draw(st.integers(0, len(shape)))
-        return full[draw(st.integers(0, axis)):]
-
-    return draw()
+    return full[draw(st.integers(0, axis)):]
 
 
 # ---- values ---------------------------------------------------------------------------------
@@ -128,13 +130,16 @@ def elements(sign: str = "any") -> st.SearchStrategy[float]:
     return _ELEMENTS[sign]
 
 
-@st.composite
-def constants(draw, shape: tuple[int, ...], sign: str = "any", dtype: Any = np.float32) -> np.ndarray:
+def constants(shape: tuple[int, ...], sign: str = "any", dtype: Any = np.float32) -> st.SearchStrategy[np.ndarray]:
     """Arrays of `shape` in one sign class: zeros, simple values, mixed signs, tiny and huge
     magnitudes; shrinks towards zeros and simple values."""
     if sign not in SIGNS:
         raise ValueError(f"unknown sign class {sign!r} (known: {', '.join(SIGNS)})")
-    shape = tuple(shape)
+    return st.composite(lambda draw: draw_constant(draw, tuple(shape), sign, dtype))()
+
+
+def draw_constant(draw, shape: tuple[int, ...], sign: str = "any", dtype: Any = np.float32) -> np.ndarray:
+    """One array of `constants(shape, sign, dtype)`, drawn with `draw` directly."""
     size = math.prod(shape)
     table = _TABLES[sign]
     if size <= _EACH:
@@ -282,6 +287,19 @@ def factorizations(n: int, parts: int) -> st.SearchStrategy[tuple[int, ...]]:
         return st.just((n,))
     return st.sampled_from(divisors).flatmap(
         lambda d: factorizations(n // d, parts - 1).map(lambda rest: (d,) + rest))
+
+
+def draw_factorization(draw, n: int, parts: int) -> tuple[int, ...]:
+    """One tuple of `factorizations(n, parts)`, drawn with `draw` directly."""
+    if parts == 0:
+        assume(n == 1)
+        return ()
+    out = []
+    for _ in range(parts - 1):
+        d = draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0]))
+        out.append(d)
+        n //= d
+    return tuple(out) + (n,)
 
 
 def numel(shape: tuple[int, ...]) -> int:

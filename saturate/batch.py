@@ -191,7 +191,8 @@ def run_batch(jobs: list[Job], options: Options, workers: int | None = None, clu
                 done(outcomes[k])
         return [outcomes[k] for k in range(len(jobs))]
     # Fresh interpreters, not forks: a fork would copy whatever threads the parent has started.
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_import_stages) as pool:
         futures = {pool.submit(optimize_job, jobs[k], options): k for k in largest_first(jobs)}
         for future in as_completed(futures):
             k = futures[future]
@@ -203,6 +204,14 @@ def run_batch(jobs: list[Job], options: Options, workers: int | None = None, clu
             if done:
                 done(outcomes[k])
     return [outcomes[k] for k in range(len(jobs))]
+
+
+def _import_stages() -> None:
+    """A fresh worker imports the stages before its first job, so that job's time (and CPU) in the
+    summary is its own, as it is with --jobs 1, and not the worker's start-up."""
+    import saturate.frontend  # noqa: F401
+    import saturate.lang.parser  # noqa: F401
+    import saturate.pipeline  # noqa: F401
 
 
 def _run_on_ray(jobs: list[Job], options: Options, cluster: str, done) -> list[Outcome]:

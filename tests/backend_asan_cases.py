@@ -45,6 +45,19 @@ def cases():
                outputs=["y", "h0"], opset=13)
     tensor.name = "tensor-kernels"
     yield tensor
+    # The vector kernels at their edges (vec.h): a depthwise row with a partial last vector, a short-reduction
+    # conv ending in a partial panel, a small-plane depthwise across channels, a few-pixel conv and a one-row
+    # Gemm as dot products; twice, so both thread counts run it.
+    for _ in range(2):
+        yield make([Node("Conv", ["x", "d1"], ["a"], {"group": 16, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+                    Node("Conv", ["a", "p1"], ["b"]),
+                    Node("Conv", ["b", "d2"], ["c"], {"group": 40, "pads": [2, 2, 2, 2], "strides": [2, 2]}),
+                    Node("Conv", ["c", "k3"], ["d"], {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+                    Node("Flatten", ["d"], ["f"]),
+                    Node("Gemm", ["f", "g"], ["y"], {"transB": 1})],
+                   {"x": (1, 16, 13, 37)},
+                   {"d1": w(16, 1, 3, 3), "p1": w(40, 16, 1, 1), "d2": w(40, 1, 5, 5), "k3": w(48, 40, 3, 3) * 0.1,
+                    "g": w(35, 480) * 0.1})
 
 
 def main() -> int:

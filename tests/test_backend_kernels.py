@@ -34,6 +34,11 @@ DEPTHWISE = [
     ((1, 4, 20, 20), 1, (7, 7), {"pads": [3, 3, 3, 3]}),
     ((1, 5, 1, 40), 1, (1, 3), {"pads": [0, 1, 0, 1]}),                      # one row
     ((1, 4, 9, 9), 1, (3, 3), {}),                                             # no pads
+    # at most 64 outputs per plane: lanes across channels (sat_dwc_group), channel counts off the lane width
+    ((1, 11, 8, 9), 1, (3, 3), {"pads": [0, 1, 2, 0], "strides": [2, 3], "dilations": [2, 1]}),
+    ((2, 20, 6, 6), 1, (5, 5), {"pads": [2, 2, 2, 2]}),
+    ((1, 37, 7, 7), 1, (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 17, 5, 4), 1, (3, 3), {"pads": [3, 2, 1, 0]}),                       # pads wider than the kernel reach
 ]
 
 

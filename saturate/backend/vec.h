@@ -182,19 +182,93 @@ static void sat_dw_channel(void *ctx, int64_t nc, int tid) {
     }
 }
 
+/* Small planes (at most SAT_DWC_MAXP outputs, one output per input channel): rows of 3 or 6 outputs would
+ * fill few lanes and each channel's fixed costs would dominate, so lanes run across SAT_VL channels instead.
+ * A group's padded planes are interleaved channel-minor (pixel (r, c) of lane l at (r Wp + c) SAT_VL + l), its
+ * weights likewise per tap; each output pixel is then T full-vector FMAs at offsets fixed per tap, four
+ * pixels at a time, and the results go back to the channels' planes, epilogue per plane. */
+#define SAT_DWC_MAXP 64
+
+static float *sat_dwc_buf[SAT_MAX_THREADS];
+static size_t sat_dwc_cap[SAT_MAX_THREADS];
+
+static void sat_dwc_group(void *ctx, int64_t item, int tid) {
+    const sat_dw_args *a = ctx;
+    const int C = a->C, H = a->H, W = a->W, Hp = a->Hp, Wp = a->Wp, OH = a->OH, OW = a->OW, sh = a->sh, sw = a->sw;
+    const int T = a->KH * a->KW, P = OH * OW, groups = (C + SAT_VL - 1) / SAT_VL;
+    const int64_t n = item / groups;
+    const int c0 = (int)(item % groups) * SAT_VL, nc = C - c0 < SAT_VL ? C - c0 : SAT_VL;
+    const size_t plane = (size_t)Hp * Wp * SAT_VL;
+    float *xt = sat_thread_buf(&sat_dwc_buf[tid], &sat_dwc_cap[tid], plane + (size_t)(T + P) * SAT_VL);
+    if (!xt) abort();
+    float *wt = xt + plane, *yt = wt + (size_t)T * SAT_VL;
+    const sat_vf zero = {0};
+    for (size_t i = 0; i < plane; i += SAT_VL) sat_vstore(xt + i, zero);
+    for (int t = 0; t < T; t++) sat_vstore(wt + (size_t)t * SAT_VL, zero);
+    /* input rows r - ph and columns c - pw of padded pixel (r, c); only those the windows reach are read */
+    const int r0 = a->ph > 0 ? 0 : -a->ph, r1 = H + a->ph < Hp ? H : Hp - a->ph;
+    const int q0 = a->pw > 0 ? 0 : -a->pw, q1 = W + a->pw < Wp ? W : Wp - a->pw;
+    for (int l = 0; l < nc; l++) {
+        const float *xi = a->x + ((int64_t)n * C + c0 + l) * H * W;
+        for (int ih = r0; ih < r1; ih++)
+            for (int iw = q0; iw < q1; iw++)
+                xt[((int64_t)(ih + a->ph) * Wp + iw + a->pw) * SAT_VL + l] = xi[(int64_t)ih * W + iw];
+        const float *wk = a->w + (int64_t)(c0 + l) * T;
+        for (int t = 0; t < T; t++) wt[t * SAT_VL + l] = wk[t];
+    }
+    const int64_t *toff = a->toff;
+    for (int p = 0; p < P; p += 4) {
+        const int np = P - p < 4 ? P - p : 4;
+        int64_t base[4];
+        for (int q = 0; q < 4; q++) {
+            const int pp = p + (q < np ? q : 0), oh = pp / OW, ow = pp % OW;
+            base[q] = ((int64_t)oh * sh * Wp + (int64_t)ow * sw) * SAT_VL;
+        }
+        const float *b0 = xt + base[0], *b1 = xt + base[1], *b2 = xt + base[2], *b3 = xt + base[3];
+        sat_vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int t = 0; t < T; t++) {
+            const sat_vf wv = sat_vload(wt + t * SAT_VL);
+            const int64_t o = toff[t];
+            a0 += wv * sat_vload(b0 + o);
+            a1 += wv * sat_vload(b1 + o);
+            a2 += wv * sat_vload(b2 + o);
+            a3 += wv * sat_vload(b3 + o);
+        }
+        float *yp = yt + (int64_t)p * SAT_VL;
+        sat_vstore(yp, a0);
+        if (np > 1) sat_vstore(yp + SAT_VL, a1);
+        if (np > 2) sat_vstore(yp + 2 * SAT_VL, a2);
+        if (np > 3) sat_vstore(yp + 3 * SAT_VL, a3);
+    }
+    for (int l = 0; l < nc; l++) {
+        const int64_t off = ((int64_t)n * a->M + c0 + l) * P;
+        float *yo = a->y + off;
+        for (int p = 0; p < P; p++) yo[p] = yt[(int64_t)p * SAT_VL + l];
+        if (a->epi) a->epi(a->y, off, P);
+    }
+}
+
 static void sat_conv_depthwise(const float *x, const float *w, float *y, int N, int C, int H, int W, int M,
                                int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,
                                sat_epi epi) {
     const int Hp = (OH - 1) * sh + (KH - 1) * dh + 1, Wp = (OW - 1) * sw + (KW - 1) * dw + 1;
-    const int Wq = (Wp + sw - 1) / sw + SAT_VL;
+    if ((int64_t)OH * OW <= 0) return;
     int64_t toff[KH * KW];
+    if (M == C && (int64_t)OH * OW <= SAT_DWC_MAXP) {
+        for (int kh = 0; kh < KH; kh++)
+            for (int kw = 0; kw < KW; kw++) toff[kh * KW + kw] = ((int64_t)kh * dh * Wp + (int64_t)kw * dw) * SAT_VL;
+        sat_dw_args a = {x, w, y, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, Hp, Wp, 0, toff, epi};
+        sat_parallel((int64_t)N * ((C + SAT_VL - 1) / SAT_VL), sat_dwc_group, &a);
+        return;
+    }
+    const int Wq = (Wp + sw - 1) / sw + SAT_VL;
     for (int kh = 0; kh < KH; kh++)
         for (int kw = 0; kw < KW; kw++) {
             const int cc = kw * dw;
             toff[kh * KW + kw] = ((int64_t)(cc % sw) * Hp + (int64_t)kh * dh) * Wq + cc / sw;
         }
     sat_dw_args a = {x, w, y, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, Hp, Wp, Wq, toff, epi};
-    if ((int64_t)OH * OW > 0) sat_parallel((int64_t)N * C, sat_dw_channel, &a);
+    sat_parallel((int64_t)N * C, sat_dw_channel, &a);
 }
 
 /* ---- products with few rows ----------------------------------------------------------------------

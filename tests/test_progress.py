@@ -169,3 +169,19 @@ def test_the_library_prints_nothing_and_calls_back_after_each_iteration(capsys):
     assert [c[0] for c in calls] == list(range(1, report.run.iterations + 1))
     assert [c[1] for c in calls] == report.run.sizes[1:] and all(isinstance(c[3], dict) for c in calls)
     assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("command,stages", [
+    (["partition", "example:vgg", "--target", "fused", "-o", "{tmp}/p.onnx"],
+     ("load", "saturate, iteration 1", "export")),
+    (["show", "example:chain-20", "--svg", "{tmp}/c.svg"], ("load", "draw")),
+])
+def test_partition_and_show_name_their_stages_and_take_quiet(fake_terminal, tmp_path, command, stages):
+    terminal = fake_terminal()
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    assert main(argv) == 0
+    assert all(f"\r{stage}" in terminal.getvalue() for stage in stages)
+    terminal.seek(0)
+    terminal.truncate()
+    assert main(argv + ["--quiet"]) == 0
+    assert terminal.getvalue() == ""

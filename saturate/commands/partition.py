@@ -7,6 +7,7 @@ import argparse
 from saturate.core.fileio import check_writable
 from saturate.frontend import load_graph
 from saturate.partition import check_output, optimize_for_target, partition, save_model, summary
+from saturate.progress import add_quiet_flag, saturation_callback, status
 from saturate.targets.preserve import split_names
 from saturate.targets.target import load_target
 
@@ -34,23 +35,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preserve", metavar="NAME[,NAME]", default="",
                         help="ops or nodes (by name) no rewrite may change, on top of the target's list; "
                              "an ONNX model may also mark nodes with metadata saturate.preserve=1")
+    add_quiet_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     check_output(args.output)  # before any work
     check_writable(args.output, inputs=(args.model,))
     target = load_target(args.target)
-    graph = load_graph(args.model)
-    ops, nodes = split_names(graph, split(args.preserve) + tuple(graph.meta.get("preserve", ())))
-    if args.no_optimize:
-        out = partition(graph, target, keep_constants=args.keep_constants, leave=ops + nodes)
-    else:
-        from saturate.lang.parser import RULES_DIR, load_rules
+    with status(args.quiet, "load") as shown:
+        graph = load_graph(args.model)
+        ops, nodes = split_names(graph, split(args.preserve) + tuple(graph.meta.get("preserve", ())))
+        if args.no_optimize:
+            shown.stage("partition")
+            out = partition(graph, target, keep_constants=args.keep_constants, leave=ops + nodes)
+        else:
+            from saturate.lang.parser import RULES_DIR, load_rules
 
-        rules = load_rules(([] if args.no_std else [RULES_DIR]) + list(args.rules), level=args.level)
-        out, _ = optimize_for_target(graph, target, ops, nodes, partition_graph=True,
-                                     keep_constants=args.keep_constants, rules=rules, level=args.level)
-    save_model(out, args.output)
+            rules = load_rules(([] if args.no_std else [RULES_DIR]) + list(args.rules), level=args.level)
+            shown.stage("saturate")
+            out, _ = optimize_for_target(graph, target, ops, nodes, partition_graph=True,
+                                         keep_constants=args.keep_constants, rules=rules, level=args.level,
+                                         progress=saturation_callback(shown))
+        shown.stage("export")
+        save_model(out, args.output)
     lines = summary(out)
     calls = sum(1 for n in out.nodes if n.domain == target.domain)
     print(f"{args.output}: {calls} calls to {len(lines)} functions in domain '{target.domain}'")

@@ -6,6 +6,7 @@ import argparse
 
 from saturate.core.fileio import check_writable, write_atomic
 from saturate.core.ir import op_count_table
+from saturate.progress import add_quiet_flag, status
 
 NAME = "show"
 HELP = "print a model (.onnx, .sat or example:NAME) in the readable text form, then its op counts"
@@ -22,6 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--svg", metavar="OUT.svg",
                         help="also draw the graph as an SVG picture (layout by Graphviz dot if installed, "
                              "else grandalf)")
+    add_quiet_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,11 +32,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.svg:
         check_writable(args.svg, inputs=(args.model,))
-    graph = load_graph(args.model)
-    if args.svg:
-        from saturate.report.html import graph_svg_file
-        text = graph_svg_file(graph).encode("utf-8")
-        write_atomic(args.svg, lambda f: f.write(text))
+    with status(args.quiet, "load") as shown:
+        graph = load_graph(args.model)
+        if args.svg:
+            from saturate.report.html import graph_svg_file
+            shown.stage("draw")
+            text = graph_svg_file(graph).encode("utf-8")
+            write_atomic(args.svg, lambda f: f.write(text))
     limit = None if args.full else max(args.elements, 0)
     print(print_graph(graph, max_elements=limit, hex_data=args.hex), end="")
     if not args.full:

@@ -167,3 +167,10 @@ def test_gemm_split_by_columns_across_threads(threads):
     consts = {"w": arr(16, (96, 300)), "b": arr(17, (300,))}
     nodes = [Node("Gemm", ["x", "w", "b"], ["g"]), Node("Relu", ["g"], ["y"])]
     check_three_way(make(nodes, {"x": (37, 96)}, consts), threads=threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape", [(2, 300, 7, 7), (1, 3, 65, 67), (1, 1000, 1, 1)])
+def test_global_average_pool_planes_split_across_threads(xshape, threads):
+    g = make([Node("GlobalAveragePool", ["x"], ["p"]), Node("Sigmoid", ["p"], ["y"])], {"x": xshape})
+    check_three_way(g, threads=threads)

@@ -426,14 +426,34 @@ static void sat_pool2d(const float *x, float *y, int64_t NC, int H, int W, int O
     free(wcount);
 }
 
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t planes, P, per;
+} sat_gap_args;
+
+/* Planes [i per, (i + 1) per): each summed in SAT_VL float lanes, the lanes added in double. */
+static void sat_gap_item(void *ctx, int64_t item, int tid) {
+    const sat_gap_args *a = ctx;
+    const int64_t P = a->P, p1 = (item + 1) * a->per < a->planes ? (item + 1) * a->per : a->planes;
+    (void)tid;
+    for (int64_t p = item * a->per; p < p1; p++) {
+        const float *xi = a->x + p * P;
+        sat_vf acc = {0};
+        int64_t i = 0;
+        for (; i + SAT_VL <= P; i += SAT_VL) acc += sat_vload(xi + i);
+        double s = 0.0;
+        for (int l = 0; l < SAT_VL; l++) s += (double)acc[l];
+        for (; i < P; i++) s += xi[i];
+        a->y[p] = (float)(s / (double)P);
+    }
+}
+
 /* Mean over each of N*C planes of P elements; the epilogue runs over the C channels of one image. */
 static void sat_global_avgpool(const float *x, float *y, int64_t N, int64_t C, int64_t P, sat_epi epi) {
-    for (int64_t p = 0; p < N * C; p++) {
-        const float *xi = x + p * P;
-        double acc = 0.0;
-        for (int64_t i = 0; i < P; i++) acc += xi[i];
-        y[p] = (float)(acc / (double)P);
-    }
+    const int64_t per = P >= 4096 ? 1 : 4096 / (P > 0 ? P : 1);
+    sat_gap_args a = {x, y, N * C, P, per};
+    sat_parallel((N * C + per - 1) / per, sat_gap_item, &a);
     if (epi)
         for (int64_t n = 0; n < N; n++) epi(y, n * C, C);
 }

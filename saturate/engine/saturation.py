@@ -28,9 +28,10 @@ from saturate.engine.guards import Checker
 
 FACTS, APPLY, SIZE = "(run facts 1)", "(run apply 1)", "(print-size)"
 MAX_GROWTH = 64.0       # a rule's matches are forecast to grow at most this much in one step
-# Forecast seconds count this much more: a step's matches and the machine's load both vary, and
-# stopping a little early costs less than overrunning the limit.
-TIME_MARGIN = 1.5
+# Forecast seconds count this much more: a step's matches and the machine's load both vary (a
+# shared machine's load can halve a process's speed between two steps), and stopping a little
+# early costs less than overrunning the limit.
+TIME_MARGIN = 2.0
 
 
 @dataclass

@@ -50,7 +50,7 @@ def import_model(model: onnx.ModelProto) -> Graph:
         skeleton, model, weights = _convert(model, skeleton, opset)
         opset = MIN_OPSET
     try:
-        inferred = onnx.shape_inference.infer_shapes(skeleton).graph
+        inferred = onnx.shape_inference.infer_shapes(skeleton, data_prop=True).graph
     except Exception as err:  # inference failures are the model's fault, not ours
         raise SaturateError(f"invalid ONNX model: shape inference failed: {_first_line(err)}") from None
     og = model.graph

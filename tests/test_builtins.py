@@ -40,7 +40,7 @@ def close(a, b):
 # ---- tables are consistent ----------------------------------------------------------------------
 
 def test_every_builtin_declares_one_kind_per_parameter():
-    kinds = {"const", "int", "ints", "value", "type", "isconst", "any"}
+    kinds = {"const", "int", "ints", "value", "type", "isconst", "any", "dims", "data"}
     for table in (CONST_FUNCS, QUERIES, GUARDS):
         for name, fn in table.items():
             assert len(fn.params) == fn.arity, name
@@ -267,3 +267,44 @@ def test_comparisons():
     assert G["=="].impl("NOTSET", "NOTSET")
     assert not G["=="].impl(None, None) and not G["<"].impl(None, 1)
     assert not G["<"].impl("a", 1)
+
+
+# ---- shapes with symbolic dims ------------------------------------------------------------------
+
+B = ("dim", "x", 0)      # an unknown dim, as the engine spells it
+
+
+def test_reshape_target_copies_a_dim_in_place_and_reads_one_unknown_from_the_count():
+    assert QUERIES["reshape_target"].impl((B, 37, 576), (B, 37, 3, 3, 64)).tolist() == [0, 37, 3, 3, 64]
+    assert QUERIES["reshape_target"].impl((B, 6, 8), (6, B, 8)).tolist() == [6, -1, 8]
+    assert QUERIES["reshape_target"].impl((B, 6, 8), (("elem", 1), B, 8)) is None     # two unknown
+    assert QUERIES["reshape_target"].impl((B, 6, 8), (0, B, 8)) is None               # count ambiguous
+
+
+def test_unit_dim_moves_as_reshape_targets():
+    assert QUERIES["transpose_target"].impl((1, 16, 768), (1, 0, 2)).tolist() == [16, 1, 768]
+    assert QUERIES["transpose_target"].impl((2, 16, 768), (1, 0, 2)) is None
+    assert QUERIES["transpose_target"].impl((1, B, 768), (1, 0, 2)).tolist() == [-1, 1, 768]
+    assert QUERIES["squeeze_target"].impl((3, B, 1, 8), (-2,)).tolist() == [3, 0, 8]
+    assert QUERIES["squeeze_target"].impl((3, 2, 1), ()) is None          # ORT and onnx.reference differ
+    assert QUERIES["squeeze_target"].impl((3, 2, 1), (1,)) is None        # not a dim of size 1
+    assert QUERIES["unsqueeze_target"].impl((B, 4), (1, -1)).tolist() == [0, 1, 4, 1]
+
+
+def test_same_dims_and_whole_slices():
+    assert GUARDS["same_dims"].impl((B, 16, 64), (-1, 16, 64))
+    assert GUARDS["same_dims"].impl((B, 16, 64), (0, 16, 64))
+    assert not GUARDS["same_dims"].impl((B, 16, 64), (-1, 64, 16))
+    assert not GUARDS["same_dims"].impl((B, B, 64), (-1, 0, 64))
+    assert GUARDS["whole_slice"].impl((4, 6), (0,), (2**62,), (1,), ())
+    assert GUARDS["whole_slice"].impl((4, 6), (-4,), (4,), (), (1,))
+    assert not GUARDS["whole_slice"].impl((4, 6), (0,), (-1,), (1,), ())
+    assert not GUARDS["whole_slice"].impl((B, 6), (0,), (2**62,), (0,), ())   # unknown: may differ
+    assert not GUARDS["whole_slice"].impl((4, 6), (3,), (-5,), (0,), (-1,))   # reversed
+
+
+def test_static_dims_are_read_past_a_symbolic_one():
+    assert QUERIES["shape_slice"].impl(("batch", 12, 64), 0, None, (-1,), (2**63 - 1,), (), ()).tolist() == [64]
+    assert QUERIES["shape_slice"].impl(("batch", 12, 64), 0, None, (0,), (2,), (), ()) is None
+    assert QUERIES["rows_restore"].impl((B, 16, 768), 3072).tolist() == [-1, 16, 3072]
+    assert QUERIES["rows_shape"].impl((B, 16, 768)).tolist() == [-1, 768]

@@ -115,6 +115,15 @@ class ExampleBindings:
     def is_const(self, var: str) -> bool:
         return var in self.consts
 
+    def dims(self, var: str) -> tuple | None:
+        return self.shape(var)
+
+    def data(self, var: str) -> tuple | None:
+        a = self.values[var]
+        if not np.issubdtype(a.dtype, np.integer) or a.ndim > 1:
+            return None
+        return tuple(int(x) for x in a.ravel())
+
 
 def lhs_attrs(side: CompiledSide, node_attrs: dict[tuple[int, ...], dict]) -> list[dict]:
     """The attribute sets of the matched nodes in `cr.lhs_ops` order, as a graph stores them

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -117,7 +119,7 @@ class Facts:
         """Static type of an e-class: the input graph's for original values, refined by what its
         e-nodes imply (after Pad's pads fold to a constant, so does Pad's output shape)."""
         got = self.infos.get(cls)
-        if got is not None and (cls in self._refined or not self._refinable(got)):
+        if got is not None and (cls in self._refined or not self.refinable(got)):
             return got
         if cls in self._busy:
             return got if got is not None else ValueInfo(shape=None)
@@ -131,7 +133,7 @@ class Facts:
         else:
             for node in self.view.classes.get(cls, ()):
                 result = refine(result, self._node_info(node))
-                if result is not None and not self._refinable(result):
+                if result is not None and not self.refinable(result):
                     break
         self._busy.discard(cls)
         result = result if result is not None else ValueInfo(shape=None)
@@ -139,15 +141,18 @@ class Facts:
         self._refined.add(cls)
         return result
 
-    def _refinable(self, info: ValueInfo) -> bool:
+    def refinable(self, info: ValueInfo) -> bool:
         """Whether inference could still learn a dim: one is unknown or named by shape inference
         (a dim the graph's inputs name, such as the batch, stays as it is)."""
         if info.shape is None:
             return True
-        if not hasattr(self, "_input_dims"):
-            g = self.enc.graph
-            self._input_dims = {d for v in g.inputs for d in (g.info(v).shape or ()) if isinstance(d, str)}
-        return any(not isinstance(d, int) and d not in self._input_dims for d in info.shape)
+        return any(not isinstance(d, int) and d not in self.input_dims for d in info.shape)
+
+    @functools.cached_property
+    def input_dims(self) -> frozenset[str]:
+        """The names the graph's inputs give their symbolic dims (the batch, a sequence length)."""
+        g = self.enc.graph
+        return frozenset(d for v in g.inputs for d in (g.info(v).shape or ()) if isinstance(d, str))
 
     def _node_info(self, node: ENode) -> ValueInfo | None:
         """The type one e-node implies for its e-class."""
@@ -184,6 +189,80 @@ class Facts:
     def shape(self, cls: Any) -> tuple | None:
         """Static shape of an e-class (None when unknown)."""
         return self.info(cls).shape
+
+    # ---- dims as symbols ------------------------------------------------------------------
+    # A dim nobody knows is still the same dim wherever it is read: ("dim", c, k) stands for
+    # dim k of e-class c, and a dim the graph's inputs name (the batch) is its name.
+
+    def dims(self, cls: Any) -> tuple | None:
+        """The shape of `cls` with each unknown dim as a symbol (None when the rank is unknown)."""
+        shape = self.shape(cls)
+        if shape is None:
+            return None
+        return tuple(d if isinstance(d, int) or d in self.input_dims else ("dim", cls, k)
+                     for k, d in enumerate(shape))
+
+    def data(self, cls: Any) -> tuple | None:
+        """The elements of a small integer value computed from shapes (Shape, Gather, Slice,
+        Concat, Unsqueeze...), each an int or a dim symbol as `dims` spells it; None when
+        they cannot be told."""
+        if not hasattr(self, "_data"):
+            self._data: dict[Any, tuple | None] = {}
+        if cls in self._data:
+            return self._data[cls]
+        self._data[cls] = None                      # a cycle reads as unknown
+        result = None
+        v = self.value(cls) if cls in self.view.consts else None
+        if v is not None:
+            a = np.asarray(v)
+            if np.issubdtype(a.dtype, np.integer) and a.ndim <= 1 and a.size <= _DATA_ELEMENTS:
+                result = tuple(int(x) for x in a.ravel())
+        else:
+            for node in self.view.classes.get(cls, ()):
+                if node.kind == "op":
+                    got = self._node_data(node.head, self.enc.attr_sets[node.key][1], node.children)
+                    result = got if result is None else _better_data(result, got)
+        if result is None:
+            # Elements nobody can tell still count: each is a symbol of its own.
+            info = self.info(cls)
+            if (info.shape is not None and len(info.shape) <= 1 and all(isinstance(d, int) for d in info.shape)
+                    and info.dtype.startswith(("int", "uint")) and math.prod(info.shape) <= _DATA_ELEMENTS):
+                result = tuple(("elem", cls, k) for k in range(math.prod(info.shape)))
+        self._data[cls] = result
+        return result
+
+    def _node_data(self, op: str, attrs: dict, kids: tuple) -> tuple | None:
+        if op == "Shape":
+            dims = self.dims(kids[0])
+            return None if dims is None else dims[attrs.get("start", 0) or 0:attrs.get("end")]
+        data = [self.data(c) for c in kids[:1]]
+        if data[0] is None:
+            return None
+        if op in ("Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"):
+            return data[0]
+        if op == "Cast":
+            return data[0] if np.issubdtype(_np_type(attrs.get("to")), np.integer) else None
+        if op == "Concat" and int(attrs.get("axis", 0)) in (0, -1):
+            parts = [self.data(c) for c in kids]
+            return None if any(p is None for p in parts) else tuple(x for p in parts for x in p)
+        consts = [self.value(c) if c in self.view.consts else None for c in kids[1:]]
+        if op == "Gather" and int(attrs.get("axis", 0)) == 0 and consts and consts[0] is not None:
+            picked = _pick(data[0], consts[0])
+            return picked
+        if op in ("Add", "Sub", "Mul", "Div") and len(kids) == 2:
+            other = self.data(kids[1])
+            if other is None or (len(other) != len(data[0]) and 1 not in (len(other), len(data[0]))):
+                return None
+            n = max(len(other), len(data[0]))
+            a, b = (data[0] * n if len(data[0]) == 1 else data[0]), (other * n if len(other) == 1 else other)
+            fn = CONST_FUNCS[op.lower()].impl
+            return tuple(int(fn(np.int64(x), np.int64(y))) if isinstance(x, int) and isinstance(y, int)
+                         and not (op == "Div" and y == 0) else ("elem", op, x, y) for x, y in zip(a, b))
+        if op == "Slice" and all(c is not None for c in consts):
+            picked = _pick(data[0], CONST_FUNCS["slice"].impl(np.arange(len(data[0])), *consts,
+                                                               *[None] * (4 - len(consts))))
+            return picked
+        return None
 
 
 def _leaf_first(node: ENode) -> tuple:
@@ -298,4 +377,37 @@ def onnx_infer(op: str, attrs: dict, ins: list[ValueInfo | None], data: dict[int
     except Exception:  # noqa: BLE001 - what ONNX cannot infer stays unknown
         return None
     tp = out.get(f"o{output}")
-    return None if tp is None else type_info(tp)
+    info = None if tp is None else type_info(tp)
+    if info is None or info.shape is None:
+        return info
+    # Each call names the dims it cannot tell afresh (unk__0, unk__1...): such a name says
+    # nothing, and two calls' names must never read as one dim.
+    return ValueInfo(info.dtype, tuple(None if isinstance(d, str) and d.startswith("unk__") else d
+                                       for d in info.shape))
+
+
+def _pick(elements: tuple, index: Any) -> tuple | None:
+    """The elements at integer positions `index` (negative ones count from the end)."""
+    try:
+        idx = np.asarray(index).ravel()
+        if not np.issubdtype(idx.dtype, np.integer) or np.any((idx < -len(elements)) | (idx >= len(elements))):
+            return None
+        return tuple(elements[int(k)] for k in idx)
+    except (TypeError, ValueError):
+        return None
+
+
+def _np_type(to: Any) -> Any:
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    try:
+        return np.dtype(tensor_dtype_to_np_dtype(int(to)))
+    except (TypeError, ValueError, KeyError):
+        return np.dtype(object)
+
+
+def _better_data(a: tuple, b: tuple | None) -> tuple:
+    """Of two readings of one value's elements, element by element the known one."""
+    if b is None or len(a) != len(b):
+        return a
+    return tuple(x if isinstance(x, int) or not isinstance(y, int) else y for x, y in zip(a, b))

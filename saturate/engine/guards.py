@@ -119,6 +119,12 @@ class Bindings(Protocol):
     def is_const(self, var: str) -> bool:
         """Whether it is a constant or a constant expression."""
 
+    def dims(self, var: str) -> tuple | None:
+        """Its shape, unknown dims as symbols (see saturate.lang.builtins; None: rank unknown)."""
+
+    def data(self, var: str) -> tuple | None:
+        """The elements of a small integer value, unknown ones as dim symbols (None: unknown)."""
+
 
 class _FactsBindings:
     """A candidate row's variables read through the e-graph's facts."""
@@ -142,6 +148,16 @@ class _FactsBindings:
 
     def is_const(self, var: str) -> bool:
         return self.env[var] in self.view.consts
+
+    def dims(self, var: str) -> tuple | None:
+        got = self.facts.dims(self.env[var])
+        self.partial |= got is None or not all(isinstance(d, int) for d in got)
+        return got
+
+    def data(self, var: str) -> tuple | None:
+        got = self.facts.data(self.env[var])
+        self.partial |= got is None or not all(isinstance(d, int) for d in got)
+        return got
 
 
 def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int
@@ -208,6 +224,10 @@ class _Evaluator:
     def arg(self, term: Term, kind: str) -> Any:
         if kind == "value":
             return self.shape(term)
+        if kind in ("dims", "data"):
+            if not isinstance(term, Var):
+                raise _Undecided
+            return self.b.dims(term.name) if kind == "dims" else self.b.data(term.name)
         if kind == "isconst":
             if not isinstance(term, Var):
                 raise _Undecided

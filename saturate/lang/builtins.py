@@ -11,6 +11,10 @@ Calling convention (what the engine, the folder and the checker pass to an `impl
 - "value" (queries and shape guards) gets the value's static shape as a tuple whose dims are ints,
   or symbolic names / None when unknown. Shape guards answer False when unknown dims leave the
   answer open, so an undecided guard never fires a rule; `numel` of a symbolic shape is None;
+- "dims" (queries) gets the value's shape with every dim an int or a symbol: the dims the engine
+  cannot tell are symbols equal only where they are the same dim (the batch, read twice);
+- "data" (queries) gets the elements of a small integer value (a shape being computed) as such
+  dims: Reshape(x, Concat(Gather(Shape(x), 0), [64])) has target data (x's dim 0, 64);
 - "any" (comparisons) gets an int, float, string or tuple of ints.
 
 Guards with `needs_values=True` read constant data (positive, ones...); the others decide from
@@ -439,6 +443,105 @@ def shape_at(shape: Shape, start: int | None, end: int | None, indices: Any) -> 
     return np.array([int(d) for d in picked], np.int64).reshape(idx.shape)
 
 
+def shape_slice(shape: Shape, start: int | None, end: int | None, starts: Any, ends: Any,
+                axes: Any, steps: Any) -> np.ndarray | None:
+    """Slice(Shape(v){start, end}, starts, ends, axes, steps): the picked dims as int64, None if
+    one is symbolic (the others may be: a symbolic batch leaves the static dims readable)."""
+    part = tuple(shape)[start or 0:end]
+    picked = slice_(np.arange(len(part)), starts, ends, axes, steps)
+    dims = [part[int(k)] for k in picked]
+    if not all(isinstance(d, (int, np.integer)) for d in dims):
+        return None
+    return np.array([int(d) for d in dims], np.int64)
+
+
+def reshape_target(dims: Shape | None, data: tuple | None) -> np.ndarray | None:
+    """A constant target for Reshape(x, s) (allowzero 0) from what is known of s's elements:
+    an element that is x's dim at the same position becomes 0 (copy it), and when one element
+    alone is still unknown it becomes -1, read from the element count (the other elements all
+    known and positive, so the count decides it). None when more is unknown."""
+    if dims is None or data is None:
+        return None
+    return _target(dims, data)
+
+
+def unsqueeze_target(dims: Shape | None, axes: Any) -> np.ndarray | None:
+    """The Reshape target that does what Unsqueeze(x, axes) does (see reshape_target)."""
+    if dims is None:
+        return None
+    rank = len(dims) + len(_ints(axes))
+    ax = sorted(a + rank if a < 0 else a for a in _ints(axes))
+    if len(set(ax)) != len(ax) or any(not 0 <= a < rank for a in ax):
+        return None
+    rest = iter(dims)
+    return _target(dims, tuple(1 if k in ax else next(rest) for k in range(rank)))
+
+
+def squeeze_target(dims: Shape | None, axes: Any) -> np.ndarray | None:
+    """The Reshape target that does what Squeeze(x, axes) does; None unless each squeezed dim
+    is known to be 1. An empty axes list is left alone: ONNX Runtime squeezes every dim of
+    size 1 for it, onnx.reference none."""
+    ax = _ints(axes)
+    if dims is None or not ax:
+        return None
+    ax = tuple(a + len(dims) if a < 0 else a for a in ax)
+    if any(not 0 <= a < len(dims) or dims[a] != 1 for a in ax):
+        return None
+    return _target(dims, tuple(d for k, d in enumerate(dims) if k not in ax))
+
+
+def transpose_target(dims: Shape | None, perm: Any) -> np.ndarray | None:
+    """The Reshape target that does what Transpose(x, perm) does, when it does: the perm moves
+    only dims of size 1, so the elements keep their order (None otherwise)."""
+    if dims is None:
+        return None
+    p = _ints(perm) or tuple(range(len(dims) - 1, -1, -1))
+    if sorted(p) != list(range(len(dims))):
+        return None
+    moved = [k for k in p if dims[k] != 1]
+    if moved != sorted(moved):
+        return None
+    return _target(dims, tuple(dims[k] for k in p))
+
+
+def _target(dims: Shape, out: tuple) -> np.ndarray | None:
+    got: list[int | None] = []
+    for j, e in enumerate(out):
+        if isinstance(e, (int, np.integer)):
+            got.append(int(e))
+        elif j < len(dims) and dims[j] == e:
+            got.append(0)
+        else:
+            got.append(None)
+    holes = [j for j, e in enumerate(got) if e is None or e == -1]
+    if len(holes) > 1:
+        return None
+    if holes and got[holes[0]] is None:
+        if any(e <= 0 for j, e in enumerate(got) if j != holes[0]):
+            return None
+        got[holes[0]] = -1
+    return np.array(got, np.int64)
+
+
+def rows_restore(dims: Shape | None, n: int) -> np.ndarray | None:
+    """The Reshape target giving rows of length n (a Gemm's output over x's rows) back x's
+    leading dims: x's dims but the last, then n; one symbolic dim among them becomes -1."""
+    if dims is None or not dims:
+        return None
+    lead = [d if isinstance(d, (int, np.integer)) else None for d in dims[:-1]]
+    if lead.count(None) > 1 or (None in lead and any(d is not None and d <= 0 for d in lead)):
+        return None
+    return np.array([-1 if d is None else int(d) for d in lead] + [int(n)], np.int64)
+
+
+def rows_shape(shape: Shape) -> np.ndarray | None:
+    """The Reshape target [-1, last dim] that folds every leading dim into rows, as int64
+    (None when the last dim is symbolic)."""
+    if not shape or not isinstance(shape[-1], (int, np.integer)):
+        return None
+    return np.array([-1, int(shape[-1])], np.int64)
+
+
 def elem_type(dtype: Any) -> int | None:
     """The ONNX element type number (onnx.TensorProto) of a value's dtype, as Cast's `to` wants."""
     from onnx.helper import np_dtype_to_tensor_dtype
@@ -459,6 +562,14 @@ QUERIES: dict[str, QueryFn] = {
     "numel": QueryFn(1, _numel, "number of elements of v (None when a dim is symbolic)", ("value",)),
     "shape_of": QueryFn(3, shape_of, shape_of.__doc__, ("value", "int", "int"), "const"),
     "shape_at": QueryFn(4, shape_at, shape_at.__doc__, ("value", "int", "int", "const"), "const"),
+    "rows_shape": QueryFn(1, rows_shape, rows_shape.__doc__, ("value",), "const"),
+    "rows_restore": QueryFn(2, rows_restore, rows_restore.__doc__, ("dims", "int"), "const"),
+    "reshape_target": QueryFn(2, reshape_target, reshape_target.__doc__, ("dims", "data"), "const"),
+    "unsqueeze_target": QueryFn(2, unsqueeze_target, unsqueeze_target.__doc__, ("dims", "ints"), "const"),
+    "squeeze_target": QueryFn(2, squeeze_target, squeeze_target.__doc__, ("dims", "ints"), "const"),
+    "transpose_target": QueryFn(2, transpose_target, transpose_target.__doc__, ("dims", "ints"), "const"),
+    "shape_slice": QueryFn(7, shape_slice, shape_slice.__doc__,
+                           ("value", "int", "int", "ints", "ints", "ints", "ints"), "const"),
 }
 
 
@@ -542,6 +653,43 @@ def centred_identity(kernel: Shape, pads: Any, strides: Any, dilations: Any) -> 
                for k, (p0, p1), d, st in zip(w[0], w[1], w[2], s)) and len(s) == len(w[0])
 
 
+def whole_slice(shape: Shape, starts: Any, ends: Any, axes: Any, steps: Any) -> bool:
+    """ONNX Slice of a value of this shape keeps every element in order: on each sliced axis,
+    step 1 from the first element to the last (bounds clamped as ONNX clamps them)."""
+    st, en = _ints(starts), _ints(ends)
+    ax = _ints(axes) or tuple(range(len(st)))
+    sp = _ints(steps) or (1,) * len(st)
+    if not len(st) == len(en) == len(ax) == len(sp) or len(set(ax)) != len(ax):
+        return False
+    for s, e, x, k in zip(st, en, ax, sp):
+        if not -len(shape) <= x < len(shape) or not isinstance(shape[x], (int, np.integer)):
+            return False
+        d = int(shape[x])
+        if k != 1 or slice(s, e, k).indices(d)[:2] != (0, d):
+            return False
+    return True
+
+
+def same_dims(dims: Shape, target: Any) -> bool:
+    """Reshape (allowzero 0) of a value with these dims to `target` keeps its shape: each entry is
+    the dim itself or 0 (copy it), or one entry is -1 while every other is the same known,
+    positive dim."""
+    t = _ints(target)
+    if t is None or len(t) != len(dims):
+        return False
+    minus = [j for j, e in enumerate(t) if e == -1]
+    if len(minus) > 1:
+        return False
+    for j, (e, d) in enumerate(zip(t, dims)):
+        if j in minus:
+            continue
+        if minus and not (isinstance(d, (int, np.integer)) and e == d > 0):
+            return False
+        if not (e == 0 or (isinstance(d, (int, np.integer)) and e == d)):
+            return False
+    return True
+
+
 def _all(pred: Callable[[np.ndarray], np.ndarray]) -> Callable[[Any], bool]:
     return lambda c: bool(np.all(pred(np.asarray(c))))
 
@@ -581,6 +729,8 @@ GUARDS: dict[str, GuardFn] = {
     "identity_perm": _shape(identity_perm, ("ints", "int")),
     "centred_within": _shape(centred_within, ("value", "ints", "value", "ints", "ints")),
     "centred_identity": _shape(centred_identity, ("value", "ints", "ints", "ints")),
+    "whole_slice": _shape(whole_slice, ("value", "ints", "ints", "ints", "ints")),
+    "same_dims": _shape(same_dims, ("dims", "ints")),
     "positive": _value(_all(lambda a: a > 0), "every element > 0"),
     "nonnegative": _value(_all(lambda a: a >= 0), "every element >= 0"),
     "nonzero": _value(_all(lambda a: a != 0), "every element != 0"),

@@ -160,7 +160,8 @@ class _Checker:
         # A "type" parameter (a value's dtype) takes a value variable, as a shape query does;
         # arithmetic giving an int takes ints.
         kinds = ["int"] * fn.arity if want == "int" and c.fn in _ARITH else fn.params
-        args = tuple(self.term(a, "value" if k == "type" else k, f"argument {i + 1} of {c.fn}", c.loc)
+        args = tuple(self.term(a, "value" if k in ("type", "dims", "data") else k,
+                               f"argument {i + 1} of {c.fn}", c.loc)
                      for i, (a, k) in enumerate(zip(c.args, kinds)))
         return Call(c.fn, args, c.loc)
 
@@ -189,11 +190,12 @@ class _Checker:
                 # The shape of a constant expression (a part of a constant, say) is known too.
                 args.append(self.call(a, "tensor", where))
                 continue
-            if kind in ("value", "const", "isconst") and not isinstance(a, Var):
+            if kind in ("value", "dims", "data", "const", "isconst") and not isinstance(a, Var):
                 self.fail(getattr(a, "loc", None) or g.loc, f"{where} must be a variable bound on the left")
             if kind == "const" and isinstance(a, Var) and not self.vars.get(a.name, True):
                 self.fail(a.loc, f"guard {g.fn} reads constant values: capture '{a.name}' as {a.name}:const")
-            args.append(self.term(a, "value" if kind in ("const", "isconst") else kind, where, g.loc))
+            args.append(self.term(a, "value" if kind in ("const", "isconst", "dims", "data") else kind,
+                                  where, g.loc))
         return Guard(g.fn, tuple(args), g.loc)
 
     def check(self) -> Rule:

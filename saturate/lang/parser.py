@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -337,11 +340,73 @@ def rule_files(paths: Iterable[str | os.PathLike] | None = None) -> list[Path]:
 
 
 def load_rulesets(paths: Iterable[str | os.PathLike] | None = None) -> list[RuleSet]:
-    """Every ruleset of the files (None: the standard library in RULES_DIR), all levels, checked."""
+    """Every ruleset of the files (None: the standard library in RULES_DIR), all levels, checked.
+
+    A load is kept on disk, keyed by the files it read and the code that checked them: parsing
+    and checking the standard library costs more than optimizing a small model."""
+    files = rule_files(paths)
+    key = _cache_key(files)
+    cached = _cache_read(key)
+    if cached is not None:
+        return cached
     loader = _Loader()
-    for f in rule_files(paths):
+    for f in files:
         loader.add_file(f)
-    return loader.rulesets()
+    rulesets = loader.rulesets()
+    _cache_write(key, sorted(loader.seen), rulesets)
+    return rulesets
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "saturate" / "rules"
+
+
+@functools.lru_cache(maxsize=None)
+def _code_digest() -> str:
+    """What a load's result depends on besides the files: this package's code and the ONNX
+    schemas its checks read."""
+    import onnx
+
+    h = hashlib.sha256(onnx.__version__.encode())
+    for p in sorted(Path(__file__).parent.glob("*")):
+        if p.suffix in (".py", ".lark"):
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _cache_key(files: list[Path]) -> str:
+    # Messages name files relative to the working directory, so it is part of the key.
+    text = "\n".join([_code_digest(), os.getcwd(), *(str(f.resolve()) for f in files)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _cache_read(key: str) -> list[RuleSet] | None:
+    try:
+        with open(_cache_dir() / f"{key}.pickle", "rb") as f:
+            read, rulesets = pickle.load(f)
+        if all(_digest(Path(p)) == d for p, d in read):
+            return rulesets
+    except Exception:  # noqa: BLE001 - a missing, stale or unreadable entry is a miss
+        pass
+    return None
+
+
+def _cache_write(key: str, read: list[Path], rulesets: list[RuleSet]) -> None:
+    try:
+        entry = ([(str(p), _digest(p)) for p in read], rulesets)
+        folder = _cache_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{key}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(entry, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, folder / f"{key}.pickle")
+    except OSError:
+        pass   # a read-only home only costs the next load its parse
 
 
 def load_rules(paths: Iterable[str | os.PathLike] | None = None, level: int = MAX_LEVEL,

@@ -163,3 +163,21 @@ def test_unsqueeze_squeeze_and_a_transpose_of_unit_dims_merge_into_one_reshape()
     after, _ = optimize(before)
     assert ops(after) == ["Reshape", "Relu"]
     assert_same(before, after, b.sample())
+
+
+def test_a_value_of_unknown_rank_leaves_dim_rules_undecided():
+    # Guards over dims (reshape-same) read nothing of a value whose rank is unknown.
+    import onnx
+    from onnx import TensorProto, helper
+
+    from saturate.frontend.onnx_io import import_model
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"]), helper.make_node("Relu", ["y"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.array([-1], I64), "s")])
+    before = import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    after, _ = optimize(before)
+    assert ops(after) == ["Reshape", "Relu"]
+    assert_same(before, after, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)})

@@ -227,7 +227,10 @@ class _Evaluator:
         if kind in ("dims", "data"):
             if not isinstance(term, Var):
                 raise _Undecided
-            return self.b.dims(term.name) if kind == "dims" else self.b.data(term.name)
+            got = self.b.dims(term.name) if kind == "dims" else self.b.data(term.name)
+            if got is None:
+                raise _Undecided
+            return got
         if kind == "isconst":
             if not isinstance(term, Var):
                 raise _Undecided

@@ -24,6 +24,7 @@ from saturate.engine.encode import Encoding, chunks
 from saturate.engine.compile_rules import CompiledRule
 from saturate.engine.facts import Facts
 from saturate.engine.guards import Checker
+from saturate.lang.ast import Call, Var
 
 
 FACTS, APPLY, SIZE = "(run facts 1)", "(run apply 1)", "(print-size)"
@@ -126,6 +127,9 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
     egg = _Egg(eg)
     groups = [_Group(cr, (cr.name, f"m{cr.name}")) for cr in rules]
     step_set = _combine(egg, groups, 0)
+    folds = [g for g in groups if folds_to_existing(g.rule)]
+    fold_set = _combine(egg, folds, "fold") if folds else None
+    fold_checked = [g.rule for g in folds if g.rule.checked]
     held: dict[str, str] = {}          # group ruleset -> the limit that held it back
     cache: dict = {}
     start = time.perf_counter()
@@ -200,6 +204,12 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
             # Apply the checked rewrites now, so one iteration is one step of every rule.
             _count(egg(APPLY)[-1].report, by_name, step)
         dirty = bool(commands)
+        if (updated or dirty) and fold_set:
+            # Constant folding goes to its fixed point inside the iteration: a chain of shape
+            # arithmetic (Swin pads each stage from the last one's shape) would otherwise take an
+            # iteration per op. Folds add no op e-node, so this ends and never grows the graph.
+            dirty = _fold_to_fixed_point(egg, eg, enc, checker, fold_set, fold_checked, relations,
+                                         cache, deadline, by_name, step) or dirty
         new_size = egg.size() if dirty else view.size
         cost.nodes_per_match = max(new_size - before, 0) / max(matched, 1)
         size = new_size
@@ -239,7 +249,36 @@ def peak_rss() -> int:
     return peak if sys.platform == "darwin" else peak * 1024     # macOS counts bytes, Linux KiB
 
 
-def _combine(egg: _Egg, groups: list[_Group], k: int) -> str:
+def folds_to_existing(cr: CompiledRule) -> bool:
+    """Whether a rule's right side is a constant expression or one of the values it matched:
+    it unites classes and adds constant nodes, never an op."""
+    return cr.direction != "reverse" and isinstance(cr.rule.rhs, (Call, Var))
+
+
+def _fold_to_fixed_point(egg: _Egg, eg: Any, enc: Encoding, checker: Checker, fold_set: str,
+                         fold_checked: list[CompiledRule], relations: tuple[str, ...], cache: dict,
+                         deadline: float, by_name: dict[str, CompiledRule], step: dict[str, int]) -> bool:
+    """Run the folding rules alone until they change nothing (or the deadline); whether any did."""
+    changed = False
+    while time.perf_counter() < deadline:
+        egg(FACTS)
+        run = egg(f"(run {fold_set} 1)")[-1].report
+        _count(run, by_name, step)
+        view = read_egraph(eg, relations)
+        commands = checker.check(fold_checked, view, Facts(view, enc, cache), deadline)
+        for piece in chunks(commands):
+            if time.perf_counter() > deadline:
+                break
+            eg.run_program(*eg.parse_program(piece))
+        if commands:
+            _count(egg(APPLY)[-1].report, by_name, step)
+        if not run.updated and not commands:
+            break
+        changed = True
+    return changed
+
+
+def _combine(egg: _Egg, groups: list[_Group], k: int | str) -> str:
     """A ruleset running `groups` together (every rule's matching side, less those held back)."""
     name = f"step{k}"
     if groups:

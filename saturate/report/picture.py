@@ -62,13 +62,13 @@ def trim_and_pack(shot: Path, out: Path) -> None:
 
 
 def make_picture(model: str, out: Path, width: int = 1280, height: int = 4000) -> None:
-    """Optimize `model` with --html through the CLI, and write the page's picture to `out`."""
-    from saturate.cli import main
-
+    """Optimize `model` with --html through the CLI (a child process: the report stage sits
+    below the commands), and write the page's picture to `out`."""
     with tempfile.TemporaryDirectory(prefix="saturate-picture-") as scratch:
         folder = Path(scratch)
         page = folder / "report.html"
-        code = main(["optimize", model, "-o", str(folder / "model.onnx"), "--html", str(page), "--quiet"])
+        code = subprocess.run([sys.executable, "-m", "saturate", "optimize", model, "-o", str(folder / "model.onnx"),
+                               "--html", str(page), "--quiet"]).returncode
         if code != 0:
             raise SaturateError(f"optimize {model} failed (exit {code})")
         shot = folder / "shot.png"

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Sequence
 from saturate.engine.cost import graph_cost, resolve_target
 from saturate.engine.egraph import egglog_bindings
 from saturate.engine.encode import chunks, encode_graph
-from saturate.engine.compile_rules import compile_rules, rule_ops
+from saturate.engine.compile_rules import applicable_rules, compile_rules, rule_ops
 from saturate.core.errors import SaturateError
 from saturate.engine.extract import extract
 from saturate.engine.decode import decode
@@ -114,8 +114,9 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     report.rules = len(rule_list)
 
     t = time.perf_counter()
-    enc = encode_graph(graph, keep, rule_ops(rule_list))
-    compiled = compile_rules(rule_list, enc)
+    live = applicable_rules(rule_list, {n.op for n in graph.nodes})
+    enc = encode_graph(graph, keep, rule_ops(live))
+    compiled = compile_rules(live, enc)
     eg = egglog_bindings().EGraph()
     for piece in chunks(enc.commands + [line for cr in compiled for line in cr.text]):
         eg.run_program(*eg.parse_program(piece))
@@ -123,6 +124,10 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
 
     t = time.perf_counter()
     report.run, facts = saturate(eg, enc, compiled, max_iterations, max_nodes, timeout, progress)
+    for r in rule_list:                 # the rules that could not match this graph matched 0 times
+        for label in (r.name, f"{r.name} (reverse)") if r.bidirectional else (r.name,):
+            report.run.matches.setdefault(label, 0)
+            report.run.locations.setdefault(label, str(r.loc))
     report.times["saturate"] = time.perf_counter() - t
 
     t = time.perf_counter()

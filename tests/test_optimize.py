@@ -446,3 +446,18 @@ def test_input_defaults_round_trip_through_the_text_form(tmp_path):
     save_graph(graph, str(tmp_path / "g.sat"))
     again = load_graph(str(tmp_path / "g.sat"))
     assert structurally_equal(graph, again) and again.inputs == graph.inputs
+
+
+def test_rules_that_cannot_match_the_graph_are_not_compiled_but_are_reported():
+    from saturate.engine.compile_rules import applicable_rules
+
+    rules = load_rules(None, level=3)
+    conv_only = {r.name for r in applicable_rules(rules, {"Conv", "BatchNormalization", "Relu"})}
+    assert {"batchnorm", "conv-scale-out"} <= conv_only                # on the graph's own ops
+    assert "conv-bias" in conv_only                                     # Add: built by batchnorm's right side
+    assert not {"fold-transpose", "shape-gather", "slice-whole-3"} & conv_only
+    b = Builder(shape=(1, 4, 6, 6))
+    before = b.build(b.op("Relu", b.bn(b.conv("x", 4, 4), 4)))
+    after, report = optimize(before)
+    assert ops(after) == ["Conv", "Relu"]
+    assert report.run.matches["shape-gather"] == 0 and "shape-gather" in report.run.locations

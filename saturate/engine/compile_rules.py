@@ -172,15 +172,35 @@ def _is_pattern(term: Term) -> bool:
 def rule_ops(rules: list[Rule]) -> set[str]:
     """Every op a rule names on either side."""
     found: set[str] = set()
-
-    def walk(t: Term) -> None:
-        if isinstance(t, OpTerm):
-            found.add(t.op)
-        for a in getattr(t, "args", ()):
-            walk(a)
     for r in rules:
-        walk(r.lhs)
-        walk(r.rhs)
+        found |= _ops_of(r.lhs) | _ops_of(r.rhs)
+    return found
+
+
+def applicable_rules(rules: list[Rule], graph_ops: set[str]) -> list[Rule]:
+    """The rules that can ever match a graph with these ops: those whose left side names only
+    ops the graph has or an applicable rule's right side builds (a `<=>` rule from either side).
+    The others would only cost egglog the time to compile them."""
+    ops = set(graph_ops)
+    sides = [(r, _ops_of(r.lhs), _ops_of(r.rhs)) for r in rules]
+    live: set[int] = set()
+    grew = True
+    while grew:
+        grew = False
+        for k, (r, lhs, rhs) in enumerate(sides):
+            if k not in live and (lhs <= ops or (r.bidirectional and rhs <= ops)):
+                live.add(k)
+                ops |= lhs | rhs
+                grew = True
+    return [r for k, (r, _, _) in enumerate(sides) if k in live]
+
+
+def _ops_of(t: Term) -> set[str]:
+    found = set()
+    if isinstance(t, OpTerm):
+        found.add(t.op)
+    for a in getattr(t, "args", ()):
+        found |= _ops_of(a)
     return found
 
 

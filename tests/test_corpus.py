@@ -23,6 +23,23 @@ SLOW = {"vgg11_bn-ts", "convnext_tiny-ts", "convnext_tiny-dynamo", "swin_tiny-ts
         "densenet121-ts", "densenet121-dynamo", "deit_tiny-ts-dyn", "resnet50-dynamo"}
 
 RTOL = 1e-4
+# Nodes onnx-simplifier 0.8.1 leaves (`python bench/corpus_folding.py`; onnxsim is the `bench`
+# extra, not a test dependency). ONNX Runtime's basic level is asked live.
+ONNXSIM_NODES = {"convnext_tiny-dynamo": 294, "convnext_tiny-ts": 295, "deit_tiny-dynamo": 416,
+                 "deit_tiny-ts": 384, "deit_tiny-ts-dyn": 418, "densenet121-dynamo": 368,
+                 "densenet121-ts": 368, "efficientnet_b0-dynamo": 239, "efficientnet_b0-ts": 239,
+                 "efficientnet_lite0-dynamo": 94, "efficientnet_lite0-ts": 96, "encoder-dynamo": 82,
+                 "encoder-dynamo-dyn": 86, "encoder-ts": 88, "encoder-ts-dyn": 92,
+                 "ghostnet_100-dynamo": 209, "ghostnet_100-ts": 241, "googlenet-dynamo": 139,
+                 "googlenet-ts": 139, "mixnet_s-dynamo": 363, "mixnet_s-ts": 363, "mobilenet_v2-dynamo": 100,
+                 "mobilenet_v2-dynamo-noopt": 329, "mobilenet_v2-ts": 102, "mobilenet_v3_small-dynamo": 122,
+                 "mobilenet_v3_small-ts": 122, "regnet_x_400mf-dynamo": 163, "regnet_x_400mf-ts": 163,
+                 "repvgg_a0-dynamo": 125, "repvgg_a0-ts": 125, "resnet18-dynamo": 49,
+                 "resnet18-dynamo-dyn": 49, "resnet18-dynamo-noopt": 104, "resnet18-ts": 49,
+                 "resnet18-ts-dyn": 49, "resnet26d-dynamo": 73, "resnet26d-ts": 73, "resnet50-dynamo": 122,
+                 "resnet50-ts": 122, "shufflenet_v2_x1_0-dynamo": 173, "shufflenet_v2_x1_0-ts": 186,
+                 "squeezenet1_1-dynamo": 65, "squeezenet1_1-ts": 65, "swin_tiny-dynamo": 561,
+                 "swin_tiny-ts": 558, "vgg11_bn-ts": 28}
 _LINEAR = {"Conv", "Gemm", "MatMul"}
 
 
@@ -153,3 +170,14 @@ def test_optimize_folds_batch_norms_into_linear_ops(entry, request):
     left = [n.name or n.output[0] for n in g.node
             if n.op_type == "BatchNormalization" and producer.get(n.input[0]) in _LINEAR]
     assert not left, f"{len(left)} batch norms left after a conv/gemm/matmul, e.g. {left[:3]}"
+
+
+def test_optimize_leaves_no_more_nodes_than_onnxsim_or_onnx_runtime_basic(entry, tmp_path):
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.optimized_model_filepath = str(tmp_path / "basic.onnx")
+    ort.InferenceSession(entry.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    basic = len(onnx.load(opts.optimized_model_filepath, load_external_data=False).graph.node)
+    ours = len(entry.optimized.graph.node)
+    assert ours <= ONNXSIM_NODES[entry.name], f"{ours} nodes, onnxsim {ONNXSIM_NODES[entry.name]}"
+    assert ours <= basic, f"{ours} nodes, ONNX Runtime basic {basic}"

@@ -317,3 +317,19 @@ def test_cli_named_rule_above_level_is_an_error(capsys):
     assert main(["rules", "--level", "2", "--only", "relu-scale"]) == 2
     assert "rule 'relu-scale' is level 3 but --level is 2" in capsys.readouterr().err
     assert main(["rules", "--only", "relu-scale"]) == 0
+
+
+def test_a_load_is_cached_on_disk_and_a_changed_file_is_read_again(tmp_path, monkeypatch):
+    from saturate.lang import parser
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    rules = tmp_path / "r.rules"
+    rules.write_text("ruleset r level 0\nrule a Identity(x) => x\n")
+    assert [r.name for r in parser.load_rules([rules])] == ["a"]
+    assert len(list((tmp_path / "cache" / "saturate" / "rules").glob("*.pickle"))) == 1
+    assert [r.name for r in parser.load_rules([rules])] == ["a"]
+    rules.write_text("ruleset r level 0\nrule b Identity(x) => x\n")
+    assert [r.name for r in parser.load_rules([rules])] == ["b"]
+    rules.write_text("ruleset r level 0\nrule c Identity(x) =>\n")
+    with pytest.raises(SourceError):
+        parser.load_rules([rules])

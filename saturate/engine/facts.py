@@ -37,6 +37,7 @@ class Facts:
         self._busy: set = set()
         # E-classes whose type was inferred from their e-nodes in this e-graph (see `info`).
         self._refined: set = set()
+        self.settled: dict[Any, ValueInfo] = self.cache.setdefault("settled types", {})
         original = enc.value_infos()
         for value, let in enc.value_names.items():
             cls = view.lets.get(let)
@@ -121,6 +122,12 @@ class Facts:
         got = self.infos.get(cls)
         if got is not None and (cls in self._refined or not self.refinable(got)):
             return got
+        # A type fully known in an earlier iteration still holds: an e-class id that is still
+        # canonical names the same value, however many classes joined it since.
+        settled = self.settled.get(cls)
+        if settled is not None:
+            self.infos[cls] = settled
+            return settled
         if cls in self._busy:
             return got if got is not None else ValueInfo(shape=None)
         self._busy.add(cls)
@@ -139,6 +146,8 @@ class Facts:
         result = result if result is not None else ValueInfo(shape=None)
         self.infos[cls] = result
         self._refined.add(cls)
+        if not self.refinable(result):
+            self.settled[cls] = result
         return result
 
     def refinable(self, info: ValueInfo) -> bool:

@@ -12,11 +12,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import saturate.frontend as frontend
 from saturate.cli import main
 from saturate.frontend import examples, load_graph, save_graph
+from saturate.frontend.onnx_io import export_model, import_model
 from saturate.interp import run_graph
+from saturate.pipeline import optimize
 
 
 def _one_error_line(capsys, *words: str, context: bool = False) -> str:
@@ -375,3 +378,20 @@ def test_compile_into_an_existing_file_or_a_foreign_directory_is_refused(tmp_pat
     assert main(["compile", "example:mlp", "-o", str(tmp_path / "docs"), "--quiet"]) == 2
     _one_error_line(capsys, "holds files that are not a compiled model (notes.txt)")
     assert [p.name for p in (tmp_path / "docs").iterdir()] == ["notes.txt"]
+
+
+def test_a_scalar_graph_keeps_its_0d_output_when_constants_regroup():
+    # add-add and mul-mul regroup 0-d constants: the folded ones stay 0-d, and so does the output.
+    nodes = [helper.make_node("Add", ["x", "a"], ["t"]), helper.make_node("Add", ["t", "b"], ["u"]),
+             helper.make_node("Mul", ["u", "c"], ["v"]), helper.make_node("Mul", ["v", "d"], ["y"])]
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in zip("abcd", (1.5, 2.0, 3.0, 0.5))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], consts)
+    out, report = optimize(import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
+    assert report.run.matches["add-add"] > 0 and report.run.matches["mul-mul"] > 0
+    model = export_model(out)
+    assert [n.op_type for n in model.graph.node] in (["Mul", "Add"], ["Add", "Mul"])
+    assert all(list(t.dims) == [] for t in model.graph.initializer)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"x": np.array(2.0, np.float32)})[0]
+    assert y.shape == () and float(y) == (2.0 + 1.5 + 2.0) * 1.5

@@ -14,7 +14,7 @@ from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, ValueInfo
 
 # The peak a "% peak" column divides by: one core running the conv micro-kernel on operands in L1 (the
-# AVX-512 8x32 tile where the build has it, else the vector-extension dot kernel), measured by a probe
+# AVX-512 8x32 tile where the build has it, else the vector-extension 4x3 tile), measured by a probe
 # built with the models' own flags, best of its timed batches, cached per kernels, flags, compiler and CPU.
 PROBE_SOURCE = r"""
 #include <stdio.h>
@@ -43,16 +43,17 @@ int main(void) {
     }
     const float check = c[0];
 #else
-    enum { K = 512 };
-    static float A[3 * K] __attribute__((aligned(64))), B[4 * K] __attribute__((aligned(64))), C[12];
-    for (int i = 0; i < 3 * K; i++) A[i] = 1e-3f * (float)(i % 7);
-    for (int i = 0; i < 4 * K; i++) B[i] = 1e-3f * (float)(i % 5);
-    const double flops = 2.0 * 12 * K;
+    /* the 4 x 3-vector register tile of sat_gemm_nn (vec.h): every panel whole, B's panel in L1 */
+    enum { K = 256, N = 3 * SAT_VL };
+    static float A[4 * K] __attribute__((aligned(64))), B[K * N] __attribute__((aligned(64))), C[4 * N];
+    for (int i = 0; i < 4 * K; i++) A[i] = 1e-3f * (float)(i % 7);
+    for (int i = 0; i < K * N; i++) B[i] = 1e-3f * (float)(i % 5);
+    const double flops = 2.0 * 4 * N * K;
     for (int rep = 0; rep < 30; rep++) {
         const double t = sat_probe_now();
         for (int i = 0; i < 400; i++) {
-            sat_dot_rows(A, K, 3, B, K, 0, 4, K, C, 4, 1, 1.0f);
-            A[i % (3 * K)] += 1e-30f * C[i % 12]; /* each call depends on the last */
+            sat_gemm_nn(4, N, K, A, K, B, N, C, N);
+            A[i % (4 * K)] += 1e-30f * C[i % (4 * N)]; /* each call depends on the last */
         }
         const double g = 400 * flops / (sat_probe_now() - t);
         best = g > best ? g : best;

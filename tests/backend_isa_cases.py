@@ -12,10 +12,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import numpy as np
-
 from backend_asan_cases import cases
-from backend_util import feed_for, rel_error
+from backend_util import corpus_reference, feed_for, rel_error
 from saturate.backend import compile_graph
 from saturate.backend.build import avx512_build, build, cpu_has_avx512, isa
 from saturate.backend.capi import api_source, header
@@ -45,19 +43,7 @@ def check(model, got: dict, want: dict, label: str, which: str) -> list[str]:
 
 def corpus_case(name: str):
     """test_corpus_backends' check: the optimized model compiled, against ORT on the original."""
-    import onnxruntime as ort
-
-    import saturate
-    from saturate.frontend import corpus
-    from saturate.frontend.onnx_io import import_model
-
-    model = corpus.load_model(name)
-    feeds = corpus.inputs(name)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
-    optimized, _ = saturate.optimize(import_model(model))
+    feeds, want, optimized = corpus_reference(name)
     compiled = compile_graph(optimized, input_shapes={k: v.shape for k, v in feeds.items()})
     return compiled, compiled(**feeds), want
 

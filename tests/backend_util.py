@@ -54,3 +54,22 @@ def check_three_way(graph: Graph, seed: int = 0, ort: bool = True, threads: int 
             assert got[k].shape == v.shape, (k, got[k].shape, v.shape)
             assert rel_error(got[k], np.asarray(v, np.float64)) <= TOL, (k, rel_error(got[k], v))
     return got
+
+
+def corpus_reference(name: str):
+    """A corpus model's inputs, ONNX Runtime's outputs on the original (no ORT rewrites: the
+    graph as written), and the graph `saturate.optimize` makes of it."""
+    import onnxruntime as ort
+
+    import saturate
+    from saturate.frontend import corpus
+    from saturate.frontend.onnx_io import import_model
+
+    model = corpus.load_model(name)
+    feeds = corpus.inputs(name)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    optimized, _ = saturate.optimize(import_model(model))
+    return feeds, want, optimized

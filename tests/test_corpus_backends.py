@@ -6,12 +6,11 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import onnxruntime as ort
 import pytest
+from backend_util import corpus_reference
 
 import saturate
 from saturate.frontend import corpus
-from saturate.frontend.onnx_io import import_model
 from saturate.interp import run_graph
 
 RTOL = 1e-4
@@ -20,14 +19,7 @@ RTOL = 1e-4
 @functools.lru_cache(maxsize=1)
 def _case(name: str):
     """The original model's ORT outputs and the optimized graph (one model held at a time)."""
-    model = corpus.load_model(name)
-    feeds = corpus.inputs(name)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
-    optimized, _ = saturate.optimize(import_model(model))
-    return feeds, want, optimized
+    return corpus_reference(name)
 
 
 def _assert_close(got: dict, want: dict) -> None:

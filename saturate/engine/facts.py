@@ -44,6 +44,9 @@ class Facts:
             if cls is None:
                 continue
             self.names.setdefault(cls, []).append(value)
+            if cls in self.settled:
+                self.infos[cls] = self.settled[cls]
+                continue
             # A class holds several original values once rewrites unite them (Pad by zeros and
             # its input): the best-known type of any of them is the class's.
             self.infos[cls] = refine(self.infos.get(cls), original[value])

@@ -173,17 +173,17 @@ def _extract_evaluable(facts, roots, model):
     banned: set = set()
     for _ in range(8):
         ext = extract(facts, roots, model.node_cost, banned)
-        bad = {(c, n) for c, n in ext.choice.items() if n.kind == "k" and facts.node_key(n) is None}
+        bad = {(c, n) for c, n in ext.choice.items() if n.kind == "call" and facts.node_key(n) is None}
         if not bad:
             return ext
         banned |= bad
     banned |= {(c, n) for c, nodes in facts.view.classes.items() for n in nodes
-               if n.kind == "k" and facts.node_key(n) is None}
+               if n.kind == "call" and facts.node_key(n) is None}
     try:
         ext = extract(facts, roots, model.node_cost, banned)
     except SaturateError:
         return None
-    ok = not any(n.kind == "k" and facts.node_key(n) is None for n in ext.choice.values())
+    ok = not any(n.kind == "call" and facts.node_key(n) is None for n in ext.choice.values())
     return ext if ok else None
 
 

@@ -44,7 +44,7 @@ def test_every_value_gets_an_e_class_and_opaque_ops_keep_their_node():
     assert set(classes) == set(g.inputs) | set(g.constants) | {n.outputs[0] for n in g.nodes}
     assert len(set(classes.values())) == len(classes)
     kinds = {n.kind for nodes in view.classes.values() for n in nodes}
-    assert kinds == {"inp", "const", "op", "opq", "out"}
+    assert kinds == {"inp", "const", "op", "opaque", "out"}
     assert [n.op for n in enc.opaque_nodes] == ["Exp"]
     conv_ids = {view.classes[classes[n.outputs[0]]][0].key for n in g.nodes if n.op == "Conv"}
     assert len(conv_ids) == 1, "equal attribute dicts share one attribute-set id"

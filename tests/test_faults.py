@@ -188,7 +188,7 @@ def test_constant_expressions_that_never_evaluate_end_in_a_graph_not_a_failure(t
     from saturate.engine.facts import Facts
 
     real = Facts.node_key
-    monkeypatch.setattr(Facts, "node_key", lambda self, node: None if node.kind == "k" else real(self, node))
+    monkeypatch.setattr(Facts, "node_key", lambda self, node: None if node.kind == "call" else real(self, node))
     out = tmp_path / "out.onnx"
     assert main(["optimize", "example:vgg", "-o", str(out)]) == 0
     graph = load_graph(str(out))

@@ -54,7 +54,7 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts) -> Graph:
             return node.key
         if node.kind == "absent":
             return ""
-        if node.kind in ("const", "lit", "k"):
+        if node.kind in ("const", "lit", "call"):
             val = facts.cache.get(facts.node_key(node)) if facts.node_key(node) is not None else None
             if val is None:
                 raise SaturateError("a constant expression chosen by extraction could not be evaluated")
@@ -82,7 +82,7 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts) -> Graph:
                     if o and o in g.values:
                         out.values[o] = g.values[o]
             return src.outputs[node.key]
-        if node.kind == "opq":
+        if node.kind == "opaque":
             return ""
         op, attrs = enc.attr_sets[node.key]
         name = name_for(cls)
@@ -103,7 +103,7 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts) -> Graph:
             stack.append((cls, True))
             # A constant expression is folded whole from its structure: its operands (an omitted
             # attribute among them, valued None) never become graph values of their own.
-            if choice[cls].kind != "k":
+            if choice[cls].kind != "call":
                 stack.extend((c, False) for c in reversed(choice[cls].children) if c not in named)
     for o, cls in zip(g.outputs, roots):
         src = named[cls]

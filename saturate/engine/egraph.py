@@ -32,7 +32,10 @@ def egglog_bindings():
 
 
 class ENode(NamedTuple):
-    """One e-node. kind: inp const lit absent out op opq k; head: op or function name;
+    """One e-node. kind: "inp" (a graph input), "const" (a constant), "lit" (a literal value),
+    "absent" (an omitted optional input), "op" (an op open to rules), "opaque" (an op kept as
+    it is, several outputs possibly), "out" (output k of an opaque op) or "call" (a constant
+    function applied to constants, computed with numpy); head: op or function name;
     key: attribute-set id, node index, output index, literal id or value name."""
 
     kind: str
@@ -80,14 +83,14 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
         if kind is None:
             continue
         view.size += len(rows)
-        head = name.split("_")[1] if kind in ("op", "k") else name
-        if kind == "k":
+        head = name.split("_")[1] if kind in ("op", "call") else name
+        if kind == "call":
             head = name[2:name.rindex("_")]
         classes, make = view.classes, tuple.__new__
         # The hottest loop of the engine: one pass per row, no method calls it can avoid.
         for r in rows:
             ins = r.inputs
-            if kind in ("op", "opq", "out", "lit"):
+            if kind in ("op", "opaque", "out", "lit"):
                 node = make(ENode, (kind, head, to_i64(ins[0]), tuple(ins[1:])))
             elif kind in ("inp", "const"):
                 node = make(ENode, (kind, head, to_str(ins[0]), ()))
@@ -109,4 +112,4 @@ def node_count(sizes: list[tuple[str, int]]) -> int:
 
 
 _KINDS = {"Inp": "inp", "Const": "const", "Lit": "lit", "Absent": "absent", "Out": "out",
-          "Op": "op", "Opq": "opq", "K": "k"}
+          "Op": "op", "Opq": "opaque", "K": "call"}

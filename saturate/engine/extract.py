@@ -21,7 +21,7 @@ from saturate.engine.egraph import ENode
 from saturate.engine.extract_ilp import solve
 from saturate.engine.facts import Facts
 
-INF = None
+UNRUNNABLE = None   # the cost of an e-node the target cannot run (never chosen)
 
 
 @dataclass
@@ -45,14 +45,14 @@ def node_costs(facts: Facts, cost: Callable, banned: set) -> dict[tuple, int | N
         for node in nodes:
             key = (cls, node)
             if key in banned:
-                costs[key] = INF
+                costs[key] = UNRUNNABLE
             elif node.kind == "op":
                 ins, out = [facts.info(ch) for ch in node.children], facts.info(cls)
                 sig = (node.key, tuple(map(_typed, ins)), _typed(out))
                 if sig not in same:
                     op, a = attrs[node.key]
                     c = cost(op, a, ins, out)
-                    same[sig] = INF if c is None or not math.isfinite(c) else int(math.ceil(c))
+                    same[sig] = UNRUNNABLE if c is None or not math.isfinite(c) else int(math.ceil(c))
                 costs[key] = same[sig]
             else:
                 costs[key] = 0
@@ -87,7 +87,7 @@ def greedy(facts: Facts, costs: dict) -> tuple[dict[Any, tuple[int, ENode]], dic
     heap: list = []
     for cls, nodes in view.classes.items():
         for node in nodes:
-            if costs[(cls, node)] is INF:
+            if costs[(cls, node)] is UNRUNNABLE:
                 continue
             kids = set(node.children)
             waiting[(cls, node)] = len(kids)
@@ -140,7 +140,7 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
 
 def _original_cost(facts: Facts, best: dict, costs: dict, roots: list) -> int | float:
     """DAG cost of the input graph's own e-nodes (cheapest e-nodes where it had none)."""
-    original = {c: n for c, n in facts.original_nodes() if costs.get((c, n)) is not INF}
+    original = {c: n for c, n in facts.original_nodes() if costs.get((c, n)) is not UNRUNNABLE}
     seen: set = set()
     total, stack = 0, list(roots)
     while stack:
@@ -163,7 +163,7 @@ class _DagSearch:
         self.best, self.costs, self.roots, self.ckey = best, costs, roots, ckey
         self.alternatives: dict[Any, list[ENode]] = {}
         for (c, n), v in costs.items():
-            if v is not INF and all(ch in best for ch in n.children):
+            if v is not UNRUNNABLE and all(ch in best for ch in n.children):
                 self.alternatives.setdefault(c, []).append(n)
         for c, alts in self.alternatives.items():
             alts.sort(key=lambda n: (costs[(c, n)], n.kind, n.head, str(n.key),

@@ -108,7 +108,7 @@ class Facts:
             key = ("lit", node.key)
             self.cache.setdefault(key, self.enc.lits[node.key])
             return key
-        if node.kind != "k":
+        if node.kind != "call":
             return None
         kids = [self.key(c) for c in node.children]
         if any(k is None for k in kids):
@@ -174,10 +174,10 @@ class Facts:
         if node.kind == "out":
             (opq,) = node.children
             for inner in self.view.classes.get(opq, ()):
-                if inner.kind == "opq":
+                if inner.kind == "opaque":
                     original = self.enc.opaque_nodes[inner.key]
                     return self._infer(original.op, original.attrs, inner.children, node.key,
-                                       ("opq", inner.key))
+                                       ("opaque", inner.key))
         return None
 
     def _infer(self, op: str, attrs: dict, kids: tuple, output: int, ident: tuple) -> ValueInfo:

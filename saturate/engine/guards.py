@@ -295,9 +295,9 @@ def _term(node: ENode, kids: list[str]) -> str:
         return "(Absent)"
     if node.kind == "out":
         return f"(Out {node.key} {kids[0]})"
-    if node.kind == "opq":
+    if node.kind == "opaque":
         return f"({opaque_ctor(len(kids))} {node.key} {' '.join(kids)})"
-    if node.kind == "k":
+    if node.kind == "call":
         return f"({k_ctor(node.head, len(kids))} {' '.join(kids)})"
     return f"({op_ctor(node.head, len(kids))} {node.key} {' '.join(kids)})"
 

@@ -194,7 +194,11 @@ def test_integer_safe_patterns_are_drawn_in_int64_often():
 
 
 def test_concat_inputs_are_mostly_non_empty():
+    # An axis shorter than the inputs forces an empty one; where it is long enough, an input is
+    # empty only now and then (how often short axes are drawn depends on hypothesis's version).
     rule = _rule("rule r  Concat(a, b, c){axis=ax} => Concat(a, b, c){axis=ax}")
     drawn = _draw(rule)
-    empty = [ex for ex in drawn if any(v.size == 0 for v in ex.values.values())]
-    assert 0 < len(empty) <= len(drawn) // 3
+    roomy = [ex for ex in drawn if sum(v.shape[ex.attrs["ax"]] for v in ex.values.values()) >= 3]
+    empty = [ex for ex in roomy if any(v.size == 0 for v in ex.values.values())]
+    assert len(roomy) >= len(drawn) // 3
+    assert 0 < len(empty) <= len(roomy) // 3

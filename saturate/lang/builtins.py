@@ -670,6 +670,16 @@ def whole_slice(shape: Shape, starts: Any, ends: Any, axes: Any, steps: Any) -> 
     return True
 
 
+def fits_along(shape: Shape, axis: int, rank: int, n: int) -> bool:
+    """Broadcast against a rank-`rank` value whose side on `axis` is n, a value of this shape
+    leaves that side n: it has at most `rank` dims and size 1 or n there."""
+    if len(shape) > rank or not -rank <= axis < rank:
+        return False
+    axis = axis + rank if axis < 0 else axis
+    local = axis - (rank - len(shape))
+    return local < 0 or shape[local] in (1, n)
+
+
 def same_dims(dims: Shape, target: Any) -> bool:
     """Reshape (allowzero 0) of a value with these dims to `target` keeps its shape: each entry is
     the dim itself or 0 (copy it), or one entry is -1 while every other is the same known,
@@ -731,6 +741,7 @@ GUARDS: dict[str, GuardFn] = {
     "centred_identity": _shape(centred_identity, ("value", "ints", "ints", "ints")),
     "whole_slice": _shape(whole_slice, ("value", "ints", "ints", "ints", "ints")),
     "same_dims": _shape(same_dims, ("dims", "ints")),
+    "fits_along": _shape(fits_along, ("value", "int", "int", "int")),
     "positive": _value(_all(lambda a: a > 0), "every element > 0"),
     "nonnegative": _value(_all(lambda a: a >= 0), "every element >= 0"),
     "nonzero": _value(_all(lambda a: a != 0), "every element != 0"),

@@ -91,7 +91,10 @@ class Status:
             return
         if detail is not None:
             self.bar.set_postfix_str(detail, refresh=False)
+        # tqdm's own update skips draws within its minimum interval, so a fast step (the first
+        # iteration, the last model) would never show: draw every step once DELAY has passed.
         self.bar.update(n)
+        self._redraw()
 
     def write(self, line: str, file=None) -> None:
         """Print a line of the command's own output without tearing the progress line."""

@@ -247,33 +247,31 @@ class Facts:
         if op == "Shape":
             dims = self.dims(kids[0])
             return None if dims is None else dims[attrs.get("start", 0) or 0:attrs.get("end")]
-        data = [self.data(c) for c in kids[:1]]
-        if data[0] is None:
+        first = self.data(kids[0])
+        if first is None:
             return None
         if op in ("Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"):
-            return data[0]
+            return first
         if op == "Cast":
-            return data[0] if np.issubdtype(_np_type(attrs.get("to")), np.integer) else None
+            return first if np.issubdtype(_np_type(attrs.get("to")), np.integer) else None
         if op == "Concat" and int(attrs.get("axis", 0)) in (0, -1):
             parts = [self.data(c) for c in kids]
             return None if any(p is None for p in parts) else tuple(x for p in parts for x in p)
         consts = [self.value(c) if c in self.view.consts else None for c in kids[1:]]
         if op == "Gather" and int(attrs.get("axis", 0)) == 0 and consts and consts[0] is not None:
-            picked = _pick(data[0], consts[0])
-            return picked
+            return _pick(first, consts[0])
         if op in ("Add", "Sub", "Mul", "Div") and len(kids) == 2:
             other = self.data(kids[1])
-            if other is None or (len(other) != len(data[0]) and 1 not in (len(other), len(data[0]))):
+            if other is None or (len(other) != len(first) and 1 not in (len(other), len(first))):
                 return None
-            n = max(len(other), len(data[0]))
-            a, b = (data[0] * n if len(data[0]) == 1 else data[0]), (other * n if len(other) == 1 else other)
+            n = max(len(other), len(first))
+            a, b = (first * n if len(first) == 1 else first), (other * n if len(other) == 1 else other)
             fn = CONST_FUNCS[op.lower()].impl
             return tuple(int(fn(np.int64(x), np.int64(y))) if isinstance(x, int) and isinstance(y, int)
                          and not (op == "Div" and y == 0) else ("elem", op, x, y) for x, y in zip(a, b))
         if op == "Slice" and all(c is not None for c in consts):
-            picked = _pick(data[0], CONST_FUNCS["slice"].impl(np.arange(len(data[0])), *consts,
-                                                               *[None] * (4 - len(consts))))
-            return picked
+            return _pick(first, CONST_FUNCS["slice"].impl(np.arange(len(first)), *consts,
+                                                          *[None] * (4 - len(consts))))
         return None
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import numpy as np
 import onnx
@@ -12,194 +12,120 @@ from onnx import helper
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, unique_name
-from saturate.core.ops import spec
-from saturate.lang.ast import IntList, Num, OpTerm, Str, Term, Var
+from saturate.core.ops import op_table
+from saturate.lang.ast import Var
+from saturate.targets.composites import body_attrs, interior_types, positions, position_attrs, variables
 from saturate.targets.target import Composite, Target, load_target
 
 FUNCTIONS_KEY = "functions"  # graph.meta[FUNCTIONS_KEY]: {(domain, name): body Graph}
-_COMMUTATIVE = {"Add", "Mul", "Max", "Min", "Sum"}
 
 
-@dataclass
-class _Match:
-    composite: Composite
-    binds: dict[str, str]          # pattern variable -> value name, in first-seen order
-    nodes: list[Node]              # matched nodes, root last
-
-
-# ---- matching ------------------------------------------------------------------------------
-
-class _Matcher:
-    """Finds matches of composite patterns rooted at a node of one graph."""
-
-    def __init__(self, graph: Graph, leave: frozenset[str] = frozenset()):
-        self.g, self.leave = graph, leave
-        self.producers = graph.producers()
-        self.consumers = graph.consumers()
-        self.claimed: set[int] = set()
-
-    def match(self, comp: Composite, root: Node) -> _Match | None:
-        """The first closed match of `comp` rooted at `root`, or None."""
-        for binds, nodes in self._term(comp.pattern, root.outputs[0] if root.outputs else "", {}, ()):
-            inner = {o for n in nodes for o in n.outputs}
-            if nodes and nodes[-1] is root and not inner & set(binds.values()) and self._closed(nodes, root):
-                # Parameters in the order the pattern names them, whatever order commuting matched.
-                order = {v: k for k, v in enumerate(_variables(comp.pattern))}
-                return _Match(comp, dict(sorted(binds.items(), key=lambda kv: order[kv[0]])), list(nodes))
-        return None
-
-    def _term(self, term: Term, value: str, binds: dict, nodes: tuple) -> Iterator[tuple[dict, tuple]]:
-        if isinstance(term, Var):
-            if term.const and value not in self.g.constants:
-                return
-            if binds.get(term.name, value) != value:
-                return
-            yield {**binds, term.name: value}, nodes
-            return
-        if not isinstance(term, OpTerm) or not value:
-            return
-        node = self.producers.get(value)
-        if (node is None or node.op != term.op or node.domain not in ("", "ai.onnx")
-                or id(node) in self.claimed or node.outputs[0] != value
-                or node.op in self.leave or node.name in self.leave or value in self.leave):
-            return
-        inputs = list(node.inputs)
-        while inputs and not inputs[-1]:
-            inputs.pop()
-        if len(inputs) != len(term.args) or "" in inputs or not self._attrs_match(term, node):
-            return
-        orders = [term.args]
-        if node.op in _COMMUTATIVE and len(term.args) == 2:
-            orders.append(term.args[::-1])
-        for args in orders:
-            yield from self._args(list(args), inputs, binds, nodes, node)
-
-    def _args(self, args: list, inputs: list, binds: dict, nodes: tuple, node: Node):
-        if not args:
-            yield binds, nodes if any(n is node for n in nodes) else nodes + (node,)
-            return
-        for b, ns in self._term(args[0], inputs[0], binds, nodes):
-            yield from self._args(args[1:], inputs[1:], b, ns, node)
-
-    def _attrs_match(self, term: OpTerm, node: Node) -> bool:
-        s = spec(node.op, self.g.opset)
-        for key, want in term.attrs:
-            have = node.attrs.get(key, s.attrs.get(key) if s else None)
-            if isinstance(want, IntList):
-                if have is None or list(have) != list(want.values):
-                    return False
-            elif isinstance(want, (Num, Str)) and have != want.value:
-                return False
-        return True
-
-    def _closed(self, nodes: list[Node], root: Node) -> bool:
-        """Interior values must not escape: only matched nodes read them, no graph output is one."""
-        ids = {id(n) for n in nodes}
-        if ids & self.claimed:
-            return False
-        outputs = set(self.g.outputs)
-        for n in nodes:
-            if n is root:
-                continue
-            for out in n.outputs:
-                if out and (out in outputs or any(id(c) not in ids for c in self.consumers.get(out, []))):
-                    return False
-        return True
-
-
-def _variables(term: Term) -> list[str]:
-    """Pattern variables in the order they are written."""
-    if isinstance(term, Var):
-        return [term.name]
-    if isinstance(term, OpTerm):
-        return list(dict.fromkeys(v for a in term.args for v in _variables(a)))
-    return []
-
-
-# ---- rewriting matches into calls --------------------------------------------------------
+# ---- partitioning: extraction chooses the composites, each becomes a function ---------------
 
 def partition(graph: Graph, target: Target | str, keep_constants: bool = False,
-              leave: Iterable[str] = ()) -> Graph:
-    """Copy of `graph` where each match of the target's composites is a call to a local function.
+              leave: Iterable[str] = (), **limits: Any) -> Graph:
+    """Copy of `graph` where the target's composites are calls to ONNX local functions.
 
-    Constants the match reads become function arguments (the call node takes the weights),
-    unless `keep_constants`, which keeps them in the body. Matches with the same body share
-    one function. The functions live in `graph.meta["functions"]`; `to_model` writes them.
+    No other rule runs: the engine adds the composite rules alone and extraction, with the
+    target's costs, decides where a fused kernel beats the ops it replaces (a conv whose output
+    another node also reads stays a conv when fusing would compute it twice at a higher cost).
     Nodes named in `leave` (by op, node name or first output) join no function: the user
-    preserved them, for instance for another compiler.
+    preserved them, for instance for another compiler. Ops the target preserves may join its
+    composites: preserving keeps them from being rewritten, and a function body keeps them whole.
+    See `functions` for how calls and bodies are written.
+    """
+    from saturate.pipeline import optimize
+
+    t = load_target(target)
+    if not t.composites:
+        return graph.copy()
+    # Only the user's nodes stay out; the target's preserved ops are left as they are by the
+    # body, which holds them unchanged.
+    free = dataclasses.replace(t, preserve=())
+    out, _ = optimize(graph, rules=[], target=free, preserve=tuple(leave), composites=True, **limits)
+    return functions(out, t, keep_constants)
+
+
+def functions(graph: Graph, target: Target | str, keep_constants: bool = False) -> Graph:
+    """Copy of `graph` where each composite node of the target (as extraction wrote it, op
+    `Composite...` in the target's domain) is a call to an ONNX local function.
+
+    Constants the call reads become function arguments (the call node takes the weights),
+    unless `keep_constants`, which keeps them in the body. Calls with the same body share one
+    function. The functions live in `graph.meta["functions"]`; `to_model` writes them.
     """
     t = load_target(target)
+    kinds = t.composite_ops
     g = graph.copy()
-    matcher = _Matcher(g, frozenset(leave))
-    matches: list[_Match] = []
-    # From the outputs back, so an outer root claims its nodes before a pattern rooted inside
-    # it; at one root, the composite listed first in the target file wins.
-    for root in reversed(g.nodes):
-        if id(root) in matcher.claimed:
-            continue
-        for comp in t.composites:
-            m = matcher.match(comp, root)
-            if m is not None:
-                matcher.claimed.update(id(n) for n in m.nodes)
-                matches.append(m)
-                break
-    functions: dict[tuple[str, str], Graph] = dict(g.meta.get(FUNCTIONS_KEY, {}))
+    found: dict[str, Graph] = dict(g.meta.get(FUNCTIONS_KEY, {}))
     by_body: dict[str, str] = {}
-    calls: dict[int, Node] = {}
     node_names = {n.name for n in g.nodes}
-    for k, m in enumerate(reversed(matches)):
-        body, args = _body(g, m, keep_constants)
-        key = _body_key(m.composite.name, body)
+    nodes: list[Node] = []
+    k = 0
+    for node in g.nodes:
+        comp = kinds.get(node.op) if node.domain == t.domain else None
+        if comp is None:
+            nodes.append(node)
+            continue
+        body, args = _body(g, comp, node, keep_constants)
+        key = _body_key(comp.name, body)
         fname = by_body.get(key)
         if fname is None:
-            fname = _free_name(m.composite.name, {n for (_, n) in functions})
+            fname = _free_name(comp.name, {n for (_, n) in found})
             by_body[key] = fname
-            functions[(t.domain, fname)] = body
-        root = m.nodes[-1]
+            found[(t.domain, fname)] = body
         name = _free_name(f"{fname}_{k}", node_names)
         node_names.add(name)
-        calls[id(root)] = Node(fname, args, list(root.outputs), name=name, domain=t.domain)
-    matched = {id(n) for m in matches for n in m.nodes}
-    g.nodes = [calls.get(id(n), n) for n in g.nodes if id(n) in calls or id(n) not in matched]
-    if functions:
-        g.meta[FUNCTIONS_KEY] = functions
+        k += 1
+        nodes.append(Node(fname, args, list(node.outputs), name=name, domain=t.domain))
+    g.nodes = nodes
+    if found:
+        g.meta[FUNCTIONS_KEY] = found
         g.meta["opset_imports"] = {**g.meta.get("opset_imports", {}), t.domain: 1}
     g.remove_dead()
     return g
 
 
-def _body(g: Graph, m: _Match, keep_constants: bool) -> tuple[Graph, list[str]]:
-    """The function body of one match, with canonical value names, and the call's arguments."""
-    body = Graph(name=m.composite.name, opset=g.opset)
-    rename: dict[str, str] = {}
+def _body(g: Graph, comp: Composite, node: Node, keep_constants: bool) -> tuple[Graph, list[str]]:
+    """The function body of one composite node, with canonical value names, and the call's
+    arguments: the pattern's ops with the attributes the node recorded for each position."""
+    body = Graph(name=comp.name, opset=g.opset)
+    names = variables(comp.pattern)
+    binds = dict(zip(names, node.inputs))
+    rename: dict[str, str] = {}      # call input -> body parameter
+    param: dict[str, str] = {}       # pattern variable -> body value
     args: list[str] = []
-    for var, value in m.binds.items():
+    for var, value in binds.items():
         if value in rename:  # two variables bound to one value: one parameter suffices
+            param[var] = rename[value]
             continue
-        rename[value] = var
+        rename[value] = param[var] = var
         if keep_constants and value in g.constants:
             body.constants[var] = g.constants[value]
         else:
             body.inputs.append(var)
             args.append(value)
         body.values[var] = g.info(value)
-    root = m.nodes[-1]
+    order = positions(comp.pattern)
+    ins_at, out_at = interior_types(comp.pattern, node.attrs, [g.info(v) for v in node.inputs],
+                                    g.info(node.outputs[0]))
 
     def fresh(name: str) -> str:  # interior names never shadow a parameter
-        while name in m.binds:
+        while name in binds:
             name = "_" + name
         return name
 
-    for j, node in enumerate(m.nodes):
-        for o, out in enumerate(node.outputs):
-            if out:
-                rename[out] = fresh((f"out{o}" if o else "out") if node is root else f"t{j}_{o}" if o else f"t{j}")
-                if out in g.values:
-                    body.values[rename[out]] = g.values[out]
-        body.nodes.append(Node(node.op, [rename.get(i, i) for i in node.inputs],
-                               [rename.get(o, o) for o in node.outputs], dict(node.attrs),
-                               name=f"n{j}", domain=node.domain))
-    body.outputs = [rename[o] for o in root.outputs if o]
+    made: dict[int, str] = {}
+    for j, term in enumerate(order):
+        root = j == len(order) - 1
+        out = fresh("out" if root else f"t{j}")
+        made[id(term)] = out
+        if out_at[j] is not None and (root or out_at[j].shape is not None):
+            body.values[out] = out_at[j]
+        ins = [param[a.name] if isinstance(a, Var) else made[id(a)] for a in term.args]
+        body.nodes.append(Node(term.op, ins, [out], body_attrs(term.op, position_attrs(node.attrs, j), g.opset),
+                               name=f"n{j}"))
+    body.outputs = [made[id(order[-1])]]
     return body, args
 
 
@@ -309,17 +235,37 @@ def summary(graph: Graph) -> list[str]:
 def optimize_for_target(graph: Graph, target: Target | str | None = None, preserve_ops: tuple[str, ...] = (),
                         preserve_nodes: tuple[str, ...] = (), partition_graph: bool = False,
                         keep_constants: bool = False, **limits: Any) -> tuple[Graph, Any]:
-    """Optimize with the target's costs and preserved nodes, then (optionally) partition.
+    """Optimize with the target's costs and preserved nodes; with `partition_graph`, the
+    target's composites are rules of the same run and each one extraction chooses is written
+    as an ONNX function call.
 
-    Folding and partitioning need no ordering from the user: the e-graph folds batch-norm and
-    merges constant adds first, and partitioning runs on the extracted graph. Ops the target
-    itself preserves may join its composites; what the user preserves joins none.
+    Folding and partitioning need no ordering from the user: one e-graph holds the folded and
+    the fused forms, and extraction picks the cheapest mix. Ops the target itself preserves may
+    join its composites; what the user preserves joins none.
     """
     from saturate.pipeline import optimize
 
     t = load_target(target)
-    # optimize() asks saturate.preserve which nodes to keep (target list, these ops and nodes).
-    out, report = optimize(graph, target=t, preserve=tuple(preserve_ops) + tuple(preserve_nodes), **limits)
-    if partition_graph:
-        out = partition(out, t, keep_constants=keep_constants, leave=preserve_ops + preserve_nodes)
-    return out, report
+    leave = tuple(preserve_ops) + tuple(preserve_nodes)
+    # optimize() asks saturate.targets.preserve which nodes to keep (target list, these ops and nodes).
+    out, report = optimize(graph, target=t, preserve=leave, composites=partition_graph, **limits)
+    if not partition_graph:
+        return out, report
+    if _composites_need_preserved(t):
+        # The run above kept the target's preserved ops out of every rule, composites included.
+        # A composite may hold them whole: one more run of the composite rules alone, with
+        # those ops open, fuses them too (the composite nodes chosen above stay as they are).
+        # A preserved node that folded (constant inputs, `fold-preserved yes`) is no longer there.
+        known = {n.name for n in out.nodes} | {o for n in out.nodes for o in n.outputs[:1]}
+        ops = set(op_table()) | {n.op for n in out.nodes}
+        leave = tuple(p for p in leave if p in known or p in ops)
+        out = partition(out, t, keep_constants=keep_constants, leave=leave,
+                        **{k: v for k, v in limits.items() if k in ("max_iterations", "max_nodes", "timeout")})
+        return out, report
+    return functions(out, t, keep_constants), report
+
+
+def _composites_need_preserved(t: Target) -> bool:
+    """Whether a composite of `t` names an op that `t` preserves."""
+    kept = set(t.preserve)
+    return any(term.op in kept for c in t.composites for term in positions(c.pattern))

@@ -101,16 +101,22 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
              level: int = 3, target: Any = "cpu", max_iterations: int = MAX_ITERATIONS,
              max_nodes: int = MAX_NODES, timeout: float = TIMEOUT, preserve: Iterable[str] = (),
              progress: Callable[[int, int, float, dict[str, int]], None] | None = None,
-             fold_initializer_inputs: bool = False) -> tuple[Graph, Report]:
+             fold_initializer_inputs: bool = False, composites: bool = False) -> tuple[Graph, Report]:
     """Rewrite `graph` with `rules` (default: the standard library at `level`) to the cheapest
     equivalent graph for `target`; returns the new graph and a Report. Inputs with a default
     value (an initializer listed as an input) stay overridable inputs unless
-    `fold_initializer_inputs`, which folds them as constants."""
+    `fold_initializer_inputs`, which folds them as constants. With `composites`, the target's
+    composites join the rules and extraction weighs each against the ops it replaces: a chosen
+    one is a node in the target's domain (saturate.partition writes it as an ONNX function)."""
     report = Report(ops_before=dict(graph.op_counts()))
     model = resolve_target(target)
     graph, defaults = _input_defaults(graph, fold_initializer_inputs)
     graph, keep = _preserved(graph, model, preserve)
     rule_list = canonical_order(_load(rules, level))
+    domains: dict[str, str] = {}
+    if composites and getattr(model, "composites", ()):
+        rule_list += model.composite_rules()
+        domains = {op: model.domain for op in model.composite_ops}
     report.rules = len(rule_list)
 
     t = time.perf_counter()
@@ -142,7 +148,7 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
         result, report.kept_original, report.cost_after = graph.copy(), True, report.cost_before
     else:
         report.extract_moves = ext.moves
-        result = decode(ext.choice, roots, facts)
+        result = decode(ext.choice, roots, facts, domains)
         report.cost_after = graph_cost(result, model)
     if report.cost_after > report.cost_before:
         result, report.kept_original = graph.copy(), True

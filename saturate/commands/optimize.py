@@ -97,16 +97,20 @@ def _optimize_one(args: argparse.Namespace, shown: Status):
     preserve = [p.strip() for p in args.preserve.split(",") if p.strip()]
     shown.stage("saturate")
     progress = _progress if args.trace else saturation_callback(shown)
-    result, report = optimize(graph, rules, level=args.level, target=args.target,
-                              max_iterations=args.max_iterations, max_nodes=args.max_nodes,
-                              timeout=args.timeout, preserve=preserve, progress=progress,
-                              fold_initializer_inputs=args.fold_initializer_inputs)
+    limits = dict(level=args.level, max_iterations=args.max_iterations, max_nodes=args.max_nodes,
+                  timeout=args.timeout, progress=progress, fold_initializer_inputs=args.fold_initializer_inputs)
+    if args.partition:
+        # The target's composites join the rules: extraction chooses fused kernels by cost.
+        from saturate.partition import optimize_for_target
+        result, report = optimize_for_target(graph, args.target, tuple(preserve), partition_graph=True,
+                                             keep_constants=args.keep_constants, rules=rules, **limits)
+    else:
+        result, report = optimize(graph, rules, target=args.target, preserve=preserve, **limits)
     shown.stage("export")
     t = time.perf_counter()
     functions: list[str] = []
     if args.partition:
-        from saturate.partition import partition, save_model, summary
-        result = partition(result, args.target, keep_constants=args.keep_constants, leave=preserve)
+        from saturate.partition import save_model, summary
         save_model(result, args.output)
         functions = summary(result)
     else:

@@ -12,8 +12,13 @@ from saturate.engine.facts import Facts
 from saturate.core.ir import Graph, Node
 
 
-def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts) -> Graph:
-    """Build the Graph the chosen e-nodes spell, folding constant expressions with numpy."""
+def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: dict[str, str] | None = None) -> Graph:
+    """Build the Graph the chosen e-nodes spell, folding constant expressions with numpy.
+
+    `domains` maps ops that live outside ONNX's default domain to theirs: a target's composite
+    e-nodes (saturate.targets.composites) are written as one node each in the target's domain,
+    with the attribute set that records the attributes of the ops they replaced."""
+    domains = domains or {}
     enc, g = facts.enc, facts.enc.graph
     out = Graph(inputs=list(g.inputs), outputs=[], name=g.name, opset=g.opset, meta=dict(g.meta))
     out.values = {i: g.info(i) for i in g.inputs}
@@ -86,7 +91,7 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts) -> Graph:
             return ""
         op, attrs = enc.attr_sets[node.key]
         name = name_for(cls)
-        out.nodes.append(Node(op, ins, [name], dict(attrs), name=name))
+        out.nodes.append(Node(op, ins, [name], dict(attrs), name=name, domain=domains.get(op, "")))
         out.values[name] = facts.info(cls)
         return name
 

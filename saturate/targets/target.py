@@ -14,6 +14,8 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from saturate.core.errors import SaturateError, SourceError
 from saturate.core.ir import ValueInfo
 from saturate.lang.ast import AttrVar, IntList, Loc, Num, OpTerm, Str, Term, Var
+from saturate.targets.composites import composite_cost, egraph_op
+from saturate.targets.composites import rules as composite_rules
 
 TARGETS_DIR = Path(__file__).resolve().parents[2] / "rules" / "targets"
 DEFAULT_TARGET = "cpu"
@@ -45,13 +47,32 @@ class Target:
     fold_preserved: bool = True
     file: str = "<string>"
 
+    @property
+    def composite_ops(self) -> dict[str, Composite]:
+        """Each composite by the op name its e-nodes have in the e-graph (CompositeConvBiasRelu)."""
+        return {egraph_op(c.name): c for c in self.composites}
+
+    def composite_rules(self) -> list:
+        """The rules that introduce this target's composite e-nodes (saturate.targets.composites)."""
+        return composite_rules(self.composites, f"target {self.name}")
+
     def supports(self, op: str) -> bool:
         """Whether the target can run `op` at all."""
         return (self.costs[op] if op in self.costs else self.default) is not None
 
     def node_cost(self, op: str, attrs: dict[str, Any], input_infos: Sequence[ValueInfo],
                   output_info: ValueInfo) -> float | None:
-        """Cost of one node on this target; None when the target cannot run it."""
+        """Cost of one node on this target; None when the target cannot run it. A composite
+        e-node is priced from its pattern (saturate.targets.composites.composite_cost)."""
+        comp = self.composite_ops.get(op) if self.composites else None
+        if comp is not None:
+            c = composite_cost(self, comp.pattern, attrs or {}, list(input_infos), output_info)
+            return None if c is None else max(0.0, float(c))
+        return self.op_cost(op, attrs, input_infos, output_info)
+
+    def op_cost(self, op: str, attrs: dict[str, Any], input_infos: Sequence[ValueInfo],
+                output_info: ValueInfo) -> float | None:
+        """Cost of one ONNX op on this target, by its formula; None when it cannot run it."""
         fn = self.costs[op] if op in self.costs else self.default
         if fn is None:
             return None
@@ -349,6 +370,10 @@ def _assemble(stmts: list, file: str, name: str | None, lines: list[str]) -> Tar
         elif kind == "composite":
             if payload.name in composites:
                 raise fail(tok, f"composite '{payload.name}' is defined twice")
+            clash = next((c for c in composites.values() if egraph_op(c.name) == egraph_op(payload.name)), None)
+            if clash is not None:
+                raise fail(tok, f"composite '{payload.name}' and '{clash.name}' (line {clash.loc.line}) have "
+                                f"one e-graph name, {egraph_op(payload.name)}: rename one")
             _check_pattern(payload, fail, tok)
             composites[payload.name] = payload
     t.domain = t.domain or t.name

@@ -1,0 +1,218 @@
+"""A target's composites as rules and e-nodes: `PATTERN => Composite<Name>(vars...)`, priced by the target.
+
+Each composite becomes a rule whose right side is one e-node with the pattern's variables as
+inputs, in the order the pattern writes them. The e-node's attribute set records every attribute
+of every op the pattern matched, keyed `"<position>.<attribute>"`, where positions number the
+pattern's ops children first, left to right, root last; the function body a partitioned model
+calls is rebuilt from the pattern and these attributes.
+
+Inside the e-graph the op is named `Composite` + the composite's name in camel case
+(`conv_bias_relu` -> `CompositeConvBiasRelu`): the engine reads an e-node's op from its egglog
+constructor name `Op_<op>_<arity>` by splitting at '_', so the name holds none.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from saturate.core.geometry import conv_output_shape
+from saturate.core.ir import ValueInfo
+from saturate.core.ops import ELEMENTWISE, spec
+from saturate.lang.ast import AttrVar, IntList, Num, OpTerm, Rule, Str, Term, Var
+from saturate.lang.builtins import broadcast_shape
+
+COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum"})
+PREFIX = "Composite"
+
+
+def egraph_op(name: str) -> str:
+    """The op name of composite `name` inside the e-graph: no '_' (see the module docstring)."""
+    return PREFIX + "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
+
+
+def variables(term: Term) -> list[str]:
+    """Pattern variables in the order they are first written."""
+    if isinstance(term, Var):
+        return [term.name]
+    if isinstance(term, OpTerm):
+        return list(dict.fromkeys(v for a in term.args for v in variables(a)))
+    return []
+
+
+def positions(pattern: OpTerm) -> list[OpTerm]:
+    """The pattern's ops, children first, left to right, root last: index = position."""
+    out: list[OpTerm] = []
+
+    def walk(term: Term) -> None:
+        if isinstance(term, OpTerm):
+            for a in term.args:
+                walk(a)
+            out.append(term)
+    walk(pattern)
+    return out
+
+
+def position_attrs(attrs: dict[str, Any], position: int) -> dict[str, Any]:
+    """The attributes of the op at `position`, out of a composite e-node's attribute set."""
+    prefix = f"{position}."
+    return {k[len(prefix):]: v for k, v in attrs.items() if k.startswith(prefix)}
+
+
+def rules(composites: Sequence[Any], ruleset: str) -> list[Rule]:
+    """One rule per composite and per order of its commutative binary ops (`Add(Conv(..), y)`
+    also matches `Add(y, Conv(..))`), each rewriting the pattern to the composite e-node."""
+    out: list[Rule] = []
+    for comp in composites:
+        order = positions(comp.pattern)
+        where = {id(t): k for k, t in enumerate(order)}
+        captured: list[tuple[str, Any]] = []
+        for k, t in enumerate(order):
+            written = dict(t.attrs)
+            for key, value in t.attrs:
+                captured.append((f"{k}.{key}", value))
+            # Every attribute the op defines is captured (the default where the node omits it;
+            # an omitted one without a default stays omitted): the body needs them all.
+            s = spec(t.op)
+            for key in sorted(s.attrs if s else ()):
+                if key not in written:
+                    captured.append((f"{k}.{key}", AttrVar(_capture(k, key))))
+        rhs = OpTerm(egraph_op(comp.name), tuple(Var(v) for v in variables(comp.pattern)),
+                     tuple(captured), comp.loc)
+        for n, lhs in enumerate(_orders(comp.pattern, where)):
+            name = f"composite {comp.name}" + (f" (order {n + 1})" if n else "")
+            out.append(Rule(name, lhs, rhs, (), ruleset, 0, comp.loc))
+    return out
+
+
+def _capture(position: int, key: str) -> str:
+    return f"p{position}_{key}"
+
+
+def _orders(term: Term, where: dict[int, int]) -> Iterator[Term]:
+    """Every left side of one pattern: each commutative binary op in both argument orders, each
+    op capturing the attributes the pattern leaves open."""
+    if not isinstance(term, OpTerm):
+        yield term
+        return
+    k = where[id(term)]
+    written = {key for key, _ in term.attrs}
+    s = spec(term.op)
+    attrs = tuple(term.attrs) + tuple((key, AttrVar(_capture(k, key)))
+                                      for key in sorted(s.attrs if s else ()) if key not in written)
+    choices = [list(_orders(a, where)) for a in term.args]
+    arg_lists: list[tuple] = [()]
+    for options in choices:
+        arg_lists = [done + (o,) for done in arg_lists for o in options]
+    for args in arg_lists:
+        yield OpTerm(term.op, args, attrs, term.loc)
+        if term.op in COMMUTATIVE and len(args) == 2 and args[0] != args[1]:
+            yield OpTerm(term.op, args[::-1], attrs, term.loc)
+
+
+# ---- types and cost of a composite e-node --------------------------------------------------
+
+def interior_types(pattern: OpTerm, attrs: dict[str, Any], inputs: Sequence[ValueInfo | None],
+                   output: ValueInfo | None) -> tuple[list[list[ValueInfo | None]], list[ValueInfo | None]]:
+    """Input and output types of each pattern position of one composite e-node, from the types
+    of its inputs (the pattern's variables in order) and of its output (the root's)."""
+    bound = dict(zip(variables(pattern), inputs))
+    order = positions(pattern)
+    outs: dict[int, ValueInfo | None] = {}
+    ins_at: list[list[ValueInfo | None]] = []
+    out_at: list[ValueInfo | None] = []
+    for k, t in enumerate(order):
+        ins = [bound.get(a.name) if isinstance(a, Var) else outs[id(a)] for a in t.args]
+        out = output if k == len(order) - 1 else infer_type(t.op, position_attrs(attrs, k), ins)
+        outs[id(t)] = out
+        ins_at.append(ins)
+        out_at.append(out)
+    return ins_at, out_at
+
+
+def infer_type(op: str, attrs: dict[str, Any], ins: Sequence[ValueInfo | None]) -> ValueInfo:
+    """Output type of one interior op: elementwise ops broadcast, a Conv by its window, and any
+    other op by ONNX's shape inference of that one node."""
+    dtype = ins[0].dtype if ins and ins[0] is not None else "float32"
+    shapes = [None if i is None else i.shape for i in ins]
+    if shapes and all(sh is not None for sh in shapes):
+        if op in ELEMENTWISE:
+            out = tuple(shapes[0])
+            for sh in shapes[1:]:
+                out = broadcast_shape(out, tuple(sh)) if out is not None else None
+            if out is not None:
+                return ValueInfo(dtype, tuple(out))
+        if op == "Conv" and len(shapes) > 1 and len(shapes[0]) >= 3 and len(shapes[0]) == len(shapes[1]):
+            out = conv_output_shape(attrs, shapes[0], shapes[1])
+            if out is not None:
+                return ValueInfo(dtype, tuple(out))
+    return _onnx_type(op, attrs, ins) or ValueInfo(dtype, None)
+
+
+def _onnx_type(op: str, attrs: dict[str, Any], ins: Sequence[ValueInfo | None]) -> ValueInfo | None:
+    import onnx
+    from saturate.core.ir import Node
+    from saturate.core.ops import newest_opset
+    from saturate.frontend.onnx_io import node_proto, type_info, type_proto
+
+    if any(i is None or i.dtype == "unknown" for i in ins):
+        return None
+    try:
+        opset = newest_opset()
+        names = [f"i{k}" for k in range(len(ins))]
+        node = node_proto(Node(op, names, ["o"], dict(attrs)), opset)
+        out = onnx.shape_inference.infer_node_outputs(
+            onnx.defs.get_schema(op, opset, ""), node, {n: type_proto(i) for n, i in zip(names, ins)},
+            opset_imports=[onnx.helper.make_opsetid("", opset)])
+    except Exception:  # noqa: BLE001 - what ONNX cannot infer stays unknown
+        return None
+    return type_info(out["o"]) if "o" in out else None
+
+
+def composite_cost(target: Any, pattern: OpTerm, attrs: dict[str, Any], inputs: Sequence[ValueInfo | None],
+                   output: ValueInfo | None) -> float | None:
+    """Cost of one composite e-node on `target`:
+
+        sum over the pattern's ops p of cost(p at its matched types)
+        - sum over the interior values v (each op's output but the root's) of 2 * bytes(v)
+
+    A fused kernel runs every op of its pattern, but never writes an interior value to memory nor
+    reads it back: each is one write by its producer and one read by its consumer saved. None
+    (the target cannot run it) when the target cannot run one of the pattern's ops.
+    """
+    from saturate.targets.target import nbytes
+
+    ins_at, out_at = interior_types(pattern, attrs, inputs, output)
+    total = 0.0
+    order = positions(pattern)
+    for k, t in enumerate(order):
+        c = target.op_cost(t.op, position_attrs(attrs, k), ins_at[k], out_at[k])
+        if c is None or not math.isfinite(c):
+            return None
+        total += c
+    saved = sum(2 * nbytes(out_at[k]) for k in range(len(order) - 1))
+    return total - saved
+
+
+def body_attrs(op: str, attrs: dict[str, Any], opset: int) -> dict[str, Any]:
+    """The attributes an interior node is written with: those captured at a default value it
+    would take anyway are left out, so a body reads as the nodes it replaced."""
+    s = spec(op, opset)
+    defaults = s.attrs if s else {}
+    kept = {}
+    for k, v in attrs.items():
+        d = defaults.get(k)
+        if d is not None and _same(v, d):
+            continue
+        if s is not None and k not in defaults:
+            continue     # an attribute this opset does not define (captured for a newer one)
+        kept[k] = v
+    return kept
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple, np.ndarray)) or isinstance(b, (list, tuple, np.ndarray)):
+        return np.array_equal(np.asarray(a), np.asarray(b))
+    return a == b

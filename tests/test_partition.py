@@ -375,3 +375,129 @@ def test_unsupported_ops_steer_extraction(rules, tmp_path):
     none.write_text("target none\ndefault unsupported\nop Conv = bytes\n")
     with pytest.raises(SaturateError, match="cannot run"):
         _optimize(model, str(none), rules)
+
+
+# ---- composites chosen by extraction ---------------------------------------------------------
+
+def _conv_model(consumers: int = 1, channels: int = 8, **conv_attrs) -> onnx.ModelProto:
+    """x -> Conv(+bias) -> Relu -> y; with consumers=2 the conv output is also read by a Sigmoid (z)."""
+    rng = np.random.default_rng(3)
+    group = conv_attrs.get("group", 1)
+    inits = [numpy_helper.from_array((rng.standard_normal((channels, channels // group, 3, 3)) * 0.3)
+                                     .astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", **conv_attrs),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if consumers == 2:
+        nodes.append(helper.make_node("Sigmoid", ["c"], ["z"], name="sig"))
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                            [1, channels, 10, 10])],
+                              outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def _feeds(channels: int = 8) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(5).standard_normal((1, channels, 10, 10)).astype(np.float32)}
+
+
+def _all_close(model: onnx.ModelProto, reference: onnx.ModelProto, feeds: dict) -> None:
+    onnx.checker.check_model(model, full_check=True)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    want = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        _close(a, b)
+
+
+def _composite_cost(t, g, name: str) -> tuple[float, float]:
+    """(fused, unfused) cost of the conv+bias+relu block of `g` on target `t`."""
+    from saturate.targets.composites import egraph_op
+
+    conv, relu = (next(n for n in g.nodes if n.op == op) for op in ("Conv", "Relu"))
+    ins = [g.info(i) for i in conv.inputs]
+    attrs = {f"0.{k}": v for k, v in conv.attrs.items()}
+    fused = t.node_cost(egraph_op(name), attrs, ins, g.info(relu.outputs[0]))
+    unfused = (t.node_cost("Conv", conv.attrs, ins, g.info(conv.outputs[0]))
+               + t.node_cost("Relu", {}, [g.info(conv.outputs[0])], g.info(relu.outputs[0])))
+    return fused, unfused
+
+
+def test_extraction_chooses_the_composite_when_cheaper():
+    from saturate.pipeline import optimize
+
+    model = _conv_model()
+    g = import_model(model)
+    t = load_target("fused")
+    fused, unfused = _composite_cost(t, g, "conv_bias_relu")
+    # The conv's output (1x8x8x8 float32) is never written nor read back: 2 x 2,048 bytes saved,
+    # down to the conv's own cost at most, less one launch (saturate.targets.composites).
+    conv = t.node_cost("Conv", {}, [g.info(i) for i in ("x", "w", "b")], g.info("c"))
+    assert g.info("c").shape == (1, 8, 8, 8) and fused == max(unfused - 2 * 4 * 512, conv) - 1 < unfused
+    out, report = optimize(g, rules=[], target=t, composites=True)
+    assert [(n.op, n.domain) for n in out.nodes] == [("CompositeConvBiasRelu", "fused")]
+    assert report.cost_after == fused and report.cost_before == unfused
+    p = partition(g, t)
+    assert [(n.op, n.inputs) for n in p.nodes] == [("conv_bias_relu", ["x", "w", "b"])]
+    _all_close(to_model(p), model, _feeds())
+
+
+def test_extraction_keeps_a_shared_conv_unfused_when_fusing_costs_more():
+    """The conv output is also read by a Sigmoid: fusing would compute the conv twice."""
+    from saturate.pipeline import optimize
+
+    model = _conv_model(consumers=2)
+    g = import_model(model)
+    t = load_target("fused")
+    fused, unfused = _composite_cost(t, g, "conv_bias_relu")
+    conv = t.node_cost("Conv", {}, [g.info(i) for i in ("x", "w", "b")], g.info("c"))
+    assert fused < unfused < fused + conv  # fused alone is cheaper, but not with the conv again for the Sigmoid
+    out, report = optimize(g, rules=[], target=t, composites=True)
+    assert report.run.matches["composite conv_bias_relu"] == 1  # the fused form was in the e-graph
+    assert sorted(n.op for n in out.nodes) == ["Conv", "Relu", "Sigmoid"]
+    p = partition(g, t)
+    assert FUNCTIONS_KEY not in p.meta
+    _all_close(to_model(p), model, _feeds())
+
+
+def test_function_body_keeps_the_interior_attributes():
+    model = _conv_model(channels=4, strides=[2, 2], pads=[1, 0, 1, 0], dilations=[1, 2], group=2)
+    g = import_model(model)
+    for keep in (False, True):
+        p = partition(g, "fused", keep_constants=keep)
+        ((_, body),) = p.meta[FUNCTIONS_KEY].items()
+        conv = next(n for n in body.nodes if n.op == "Conv")
+        assert conv.attrs == {"strides": [2, 2], "pads": [1, 0, 1, 0], "dilations": [1, 2], "group": 2}
+        (f,) = to_model(p).functions
+        (proto,) = [n for n in f.node if n.op_type == "Conv"]
+        assert {a.name for a in proto.attribute} == {"strides", "pads", "dilations", "group"}
+        _all_close(to_model(p), model, _feeds(4))
+
+
+def test_accel_fuses_the_batchnorm_it_preserves(rules):
+    """accel preserves batch-norm (no rule folds it) and its composites hold it whole."""
+    model = _model(["bn", "add", "bn"], conv_bias=False)
+    out = _optimize(model, "accel", rules, partition_graph=True)
+    assert [n.op for n in out.nodes] == ["conv_bn_relu", "conv_add_relu", "conv_bn_relu"]
+    ((_, body),) = [(k, b) for k, b in out.meta[FUNCTIONS_KEY].items() if k[1] == "conv_bn_relu"]
+    assert [n.op for n in body.nodes] == ["Conv", "BatchNormalization", "Relu"]
+    # What the user preserves joins no composite, in either run.
+    kept = _optimize(model, "accel", rules, partition_graph=True, preserve_nodes=("bn2",))
+    assert [n.op for n in kept.nodes] == ["conv_bn_relu", "conv_add_relu", "Conv", "BatchNormalization", "Relu"]
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.sampled_from(["bn", "add", "res"]), min_size=1, max_size=4), st.integers(0, 3),
+       st.sampled_from(["accel", "fused"]))
+def test_optimized_partitions_match_the_original(blocks, seed, target):
+    from saturate.partition import optimize_for_target
+
+    model = _model(blocks, seed=seed)
+    out, _ = optimize_for_target(import_model(model), target, partition_graph=True)
+    assert not [n for n in out.nodes if n.domain == target and n.op.startswith("Composite")]
+    want = _ort(model, _input(seed))
+    _close(_ort(to_model(out), _input(seed)), want)
+    _close(run_graph(inline(out), _input(seed))["y"], want)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -169,3 +171,72 @@ def test_a_formula_dividing_by_zero_names_its_file_line_and_text():
         t.node_cost("Relu", {}, [Y], Y)
     with pytest.raises(SaturateError, match=r"^dz\.target:3: cost formula 'bytes / dim\(in1, 0\)' divides by zero"):
         t.node_cost("Conv", {}, [X, ValueInfo("float32", (0, 3, 3, 3))], Y)
+
+
+# ---- composites as rules and e-nodes ---------------------------------------------------------
+
+def test_composites_become_rules_with_one_enode_on_the_right():
+    from saturate.core.ir import Graph, Node
+    from saturate.engine.compile_rules import compile_rules
+    from saturate.engine.encode import encode_graph
+    from saturate.lang.ast import AttrVar, Rule
+
+    t = load_target("fused")
+    assert set(t.composite_ops) == {"CompositeConvBiasAddRelu", "CompositeConvAddRelu", "CompositeConvBiasRelu"}
+    assert all("_" not in op for op in t.composite_ops)
+    rules = t.composite_rules()
+    assert all(isinstance(r, Rule) for r in rules)
+    # Add is commutative: each pattern with an Add is also matched with the Add's inputs swapped.
+    assert sorted(r.name for r in rules) == [
+        "composite conv_add_relu", "composite conv_add_relu (order 2)", "composite conv_bias_add_relu",
+        "composite conv_bias_add_relu (order 2)", "composite conv_bias_relu"]
+    (r,) = [r for r in rules if r.name == "composite conv_bias_add_relu (order 2)"]
+    assert r.lhs.args[0].op == "Add" and r.lhs.args[0].args[0] == Var("y")
+    assert r.rhs.op == "CompositeConvBiasAddRelu" and r.rhs.args == (Var("x"), Var("w"), Var("b"), Var("y"))
+    # Every attribute of every pattern op is captured and recorded by position (Conv is position 0).
+    recorded = dict(r.rhs.attrs)
+    assert {k for k in recorded if k.startswith("0.")} == {f"0.{a}" for a in ("auto_pad", "dilations", "group",
+                                                                              "kernel_shape", "pads", "strides")}
+    assert recorded["0.pads"] == AttrVar("p0_pads")
+    # The ordinary rule compiler takes them: the right side is one e-node of the composite's op.
+    g = Graph(inputs=["x"], outputs=["y"], nodes=[Node("Relu", ["x"], ["y"])])
+    compiled = compile_rules(rules, encode_graph(g))
+    assert any("Op_CompositeConvBiasAddRelu_4" in line for cr in compiled for line in cr.text)
+
+
+def test_composite_cost_is_its_ops_minus_the_interior_traffic():
+    from saturate.targets.composites import egraph_op
+    from saturate.targets.target import nbytes
+
+    t = load_target("fused")
+    K = ValueInfo("float32", (1, 4, 1, 1))
+    pads = [1, 1, 1, 1]          # the conv keeps the 8x8 sides: its output is of type Y
+    conv = t.node_cost("Conv", {"pads": pads}, [X, W], Y)
+    add, relu = t.node_cost("Add", {}, [Y, K], Y), t.node_cost("Relu", {}, [Y], Y)
+    got = t.node_cost(egraph_op("conv_add_relu"), {"0.pads": pads}, [X, W, K], Y)
+    # Two interior values (the conv's and the add's outputs), each written once and read once.
+    assert conv + add + relu - 2 * nbytes(Y) - 2 * nbytes(Y) < conv
+    # fused charges Add and Relu no traffic: the saving would exceed them, and the kernel costs
+    # what its most expensive op, the conv, costs, less one per op launch saved (two here).
+    assert got == conv - 2
+    cpu = dataclasses.replace(t, costs={}, default=load_target("cpu").default)   # flops + bytes for every op
+    conv, add, relu = (cpu.node_cost(op, {"pads": pads} if op == "Conv" else {}, ins, Y)
+                       for op, ins in (("Conv", [X, W]), ("Add", [Y, K]), ("Relu", [Y])))
+    assert cpu.node_cost(egraph_op("conv_add_relu"), {"0.pads": pads}, [X, W, K], Y) == \
+        conv + add + relu - 2 * nbytes(Y) - 2 * nbytes(Y) - 2
+    # An interior type comes from the conv's window: stride 2 halves the conv output's sides.
+    half = ValueInfo("float32", (1, 4, 3, 3))
+    strided = cpu.node_cost(egraph_op("conv_bias_relu"), {"0.strides": [2, 2]}, [X, W, B], half)
+    assert strided == (cpu.node_cost("Conv", {"strides": [2, 2]}, [X, W, B], half)
+                       + cpu.node_cost("Relu", {}, [half], half) - 2 * nbytes(half) - 1)
+    # A composite whose ops the target cannot run cannot run either.
+    no = parse_target("default unsupported\nop Conv = flops\ncomposite cr = Relu(Conv(x, w:const))")
+    assert no.node_cost(egraph_op("cr"), {}, [X, W], Y) is None
+
+
+def test_composites_with_one_egraph_name_are_an_error():
+    with pytest.raises(SourceError) as info:
+        parse_target("composite conv_relu = Relu(Conv(x, w:const))\ncomposite convRelu = Relu(Conv(x, w))",
+                     "two.target")
+    assert (info.value.line, info.value.col) == (2, 11)
+    assert "one e-graph name, CompositeConvRelu" in str(info.value)

@@ -23,8 +23,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  native ops: {', '.join(op for op in sorted(t.costs) if t.costs[op] is not None) or '-'}")
         print(f"  other ops:  {'unsupported' if t.default is None else 'default cost'}")
         print(f"  preserve:   {', '.join(t.preserve) or '-'}" + ("" if t.fold_preserved else " (no folding inside)"))
-        for c in t.composites:
-            print(f"  composite:  {c.name}  ({c.loc})")
+        for op, c in t.composite_ops.items():
+            print(f"  composite:  {c.name}  (e-node {op}, {c.loc})")
         return 0
     targets = list_targets()
     width = max((len(t.name) for t in targets), default=0)

@@ -175,25 +175,34 @@ def composite_cost(target: Any, pattern: OpTerm, attrs: dict[str, Any], inputs: 
                    output: ValueInfo | None) -> float | None:
     """Cost of one composite e-node on `target`:
 
-        sum over the pattern's ops p of cost(p at its matched types)
-        - sum over the interior values v (each op's output but the root's) of 2 * bytes(v)
+        max(sum over the pattern's ops p of cost(p)
+              - sum over the interior values v (every op's output but the root's) of 2 * bytes(v),
+            max over the pattern's ops p of cost(p))
+        - (number of ops - 1)
 
-    A fused kernel runs every op of its pattern, but never writes an interior value to memory nor
-    reads it back: each is one write by its producer and one read by its consumer saved. None
-    (the target cannot run it) when the target cannot run one of the pattern's ops.
+    with each op priced by the target's formula at the types it has inside the match. A fused
+    kernel runs every op of its pattern but never writes an interior value to memory nor reads
+    it back: one write by its producer and one read by its consumer saved per value. It never
+    costs less than the most expensive op it runs: a formula that charges an op no traffic
+    (fused's `Relu = numel(out)`) would otherwise make the kernel free, and computing a shared
+    conv a second time inside it would look cheaper than reading the conv's output. The last
+    term, one per op launch saved, decides where the formulas see no difference: accel charges
+    nothing for a batch-norm or relu that rides along with its conv, and the kernel it declares
+    wins that tie over the separate ops. None (the target cannot run it) when the target cannot
+    run one of the pattern's ops.
     """
     from saturate.targets.target import nbytes
 
     ins_at, out_at = interior_types(pattern, attrs, inputs, output)
-    total = 0.0
+    costs = []
     order = positions(pattern)
     for k, t in enumerate(order):
         c = target.op_cost(t.op, position_attrs(attrs, k), ins_at[k], out_at[k])
         if c is None or not math.isfinite(c):
             return None
-        total += c
+        costs.append(max(0.0, float(c)))
     saved = sum(2 * nbytes(out_at[k]) for k in range(len(order) - 1))
-    return total - saved
+    return max(sum(costs) - saved, max(costs)) - (len(costs) - 1)
 
 
 def body_attrs(op: str, attrs: dict[str, Any], opset: int) -> dict[str, Any]:

@@ -254,6 +254,34 @@ def test_a_limit_writes_the_best_graph_with_the_reason_and_the_peak(tmp_path, ca
     _same_outputs(load_graph(str(out)), examples.build("vgg"))
 
 
+@pytest.mark.parametrize("limit", [10_000, 20_000, pytest.param(50_000, marks=pytest.mark.slow),
+                                   pytest.param(100_000, marks=pytest.mark.slow)])
+def test_no_single_step_passes_the_node_limit(tmp_path, monkeypatch, limit):
+    import saturate.engine.saturation as saturation
+    from saturate.engine.egraph import node_count
+
+    # The e-graph's size after every egglog run, measured here and not by the engine. One rule's
+    # step once went 86,864 -> 122,494 under a 100,000 limit: its forecast counted the e-nodes its
+    # last step had added (none: the same rule's other direction had made them first).
+    seen = [0]
+    real = saturation._Egg.__call__
+
+    def measured(self, text):
+        out = real(self, text)
+        if text.startswith("(run"):
+            seen[0] = max(seen[0], node_count(real(self, "(print-size)")[-1].sizes))
+        return out
+
+    monkeypatch.setattr(saturation._Egg, "__call__", measured)
+    want = examples.build("vgg")
+    out, report = optimize(want, _growing_rules(tmp_path), max_nodes=limit, timeout=600)
+    run = report.run
+    assert run.stop_reason == "node limit" and "add-assoc" in run.held_back
+    assert seen[0] <= limit and max(run.sizes) <= run.peak_nodes <= limit, (seen[0], run.peak_nodes)
+    assert run.peak_nodes >= seen[0]
+    _same_outputs(out, want)
+
+
 @pytest.mark.slow
 def test_the_time_limit_holds_inside_an_iteration(tmp_path):
     from saturate.pipeline import optimize

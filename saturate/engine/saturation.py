@@ -9,6 +9,15 @@ Otherwise the rules run one at a time (each has its own ruleset), cheapest first
 its own forecast still fits; a rule that does not fit is held back for the rest of the run, since
 what is left only shrinks. Held-back rules end saturation with the limit that held them, and
 the e-graph as it stands is what extraction reads: the best graph found so far.
+
+A forecast of matches can still fall short (a rule's matches can jump between two steps), so the
+node limit does not rest on it: a rule run alone runs capped. One match of a rewrite adds at
+most the e-nodes its right side builds (`_Group.bound`), and egglog's back-off scheduler applies
+a rule's matches only when there are no more than its match limit, else none of them: with the
+limit set to the e-nodes left over that bound, the step cannot pass --max-nodes. A capped step
+matches afresh (the scheduler is new each step, so its matches include those already applied),
+which costs more than an ordinary step; the combined step stays uncapped while its forecast,
+taken NODE_MARGIN times, fits.
 """
 
 from __future__ import annotations
@@ -21,10 +30,10 @@ from typing import Any, Callable
 
 from saturate.engine.egraph import node_count, read_egraph
 from saturate.engine.encode import Encoding, chunks
-from saturate.engine.compile_rules import CompiledRule
+from saturate.engine.compile_rules import QUERY_FNS, CompiledRule
 from saturate.engine.facts import Facts
 from saturate.engine.guards import Checker
-from saturate.lang.ast import Call, Var
+from saturate.lang.ast import Call, IntList, Num, OpTerm, Str, Var
 
 
 FACTS, APPLY, SIZE = "(run facts 1)", "(run apply 1)", "(print-size)"
@@ -33,6 +42,9 @@ MAX_GROWTH = 64.0       # a rule's matches are forecast to grow at most this muc
 # shared machine's load can halve a process's speed between two steps), and stopping a little
 # early costs less than overrunning the limit.
 TIME_MARGIN = 2.0
+# The combined step, which runs uncapped, must fit this many times its forecast e-nodes; closer to
+# the limit every rule runs alone and capped.
+NODE_MARGIN = 2.0
 
 
 @dataclass
@@ -81,6 +93,11 @@ class _Group:
     before: int = 0                     # in the step before that
     seconds_per_match: float | None = None   # measured when it last ran alone
     nodes_per_match: float | None = None     # likewise (a rewrite's; a match rule adds none itself)
+    bound: int | None = None            # e-nodes one match adds at most (None: a guarded rule)
+
+    def __post_init__(self) -> None:
+        if not self.rule.checked:
+            self.bound = rhs_nodes(self.rule.rhs)
 
     def forecast(self) -> int:
         """Matches of its next step: the last count, grown as it grew the step before."""
@@ -107,8 +124,19 @@ class _Forecast:
         for g in groups:
             n = g.forecast()
             seconds += n * (g.seconds_per_match if g.seconds_per_match is not None else self.per_match)
-            nodes += n * max(self.nodes_per_match, g.nodes_per_match or 0.0)
+            # A rewrite's own bound; a guarded rule's e-nodes come later, from its Ok rows.
+            nodes += n * (g.bound if g.bound is not None else max(self.nodes_per_match, g.nodes_per_match or 0.0))
         return seconds, nodes
+
+
+def rhs_nodes(term: Any) -> int:
+    """E-nodes a rewrite's right side builds at most: one per op, constant function and literal
+    (a matched variable and a value the match captured build none)."""
+    if isinstance(term, OpTerm):
+        return 1 + sum(rhs_nodes(a) for a in term.args)
+    if isinstance(term, Call):
+        return 0 if term.fn in QUERY_FNS else 1 + sum(rhs_nodes(a) for a in term.args)
+    return 1 if isinstance(term, (Num, Str, IntList)) else 0
 
 
 def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: int,
@@ -164,7 +192,10 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
         before = size
         step: dict[str, int] = {}
         matched = 0
-        if report.iterations == 0 or fits(*cost.step(active)) is None:
+        seconds, nodes = cost.step(active)
+        # Without a step to learn from, the first one runs uncapped only far from the limit.
+        if (size * NODE_MARGIN <= max_nodes if report.iterations == 0
+                else fits(seconds, NODE_MARGIN * nodes) is None):
             # One step of every rule at once, the ordinary case.
             c = time.perf_counter()
             run = egg(f"(run {step_set} 1)")[-1].report
@@ -174,10 +205,11 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
                 g.record(sum(run.num_matches_per_rule.get(n, 0) for n in g.names))
                 matched += g.matches
             _count(run, by_name, step)
-            cost.call = seconds if report.iterations == 0 else min(cost.call, seconds)
+            cost.call = min(cost.call, seconds) if cost.call else seconds
             cost.per_match = max(seconds - cost.call, 0.0) / max(matched, 1)
         else:
-            ran, updated, matched, size = _one_at_a_time(egg, active, cost, fits, held, by_name, step, size)
+            ran, updated, matched, size = _one_at_a_time(egg, active, cost, fits, held, by_name, step, size,
+                                                         max_nodes)
             report.peak_nodes = max(report.peak_nodes, size)
             if not ran:
                 # Every rule is held back: nothing changed, and reading the e-graph again would
@@ -290,23 +322,44 @@ def _combine(egg: _Egg, groups: list[_Group], k: int | str) -> str:
 
 def _one_at_a_time(egg: _Egg, active: list[_Group], cost: _Forecast, fits: Callable,
                    held: dict[str, str], by_name: dict[str, CompiledRule], step: dict[str, int],
-                   size: int) -> tuple[bool, bool, int, int]:
+                   size: int, max_nodes: int) -> tuple[bool, bool, int, int]:
     """One step of each rule alone, cheapest forecast first; a rule whose forecast does not fit
-    what is left is held back. Returns whether any rule ran, whether anything changed, the
-    matches and the new size."""
+    what is left is held back, and so is a rewrite with more matches than the e-nodes left allow
+    (its step is capped, see the module docstring). Returns whether any rule ran, whether
+    anything changed, the matches and the new size."""
     ran, updated, matched = False, False, 0
     for g in sorted(active, key=lambda g: (cost.step([g])[0], g.rule.index)):
-        limit = fits(*cost.step([g]), size)
+        seconds, nodes = cost.step([g])
+        capped = bool(g.bound) and size + NODE_MARGIN * nodes > max_nodes
+        # A capped step cannot pass the node limit whatever its forecast: only time is forecast.
+        limit = fits(seconds, 0.0 if capped else nodes, size)
+        cap = (max_nodes - size) // g.bound if capped else 0
+        if limit is None and capped and cap < 1:
+            limit = "node limit"
         if limit is not None:
             held[g.rule.group] = limit
             continue
         c, ran = time.perf_counter(), True
-        run = egg(f"(run {g.rule.group} 1)")[-1].report
+        if capped:
+            run = egg(f"(run-schedule (let-scheduler cap (back-off :match-limit {cap})) "
+                      f"(run-with cap {g.rule.group}))")[-1].report
+            # The scheduler's first iteration is its search, the next ones apply what it chose.
+            found = sum(r.num_matches for rs in run.iterations[0].rule_set_report.rule_reports.values()
+                        for r in rs) if run.iterations else 0
+            changed = any(it.rule_set_report.changed for it in run.iterations)
+        else:
+            run = egg(f"(run {g.rule.group} 1)")[-1].report
+            found = sum(run.num_matches_per_rule.get(n, 0) for n in g.names)
+            changed = run.updated
         seconds = time.perf_counter() - c
-        g.record(sum(run.num_matches_per_rule.get(n, 0) for n in g.names))
+        g.record(found)
         g.seconds_per_match = max(seconds - cost.call, 0.0) / max(g.matches, 1)
+        if capped and found > cap:
+            # Nothing was applied: even alone, this rule's step could pass the node limit.
+            held[g.rule.group] = "node limit"
+            continue
         matched += g.matches
-        updated = updated or run.updated
+        updated = updated or changed
         _count(run, by_name, step)
         new_size = egg.size()
         if not g.rule.checked:

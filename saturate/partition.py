@@ -1,4 +1,9 @@
-"""Partition stage: group matches of a target's composite patterns into ONNX local functions."""
+"""Partition stage: a target's composite nodes, as extraction chose them, become ONNX local functions.
+
+The composites are rules of the engine (saturate.targets.composites): extraction weighs each
+fused kernel against the ops it replaces with the target's costs, and decoding writes a chosen one
+as a node in the target's domain. Here each such node becomes a call of a function whose body
+is the pattern's ops with the attributes the node recorded."""
 
 from __future__ import annotations
 

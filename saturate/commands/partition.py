@@ -1,4 +1,5 @@
-"""CLI `saturate partition`: optimize for a target, then group its composites into ONNX functions."""
+"""CLI `saturate partition`: optimize for a target with its composites as rules; each composite
+extraction chose becomes a call of an ONNX local function."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from saturate.targets.preserve import split_names
 from saturate.targets.target import load_target
 
 NAME = "partition"
-HELP = ("optimize MODEL for a target, then turn each match of the target's composite patterns "
-        "into a call to an ONNX local function (constants lifted to arguments)")
+HELP = ("optimize MODEL for a target with its composite patterns as rules; each composite extraction "
+        "chooses becomes a call to an ONNX local function (constants lifted to arguments)")
 
 
 def split(text: str) -> tuple[str, ...]:
@@ -27,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", required=True, help="output .onnx file")
     parser.add_argument("--keep-constants", action="store_true",
                         help="keep constants inside function bodies instead of lifting them to arguments")
-    parser.add_argument("--no-optimize", action="store_true", help="partition the model as it is")
+    parser.add_argument("--no-optimize", action="store_true", help="run the composite rules alone (no folding), then write the functions")
     parser.add_argument("--level", type=int, default=3, help="rule level for the optimization (default 3)")
     parser.add_argument("--rules", nargs="+", action="extend", default=[], metavar="FILE_OR_DIR",
                         help="more .rules files or directories, loaded beside the standard library")

@@ -288,8 +288,17 @@ def test_preserve_keeps_ops_and_nodes_on_cpu(rules):
 
 
 def test_one_run_folds_then_partitions(rules):
+    from saturate.partition import optimize_for_target
+
     model = _model(["bn", "add", "res", "bn"])
     out = _optimize(model, "fused", rules, partition_graph=True)
+    # Folding and fusing rules fired in one run, and its extraction chose the composites.
+    _, report = optimize_for_target(import_model(model), "fused", rules=rules, partition_graph=True)
+    fired = {name for name, n in report.run.matches.items() if n}
+    assert "bn-affine" in fired and any(name.startswith("composite conv_") for name in fired)
+    # The batch-norms and the constant add folded into conv biases: three conv+bias+relu kernels
+    # and the residual block's conv+bias+add+relu.
+    assert report.ops_after == {"CompositeConvBiasRelu": 3, "CompositeConvBiasAddRelu": 1}
     assert not [n for n in out.nodes if not n.domain]  # every block became one call
     calls = _calls(out, "fused")
     assert len(calls) == 4 and all(c.op.startswith("conv_") for c in calls)

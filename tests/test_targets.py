@@ -190,6 +190,11 @@ def test_composites_become_rules_with_one_enode_on_the_right():
     assert sorted(r.name for r in rules) == [
         "composite conv_add_relu", "composite conv_add_relu (order 2)", "composite conv_bias_add_relu",
         "composite conv_bias_add_relu (order 2)", "composite conv_bias_relu"]
+    for op in ("Add", "Mul", "Max", "Min", "Sum"):
+        swapped = parse_target(f"composite k = Relu({op}(x, y:const))").composite_rules()
+        assert [r.lhs.args[0].args for r in swapped] == [(Var("x"), Var("y", const=True)),
+                                                         (Var("y", const=True), Var("x"))]
+    assert len(parse_target("composite k = Relu(Sub(x, y:const))").composite_rules()) == 1
     (r,) = [r for r in rules if r.name == "composite conv_bias_add_relu (order 2)"]
     assert r.lhs.args[0].op == "Add" and r.lhs.args[0].args[0] == Var("y")
     assert r.rhs.op == "CompositeConvBiasAddRelu" and r.rhs.args == (Var("x"), Var("w"), Var("b"), Var("y"))
@@ -214,11 +219,13 @@ def test_composite_cost_is_its_ops_minus_the_interior_traffic():
     conv = t.node_cost("Conv", {"pads": pads}, [X, W], Y)
     add, relu = t.node_cost("Add", {}, [Y, K], Y), t.node_cost("Relu", {}, [Y], Y)
     got = t.node_cost(egraph_op("conv_add_relu"), {"0.pads": pads}, [X, W, K], Y)
-    # Two interior values (the conv's and the add's outputs), each written once and read once.
-    assert conv + add + relu - 2 * nbytes(Y) - 2 * nbytes(Y) < conv
-    # fused charges Add and Relu no traffic: the saving would exceed them, and the kernel costs
-    # what its most expensive op, the conv, costs, less one per op launch saved (two here).
-    assert got == conv - 2
+    # Two interior values (the conv's and the add's outputs), each written once and read once,
+    # and two op launches saved.
+    assert got == conv + add + relu - 2 * nbytes(Y) - 2 * nbytes(Y) - 2 > conv
+    # A target charging elementwise ops no traffic would save more than they cost: the kernel
+    # then costs what its most expensive op, the conv, costs (less the launches saved).
+    light = dataclasses.replace(t, costs={**t.costs, "Add": lambda f: 1.0, "Relu": lambda f: 1.0})
+    assert light.node_cost(egraph_op("conv_add_relu"), {"0.pads": pads}, [X, W, K], Y) == conv - 2
     cpu = dataclasses.replace(t, costs={}, default=load_target("cpu").default)   # flops + bytes for every op
     conv, add, relu = (cpu.node_cost(op, {"pads": pads} if op == "Conv" else {}, ins, Y)
                        for op, ins in (("Conv", [X, W]), ("Add", [Y, K]), ("Relu", [Y])))

@@ -184,8 +184,8 @@ def composite_cost(target: Any, pattern: OpTerm, attrs: dict[str, Any], inputs: 
     kernel runs every op of its pattern but never writes an interior value to memory nor reads
     it back: one write by its producer and one read by its consumer saved per value. It never
     costs less than the most expensive op it runs: a formula that charges an op no traffic
-    (fused's `Relu = numel(out)`) would otherwise make the kernel free, and computing a shared
-    conv a second time inside it would look cheaper than reading the conv's output. The last
+    (`op Relu = numel(out)`) would otherwise make the kernel free, and computing a shared conv
+    a second time inside it would look cheaper than reading the conv's output. The last
     term, one per op launch saved, decides where the formulas see no difference: accel charges
     nothing for a batch-norm or relu that rides along with its conv, and the kernel it declares
     wins that tie over the separate ops. None (the target cannot run it) when the target cannot

@@ -449,6 +449,9 @@ def test_extraction_chooses_the_composite_when_cheaper():
     out, report = optimize(g, rules=[], target=t, composites=True)
     assert [(n.op, n.domain) for n in out.nodes] == [("CompositeConvBiasRelu", "fused")]
     assert report.cost_after == fused and report.cost_before == unfused
+    # Without composites (optimize for the target, not partitioning) the ops stay ONNX ops.
+    plain, report = optimize(g, rules=[], target=t)
+    assert [n.op for n in plain.nodes] == ["Conv", "Relu"] and report.cost_after == unfused
     p = partition(g, t)
     assert [(n.op, n.inputs) for n in p.nodes] == [("conv_bias_relu", ["x", "w", "b"])]
     _all_close(to_model(p), model, _feeds())

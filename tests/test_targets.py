@@ -236,6 +236,13 @@ def test_composite_cost_is_its_ops_minus_the_interior_traffic():
     strided = cpu.node_cost(egraph_op("conv_bias_relu"), {"0.strides": [2, 2]}, [X, W, B], half)
     assert strided == (cpu.node_cost("Conv", {"strides": [2, 2]}, [X, W, B], half)
                        + cpu.node_cost("Relu", {}, [half], half) - 2 * nbytes(half) - 1)
+    # Other interior ops are typed by ONNX's shape inference of the one node (a 2x2 pool halves).
+    from saturate.targets.composites import interior_types
+
+    pool = parse_target("composite pr = Relu(MaxPool(x){kernel_shape=[2, 2], strides=[2, 2]})").composites[0]
+    ins, outs = interior_types(pool.pattern, {"0.kernel_shape": [2, 2], "0.strides": [2, 2]}, [Y],
+                               ValueInfo("float32", (1, 4, 4, 4)))
+    assert outs[0] == ValueInfo("float32", (1, 4, 4, 4)) and ins == [[Y], [outs[0]]]
     # A composite whose ops the target cannot run cannot run either.
     no = parse_target("default unsupported\nop Conv = flops\ncomposite cr = Relu(Conv(x, w:const))")
     assert no.node_cost(egraph_op("cr"), {}, [X, W], Y) is None

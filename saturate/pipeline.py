@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -94,7 +95,13 @@ def _preserved(graph: Graph, model: Any, preserve: Iterable[str]) -> tuple[Graph
 
 def canonical_order(rules: Iterable[Rule]) -> list[Rule]:
     """Rules sorted by a key of their own text, so the order they were given never matters."""
-    return sorted(rules, key=lambda r: (r.name, repr(r.lhs), repr(r.rhs), repr(r.guards)))
+    return sorted(rules, key=_order_key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _order_key(r: Rule) -> tuple:
+    # Printing a rule's terms costs more than sorting them: one key per rule and process.
+    return r.name, repr(r.lhs), repr(r.rhs), repr(r.guards)
 
 
 def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None = None,

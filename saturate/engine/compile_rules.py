@@ -1,9 +1,14 @@
 """Encode stage, rules: each DSL rule becomes egglog rules; guards go through a Python check.
 
-A rule with no guard, no attribute test and right-hand attributes known at compile time is one
-egglog rule. Any other rule becomes two: a match rule that records candidate bindings in a
-`Cand_i` relation, and an apply rule that fires on the `Ok_i` rows the saturation loop inserts
-after checking the guards on concrete constant values and shapes (saturate.engine.saturation).
+A rule with no guard and right-hand attributes known at compile time is one egglog rule. Its
+attribute tests (`Concat(a:const, b:const){axis=axis}`) are relations egglog joins like any other
+table: `AttrOk_i_k(set, captured...)` holds a row for every attribute set that op k of rule i
+accepts, with the values the pattern captures from it (saturate.engine.guards.attr_rows decides
+them, the same way it decides a candidate's). So a chain of constant Concats and Casts folds
+inside egglog, with no Python round between two links. Any other rule becomes two: a match rule
+that records candidate bindings in a `Cand_i` relation, and an apply rule that fires on the
+`Ok_i` rows the saturation loop inserts after checking the guards on concrete constant values
+and shapes (saturate.engine.saturation).
 """
 
 from __future__ import annotations
@@ -30,6 +35,17 @@ class RhsOp:
     column: str = ""                    # Ok column holding a computed id
 
 
+@dataclass(frozen=True)
+class AttrTest:
+    """Op `k` of a rule's pattern tests attributes; `relation` holds one row per attribute set
+    that passes, with the values of `captures` (attribute variables) taken from it."""
+
+    relation: str
+    k: int
+    term: OpTerm
+    captures: tuple[str, ...]
+
+
 @dataclass
 class CompiledRule:
     """One direction of one DSL rule, as egglog text plus what the Python check needs."""
@@ -46,6 +62,7 @@ class CompiledRule:
     extras: list[tuple[str, Term]] = field(default_factory=list)   # T columns: queries, attrs, lits
     checked: bool = False
     text: list[str] = field(default_factory=list)
+    attr_tests: list[AttrTest] = field(default_factory=list)      # decided by relations in egglog
 
     @property
     def group(self) -> str:
@@ -76,6 +93,8 @@ class _Compiler:
         self.atoms: list[str] = []
         self.fresh = 0
         self.const_vars: set[str] = set()
+        self.attr_terms: list[tuple[int, OpTerm]] = []   # pattern ops that test attributes
+        self.python = False      # whether a match needs Python beyond its attribute tests
 
     def pattern(self, term: Term, target: str) -> None:
         """Query atoms that bind `target` to an instance of `term`."""
@@ -102,7 +121,7 @@ class _Compiler:
         k = len(cr.lhs_ops)
         cr.lhs_ops.append(term)
         if term.attrs:
-            cr.checked = True
+            self.attr_terms.append((k, term))
         ctor = op_ctor(term.op, len(args))
         self.enc.declare(ctor, len(args))
         self.atoms.append(f"(= {target} ({ctor} a_{k} {' '.join(args)}))")
@@ -136,7 +155,7 @@ class _Compiler:
 
     def extra(self, term: Term) -> str:
         """A value the Python check computes per match (query, captured attribute)."""
-        self.cr.checked = True
+        self.python |= not isinstance(term, AttrVar)
         col = f"x_{len(self.cr.extras)}"
         self.cr.extras.append((col, term))
         return col
@@ -155,7 +174,7 @@ class _Compiler:
             return str(entry.fixed)
         entry.inherit, entry.overrides = src, tuple(term.attrs)
         entry.column = f"r_{len(cr.rhs_ops) - 1}"
-        cr.checked = True
+        self.python = True
         return entry.column
 
 
@@ -227,11 +246,26 @@ def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
     for g in rule.guards:
         if g.fn not in GUARDS:
             raise SaturateError(f"{_where(rule)}: rule '{rule.name}': unknown guard '{g.fn}'")
-        cr.checked = True
+        c.python = True
     body = c.rhs(cr.rhs)
+    declare = f"(ruleset {cr.group})\n"
+    captures = [v.name for _, t in c.attr_terms for _, v in t.attrs if isinstance(v, AttrVar)]
+    if len(captures) != len(set(captures)) or any(getattr(t, "name", None) not in captures for _, t in cr.extras):
+        # A variable captured twice must be compared (`_attrs_match` reads its values as plain
+        # Python), which a relation of literal ids would not do the same way.
+        c.python = True
+    cr.checked = c.python
+    if not cr.checked and c.attr_terms:
+        for k, term in c.attr_terms:
+            names = tuple(v.name for _, v in term.attrs if isinstance(v, AttrVar))
+            test = AttrTest(f"AttrOk_{cr.index}_{k}", k, term, names)
+            cr.attr_tests.append(test)
+            cr.text.append(f"(relation {test.relation} ({' '.join(['i64'] + ['T'] * len(names))}))")
+            c.atoms.append(f"({' '.join([test.relation, f'a_{k}'] + [f'c_{n}' for n in names])})")
+        for col, term in cr.extras:
+            c.atoms.append(f"(= {col} c_{term.name})")
     query = " ".join(c.atoms)
     # The rule's own ruleset is declared in the same text as its matching rule.
-    declare = f"(ruleset {cr.group})\n"
     if not cr.checked:
         cr.text.append(f'{declare}(rule ({query}) ((union root {body})) :ruleset {cr.group} :name "{cr.name}")')
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -94,7 +95,7 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
                 node = make(ENode, (kind, head, to_i64(ins[0]), tuple(ins[1:])))
             elif kind in ("inp", "const"):
                 node = make(ENode, (kind, head, to_str(ins[0]), ()))
-                view.lets[f"({name} {json.dumps(node.key)})"] = r.output
+                view.lets[_leaf_text(name, node.key)] = r.output
             else:
                 node = make(ENode, (kind, head, None, tuple(ins)))
             out = r.output
@@ -103,6 +104,13 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
             else:
                 classes[out] = [node]
     return view
+
+
+@functools.lru_cache(maxsize=65536)
+def _leaf_text(ctor: str, key: str) -> str:
+    """egglog text of an input or constant leaf, as the encoder spelled it (read again every
+    iteration, so spelled once)."""
+    return f"({ctor} {json.dumps(key)})"
 
 
 def node_count(sizes: list[tuple[str, int]]) -> int:

@@ -177,22 +177,31 @@ class Facts:
                 if inner.kind == "opaque":
                     original = self.enc.opaque_nodes[inner.key]
                     return self._infer(original.op, original.attrs, inner.children, node.key,
-                                       ("opaque", inner.key))
+                                       ("opaque", inner.key), outputs=len(original.outputs))
         return None
 
-    def _infer(self, op: str, attrs: dict, kids: tuple, output: int, ident: tuple) -> ValueInfo:
+    def _infer(self, op: str, attrs: dict, kids: tuple, output: int, ident: tuple, outputs: int = 1) -> ValueInfo:
         ins = [None if self._absent(c) else self.info(c) for c in kids]
         fast = infer(op, attrs, ins) if output == 0 and None not in ins else ValueInfo(shape=None)
         if fast.shape is not None and all(isinstance(d, int) for d in fast.shape):
             return fast
         # Everything else asks ONNX's own shape inference, with the small constant inputs
         # (Reshape's shape, Pad's pads, Slice's bounds) as data, cached across iterations.
-        values = [self.key(c) if c in self.view.consts else None for c in kids]
+        values: list[Any] = [self.key(c) if c in self.view.consts else None for c in kids]
+        for k, c in enumerate(kids):
+            # A shape computed from shapes (Concat of Gathers of Shape) is data too, once its
+            # elements are all known: a Reshape's output is typed in the iteration its input's
+            # shape is, not one fold after another down the chain.
+            if values[k] is None and ins[k] is not None and _small_ints(ins[k]):
+                elements = self.data(c)
+                if elements is not None and all(isinstance(x, int) for x in elements):
+                    values[k] = ("data", ins[k].dtype, ins[k].shape, elements)
         key = ("infer", ident, output, tuple(None if i is None else (i.dtype, i.shape) for i in ins),
                tuple(values))
         if key not in self.cache:
-            data = {k: self.cache[v] for k, v in enumerate(values) if v is not None}
-            self.cache[key] = onnx_infer(op, attrs, ins, data, output, self.enc.graph.opset)
+            data = {k: (np.array(v[3], dtype=v[1]).reshape(v[2]) if v[0] == "data" else self.cache[v])
+                    for k, v in enumerate(values) if v is not None}
+            self.cache[key] = onnx_infer(op, attrs, ins, data, output, self.enc.graph.opset, outputs)
         return refine(fast, self.cache[key])
 
     def _absent(self, cls: Any) -> bool:
@@ -215,9 +224,15 @@ class Facts:
                      for k, d in enumerate(shape))
 
     def data(self, cls: Any) -> tuple | None:
-        """The elements of a small integer value computed from shapes (Shape, Gather, Slice,
-        Concat, Unsqueeze...), each an int or a dim symbol as `dims` spells it; None when
-        they cannot be told."""
+        """The elements of a small integer value of rank 0 or 1 computed from shapes (Shape,
+        Gather, Slice, Concat, Unsqueeze...), each an int or a dim symbol as `dims` spells it;
+        None when they cannot be told."""
+        got = self.tensor_data(cls)
+        return None if got is None or len(got[0]) > 1 else got[1]
+
+    def tensor_data(self, cls: Any) -> tuple[tuple[int, ...], tuple] | None:
+        """Shape and row-major elements of a small integer value of any rank, as `data` reads
+        them (exporters reverse pads through a [n, 2] Reshape, a Slice and a Transpose)."""
         if not hasattr(self, "_data"):
             self._data: dict[Any, tuple | None] = {}
         if cls in self._data:
@@ -227,52 +242,86 @@ class Facts:
         v = self.value(cls) if cls in self.view.consts else None
         if v is not None:
             a = np.asarray(v)
-            if np.issubdtype(a.dtype, np.integer) and a.ndim <= 1 and a.size <= _DATA_ELEMENTS:
-                result = tuple(int(x) for x in a.ravel())
+            if np.issubdtype(a.dtype, np.integer) and a.size <= _DATA_ELEMENTS:
+                result = (tuple(a.shape), tuple(int(x) for x in a.ravel()))
         else:
-            for node in self.view.classes.get(cls, ()):
-                if node.kind == "op":
-                    got = self._node_data(node.head, self.enc.attr_sets[node.key][1], node.children)
-                    result = got if result is None else _better_data(result, got)
-        if result is None:
-            # Elements nobody can tell still count: each is a symbol of its own.
             info = self.info(cls)
-            if (info.shape is not None and len(info.shape) <= 1 and all(isinstance(d, int) for d in info.shape)
-                    and info.dtype.startswith(("int", "uint")) and math.prod(info.shape) <= _DATA_ELEMENTS):
-                result = tuple(("elem", cls, k) for k in range(math.prod(info.shape)))
+            if info.dtype.startswith(("int", "uint")) or info.dtype == "unknown":
+                for node in self.view.classes.get(cls, ()):
+                    if node.kind != "op":
+                        continue
+                    try:
+                        got = self._node_data(node.head, self.enc.attr_sets[node.key][1], node.children,
+                                              info.shape)
+                    except (ValueError, TypeError, IndexError, KeyError, OverflowError):
+                        got = None          # a bound or axis out of range: nothing is told
+                    result = got if result is None else _better_data(result, got)
+            if result is None and _small_ints(info):
+                # Elements nobody can tell still count: each is a symbol of its own.
+                result = (tuple(info.shape), tuple(("elem", cls, k) for k in range(math.prod(info.shape))))
         self._data[cls] = result
         return result
 
-    def _node_data(self, op: str, attrs: dict, kids: tuple) -> tuple | None:
+    def _node_data(self, op: str, attrs: dict, kids: tuple, out_shape: tuple | None) -> tuple | None:
+        """Shape and elements one e-node gives its class (whose static shape is `out_shape`).
+        Ops that only move elements are applied to an array of element positions, then the
+        positions are read back."""
         if op == "Shape":
             dims = self.dims(kids[0])
-            return None if dims is None else dims[attrs.get("start", 0) or 0:attrs.get("end")]
-        first = self.data(kids[0])
+            if dims is None:
+                return None
+            picked = dims[attrs.get("start", 0) or 0:attrs.get("end")]
+            return (len(picked),), picked
+        first = self.tensor_data(kids[0])
         if first is None:
             return None
-        if op in ("Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"):
-            return first
+        shape, elements = first
+        index = np.arange(len(elements)).reshape(shape)
+        consts = [self.value(c) if c in self.view.consts else None for c in kids[1:]]
+        if op in ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+            # The elements keep their order; the shape is the class's own, once known.
+            if out_shape is None or not all(isinstance(d, int) for d in out_shape) \
+                    or math.prod(out_shape) != len(elements):
+                return None
+            return tuple(out_shape), elements
         if op == "Cast":
             return first if np.issubdtype(_np_type(attrs.get("to")), np.integer) else None
-        if op == "Concat" and int(attrs.get("axis", 0)) in (0, -1):
-            parts = [self.data(c) for c in kids]
-            return None if any(p is None for p in parts) else tuple(x for p in parts for x in p)
-        consts = [self.value(c) if c in self.view.consts else None for c in kids[1:]]
-        if op == "Gather" and int(attrs.get("axis", 0)) == 0 and consts and consts[0] is not None:
-            return _pick(first, consts[0])
-        if op in ("Add", "Sub", "Mul", "Div") and len(kids) == 2:
-            other = self.data(kids[1])
-            if other is None or (len(other) != len(first) and 1 not in (len(other), len(first))):
+        if op == "Concat":
+            parts = [self.tensor_data(c) for c in kids]
+            if any(p is None for p in parts):
                 return None
-            n = max(len(other), len(first))
-            a, b = (first * n if len(first) == 1 else first), (other * n if len(other) == 1 else other)
-            fn = CONST_FUNCS[op.lower()].impl
-            return tuple(int(fn(np.int64(x), np.int64(y))) if isinstance(x, int) and isinstance(y, int)
-                         and not (op == "Div" and y == 0) else ("elem", op, x, y) for x, y in zip(a, b))
+            offsets = np.cumsum([0] + [len(p[1]) for p in parts])
+            joined = np.concatenate([np.arange(len(p[1])).reshape(p[0]) + o for p, o in zip(parts, offsets)],
+                                    axis=int(attrs.get("axis", 0)))
+            return _pick(sum((p[1] for p in parts), ()), joined)
+        if op == "Gather" and consts and consts[0] is not None:
+            return _pick(elements, np.take(index, np.asarray(consts[0]), axis=int(attrs.get("axis", 0))))
+        if op == "Transpose":
+            perm = attrs.get("perm")
+            return _pick(elements, np.transpose(index, None if perm is None else [int(p) for p in perm]))
         if op == "Slice" and all(c is not None for c in consts):
-            return _pick(first, CONST_FUNCS["slice"].impl(np.arange(len(first)), *consts,
-                                                          *[None] * (4 - len(consts))))
+            return _pick(elements, CONST_FUNCS["slice"].impl(index, *consts, *[None] * (4 - len(consts))))
+        if op in ("Add", "Sub", "Mul", "Div", "Mod") and len(kids) == 2:
+            other = self.tensor_data(kids[1])
+            if other is None:
+                return None
+            a, b = np.broadcast_arrays(index, np.arange(len(other[1])).reshape(other[0]))
+            impl = CONST_FUNCS[op.lower()].impl
+            fmod = int(attrs.get("fmod", 0))
+            fn = (lambda x, y: impl(x, y, fmod)) if op == "Mod" else impl
+            out = []
+            for i, j in zip(a.ravel(), b.ravel()):
+                x, y = elements[i], other[1][j]
+                known = isinstance(x, int) and isinstance(y, int) and not (op in ("Div", "Mod") and y == 0)
+                out.append(int(fn(np.int64(x), np.int64(y))) if known else ("elem", op, x, y))
+            return tuple(a.shape), tuple(out)
         return None
+
+
+def _small_ints(info: ValueInfo) -> bool:
+    """Whether a value of this type is a small integer tensor of known shape (rank 0 or 1)."""
+    return (info.shape is not None and len(info.shape) <= 1 and all(isinstance(d, int) for d in info.shape)
+            and info.dtype.startswith(("int", "uint")) and math.prod(info.shape) <= _DATA_ELEMENTS)
 
 
 def _leaf_first(node: ENode) -> tuple:
@@ -362,8 +411,9 @@ _DATA_ELEMENTS = 4096
 
 
 def onnx_infer(op: str, attrs: dict, ins: list[ValueInfo | None], data: dict[int, Any],
-               output: int, opset: int) -> ValueInfo | None:
-    """Output `output`'s type as ONNX's shape inference for `op` at `opset` derives it."""
+               output: int, opset: int, outputs: int = 1) -> ValueInfo | None:
+    """Output `output`'s type as ONNX's shape inference for `op` at `opset` derives it, for a
+    node with `outputs` outputs (Split's inference checks their number)."""
     import onnx
     import onnx.defs
     from onnx import numpy_helper
@@ -375,7 +425,7 @@ def onnx_infer(op: str, attrs: dict, ins: list[ValueInfo | None], data: dict[int
     try:
         schema = onnx.defs.get_schema(op, opset, "")
         names = [f"i{k}" if i is not None else "" for k, i in enumerate(ins)]
-        node = node_proto(Node(op, names, [f"o{k}" for k in range(output + 1)], dict(attrs)), opset)
+        node = node_proto(Node(op, names, [f"o{k}" for k in range(max(outputs, output + 1))], dict(attrs)), opset)
         types = {n: type_proto(i) for n, i in zip(names, ins) if i is not None}
         tensors = {}
         for k, v in data.items():
@@ -396,15 +446,13 @@ def onnx_infer(op: str, attrs: dict, ins: list[ValueInfo | None], data: dict[int
                                        for d in info.shape))
 
 
-def _pick(elements: tuple, index: Any) -> tuple | None:
-    """The elements at integer positions `index` (negative ones count from the end)."""
-    try:
-        idx = np.asarray(index).ravel()
-        if not np.issubdtype(idx.dtype, np.integer) or np.any((idx < -len(elements)) | (idx >= len(elements))):
-            return None
-        return tuple(elements[int(k)] for k in idx)
-    except (TypeError, ValueError):
+def _pick(elements: tuple, index: Any) -> tuple[tuple[int, ...], tuple] | None:
+    """Shape and elements of an array of positions into `elements` (negative ones count from
+    the end)."""
+    idx = np.asarray(index)
+    if not np.issubdtype(idx.dtype, np.integer) or np.any((idx < -len(elements)) | (idx >= len(elements))):
         return None
+    return tuple(idx.shape), tuple(elements[int(k)] for k in idx.ravel())
 
 
 def _np_type(to: Any) -> Any:
@@ -417,7 +465,7 @@ def _np_type(to: Any) -> Any:
 
 
 def _better_data(a: tuple, b: tuple | None) -> tuple:
-    """Of two readings of one value's elements, element by element the known one."""
-    if b is None or len(a) != len(b):
+    """Of two readings of one value (shape, elements), element by element the known one."""
+    if b is None or a[0] != b[0]:
         return a
-    return tuple(x if isinstance(x, int) or not isinstance(y, int) else y for x, y in zip(a, b))
+    return a[0], tuple(x if isinstance(x, int) or not isinstance(y, int) else y for x, y in zip(a[1], b[1]))

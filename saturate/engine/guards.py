@@ -195,6 +195,26 @@ def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int
         return None
 
 
+def attr_rows(enc: Encoding, rules: list[CompiledRule], start: int) -> list[str]:
+    """egglog rows of the rules' attribute-test relations for the attribute sets from index
+    `start` on: a row where the set passes the test, with what the pattern captures from it,
+    decided by `_attrs_match` as a candidate's attributes are."""
+    tests: dict[str, list] = {}
+    for cr in rules:
+        for t in cr.attr_tests:
+            tests.setdefault(t.term.op, []).append(t)
+    rows = []
+    opset = enc.graph.opset
+    for set_id in range(start, len(enc.attr_sets)):
+        op, attrs = enc.attr_sets[set_id]
+        for t in tests.get(op, ()):
+            captured: dict[str, Any] = {}
+            if _attrs_match(t.term, attrs, captured, opset):
+                lits = [f"(Lit {enc.lit_id(captured[n])})" for n in t.captures]
+                rows.append(f"({' '.join([t.relation, str(set_id)] + lits)})")
+    return rows
+
+
 def _attrs_match(term: OpTerm, attrs: dict, captured: dict, opset: int) -> bool:
     s = spec(term.op, opset)
     defaults = s.attrs if s else {}

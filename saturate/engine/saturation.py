@@ -32,7 +32,7 @@ from saturate.engine.egraph import node_count, read_egraph
 from saturate.engine.encode import Encoding, chunks
 from saturate.engine.compile_rules import QUERY_FNS, CompiledRule
 from saturate.engine.facts import Facts
-from saturate.engine.guards import Checker
+from saturate.engine.guards import Checker, attr_rows
 from saturate.lang.ast import Call, IntList, Num, OpTerm, Str, Var
 
 
@@ -153,6 +153,8 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
     relations = tuple(f"Cand_{cr.index}" for cr in checked)
     checker = Checker(eg, enc)
     egg = _Egg(eg)
+    attrs = _AttrTables(eg, enc, [cr for cr in rules if cr.attr_tests])
+    attrs.update()
     groups = [_Group(cr, (cr.name, f"m{cr.name}")) for cr in rules]
     step_set = _combine(egg, groups, 0)
     folds = [g for g in groups if folds_to_existing(g.rule)]
@@ -233,6 +235,7 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
                 if time.perf_counter() > deadline:
                     break
                 eg.run_program(*eg.parse_program(piece))
+            attrs.update()
             # Apply the checked rewrites now, so one iteration is one step of every rule.
             _count(egg(APPLY)[-1].report, by_name, step)
         dirty = bool(commands)
@@ -241,7 +244,7 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
             # arithmetic (Swin pads each stage from the last one's shape) would otherwise take an
             # iteration per op. Folds add no op e-node, so this ends and never grows the graph.
             dirty = _fold_to_fixed_point(egg, eg, enc, checker, fold_set, fold_checked, relations,
-                                         cache, deadline, by_name, step) or dirty
+                                         cache, deadline, by_name, step, attrs) or dirty
         new_size = egg.size() if dirty else view.size
         cost.nodes_per_match = max(new_size - before, 0) / max(matched, 1)
         size = new_size
@@ -289,25 +292,48 @@ def folds_to_existing(cr: CompiledRule) -> bool:
 
 def _fold_to_fixed_point(egg: _Egg, eg: Any, enc: Encoding, checker: Checker, fold_set: str,
                          fold_checked: list[CompiledRule], relations: tuple[str, ...], cache: dict,
-                         deadline: float, by_name: dict[str, CompiledRule], step: dict[str, int]) -> bool:
-    """Run the folding rules alone until they change nothing (or the deadline); whether any did."""
+                         deadline: float, by_name: dict[str, CompiledRule], step: dict[str, int],
+                         attrs: "_AttrTables") -> bool:
+    """Run the folding rules alone until they change nothing (or the deadline); whether any did.
+
+    Between two reads of the e-graph, egglog runs the folds it decides alone (no guard) to their
+    own fixed point: a chain of constant ops folds in one round, not one round per link. When
+    that run changes nothing there is nothing new to read: candidates left undecided are asked
+    again in the next iteration, which the caller always runs after folds were tried."""
     changed = False
     while time.perf_counter() < deadline:
-        egg(FACTS)
-        run = egg(f"(run {fold_set} 1)")[-1].report
+        run = egg(f"(run-schedule (saturate (run facts) (run {fold_set})))")[-1].report
         _count(run, by_name, step)
+        if not run.updated:
+            break
         view = read_egraph(eg, relations)
         commands = checker.check(fold_checked, view, Facts(view, enc, cache), deadline)
         for piece in chunks(commands):
             if time.perf_counter() > deadline:
                 break
             eg.run_program(*eg.parse_program(piece))
+        attrs.update()
         if commands:
             _count(egg(APPLY)[-1].report, by_name, step)
-        if not run.updated and not commands:
-            break
         changed = True
     return changed
+
+
+class _AttrTables:
+    """Keeps the rules' attribute-test relations (saturate.engine.compile_rules) up to date:
+    guards and right sides register new attribute sets as saturation goes."""
+
+    def __init__(self, eg: Any, enc: Encoding, rules: list[CompiledRule]):
+        self.eg, self.enc, self.rules = eg, enc, rules
+        self.done = 0
+
+    def update(self) -> None:
+        if not self.rules or self.done == len(self.enc.attr_sets):
+            return
+        rows = attr_rows(self.enc, self.rules, self.done)
+        self.done = len(self.enc.attr_sets)
+        for piece in chunks(rows):
+            self.eg.run_program(*self.eg.parse_program(piece))
 
 
 def _combine(egg: _Egg, groups: list[_Group], k: int | str) -> str:

@@ -346,15 +346,38 @@ def load_rulesets(paths: Iterable[str | os.PathLike] | None = None) -> list[Rule
     and checking the standard library costs more than optimizing a small model."""
     files = rule_files(paths)
     key = _cache_key(files)
+    # A process that optimizes many models loads the same files each time: what it loaded
+    # stays in memory while the files keep their size and modification time.
+    held = _LOADED.get(key)
+    if held is not None and held[0] == _stamps(p for p, _, _ in held[0]):
+        return held[1]
     cached = _cache_read(key)
     if cached is not None:
-        return cached
-    loader = _Loader()
-    for f in files:
-        loader.add_file(f)
-    rulesets = loader.rulesets()
-    _cache_write(key, sorted(loader.seen), rulesets)
+        read, rulesets = cached
+    else:
+        loader = _Loader()
+        for f in files:
+            loader.add_file(f)
+        rulesets = loader.rulesets()
+        read = sorted(loader.seen)
+        _cache_write(key, read, rulesets)
+    _LOADED[key] = (_stamps(read), rulesets)
     return rulesets
+
+
+_LOADED: dict[str, tuple[list, list[RuleSet]]] = {}
+
+
+def _stamps(paths: Iterable[str | os.PathLike]) -> list[tuple[str, int, int]]:
+    """Path, size and modification time of each file (-1 for a file that is gone)."""
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            out.append((str(p), st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((str(p), -1, -1))
+    return out
 
 
 def _cache_dir() -> Path:
@@ -385,12 +408,13 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _cache_read(key: str) -> list[RuleSet] | None:
+def _cache_read(key: str) -> tuple[list[str], list[RuleSet]] | None:
+    """The files an entry read and its rulesets, if every file still has the digest it had."""
     try:
         with open(_cache_dir() / f"{key}.pickle", "rb") as f:
             read, rulesets = pickle.load(f)
         if all(_digest(Path(p)) == d for p, d in read):
-            return rulesets
+            return [p for p, _ in read], rulesets
     except Exception:  # noqa: BLE001 - a missing, stale or unreadable entry is a miss
         pass
     return None

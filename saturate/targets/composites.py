@@ -148,7 +148,24 @@ def infer_type(op: str, attrs: dict[str, Any], ins: Sequence[ValueInfo | None]) 
             out = conv_output_shape(attrs, shapes[0], shapes[1])
             if out is not None:
                 return ValueInfo(dtype, tuple(out))
-    return _onnx_type(op, attrs, ins) or ValueInfo(dtype, None)
+    key = (op, _attrs_key(attrs),
+           tuple(None if i is None else (i.dtype, None if i.shape is None else tuple(i.shape)) for i in ins))
+    if key not in _INFERRED:
+        if len(_INFERRED) >= 4096:      # a bound, not a policy: one graph's distinct types fit
+            _INFERRED.clear()
+        _INFERRED[key] = _onnx_type(op, attrs, ins)
+    return _INFERRED[key] or ValueInfo(dtype, None)
+
+
+def _attrs_key(attrs: dict[str, Any]) -> str:
+    """Attributes as text, a tensor by its bytes (numpy's repr elides long arrays)."""
+    return repr(sorted((k, (v.dtype.str, v.shape, v.tobytes()) if isinstance(v, np.ndarray) else v)
+                       for k, v in attrs.items()))
+
+
+# ONNX's inference of one node takes about a millisecond; pricing a graph asks it once per
+# composite node, and a deep chain repeats a few types thousands of times.
+_INFERRED: dict[tuple, ValueInfo | None] = {}
 
 
 def _onnx_type(op: str, attrs: dict[str, Any], ins: Sequence[ValueInfo | None]) -> ValueInfo | None:

@@ -68,27 +68,23 @@ def rules(composites: Sequence[Any], ruleset: str) -> list[Rule]:
     for comp in composites:
         order = positions(comp.pattern)
         where = {id(t): k for k, t in enumerate(order)}
-        captured: list[tuple[str, Any]] = []
-        for k, t in enumerate(order):
-            written = dict(t.attrs)
-            for key, value in t.attrs:
-                captured.append((f"{k}.{key}", value))
-            # Every attribute the op defines is captured (the default where the node omits it;
-            # an omitted one without a default stays omitted): the body needs them all.
-            s = spec(t.op)
-            for key in sorted(s.attrs if s else ()):
-                if key not in written:
-                    captured.append((f"{k}.{key}", AttrVar(_capture(k, key))))
-        rhs = OpTerm(egraph_op(comp.name), tuple(Var(v) for v in variables(comp.pattern)),
-                     tuple(captured), comp.loc)
+        # The right side records each op's attributes, written or captured, under its position.
+        recorded = tuple((f"{k}.{key}", value) for k, t in enumerate(order) for key, value in _open_attrs(t, k))
+        rhs = OpTerm(egraph_op(comp.name), tuple(Var(v) for v in variables(comp.pattern)), recorded, comp.loc)
         for n, lhs in enumerate(_orders(comp.pattern, where)):
             name = f"composite {comp.name}" + (f" (order {n + 1})" if n else "")
             out.append(Rule(name, lhs, rhs, (), ruleset, 0, comp.loc))
     return out
 
 
-def _capture(position: int, key: str) -> str:
-    return f"p{position}_{key}"
+def _open_attrs(term: OpTerm, position: int) -> tuple:
+    """The attributes the pattern writes, then a capture of every other attribute the op
+    defines: the node's value, its default where the node omits it, or nothing when it has
+    none (the body needs them all)."""
+    written = {key for key, _ in term.attrs}
+    s = spec(term.op)
+    return tuple(term.attrs) + tuple((key, AttrVar(f"p{position}_{key}"))
+                                     for key in sorted(s.attrs if s else ()) if key not in written)
 
 
 def _orders(term: Term, where: dict[int, int]) -> Iterator[Term]:
@@ -97,14 +93,10 @@ def _orders(term: Term, where: dict[int, int]) -> Iterator[Term]:
     if not isinstance(term, OpTerm):
         yield term
         return
-    k = where[id(term)]
-    written = {key for key, _ in term.attrs}
-    s = spec(term.op)
-    attrs = tuple(term.attrs) + tuple((key, AttrVar(_capture(k, key)))
-                                      for key in sorted(s.attrs if s else ()) if key not in written)
-    choices = [list(_orders(a, where)) for a in term.args]
+    attrs = _open_attrs(term, where[id(term)])
     arg_lists: list[tuple] = [()]
-    for options in choices:
+    for a in term.args:
+        options = list(_orders(a, where))
         arg_lists = [done + (o,) for done in arg_lists for o in options]
     for args in arg_lists:
         yield OpTerm(term.op, args, attrs, term.loc)

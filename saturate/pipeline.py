@@ -15,7 +15,7 @@ from saturate.engine.egraph import egglog_bindings
 from saturate.engine.encode import chunks, encode_graph
 from saturate.engine.compile_rules import applicable_rules, compile_rules, rule_ops
 from saturate.core.errors import SaturateError
-from saturate.engine.extract import extract
+from saturate.engine.extract import Prices, extract
 from saturate.engine.decode import decode
 from saturate.core.ir import Graph
 from saturate.lang.ast import Rule
@@ -24,6 +24,13 @@ from saturate.engine.saturation import RunReport, saturate
 MAX_ITERATIONS = 30
 MAX_NODES = 500_000
 TIMEOUT = 60.0
+# Extraction has its own budget, beside --timeout's for saturation: a quarter of it, at least 2 s.
+EXTRACT_SHARE, EXTRACT_MIN = 0.25, 2.0
+
+
+def extract_budget(timeout: float) -> float:
+    """Seconds extraction may take after saturation stopped under `timeout`."""
+    return max(EXTRACT_MIN, EXTRACT_SHARE * timeout)
 
 
 @dataclass
@@ -39,6 +46,7 @@ class Report:
     rules: int = 0
     kept_original: bool = False
     extract_moves: int = 0
+    extract_cut: str = ""          # why extraction's answer is the best it had, not the best there is
 
     def to_json(self) -> dict[str, Any]:
         """The report as plain JSON data (what `--report` writes)."""
@@ -51,7 +59,7 @@ class Report:
             "egraph_sizes": self.run.sizes, "times": {k: round(v, 6) for k, v in self.times.items()},
             "cost_before": _finite(self.cost_before), "cost_after": _finite(self.cost_after),
             "kept_original": self.kept_original, "rules_loaded": self.rules,
-            "extract_moves": self.extract_moves,
+            "extract_moves": self.extract_moves, "extract_cut": self.extract_cut,
             "matches": [{"rule": name, "at": self.run.locations.get(name, ""), "matches": n}
                         for name, n in sorted(self.run.matches.items())],
         }
@@ -145,8 +153,15 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
 
     t = time.perf_counter()
     roots = [facts.view.lets[enc.value_names[o]] for o in graph.outputs]
-    ext = _extract_evaluable(facts, roots, model)
+    ext = _extract_evaluable(facts, roots, model, t + extract_budget(timeout))
     report.times["extract"] = time.perf_counter() - t
+    if ext is not None and ext.cut:
+        budget = extract_budget(timeout)
+        report.extract_cut = (f"extraction budget ({budget:g} s) ran out in its {ext.cut}: "
+                              + ("kept the input graph" if ext.choice is None else
+                                 f"cheapest graph of the {ext.priced} of {ext.nodes} e-nodes priced"
+                                 if ext.priced < ext.nodes else "cheapest graph found so far"))
+        ext = ext if ext.choice is not None else None    # the deadline left only the input graph
 
     t = time.perf_counter()
     report.cost_before = graph_cost(_typed_as_known(graph, enc, facts), model)
@@ -178,14 +193,18 @@ def _typed_as_known(graph: Graph, enc, facts) -> Graph:
     return dataclasses.replace(graph, values=values)
 
 
-def _extract_evaluable(facts, roots, model):
+def _extract_evaluable(facts, roots, model, deadline: float | None = None):
     """The cheapest extraction whose constant expressions all evaluate, or None if there is none.
 
-    A chosen constant expression that fails to evaluate is banned and extraction runs again; when
-    that keeps happening, every constant expression that fails is banned at once."""
+    A chosen constant expression that fails to evaluate is banned and extraction runs again (on the
+    prices of the first, and under the same deadline); when that keeps happening, every constant
+    expression that fails is banned at once."""
     banned: set = set()
+    prices = Prices(facts, model.node_cost)
     for _ in range(8):
-        ext = extract(facts, roots, model.node_cost, banned)
+        ext = extract(facts, roots, model.node_cost, banned, deadline=deadline, prices=prices)
+        if ext.choice is None:
+            return ext
         bad = {(c, n) for c, n in ext.choice.items() if n.kind == "call" and facts.node_key(n) is None}
         if not bad:
             return ext
@@ -193,9 +212,11 @@ def _extract_evaluable(facts, roots, model):
     banned |= {(c, n) for c, nodes in facts.view.classes.items() for n in nodes
                if n.kind == "call" and facts.node_key(n) is None}
     try:
-        ext = extract(facts, roots, model.node_cost, banned)
+        ext = extract(facts, roots, model.node_cost, banned, deadline=deadline, prices=prices)
     except SaturateError:
         return None
+    if ext.choice is None:
+        return ext
     ok = not any(n.kind == "call" and facts.node_key(n) is None for n in ext.choice.values())
     return ext if ok else None
 

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -279,6 +280,80 @@ def test_no_single_step_passes_the_node_limit(tmp_path, monkeypatch, limit):
     assert run.stop_reason == "node limit" and "add-assoc" in run.held_back
     assert seen[0] <= limit and max(run.sizes) <= run.peak_nodes <= limit, (seen[0], run.peak_nodes)
     assert run.peak_nodes >= seen[0]
+    _same_outputs(out, want)
+
+
+def _grown(tmp_path, monkeypatch, **limits):
+    """Optimize VGG under the growing rules, extraction's budget and pricing share as given."""
+    import saturate.engine.extract as extract
+    import saturate.pipeline as pipeline
+
+    if "budget" in limits:
+        monkeypatch.setattr(pipeline, "extract_budget", lambda timeout: limits["budget"])
+    if "price_share" in limits:
+        monkeypatch.setattr(extract, "PRICE_SHARE", limits["price_share"])
+    want = examples.build("vgg")
+    out, report = optimize(want, _growing_rules(tmp_path), max_nodes=limits.get("max_nodes", 20_000))
+    return want, out, report
+
+
+def test_extraction_past_its_budget_keeps_the_input_graph(tmp_path, monkeypatch):
+    # No time at all: the bottom-up pass cannot reach the outputs, and the input graph is the answer.
+    want, out, report = _grown(tmp_path, monkeypatch, budget=0.0)
+    assert report.run.peak_nodes > 2 * 2048     # more than the e-nodes between two looks at the clock
+    assert report.extract_cut.startswith("extraction budget (0 s) ran out in its ")
+    assert report.extract_cut.endswith("kept the input graph") and report.kept_original
+    assert report.times["extract"] < 1.0, report.times
+    assert out.op_counts() == want.op_counts()
+    _same_outputs(out, want)
+
+
+def test_extraction_chooses_among_the_e_nodes_it_priced(tmp_path, monkeypatch):
+    # Pricing stops at once (after the input graph's e-nodes and one batch): the bottom-up pass has
+    # all the time it needs and chooses among what was priced.
+    want, out, report = _grown(tmp_path, monkeypatch, budget=60.0, price_share=0.0)
+    assert "ran out in its pricing: cheapest graph of the " in report.extract_cut, report.extract_cut
+    priced, nodes = (int(w) for w in report.extract_cut.split("graph of the ")[1].split(" e-nodes")[0].split(" of "))
+    assert 0 < priced < nodes
+    _same_outputs(out, want)
+
+
+def test_an_extraction_budget_cut_is_in_the_summary_and_the_report(tmp_path, monkeypatch, capsys):
+    import json
+
+    import saturate.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "EXTRACT_MIN", 0.0)
+    monkeypatch.setattr(pipeline, "EXTRACT_SHARE", 0.0)
+    (tmp_path / "grow.rules").write_text(GROWING)
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    assert main(["optimize", "example:vgg", "--no-std", "--rules", str(tmp_path / "grow.rules"), "-o", str(out),
+                 "--max-nodes", "20000", "--report", str(report)]) == 0
+    line = capsys.readouterr().out
+    assert "node limit" in line and "; extraction budget (0 s) ran out in its " in line, line
+    assert json.loads(report.read_text())["extract_cut"].endswith("kept the input graph")
+    _same_outputs(load_graph(str(out)), examples.build("vgg"))
+
+
+def test_extraction_holds_its_budget_on_a_grown_e_graph(tmp_path, monkeypatch):
+    import saturate.engine.extract as extract
+
+    # Pricing and the bottom-up pass look at the clock every CHECK_EVERY e-nodes: past the budget,
+    # extraction ends within one more batch.
+    calls = []
+    real = extract.extract
+
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        got = real(*args, **kwargs)
+        calls.append((time.perf_counter() - t, kwargs["deadline"] - t, got.cut))
+        return got
+
+    monkeypatch.setattr("saturate.pipeline.extract", timed)
+    want, out, report = _grown(tmp_path, monkeypatch, budget=0.05, max_nodes=100_000)
+    seconds, budget, cut = calls[0]
+    assert report.run.peak_nodes > 20_000
+    assert cut and seconds <= budget + 0.25, calls
     _same_outputs(out, want)
 
 

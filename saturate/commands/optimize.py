@@ -52,8 +52,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "per iteration, the rules that fired, stage times, op counts")
     parser.add_argument("--trace", action="store_true", help="print progress and a table of what happened")
     parser.add_argument("--max-iterations", type=int, default=MAX_ITERATIONS)
-    parser.add_argument("--max-nodes", type=int, default=MAX_NODES)
-    parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds for saturation")
+    parser.add_argument("--max-nodes", type=int, default=MAX_NODES,
+                        help="e-nodes the e-graph may grow to (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT,
+                        help="seconds for saturation (default %(default)s); extraction has its own budget "
+                             "after it, a quarter of this and at least 2 s, and past it writes the best "
+                             "graph it has")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -183,6 +187,8 @@ def summary_line(report, output: str) -> str:
     stop = f"{data['stop_reason']} after {data['iterations']} iterations"
     if report.run.hit_limit:
         stop += f", best graph found so far ({_peak(report)})"
+    if report.extract_cut:
+        stop += f"; {report.extract_cut}"
     return (f"wrote {output}: {sum(before.values())} -> {sum(after.values())} nodes"
             f" ({', '.join(changed) or 'no change'}); {stop}; {sum(data['times'].values()):.2f} s")
 
@@ -208,7 +214,8 @@ def format_report(report) -> str:
              "e-graph size per iteration: " + " ".join(str(s) for s in data["egraph_sizes"]),
              "time per stage: " + "  ".join(f"{k} {v:.3f} s" for k, v in data["times"].items()),
              f"cost: {report.cost_before:.0f} -> {report.cost_after:.0f}"
-             + ("  (no cheaper graph: original kept)" if report.kept_original else ""),
+             + ("  (no cheaper graph: original kept)" if report.kept_original and not report.extract_cut
+                else f"  ({report.extract_cut})" if report.extract_cut else ""),
              "ops:"]
     ops = sorted(set(data["ops_before"]) | set(data["ops_after"]))
     for op in ops:

@@ -1,4 +1,4 @@
-"""Extract stage: the cheapest DAG in the e-graph, a shared node paid once.
+"""Extract stage: the cheapest DAG in the e-graph, a shared node paid once, within a time budget.
 
 A Knuth/Dijkstra bottom-up pass gives each e-class its cheapest e-node by tree cost (exact
 Python ints). Tree cost over-counts shared nodes, so a local search then switches e-classes to
@@ -6,6 +6,14 @@ other e-nodes whenever the DAG cost (each chosen node paid once) drops, for inst
 BatchNormalization on a conv output that another consumer also reads rather than duplicate the conv.
 Where the e-graph is small enough, an integer program (extract_ilp) then finds the exact optimum
 within the time budget; it replaces the local answer only when strictly cheaper.
+
+Everything runs under a deadline. Pricing an op e-node asks the target (and the e-graph for the
+types it reads), so the input graph's own e-nodes are priced first, then the rest; e-nodes left
+unpriced at the deadline are not chosen, and the bottom-up pass still finds a graph, since the
+input graph's e-nodes are always there. If the deadline passes inside the bottom-up pass itself,
+the answer is the input graph (`Extraction.choice` is None). The work is per e-class and per
+e-node position (`Prices`), never hashing an e-node, which is what made a 120,000 e-node
+extraction take 8 to 14 s.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import hashlib
 import heapq
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from saturate.engine.egraph import ENode
@@ -22,41 +30,95 @@ from saturate.engine.extract_ilp import solve
 from saturate.engine.facts import Facts
 
 UNRUNNABLE = None   # the cost of an e-node the target cannot run (never chosen)
+UNPRICED = -1       # an e-node the deadline left unpriced (never chosen); real costs are >= 0
+CHECK_EVERY = 2048  # e-nodes between two looks at the clock
+PRICE_SHARE = 0.5   # of the time to the deadline, the most pricing may take
 
 
 @dataclass
 class Extraction:
-    """The chosen e-node per e-class reachable from the roots, and its DAG cost."""
+    """The chosen e-node per e-class reachable from the roots, and its DAG cost.
 
-    choice: dict[Any, ENode]
+    `choice` is None when the deadline passed before every root had a choice: the input graph is
+    the answer. `cut` names the stage the deadline stopped ("" when extraction ran to the end)."""
+
+    choice: dict[Any, ENode] | None
     dag_cost: int
     tree_dag_cost: int          # DAG cost of the tree-greedy answer, before the local search
     moves: int
+    cut: str = ""
+    priced: int = 0             # e-nodes priced, of
+    nodes: int = 0              # all e-nodes
 
 
-def node_costs(facts: Facts, cost: Callable, banned: set) -> dict[tuple, int | None]:
-    """Cost of every e-node: zero for leaves and constant expressions, the target's for ops."""
-    costs: dict[tuple, int | None] = {}
-    attrs = facts.enc.attr_sets
-    # E-nodes of one op with the same attributes and types cost the same; a grown e-graph holds
-    # many of them, and the target's formula is the slowest part of extraction.
-    same: dict[tuple, int | None] = {}
-    for cls, nodes in facts.view.classes.items():
-        for node in nodes:
-            key = (cls, node)
-            if key in banned:
-                costs[key] = UNRUNNABLE
-            elif node.kind == "op":
-                ins, out = [facts.info(ch) for ch in node.children], facts.info(cls)
-                sig = (node.key, tuple(map(_typed, ins)), _typed(out))
-                if sig not in same:
-                    op, a = attrs[node.key]
-                    c = cost(op, a, ins, out)
-                    same[sig] = UNRUNNABLE if c is None or not math.isfinite(c) else int(math.ceil(c))
-                costs[key] = same[sig]
-            else:
-                costs[key] = 0
-    return costs
+@dataclass
+class Prices:
+    """Cost of every e-node, as a list per e-class parallel to its e-nodes in the view: zero for
+    leaves and constant expressions, the target's for ops, UNRUNNABLE, or UNPRICED. Pricing can
+    stop at a deadline and go on later (one Prices serves every extraction of one e-graph)."""
+
+    facts: Facts
+    cost: Callable
+    of: dict[Any, list] = field(default_factory=dict)
+    done: bool = False
+    count: int = 0
+    _typed: dict = field(default_factory=dict)
+    _same: dict = field(default_factory=dict)
+
+    def fill(self, deadline: float | None = None) -> bool:
+        """Price what is not priced yet, the input graph's e-nodes first; whether all are."""
+        if self.done:
+            return True
+        classes, of = self.facts.view.classes, self.of
+        if not of:
+            for cls, nodes in classes.items():
+                of[cls] = [0 if n.kind != "op" else UNPRICED for n in nodes]
+                self.count += sum(1 for n in nodes if n.kind != "op")
+            # The input graph's e-nodes always get a price: they are the answer of last resort.
+            for cls, node in self.facts.original_nodes():
+                nodes = classes.get(cls, ())
+                for k, n in enumerate(nodes):
+                    if n == node and of[cls][k] == UNPRICED:
+                        of[cls][k] = self._price(cls, n)
+                        self.count += 1
+        seen = 0
+        for cls, nodes in classes.items():
+            row = of[cls]
+            for k, n in enumerate(nodes):
+                if row[k] != UNPRICED:
+                    continue
+                seen += 1
+                if deadline is not None and seen % CHECK_EVERY == 0 and time.perf_counter() > deadline:
+                    return False
+                row[k] = self._price(cls, n)
+                self.count += 1
+        self.done = True
+        return True
+
+    def _type(self, cls: Any) -> tuple:
+        """The type of an e-class and its dictionary key, asked of the e-graph once per e-class."""
+        got = self._typed.get(cls)
+        if got is None:
+            info = self.facts.info(cls)
+            got = self._typed[cls] = (info, _typed(info))
+        return got
+
+    def _price(self, cls: Any, node: ENode) -> int | None:
+        # E-nodes of one op with the same attributes and types cost the same; a grown e-graph
+        # holds many of them (16 per e-class on average under associativity), and the target's
+        # formula is the slowest part of pricing: it runs once per distinct signature.
+        typed = self._typed
+        sig = [node.key, self._type(cls)[1]]
+        for ch in node.children:
+            got = typed.get(ch)
+            sig.append((got if got is not None else self._type(ch))[1])
+        sig = tuple(sig)
+        got = self._same.get(sig, UNPRICED)
+        if got == UNPRICED:
+            op, a = self.facts.enc.attr_sets[node.key]
+            c = self.cost(op, a, [self._type(ch)[0] for ch in node.children], self._type(cls)[0])
+            got = self._same[sig] = UNRUNNABLE if c is None or not math.isfinite(c) else int(math.ceil(c))
+        return got
 
 
 def _typed(info: Any) -> tuple | None:
@@ -66,81 +128,172 @@ def _typed(info: Any) -> tuple | None:
     return info.dtype, None if info.shape is None else tuple(info.shape)
 
 
-def greedy(facts: Facts, costs: dict) -> tuple[dict[Any, tuple[int, ENode]], dict[Any, Any]]:
+def _usable(price: Any) -> bool:
+    return price is not UNRUNNABLE and price != UNPRICED
+
+
+def _banned_positions(facts: Facts, banned: set) -> dict[Any, set[int]]:
+    """Banned (e-class, e-node) pairs as positions in the view's e-node lists."""
+    out: dict[Any, set[int]] = {}
+    for cls, node in banned:
+        for k, n in enumerate(facts.view.classes.get(cls, ())):
+            if n == node:
+                out.setdefault(cls, set()).add(k)
+    return out
+
+
+def greedy(facts: Facts, prices: dict[Any, list], banned: dict[Any, set[int]],
+           deadline: float | None = None) -> tuple[dict[Any, tuple[int, int]], dict[Any, Any], bool]:
     """Cheapest e-node of every e-class by tree cost, bottom-up in cost order.
 
     Ties go to the e-node the input graph had, then to a structural key of the e-node (never
     to e-class ids, which depend on the order rules fired): the same rules in any order give
-    the same graph. Returns the choice and each e-class's structural key.
+    the same graph. Returns the choice (e-class -> (tree cost, position of its e-node)), each
+    e-class's structural key, and whether it finished before the deadline.
     """
     view = facts.view
     ckey: dict[Any, Any] = {cls: ("v", min(facts.order[n] for n in names))
                             for cls, names in facts.names.items()}
-    original = facts.original_nodes()
+    original: dict[Any, set[int]] = {}
+    for cls, node in facts.original_nodes():
+        for k, n in enumerate(view.classes.get(cls, ())):
+            if n == node:
+                original.setdefault(cls, set()).add(k)
 
-    def tie(cls: Any, node: ENode) -> tuple:
-        kids = tuple(ckey[ch] for ch in node.children)
-        return ((cls, node) not in original, node.kind, node.head, str(node.key), kids)
-
-    parents: dict[Any, list[tuple[Any, ENode]]] = {}
-    waiting: dict[tuple, int] = {}
+    # E-nodes by number: their e-class, position in it, children; parents by e-class.
+    owner: list = []
+    place: list[int] = []
+    waiting: list[int] = []
+    parents: dict[Any, list[int]] = {}
     heap: list = []
+    seen, look = 0, CHECK_EVERY
     for cls, nodes in view.classes.items():
-        for node in nodes:
-            if costs[(cls, node)] is UNRUNNABLE:
+        seen += len(nodes)
+        if deadline is not None and seen >= look:
+            look = seen + CHECK_EVERY
+            if time.perf_counter() > deadline:
+                return {}, ckey, False
+        row, bad = prices[cls], banned.get(cls, ())
+        for k, node in enumerate(nodes):
+            c = row[k]
+            if c is UNRUNNABLE or c == UNPRICED or k in bad:
                 continue
-            kids = set(node.children)
-            waiting[(cls, node)] = len(kids)
+            j = len(owner)
+            owner.append(cls)
+            place.append(k)
+            kids = node.children
+            if len(kids) > 1:
+                kids = set(kids)
+            waiting.append(len(kids))
             for ch in kids:
-                parents.setdefault(ch, []).append((cls, node))
+                got = parents.get(ch)
+                if got is None:
+                    parents[ch] = [j]
+                else:
+                    got.append(j)
             if not kids:
-                heapq.heappush(heap, (costs[(cls, node)], tie(cls, node), id(node), cls, node))
-    best: dict[Any, tuple[int, ENode]] = {}
+                heap.append((c, _tie(cls, node, k, original, ckey), j))
+    heapq.heapify(heap)
+    best: dict[Any, tuple[int, int]] = {}
+    # The least (tree cost, tie) pushed so far per e-class: an e-node above it can never be
+    # popped first, so it is not pushed (a grown e-class holds many e-nodes of equal cost).
+    pushed: dict[Any, tuple] = {}
+    pops = 0
     while heap:
-        c, t, _, cls, node = heapq.heappop(heap)
+        pops += 1
+        if deadline is not None and pops % CHECK_EVERY == 0 and time.perf_counter() > deadline:
+            return best, ckey, False
+        c, t, j = heapq.heappop(heap)
+        cls = owner[j]
         if cls in best:
             continue
-        best[cls] = (c, node)
+        best[cls] = (c, place[j])
         if cls not in ckey:
             ckey[cls] = ("h", hashlib.blake2b(repr(t[1:]).encode(), digest_size=8).hexdigest())
-        for pcls, pnode in parents.get(cls, ()):
-            key = (pcls, pnode)
-            waiting[key] -= 1
-            if waiting[key] == 0 and pcls not in best:
-                total = costs[key] + sum(best[ch][0] for ch in pnode.children)
-                heapq.heappush(heap, (total, tie(pcls, pnode), id(pnode), pcls, pnode))
-    return best, ckey
+        for p in parents.get(cls, ()):
+            waiting[p] -= 1
+            if waiting[p] == 0:
+                pcls = owner[p]
+                if pcls in best:
+                    continue
+                pk = place[p]
+                pnode = view.classes[pcls][pk]
+                total = prices[pcls][pk]
+                for ch in pnode.children:
+                    total += best[ch][0]
+                low = pushed.get(pcls)
+                if low is not None and total > low[0]:
+                    continue
+                entry = (total, _tie(pcls, pnode, pk, original, ckey), p)
+                if low is not None and entry >= low:
+                    continue
+                pushed[pcls] = entry
+                heapq.heappush(heap, entry)
+    return best, ckey, True
+
+
+def _tie(cls: Any, node: ENode, k: int, original: dict, ckey: dict) -> tuple:
+    kids = tuple(ckey[ch] for ch in node.children)
+    return (k not in original.get(cls, ()), node.kind, node.head, str(node.key), kids)
 
 
 def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozenset(),
-            budget: float = 2.0) -> Extraction:
-    """Choose one e-node per needed e-class; `budget` bounds the local search in seconds."""
-    costs = node_costs(facts, cost, banned)
-    best, ckey = greedy(facts, costs)
+            budget: float = 2.0, deadline: float | None = None, prices: Prices | None = None
+            ) -> Extraction:
+    """Choose one e-node per needed e-class; `budget` bounds the local search and the exact
+    program in seconds, `deadline` (a time.perf_counter() value) the whole extraction. `prices`
+    carries the e-nodes' costs from an earlier extraction of the same e-graph."""
+    prices = prices if prices is not None else Prices(facts, cost)
+    nodes = sum(len(v) for v in facts.view.classes.values())
+    # Pricing stops halfway to the deadline: the bottom-up pass over what it priced needs about
+    # as long again, and without it there is no answer but the input graph.
+    now = time.perf_counter()
+    cut = "" if prices.fill(None if deadline is None else now + PRICE_SHARE * (deadline - now)) else "pricing"
+    bans = _banned_positions(facts, banned) if banned else {}
+    best, ckey, finished = greedy(facts, prices.of, bans, deadline)
     missing = [r for r in roots if r not in best]
+    if not finished:
+        return Extraction(None, 0, 0, 0, "bottom-up pass", prices.count, nodes)
     if missing:
         from saturate.core.errors import SaturateError
         raise SaturateError("no extractable graph: an output needs an op the target cannot run")
-    search = _DagSearch(best, costs, roots, ckey)
+    classes = facts.view.classes
+    search = _DagSearch(classes, best, prices.of, bans, roots, ckey)
     start = search.total()
-    moves = search.improve(budget / 2)
-    choice, total = search.chosen, search.total()
+
+    def left(share: float) -> float:
+        if deadline is None:
+            return share
+        return max(0.0, min(share, deadline - time.perf_counter()))
+
+    moves = search.improve(left(budget / 2))
+    if deadline is not None and time.perf_counter() > deadline:
+        cut = cut or "local search"
+    choice = {c: classes[c][k] for c, k in search.chosen.items()}
+    total = search.total()
     # The exact program only runs where sharing is known to matter: the local answer still costs
     # more than the input graph did (a conv feeding two batch norms, folded into both). Where the
     # local search only had to move, the program never found better on the 46 corpus models and
     # cost up to 1.2 s each.
-    needed = total > _original_cost(facts, best, costs, roots)
-    exact = solve(best, costs, roots, facts.view.consts, ckey, budget / 2) if needed else None
+    needed = total > _original_cost(facts, best, prices.of, roots)
+    seconds = left(budget / 2)
+    exact = solve(classes, best, prices.of, bans, roots, facts.view.consts, ckey, seconds) \
+        if needed and seconds > 0 else None
     if exact is not None:
-        exact_total = sum(costs[(c, n)] for c, n in exact.items())
+        exact_total = sum(prices.of[c][k] for c, k in exact.items())
         if exact_total < total:
-            choice, total = exact, exact_total
-    return Extraction(choice, total, start, moves)
+            choice, total = {c: classes[c][k] for c, k in exact.items()}, exact_total
+    return Extraction(choice, total, start, moves, cut, prices.count, nodes)
 
 
-def _original_cost(facts: Facts, best: dict, costs: dict, roots: list) -> int | float:
+def _original_cost(facts: Facts, best: dict, prices: dict, roots: list) -> int | float:
     """DAG cost of the input graph's own e-nodes (cheapest e-nodes where it had none)."""
-    original = {c: n for c, n in facts.original_nodes() if costs.get((c, n)) is not UNRUNNABLE}
+    classes = facts.view.classes
+    original: dict[Any, int] = {}
+    for c, n in facts.original_nodes():
+        for k, m in enumerate(classes.get(c, ())):
+            if m == n and _usable(prices[c][k]):
+                original[c] = k
     seen: set = set()
     total, stack = 0, list(roots)
     while stack:
@@ -148,30 +301,50 @@ def _original_cost(facts: Facts, best: dict, costs: dict, roots: list) -> int | 
         if c in seen:
             continue
         seen.add(c)
-        node = original.get(c) or best[c][1]
+        k = original.get(c)
+        if k is None:
+            k = best[c][1]
+        node = classes[c][k]
         if any(ch not in best for ch in node.children):
             return math.inf
-        total += costs[(c, node)]
+        total += prices[c][k]
         stack.extend(node.children)
     return total
 
 
 class _DagSearch:
-    """Reference-counted chosen DAG; a move switches one e-class to another e-node."""
+    """Reference-counted chosen DAG; a move switches one e-class to another e-node.
 
-    def __init__(self, best: dict, costs: dict, roots: list, ckey: dict):
-        self.best, self.costs, self.roots, self.ckey = best, costs, roots, ckey
-        self.alternatives: dict[Any, list[ENode]] = {}
-        for (c, n), v in costs.items():
-            if v is not UNRUNNABLE and all(ch in best for ch in n.children):
-                self.alternatives.setdefault(c, []).append(n)
-        for c, alts in self.alternatives.items():
-            alts.sort(key=lambda n: (costs[(c, n)], n.kind, n.head, str(n.key),
-                                     [ckey[ch] for ch in n.children]))
-        self.chosen: dict[Any, ENode] = {}
+    E-nodes are positions in their e-class's list in the view; an e-class's alternatives are
+    sorted the first time the search looks at it (most e-classes of a grown e-graph it never does).
+    """
+
+    def __init__(self, classes: dict, best: dict, prices: dict, banned: dict, roots: list, ckey: dict):
+        self.classes, self.best, self.prices, self.banned = classes, best, prices, banned
+        self.roots, self.ckey = roots, ckey
+        self._alternatives: dict[Any, list[int]] = {}
+        self.chosen: dict[Any, int] = {}
         self.refs: dict[Any, int] = {}
         for r in roots:
             self._add(r)
+
+    def alternatives(self, cls: Any) -> list[int]:
+        got = self._alternatives.get(cls)
+        if got is None:
+            nodes, row, bad, best, ckey = self.classes[cls], self.prices[cls], self.banned.get(cls, ()), \
+                self.best, self.ckey
+            got = [k for k, n in enumerate(nodes)
+                   if _usable(row[k]) and k not in bad and all(ch in best for ch in n.children)]
+            got.sort(key=lambda k: (row[k], nodes[k].kind, nodes[k].head, str(nodes[k].key),
+                                    [ckey[ch] for ch in nodes[k].children]))
+            self._alternatives[cls] = got
+        return got
+
+    def _cost(self, cls: Any, k: int) -> int:
+        return self.prices[cls][k]
+
+    def _kids(self, cls: Any, k: int) -> tuple:
+        return self.classes[cls][k].children
 
     def _add(self, root: Any) -> None:
         stack = [root]
@@ -179,12 +352,12 @@ class _DagSearch:
             cls = stack.pop()
             self.refs[cls] = self.refs.get(cls, 0) + 1
             if self.refs[cls] == 1:
-                node = self.best[cls][1]
-                self.chosen[cls] = node
-                stack.extend(node.children)
+                k = self.best[cls][1]
+                self.chosen[cls] = k
+                stack.extend(self._kids(cls, k))
 
     def total(self) -> int:
-        return sum(self.costs[(c, n)] for c, n in self.chosen.items())
+        return sum(self.prices[c][k] for c, k in self.chosen.items())
 
     def order(self) -> dict[Any, int]:
         """Position of each chosen e-class in a topological order (children first)."""
@@ -199,7 +372,7 @@ class _DagSearch:
                     pos[cls] = len(pos)
                     continue
                 stack.append((cls, True))
-                stack.extend((c, False) for c in self.chosen[cls].children if c not in pos)
+                stack.extend((c, False) for c in self._kids(cls, self.chosen[cls]) if c not in pos)
         return pos
 
     def improve(self, budget: float) -> int:
@@ -210,13 +383,15 @@ class _DagSearch:
             changed = False
             pos = self.order()
             for cls in sorted(pos, key=pos.get):
-                alts = self.alternatives.get(cls, ())
-                if cls not in self.chosen or len(alts) < 2:
+                if cls not in self.chosen or len(self.classes[cls]) < 2:
+                    continue
+                alts = self.alternatives(cls)
+                if len(alts) < 2:
                     continue
                 if time.perf_counter() > deadline:
                     break
-                for node in alts:
-                    if node != self.chosen[cls] and self._try(cls, node, pos):
+                for k in alts:
+                    if k != self.chosen[cls] and self._try(cls, k, pos):
                         moves += 1
                         changed = True
                         pos = self.order()
@@ -238,15 +413,15 @@ class _DagSearch:
             if c in seen or pos.get(c, -1) < limit:
                 continue
             seen.add(c)
-            stack.extend(self.chosen[c].children)
+            stack.extend(self._kids(c, self.chosen[c]))
         return False
 
-    def _try(self, cls: Any, node: ENode, pos: dict) -> bool:
-        """Switch `cls` to `node` if that lowers the DAG cost and keeps the graph acyclic."""
+    def _try(self, cls: Any, k: int, pos: dict) -> bool:
+        """Switch `cls` to its e-node `k` if that lowers the DAG cost and keeps the graph acyclic."""
         dref: dict[Any, int] = {}
-        added: dict[Any, ENode] = {}
-        delta = self.costs[(cls, node)] - self.costs[(cls, self.chosen[cls])]
-        stack = list(node.children)
+        added: dict[Any, int] = {}
+        delta = self._cost(cls, k) - self._cost(cls, self.chosen[cls])
+        stack = list(self._kids(cls, k))
         while stack:
             c = stack.pop()
             if c in self.chosen and self.refs.get(c, 0) > 0:
@@ -254,21 +429,21 @@ class _DagSearch:
                     return False     # c depends on cls: switching would close a cycle
             elif c not in added:
                 added[c] = self.best[c][1]
-                delta += self.costs[(c, added[c])]
-                stack.extend(added[c].children)
+                delta += self._cost(c, added[c])
+                stack.extend(self._kids(c, added[c]))
             dref[c] = dref.get(c, 0) + 1
-        stack = list(self.chosen[cls].children)
+        stack = list(self._kids(cls, self.chosen[cls]))
         removed: set = set()
         while stack:
             c = stack.pop()
             dref[c] = dref.get(c, 0) - 1
             if c in self.chosen and self.refs[c] + dref[c] == 0 and c not in removed:
                 removed.add(c)
-                delta -= self.costs[(c, self.chosen[c])]
-                stack.extend(self.chosen[c].children)
+                delta -= self._cost(c, self.chosen[c])
+                stack.extend(self._kids(c, self.chosen[c]))
         if delta >= 0:
             return False
-        self.chosen[cls] = node
+        self.chosen[cls] = k
         for c, n in added.items():
             self.chosen[c] = n
         for c, d in dref.items():

@@ -13,30 +13,32 @@ from typing import Any
 
 import numpy as np
 
-from saturate.engine.egraph import ENode
 
 MAX_VARIABLES = 6000
 
 
-def solve(best: dict, costs: dict, roots: list, consts: set, ckey: dict, budget: float
-          ) -> dict[Any, ENode] | None:
+def solve(classes: dict, best: dict, prices: dict, banned: dict, roots: list, consts: set, ckey: dict,
+          budget: float) -> dict[Any, int] | None:
     """Optimal choice per e-class by DAG cost, or None (too large, out of time, infeasible).
 
-    `ckey` (structural keys of e-classes) orders the program, so the answer does not depend on
-    the order egglog stored its tables in.
+    E-nodes are positions in their e-class's list (`classes`, the view's), priced by `prices`
+    (lists parallel to it); `best` is the bottom-up choice, e-class -> (tree cost, position).
+    The answer maps each needed e-class to a position. `ckey` (structural keys of e-classes)
+    orders the program, so the answer does not depend on the order egglog stored its tables in.
     """
     from scipy.optimize import Bounds, LinearConstraint, milp   # only when needed: 0.1 s import
     from scipy.sparse import coo_matrix
 
-    free = {c for c, (cost, node) in best.items() if cost == 0 and (c in consts or not node.children)}
-    classes, nodes = _reachable(best, costs, roots, free)
-    classes.sort(key=lambda c: ckey[c])
+    free = {c for c, (cost, k) in best.items() if cost == 0 and (c in consts or not classes[c][k].children)}
+    reached, found = _reachable(classes, best, prices, banned, roots, free)
+    if not found or len(found) > MAX_VARIABLES:
+        return None
+    reached.sort(key=lambda c: ckey[c])
+    nodes = [(c, classes[c][k], k) for c, k in found]
     nodes.sort(key=lambda cn: (ckey[cn[0]], cn[1].kind, cn[1].head, str(cn[1].key),
                                [ckey[ch] for ch in cn[1].children]))
-    if not nodes or len(nodes) > MAX_VARIABLES:
-        return None
-    index = {c: k for k, c in enumerate(classes)}
-    nx, nc = len(nodes), len(classes)
+    index = {c: k for k, c in enumerate(reached)}
+    nx, nc = len(nodes), len(reached)
     # Variables: x (one per e-node), then t (one level per e-class).
     rows, cols, vals, lo, hi = [], [], [], [], []
 
@@ -50,13 +52,13 @@ def solve(best: dict, costs: dict, roots: list, consts: set, ckey: dict, budget:
         hi.append(high)
 
     members: dict[Any, list[int]] = {}
-    for k, (c, _) in enumerate(nodes):
+    for k, (c, _, _) in enumerate(nodes):
         members.setdefault(c, []).append(k)
     for r in dict.fromkeys(roots):
         if r not in free:
             row([(k, 1.0) for k in members[r]], 1.0, np.inf)
     big = float(nc + 1)
-    for k, (c, node) in enumerate(nodes):
+    for k, (c, node, _) in enumerate(nodes):
         for ch in dict.fromkeys(node.children):
             if ch in free:
                 continue
@@ -65,48 +67,52 @@ def solve(best: dict, costs: dict, roots: list, consts: set, ckey: dict, budget:
             # ... placed strictly below it: t_c - t_ch >= 1 when chosen.
             row([(nx + index[c], 1.0), (nx + index[ch], -1.0), (k, -big)], 1.0 - big, np.inf)
     a = coo_matrix((vals, (rows, cols)), shape=(len(lo), nx + nc)).tocsr()
-    objective = np.concatenate([np.array([costs[n] for n in nodes], dtype=float), np.zeros(nc)])
+    objective = np.concatenate([np.array([prices[c][k] for c, _, k in nodes], dtype=float), np.zeros(nc)])
     result = milp(objective, constraints=LinearConstraint(a, lo, hi),
                   integrality=np.concatenate([np.ones(nx), np.zeros(nc)]),
                   bounds=Bounds(np.zeros(nx + nc), np.concatenate([np.ones(nx), np.full(nc, big)])),
                   options={"time_limit": max(budget, 0.01), "disp": False})
     if result.x is None:
         return None
-    chosen: dict[Any, ENode] = {}
-    for k, (c, node) in enumerate(nodes):
-        if result.x[k] > 0.5 and (c not in chosen or costs[(c, node)] < costs[(c, chosen[c])]):
-            chosen[c] = node
-    return _walk(chosen, best, roots)
+    chosen: dict[Any, int] = {}
+    for x, (c, _, k) in enumerate(nodes):
+        if result.x[x] > 0.5 and (c not in chosen or prices[c][k] < prices[c][chosen[c]]):
+            chosen[c] = k
+    return _walk(classes, chosen, best, roots)
 
 
-def _reachable(best: dict, costs: dict, roots: list, free: set) -> tuple[list, list]:
-    """E-classes reachable from the roots through usable e-nodes, and those e-nodes."""
-    by_class: dict[Any, list[ENode]] = {}
-    for (c, n), v in costs.items():
-        if v is not None and all(ch in best for ch in n.children):
-            by_class.setdefault(c, []).append(n)
+def _reachable(classes: dict, best: dict, prices: dict, banned: dict, roots: list, free: set
+               ) -> tuple[list, list[tuple[Any, int]]]:
+    """E-classes reachable from the roots through usable e-nodes, and those e-nodes (e-class,
+    position); only the reachable e-classes are looked at, not the whole e-graph."""
     seen: dict[Any, None] = {}
     stack = [r for r in roots if r not in free]
-    nodes: list[tuple[Any, ENode]] = []
+    found: list[tuple[Any, int]] = []
     while stack:
         c = stack.pop()
         if c in seen:
             continue
         seen[c] = None
-        for n in by_class.get(c, ()):
-            nodes.append((c, n))
+        row, bad = prices[c], banned.get(c, ())
+        for k, n in enumerate(classes[c]):
+            v = row[k]
+            if v is None or v < 0 or k in bad or not all(ch in best for ch in n.children):
+                continue
+            found.append((c, k))
             stack.extend(ch for ch in n.children if ch not in free and ch not in seen)
-    return list(seen), nodes
+        if len(found) > MAX_VARIABLES:
+            break
+    return list(seen), found
 
 
-def _walk(chosen: dict, best: dict, roots: list) -> dict[Any, ENode]:
+def _walk(classes: dict, chosen: dict, best: dict, roots: list) -> dict[Any, int]:
     """The choice restricted to what the roots reach (free leaves take their cheapest e-node)."""
-    out: dict[Any, ENode] = {}
+    out: dict[Any, int] = {}
     stack = list(roots)
     while stack:
         c = stack.pop()
         if c in out:
             continue
-        out[c] = chosen.get(c) or best[c][1]
-        stack.extend(out[c].children)
+        out[c] = chosen[c] if c in chosen else best[c][1]
+        stack.extend(classes[c][out[c]].children)
     return out

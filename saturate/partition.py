@@ -39,16 +39,22 @@ def partition(graph: Graph, target: Target | str, keep_constants: bool = False,
     composites: preserving keeps them from being rewritten, and a function body keeps them whole.
     See `functions` for how calls and bodies are written.
     """
-    from saturate.pipeline import optimize
-
     t = load_target(target)
     if not t.composites:
         return graph.copy()
+    out, _ = _composites_alone(graph, t, tuple(leave), **limits)
+    return functions(out, t, keep_constants)
+
+
+def _composites_alone(graph: Graph, t: Target, leave: tuple[str, ...], **limits: Any) -> tuple[Graph, Any]:
+    """One engine run with the target's composite rules and no other: the graph with the
+    composite nodes extraction chose, and the run's report."""
+    from saturate.pipeline import optimize
+
     # Only the user's nodes stay out; the target's preserved ops are left as they are by the
     # body, which holds them unchanged.
     free = dataclasses.replace(t, preserve=())
-    out, _ = optimize(graph, rules=[], target=free, preserve=tuple(leave), composites=True, **limits)
-    return functions(out, t, keep_constants)
+    return optimize(graph, rules=[], target=free, preserve=leave, composites=True, **limits)
 
 
 def functions(graph: Graph, target: Target | str, keep_constants: bool = False) -> Graph:
@@ -264,10 +270,18 @@ def optimize_for_target(graph: Graph, target: Target | str | None = None, preser
         known = {n.name for n in out.nodes} | {o for n in out.nodes for o in n.outputs[:1]}
         ops = set(op_table()) | {n.op for n in out.nodes}
         leave = tuple(p for p in leave if p in known or p in ops)
-        out = partition(out, t, keep_constants=keep_constants, leave=leave,
-                        **{k: v for k, v in limits.items() if k in ("max_iterations", "max_nodes", "timeout")})
-        return out, report
-    return functions(out, t, keep_constants), report
+        out, second = _composites_alone(out, t, leave, **{k: v for k, v in limits.items()
+                                                          if k in ("max_iterations", "max_nodes", "timeout")})
+        # The report describes the graph written: the second run's cost and matches count too.
+        report.cost_after = second.cost_after
+        report.kept_original = report.kept_original and second.kept_original
+        for name, n in second.run.matches.items():
+            report.run.matches[name] = report.run.matches.get(name, 0) + n
+            report.run.locations.setdefault(name, second.run.locations.get(name, ""))
+        report.times["composites"] = sum(second.times.values())
+    out = functions(out, t, keep_constants)
+    report.ops_after = dict(out.op_counts())      # calls by function name, as the file has them
+    return out, report
 
 
 def _composites_need_preserved(t: Target) -> bool:

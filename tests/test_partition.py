@@ -298,7 +298,7 @@ def test_one_run_folds_then_partitions(rules):
     assert "bn-affine" in fired and any(name.startswith("composite conv_") for name in fired)
     # The batch-norms and the constant add folded into conv biases: three conv+bias+relu kernels
     # and the residual block's conv+bias+add+relu.
-    assert report.ops_after == {"CompositeConvBiasRelu": 3, "CompositeConvBiasAddRelu": 1}
+    assert report.ops_after == {"conv_bias_relu": 3, "conv_bias_add_relu": 1}
     assert not [n for n in out.nodes if not n.domain]  # every block became one call
     calls = _calls(out, "fused")
     assert len(calls) == 4 and all(c.op.startswith("conv_") for c in calls)
@@ -491,11 +491,17 @@ def test_function_body_keeps_the_interior_attributes():
 
 def test_accel_fuses_the_batchnorm_it_preserves(rules):
     """accel preserves batch-norm (no rule folds it) and its composites hold it whole."""
+    from saturate.partition import optimize_for_target
+
     model = _model(["bn", "add", "bn"], conv_bias=False)
     out = _optimize(model, "accel", rules, partition_graph=True)
     assert [n.op for n in out.nodes] == ["conv_bn_relu", "conv_add_relu", "conv_bn_relu"]
     ((_, body),) = [(k, b) for k, b in out.meta[FUNCTIONS_KEY].items() if k[1] == "conv_bn_relu"]
     assert [n.op for n in body.nodes] == ["Conv", "BatchNormalization", "Relu"]
+    # The report counts what was written, and the matches of both runs.
+    _, report = optimize_for_target(import_model(model), "accel", rules=rules, partition_graph=True)
+    assert report.ops_after == {"conv_bn_relu": 2, "conv_add_relu": 1}
+    assert report.run.matches["composite conv_bn_relu"] == 2
     # What the user preserves joins no composite, in either run.
     kept = _optimize(model, "accel", rules, partition_graph=True, preserve_nodes=("bn2",))
     assert [n.op for n in kept.nodes] == ["conv_bn_relu", "conv_add_relu", "Conv", "BatchNormalization", "Relu"]

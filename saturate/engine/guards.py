@@ -26,6 +26,7 @@ class Checker:
     def __init__(self, eg: Any, enc: Encoding):
         self.eg, self.enc = eg, enc
         self.seen: set = set()
+        self.undecided: dict[tuple, list] = {}   # candidate -> the reads it was left undecided on
         self.cut = False
 
     def check(self, rules: list[CompiledRule], view: EGraphView, facts: Facts,
@@ -48,8 +49,11 @@ class Checker:
                 if deadline is not None and time.perf_counter() > deadline:
                     self.cut = True
                     return self.commands
-                self.seen.add(key)
                 env = dict(zip(cr.vars, row[1:1 + nv]))
+                earlier = self.undecided.get(key)
+                if earlier is not None and _FactsBindings(self.facts, self.view, env).reads_same(earlier):
+                    continue            # nothing it read has changed: still undecided
+                self.seen.add(key)
                 attr_ids = [to_i64(v) for v in row[1 + nv:1 + nv + na]]
                 bindings = _FactsBindings(self.facts, self.view, env)
                 cols = self._decide(cr, bindings, attr_ids)
@@ -58,7 +62,9 @@ class Checker:
                         # Decided on facts still growing (a shape with unknown dims, a value not
                         # yet computable): later iterations may know more, so ask again.
                         self.seen.discard(key)
+                        self.undecided[key] = bindings.log
                     continue
+                self.undecided.pop(key, None)
                 refs = [self.name(c) for c in row[:1 + nv]]
                 if None in refs:
                     self.seen.discard(key)   # no spelling yet (cycles only): try next iteration
@@ -127,37 +133,56 @@ class Bindings(Protocol):
 
 
 class _FactsBindings:
-    """A candidate row's variables read through the e-graph's facts."""
+    """A candidate row's variables read through the e-graph's facts; every read is logged, so
+    a candidate decided on partial facts is decided again only once one of them changed."""
 
     def __init__(self, facts: Facts, view: EGraphView, env: dict):
         self.facts, self.view, self.env = facts, view, env
         self.partial = False   # whether a fact read may still become known in a later iteration
+        self.log: list[tuple[str, str, Any]] = []
 
     def value(self, var: str) -> Any:
         got = self.facts.value(self.env[var])
         self.partial |= got is None
+        self.log.append(("value", var, got))
         return got
 
     def shape(self, var: str) -> tuple | None:
         got = self.facts.shape(self.env[var])
         self.partial |= got is None or not all(isinstance(d, int) for d in got)
+        self.log.append(("shape", var, got))
         return got
 
     def dtype(self, var: str) -> str | None:
-        return self.facts.info(self.env[var]).dtype
+        got = self.facts.info(self.env[var]).dtype
+        self.log.append(("dtype", var, got))
+        return got
 
     def is_const(self, var: str) -> bool:
-        return self.env[var] in self.view.consts
+        got = self.env[var] in self.view.consts
+        self.log.append(("is_const", var, got))
+        return got
 
     def dims(self, var: str) -> tuple | None:
         got = self.facts.dims(self.env[var])
         self.partial |= got is None or not all(isinstance(d, int) for d in got)
+        self.log.append(("dims", var, got))
         return got
 
     def data(self, var: str) -> tuple | None:
         got = self.facts.data(self.env[var])
         self.partial |= got is None or not all(isinstance(d, int) for d in got)
+        self.log.append(("data", var, got))
         return got
+
+    def reads_same(self, log: list[tuple[str, str, Any]]) -> bool:
+        """Whether every read of an earlier decision gives the same answer now. A value is the
+        same object while its constant expression is (Facts caches values by structure)."""
+        for method, var, was in log:
+            now = getattr(self, method)(var)
+            if not (now is was if method == "value" else now == was):
+                return False
+        return True
 
 
 def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int

@@ -16,8 +16,10 @@ most the e-nodes its right side builds (`_Group.bound`), and egglog's back-off s
 a rule's matches only when there are no more than its match limit, else none of them: with the
 limit set to the e-nodes left over that bound, the step cannot pass --max-nodes. A capped step
 matches afresh (the scheduler is new each step, so its matches include those already applied),
-which costs more than an ordinary step; the combined step stays uncapped while its forecast,
-taken NODE_MARGIN times, fits.
+which costs more and holds back more than an ordinary step would need: a rule alone runs capped
+only when its forecast at that bound, taken NODE_MARGIN times, does not fit. The step of every
+rule at once stays uncapped, and runs only while the e-nodes its matches added lately, forecast
+and taken NODE_MARGIN times, fit: that step alone rests on a forecast.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ MAX_GROWTH = 64.0       # a rule's matches are forecast to grow at most this muc
 # shared machine's load can halve a process's speed between two steps), and stopping a little
 # early costs less than overrunning the limit.
 TIME_MARGIN = 2.0
-# The combined step, which runs uncapped, must fit this many times its forecast e-nodes; closer to
-# the limit every rule runs alone and capped.
+# An uncapped step must fit this many times its forecast e-nodes; closer to the limit every rule
+# runs alone, and capped when its bound does not leave that margin.
 NODE_MARGIN = 2.0
 
 
@@ -118,14 +120,16 @@ class _Forecast:
     nodes_per_match: float = 0.0
     tail_per_node: float = 0.0
 
-    def step(self, groups: list[_Group]) -> tuple[float, float]:
-        """Seconds and new e-nodes of one step of `groups` together."""
+    def step(self, groups: list[_Group], bound: bool = True) -> tuple[float, float]:
+        """Seconds and new e-nodes of one step of `groups` together: a match's e-nodes at most
+        (its rule's bound), or as many as matches added lately (`bound=False`)."""
         seconds, nodes = self.call, 0.0
         for g in groups:
             n = g.forecast()
             seconds += n * (g.seconds_per_match if g.seconds_per_match is not None else self.per_match)
             # A rewrite's own bound; a guarded rule's e-nodes come later, from its Ok rows.
-            nodes += n * (g.bound if g.bound is not None else max(self.nodes_per_match, g.nodes_per_match or 0.0))
+            lately = max(self.nodes_per_match, g.nodes_per_match or 0.0)
+            nodes += n * (g.bound if bound and g.bound is not None else lately)
         return seconds, nodes
 
 
@@ -194,7 +198,7 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
         before = size
         step: dict[str, int] = {}
         matched = 0
-        seconds, nodes = cost.step(active)
+        seconds, nodes = cost.step(active, bound=False)
         # Without a step to learn from, the first one runs uncapped only far from the limit.
         if (size * NODE_MARGIN <= max_nodes if report.iterations == 0
                 else fits(seconds, NODE_MARGIN * nodes) is None):

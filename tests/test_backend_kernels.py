@@ -174,3 +174,31 @@ def test_gemm_split_by_columns_across_threads(threads):
 def test_global_average_pool_planes_split_across_threads(xshape, threads):
     g = make([Node("GlobalAveragePool", ["x"], ["p"]), Node("Sigmoid", ["p"], ["y"])], {"x": xshape})
     check_three_way(g, threads=threads)
+
+
+PGEMM_CONVS = [
+    # (input shape, weight shape, attrs): convs on pgemm.h's tile (builds without AVX-512), channel counts
+    # off the 6-row and 16-column panels, odd widths, every pad and stride case
+    ((1, 5, 11, 13), (7, 5, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 6, 9, 17), (13, 6, 3, 3), {"pads": [0, 1, 2, 1]}),                   # asymmetric pads, two images
+    ((1, 4, 15, 15), (9, 4, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 8, 14, 19), (11, 8, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 3, 20, 23), (17, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # a stem
+    ((2, 12, 7, 9), (18, 6, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),
+    ((1, 40, 3, 3), (37, 40, 1, 1), {}),
+    ((1, 300, 4, 5), (20, 300, 3, 3), {"pads": [1, 1, 1, 1]}),                # K = 2700: reduction blocks
+    ((1, 7, 33, 1), (5, 7, 3, 1), {"pads": [1, 0, 1, 0]}),                    # one column
+]
+
+
+@pytest.mark.parametrize("layout", [None, "0", "1", "2"])
+@pytest.mark.parametrize("xshape,wshape,attrs", PGEMM_CONVS)
+def test_packed_convs_in_every_layout(xshape, wshape, attrs, layout, monkeypatch):
+    """Each layout of emit.conv_layout forced (2, the padded grid, only where strides are 1); the default
+    choice also on two threads, whose channel chunks split units that are too few to share."""
+    if layout is not None:
+        monkeypatch.setenv("SATURATE_CONV_LAYOUT", layout)
+    consts = {"w": arr(15, wshape) * np.float32(0.3), "b": arr(16, (wshape[0],))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node("Relu", ["c"], ["y"])]
+    g = make(nodes, {"x": xshape}, consts)
+    check_three_way(g, threads=1 if layout else 2)

@@ -463,6 +463,7 @@ static void sat_copy_blocks(const float *x, float *y, int64_t outer, int64_t inn
     for (int64_t o = 0; o < outer; o++) memcpy(y + o * pitch, x + o * inner, sizeof(float) * inner);
 }
 
+#include "pgemm.h"
 #include "tensor.h"
 
 /* Read the whole weights file into a 64-byte aligned buffer; it must hold exactly `nfloats` floats. */

@@ -15,6 +15,8 @@ TILE_BYTES = int(os.environ.get("SATURATE_TILE_BYTES", 192 * 1024))
 # Convs with at most this many output pixels, and at least this reduction length, run as dot products
 # of their transposed columns (sat_conv_dot; SAT_DOT_MAXP and SAT_DOT_MINK in vec.h).
 DOT_MAXP, DOT_MINK = 16, 32
+# SATURATE_PGEMM=0 sends convs back to im2col + OpenBLAS on builds without AVX-512 (for side-by-side timing).
+PGEMM = os.environ.get("SATURATE_PGEMM", "1") != "0"
 # Kernels whose output loop can apply an epilogue while the row is still in cache.
 EPILOGUE_HOSTS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
                   "BatchNormalization", "LayerNormalization"} | ELEMENTWISE_UNARY | ELEMENTWISE_BINARY
@@ -131,10 +133,26 @@ def runs_direct(node: Node, shapes: dict, constants, packed: bool) -> bool:
     return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20
 
 
+def runs_packed(node: Node, shapes: dict, constants, packed: bool) -> bool:
+    """Whether a conv runs on pgemm.h's tile (builds without the AVX-512 micro-kernel): constant weights,
+    not depthwise. Its column panels live in per-thread buffers, not in the workspace."""
+    if not (PGEMM and node.op == "Conv" and not packed and node.inputs[1] in constants
+            and shapes[node.inputs[1]][1] != 1):
+        return False
+    # Outputs of fewer pixels than the tile's 6 rows (squeeze-excite convs on 1x1 maps), and long reductions
+    # over at most DOT_MAXP pixels (3x3 convs of 512 channels on a 3x3 map), stay dot products: they read
+    # each weight once, 4 rows at a time, where the tile's rows would be mostly padding (measured 2x and
+    # 1.05-1.08x slower on the tile).
+    x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
+    win = conv_window(node, x, w)
+    p, k = win.oh * win.ow, w[1] * win.kh * win.kw
+    return not (k >= DOT_MINK and (p < 6 or (p <= DOT_MAXP and k > 2048)))
+
+
 def im2col_bytes(step: Step, shapes: dict, packed: bool, constants=()) -> int:
     """Scratch a conv step needs for its column matrix or padded input (0 for depthwise convs)."""
     node = step.anchor
-    if node.op != "Conv":
+    if node.op != "Conv" or runs_packed(node, shapes, constants, packed):
         return 0
     if runs_direct(node, shapes, constants, packed):
         return direct_scratch(node, shapes) * 4 + 64

@@ -1,0 +1,351 @@
+/* C backend packed convolution for builds without the AVX-512 micro-kernel (AVX2, portable): every conv
+ * with constant weights (not depthwise) is one product on operands packed for a register tile of SAT_PR
+ * rows by SAT_PN = 2 SAT_VL columns (6 x 16 on AVX2: twelve accumulators, two loads of B and six
+ * broadcasts of A per reduction step). The emitter packs the weights once, so no call repacks them (a
+ * general sgemm packs its A on every call, which on the deep layers' few pixels costs as much as the
+ * product); the unit packs its input tile (im2col) straight into panels.
+ *
+ * Two orientations, chosen by the emitter (emit.conv_layout) from how well the output fills the tile:
+ *  - usual, Y = W X: weights in SAT_PR-channel panels take the tile's rows, pixels its SAT_PN columns;
+ *  - transposed, Y^T = X^T W^T: pixels take the rows, channels in SAT_PN-channel panels the columns, for
+ *    outputs of few pixels (a 3x3 or 6x6 map fills 6 rows far better than 16 columns).
+ * Weights of one group: panel p holds its rows (channels) p*w .. p*w+w-1 k-major, element (k, r) at
+ * [p*K*w + k*w + r], w the panel width (SAT_PR or SAT_PN), rows past the group's channels zero. */
+#ifndef SATURATE_PGEMM_H
+#define SATURATE_PGEMM_H
+
+#define SAT_PR 6
+#define SAT_PN (2 * SAT_VL)
+
+/* Reduction steps per pass over a tile: a 16-channel (or 16-pixel) panel's slice, kc x SAT_PN floats
+ * (16 KB on AVX2), stays in L1 while the other side's panels pass it, so a long reduction (4608 for a
+ * 3x3 conv of 512 channels) reads each weight from memory once and from L1 after. */
+#define SAT_PKC 256
+#ifndef SAT_PF
+#define SAT_PF 16
+#endif
+
+/* y = (acc ? y : 0) + a (kc x SAT_PR panel) * b (kc x SAT_PN panel), its first mr rows and nr columns,
+ * row-major at pitch ldy. The accumulators stay in registers through the reduction. */
+static inline void sat_ukr(int kc, const float *restrict a, const float *restrict b, float *restrict y, int64_t ldy,
+                           int mr, int nr, int acc) {
+    sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}, c40 = {0},
+           c41 = {0}, c50 = {0}, c51 = {0};
+    for (int k = 0; k < kc; k++) {
+        const sat_vf b0 = sat_vload(b), b1 = sat_vload(b + SAT_VL);
+        __builtin_prefetch(b + SAT_PF * SAT_PN);
+        float s = a[0];
+        c00 += s * b0, c01 += s * b1;
+        s = a[1];
+        c10 += s * b0, c11 += s * b1;
+        s = a[2];
+        c20 += s * b0, c21 += s * b1;
+        s = a[3];
+        c30 += s * b0, c31 += s * b1;
+        s = a[4];
+        c40 += s * b0, c41 += s * b1;
+        s = a[5];
+        c50 += s * b0, c51 += s * b1;
+        a += SAT_PR;
+        b += SAT_PN;
+    }
+    if (mr == SAT_PR && nr == SAT_PN) {
+#define SAT_UKR_ROW(r)                                                                               \
+    do {                                                                                             \
+        float *yr = y + r * ldy;                                                                     \
+        if (acc) c##r##0 += sat_vload(yr), c##r##1 += sat_vload(yr + SAT_VL);                        \
+        sat_vstore(yr, c##r##0), sat_vstore(yr + SAT_VL, c##r##1);                                   \
+    } while (0)
+        SAT_UKR_ROW(0); SAT_UKR_ROW(1); SAT_UKR_ROW(2); SAT_UKR_ROW(3); SAT_UKR_ROW(4); SAT_UKR_ROW(5);
+#undef SAT_UKR_ROW
+        return;
+    }
+    float t[SAT_PR][SAT_PN];
+    sat_vstore(t[0], c00), sat_vstore(t[0] + SAT_VL, c01);
+    sat_vstore(t[1], c10), sat_vstore(t[1] + SAT_VL, c11);
+    sat_vstore(t[2], c20), sat_vstore(t[2] + SAT_VL, c21);
+    sat_vstore(t[3], c30), sat_vstore(t[3] + SAT_VL, c31);
+    sat_vstore(t[4], c40), sat_vstore(t[4] + SAT_VL, c41);
+    sat_vstore(t[5], c50), sat_vstore(t[5] + SAT_VL, c51);
+    for (int r = 0; r < mr; r++) {
+        float *yr = y + (int64_t)r * ldy;
+        if (acc)
+            for (int c = 0; c < nr; c++) yr[c] += t[r][c];
+        else
+            memcpy(yr, t[r], sizeof(float) * (size_t)nr);
+    }
+}
+
+typedef struct {
+    const float *x, *wp;
+    int64_t wp_group;
+    float *y;
+    int C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, trans, tile, tiles, split, chunk;
+    sat_epi epi;
+} sat_pconv_args;
+
+static float *sat_pk_buf[SAT_MAX_THREADS];
+static size_t sat_pk_cap[SAT_MAX_THREADS];
+
+/* Row r = (c, kh, kw) of the column matrix of output rows [oh0, oh1) (image plane x of C x H x W) into
+ * d[0 .. (oh1-oh0) OW), pads read as zero. */
+static void sat_im2col_row(const float *x, float *d, int r, int H, int W, int KH, int KW, int oh0, int oh1, int OW,
+                           int sh, int sw, int ph, int pw, int dh, int dw) {
+    const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
+    const float *src = x + (int64_t)c * H * W;
+    const int iw0 = kw * dw - pw;
+    int lo, hi;
+    sat_valid_cols_s(iw0, sw, W, OW, &lo, &hi);
+    for (int oh = oh0; oh < oh1; oh++, d += OW) {
+        const int ih = oh * sh - ph + kh * dh;
+        if (ih < 0 || ih >= H) {
+            memset(d, 0, sizeof(float) * (size_t)OW);
+            continue;
+        }
+        const float *s = src + (int64_t)ih * W + iw0;
+        for (int ow = 0; ow < lo; ow++) d[ow] = 0.0f;
+        if (sw == 1) {
+            if (hi > lo) memcpy(d + lo, s + lo, sizeof(float) * (size_t)(hi - lo));
+        } else {
+            for (int ow = lo; ow < hi; ow++) d[ow] = s[ow * sw];
+        }
+        for (int ow = hi; ow < OW; ow++) d[ow] = 0.0f;
+    }
+}
+
+/* One work unit: (image, group, row tile, channel chunk). Its column matrix is packed into the thread's
+ * buffer (SAT_PN-pixel panels for the usual product, SAT_PR-pixel panels for the transposed one), then
+ * the tiles run over the chunk's channels and the epilogue over each channel's run of the tile. */
+static void sat_pconv_unit(void *ctx, int64_t u, int tid) {
+    const sat_pconv_args *a = ctx;
+    const int s = (int)(u % a->split), t = (int)(u / a->split % a->tiles);
+    const int g = (int)(u / a->split / a->tiles % a->G), n = (int)(u / a->split / a->tiles / a->G);
+    const int Cg = a->C / a->G, Mg = a->M / a->G, K = Cg * a->KH * a->KW;
+    const int m0 = s * a->chunk, m1 = m0 + a->chunk < Mg ? m0 + a->chunk : Mg;
+    const int oh0 = t * a->tile, oh1 = oh0 + a->tile < a->OH ? oh0 + a->tile : a->OH;
+    const int64_t P = (int64_t)a->OH * a->OW;
+    const int cols = (oh1 - oh0) * a->OW, width = a->trans ? SAT_PR : SAT_PN;
+    const int panels = (cols + width - 1) / width, padded = panels * width;
+    /* the packed tile, one unfolded row, and (transposed product) one channel panel's sums */
+    float *buf = sat_thread_buf(&sat_pk_buf[tid], &sat_pk_cap[tid], (size_t)padded * (K + 1 + SAT_PN));
+    if (!buf) abort();
+    float *row = buf + (int64_t)padded * K; /* one unfolded row, zero past `cols` so panels pad with zeros */
+    const float *xg = a->x + ((int64_t)n * a->C + (int64_t)g * Cg) * a->H * a->W;
+    for (int c = cols; c < padded; c++) row[c] = 0.0f;
+    for (int r = 0; r < K; r++) {
+        sat_im2col_row(xg, row, r, a->H, a->W, a->KH, a->KW, oh0, oh1, a->OW, a->sh, a->sw, a->ph, a->pw, a->dh,
+                       a->dw);
+        if (!a->trans)
+            for (int q = 0; q < panels; q++)
+                memcpy(buf + (int64_t)q * K * SAT_PN + (int64_t)r * SAT_PN, row + q * SAT_PN, sizeof(float) * SAT_PN);
+        else
+            for (int q = 0; q < panels; q++) {
+                float *d = buf + (int64_t)q * K * SAT_PR + (int64_t)r * SAT_PR;
+                const float *sr = row + q * SAT_PR;
+                for (int i = 0; i < SAT_PR; i++) d[i] = sr[i];
+            }
+    }
+    const float *wg = a->wp + g * a->wp_group;
+    float *yb = a->y + ((int64_t)n * a->M + (int64_t)g * Mg) * P + (int64_t)oh0 * a->OW;
+    if (!a->trans) {
+        /* per reduction block, each pixel panel's slice stays in L1 while the chunk's weight panels pass it */
+        for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
+            const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
+            for (int q = 0; q < panels; q++) {
+                const int nr = cols - q * SAT_PN < SAT_PN ? cols - q * SAT_PN : SAT_PN;
+                const float *bq = buf + (int64_t)q * K * SAT_PN + (int64_t)k0 * SAT_PN;
+                for (int i = m0; i < m1; i += SAT_PR)
+                    sat_ukr(kc, wg + (int64_t)i * K + (int64_t)k0 * SAT_PR, bq, yb + (int64_t)i * P + q * SAT_PN, P,
+                            m1 - i < SAT_PR ? m1 - i : SAT_PR, nr, k0 > 0);
+            }
+        }
+    } else {
+        /* per channel panel: its sums over the tile's pixels gather in `acc` (pixels x SAT_PN), each weight
+         * block staying in L1 while the pixel panels pass it, then go to the channels' planes */
+        float *acc = row + padded;
+        for (int j = m0; j < m1; j += SAT_PN) {
+            const int nr = m1 - j < SAT_PN ? m1 - j : SAT_PN;
+            for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
+                const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
+                const float *bj = wg + (int64_t)j * K + (int64_t)k0 * SAT_PN;
+                for (int q = 0; q < panels; q++)
+                    sat_ukr(kc, buf + (int64_t)q * K * SAT_PR + (int64_t)k0 * SAT_PR, bj, acc + q * SAT_PR * SAT_PN,
+                            SAT_PN, SAT_PR, SAT_PN, k0 > 0);
+            }
+            for (int c = 0; c < nr; c++) {
+                float *yc = yb + (int64_t)(j + c) * P;
+                for (int p = 0; p < cols; p++) yc[p] = acc[p * SAT_PN + c];
+            }
+        }
+    }
+    if (a->epi)
+        for (int m = m0; m < m1; m++) a->epi(a->y, (yb - a->y) + (int64_t)m * P, cols);
+}
+
+/* Grouped 2-D convolution on weights packed by the emitter (`wp_group` floats per group). Work units are
+ * (image, group, row tile); when they are too few to share evenly, each is split by channel chunks whose
+ * starts are panel starts, so every thread gets as much work as the others. */
+static void sat_conv_packed(const float *x, const float *wp, int64_t wp_group, float *y, int N, int C, int H, int W,
+                            int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,
+                            int G, int trans, sat_epi epi) {
+    const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
+    if ((int64_t)OH * OW <= 0 || Mg <= 0) return;
+    const int tile = sat_tile_rows(K, OH, OW), tiles = (OH + tile - 1) / tile;
+    const int64_t units = (int64_t)N * G * tiles;
+    int split = sat_threads > 1 && units % sat_threads != 0 && units < 8 * sat_threads ? sat_threads : 1;
+    const int unit = trans ? SAT_PN : SAT_PR;
+    int chunk = ((Mg + split - 1) / split + unit - 1) / unit * unit;
+    split = (Mg + chunk - 1) / chunk;
+    sat_pconv_args a = {x, wp, wp_group, y, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, trans, tile,
+                        tiles, split, chunk, epi};
+    sat_parallel(units * split, sat_pconv_unit, &a);
+}
+
+/* ---- stride-1 convolution without im2col ------------------------------------------------------------
+ * With unit strides, output pixel (oh, ow) of tap (c, kh, kw) reads padded input (c, oh + kh dh, ow + kw dw).
+ * Outputs are computed on the padded grid: virtual pixel v = oh Wp + ow (ow < Wp, the columns past OW
+ * discarded), so tap k reads xp[koff[k] + v] and a run of SAT_PN virtual pixels is two vector loads for
+ * every (c, kh, kw), across row ends too. The tile's B side needs no packing at all; the price is the
+ * (Wp - OW) / Wp discarded columns, which the emitter weighs (emit.conv_layout). */
+typedef struct {
+    const float *xp, *wp; /* padded input of all (image, group) pairs; packed weights (SAT_PR panels) */
+    const int32_t *koff;  /* per reduction index: its offset into one (image, group) padded input */
+    int64_t wp_group, xp_pair;
+    float *y;
+    int M, G, OH, OW, Wp, K, rows, tiles, split, chunk;
+    sat_epi epi;
+} sat_xconv_args;
+
+/* t (SAT_PR x SAT_PN, row-major) = (acc ? t : 0) + a (kc x SAT_PR panel) * (xb + koff[k], SAT_PN floats each). */
+static inline void sat_ukr_x(int kc, const float *restrict a, const float *restrict xb, const int32_t *restrict koff,
+                             float *restrict t, int acc) {
+    sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}, c40 = {0},
+           c41 = {0}, c50 = {0}, c51 = {0};
+    for (int k = 0; k < kc; k++) {
+        const float *b = xb + koff[k];
+        const sat_vf b0 = sat_vload(b), b1 = sat_vload(b + SAT_VL);
+        float s = a[0];
+        c00 += s * b0, c01 += s * b1;
+        s = a[1];
+        c10 += s * b0, c11 += s * b1;
+        s = a[2];
+        c20 += s * b0, c21 += s * b1;
+        s = a[3];
+        c30 += s * b0, c31 += s * b1;
+        s = a[4];
+        c40 += s * b0, c41 += s * b1;
+        s = a[5];
+        c50 += s * b0, c51 += s * b1;
+        a += SAT_PR;
+    }
+#define SAT_UKX_ROW(r)                                                                               \
+    do {                                                                                             \
+        float *tr = t + r * SAT_PN;                                                                  \
+        if (acc) c##r##0 += sat_vload(tr), c##r##1 += sat_vload(tr + SAT_VL);                        \
+        sat_vstore(tr, c##r##0), sat_vstore(tr + SAT_VL, c##r##1);                                   \
+    } while (0)
+    SAT_UKX_ROW(0); SAT_UKX_ROW(1); SAT_UKX_ROW(2); SAT_UKX_ROW(3); SAT_UKX_ROW(4); SAT_UKX_ROW(5);
+#undef SAT_UKX_ROW
+}
+
+/* One work unit: output rows [oh0, oh1) of one (image, group), channels of one chunk. */
+static void sat_xconv_unit(void *ctx, int64_t u, int tid) {
+    const sat_xconv_args *a = ctx;
+    const int s = (int)(u % a->split), tr = (int)(u / a->split % a->tiles);
+    const int64_t pair = u / a->split / a->tiles; /* n * G + g */
+    const int g = (int)(pair % a->G), Mg = a->M / a->G, OW = a->OW, Wp = a->Wp;
+    const int m0 = s * a->chunk, m1 = m0 + a->chunk < Mg ? m0 + a->chunk : Mg;
+    const int oh0 = tr * a->rows, oh1 = oh0 + a->rows < a->OH ? oh0 + a->rows : a->OH;
+    const int64_t P = (int64_t)a->OH * OW;
+    const int v0 = oh0 * Wp, v1 = (oh1 - 1) * Wp + OW; /* virtual pixels covering the rows */
+    const float *xb = a->xp + pair * a->xp_pair, *wg = a->wp + g * a->wp_group;
+    float *yb = a->y + (pair / a->G * a->M + (int64_t)g * Mg) * P;
+    /* per run of SAT_PN virtual pixels, the whole reduction of each channel panel in registers: the run's
+     * input lines stay in cache across the chunk's panels, and the emitter takes this layout only where the
+     * group's weights fit in L2 (emit.conv_layout), since every run passes all of them */
+    float t[SAT_PR * SAT_PN];
+    (void)tid;
+    for (int v = v0; v < v1; v += SAT_PN) {
+        const int oh = v / Wp, ow = v % Wp;
+        for (int i = m0; i < m1; i += SAT_PR) {
+            const int mr = m1 - i < SAT_PR ? m1 - i : SAT_PR;
+            sat_ukr_x(a->K, wg + (int64_t)i * a->K, xb + v, a->koff, t, 0);
+            for (int r = 0; r < mr; r++) {
+                const float *tr = t + r * SAT_PN;
+                float *yc = yb + (int64_t)(i + r) * P;
+                if (ow + SAT_PN <= OW) { /* the run lies inside one output row */
+                    memcpy(yc + (int64_t)oh * OW + ow, tr, sizeof(float) * SAT_PN);
+                    continue;
+                }
+                int h = oh, w = ow;
+                for (int p = 0; p < SAT_PN && h < oh1; p++) {
+                    if (w < OW) yc[(int64_t)h * OW + w] = tr[p];
+                    if (++w == Wp) w = 0, h++;
+                }
+            }
+        }
+    }
+    if (a->epi)
+        for (int m = m0; m < m1; m++) a->epi(a->y, (yb - a->y) + (int64_t)m * P + (int64_t)oh0 * OW, (int64_t)(oh1 - oh0) * OW);
+}
+
+typedef struct {
+    const float *x;
+    float *xp;
+    int C, Cg, G, H, W, Hp, Wp, ph, pw;
+    int64_t pair;
+} sat_xpad_args;
+
+/* Padded copy of one input channel: item (n G + g) Cg + c. */
+static void sat_xpad_plane(void *ctx, int64_t item, int tid) {
+    const sat_xpad_args *a = ctx;
+    const int64_t pair = item / a->Cg, c = item % a->Cg;
+    const float *xi = a->x + (pair * a->Cg + c) * a->H * a->W; /* (n, g) pairs are consecutive Cg-channel runs */
+    float *d = a->xp + pair * a->pair + c * a->Hp * a->Wp;
+    (void)tid;
+    memset(d, 0, sizeof(float) * (size_t)a->ph * a->Wp);
+    for (int r = 0; r < a->H && r + a->ph < a->Hp; r++) {
+        float *dr = d + (int64_t)(r + a->ph) * a->Wp;
+        const int n = a->W < a->Wp - a->pw ? a->W : a->Wp - a->pw;
+        memset(dr, 0, sizeof(float) * (size_t)a->pw);
+        memcpy(dr + a->pw, xi + (int64_t)r * a->W, sizeof(float) * (size_t)n);
+        memset(dr + a->pw + n, 0, sizeof(float) * (size_t)(a->Wp - a->pw - n));
+    }
+    const int done = a->H + a->ph < a->Hp ? a->H + a->ph : a->Hp;
+    memset(d + (int64_t)done * a->Wp, 0, sizeof(float) * (size_t)(a->Hp - done) * a->Wp);
+}
+
+static float *sat_xp_buf;
+static size_t sat_xp_cap;
+
+/* Grouped 2-D convolution with unit strides on weights packed in SAT_PR-channel panels (as the usual
+ * product's), on the padded grid (see above). */
+static void sat_conv_xdirect(const float *x, const float *wp, int64_t wp_group, float *y, int N, int C, int H, int W,
+                             int M, int KH, int KW, int OH, int OW, int ph, int pw, int dh, int dw, int G,
+                             sat_epi epi) {
+    const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
+    if ((int64_t)OH * OW <= 0 || Mg <= 0) return;
+    const int Hp = OH + (KH - 1) * dh, Wp = OW + (KW - 1) * dw;
+    /* each pair's copy is followed by 2 SAT_PN spare floats: a run's loads may pass its last row's end */
+    const int64_t pair = (int64_t)Cg * Hp * Wp + 2 * SAT_PN, pairs = (int64_t)N * G;
+    float *xp = sat_thread_buf(&sat_xp_buf, &sat_xp_cap, (size_t)(pair * pairs + K));
+    if (!xp) abort();
+    int32_t *koff = (int32_t *)(xp + pair * pairs);
+    for (int k = 0; k < K; k++) {
+        const int c = k / (KH * KW), kh = k / KW % KH, kw = k % KW;
+        koff[k] = (int32_t)(((int64_t)c * Hp + (int64_t)kh * dh) * Wp + (int64_t)kw * dw);
+    }
+    sat_xpad_args pa = {x, xp, C, Cg, G, H, W, Hp, Wp, ph, pw, pair};
+    sat_parallel(pairs * Cg, sat_xpad_plane, &pa);
+    for (int64_t q = 0; q < pairs; q++) memset(xp + q * pair + pair - 2 * SAT_PN, 0, sizeof(float) * 2 * SAT_PN);
+    /* row tiles of about 256 virtual pixels: a tile's input rows stay in cache across its channel panels */
+    const int rows = (int)sat_clamp((256 + Wp - 1) / Wp, 1, OH), tiles = (OH + rows - 1) / rows;
+    const int64_t units = pairs * tiles;
+    int split = sat_threads > 1 && units % sat_threads != 0 && units < 8 * sat_threads ? sat_threads : 1;
+    int chunk = ((Mg + split - 1) / split + SAT_PR - 1) / SAT_PR * SAT_PR;
+    split = (Mg + chunk - 1) / chunk;
+    sat_xconv_args a = {xp, wp, koff, wp_group, pair, y, M, G, OH, OW, Wp, K, rows, tiles, split, chunk, epi};
+    sat_parallel(units * split, sat_xconv_unit, &a);
+}
+
+#endif

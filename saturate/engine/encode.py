@@ -84,6 +84,7 @@ class Encoding:
     ctors: set[tuple[str, int]] = field(default_factory=set)     # declared (name, arity)
     refs: int = 0
     _infos: dict[str, ValueInfo] | None = None
+    _encoded_ops: list | None = None            # see saturate.engine.facts._encoded_ops
     commands: list[str] = field(default_factory=list)
     # Node names that must not change; value names for the outputs of preserved nodes.
     preserved: set[str] = field(default_factory=set)

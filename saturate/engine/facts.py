@@ -61,15 +61,7 @@ class Facts:
     def original_nodes(self) -> set[tuple[Any, ENode]]:
         """(e-class, e-node) pairs the input graph itself had."""
         enc, lets, out = self.enc, self.view.lets, set()
-        g = enc.graph
-        for node in g.nodes:
-            if node.outputs[0] not in enc.value_names or not node.outputs[0]:
-                continue
-            if node.op not in {op for op, _ in enc.attr_sets}:
-                continue
-            key = enc.attr_ids.get((node.op, _canon(node.attrs)))
-            if key is None:
-                continue
+        for node, key in _encoded_ops(enc):
             kids = tuple(lets.get(enc.value_names.get(i, ""), None) for i in node.inputs)
             cls = lets.get(enc.value_names[node.outputs[0]])
             out.add((cls, ENode("op", node.op, key, kids)))
@@ -316,6 +308,23 @@ class Facts:
                 out.append(int(fn(np.int64(x), np.int64(y))) if known else ("elem", op, x, y))
             return tuple(a.shape), tuple(out)
         return None
+
+
+def _encoded_ops(enc: Encoding) -> list[tuple[Any, int]]:
+    """The input graph's nodes encoded as op e-nodes, each with its attribute-set id (found
+    once per encoding: extraction and the cost of the input graph each ask)."""
+    got = enc._encoded_ops
+    if got is None:
+        ops = {op for op, _ in enc.attr_sets}
+        got = []
+        for node in enc.graph.nodes:
+            if not node.outputs[0] or node.outputs[0] not in enc.value_names or node.op not in ops:
+                continue
+            key = enc.attr_ids.get((node.op, _canon(node.attrs)))
+            if key is not None:
+                got.append((node, key))
+        enc._encoded_ops = got
+    return got
 
 
 def _small_ints(info: ValueInfo) -> bool:

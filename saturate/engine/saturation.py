@@ -96,6 +96,7 @@ class _Group:
     seconds_per_match: float | None = None   # measured when it last ran alone
     nodes_per_match: float | None = None     # likewise (a rewrite's; a match rule adds none itself)
     bound: int | None = None            # e-nodes one match adds at most (None: a guarded rule)
+    found: int = 0                      # matches found so far, what a capped step finds again
 
     def __post_init__(self) -> None:
         if not self.rule.checked:
@@ -106,8 +107,10 @@ class _Group:
         growth = self.matches / self.before if self.before else 1.0
         return math.ceil(self.matches * min(MAX_GROWTH, max(1.0, growth)))
 
-    def record(self, matches: int) -> None:
+    def record(self, matches: int, every: bool = False) -> None:
+        """Matches of a step: the new ones, or `every` match (a capped step finds them all)."""
         self.before, self.matches = self.matches, matches
+        self.found = matches if every else self.found + matches
 
 
 @dataclass
@@ -361,6 +364,10 @@ def _one_at_a_time(egg: _Egg, active: list[_Group], cost: _Forecast, fits: Calla
     for g in sorted(active, key=lambda g: (cost.step([g])[0], g.rule.index)):
         seconds, nodes = cost.step([g])
         capped = bool(g.bound) and size + NODE_MARGIN * nodes > max_nodes
+        if capped:
+            # A capped step searches every match again, old ones too: its time grows with them.
+            per = g.seconds_per_match if g.seconds_per_match is not None else cost.per_match
+            seconds += max(g.found - g.forecast(), 0) * per
         # A capped step cannot pass the node limit whatever its forecast: only time is forecast.
         limit = fits(seconds, 0.0 if capped else nodes, size)
         cap = (max_nodes - size) // g.bound if capped else 0
@@ -382,7 +389,7 @@ def _one_at_a_time(egg: _Egg, active: list[_Group], cost: _Forecast, fits: Calla
             found = sum(run.num_matches_per_rule.get(n, 0) for n in g.names)
             changed = run.updated
         seconds = time.perf_counter() - c
-        g.record(found)
+        g.record(found, every=capped)
         g.seconds_per_match = max(seconds - cost.call, 0.0) / max(g.matches, 1)
         if capped and found > cap:
             # Nothing was applied: even alone, this rule's step could pass the node limit.

@@ -111,3 +111,44 @@ def test_the_integer_program_declines_what_is_too_large():
     finally:
         extract_ilp.MAX_VARIABLES = limit
     assert out.op_counts()["Conv"] == 1 and report.extract_moves >= 1
+
+
+
+def test_pricing_asks_each_e_class_its_type_once(monkeypatch):
+    # Asking the type of every input of every e-node (three per e-node under associativity, 16
+    # e-nodes per e-class) made pricing the slowest part of extracting a grown e-graph.
+    from saturate.engine import extract as ex
+    from saturate.engine.facts import Facts
+
+    b = Builder(shape=(1, 4, 8, 8))
+    x = b.op("Relu", b.conv("x", 4, 4))
+    g = b.build(b.op("Add", b.op("Add", x, b.rand(1, 4, 1, 1)), b.rand(1, 4, 1, 1)))
+    asked: list = []
+    depth = [0]
+    real_info = Facts.info
+
+    def info(self, cls):
+        if depth[0] == 0:           # asked by pricing itself, not by `info` reading an e-class's inputs
+            asked.append(cls)
+        depth[0] += 1
+        try:
+            return real_info(self, cls)
+        finally:
+            depth[0] -= 1
+
+    during: list = []
+    real_fill = ex.Prices.fill
+
+    def fill(self, deadline=None):
+        asked.clear()
+        done = real_fill(self, deadline)
+        during.append((list(asked), sum(len(n.children) for ns in self.facts.view.classes.values()
+                                        for n in ns if n.kind == "op")))
+        return done
+
+    monkeypatch.setattr(Facts, "info", info)
+    monkeypatch.setattr(ex.Prices, "fill", fill)
+    out, _ = optimize(g, RULES)
+    classes, inputs = during[0]
+    assert classes and len(classes) == len(set(classes)) and len(classes) < inputs
+    assert_same(g, out, b.sample())

@@ -22,6 +22,12 @@ KERNELS_DIR = Path(__file__).resolve().parent
 SANITIZE_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
 
 
+def openmp_flags() -> list[str]:
+    """SATURATE_THREADING=openmp runs parallel loops on OpenMP instead of the pool of pool.h (to time one
+    against the other; the pool is the default, see bench notes in the README)."""
+    return ["-fopenmp", "-DSAT_OPENMP"] if os.environ.get("SATURATE_THREADING", "pool") == "openmp" else []
+
+
 def cpu_has_avx512() -> bool:
     """Whether this machine's CPU has AVX-512F (the packed conv micro-kernel needs it)."""
     try:
@@ -122,6 +128,7 @@ def compile_flags(sanitize: bool = False, profile: bool = False, large: bool = F
     # on targets narrower than the vector extensions' width) concerns no call across a library boundary.
     flags = [*opt, *ISAS[isa()], "-fno-trapping-math", "-fPIC", "-pthread", "-std=gnu11", "-Wall", "-Werror",
              "-Wno-unused-function", "-Wno-psabi", "-include", "sat_heap.h"]
+    flags += openmp_flags()
     if sanitize:
         flags += SANITIZE_FLAGS
     if profile:
@@ -142,7 +149,7 @@ def link_command(objects: list[Path], target: Path, sanitize: bool = False) -> l
     own calls inside it, so a library loaded earlier that exports the same sat_* names never intercepts them;
     the soname is the file's name, so a C program linked with DIR/model.so finds it by its rpath."""
     _, libdir, lib = openblas()
-    return [compiler(), "-shared", "-pthread", *(SANITIZE_FLAGS if sanitize else []), *map(str, objects),
+    return [compiler(), "-shared", "-pthread", *openmp_flags(), *(SANITIZE_FLAGS if sanitize else []), *map(str, objects),
             "-o", str(target), f"-Wl,-soname,{Path(target).name}", "-Wl,-Bsymbolic", f"-L{libdir}", f"-l{lib}",
             f"-Wl,-rpath,{libdir}", "-lm"]
 

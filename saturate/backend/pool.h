@@ -72,6 +72,28 @@ static void *sat_pool_worker(void *arg) {
     return NULL;
 }
 
+#ifdef SAT_OPENMP
+#include <omp.h>
+/* The OpenMP alternative (SATURATE_THREADING=openmp), for timing against the pool: one dynamically
+ * scheduled loop per call, items claimed one at a time as the pool does. */
+static void sat_parallel(int64_t n, sat_body fn, void *ctx) {
+    if (sat_threads <= 1 || n <= 1 || sat_in_parallel) {
+        const int tid = sat_in_parallel ? sat_pool_tid : 0;
+        for (int64_t i = 0; i < n; i++) fn(ctx, i, tid);
+        return;
+    }
+#pragma omp parallel num_threads(sat_threads)
+    {
+        const int saved = sat_pool_tid;
+        sat_pool_tid = omp_get_thread_num();
+        sat_in_parallel = 1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < n; i++) fn(ctx, i, sat_pool_tid);
+        sat_in_parallel = 0;
+        sat_pool_tid = saved;
+    }
+}
+#else
 /* Run fn(ctx, i, tid) for i in [0, n) on up to sat_threads threads; returns when all have run. */
 static void sat_parallel(int64_t n, sat_body fn, void *ctx) {
     if (sat_threads <= 1 || n <= 1 || sat_in_parallel) {
@@ -104,5 +126,6 @@ static void sat_parallel(int64_t n, sat_body fn, void *ctx) {
 #endif
     }
 }
+#endif
 
 #endif

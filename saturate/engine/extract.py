@@ -166,6 +166,7 @@ def greedy(facts: Facts, prices: dict[Any, list], banned: dict[Any, set[int]],
     waiting: list[int] = []
     parents: dict[Any, list[int]] = {}
     heap: list = []
+    add_owner, add_place, add_waiting, parent_of = owner.append, place.append, waiting.append, parents.get
     seen, look = 0, CHECK_EVERY
     for cls, nodes in view.classes.items():
         seen += len(nodes)
@@ -179,14 +180,14 @@ def greedy(facts: Facts, prices: dict[Any, list], banned: dict[Any, set[int]],
             if c is UNRUNNABLE or c == UNPRICED or k in bad:
                 continue
             j = len(owner)
-            owner.append(cls)
-            place.append(k)
-            kids = node.children
+            add_owner(cls)
+            add_place(k)
+            kids = node[3]          # children, read by position: the hottest loop of extraction
             if len(kids) > 1:
                 kids = set(kids)
-            waiting.append(len(kids))
+            add_waiting(len(kids))
             for ch in kids:
-                got = parents.get(ch)
+                got = parent_of(ch)
                 if got is None:
                     parents[ch] = [j]
                 else:

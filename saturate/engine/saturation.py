@@ -107,10 +107,11 @@ class _Group:
         growth = self.matches / self.before if self.before else 1.0
         return math.ceil(self.matches * min(MAX_GROWTH, max(1.0, growth)))
 
-    def record(self, matches: int, every: bool = False) -> None:
-        """Matches of a step: the new ones, or `every` match (a capped step finds them all)."""
+    def record(self, matches: int, found: int | None = None) -> None:
+        """New matches of a step, and every match it found when that is known (a capped step
+        finds the old ones again)."""
         self.before, self.matches = self.matches, matches
-        self.found = matches if every else self.found + matches
+        self.found = found if found is not None else self.found + matches
 
 
 @dataclass
@@ -389,15 +390,25 @@ def _one_at_a_time(egg: _Egg, active: list[_Group], cost: _Forecast, fits: Calla
             found = sum(run.num_matches_per_rule.get(n, 0) for n in g.names)
             changed = run.updated
         seconds = time.perf_counter() - c
-        g.record(found, every=capped)
-        g.seconds_per_match = max(seconds - cost.call, 0.0) / max(g.matches, 1)
-        if capped and found > cap:
+        searched = found
+        if capped:
+            # Of every match found, those beyond the matches found so far are the step's new ones
+            # (about: unions can merge old ones), which the forecast and the report count.
+            found, searched = max(found - g.found, 0), found
+            g.record(found, searched)
+        else:
+            g.record(found)
+        g.seconds_per_match = max(seconds - cost.call, 0.0) / max(searched, 1)
+        if capped and searched > cap:
             # Nothing was applied: even alone, this rule's step could pass the node limit.
             held[g.rule.group] = "node limit"
             continue
         matched += g.matches
         updated = updated or changed
-        _count(run, by_name, step)
+        if capped:
+            step[g.rule.label] = step.get(g.rule.label, 0) + found
+        else:
+            _count(run, by_name, step)
         new_size = egg.size()
         if not g.rule.checked:
             g.nodes_per_match = max(new_size - size, 0) / max(g.matches, 1)

@@ -70,6 +70,22 @@ def canonical_attrs(attrs: dict[str, Any]) -> str:
     return json.dumps({k: norm(v) for k, v in sorted(attrs.items())}, sort_keys=True)
 
 
+def _lit_key(v: Any) -> Any:
+    """A hashable key equal for equal literals: canonical_attrs's distinctions (an int is not a
+    float, a list keeps its order, an array its dtype and shape) without printing anything."""
+    if isinstance(v, np.ndarray):
+        return ("ndarray", v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, (list, tuple)):
+        return ("list", tuple(_lit_key(x) for x in v))
+    if isinstance(v, (np.integer, np.floating)):
+        v = v.item()
+    if isinstance(v, float):
+        return ("float", v)
+    if isinstance(v, (bool, int, str, bytes)) or v is None:
+        return (type(v).__name__, v)
+    return ("repr", repr(v))
+
+
 @dataclass
 class Encoding:
     """Everything later stages need to read the e-graph back: tables Python keeps beside egglog."""
@@ -78,13 +94,14 @@ class Encoding:
     attr_sets: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     attr_ids: dict[tuple[str, str], int] = field(default_factory=dict)
     lits: list[Any] = field(default_factory=list)
-    lit_ids: dict[str, int] = field(default_factory=dict)
+    lit_ids: dict[tuple, int] = field(default_factory=dict)
     opaque_nodes: list[Node] = field(default_factory=list)
     value_names: dict[str, str] = field(default_factory=dict)   # IR value -> `(Ref k)` handle
     ctors: set[tuple[str, int]] = field(default_factory=set)     # declared (name, arity)
     refs: int = 0
     _infos: dict[str, ValueInfo] | None = None
     _encoded_ops: list | None = None            # see saturate.engine.facts._encoded_ops
+    _lit_objects: dict[int, tuple[Any, int]] = field(default_factory=dict)   # id(value) -> (value, lit id)
     commands: list[str] = field(default_factory=list)
     # Node names that must not change; value names for the outputs of preserved nodes.
     preserved: set[str] = field(default_factory=set)
@@ -100,11 +117,17 @@ class Encoding:
 
     def lit_id(self, value: Any) -> int:
         """Id of a literal (number, string, int list) a rule or an attribute puts in the graph."""
-        key = canonical_attrs({"v": value}) + type(value).__name__
+        # Guards hand over the same value objects again and again (Facts caches them): an
+        # object seen before skips printing it (an array's bytes in hex) to find its key.
+        seen = self._lit_objects.get(id(value))
+        if seen is not None and seen[0] is value:
+            return seen[1]
+        key = (type(value).__name__, _lit_key(value))
         got = self.lit_ids.get(key)
         if got is None:
             got = self.lit_ids[key] = len(self.lits)
             self.lits.append(value)
+        self._lit_objects[id(value)] = (value, got)
         return got
 
     def value_infos(self) -> dict[str, ValueInfo]:

@@ -81,6 +81,8 @@ class Prices:
                     if n == node and of[cls][k] == UNPRICED:
                         of[cls][k] = self._price(cls, n)
                         self.count += 1
+        if deadline is not None and time.perf_counter() > deadline:
+            return False            # a later extraction of the same e-graph, already out of time
         seen = 0
         for cls, nodes in classes.items():
             row = of[cls]

@@ -255,15 +255,15 @@ def test_a_limit_writes_the_best_graph_with_the_reason_and_the_peak(tmp_path, ca
     _same_outputs(load_graph(str(out)), examples.build("vgg"))
 
 
-@pytest.mark.parametrize("limit", [10_000, 20_000, pytest.param(50_000, marks=pytest.mark.slow),
-                                   pytest.param(100_000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("limit", [60, 100, 1_000, 10_000, 20_000, 50_000, 100_000])
 def test_no_single_step_passes_the_node_limit(tmp_path, monkeypatch, limit):
     import saturate.engine.saturation as saturation
     from saturate.engine.egraph import node_count
 
     # The e-graph's size after every egglog run, measured here and not by the engine. One rule's
     # step once went 86,864 -> 122,494 under a 100,000 limit: its forecast counted the e-nodes its
-    # last step had added (none: the same rule's other direction had made them first).
+    # last step had added (none: the same rule's other direction had made them first). Under 60
+    # and 100 (the input graph has 54), a rule with no matches yet once went past with its first.
     seen = [0]
     real = saturation._Egg.__call__
 
@@ -277,7 +277,7 @@ def test_no_single_step_passes_the_node_limit(tmp_path, monkeypatch, limit):
     want = examples.build("vgg")
     out, report = optimize(want, _growing_rules(tmp_path), max_nodes=limit, timeout=600)
     run = report.run
-    assert run.stop_reason == "node limit" and "add-assoc" in run.held_back
+    assert run.stop_reason == "node limit" and set(run.held_back.values()) == {"node limit"}
     assert seen[0] <= limit and max(run.sizes) <= run.peak_nodes <= limit, (seen[0], run.peak_nodes)
     assert run.peak_nodes >= seen[0]
     _same_outputs(out, want)

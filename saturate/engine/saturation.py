@@ -364,7 +364,9 @@ def _one_at_a_time(egg: _Egg, active: list[_Group], cost: _Forecast, fits: Calla
     ran, updated, matched = False, False, 0
     for g in sorted(active, key=lambda g: (cost.step([g])[0], g.rule.index)):
         seconds, nodes = cost.step([g])
-        capped = bool(g.bound) and size + NODE_MARGIN * nodes > max_nodes
+        # A rule with no matches last step has no forecast to trust (another rule's e-nodes can
+        # give it any number): it runs capped too.
+        capped = bool(g.bound) and (g.matches == 0 or size + NODE_MARGIN * nodes > max_nodes)
         if capped:
             # A capped step searches every match again, old ones too: its time grows with them.
             per = g.seconds_per_match if g.seconds_per_match is not None else cost.per_match

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from saturate.backend.build import avx512_build
-from saturate.backend.plan import TILE_BYTES, Plan, Step, plan, runs_direct, runs_packed, tile_rows
+from saturate.backend.plan import PN, PR, TILE_BYTES, Plan, Step, conv_layout, plan, runs_direct, runs_packed, tile_rows
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides, vec_expr
 from saturate.backend.shapes import (ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, gather_view, infer_shapes,
                                      pad_params, pool_window, reduce_axes, resize_tables, slice_params, unsupported)
@@ -94,40 +94,6 @@ def transposed_product(x, w, win, group: int) -> bool:
     usual = p / (-(-p // NR) * NR) * mg / (-(-mg // PANEL) * PANEL)
     trans = p / (-(-p // PANEL) * PANEL) * mg / (-(-mg // NR) * NR)
     return trans > usual + 0.03
-
-
-# The register tile of pgemm.h (builds without the AVX-512 micro-kernel): SAT_PR rows by SAT_PN columns.
-PR, PN = 6, (32 if avx512_build() else 16)
-
-
-def conv_layout(x, w, win, group: int) -> int:
-    """How a conv runs on pgemm.h's tile: 0 the usual product (channels on the tile's 6 rows, im2col pixels
-    on its PN columns), 1 the transposed one (pixels on the rows, channels on the columns: a deep layer's
-    36 pixels fill 6 rows exactly but only 75% of three 16-wide panels), 2 with unit strides the product on
-    the padded grid (no im2col; discards the Wp - OW pad columns of every row; every 16-pixel run reads
-    all of a group's weights, so only where they fit in L2: 256 KB). Each is scored by the share
-    of the tile's lanes doing useful work; packing the column matrix costs about 16 channels' worth of
-    products (the unfolded tile is written twice and read once per 6-channel panel), so the packed
-    layouts' score is scaled by M / (M + 16). SATURATE_CONV_LAYOUT forces one (side-by-side timing)."""
-    mg, k = w[0] // group, w[1] * win.kh * win.kw
-    p = tile_rows(k, win.oh, win.ow) * win.ow
-    pack = mg / (mg + 16)
-    scores = [pack * p / (-(-p // PN) * PN) * mg / (-(-mg // PR) * PR),
-              pack * p / (-(-p // PR) * PR) * mg / (-(-mg // PN) * PN)]
-    if p * min(k, 256) > 16384:
-        # the transposed product passes its whole packed tile (p x 256 of a reduction block) once per
-        # channel panel: past 64 KB it comes from L2 every time (a 7x7 stem's tile ran 20% slower)
-        scores[1] = 0.0
-    if win.sh == win.sw == 1 and mg * k * 4 <= 256 * 1024:
-        # a row tile of sat_conv_xdirect: its useful pixels over the whole panels its virtual run takes
-        wp = win.ow + (win.kw - 1) * win.dw
-        rows = max(1, min(win.oh, -(-256 // wp)))
-        run = (rows - 1) * wp + win.ow
-        scores.append(rows * win.ow / (-(-run // PN) * PN) * mg / (-(-mg // PR) * PR))
-    force = os.environ.get("SATURATE_CONV_LAYOUT")
-    if force is not None and int(force) < len(scores):
-        return int(force)
-    return max(range(len(scores)), key=lambda i: (scores[i], -i))
 
 
 class Emitter:

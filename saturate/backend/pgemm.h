@@ -274,7 +274,9 @@ static void sat_xconv_unit(void *ctx, int64_t u, int tid) {
             for (int r = 0; r < mr; r++) {
                 const float *tr = t + r * SAT_PN;
                 float *yc = yb + (int64_t)(i + r) * P;
-                if (ow + SAT_PN <= OW) { /* the run lies inside one output row */
+                /* a run inside one output row, or any whole run where no column is padding (1x1 convs):
+                 * the outputs are contiguous */
+                if (ow + SAT_PN <= OW || (Wp == OW && v + SAT_PN <= v1)) {
                     memcpy(yc + (int64_t)oh * OW + ow, tr, sizeof(float) * SAT_PN);
                     continue;
                 }

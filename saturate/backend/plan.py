@@ -6,6 +6,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from saturate.backend.build import avx512_build
 from saturate.backend.shapes import ALIASES, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window
 from saturate.core.ir import Graph, Node
 
@@ -133,6 +134,40 @@ def runs_direct(node: Node, shapes: dict, constants, packed: bool) -> bool:
     return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20
 
 
+# The register tile of pgemm.h (builds without the AVX-512 micro-kernel): SAT_PR rows by SAT_PN columns.
+PR, PN = 6, (32 if avx512_build() else 16)
+
+
+def conv_layout(x, w, win, group: int) -> int:
+    """How a conv runs on pgemm.h's tile: 0 the usual product (channels on the tile's 6 rows, im2col pixels
+    on its PN columns), 1 the transposed one (pixels on the rows, channels on the columns: a deep layer's
+    36 pixels fill 6 rows exactly but only 75% of three 16-wide panels), 2 with unit strides the product on
+    the padded grid (no im2col; discards the Wp - OW pad columns of every row; every 16-pixel run reads
+    all of a group's weights, so only where they fit in L2: 256 KB). Each is scored by the share
+    of the tile's lanes doing useful work; packing the column matrix costs about 16 channels' worth of
+    products (the unfolded tile is written twice and read once per 6-channel panel), so the packed
+    layouts' score is scaled by M / (M + 16). SATURATE_CONV_LAYOUT forces one (side-by-side timing)."""
+    mg, k = w[0] // group, w[1] * win.kh * win.kw
+    p = tile_rows(k, win.oh, win.ow) * win.ow
+    pack = mg / (mg + 16)
+    scores = [pack * p / (-(-p // PN) * PN) * mg / (-(-mg // PR) * PR),
+              pack * p / (-(-p // PR) * PR) * mg / (-(-mg // PN) * PN)]
+    if p * min(k, 256) > 16384:
+        # the transposed product passes its whole packed tile (p x 256 of a reduction block) once per
+        # channel panel: past 64 KB it comes from L2 every time (a 7x7 stem's tile ran 20% slower)
+        scores[1] = 0.0
+    if win.sh == win.sw == 1 and mg * k * 4 <= 256 * 1024:
+        # a row tile of sat_conv_xdirect: its useful pixels over the whole panels its virtual run takes
+        wp = win.ow + (win.kw - 1) * win.dw
+        rows = max(1, min(win.oh, -(-256 // wp)))
+        run = (rows - 1) * wp + win.ow
+        scores.append(rows * win.ow / (-(-run // PN) * PN) * mg / (-(-mg // PR) * PR))
+    force = os.environ.get("SATURATE_CONV_LAYOUT")
+    if force is not None and int(force) < len(scores):
+        return int(force)
+    return max(range(len(scores)), key=lambda i: (scores[i], -i))
+
+
 def runs_packed(node: Node, shapes: dict, constants, packed: bool) -> bool:
     """Whether a conv runs on pgemm.h's tile (builds without the AVX-512 micro-kernel): constant weights,
     not depthwise. Its column panels live in per-thread buffers, not in the workspace."""
@@ -146,7 +181,14 @@ def runs_packed(node: Node, shapes: dict, constants, packed: bool) -> bool:
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w)
     p, k = win.oh * win.ow, w[1] * win.kh * win.kw
-    return not (k >= DOT_MINK and (p < 6 or (p <= DOT_MAXP and k > 2048)))
+    if k >= DOT_MINK and (p < 6 or (p <= DOT_MAXP and k > 2048)):
+        return False
+    # Where the tile's product is the usual one it runs level with OpenBLAS sgemm, and 1x1 convs on the
+    # padded grid ran 5-25% slower than sgemm and the short-reduction kernel (sat_gemm_nn) on the expansion
+    # and projection convs of MobileNetV2 and EfficientNet-B0: those keep their kernels. The transposed
+    # product (few pixels) and unfolded-free kxk convs are the ones faster on the tile.
+    layout = conv_layout(x, w, win, int(node.attr("group", 1)))
+    return layout == 1 or (layout == 2 and win.kh * win.kw > 1) or os.environ.get("SATURATE_CONV_LAYOUT") is not None
 
 
 def im2col_bytes(step: Step, shapes: dict, packed: bool, constants=()) -> int:

@@ -255,8 +255,20 @@ def test_a_limit_writes_the_best_graph_with_the_reason_and_the_peak(tmp_path, ca
     _same_outputs(load_graph(str(out)), examples.build("vgg"))
 
 
-@pytest.mark.parametrize("limit", [60, 100, 1_000, 10_000, 20_000, 50_000, 100_000])
-def test_no_single_step_passes_the_node_limit(tmp_path, monkeypatch, limit):
+# Products too, and a rule that distributes them over sums: rules whose matches start from none.
+GROWING_MUL = """ruleset grow level 1
+rule mul-comm Mul(a, b) <=> Mul(b, a)
+rule mul-assoc Mul(Mul(a, b), c) <=> Mul(a, Mul(b, c))
+rule add-comm Add(a, b) <=> Add(b, a)
+rule more Relu(x) => Relu(Add(Mul(x, Mul(x, x)), Sub(x, x)))
+rule dist Mul(a, Add(b, c)) => Add(Mul(a, b), Mul(a, c))
+"""
+
+
+@pytest.mark.parametrize("rules,limit", [pytest.param(GROWING, n, id=f"add-{n}")
+                                         for n in (60, 100, 300, 1_000, 10_000, 20_000, 50_000, 100_000)]
+                         + [pytest.param(GROWING_MUL, n, id=f"mul-{n}") for n in (300, 3_000, 50_000)])
+def test_no_single_step_passes_the_node_limit(tmp_path, monkeypatch, rules, limit):
     import saturate.engine.saturation as saturation
     from saturate.engine.egraph import node_count
 
@@ -264,6 +276,7 @@ def test_no_single_step_passes_the_node_limit(tmp_path, monkeypatch, limit):
     # step once went 86,864 -> 122,494 under a 100,000 limit: its forecast counted the e-nodes its
     # last step had added (none: the same rule's other direction had made them first). Under 60
     # and 100 (the input graph has 54), a rule with no matches yet once went past with its first.
+    # And with GROWING_MUL under 300, a rule whose matches went from 10 to 50 (twice its forecast fitted).
     seen = [0]
     real = saturation._Egg.__call__
 
@@ -274,8 +287,11 @@ def test_no_single_step_passes_the_node_limit(tmp_path, monkeypatch, limit):
         return out
 
     monkeypatch.setattr(saturation._Egg, "__call__", measured)
+    from saturate.lang.parser import load_rules
+
+    (tmp_path / "grow.rules").write_text(rules)
     want = examples.build("vgg")
-    out, report = optimize(want, _growing_rules(tmp_path), max_nodes=limit, timeout=600)
+    out, report = optimize(want, load_rules([str(tmp_path / "grow.rules")], level=3), max_nodes=limit, timeout=600)
     run = report.run
     assert run.stop_reason == "node limit" and set(run.held_back.values()) == {"node limit"}
     assert seen[0] <= limit and max(run.sizes) <= run.peak_nodes <= limit, (seen[0], run.peak_nodes)

@@ -102,9 +102,11 @@ class Checker:
                 continue
             text = _term(node, kids)
             if len(text) > 300:
-                ref = self.enc.new_ref()
-                self.commands.append(f"(union {ref} {text})")
-                text = ref
+                # A row, not a union: a top-level union costs egglog a pass over the e-graph,
+                # and the rows are united with their handles by the `apply` run that follows.
+                k = self.enc.refs
+                self.commands.append(f"(Named {k} {text})")
+                text = self.enc.new_ref()
             self.names[cls] = text
             return text
         return None

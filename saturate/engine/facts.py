@@ -38,6 +38,7 @@ class Facts:
         # E-classes whose type was inferred from their e-nodes in this e-graph (see `info`).
         self._refined: set = set()
         self.settled: dict[Any, ValueInfo] = self.cache.setdefault("settled types", {})
+        self.known_keys: dict[Any, Any] = self.cache.setdefault("constant keys", {})
         original = enc.value_infos()
         for value, let in enc.value_names.items():
             cls = view.lets.get(let)
@@ -79,6 +80,12 @@ class Facts:
             return self.keys[cls]
         if cls not in self.view.consts or cls in self._evaluating:
             return None
+        # A key found in an earlier iteration still holds: an e-class id that is still canonical
+        # names the same value, whatever joined it since (a failed one may succeed now: not kept).
+        known = self.known_keys.get(cls)
+        if known is not None:
+            self.keys[cls] = known
+            return known
         self._evaluating.add(cls)
         result = None
         for node in sorted(self.view.classes.get(cls, ()), key=_leaf_first):
@@ -87,6 +94,8 @@ class Facts:
                 break
         self._evaluating.discard(cls)
         self.keys[cls] = result
+        if result is not None:
+            self.known_keys[cls] = result
         return result
 
     def node_key(self, node: ENode) -> Any:
@@ -404,7 +413,9 @@ def refine(known: ValueInfo | None, other: ValueInfo | None) -> ValueInfo | None
     """The better-known of two types of one value: dim by dim, a number beats a name or None."""
     if other is None or other.shape is None:
         return known if known is not None else other
-    if known is None or known.shape is None:
+    if known is None:
+        return other
+    if known.shape is None:
         dtype = known.dtype if known is not None and known.dtype != "unknown" else other.dtype
         return ValueInfo(dtype, other.shape)
     if len(known.shape) != len(other.shape):

@@ -50,7 +50,12 @@ class Target:
     @property
     def composite_ops(self) -> dict[str, Composite]:
         """Each composite by the op name its e-nodes have in the e-graph (CompositeConvBiasRelu)."""
-        return {egraph_op(c.name): c for c in self.composites}
+        # Asked once per e-node priced: built once per tuple of composites.
+        held = self.__dict__.get("_composite_ops")
+        if held is None or held[0] is not self.composites:
+            held = self.__dict__["_composite_ops"] = (self.composites,
+                                                      {egraph_op(c.name): c for c in self.composites})
+        return held[1]
 
     def composite_rules(self) -> list:
         """The rules that introduce this target's composite e-nodes (saturate.targets.composites)."""

@@ -342,12 +342,14 @@ def test_an_extraction_budget_cut_is_in_the_summary_and_the_report(tmp_path, mon
     monkeypatch.setattr(pipeline, "EXTRACT_MIN", 0.0)
     monkeypatch.setattr(pipeline, "EXTRACT_SHARE", 0.0)
     (tmp_path / "grow.rules").write_text(GROWING)
-    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    out, report, html = tmp_path / "out.onnx", tmp_path / "r.json", tmp_path / "r.html"
     assert main(["optimize", "example:vgg", "--no-std", "--rules", str(tmp_path / "grow.rules"), "-o", str(out),
-                 "--max-nodes", "20000", "--report", str(report)]) == 0
+                 "--max-nodes", "20000", "--report", str(report), "--html", str(html)]) == 0
     line = capsys.readouterr().out
     assert "node limit" in line and "; extraction budget (0 s) ran out in its " in line, line
     assert json.loads(report.read_text())["extract_cut"].endswith("kept the input graph")
+    summary = html.read_text().split('id="summary">')[1].split("</div>")[0]
+    assert "extraction budget (0 s) ran out in its " in summary and "no cheaper graph" not in summary
     _same_outputs(load_graph(str(out)), examples.build("vgg"))
 
 

@@ -93,7 +93,8 @@ def report_html(before: Graph, after: Graph, report: Any, title: str = "", engin
          f"<h1>saturate optimize: {escape(title)}</h1>",
          f'<div class="summary" id="summary">{n_b} &rarr; {n_a} nodes; {escape(stop)}; '
          f"cost {_num(data['cost_before'])} &rarr; {_num(data['cost_after'])}"
-         + (" (no cheaper graph: original kept)" if data["kept_original"] else "")
+         + (f" ({escape(data['extract_cut'])})" if data.get("extract_cut")
+            else " (no cheaper graph: original kept)" if data["kept_original"] else "")
          + f"; {total:.2f} s in all; {data['rules_loaded']} rules loaded; layout by {escape(d_before.engine)}</div>"]
     p.append('<h2>Op counts</h2><table id="ops"><tr><th>op</th><th>before</th><th>after</th><th>change</th></tr>')
     for op in sorted(set(ops_b) | set(ops_a), key=lambda o: (-max(ops_b.get(o, 0), ops_a.get(o, 0)), o)):

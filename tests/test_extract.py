@@ -101,6 +101,30 @@ def test_a_conv_feeding_two_batchnorms_stays_one_conv():
     assert_same(g, out, b.sample())
 
 
+def test_the_integer_program_runs_only_where_the_local_answer_costs_more_than_the_input(monkeypatch):
+    from saturate.engine import extract
+
+    calls = []
+    real = extract.solve
+    monkeypatch.setattr(extract, "solve", lambda *a: calls.append(1) or real(*a))
+    b = Builder(shape=(1, 4, 8, 8))
+    c = b.conv("x", 4, 4)
+    optimize(b.build(b.bn(c, 4), b.bn(c, 4)), RULES)
+    assert calls == [1], "both folds cost more than the shared conv: the program decides"
+    # An op that is its input (an Identity; DenseNet's Concat of one input) shares its input's
+    # e-class. The input graph is priced op by op as it was: walking it in the e-graph from the
+    # outputs could go from such an op to its own e-class and stop there, pricing DenseNet at a
+    # third of its cost, which started the program for nothing.
+    calls.clear()
+    b = Builder(shape=(1, 4, 8, 8))
+    v = "x"
+    for _ in range(8):
+        v = b.op("Identity", b.op("Relu", b.conv(v, 4, 4)))
+    out, report = optimize(b.build(v), RULES)
+    assert calls == [] and report.cost_after < report.cost_before
+    assert "Identity" not in ops(out)
+
+
 def test_the_integer_program_declines_what_is_too_large():
     from saturate.engine import extract_ilp
     b, g = _shared_conv()

@@ -278,7 +278,7 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
     # more than the input graph did (a conv feeding two batch norms, folded into both). Where the
     # local search only had to move, the program never found better on the 46 corpus models and
     # cost up to 1.2 s each.
-    needed = total > _original_cost(facts, best, prices.of, roots)
+    needed = total > _original_cost(facts, prices.of)
     seconds = left(budget / 2)
     exact = solve(classes, best, prices.of, bans, roots, facts.view.consts, ckey, seconds) \
         if needed and seconds > 0 else None
@@ -289,29 +289,23 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
     return Extraction(choice, total, start, moves, cut, prices.count, nodes)
 
 
-def _original_cost(facts: Facts, best: dict, prices: dict, roots: list) -> int | float:
-    """DAG cost of the input graph's own e-nodes (cheapest e-nodes where it had none)."""
+def _original_cost(facts: Facts, prices: dict) -> int | float:
+    """Cost of the input graph as it was, priced as the e-graph prices it: each of its ops once
+    (its op e-nodes and its opaque ones). Infinite when one of them is not priced (past the
+    pricing deadline), so that the exact program is not started on a guess."""
     classes = facts.view.classes
-    original: dict[Any, int] = {}
+    total: int | float = 0
     for c, n in facts.original_nodes():
-        for k, m in enumerate(classes.get(c, ())):
-            if m == n and _usable(prices[c][k]):
-                original[c] = k
-    seen: set = set()
-    total, stack = 0, list(roots)
-    while stack:
-        c = stack.pop()
-        if c in seen:
-            continue
-        seen.add(c)
-        k = original.get(c)
-        if k is None:
-            k = best[c][1]
-        node = classes[c][k]
-        if any(ch not in best for ch in node.children):
+        k = next((k for k, m in enumerate(classes.get(c, ())) if m == n), None)
+        if k is None or not _usable(prices[c][k]):
             return math.inf
         total += prices[c][k]
-        stack.extend(node.children)
+    for c, nodes in classes.items():
+        for k, n in enumerate(nodes):
+            if n.kind == "opaque":
+                if not _usable(prices[c][k]):
+                    return math.inf
+                total += prices[c][k]
     return total
 
 

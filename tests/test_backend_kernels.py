@@ -202,3 +202,23 @@ def test_packed_convs_in_every_layout(xshape, wshape, attrs, layout, monkeypatch
     nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node("Relu", ["c"], ["y"])]
     g = make(nodes, {"x": xshape}, consts)
     check_three_way(g, threads=1 if layout else 2)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k,n,trans_a,trans_b", [(37, 768, 192, 0, 0), (17, 19, 45, 1, 0), (50, 300, 33, 0, 1),
+                                                   (23, 257, 200, 1, 1)])
+def test_gemm_on_packed_constant_weights(m, k, n, trans_a, trans_b, threads):
+    """More rows than the dot products take: B packed in 16-column panels (pgemm.h without AVX-512); rows
+    and columns off the panels, reductions over one block boundary, alpha and every transpose."""
+    consts = {"w": arr(17, (n, k) if trans_b else (k, n)) * np.float32(0.1), "b": arr(18, (n,))}
+    nodes = [Node("Gemm", ["x", "w", "b"], ["g"], {"transA": trans_a, "transB": trans_b, "alpha": 0.5}),
+             Node("Relu", ["g"], ["y"])]
+    check_three_way(make(nodes, {"x": (k, m) if trans_a else (m, k)}, consts), threads=threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matmul_of_tokens_by_a_constant_matrix(threads):
+    """A transformer's projection: a batch of tokens (2 x 37) times one constant matrix, bias fused."""
+    consts = {"w": arr(19, (96, 70)) * np.float32(0.1), "b": arr(20, (70,))}
+    nodes = [Node("MatMul", ["x", "w"], ["p"]), Node("Add", ["p", "b"], ["y"])]
+    check_three_way(make(nodes, {"x": (2, 37, 96)}, consts), threads=threads)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from saturate.backend.build import avx512_build
-from saturate.backend.plan import PN, PR, TILE_BYTES, Plan, Step, conv_layout, plan, runs_direct, runs_packed, tile_rows
+from saturate.backend import plan as plan_module
+from saturate.backend.plan import DOT_MAXP, PN, PR, TILE_BYTES, Plan, Step, conv_layout, plan, runs_direct, runs_packed, tile_rows
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides, vec_expr
 from saturate.backend.shapes import (ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, gather_view, infer_shapes,
                                      pad_params, pool_window, reduce_axes, resize_tables, slice_params, unsupported)
@@ -381,9 +382,22 @@ class Emitter:
         if len(node.inputs) > 2 and node.inputs[2] and beta != 0.0:
             extra.append(((node.inputs[2], None, sh[node.inputs[2]]), "v + " + c_float(beta) + " * {}"))
         epi = self.epilogue(step, chain, oshape, 1, extra)
+        if self.packs_b(node.inputs[1], oshape[0]):
+            w = np.asarray(self.g.constants[node.inputs[1]], np.float32)
+            bp = self.weight(("pgemm_b", node.inputs[1], tb), pack_weights(w if tb else w.T, 1, PN, kc=k))
+            self.body.append(
+                f"    sat_gemm_packed({ta}, {oshape[0]}, {oshape[1]}, {k}, {c_float(node.attr('alpha', 1.0))}, "
+                f"{self.ptr(node.inputs[0])}, {a[1]}, {bp}, {out}, 0, {epi});\n")
+            return
         self.body.append(
             f"    sat_gemm({ta}, {tb}, {oshape[0]}, {oshape[1]}, {k}, {c_float(node.attr('alpha', 1.0))}, "
             f"{self.ptr(node.inputs[0])}, {a[1]}, {self.ptr(node.inputs[1])}, {b[1]}, {out}, 0, {epi});\n")
+
+    def packs_b(self, b: str, rows: int) -> bool:
+        """Whether a product runs on pgemm.h's tile with its constant B packed here (builds without the
+        AVX-512 kernels): more rows than the dot-product kernel takes (sat_dot, at most DOT_MAXP)."""
+        return (not PACKED_GEMM and plan_module.PGEMM and b in self.g.constants and self.g.constants[b].ndim == 2
+                and rows > DOT_MAXP and self.g.constants[b].dtype == np.float32)
 
     def emit_MatMul(self, step, chain, out, oshape):
         node, sh = step.anchor, self.shapes
@@ -395,6 +409,11 @@ class Emitter:
         ap, bp = self.ptr(node.inputs[0]), self.ptr(node.inputs[1])
         if len(b2) == 2:  # one weight matrix: fold the batch of A into its rows
             rows = math.prod(a2[:-1])
+            if len(b) == 2 and self.packs_b(node.inputs[1], rows):
+                w = np.asarray(self.g.constants[node.inputs[1]], np.float32)
+                bp = self.weight(("pgemm_b", node.inputs[1], 0), pack_weights(w.T, 1, PN, kc=k))
+                self.body.append(f"    sat_gemm_packed(0, {rows}, {n}, {k}, 1.0f, {ap}, {k}, {bp}, {out}, 0, {epi});\n")
+                return
             self.body.append(f"    sat_gemm(0, 0, {rows}, {n}, {k}, 1.0f, {ap}, {k}, {bp}, {n}, {out}, 0, {epi});\n")
             return
         batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))

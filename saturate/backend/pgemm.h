@@ -351,4 +351,64 @@ static void sat_conv_xdirect(const float *x, const float *wp, int64_t wp_group, 
     sat_parallel(units * split, sat_xconv_unit, &a);
 }
 
+/* ---- products on constant weights -----------------------------------------------------------------
+ * Gemm and MatMul whose B is a constant (a transformer's projections: 37 tokens x 768 times 768 x 192):
+ * B is packed by the emitter in SAT_PN-column panels (k-major, element (k, n) of panel p at
+ * [p*K*SAT_PN + k*SAT_PN + n - p*SAT_PN]), where a general sgemm packs all of it again on every call;
+ * A, small, is packed per call in SAT_PR-row panels with alpha folded in. Threads split B's panels. */
+typedef struct {
+    const float *ap, *bp;
+    float *Y;
+    int M, N, K, per;
+} sat_pmm_args;
+
+static void sat_pmm_item(void *ctx, int64_t item, int tid) {
+    const sat_pmm_args *a = ctx;
+    const int N = a->N, K = a->K, M = a->M, j0 = (int)item * a->per, j1 = j0 + a->per < N ? j0 + a->per : N;
+    (void)tid;
+    for (int j = j0; j < j1; j += SAT_PN) {
+        const int nr = N - j < SAT_PN ? N - j : SAT_PN;
+        for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
+            const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
+            const float *bj = a->bp + (int64_t)j * K + (int64_t)k0 * SAT_PN;
+            for (int i = 0; i < M; i += SAT_PR)
+                sat_ukr(kc, a->ap + (int64_t)i * K + (int64_t)k0 * SAT_PR, bj, a->Y + (int64_t)i * N + j, N,
+                        M - i < SAT_PR ? M - i : SAT_PR, nr, k0 > 0);
+        }
+    }
+}
+
+static float *sat_pmm_buf[SAT_MAX_THREADS];
+static size_t sat_pmm_cap[SAT_MAX_THREADS];
+
+/* Y[yoff ..] (M x N) = alpha * op(A) B, B packed by the emitter (above), then the epilogue row by row. */
+static void sat_gemm_packed(int ta, int M, int N, int K, float alpha, const float *A, int lda, const float *bp,
+                            float *Y, int64_t yoff, sat_epi epi) {
+    if (M <= 0 || N <= 0) return;
+    const int panels = (M + SAT_PR - 1) / SAT_PR;
+    float *ap = sat_thread_buf(&sat_pmm_buf[sat_pool_tid], &sat_pmm_cap[sat_pool_tid], (size_t)panels * SAT_PR * K);
+    if (!ap) abort();
+    for (int p = 0; p < panels; p++)
+        for (int r = 0; r < SAT_PR; r++) {
+            const int i = p * SAT_PR + r;
+            float *d = ap + (int64_t)p * K * SAT_PR + r;
+            if (i >= M)
+                for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = 0.0f;
+            else if (ta)
+                for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = alpha * A[(int64_t)k * lda + i];
+            else
+                for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = alpha * A[(int64_t)i * lda + k];
+        }
+    /* whole panels per item, about two items per thread */
+    int per = N;
+    if (sat_threads > 1 && !sat_in_parallel) {
+        per = (N + 2 * sat_threads - 1) / (2 * sat_threads);
+        per = (per + SAT_PN - 1) / SAT_PN * SAT_PN;
+    }
+    sat_pmm_args a = {ap, bp, Y + yoff, M, N, K, per};
+    sat_parallel((N + per - 1) / per, sat_pmm_item, &a);
+    if (epi)
+        for (int m = 0; m < M; m++) epi(Y, yoff + (int64_t)m * N, N);
+}
+
 #endif

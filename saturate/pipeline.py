@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from saturate.engine.cost import graph_cost, resolve_target
 from saturate.engine.egraph import egglog_bindings
-from saturate.engine.encode import chunks, encode_graph
+from saturate.engine.encode import encode_graph, load
 from saturate.engine.compile_rules import applicable_rules, compile_rules, rule_ops
 from saturate.core.errors import SaturateError
 from saturate.engine.extract import Prices, extract
@@ -139,8 +139,7 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     enc = encode_graph(graph, keep, rule_ops(live))
     compiled = compile_rules(live, enc)
     eg = egglog_bindings().EGraph()
-    for piece in chunks(enc.commands + [line for cr in compiled for line in cr.text]):
-        eg.run_program(*eg.parse_program(piece))
+    load(eg, enc, [line for cr in compiled for line in cr.text])
     report.times["encode"] = time.perf_counter() - t
 
     t = time.perf_counter()

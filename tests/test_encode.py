@@ -8,7 +8,7 @@ from egglog import bindings
 from engine_util import Builder
 
 from saturate.engine.egraph import read_egraph
-from saturate.engine.encode import chunks, encode_graph
+from saturate.engine.encode import encode_graph, load
 from saturate.engine.compile_rules import compile_rules, rule_ops
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Node, ValueInfo
@@ -24,8 +24,7 @@ def _rule(name, lhs, rhs, guards=(), bidirectional=False):
 
 def _load(enc, compiled=()):
     eg = bindings.EGraph()
-    for piece in chunks(enc.commands + [t for cr in compiled for t in cr.text]):
-        eg.run_program(*eg.parse_program(piece))
+    load(eg, enc, [t for cr in compiled for t in cr.text])
     return eg
 
 

@@ -43,7 +43,7 @@ def test_local_search_undoes_the_duplicated_conv_tree_cost_picks():
 def test_dag_cost_is_never_above_the_tree_greedy_answer():
     from egglog import bindings
 
-    from saturate.engine.encode import chunks, encode_graph
+    from saturate.engine.encode import encode_graph, load
     from saturate.engine.compile_rules import compile_rules
     from saturate.engine.saturation import saturate
 
@@ -51,8 +51,7 @@ def test_dag_cost_is_never_above_the_tree_greedy_answer():
     enc = encode_graph(g)
     compiled = compile_rules(RULES, enc)
     eg = bindings.EGraph()
-    for piece in chunks(enc.commands + [t for cr in compiled for t in cr.text]):
-        eg.run_program(*eg.parse_program(piece))
+    load(eg, enc, [t for cr in compiled for t in cr.text])
     _, facts = saturate(eg, enc, compiled, 30, 100_000, 30.0)
     roots = [facts.view.lets[enc.value_names[o]] for o in g.outputs]
     ext = extract(facts, roots, DefaultCost().node_cost)

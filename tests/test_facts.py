@@ -11,7 +11,7 @@ from saturate.core.ir import Node, ValueInfo
 from saturate.engine import saturation
 from saturate.engine.compile_rules import compile_rules, rule_ops
 from saturate.engine.egraph import read_egraph
-from saturate.engine.encode import chunks, encode_graph
+from saturate.engine.encode import encode_graph, load
 from saturate.engine.facts import Facts
 from saturate.lang.parser import load_rules
 from saturate.pipeline import optimize
@@ -24,8 +24,8 @@ def _facts(graph):
     """Facts of the graph as encoded, before any rule ran."""
     enc = encode_graph(graph, rule_ops=rule_ops(list(RULES.values())))
     eg = bindings.EGraph()
-    for piece in chunks(enc.commands + ["(run-schedule (saturate (run facts)))"]):
-        eg.run_program(*eg.parse_program(piece))
+    load(eg, enc)
+    eg.run_program(*eg.parse_program("(run-schedule (saturate (run facts)))"))
     view = read_egraph(eg)
     return Facts(view, enc), {v: view.lets[ref] for v, ref in enc.value_names.items()}
 

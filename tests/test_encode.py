@@ -120,3 +120,22 @@ def test_bad_rules_are_clean_errors_with_their_location(rule, message):
 def test_rule_ops_names_both_sides():
     r = _rule("x", OpTerm("Foo", (X,)), OpTerm("Bar", (OpTerm("Relu", (X,)),)))
     assert rule_ops([r]) == {"Foo", "Bar", "Relu"}
+
+
+@pytest.mark.parametrize("name", ["w", " w", "w ", "a\tb", "line\nbreak", "12", '"quoted"', "unicodé/x:0"])
+def test_any_value_name_survives_encoding(name):
+    from saturate.pipeline import optimize
+
+    b = Builder(shape=(1, 4, 6, 6))
+    out = b.op("Relu", b.op("Add", "x", b.rand(1, 4, 1, 1)))
+    g = b.build(out)
+    (old,) = list(g.constants)
+    g.constants[name] = g.constants.pop(old)
+    g.values[name] = g.values.pop(old) if old in g.values else g.info(name)
+    g.nodes[0].inputs[1] = name
+    enc = encode_graph(g)
+    view = read_egraph(_load(enc))
+    cls = view.lets[enc.value_names[name]]
+    assert any(n.kind == "const" and n.key == name for n in view.classes[cls])
+    result, _ = optimize(g)
+    assert name in result.constants and np.array_equal(result.constants[name], g.constants[name])

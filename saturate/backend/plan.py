@@ -156,9 +156,11 @@ def conv_layout(x, w, win, group: int) -> int:
         # the transposed product passes its whole packed tile (p x 256 of a reduction block) once per
         # channel panel: past 64 KB it comes from L2 every time (a 7x7 stem's tile ran 20% slower)
         scores[1] = 0.0
-    if win.sh == win.sw == 1 and mg * k * 4 <= 256 * 1024:
+    wp = win.ow + (win.kw - 1) * win.dw
+    hp = win.oh + (win.kh - 1) * win.dh
+    # (sat_conv_xdirect's tap offsets into a group's padded input are 32-bit)
+    if win.sh == win.sw == 1 and mg * k * 4 <= 256 * 1024 and (x[1] // group) * hp * wp < 2**31 - 2**20:
         # a row tile of sat_conv_xdirect: its useful pixels over the whole panels its virtual run takes
-        wp = win.ow + (win.kw - 1) * win.dw
         rows = max(1, min(win.oh, -(-256 // wp)))
         run = (rows - 1) * wp + win.ow
         scores.append(rows * win.ow / (-(-run // PN) * PN) * mg / (-(-mg // PR) * PR))

@@ -3,7 +3,8 @@
 Run: python bench/backend_speed.py [--runs 15] [--models resnet18-ts,...] [--threads 1,all] [--json out.json]
 
 Each model is optimized (saturate.optimize), then compiled C and ONNX Runtime (every graph optimization, the
-same intra-op thread count) run on the same input, interleaved run by run in one process; the table gives
+same intra-op thread count, its threads not spinning between runs: see saturate.backend.bench.ort_session)
+run on the same input, interleaved run by run in one process; the table gives
 their medians and C/ORT. The load average is printed with each row: the machine may be shared, and
 multi-thread figures only mean something when the load is below the spare cores. "% peak" is of the
 micro-kernel's measured peak (saturate.backend.bench.peak_gflops) times the threads.

@@ -56,26 +56,9 @@ def egg_str(s: str) -> str:
     return json.dumps(s)
 
 
-def canonical_attrs(attrs: dict[str, Any]) -> str:
-    """A stable text key for an attribute dict, so equal dicts share one attribute-set id."""
-    def norm(v: Any) -> Any:
-        if isinstance(v, np.ndarray):
-            return ["ndarray", str(v.dtype), list(v.shape), v.tobytes().hex()]
-        if isinstance(v, (list, tuple)):
-            return [norm(x) for x in v]
-        if isinstance(v, bytes):
-            return ["bytes", v.hex()]
-        if isinstance(v, (np.integer, np.floating)):
-            return v.item()
-        if isinstance(v, (int, float, str)) or v is None:
-            return v
-        return ["repr", repr(v)]
-    return json.dumps({k: norm(v) for k, v in sorted(attrs.items())}, sort_keys=True)
-
-
 def _lit_key(v: Any) -> Any:
-    """A hashable key equal for equal literals: canonical_attrs's distinctions (an int is not a
-    float, a list keeps its order, an array its dtype and shape) without printing anything."""
+    """A hashable key equal for equal literals: an int is not a float nor a bool, a list or tuple
+    keeps its order, an array its dtype and shape; nothing is printed to make it."""
     if isinstance(v, np.ndarray):
         return ("ndarray", v.dtype.str, v.shape, v.tobytes())
     if isinstance(v, (list, tuple)):
@@ -89,13 +72,18 @@ def _lit_key(v: Any) -> Any:
     return ("repr", repr(v))
 
 
+def _attrs_key(attrs: dict[str, Any]) -> tuple:
+    """A hashable key equal for equal attribute dicts, as `_lit_key` compares their values."""
+    return tuple(sorted((k, _lit_key(v)) for k, v in attrs.items()))
+
+
 @dataclass
 class Encoding:
     """Everything later stages need to read the e-graph back: tables Python keeps beside egglog."""
 
     graph: Graph
     attr_sets: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    attr_ids: dict[tuple[str, str], int] = field(default_factory=dict)
+    attr_ids: dict[tuple[str, tuple], int] = field(default_factory=dict)
     lits: list[Any] = field(default_factory=list)
     lit_ids: dict[tuple, int] = field(default_factory=dict)
     opaque_nodes: list[Node] = field(default_factory=list)
@@ -113,12 +101,16 @@ class Encoding:
 
     def attr_id(self, op: str, attrs: dict[str, Any]) -> int:
         """Id of an attribute set of `op`, registering it on first sight."""
-        key = (op, canonical_attrs(attrs))
+        key = (op, _attrs_key(attrs))
         got = self.attr_ids.get(key)
         if got is None:
             got = self.attr_ids[key] = len(self.attr_sets)
             self.attr_sets.append((op, dict(attrs)))
         return got
+
+    def known_attr_id(self, op: str, attrs: dict[str, Any]) -> int | None:
+        """Id of an attribute set of `op` registered before, or None."""
+        return self.attr_ids.get((op, _attrs_key(attrs)))
 
     def lit_id(self, value: Any) -> int:
         """Id of a literal (number, string, int list) a rule or an attribute puts in the graph."""

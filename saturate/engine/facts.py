@@ -11,7 +11,6 @@ import numpy as np
 from saturate.lang.builtins import CONST_FUNCS, broadcast_shape
 from saturate.engine.egraph import EGraphView, ENode
 from saturate.engine.encode import Encoding
-from saturate.engine.encode import canonical_attrs as _canon
 from saturate.core.ir import ValueInfo
 from saturate.core.geometry import conv_output_shape
 from saturate.core.ops import ELEMENTWISE
@@ -329,7 +328,7 @@ def _encoded_ops(enc: Encoding) -> list[tuple[Any, int]]:
         for node in enc.graph.nodes:
             if not node.outputs[0] or node.outputs[0] not in enc.value_names or node.op not in ops:
                 continue
-            key = enc.attr_ids.get((node.op, _canon(node.attrs)))
+            key = enc.known_attr_id(node.op, node.attrs)
             if key is not None:
                 got.append((node, key))
         enc._encoded_ops = got

@@ -16,6 +16,17 @@ Dim = int | str | None
 Shape = tuple[Dim, ...]
 
 
+def dtype_name(dtype) -> str:
+    """numpy's name of a dtype (`float32`), remembered per dtype: numpy builds it on every ask."""
+    got = _DTYPE_NAMES.get(dtype)
+    if got is None:
+        got = _DTYPE_NAMES[dtype] = dtype.name
+    return got
+
+
+_DTYPE_NAMES: dict = {}
+
+
 @dataclass
 class ValueInfo:
     """Static type of one value: dtype name (numpy spelling) and shape (None when unknown)."""
@@ -99,7 +110,7 @@ class Graph:
             return self.values[value]
         if value in self.constants:
             c = self.constants[value]
-            return ValueInfo(c.dtype.name, tuple(c.shape))
+            return ValueInfo(dtype_name(c.dtype), tuple(c.shape))
         return ValueInfo(shape=None)
 
     def is_constant(self, value: str) -> bool:

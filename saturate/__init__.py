@@ -12,11 +12,11 @@ def optimize(graph: Graph, **options):
     return run_pipeline(graph, **options)
 
 
-def compile(graph: Graph, **options):
+def compile_graph(graph: Graph, **options):
     """Compile a graph to C (saturate.backend); returns a callable on numpy arrays."""
     from saturate.backend import compile_graph
 
     return compile_graph(graph, **options)
 
 
-__all__ = ["compile", "optimize", "Graph", "Node", "ValueInfo", "SaturateError", "SourceError"]
+__all__ = ["compile_graph", "optimize", "Graph", "Node", "ValueInfo", "SaturateError", "SourceError"]

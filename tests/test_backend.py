@@ -34,7 +34,7 @@ def test_large_examples_match_reference_and_ort(name):
 
 def test_folded_graph_matches_original():
     from saturate.frontend import load_graph
-    from saturate import compile, optimize
+    from saturate import compile_graph, optimize
     from saturate.interp.interpreter import run_graph
 
     g = load_graph("example:mobilenet")
@@ -42,7 +42,7 @@ def test_folded_graph_matches_original():
     assert folded.op_counts()["BatchNormalization"] < g.op_counts()["BatchNormalization"]
     feed = feed_for(g)
     ref = run_graph(g, feed)
-    got = compile(folded)(feed)
+    got = compile_graph(folded)(feed)
     for k in g.outputs:
         assert rel_error(got[k], ref[k]) <= 1e-4
 
@@ -185,10 +185,10 @@ def test_memory_plan_reuses_buffers_without_overlap():
 
 
 def test_bad_inputs_raise_clear_errors():
-    from saturate import compile
+    from saturate import compile_graph
 
     g = make([Node("Relu", ["x"], ["y"])], {"x": (2, 3)})
-    model = compile(g)
+    model = compile_graph(g)
     with pytest.raises(SaturateError, match="shape"):
         model(np.zeros((3, 2), np.float32))
     with pytest.raises(SaturateError, match="float64"):
@@ -199,15 +199,15 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_unknown_op_fails_at_compile_time_naming_node_and_op():
-    from saturate import compile
+    from saturate import compile_graph
 
     # A custom-domain op has neither a kernel nor an interpreter implementation.
     g = make([Node("Relu", ["x"], ["r"]), Node("Frob", ["r"], ["y"], name="hs1", domain="com.example")], {"x": (2, 3)})
     with pytest.raises(SaturateError, match=r"node 'hs1' \(Frob\).*'Frob'"):
-        compile(g)
+        compile_graph(g)
     g = make([Node("Relu", ["x"], ["y"])], {"x": ("N", 3)})
     with pytest.raises(SaturateError, match="static"):
-        compile(g)
+        compile_graph(g)
 
 
 def test_cli_compile_run_and_bench(tmp_path, capsys):

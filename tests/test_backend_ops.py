@@ -43,11 +43,11 @@ def slices(draw):
 
 def check_against_ort(graph) -> None:
     """Compile and compare with ONNX Runtime alone (where the reference interpreter departs from the spec)."""
-    from saturate import compile
+    from saturate import compile_graph
     from saturate.backend.bench import ort_session
 
     feed = feed_for(graph)
-    got = compile(graph)(feed)
+    got = compile_graph(graph)(feed)
     sess = ort_session(graph, 1)
     for o, ref in zip([o.name for o in sess.get_outputs()], sess.run(None, feed)):
         assert got[o].shape == ref.shape, (o, got[o].shape, ref.shape)
@@ -190,13 +190,13 @@ def test_softmax_rows_of_wide_range(length):
 
 def test_softmax_before_opset_13_flattens_from_axis():
     # Before opset 13 Softmax normalizes over all axes from `axis` on (checked against ONNX Runtime).
-    from saturate import compile
+    from saturate import compile_graph
     from saturate.backend.bench import ort_session
 
     g = make([Node("Softmax", ["x"], ["y"], {"axis": 1})], {"x": (2, 3, 4, 5)}, opset=11)
     x = arr(12, (2, 3, 4, 5))
     ref = ort_session(g, 1).run(None, {"x": x})[0]
-    got = compile(g)(x)["y"]
+    got = compile_graph(g)(x)["y"]
     assert rel_error(got, ref.astype(np.float64)) <= 1e-4
     assert abs(float(got.reshape(2, -1).sum(axis=1)[0]) - 1.0) < 1e-4
 
@@ -220,9 +220,9 @@ def test_reductions_axes_attribute_and_input(op, opset, axes, keep):
 def test_pointwise_ops_fuse_into_conv(op, attrs):
     nodes = [Node("Conv", ["x", "w", "b"], ["c"], {"pads": [1, 1, 1, 1]}), Node(op, ["c"], ["y"], attrs)]
     g = make(nodes, {"x": (1, 8, 6, 6)}, {"w": arr(3, (16, 8, 3, 3)), "b": arr(4, (16,))}, opset=20)
-    from saturate import compile
+    from saturate import compile_graph
 
-    assert [len(s.chain) for s in compile(g).emitted.plan.steps] == [1]
+    assert [len(s.chain) for s in compile_graph(g).emitted.plan.steps] == [1]
     check_three_way(g)
 
 
@@ -234,9 +234,9 @@ def test_binary_broadcasts_pow_max_min_and_swish_fusion():
     consts = {"w": arr(5, (4, 3, 3, 3)), "two": np.float32(2.0), "half": np.float32(0.5),
               "row": np.abs(arr(6, (1, 1, 1, 7))) + 1.5, "col": np.abs(arr(7, (4, 1, 1))) + 2.0}
     g = make(nodes, {"x": (2, 3, 5, 7)}, consts)
-    from saturate import compile
+    from saturate import compile_graph
 
-    steps = compile(g).emitted.plan.steps
+    steps = compile_graph(g).emitted.plan.steps
     assert [(s.anchor.op, [n.op for n in s.chain]) for s in steps] == [
         ("Conv", ["Swish", "Pow", "Max", "Min", "Log", "Pow"])]
     check_three_way(g)
@@ -254,9 +254,9 @@ def test_dynamo_shape_arithmetic_folds_at_compile_time():
              Node("CastLike", ["lo", "x"], ["lo_c"]), Node("Clip", ["cl", "lo_c"], ["y"])]
     g = make(nodes, {"x": (2, 3, 4)}, {"zero": ints(0)[0], "zero1": ints(0), "like": np.zeros(1, np.float32),
                                        "lo": np.array(-0.25, np.float64)}, opset=18)
-    from saturate import compile
+    from saturate import compile_graph
 
-    model = compile(g)
+    model = compile_graph(g)
     assert model.fallback_ops == []
     assert [s.anchor.op for s in model.emitted.plan.steps] == ["Clip"]  # the rest are views of x
     check_three_way(g)
@@ -277,10 +277,10 @@ def fallback_graph():
 
 
 def test_fallback_runs_interpreter_between_c_segments(tmp_path):
-    from saturate import compile
+    from saturate import compile_graph
 
     g = fallback_graph()
-    model = compile(g, out_dir=tmp_path / "m")
+    model = compile_graph(g, out_dir=tmp_path / "m")
     assert model.fallback_ops == [("CumSum", 1, ["cum"]), ("TopK", 1, ["top"])]
     assert [p.kind for p in model.partition.pieces] == ["c", "interpreter", "c", "interpreter", "c"]
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
@@ -292,7 +292,7 @@ def test_fallback_runs_interpreter_between_c_segments(tmp_path):
 
 
 def test_fallback_for_data_dependent_shapes_and_integer_inputs():
-    from saturate import compile
+    from saturate import compile_graph
     from saturate.interp import run_graph
 
     # NonZero's output size depends on the data: everything after it stays in the interpreter.
@@ -303,7 +303,7 @@ def test_fallback_for_data_dependent_shapes_and_integer_inputs():
     g = make(nodes, {"x": (3, 4), "x2": (2, 5, 8)}, {"emb": arr(9, (10, 8))}, outputs=["y", "z"])
     g.inputs.append("ids")
     g.values["ids"] = ValueInfo("int64", (2, 5))
-    model = compile(g)
+    model = compile_graph(g)
     assert {op for op, _, _ in model.fallback_ops} == {"NonZero", "Cast", "Neg", "Gather"}
     rng = np.random.default_rng(0)
     feed = {"x": arr(10, (3, 4)), "x2": arr(11, (2, 5, 8)), "ids": rng.integers(0, 10, (2, 5))}
@@ -338,10 +338,10 @@ def test_cli_compile_names_fallback_ops(tmp_path, capsys):
 @pytest.mark.parametrize("indices,axis", [(np.array(0, np.int64), 1), (ints(-1), 0), (ints(0, 2, 4), 2),
                                           (ints(3, 1), 1)])
 def test_gather_with_evenly_spaced_constant_indices_is_a_view_copy(indices, axis):
-    from saturate import compile
+    from saturate import compile_graph
 
     g = make([Node("Gather", ["x", "i"], ["y"], {"axis": axis})], {"x": (2, 4, 5)}, {"i": indices})
-    assert compile(g).fallback_ops == []
+    assert compile_graph(g).fallback_ops == []
     check_three_way(g)
 
 
@@ -354,9 +354,9 @@ def test_exported_gelu_decomposition_becomes_one_matmul_epilogue(half_first):
              Node("Add", ["e", "one"], ["a"]), *tail]
     consts = {"w": arr(13, (16, 24)), "r2": np.float32(2 ** 0.5), "one": np.float32(1.0), "h": np.float32(0.5)}
     g = make(nodes, {"t": (2, 5, 16)}, consts)
-    from saturate import compile
+    from saturate import compile_graph
 
-    steps = compile(g).emitted.plan.steps
+    steps = compile_graph(g).emitted.plan.steps
     assert [(s.anchor.op, [n.op for n in s.chain]) for s in steps] == [("MatMul", ["Gelu"])]
     check_three_way(g)
 
@@ -372,14 +372,14 @@ def test_exp_based_epilogues_over_a_wide_range(op):
 @pytest.mark.parametrize("name", ["mobilenet_v3_small-dynamo", "shufflenet_v2_x1_0-ts", "deit_tiny-dynamo"])
 def test_corpus_models_compile_entirely_to_c(name):
     # HardSwish/HardSigmoid; channel-shuffle Split and Transpose; LayerNorm, attention and Gelu.
-    from saturate import compile
+    from saturate import compile_graph
     from saturate.backend.bench import ort_session
     from saturate.frontend import corpus
     from saturate.frontend.onnx_io import import_model
 
     model = corpus.load_model(name)
     feed = corpus.inputs(name)
-    compiled = compile(import_model(model))
+    compiled = compile_graph(import_model(model))
     assert compiled.fallback_ops == [] and len(compiled.segments) == 1
     got = compiled(feed)
     sess = ort_session(None, 1, model.SerializeToString())

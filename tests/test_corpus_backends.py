@@ -42,5 +42,5 @@ def test_interpreter_runs_the_optimized_model_like_ort(name):
 def test_compiled_c_runs_the_optimized_model_like_ort(name, tmp_path):
     feeds, want, optimized = _case(name)
     shapes = {k: v.shape for k, v in feeds.items()}
-    compiled = saturate.compile(optimized, input_shapes=shapes, out_dir=tmp_path / "build")
+    compiled = saturate.compile_graph(optimized, input_shapes=shapes, out_dir=tmp_path / "build")
     _assert_close(compiled(**feeds), want)

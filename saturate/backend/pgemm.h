@@ -26,6 +26,24 @@
  * about 20% slower than the dot products. */
 #define SAT_PK_AHEAD 16
 
+/* One reduction step of the 6x16 tile: row r of the accumulators c<r>0, c<r>1 gains a[r] times
+ * the 16 floats b0, b1. Both micro-kernels below run it; they differ only in where b comes from. */
+#define SAT_PANEL_STEP(a, b0, b1)                                                                  \
+    do {                                                                                           \
+        float s_ = (a)[0];                                                                         \
+        c00 += s_ * (b0), c01 += s_ * (b1);                                                        \
+        s_ = (a)[1];                                                                               \
+        c10 += s_ * (b0), c11 += s_ * (b1);                                                        \
+        s_ = (a)[2];                                                                               \
+        c20 += s_ * (b0), c21 += s_ * (b1);                                                        \
+        s_ = (a)[3];                                                                               \
+        c30 += s_ * (b0), c31 += s_ * (b1);                                                        \
+        s_ = (a)[4];                                                                               \
+        c40 += s_ * (b0), c41 += s_ * (b1);                                                        \
+        s_ = (a)[5];                                                                               \
+        c50 += s_ * (b0), c51 += s_ * (b1);                                                        \
+    } while (0)
+
 /* y = (acc ? y : 0) + a (kc x SAT_PR panel) * b (kc x SAT_PN panel), its first mr rows and nr columns,
  * row-major at pitch ldy. The accumulators stay in registers through the reduction. */
 static inline void sat_ukr(int kc, const float *restrict a, const float *restrict b, float *restrict y, int64_t ldy,
@@ -35,18 +53,7 @@ static inline void sat_ukr(int kc, const float *restrict a, const float *restric
     for (int k = 0; k < kc; k++) {
         const sat_vf b0 = sat_vload(b), b1 = sat_vload(b + SAT_VL);
         __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN);
-        float s = a[0];
-        c00 += s * b0, c01 += s * b1;
-        s = a[1];
-        c10 += s * b0, c11 += s * b1;
-        s = a[2];
-        c20 += s * b0, c21 += s * b1;
-        s = a[3];
-        c30 += s * b0, c31 += s * b1;
-        s = a[4];
-        c40 += s * b0, c41 += s * b1;
-        s = a[5];
-        c50 += s * b0, c51 += s * b1;
+        SAT_PANEL_STEP(a, b0, b1);
         a += SAT_PR;
         b += SAT_PN;
     }
@@ -225,18 +232,7 @@ static inline void sat_ukr_x(int kc, const float *restrict a, const float *restr
     for (int k = 0; k < kc; k++) {
         const float *b = xb + koff[k];
         const sat_vf b0 = sat_vload(b), b1 = sat_vload(b + SAT_VL);
-        float s = a[0];
-        c00 += s * b0, c01 += s * b1;
-        s = a[1];
-        c10 += s * b0, c11 += s * b1;
-        s = a[2];
-        c20 += s * b0, c21 += s * b1;
-        s = a[3];
-        c30 += s * b0, c31 += s * b1;
-        s = a[4];
-        c40 += s * b0, c41 += s * b1;
-        s = a[5];
-        c50 += s * b0, c51 += s * b1;
+        SAT_PANEL_STEP(a, b0, b1);
         a += SAT_PR;
     }
 #define SAT_UKX_ROW(r)                                                                               \

@@ -42,9 +42,10 @@ from saturate.lang.ast import Call, IntList, Num, OpTerm, Str, Var
 FACTS, APPLY, SIZE = "(run facts 1)", "(run apply 1)", "(print-size)"
 MAX_GROWTH = 64.0       # a rule's matches are forecast to grow at most this much in one step
 # Forecast seconds count this much more: a step's matches and the machine's load both vary (a
-# shared machine's load can halve a process's speed between two steps), and stopping a little
-# early costs less than overrunning the limit.
-TIME_MARGIN = 2.0
+# shared machine's load can halve a process's speed between two steps; with a margin of two, the
+# GROWING rules overran --timeout 4 by 20% while another test ran beside them), and stopping a
+# little early costs less than overrunning the limit.
+TIME_MARGIN = 3.0
 # The step of every rule at once, uncapped, must fit this many times its forecast e-nodes; closer
 # to the limit every rule runs alone, and capped.
 NODE_MARGIN = 2.0
@@ -98,21 +99,27 @@ class _Group:
     nodes_per_match: float | None = None     # likewise (a rewrite's; a match rule adds none itself)
     bound: int | None = None            # e-nodes one match adds at most (None: a guarded rule)
     found: int = 0                      # matches found so far, what a capped step finds again
+    searched_at: int = 0                # e-nodes of the e-graph its last step searched
 
     def __post_init__(self) -> None:
         if not self.rule.checked:
             self.bound = rhs_nodes(self.rule.rhs)
 
-    def forecast(self) -> int:
-        """Matches of its next step: the last count, grown as it grew the step before."""
+    def forecast(self, size: int = 0) -> int:
+        """Matches of its next step on an e-graph of `size` e-nodes: the last count, grown as it
+        grew the step before, and at least as the e-graph grew since (other rules' steps, run
+        alone, can multiply what this one matches: new Adds for Add's commutativity)."""
         growth = self.matches / self.before if self.before else 1.0
+        if self.searched_at and size > self.searched_at:
+            growth = max(growth, size / self.searched_at)
         return math.ceil(self.matches * min(MAX_GROWTH, max(1.0, growth)))
 
-    def record(self, matches: int, found: int | None = None) -> None:
-        """New matches of a step, and every match it found when that is known (a capped step
-        finds the old ones again)."""
+    def record(self, matches: int, found: int | None = None, size: int = 0) -> None:
+        """New matches of a step on an e-graph of `size` e-nodes, and every match it found when
+        that is known (a capped step finds the old ones again)."""
         self.before, self.matches = self.matches, matches
         self.found = found if found is not None else self.found + matches
+        self.searched_at = size
 
 
 @dataclass
@@ -125,12 +132,13 @@ class _Forecast:
     nodes_per_match: float = 0.0
     tail_per_node: float = 0.0
 
-    def step(self, groups: list[_Group], bound: bool = True) -> tuple[float, float]:
-        """Seconds and new e-nodes of one step of `groups` together: a match's e-nodes at most
-        (its rule's bound), or as many as matches added lately (`bound=False`)."""
+    def step(self, groups: list[_Group], size: int, bound: bool = True) -> tuple[float, float]:
+        """Seconds and new e-nodes of one step of `groups` together on an e-graph of `size`: a
+        match's e-nodes at most (its rule's bound), or as many as matches added lately
+        (`bound=False`)."""
         seconds, nodes = self.call, 0.0
         for g in groups:
-            n = g.forecast()
+            n = g.forecast(size)
             seconds += n * (g.seconds_per_match if g.seconds_per_match is not None else self.per_match)
             # A rewrite's own bound; a guarded rule's e-nodes come later, from its Ok rows.
             lately = max(self.nodes_per_match, g.nodes_per_match or 0.0)
@@ -203,7 +211,7 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
         before = size
         step: dict[str, int] = {}
         matched = 0
-        seconds, nodes = cost.step(active, bound=False)
+        seconds, nodes = cost.step(active, size, bound=False)
         # Without a step to learn from, the first one runs uncapped only far from the limit.
         if (size * NODE_MARGIN <= max_nodes if report.iterations == 0
                 else fits(seconds, NODE_MARGIN * nodes) is None):
@@ -213,7 +221,7 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
             seconds = time.perf_counter() - c
             updated = run.updated
             for g in active:
-                g.record(sum(run.num_matches_per_rule.get(n, 0) for n in g.names))
+                g.record(sum(run.num_matches_per_rule.get(n, 0) for n in g.names), size=before)
                 matched += g.matches
             _count(run, by_name, step)
             cost.call = min(cost.call, seconds) if cost.call else seconds
@@ -363,13 +371,13 @@ def _one_at_a_time(egg: _Egg, active: list[_Group], cost: _Forecast, fits: Calla
     (its step is capped, see the module docstring). Returns whether any rule ran, whether
     anything changed, the matches and the new size."""
     ran, updated, matched = False, False, 0
-    for g in sorted(active, key=lambda g: (cost.step([g])[0], g.rule.index)):
-        seconds, nodes = cost.step([g])
+    for g in sorted(active, key=lambda g: (cost.step([g], size)[0], g.rule.index)):
+        seconds, nodes = cost.step([g], size)
         capped = bool(g.bound)      # a rewrite that builds e-nodes; guarded rules add theirs later
         if capped:
             # A capped step searches every match again, old ones too: its time grows with them.
             per = g.seconds_per_match if g.seconds_per_match is not None else cost.per_match
-            seconds += max(g.found - g.forecast(), 0) * per
+            seconds += max(g.found - g.forecast(size), 0) * per
         # A capped step cannot pass the node limit whatever its forecast: only time is forecast.
         limit = fits(seconds, 0.0 if capped else nodes, size)
         cap = (max_nodes - size) // g.bound if capped else 0
@@ -396,9 +404,9 @@ def _one_at_a_time(egg: _Egg, active: list[_Group], cost: _Forecast, fits: Calla
             # Of every match found, those beyond the matches found so far are the step's new ones
             # (about: unions can merge old ones), which the forecast and the report count.
             found, searched = max(found - g.found, 0), found
-            g.record(found, searched)
+            g.record(found, searched, size)
         else:
-            g.record(found)
+            g.record(found, size=size)
         g.seconds_per_match = max(seconds - cost.call, 0.0) / max(searched, 1)
         if capped and searched > cap:
             # Nothing was applied: even alone, this rule's step could pass the node limit.

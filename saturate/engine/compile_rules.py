@@ -252,7 +252,8 @@ def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
     captures = [v.name for _, t in c.attr_terms for _, v in t.attrs if isinstance(v, AttrVar)]
     if len(captures) != len(set(captures)) or any(getattr(t, "name", None) not in captures for _, t in cr.extras):
         # A variable captured twice must be compared (`_attrs_match` reads its values as plain
-        # Python), which a relation of literal ids would not do the same way.
+        # Python), which a relation of literal ids would not do the same way; a right-hand value
+        # other than a captured attribute is computed in Python.
         c.python = True
     cr.checked = c.python
     if not cr.checked and c.attr_terms:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -92,7 +93,6 @@ class Encoding:
     refs: int = 0
     _infos: dict[str, ValueInfo] | None = None
     _encoded_ops: list | None = None            # see saturate.engine.facts._encoded_ops
-    _lit_objects: dict[int, tuple[Any, int]] = field(default_factory=dict)   # id(value) -> (value, lit id)
     commands: list[str] = field(default_factory=list)
     # Rows of the encoding relations, tab-separated, loaded with egglog's `input` (see `load`).
     tables: dict[str, list[str]] = field(default_factory=dict)
@@ -114,17 +114,11 @@ class Encoding:
 
     def lit_id(self, value: Any) -> int:
         """Id of a literal (number, string, int list) a rule or an attribute puts in the graph."""
-        # Guards hand over the same value objects again and again (Facts caches them): an
-        # object seen before skips printing it (an array's bytes in hex) to find its key.
-        seen = self._lit_objects.get(id(value))
-        if seen is not None and seen[0] is value:
-            return seen[1]
         key = (type(value).__name__, _lit_key(value))
         got = self.lit_ids.get(key)
         if got is None:
             got = self.lit_ids[key] = len(self.lits)
             self.lits.append(value)
-        self._lit_objects[id(value)] = (value, got)
         return got
 
     def value_infos(self) -> dict[str, ValueInfo]:
@@ -179,8 +173,7 @@ def _rewritable(node: Node, graph: Graph, preserve: set[str], rule_ops: set[str]
 
 
 def encode_graph(graph: Graph, preserve: Iterable[str] = (), rule_ops: Iterable[str] = ()) -> Encoding:
-    """Turn `graph` into egglog commands: declarations, one `(Ref k)` handle per value, and the
-    `(run encode 1)` that builds the e-graph.
+    """Turn `graph` into egglog declarations and rows, one `(Ref k)` handle per value.
 
     A top-level `(union ...)` costs egglog a pass over the e-graph (about 1 ms each at 16,000
     e-nodes), so the graph is not written as unions: each node is a row of integers in a relation
@@ -286,8 +279,6 @@ def _tsv_safe(text: str) -> bool:
 def load(eg: Any, enc: Encoding, rules: Iterable[str] = ()) -> None:
     """Run an encoding in `eg`: its declarations and the rules' text, its rows, then the
     `encode` run that builds the graph's e-nodes."""
-    import tempfile
-
     for piece in chunks(list(enc.commands) + list(rules)):
         eg.run_program(*eg.parse_program(piece))
     if enc.tables:

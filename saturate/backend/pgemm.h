@@ -26,6 +26,21 @@
  * about 20% slower than the dot products. */
 #define SAT_PK_AHEAD 16
 
+/* Row r of the tile's accumulators (c<r>0, c<r>1) to dst + r * pitch, added to what is there
+ * when acc; SAT_TILE_STORE writes all six rows. Both micro-kernels end with it. */
+#define SAT_TILE_ROW(dst, pitch, acc, r)                                                           \
+    do {                                                                                           \
+        float *row_ = (dst) + (r) * (pitch);                                                       \
+        if (acc) c##r##0 += sat_vload(row_), c##r##1 += sat_vload(row_ + SAT_VL);                  \
+        sat_vstore(row_, c##r##0), sat_vstore(row_ + SAT_VL, c##r##1);                             \
+    } while (0)
+#define SAT_TILE_STORE(dst, pitch, acc)                                                            \
+    do {                                                                                           \
+        SAT_TILE_ROW(dst, pitch, acc, 0); SAT_TILE_ROW(dst, pitch, acc, 1);                        \
+        SAT_TILE_ROW(dst, pitch, acc, 2); SAT_TILE_ROW(dst, pitch, acc, 3);                        \
+        SAT_TILE_ROW(dst, pitch, acc, 4); SAT_TILE_ROW(dst, pitch, acc, 5);                        \
+    } while (0)
+
 /* One reduction step of the 6x16 tile: row r of the accumulators c<r>0, c<r>1 gains a[r] times
  * the 16 floats b0, b1. Both micro-kernels below run it; they differ only in where b comes from. */
 #define SAT_PANEL_STEP(a, b0, b1)                                                                  \
@@ -58,14 +73,7 @@ static inline void sat_ukr(int kc, const float *restrict a, const float *restric
         b += SAT_PN;
     }
     if (mr == SAT_PR && nr == SAT_PN) {
-#define SAT_UKR_ROW(r)                                                                               \
-    do {                                                                                             \
-        float *yr = y + r * ldy;                                                                     \
-        if (acc) c##r##0 += sat_vload(yr), c##r##1 += sat_vload(yr + SAT_VL);                        \
-        sat_vstore(yr, c##r##0), sat_vstore(yr + SAT_VL, c##r##1);                                   \
-    } while (0)
-        SAT_UKR_ROW(0); SAT_UKR_ROW(1); SAT_UKR_ROW(2); SAT_UKR_ROW(3); SAT_UKR_ROW(4); SAT_UKR_ROW(5);
-#undef SAT_UKR_ROW
+        SAT_TILE_STORE(y, ldy, acc);
         return;
     }
     float t[SAT_PR][SAT_PN];
@@ -235,14 +243,7 @@ static inline void sat_ukr_x(int kc, const float *restrict a, const float *restr
         SAT_PANEL_STEP(a, b0, b1);
         a += SAT_PR;
     }
-#define SAT_UKX_ROW(r)                                                                               \
-    do {                                                                                             \
-        float *tr = t + r * SAT_PN;                                                                  \
-        if (acc) c##r##0 += sat_vload(tr), c##r##1 += sat_vload(tr + SAT_VL);                        \
-        sat_vstore(tr, c##r##0), sat_vstore(tr + SAT_VL, c##r##1);                                   \
-    } while (0)
-    SAT_UKX_ROW(0); SAT_UKX_ROW(1); SAT_UKX_ROW(2); SAT_UKX_ROW(3); SAT_UKX_ROW(4); SAT_UKX_ROW(5);
-#undef SAT_UKX_ROW
+    SAT_TILE_STORE(t, SAT_PN, acc);
 }
 
 /* One work unit: output rows [oh0, oh1) of one (image, group), channels of one chunk. */

@@ -143,39 +143,33 @@ class _FactsBindings:
         self.partial = False   # whether a fact read may still become known in a later iteration
         self.log: list[tuple[str, str, Any]] = []
 
+    def _read(self, kind: str, var: str, got: Any, partial: bool) -> Any:
+        """Log one read and whether it may still become known; returns what was read."""
+        self.partial |= partial
+        self.log.append((kind, var, got))
+        return got
+
     def value(self, var: str) -> Any:
         got = self.facts.value(self.env[var])
-        self.partial |= got is None
-        self.log.append(("value", var, got))
-        return got
+        return self._read("value", var, got, got is None)
 
     def shape(self, var: str) -> tuple | None:
         got = self.facts.shape(self.env[var])
-        self.partial |= got is None or not all(isinstance(d, int) for d in got)
-        self.log.append(("shape", var, got))
-        return got
+        return self._read("shape", var, got, not _all_known(got))
 
     def dtype(self, var: str) -> str | None:
-        got = self.facts.info(self.env[var]).dtype
-        self.log.append(("dtype", var, got))
-        return got
+        return self._read("dtype", var, self.facts.info(self.env[var]).dtype, False)
 
     def is_const(self, var: str) -> bool:
-        got = self.env[var] in self.view.consts
-        self.log.append(("is_const", var, got))
-        return got
+        return self._read("is_const", var, self.env[var] in self.view.consts, False)
 
     def dims(self, var: str) -> tuple | None:
         got = self.facts.dims(self.env[var])
-        self.partial |= got is None or not all(isinstance(d, int) for d in got)
-        self.log.append(("dims", var, got))
-        return got
+        return self._read("dims", var, got, not _all_known(got))
 
     def data(self, var: str) -> tuple | None:
         got = self.facts.data(self.env[var])
-        self.partial |= got is None or not all(isinstance(d, int) for d in got)
-        self.log.append(("data", var, got))
-        return got
+        return self._read("data", var, got, not _all_known(got))
 
     def reads_same(self, log: list[tuple[str, str, Any]]) -> bool:
         """Whether every read of an earlier decision gives the same answer now. A value is the
@@ -220,6 +214,11 @@ def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int
         return computed, [ev.eval(term) for _, term in cr.extras]
     except _Undecided:
         return None
+
+
+def _all_known(elements: tuple | None) -> bool:
+    """Whether a shape or a value's elements are all numbers (no symbol, not unknown)."""
+    return elements is not None and all(isinstance(d, int) for d in elements)
 
 
 def attr_rows(enc: Encoding, rules: list[CompiledRule], start: int) -> list[str]:

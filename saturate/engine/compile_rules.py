@@ -272,9 +272,14 @@ def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
         return
     cand = " ".join(cr.cand_columns())
     sorts = ["T"] * (1 + len(cr.vars)) + ["i64"] * len(cr.lhs_ops)
-    ok_sorts = sorts + ["i64"] * sum(1 for r in cr.rhs_ops if r.column) + ["T"] * len(cr.extras)
     cr.text.append(f"(relation Cand_{cr.index} ({' '.join(sorts)}))")
-    cr.text.append(f"(relation Ok_{cr.index} ({' '.join(ok_sorts)}))")
+    # Ok rows are integers, read in bulk from a file (saturate.engine.encode.Rows): the Ref of
+    # each matched e-class, attribute-set ids, and literal ids for the values Python computed.
+    ok = cr.ok_columns()
+    cr.text.append(f"(relation Ok_{cr.index} ({' '.join(['i64'] * len(ok))}))")
     cr.text.append(f'{declare}(rule ({query}) ((Cand_{cr.index} {cand})) :ruleset {cr.group} :name "m{cr.name}")')
-    ok = " ".join(cr.ok_columns())
-    cr.text.append(f'(rule ((Ok_{cr.index} {ok})) ((union root {body})) :ruleset apply :name "{cr.name}")')
+    classes = 1 + len(cr.vars)
+    bind = [f"(let {c} (Ref k_{c}))" for c in ok[:classes]] + [f"(let {c} (Lit k_{c}))" for c, _ in cr.extras]
+    heads = [f"k_{c}" for c in ok[:classes]] + ok[classes:len(ok) - len(cr.extras)] + [f"k_{c}" for c, _ in cr.extras]
+    cr.text.append(f'(rule ((Ok_{cr.index} {" ".join(heads)})) ({" ".join(bind)} (union root {body})) '
+                   f':ruleset apply :name "{cr.name}")')

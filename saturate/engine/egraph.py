@@ -51,6 +51,7 @@ class EGraphView:
 
     classes: dict[Any, list[ENode]] = field(default_factory=dict)
     lets: dict[str, Any] = field(default_factory=dict)          # handle text -> e-class
+    refs: dict[Any, int] = field(default_factory=dict)          # e-class -> a k of its (Ref k)
     consts: set = field(default_factory=set)                     # e-classes known constant
     relations: dict[str, list[tuple]] = field(default_factory=dict)   # Cand_i / Ok_i rows
     size: int = 0                                                # e-nodes in constructor tables
@@ -71,8 +72,11 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
                 view.lets[name] = rows[0].output
             continue
         if name == "Ref":
+            lets, refs = view.lets, view.refs
             for r in rows:
-                view.lets[f"(Ref {to_i64(r.inputs[0])})"] = r.output
+                k = to_i64(r.inputs[0])
+                lets[f"(Ref {k})"] = r.output
+                refs.setdefault(r.output, k)
             continue
         if name == "IsConst":
             view.consts.update(r.inputs[0] for r in rows)
@@ -88,21 +92,30 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
         if kind == "call":
             head = name[2:name.rindex("_")]
         classes, make = view.classes, tuple.__new__
-        # The hottest loop of the engine: one pass per row, no method calls it can avoid.
-        for r in rows:
-            ins = r.inputs
-            if kind in ("op", "opaque", "out", "lit"):
+        # The hottest loops of the engine: one pass per row, no method calls they can avoid.
+        if kind in ("op", "opaque", "out", "lit"):
+            for r in rows:
+                ins = r.inputs
                 node = make(ENode, (kind, head, to_i64(ins[0]), tuple(ins[1:])))
-            elif kind in ("inp", "const"):
-                node = make(ENode, (kind, head, to_str(ins[0]), ()))
-                view.lets[_leaf_text(name, node.key)] = r.output
-            else:
-                node = make(ENode, (kind, head, None, tuple(ins)))
-            out = r.output
-            if out in classes:
-                classes[out].append(node)
-            else:
-                classes[out] = [node]
+                out = r.output
+                if out in classes:
+                    classes[out].append(node)
+                else:
+                    classes[out] = [node]
+        elif kind in ("inp", "const"):
+            for r in rows:
+                node = make(ENode, (kind, head, to_str(r.inputs[0]), ()))
+                out = r.output
+                view.lets[_leaf_text(name, node.key)] = out
+                classes.setdefault(out, []).append(node)
+        else:
+            for r in rows:
+                node = make(ENode, (kind, head, None, tuple(r.inputs)))
+                out = r.output
+                if out in classes:
+                    classes[out].append(node)
+                else:
+                    classes[out] = [node]
     return view
 
 

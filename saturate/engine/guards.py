@@ -8,8 +8,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES
-from saturate.engine.egraph import EGraphView, ENode
-from saturate.engine.encode import Encoding, egg_str, k_ctor, op_ctor, opaque_ctor
+from saturate.engine.egraph import EGraphView
+from saturate.engine.encode import Encoding, Rows
 from saturate.engine.compile_rules import CompiledRule
 from saturate.engine.facts import FAILED, Facts, evaluate_fn
 from saturate.core.ops import spec
@@ -30,15 +30,16 @@ class Checker:
         self.cut = False
 
     def check(self, rules: list[CompiledRule], view: EGraphView, facts: Facts,
-              deadline: float | None = None) -> list[str]:
-        """egglog commands inserting an `Ok` row for every new candidate whose guards hold.
+              deadline: float | None = None) -> Rows:
+        """Rows inserting an `Ok` row for every new candidate whose guards hold (and a Ref for
+        each e-class one names that had none).
 
         Past `deadline` (a time.perf_counter() value) it returns what it has decided: the
         candidates it did not reach stay undecided, for a later call, and `cut` says so."""
         self.view, self.facts = view, facts
         self.cut = False
-        self.names = {cls: name for name, cls in view.lets.items()}
-        self.commands: list[str] = []
+        self.refs = dict(view.refs)
+        self.rows = rows = Rows()
         to_i64 = self.eg.value_to_i64
         for cr in rules:
             nv, na = len(cr.vars), len(cr.lhs_ops)
@@ -48,7 +49,7 @@ class Checker:
                     continue
                 if deadline is not None and time.perf_counter() > deadline:
                     self.cut = True
-                    return self.commands
+                    return rows
                 env = dict(zip(cr.vars, row[1:1 + nv]))
                 earlier = self.undecided.get(key)
                 if earlier is not None and _FactsBindings(self.facts, self.view, env).reads_same(earlier):
@@ -65,50 +66,41 @@ class Checker:
                         self.undecided[key] = bindings.log
                     continue
                 self.undecided.pop(key, None)
-                refs = [self.name(c) for c in row[:1 + nv]]
+                refs = [self.ref(c) for c in row[:1 + nv]]
                 if None in refs:
                     self.seen.discard(key)   # no spelling yet (cycles only): try next iteration
                     continue
-                ints = [str(a) for a in attr_ids] + cols
-                self.commands.append(f"(Ok_{cr.index} {' '.join(refs + ints)})")
-        return self.commands
+                rows.add(f"Ok_{cr.index}", *refs, *attr_ids, *cols)
+        return rows
 
     # ---- deciding one match -------------------------------------------------------------
-    def _decide(self, cr: CompiledRule, bindings: _FactsBindings, attr_ids: list[int]) -> list[str] | None:
+    def _decide(self, cr: CompiledRule, bindings: _FactsBindings, attr_ids: list[int]) -> list[int] | None:
         attrs = [self.enc.attr_sets[a][1] for a in attr_ids]
         got = decide(cr, bindings, attrs, self.enc.graph.opset)
         if got is None:
             return None
         computed, extras = got
         columns = [r for r in cr.rhs_ops if r.column]
-        return ([str(self.enc.attr_id(r.op, a)) for r, a in zip(columns, computed)]
-                + [f"(Lit {self.enc.lit_id(v)})" for v in extras])
+        return ([self.enc.attr_id(r.op, a) for r, a in zip(columns, computed)]
+                + [self.enc.lit_id(v) for v in extras])
 
     # ---- naming e-classes ---------------------------------------------------------------
-    def name(self, cls: Any, visiting: frozenset = frozenset()) -> str | None:
-        """egglog text for `cls`: its `(Ref k)` handle, or a term over one of its e-nodes.
-
-        New e-classes are spelled inline (one command per Ok row costs far less than one per
-        class); a long spelling gets a handle of its own so text stays short.
-        """
-        got = self.names.get(cls)
+    def ref(self, cls: Any, visiting: frozenset = frozenset()) -> int | None:
+        """The k of a `(Ref k)` handle of `cls`; an e-class without one gets a new handle, by a
+        row of `self.rows` that unites it with one of the class's e-nodes over its children's
+        handles (named the same way, so a shared sub-term is named once)."""
+        got = self.refs.get(cls)
         if got is not None:
             return got
         for node in sorted(self.view.classes.get(cls, ()), key=lambda n: len(n.children)):
             if any(c in visiting or c == cls for c in node.children):
                 continue
-            kids = [self.name(c, visiting | {cls}) for c in node.children]
-            if any(k is None for k in kids):
+            kids = [self.ref(c, visiting | {cls}) for c in node.children]
+            if None in kids:
                 continue
-            text = _term(node, kids)
-            if len(text) > 300:
-                # A row, not a union: a top-level union costs egglog a pass over the e-graph,
-                # and the rows are united with their handles by the `apply` run that follows.
-                k = self.enc.refs
-                self.commands.append(f"(Named {k} {text})")
-                text = self.enc.new_ref()
-            self.names[cls] = text
-            return text
+            got = self.refs[cls] = self.enc.new_ref()
+            self.enc.node_row(self.rows, got, node.kind, node.head, node.key, kids)
+            return got
         return None
 
 
@@ -327,25 +319,6 @@ class _Evaluator:
                 raise _Undecided
             return out
         raise _Undecided
-
-
-def _term(node: ENode, kids: list[str]) -> str:
-    """egglog text of one e-node over its children's texts."""
-    if node.kind == "inp":
-        return f"(Inp {egg_str(node.key)})"
-    if node.kind == "const":
-        return f"(Const {egg_str(node.key)})"
-    if node.kind == "lit":
-        return f"(Lit {node.key})"
-    if node.kind == "absent":
-        return "(Absent)"
-    if node.kind == "out":
-        return f"(Out {node.key} {kids[0]})"
-    if node.kind == "opaque":
-        return f"({opaque_ctor(len(kids))} {node.key} {' '.join(kids)})"
-    if node.kind == "call":
-        return f"({k_ctor(node.head, len(kids))} {' '.join(kids)})"
-    return f"({op_ctor(node.head, len(kids))} {node.key} {' '.join(kids)})"
 
 
 def _literal(v: Any) -> Any:

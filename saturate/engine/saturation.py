@@ -39,7 +39,7 @@ from saturate.engine.guards import Checker, attr_rows
 from saturate.lang.ast import Call, IntList, Num, OpTerm, Str, Var
 
 
-FACTS, APPLY, SIZE = "(run facts 1)", "(run apply 1)", "(print-size)"
+FACTS, ENCODE, APPLY, SIZE = "(run facts 1)", "(run encode 1)", "(run apply 1)", "(print-size)"
 MAX_GROWTH = 64.0       # a rule's matches are forecast to grow at most this much in one step
 # Forecast seconds count this much more: a step's matches and the machine's load both vary (a
 # shared machine's load can halve a process's speed between two steps; with a margin of two, the
@@ -241,20 +241,12 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
         report.iterations += 1
         view = read_egraph(eg, relations)
         facts = Facts(view, enc, cache)
-        # Deciding guards and inserting `Ok` rows are Python-paced work that can grow faster than
-        # the e-graph (constant expressions to evaluate, one egglog action per row): both stop at
-        # the limit, the checker between candidates and the rows between chunks. A prefix of the
-        # rows is consistent, since each row comes after the handles it names.
+        # Deciding guards is Python-paced work that can grow faster than the e-graph (constant
+        # expressions to evaluate): the checker stops at the limit between candidates.
         deadline = start + timeout
         commands = checker.check(checked, view, facts, deadline)
         if commands:
-            for piece in chunks(commands):
-                if time.perf_counter() > deadline:
-                    break
-                eg.run_program(*eg.parse_program(piece))
-            attrs.update()
-            # Apply the checked rewrites now, so one iteration is one step of every rule.
-            _count(egg(APPLY)[-1].report, by_name, step)
+            _apply(egg, eg, commands, attrs, by_name, step)
         dirty = bool(commands)
         if (updated or dirty) and fold_set:
             # Constant folding goes to its fixed point inside the iteration: a chain of shape
@@ -325,15 +317,22 @@ def _fold_to_fixed_point(egg: _Egg, eg: Any, enc: Encoding, checker: Checker, fo
             break
         view = read_egraph(eg, relations)
         commands = checker.check(fold_checked, view, Facts(view, enc, cache), deadline)
-        for piece in chunks(commands):
-            if time.perf_counter() > deadline:
-                break
-            eg.run_program(*eg.parse_program(piece))
-        attrs.update()
         if commands:
-            _count(egg(APPLY)[-1].report, by_name, step)
+            _apply(egg, eg, commands, attrs, by_name, step)
+        else:
+            attrs.update()
         changed = True
     return changed
+
+
+def _apply(egg: _Egg, eg: Any, rows: Rows, attrs: "_AttrTables", by_name: dict[str, CompiledRule],
+           step: dict[str, int]) -> None:
+    """Insert the checker's rows, give the new handles their e-classes (the `encode` run), and
+    apply the checked rewrites now, so one iteration is one step of every rule."""
+    rows.run(eg)
+    attrs.update()
+    egg(ENCODE)
+    _count(egg(APPLY)[-1].report, by_name, step)
 
 
 class _AttrTables:

@@ -38,6 +38,8 @@ class Facts:
         self._refined: set = set()
         self.settled: dict[Any, ValueInfo] = self.cache.setdefault("settled types", {})
         self.known_keys: dict[Any, Any] = self.cache.setdefault("constant keys", {})
+        # Types inference could still refine, as an earlier e-graph left them (see `info`).
+        self.inferred: dict[Any, ValueInfo] = self.cache.setdefault("refinable types", {})
         original = enc.value_infos()
         for value, let in enc.value_names.items():
             cls = view.lets.get(let)
@@ -133,6 +135,13 @@ class Facts:
             return settled
         if cls in self._busy:
             return got if got is not None else ValueInfo(shape=None)
+        earlier = self.inferred.get(cls)
+        if earlier is not None and cls in self._unchanged:
+            # Nothing under it changed since an earlier e-graph typed it: inference would
+            # say the same again (a dim only an unknown input could tell stays unknown).
+            self.infos[cls] = earlier
+            self._refined.add(cls)
+            return earlier
         self._busy.add(cls)
         result = got
         if cls in self.view.consts:
@@ -151,7 +160,32 @@ class Facts:
         self._refined.add(cls)
         if not self.refinable(result):
             self.settled[cls] = result
+        else:
+            self.inferred[cls] = result
         return result
+
+    @functools.cached_property
+    def _unchanged(self) -> set:
+        """E-classes whose e-nodes, and every e-node below them, are as in the e-graph the last
+        Facts that asked read (the first Facts finds none)."""
+        classes = self.view.classes
+        before = self.cache.get("classes read")
+        self.cache["classes read"] = classes
+        if before is None:
+            return set()
+        changed = {c for c, nodes in classes.items() if before.get(c) != nodes}
+        parents: dict[Any, list] = {}
+        for c, nodes in classes.items():
+            for node in nodes:
+                for k in node.children:
+                    parents.setdefault(k, []).append(c)
+        stack = list(changed)
+        while stack:
+            for p in parents.get(stack.pop(), ()):
+                if p not in changed:
+                    changed.add(p)
+                    stack.append(p)
+        return classes.keys() - changed
 
     def refinable(self, info: ValueInfo) -> bool:
         """Whether inference could still learn a dim: one is unknown or named by shape inference
@@ -183,7 +217,10 @@ class Facts:
     def _infer(self, op: str, attrs: dict, kids: tuple, output: int, ident: tuple, outputs: int = 1) -> ValueInfo:
         ins = [None if self._absent(c) else self.info(c) for c in kids]
         fast = infer(op, attrs, ins) if output == 0 and None not in ins else ValueInfo(shape=None)
-        if fast.shape is not None and all(isinstance(d, int) for d in fast.shape):
+        # Every dim a number or a name one of the inputs gives it: ONNX's inference could tell no
+        # more for these ops (it keeps a shared name as one dim too), and asking it costs a model
+        # round trip.
+        if fast.shape is not None and all(d is not None for d in fast.shape):
             return fast
         # Everything else asks ONNX's own shape inference, with the small constant inputs
         # (Reshape's shape, Pad's pads, Slice's bounds) as data, cached across iterations.

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from saturate.engine.egraph import node_count, read_egraph
+from saturate.engine.egraph import EGraphView, node_count, read_egraph
 from saturate.engine.encode import Encoding, chunks
 from saturate.engine.compile_rules import QUERY_FNS, CompiledRule
 from saturate.engine.facts import Facts
@@ -252,7 +252,7 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
             # Constant folding goes to its fixed point inside the iteration: a chain of shape
             # arithmetic (Swin pads each stage from the last one's shape) would otherwise take an
             # iteration per op. Folds add no op e-node, so this ends and never grows the graph.
-            dirty = _fold_to_fixed_point(egg, eg, enc, checker, fold_set, fold_checked, relations,
+            dirty = _fold_to_fixed_point(egg, eg, enc, checker, fold_set, fold_checked, view, relations,
                                          cache, deadline, by_name, step, attrs) or dirty
         new_size = egg.size() if dirty else view.size
         cost.nodes_per_match = max(new_size - before, 0) / max(matched, 1)
@@ -300,7 +300,7 @@ def folds_to_existing(cr: CompiledRule) -> bool:
 
 
 def _fold_to_fixed_point(egg: _Egg, eg: Any, enc: Encoding, checker: Checker, fold_set: str,
-                         fold_checked: list[CompiledRule], relations: tuple[str, ...], cache: dict,
+                         fold_checked: list[CompiledRule], view: EGraphView, relations: tuple[str, ...], cache: dict,
                          deadline: float, by_name: dict[str, CompiledRule], step: dict[str, int],
                          attrs: "_AttrTables") -> bool:
     """Run the folding rules alone until they change nothing (or the deadline); whether any did.
@@ -308,20 +308,28 @@ def _fold_to_fixed_point(egg: _Egg, eg: Any, enc: Encoding, checker: Checker, fo
     Between two reads of the e-graph, egglog runs the folds it decides alone (no guard) to their
     own fixed point: a chain of constant ops folds in one round, not one round per link. When
     that run changes nothing there is nothing new to read: candidates left undecided are asked
-    again in the next iteration, which the caller always runs after folds were tried."""
+    again in the next iteration, which the caller always runs after folds were tried. So is a
+    run that found no new candidate of a guarded fold: reading the e-graph only to find none costs
+    more than the folds (a read is a pass over every e-node in Python)."""
     changed = False
+    tables = [f"Cand_{cr.index}" for cr in fold_checked]
+    known = [len(view.relations.get(t, ())) for t in tables]
     while time.perf_counter() < deadline:
         run = egg(f"(run-schedule (saturate (run facts) (run {fold_set})))")[-1].report
         _count(run, by_name, step)
         if not run.updated:
             break
+        changed = True
+        sizes = dict(egg(SIZE)[-1].sizes)
+        if [sizes.get(t, 0) for t in tables] == known:
+            break
         view = read_egraph(eg, relations)
+        known = [len(view.relations.get(t, ())) for t in tables]
         commands = checker.check(fold_checked, view, Facts(view, enc, cache), deadline)
         if commands:
             _apply(egg, eg, commands, attrs, by_name, step)
         else:
             attrs.update()
-        changed = True
     return changed
 
 

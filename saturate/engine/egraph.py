@@ -52,6 +52,7 @@ class EGraphView:
     classes: dict[Any, list[ENode]] = field(default_factory=dict)
     lets: dict[str, Any] = field(default_factory=dict)          # handle text -> e-class
     refs: dict[Any, int] = field(default_factory=dict)          # e-class -> a k of its (Ref k)
+    absent: set = field(default_factory=set)                     # the e-class of an omitted input
     consts: set = field(default_factory=set)                     # e-classes known constant
     relations: dict[str, list[tuple]] = field(default_factory=dict)   # Cand_i / Ok_i rows
     size: int = 0                                                # e-nodes in constructor tables
@@ -109,6 +110,8 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
                 view.lets[_leaf_text(name, node.key)] = out
                 classes.setdefault(out, []).append(node)
         else:
+            if kind == "absent":
+                view.absent.update(r.output for r in rows)
             for r in rows:
                 node = make(ENode, (kind, head, None, tuple(r.inputs)))
                 out = r.output

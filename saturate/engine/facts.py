@@ -215,7 +215,8 @@ class Facts:
         return None
 
     def _infer(self, op: str, attrs: dict, kids: tuple, output: int, ident: tuple, outputs: int = 1) -> ValueInfo:
-        ins = [None if self._absent(c) else self.info(c) for c in kids]
+        absent = self.view.absent
+        ins = [None if c in absent else self.info(c) for c in kids]
         fast = infer(op, attrs, ins) if output == 0 and None not in ins else ValueInfo(shape=None)
         # Every dim a number or a name one of the inputs gives it: ONNX's inference could tell no
         # more for these ops (it keeps a shared name as one dim too), and asking it costs a model
@@ -240,9 +241,6 @@ class Facts:
                     for k, v in enumerate(values) if v is not None}
             self.cache[key] = onnx_infer(op, attrs, ins, data, output, self.enc.graph.opset, outputs)
         return refine(fast, self.cache[key])
-
-    def _absent(self, cls: Any) -> bool:
-        return any(n.kind == "absent" for n in self.view.classes.get(cls, ()))
 
     def shape(self, cls: Any) -> tuple | None:
         """Static shape of an e-class (None when unknown)."""

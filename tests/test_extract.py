@@ -77,8 +77,16 @@ def test_a_target_with_native_batchnorm_keeps_it():
 def test_an_output_no_target_op_can_compute_is_a_clean_error():
     b = Builder(shape=(2, 3))
     g = b.build(b.op("Relu", "x"))
-    with pytest.raises(SaturateError, match="no extractable graph"):
+    with pytest.raises(SaturateError, match="no extractable graph: the target cannot run Relu") as err:
         optimize(g, RULES, target=Priced(Relu=None))
+    assert "\n" not in str(err.value)
+
+
+def test_the_error_names_the_op_below_the_output_the_target_cannot_run():
+    b = Builder(shape=(2, 3))
+    g = b.build(b.op("Relu", b.op("Sigmoid", "x")))
+    with pytest.raises(SaturateError, match=r"cannot run Sigmoid \(node '[^']+'\)"):
+        optimize(g, RULES, target=Priced(Sigmoid=None))
 
 
 def test_result_is_never_costlier_than_the_input():

@@ -235,6 +235,25 @@ def greedy(facts: Facts, prices: dict[Any, list], banned: dict[Any, set[int]],
     return best, ckey, True
 
 
+def _unrunnable(facts: Facts, prices: dict[Any, list], best: dict, root: Any) -> str:
+    """Why `root` has no extractable e-node, naming the op: below it, the first e-class with no
+    choice although every input of its e-nodes has one holds only ops the target cannot run."""
+    classes, seen, cls = facts.view.classes, set(), root
+    while cls not in seen:
+        seen.add(cls)
+        lacking = [c for n in classes.get(cls, ()) for c in n.children if c not in best and c not in seen]
+        if not lacking:
+            break
+        cls = lacking[0]
+    ops = sorted({n.head for k, n in enumerate(classes.get(cls, ()))
+                  if n.kind == "op" and prices[cls][k] is UNRUNNABLE})
+    values = facts.names.get(cls, [])
+    nodes = [n.name or n.outputs[0] for n in facts.enc.graph.nodes if n.outputs and n.outputs[0] in values]
+    where = f"node '{nodes[0]}'" if nodes else f"value '{values[0]}'" if values else "a value the rules built"
+    return (f"the target cannot run {' or '.join(ops) or 'any op that computes it'} ({where}), "
+            "and no rewrite gives an equivalent it can run")
+
+
 def _tie(cls: Any, node: ENode, k: int, original: dict, ckey: dict) -> tuple:
     kids = tuple(ckey[ch] for ch in node.children)
     return (k not in original.get(cls, ()), node.kind, node.head, str(node.key), kids)
@@ -259,7 +278,7 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
         return Extraction(None, 0, 0, 0, "bottom-up pass", prices.count, nodes)
     if missing:
         from saturate.core.errors import SaturateError
-        raise SaturateError("no extractable graph: an output needs an op the target cannot run")
+        raise SaturateError(f"no extractable graph: {_unrunnable(facts, prices.of, best, missing[0])}")
     classes = facts.view.classes
     search = _DagSearch(classes, best, prices.of, bans, roots, ckey)
     start = search.total()

@@ -330,6 +330,16 @@ def test_left_nodes_join_no_function():
     assert not _calls(partition(g, "fused", leave=("Relu",)), "fused")
 
 
+def test_optimize_partition_prints_its_functions_unless_quiet(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    onnx.save(_model(["bn", "add", "res", "bn"]), str(src))
+    args = ["optimize", str(src), "--target", "fused", "--partition", "-o", str(tmp_path / "o.onnx")]
+    assert main(args) == 0
+    assert "partitioned into" in capsys.readouterr().out
+    assert main(args + ["--quiet"]) == 0
+    assert capsys.readouterr() == ("", "")
+
+
 def test_optimize_command_folds_and_partitions_in_one_run(tmp_path):
     """The user story with the standard rules: one command folds batch-norm, merges the adds
     and partitions into conv+add+relu composites whose weights are call arguments."""

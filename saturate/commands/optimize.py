@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_report(report), file=sys.stderr)
     elif not args.quiet:
         print(summary_line(report, args.output))
-    if args.partition:
+    if args.partition and not args.quiet:
         print(f"partitioned into {len(functions)} functions" + "".join(f"\n  {f}" for f in functions))
     return 0
 

@@ -95,6 +95,10 @@ class Rows:
     def __bool__(self) -> bool:
         return bool(self.commands or self.tables)
 
+    def add_ints(self, relation: str, *columns: int) -> None:
+        """A row of integers (always safe in a tab-separated file)."""
+        self.tables.setdefault(relation, []).append("\t".join(map(str, columns)))
+
     def add(self, relation: str, *columns: Any) -> None:
         text = [str(c) for c in columns]
         if all(_tsv_safe(t) for t in text):
@@ -133,6 +137,7 @@ class Encoding:
     commands: list[str] = field(default_factory=list)
     rows: Rows = field(default_factory=Rows)        # the graph's nodes, loaded after `commands`
     builders: set[str] = field(default_factory=set)  # declared `Enc_*` relations
+    row_relations: dict[tuple, str] = field(default_factory=dict)   # (kind, head, arity) -> relation
     # Node names that must not change; value names for the outputs of preserved nodes.
     preserved: set[str] = field(default_factory=set)
 
@@ -187,13 +192,19 @@ class Encoding:
         if kind in ("inp", "const"):
             rows.add("EncLeafInp" if kind == "inp" else "EncLeafConst", ref, key)
             return
-        ctor = {"lit": "Lit", "absent": "Absent", "out": "Out", "opaque": opaque_ctor(len(kids)),
-                "call": k_ctor(head, len(kids))}.get(kind) or op_ctor(head, len(kids))
-        keyed = kind not in ("absent", "call")
-        terms = " ".join(f"(Ref c{k + 1 + keyed})" for k in range(len(kids)))
-        self.builder(f"Enc_{ctor}", keyed + len(kids), f"({ctor}{' c1' if keyed else ''} {terms})".replace(" )", ")"),
-                     rows.commands)
-        rows.add(f"Enc_{ctor}", ref, *([key] if keyed else []), *kids)
+        relation = self.row_relations.get((kind, head, len(kids)))
+        if relation is None:
+            ctor = {"lit": "Lit", "absent": "Absent", "out": "Out", "opaque": opaque_ctor(len(kids)),
+                    "call": k_ctor(head, len(kids))}.get(kind) or op_ctor(head, len(kids))
+            keyed = kind not in ("absent", "call")
+            terms = " ".join(f"(Ref c{k + 1 + keyed})" for k in range(len(kids)))
+            relation = self.row_relations[kind, head, len(kids)] = f"Enc_{ctor}"
+            self.builder(relation, keyed + len(kids), f"({ctor}{' c1' if keyed else ''} {terms})".replace(" )", ")"),
+                         rows.commands)
+        if kind in ("absent", "call"):
+            rows.add_ints(relation, ref, *kids)
+        else:
+            rows.add_ints(relation, ref, key, *kids)
 
     def declare(self, name: str, arity: int, first_i64: bool = True) -> None:
         """Declare a constructor once: `first_i64` adds a leading i64 (attribute set or node index)."""

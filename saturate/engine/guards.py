@@ -70,7 +70,7 @@ class Checker:
                 if None in refs:
                     self.seen.discard(key)   # no spelling yet (cycles only): try next iteration
                     continue
-                rows.add(f"Ok_{cr.index}", *refs, *attr_ids, *cols)
+                rows.add_ints(f"Ok_{cr.index}", *refs, *attr_ids, *cols)
         return rows
 
     # ---- deciding one match -------------------------------------------------------------
@@ -85,22 +85,32 @@ class Checker:
                 + [self.enc.lit_id(v) for v in extras])
 
     # ---- naming e-classes ---------------------------------------------------------------
-    def ref(self, cls: Any, visiting: frozenset = frozenset()) -> int | None:
+    def ref(self, cls: Any) -> int | None:
         """The k of a `(Ref k)` handle of `cls`; an e-class without one gets a new handle, by a
         row of `self.rows` that unites it with one of the class's e-nodes over its children's
         handles (named the same way, so a shared sub-term is named once)."""
         got = self.refs.get(cls)
-        if got is not None:
-            return got
+        return got if got is not None else self._new_ref(cls, set())
+
+    def _new_ref(self, cls: Any, visiting: set) -> int | None:
+        # `visiting` holds the e-classes on the way down: an e-node reading one of them is a cycle.
+        visiting.add(cls)
+        refs = self.refs
         for node in sorted(self.view.classes.get(cls, ()), key=lambda n: len(n.children)):
-            if any(c in visiting or c == cls for c in node.children):
+            if any(c in visiting for c in node.children):
                 continue
-            kids = [self.ref(c, visiting | {cls}) for c in node.children]
-            if None in kids:
-                continue
-            got = self.refs[cls] = self.enc.new_ref()
-            self.enc.node_row(self.rows, got, node.kind, node.head, node.key, kids)
-            return got
+            kids = []
+            for c in node.children:
+                got = refs.get(c)
+                if got is None and (got := self._new_ref(c, visiting)) is None:
+                    break
+                kids.append(got)
+            else:
+                visiting.discard(cls)
+                got = refs[cls] = self.enc.new_ref()
+                self.enc.node_row(self.rows, got, node.kind, node.head, node.key, kids)
+                return got
+        visiting.discard(cls)
         return None
 
 

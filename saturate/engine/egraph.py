@@ -80,7 +80,7 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
                 refs.setdefault(r.output, k)
             continue
         if name == "IsConst":
-            view.consts.update(r.inputs[0] for r in rows)
+            view.consts.update(r.output for r in rows)
             continue
         if name in wanted:
             view.relations[name] = [tuple(r.inputs) for r in rows]

@@ -14,7 +14,8 @@ import numpy as np
 from saturate.core.ir import Graph, Node, ValueInfo
 from saturate.core.ops import is_rewritable_op, op_table, spec
 
-# Leaves and the constructors every program has. T is the one sort of tensors. `(Ref k)` is a
+# Leaves and the constructors every program has. T is the one sort of tensors. IsConst maps a
+# constant e-class to itself: reading a row's output costs a tenth of reading its inputs. `(Ref k)` is a
 # handle Python uses to name an e-class in later commands (egglog `let` globals each cost a
 # table, and thousands of them made building superlinear).
 PRELUDE = """
@@ -25,12 +26,12 @@ PRELUDE = """
 (constructor Absent () T)
 (constructor Out (i64 T) T)
 (constructor Ref (i64) T)
-(relation IsConst (T))
+(function IsConst (T) T :merge old)
 (ruleset apply)
 (ruleset facts)
 (ruleset encode)
-(rule ((= e (Const n))) ((IsConst e)) :ruleset facts :name "~const-leaf")
-(rule ((= e (Lit n))) ((IsConst e)) :ruleset facts :name "~lit-leaf")
+(rule ((= e (Const n))) ((set (IsConst e) e)) :ruleset facts :name "~const-leaf")
+(rule ((= e (Lit n))) ((set (IsConst e) e)) :ruleset facts :name "~lit-leaf")
 (relation EncLeafInp (i64 String))
 (relation EncLeafConst (i64 String))
 (rule ((EncLeafInp r n)) ((union (Ref r) (Inp n))) :ruleset encode :name "~EncLeafInp")
@@ -216,7 +217,7 @@ class Encoding:
         if name.startswith("K_"):
             vars_ = " ".join(f"a{i}" for i in range(arity))
             self.commands.append(
-                f'(rule ((= e ({name} {vars_}))) ((IsConst e)) :ruleset facts :name "~const-{name}")')
+                f'(rule ((= e ({name} {vars_}))) ((set (IsConst e) e)) :ruleset facts :name "~const-{name}")')
 
 
 def _is_float(info: ValueInfo) -> bool:

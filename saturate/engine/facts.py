@@ -16,6 +16,10 @@ from saturate.core.geometry import conv_output_shape
 from saturate.core.ops import ELEMENTWISE
 
 FAILED = object()  # a constant expression numpy could not evaluate
+# Constant functions that apply numpy elementwise (saturate.lang.builtins._elementwise): their
+# result's type follows from their arguments' types.
+_ELEMENTWISE_FNS = frozenset({"add", "sub", "mul", "div", "neg", "sqrt", "rsqrt", "reciprocal", "relu",
+                              "sigmoid", "tanh", "erf"})
 
 
 class Facts:
@@ -145,8 +149,11 @@ class Facts:
         self._busy.add(cls)
         result = got
         if cls in self.view.consts:
-            v = self.value(cls)
-            if v is not None:
+            typed = None if cls in self.keys or cls in self.known_keys else self._elementwise_info(cls)
+            v = None if typed is not None else self.value(cls)
+            if typed is not None:
+                result = typed
+            elif v is not None:
                 a = np.asarray(v)
                 result = ValueInfo(a.dtype.name, tuple(a.shape))
         else:
@@ -186,6 +193,45 @@ class Facts:
                     changed.add(p)
                     stack.append(p)
         return classes.keys() - changed
+
+    def _elementwise_info(self, cls: Any) -> ValueInfo | None:
+        """The type of a constant computed by an elementwise function (a + b, sqrt(c)...), from
+        its arguments' types as the function's numpy implementation combines them, without
+        computing it: pricing and shape guards ask the types of many weight expressions that
+        extraction never chooses. None when no e-node of `cls` is one."""
+        for node in self.view.classes.get(cls, ()):
+            if node.kind != "call" or node.head not in _ELEMENTWISE_FNS:
+                continue
+            args = [self._argument_type(c) for c in node.children]
+            if None in args:
+                continue
+            arrays = [a for a in args if a[0] is not None]
+            dtype = np.result_type(*[a[0] for a in arrays]) if arrays else np.dtype(np.float32)
+            try:
+                shape = np.broadcast_shapes(*[a[1] for a in arrays])
+            except ValueError:
+                continue
+            return ValueInfo(dtype.name, tuple(shape))
+        return None
+
+    def _argument_type(self, cls: Any) -> tuple[np.dtype | None, tuple] | None:
+        """(dtype, shape) of a constant argument, dtype None for a plain Python number (which
+        takes the arrays' dtype); None when not known without evaluating it."""
+        for node in self.view.classes.get(cls, ()):
+            if node.kind == "const":
+                a = self.enc.graph.constants[node.key]
+                return np.asarray(a).dtype, tuple(np.shape(a))
+            if node.kind == "lit":
+                v = self.enc.lits[node.key]
+                if isinstance(v, (np.ndarray, np.generic)):
+                    return v.dtype, tuple(v.shape)
+                return (None, ()) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        if cls not in self.view.consts:
+            return None
+        info = self.info(cls)
+        if info.shape is None or info.dtype == "unknown" or not all(isinstance(d, int) for d in info.shape):
+            return None
+        return np.dtype(info.dtype), tuple(info.shape)
 
     def refinable(self, info: ValueInfo) -> bool:
         """Whether inference could still learn a dim: one is unknown or named by shape inference

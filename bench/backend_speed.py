@@ -1,6 +1,21 @@
 """Benchmark of the C backend against ONNX Runtime on the corpus models, at 1 thread and at all cores.
 
 Run: python bench/backend_speed.py [--runs 15] [--models resnet18-ts,...] [--threads 1,all] [--json out.json]
+                                   [--overhead | --no-overhead] [--batches 41]
+
+First comes the per-call overhead table (alone with --overhead): what a call from Python costs beyond
+the kernels, on an identity model (one Identity node on a 1x3x32x32 input: the call copies 12 KB and
+does nothing else) and on the tiny example:mobilenet (optimized). Per call, in microseconds: the public
+path `saturate.compile_graph(graph)(x)` (CompiledModel.__call__, with the array and with a {name: array}
+dict), the Cython module's Model.run([x]), and sat_run called back to back in a C loop on the same
+buffers: the time inside sat_run, which is the kernels plus a few nanoseconds of sat_run's own set-up
+(a per-step profile cannot serve: its clock reads cost about a microsecond each on this machine, more
+than what is measured). "overhead" is call(x) minus sat_run, "run ovh" Model.run minus sat_run: medians
+over batches of back-to-back calls, every runner's batches interleaved in one process (the order
+rotating), the difference taken batch by batch. At 1 thread the clock is the calling thread's CPU time,
+which time slices lost to other processes do not inflate (every kernel runs on that thread); at more
+threads it is wall time, and only meaningful when the load is below the spare cores. ORT is
+session.run on the same graph and dict, for reference. See saturate.backend.bench.call_overhead.
 
 Each model is optimized (saturate.optimize), then compiled C and ONNX Runtime (every graph optimization, the
 same intra-op thread count, its threads not spinning between runs: see saturate.backend.bench.ort_session)
@@ -19,7 +34,7 @@ import sys
 from dataclasses import asdict
 
 from saturate import optimize
-from saturate.backend.bench import all_cores, benchmark, peak_gflops
+from saturate.backend.bench import all_cores, benchmark, call_overhead, format_overhead, identity_graph, peak_gflops
 from saturate.backend.build import isa, openblas_core
 from saturate.frontend import load_graph
 
@@ -33,8 +48,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=MODELS, help="corpus entries, comma-separated")
     parser.add_argument("--threads", default="1,all", help="thread counts, comma-separated; 'all' is every core")
     parser.add_argument("--json", help="also write every row as JSON")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--overhead", action="store_true", help="only the per-call overhead table")
+    which.add_argument("--no-overhead", action="store_true", help="skip the per-call overhead table")
+    parser.add_argument("--batches", type=int, default=41, help="interleaved batches of the overhead table (default 41)")
     args = parser.parse_args(argv)
     counts = [all_cores() if t == "all" else int(t) for t in args.threads.split(",")]
+    overhead = []
+    if not args.no_overhead:
+        print(f"per-call overhead: median of {args.batches} interleaved batches (thread CPU time at 1 thread, "
+              f"wall time at more)")
+        models = [("identity", identity_graph()), ("example:mobilenet", optimize(load_graph("example:mobilenet"))[0])]
+        print(format_overhead([]))
+        for name, graph in models:
+            for threads in counts:
+                row = call_overhead(graph, name, threads, args.batches)
+                print(format_overhead([row]).splitlines()[1])
+                sys.stdout.flush()
+                overhead.append(asdict(row))
+        print()
+        if args.overhead:
+            if args.json:
+                with open(args.json, "w", encoding="utf-8") as f:
+                    json.dump({"overhead": overhead}, f, indent=2)
+            return 0
     peak = peak_gflops()
     print(f"cores {all_cores()}, build {isa()}, OpenBLAS {openblas_core()}, measured peak {peak:.1f} GFLOP/s "
           f"per core; median of {args.runs} interleaved runs")
@@ -52,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             results += [dict(model=name, load=load, **asdict(r)) for r in rows.values()]
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"peak_gflops": peak, "rows": results}, f, indent=2)
+            json.dump({"peak_gflops": peak, "rows": results, "overhead": overhead}, f, indent=2)
     return 0
 
 

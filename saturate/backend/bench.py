@@ -252,3 +252,101 @@ def format_table(rows: list[Row], title: str = "", peak: float | None = None) ->
         lines.append(f"{r.name:<16} {r.median_ms:>10.2f} {r.ratio_to_ort:>7.2f}x {r.gflops:>9.1f} "
                      f"{100 * r.gflops / (peak * r.threads):>6.1f}% {err:>12}")
     return "\n".join(lines)
+
+
+@dataclass
+class Overhead:
+    """What one call costs beyond the kernels, for one model at one thread count: microseconds per call,
+    each the median over interleaved batches of back-to-back calls.
+
+    call_us: the public path, CompiledModel.__call__ on the arrays (`saturate.compile_graph(g)(x)`);
+    call_dict_us: the same with one {name: array} dict; run_us: the Cython module's Model.run([x]);
+    sat_run_us: sat_run called back to back in a C loop on the same buffers (Model.time_sat_run), the time
+    inside sat_run: the kernels plus sat_run's own few nanoseconds of set-up; ort_us: ONNX Runtime's
+    session.run on the same graph and dict, for reference. overhead_us (run_overhead_us) is the median
+    over batches of call_us (run_us) minus sat_run_us of the same batch: what the call from Python adds."""
+
+    model: str
+    threads: int
+    clock: str
+    calls_per_batch: int
+    batches: int
+    call_us: float
+    call_dict_us: float
+    run_us: float
+    sat_run_us: float
+    ort_us: float | None
+    overhead_us: float
+    run_overhead_us: float
+    load: float
+
+
+def identity_graph(shape: tuple[int, ...] = (1, 3, 32, 32)) -> Graph:
+    """One Identity node: a compiled call that copies its input to its output and does nothing else."""
+    from saturate.core.ir import Node
+
+    g = Graph(inputs=["x"], outputs=["y"], opset=17, name="identity")
+    g.values["x"] = ValueInfo("float32", tuple(shape))
+    g.nodes = [Node("Identity", ["x"], ["y"], name="identity")]
+    return g
+
+
+def call_overhead(graph: Graph, name: str = "", threads: int = 1, batches: int = 41, batch_seconds: float = 2e-3,
+                  ort: bool = True, seed: int = 0) -> Overhead:
+    """Per-call times of one compiled model (see Overhead), measured in this process with every runner's
+    batches interleaved (the order rotating each batch), so drift and other processes hit all alike.
+
+    At one thread every kernel runs on the calling thread and the clock is that thread's CPU time, which
+    time slices lost to other processes do not inflate; at more threads it is wall time."""
+    from saturate.backend.runtime import compile_graph
+
+    model = compile_graph(graph, threads=threads)
+    if len(model.segments) != 1 or model.fallback_ops:
+        raise SaturateError(f"{name or graph.name}: not one C segment; the overhead is measured on whole-C models")
+    module = model.segments[0].model
+    rng = np.random.default_rng(seed)
+    feed = {n: random_input(rng, shape, model.input_dtypes[n]) for n, shape in model.inputs}
+    xs = list(feed.values())
+    cpu = threads == 1
+    clock = time.thread_time_ns if cpu else time.perf_counter_ns
+
+    def timed(fn):
+        def batch(k: int) -> float:
+            t = clock()
+            for _ in range(k):
+                fn()
+            return (clock() - t) * 1e-9
+        return batch
+
+    runners = {"call": timed(lambda: model(*xs)), "call_dict": timed(lambda: model(feed)),
+               "run": timed(lambda: module.run(xs)),
+               "sat_run": lambda k: module.time_sat_run(xs, k, threads, cpu)}
+    if ort:
+        sess = ort_session(graph, threads)
+        runners["ort"] = timed(lambda: sess.run(None, feed))
+    for f in runners.values():  # warm-up: first-call costs (pool threads, page faults, caches)
+        f(20)
+    k = max(1, min(5000, round(batch_seconds / max(runners["call"](50) / 50, 1e-9))))
+    times: dict[str, list[float]] = {r: [] for r in runners}
+    order = list(runners)
+    load = os.getloadavg()[0]
+    for b in range(batches):
+        for r in order[b % len(order):] + order[:b % len(order)]:
+            times[r].append(runners[r](k) / k * 1e6)
+    med = {r: float(np.median(v)) for r, v in times.items()}
+    over = [c - s for c, s in zip(times["call"], times["sat_run"])]
+    run_over = [c - s for c, s in zip(times["run"], times["sat_run"])]
+    return Overhead(name or graph.name, threads, "thread CPU" if cpu else "wall", k, batches, med["call"],
+                    med["call_dict"], med["run"], med["sat_run"], med.get("ort"), float(np.median(over)),
+                    float(np.median(run_over)), max(load, os.getloadavg()[0]))
+
+
+def format_overhead(rows: list[Overhead]) -> str:
+    """Aligned text table of call_overhead rows."""
+    lines = [f"{'model':<20} {'threads':>7} {'call(x)':>8} {'call({})':>8} {'run':>8} {'sat_run':>9} "
+             f"{'overhead':>8} {'run ovh':>8} {'ORT':>8} {'load':>5}  (us per call)"]
+    for r in rows:
+        ort = "-" if r.ort_us is None else f"{r.ort_us:.2f}"
+        lines.append(f"{r.model:<20} {r.threads:>7} {r.call_us:>8.2f} {r.call_dict_us:>8.2f} {r.run_us:>8.2f} "
+                     f"{r.sat_run_us:>9.2f} {r.overhead_us:>8.2f} {r.run_overhead_us:>8.2f} {ort:>8} {r.load:>5.2f}")
+    return "\n".join(lines)

@@ -35,6 +35,7 @@ cdef extern from "binding.h" nogil:
     const int64_t *sat_input_shape(int i)
     const int64_t *sat_output_shape(int i)
     int satb_run(void **inputs, void **outputs, void *workspace, int threads)
+    double satb_time_runs(void **inputs, void **outputs, void *workspace, int threads, int64_t calls, int cpu_clock)
     double *satb_profile()
     void *satb_alloc(int64_t nbytes)
     int64_t sat_heap_bytes()
@@ -176,6 +177,29 @@ cdef class Model:
         sat_heap_reset_peak()
         self.run([np.zeros(shape, np.float32) for _, shape, _ in INPUTS], threads)
         return int(sat_heap_peak_bytes() - _heap_base)
+
+    def time_sat_run(self, arrays, int64_t calls, int threads=0, bint cpu_clock=True):
+        """Seconds `calls` back-to-back sat_run calls on `arrays` take, timed in C around the loop (the
+        calling thread's CPU time with `cpu_clock`, else wall time): the time inside sat_run, against which
+        the bench measures what a call from Python adds."""
+        cdef int n = threads if threads > 0 else self.threads
+        cdef int k, total = self._nin + self._nout
+        cdef void **ptrs
+        cdef double seconds
+        arrays = [np.ascontiguousarray(a, np.float32) for a in arrays]
+        outputs = [np.empty(shape, np.float32) for _, shape, _ in OUTPUTS]
+        if [a.shape for a in arrays] != [shape for _, shape, _ in INPUTS]:
+            raise ValueError(f"expected arrays of shapes {[shape for _, shape, _ in INPUTS]}")
+        ptrs = <void **>malloc(sizeof(void *) * (total + 1))
+        if ptrs == NULL:
+            raise MemoryError()
+        for k in range(total):
+            a = arrays[k] if k < self._nin else outputs[k - self._nin]
+            ptrs[k] = <void *><size_t>a.ctypes.data
+        with nogil:
+            seconds = satb_time_runs(ptrs, ptrs + self._nin, self._ws, n, calls, cpu_clock)
+        free(ptrs)
+        return seconds
 
     def step_seconds(self, int steps):
         """Accumulated seconds of each of the first `steps` kernel steps (profiling builds), else None."""

@@ -184,7 +184,12 @@ def binding_key() -> str:
 
 
 def binding_flags() -> list[str]:
-    return ["-O2", "-fPIC", "-pthread", "-Wall", "-Werror", f"-I{sysconfig.get_paths()['include']}", f"-I{KERNELS_DIR}"]
+    import numpy
+
+    # The module checks and allocates arrays through numpy's C API (binding.pyx); numpy's version is in
+    # the flags through its include path's headers, so it is named in the key as well (binding_key).
+    return ["-O2", "-fPIC", "-pthread", "-Wall", "-Werror", f"-I{sysconfig.get_paths()['include']}", f"-I{KERNELS_DIR}",
+            f"-I{numpy.get_include()}", "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION", f"-DSATB_NUMPY={numpy.__version__}"]
 
 
 def binding_object() -> Path:

@@ -107,12 +107,13 @@ class CompiledModel:
         self.emitted = segments[0].emitted if len(segments) == 1 else None
         self.workspace_bytes = sum(s.workspace_bytes for s in segments)
         # A graph that is one C segment taking the graph's inputs and giving its outputs is called straight
-        # through the module, which checks each array itself; anything it refuses takes the path below,
-        # whose messages name the problem in the model's terms.
-        whole = self.emitted is not None and len(part.pieces) == 1
-        self._direct = segments[0] if whole and [n for n, _ in segments[0].inputs] == [n for n, _ in self.inputs] \
-            and [n for n, _ in segments[0].outputs] == [o for o, _ in self.outputs] else None
-        self._names = [o for o, _ in self.outputs]
+        # through the module's Model.call (arrays in order or one dict; it checks each array itself and
+        # returns the dict); anything it refuses takes _call, whose messages name the problem in the
+        # model's terms.
+        whole = len(segments) == 1 and len(part.pieces) == 1 and part.pieces[0].kind == "c"
+        direct = whole and [n for n, _ in segments[0].inputs] == [n for n, _ in self.inputs] \
+            and [n for n, _ in segments[0].outputs] == [o for o, _ in self.outputs]
+        self._direct_call = segments[0].model.call if direct else None
 
     def _arrays(self, args, kwargs) -> list[np.ndarray]:
         if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
@@ -141,14 +142,14 @@ class CompiledModel:
         return arrays
 
     def __call__(self, *args, threads: int | None = None, **kwargs) -> dict[str, np.ndarray]:
-        n = int(threads or self.threads)
-        if self._direct is not None and n >= 1 and not kwargs and len(args) == len(self.inputs) \
-                and not isinstance(args[0], dict):
+        if self._direct_call is not None and not kwargs:
             try:
-                return dict(zip(self._names, self._direct.model.run(args, n)))
+                return self._direct_call(args, threads or self.threads)
             except (TypeError, ValueError):
                 pass
-        return self._call(args, kwargs, n)
+            except RuntimeError as err:
+                raise SaturateError(str(err)) from None
+        return self._call(args, kwargs, int(threads or self.threads))
 
     def _call(self, args, kwargs, n: int) -> dict[str, np.ndarray]:
         from saturate.interp import eval_node

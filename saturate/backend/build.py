@@ -174,11 +174,13 @@ def build_key(source: str, weights: bytes, sanitize: bool = False, profile: bool
 
 
 def binding_key() -> str:
-    """The hash of the Cython module's object: its source, Cython's and Python's versions, the compiler."""
+    """The hash of the Cython module's object: its source, Cython's, numpy's and Python's versions, the
+    compiler."""
     import Cython
+    import numpy
 
     parts = [(KERNELS_DIR / "binding.pyx").read_text(), (KERNELS_DIR / "binding.h").read_text(),
-             (KERNELS_DIR / "sat_api.h").read_text(), Cython.__version__, sys.version, EXTENSION,
+             (KERNELS_DIR / "sat_api.h").read_text(), Cython.__version__, numpy.__version__, sys.version, EXTENSION,
              compiler_version(compiler()), " ".join(binding_flags())]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
@@ -186,10 +188,10 @@ def binding_key() -> str:
 def binding_flags() -> list[str]:
     import numpy
 
-    # The module checks and allocates arrays through numpy's C API (binding.pyx); numpy's version is in
-    # the flags through its include path's headers, so it is named in the key as well (binding_key).
+    # The module checks and allocates arrays through numpy's C API (binding.pyx): numpy's headers, whose
+    # version binding_key names.
     return ["-O2", "-fPIC", "-pthread", "-Wall", "-Werror", f"-I{sysconfig.get_paths()['include']}", f"-I{KERNELS_DIR}",
-            f"-I{numpy.get_include()}", "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION", f"-DSATB_NUMPY={numpy.__version__}"]
+            f"-I{numpy.get_include()}", "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION"]
 
 
 def binding_object() -> Path:

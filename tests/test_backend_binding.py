@@ -265,6 +265,11 @@ def test_the_fast_call_path_gives_what_the_checked_path_gives_and_keeps_every_er
         with pytest.raises(kind, match=message) as err:
             call()
         assert "\n" not in str(err.value)
+    # More values than the module keeps pointers for on the stack.
+    chain = [Node("Relu", ["x"], ["r0"])] + [Node("Add", [f"r{i}", "x"], [f"r{i + 1}"]) for i in range(19)]
+    many = compile_graph(make(chain, {"x": (3,)}, outputs=[f"r{i}" for i in range(20)]))
+    got, want = many(x[0]), many._call((x[0],), {}, 1)
+    assert many._direct_call is not None and list(got) == list(want) and all(np.array_equal(got[k], want[k]) for k in want)
 
 
 def test_kernel_scratch_of_extra_threads_is_measured_and_counted_in_the_reported_workspace(tmp_path, capsys, monkeypatch):

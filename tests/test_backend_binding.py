@@ -224,11 +224,25 @@ def test_the_fast_call_path_gives_what_the_checked_path_gives_and_keeps_every_er
         unaligned[...] = x
         for odd in (wide[:, ::2], np.asfortranarray(x), unaligned):
             assert np.array_equal(m(odd, z)["y"], want["y"])
-    # Outputs are new arrays every call: a later call never overwrites what an earlier one returned.
+    # A later call never overwrites what an earlier one returned while anything holds it (the dict, a
+    # view, a memoryview); the model writes into its last outputs again only once the caller dropped them.
     first = model(x, z)
     kept = {k: v.copy() for k, v in first.items()}
     second = model(-x, z)
     assert all(np.array_equal(first[k], kept[k]) and first[k] is not second[k] for k in first)
+    address = second["y"].ctypes.data
+    del second
+    again = model(x, z)
+    assert again["y"].ctypes.data == address and all(np.array_equal(again[k], want[k]) for k in want)
+    row, view = again["y"][1], memoryview(again["s"])
+    del again
+    third = model(-x, z)
+    assert np.array_equal(row, want["y"][1]) and np.array_equal(np.asarray(view), want["s"])
+    third["y"].shape = (6,)  # changed in place, then dropped: the next call's "y" has the compiled shape
+    third["s"].flags.writeable = False
+    del third
+    fourth = model(x, z)
+    assert all(fourth[k].shape == (2, 3) and np.array_equal(fourth[k], want[k]) for k in want)
     # Every error of the public path is one line naming the problem in the model's terms.
     errors = [((x.astype(np.float64), z), {}, r"input 'x' has dtype float64; the compiled model expects float32"),
               ((x.T.copy(), z), {}, r"input 'x' has shape \(3, 2\); the compiled model expects \(2, 3\)"),

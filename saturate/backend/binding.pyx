@@ -8,14 +8,17 @@ model's code linked in, so `import saturate_model` with DIR on sys.path needs no
     outs = m(x)                         # {output name: float32 array}; m.run([x]) gives a list
 
 Inputs are read without copies: numpy arrays straight from their data pointer, other objects through
-the buffer protocol (float32, C-contiguous, the compiled shape). Every call returns new output arrays
-(a later call never overwrites them). The GIL is released while the C runs, and calls from several
-threads take turns.
+the buffer protocol (float32, C-contiguous, the compiled shape). A call's output arrays are never
+written by a later call while anything holds a reference to them (a dict, a view, a memoryview): the
+model keeps its last outputs and writes into them again only once it holds the last reference (the
+caller dropped them), which saves allocating and page-faulting them every call. The GIL is released
+while the C runs, and calls from several threads take turns.
 """
 
 cimport numpy as cnp
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.dict cimport PyDict_GetItem
+from cpython.list cimport PyList_GET_ITEM
 from cpython.ref cimport PyObject
 from libc.stdint cimport int64_t
 from libc.stdlib cimport calloc, free, malloc
@@ -26,6 +29,14 @@ import os
 import numpy as np
 
 cnp.import_array()
+
+
+cdef extern from *:
+    """
+    /* Whether the caller's reference is the only one (a borrowed pointer: no temporary reference counts). */
+    static int satb_sole_reference(PyObject *o) { return Py_REFCNT(o) == 1; }
+    """
+    bint satb_sole_reference(PyObject *o)
 
 
 cdef extern from "binding.h" nogil:
@@ -111,6 +122,7 @@ cdef class Model:
     cdef public int threads
     cdef readonly list inputs, outputs
     cdef readonly int64_t workspace_bytes
+    cdef list _kept  # the last outputs this model allocated, reused once it holds their only reference
 
     def __cinit__(self, weights=None, int threads=1):
         global _weights, _heap_base
@@ -131,6 +143,7 @@ cdef class Model:
         self.threads = threads
         self.inputs, self.outputs = INPUTS, OUTPUTS
         self.workspace_bytes = WORKSPACE_BYTES
+        self._kept = [None] * _NOUT
         self._ws = satb_alloc(WORKSPACE_BYTES)
         if self._ws == NULL:
             raise MemoryError(f"cannot allocate the {WORKSPACE_BYTES}-byte workspace")
@@ -181,7 +194,7 @@ cdef class Model:
         cdef int k, rc, total = _NIN + _NOUT
         cdef list fresh = None
         if given is None:
-            fresh = [cnp.PyArray_EMPTY(_RANK[k], _DIMS[k], cnp.NPY_FLOAT32, 0) for k in range(_NIN, total)]
+            fresh = self._outputs()
             given = tuple(fresh)
         if total > _STACK_POINTERS:
             ptrs = <void **>malloc(sizeof(void *) * total)
@@ -202,6 +215,22 @@ cdef class Model:
         out = {}
         for k in range(_NOUT):
             out[_OUTPUT_NAMES[k]] = given[k]
+        return out
+
+    cdef list _outputs(self):
+        """Arrays for this call's outputs: each one kept from an earlier call if the model holds its only
+        reference (so nothing can see it written) and it still fits (its shape, dtype or flags may have
+        been changed in place), else a new one, kept in its place."""
+        cdef PyObject *kept
+        cdef list out = []
+        for k in range(_NOUT):
+            kept = PyList_GET_ITEM(self._kept, k)
+            if satb_sole_reference(kept) and _takes(<object>kept, _NIN + k):
+                out.append(<object>kept)
+                continue
+            fresh = cnp.PyArray_EMPTY(_RANK[_NIN + k], _DIMS[_NIN + k], cnp.NPY_FLOAT32, 0)
+            self._kept[k] = fresh
+            out.append(fresh)
         return out
 
     def scratch_bytes(self, int threads=0):

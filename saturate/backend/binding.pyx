@@ -33,7 +33,8 @@ cnp.import_array()
 
 cdef extern from *:
     """
-    /* Whether the caller's reference is the only one (a borrowed pointer: no temporary reference counts). */
+    /* Whether the one reference to `o` is the one it was borrowed from (the model's list of kept outputs):
+     * read through a borrowed pointer, since an object variable would hold a reference of its own. */
     static int satb_sole_reference(PyObject *o) { return Py_REFCNT(o) == 1; }
     """
     bint satb_sole_reference(PyObject *o)
@@ -153,8 +154,8 @@ cdef class Model:
 
     def run(self, arrays, int threads=0, outputs=None):
         """Run on a sequence of float32, C-contiguous arrays (or any buffers) of the input shapes, in order;
-        returns the outputs as a list of new float32 arrays (or fills `outputs`, buffers of the output
-        shapes, and returns them)."""
+        returns the outputs as a list of float32 arrays no one else holds (new, or this model's last
+        ones once dropped), or fills `outputs`, buffers of the output shapes, and returns them."""
         if len(arrays) != _NIN:
             raise ValueError(f"the model takes {_NIN} input(s), got {len(arrays)}")
         if outputs is None:
@@ -165,7 +166,7 @@ cdef class Model:
         return outputs
 
     def call(self, tuple args, int threads):
-        """{output name: new array} of a call on `args`: the input arrays in order, or one {name: array}
+        """{output name: array} of a call on `args`: the input arrays in order, or one {name: array}
         dict; `threads` >= 1. What CompiledModel calls; raises TypeError or ValueError on what it refuses."""
         if threads < 1:
             raise ValueError(f"thread count must be at least 1, got {threads}")

@@ -108,6 +108,11 @@ static void sat_parallel(int64_t n, sat_body fn, void *ctx) {
         pthread_detach(th);
         sat_pool.started++;
     }
+    /* Close the last job's ticket before its fields are reused: a worker that read the ticket while that
+     * job ran may reach its claim only now, and must not claim an item of the job written below under the
+     * old numbering (its compare-exchange now fails), nor count it into the new job's `done`. */
+    atomic_store(&sat_pool.ticket, atomic_load(&sat_pool.ticket) | 0xFFFFFFFFu);
+    atomic_thread_fence(memory_order_seq_cst);
     sat_pool.fn = fn;
     sat_pool.ctx = ctx;
     sat_pool.n = n;

@@ -206,7 +206,7 @@ def test_composites_become_rules_with_one_enode_on_the_right():
     # The ordinary rule compiler takes them: the right side is one e-node of the composite's op.
     g = Graph(inputs=["x"], outputs=["y"], nodes=[Node("Relu", ["x"], ["y"])])
     compiled = compile_rules(rules, encode_graph(g))
-    assert any("Op_CompositeConvBiasAddRelu_4" in line for cr in compiled for line in cr.text)
+    assert any("Op_CompositeConvBiasAddRelu_4" in line for cr in compiled for line in cr.text + cr.apply_text)
 
 
 def test_composite_cost_is_its_ops_minus_the_interior_traffic():

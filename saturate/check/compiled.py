@@ -69,7 +69,7 @@ def _op_paths(t: Term, path: tuple[int, ...]) -> list[tuple[tuple[int, ...], OpT
 
 def _body(cr: CompiledRule) -> Any:
     """The term the rewriting rule unions with the match's root."""
-    text = cr.text[-1]
+    text = (cr.apply_text or cr.text)[-1]
     start = text.index("(union root ") + len("(union root ")
     term, _ = _parse(text, start)
     return term

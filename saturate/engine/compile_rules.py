@@ -62,6 +62,9 @@ class CompiledRule:
     extras: list[tuple[str, Term]] = field(default_factory=list)   # T columns: queries, attrs, lits
     checked: bool = False
     text: list[str] = field(default_factory=list)
+    # A guarded rule's `Ok` relation and apply rule, declared when its first Ok row is (most
+    # guarded rules never fire on a given graph, and each declaration costs egglog about 1 ms).
+    apply_text: list[str] = field(default_factory=list)
     attr_tests: list[AttrTest] = field(default_factory=list)      # decided by relations in egglog
 
     @property
@@ -276,10 +279,10 @@ def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
     # Ok rows are integers, read in bulk from a file (saturate.engine.encode.Rows): the Ref of
     # each matched e-class, attribute-set ids, and literal ids for the values Python computed.
     ok = cr.ok_columns()
-    cr.text.append(f"(relation Ok_{cr.index} ({' '.join(['i64'] * len(ok))}))")
+    cr.apply_text.append(f"(relation Ok_{cr.index} ({' '.join(['i64'] * len(ok))}))")
     cr.text.append(f'{declare}(rule ({query}) ((Cand_{cr.index} {cand})) :ruleset {cr.group} :name "m{cr.name}")')
     classes = 1 + len(cr.vars)
     bind = [f"(let {c} (Ref k_{c}))" for c in ok[:classes]] + [f"(let {c} (Lit k_{c}))" for c, _ in cr.extras]
     heads = [f"k_{c}" for c in ok[:classes]] + ok[classes:len(ok) - len(cr.extras)] + [f"k_{c}" for c, _ in cr.extras]
-    cr.text.append(f'(rule ((Ok_{cr.index} {" ".join(heads)})) ({" ".join(bind)} (union root {body})) '
-                   f':ruleset apply :name "{cr.name}")')
+    cr.apply_text.append(f'(rule ((Ok_{cr.index} {" ".join(heads)})) ({" ".join(bind)} (union root {body})) '
+                         f':ruleset apply :name "{cr.name}")')

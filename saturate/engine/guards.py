@@ -27,6 +27,7 @@ class Checker:
         self.eg, self.enc = eg, enc
         self.seen: set = set()
         self.undecided: dict[tuple, list] = {}   # candidate -> the reads it was left undecided on
+        self.applying: set[int] = set()          # rules whose apply rule is declared
         self.cut = False
 
     def check(self, rules: list[CompiledRule], view: EGraphView, facts: Facts,
@@ -70,6 +71,9 @@ class Checker:
                 if None in refs:
                     self.seen.discard(key)   # no spelling yet (cycles only): try next iteration
                     continue
+                if cr.index not in self.applying:
+                    self.applying.add(cr.index)
+                    rows.commands.extend(cr.apply_text)
                 rows.add_ints(f"Ok_{cr.index}", *refs, *attr_ids, *cols)
         return rows
 

@@ -1,7 +1,8 @@
 """C backend: the portable vector kernels (vec.h) against the reference interpreter and ONNX Runtime:
 depthwise convolution, convs with few output pixels run as dot products, products with few rows, and
 the call-free erf. Shapes are chosen to reach every branch: rows wider than four vectors and narrower
-than one, strides 1 to 3 (phase-split padded planes), dilation, asymmetric pads, channel multipliers."""
+than one, strides 1 to 3 (phase-split padded planes), dilation, asymmetric pads, channel multipliers,
+channel counts off the 8 lanes of the channels-in-lanes kernel."""
 
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ DEPTHWISE = [
     ((2, 20, 6, 6), 1, (5, 5), {"pads": [2, 2, 2, 2]}),
     ((1, 37, 7, 7), 1, (3, 3), {"pads": [1, 1, 1, 1]}),
     ((1, 17, 5, 4), 1, (3, 3), {"pads": [3, 2, 1, 0]}),                       # pads wider than the kernel reach
+    # channels in the lanes (sat_conv_dwt, AVX2 builds): rows of whole and partial 8-column blocks, a plane
+    # smaller than one 8-pixel block, full channel groups over two images
+    ((1, 13, 24, 21), 1, (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 9, 3, 3), 1, (5, 5), {"pads": [2, 2, 2, 2]}),
+    ((2, 16, 12, 12), 1, (3, 3), {"pads": [1, 1, 1, 1]}),
 ]
 
 

@@ -66,6 +66,9 @@ def static_input_shapes(graph: Graph, overrides: dict | None = None) -> dict[str
 # The AVX-512 micro-kernel of gemm.h runs convs when builds target AVX-512 (native ISA on such a CPU).
 PACKED_GEMM = avx512_build() and os.environ.get("SATURATE_CONV_GEMM", "packed") == "packed"
 PANEL, NR, KC = 8, 32, 256  # SAT_MR, SAT_NR and SAT_KC in gemm.h
+# Depthwise convs run with channels in the vector lanes where the build has that kernel (sat_conv_dw_lanes,
+# vec.h); SATURATE_DW=rows keeps them on the kernels along each plane's rows (side-by-side timing).
+DW_KERNEL = "sat_conv_depthwise" if os.environ.get("SATURATE_DW", "lanes") == "rows" else "sat_conv_dw_lanes"
 
 
 def pack_weights(w: np.ndarray, group: int, panel: int = PANEL, kc: int = KC) -> np.ndarray:
@@ -319,7 +322,7 @@ class Emitter:
                              f"{H}, {W}, {w[0]}, {geo}, {group}, {scalar}, {unit});\n")
             return
         if w[1] == 1:
-            self.body.append(f"    sat_conv_depthwise({xp}, {self.ptr(node.inputs[1])}, {out}, {x[0]}, {x[1]}, {H}, {W}, "
+            self.body.append(f"    {DW_KERNEL}({xp}, {self.ptr(node.inputs[1])}, {out}, {x[0]}, {x[1]}, {H}, {W}, "
                              f"{w[0]}, {geo}, {epi});\n")
             return
         if runs_packed(node, sh, self.g.constants, PACKED_GEMM):

@@ -8,6 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #if defined(__AVX512F__)
 #define SAT_VL 16
 #else
@@ -269,6 +273,179 @@ static void sat_conv_depthwise(const float *x, const float *w, float *y, int N, 
         }
     sat_dw_args a = {x, w, y, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, Hp, Wp, Wq, toff, epi};
     sat_parallel((int64_t)N * C, sat_dw_channel, &a);
+}
+
+/* ---- depthwise convolution, channels in the lanes (AVX2) ------------------------------------------------
+ * The kernels above vectorize along a plane's rows, and a plane of 12, 6 or 3 columns leaves lanes idle
+ * and pays per-row costs many times over. Here the 8 lanes are 8 channels instead: a group's planes are
+ * transposed, 8 x 8 blocks at a time in registers, into one zero-padded plane of 8-channel pixels (pixel (r, c)
+ * at (r Wp + c) 8); an output pixel is then one aligned load and FMA per tap against the tap's 8 weights, for
+ * any stride, width or padding, 8 output pixels at a time; the 8 accumulators are transposed back into 8
+ * consecutive outputs of each channel and stored. The zero border is written once per work item: every
+ * group of the item overwrites the same interior. */
+#if defined(__AVX2__) && SAT_VL == 8
+#define SAT_HAVE_DWT 1
+
+#define SAT_T8x8(r0, r1, r2, r3, r4, r5, r6, r7)                                                           \
+    do {                                                                                                \
+        const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);                 \
+        const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);                 \
+        const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);                 \
+        const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);                 \
+        const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);       \
+        const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);       \
+        const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);       \
+        const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);       \
+        r0 = _mm256_permute2f128_ps(s0, s4, 0x20), r1 = _mm256_permute2f128_ps(s1, s5, 0x20);          \
+        r2 = _mm256_permute2f128_ps(s2, s6, 0x20), r3 = _mm256_permute2f128_ps(s3, s7, 0x20);          \
+        r4 = _mm256_permute2f128_ps(s0, s4, 0x31), r5 = _mm256_permute2f128_ps(s1, s5, 0x31);          \
+        r6 = _mm256_permute2f128_ps(s2, s6, 0x31), r7 = _mm256_permute2f128_ps(s3, s7, 0x31);          \
+    } while (0)
+
+/* Lanes below n set: the mask of maskload and maskstore. */
+static inline __m256i sat_mask8(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+typedef struct {
+    const float *x, *w;
+    float *y;
+    int C, H, W, OH, OW, ph, pw, Hp, Wp, T, per; /* per: channel groups per work item */
+    const int32_t *toff; /* per tap: its offset (kh dh Wp + kw dw) 8 into the interleaved plane */
+    const int32_t *pix;  /* per output pixel: its window's origin (oh sh Wp + ow sw) 8 */
+    sat_epi epi;
+} sat_dwt_args;
+
+static float *sat_dwt_buf[SAT_MAX_THREADS];
+static size_t sat_dwt_cap[SAT_MAX_THREADS];
+
+static void sat_dwt_item(void *ctx, int64_t item, int tid) {
+    const sat_dwt_args *a = ctx;
+    const int C = a->C, H = a->H, W = a->W, Wp = a->Wp, T = a->T, groups = (C + 7) / 8;
+    const int items = (groups + a->per - 1) / a->per;
+    const int64_t n = item / items, P = (int64_t)a->OH * a->OW;
+    const int g0 = (int)(item % items) * a->per, g1 = g0 + a->per < groups ? g0 + a->per : groups;
+    const size_t plane = (size_t)a->Hp * Wp * 8;
+    float *xt = sat_thread_buf(&sat_dwt_buf[tid], &sat_dwt_cap[tid], plane + (size_t)T * 8);
+    if (!xt) abort();
+    float *wt = xt + plane;
+    memset(xt, 0, sizeof(float) * plane);
+    /* input rows and columns the windows reach: padded pixel (r, c) holds input (r - ph, c - pw) */
+    const int r0 = a->ph > 0 ? 0 : -a->ph, r1 = H + a->ph < a->Hp ? H : a->Hp - a->ph;
+    const int q0 = a->pw > 0 ? 0 : -a->pw, q1 = W + a->pw < Wp ? W : Wp - a->pw;
+    const int32_t *toff = a->toff, *pix = a->pix;
+    for (int g = g0; g < g1; g++) {
+        const int c0 = g * 8, nc = C - c0 < 8 ? C - c0 : 8;
+        /* lanes past the last channel read channel c0 again; their results are not stored */
+        const float *xc[8];
+        for (int l = 0; l < 8; l++) {
+            const int c = c0 + (l < nc ? l : 0);
+            xc[l] = a->x + ((int64_t)n * C + c) * H * W;
+            for (int t = 0; t < T; t++) wt[t * 8 + l] = a->w[(int64_t)c * T + t];
+        }
+        for (int ih = r0; ih < r1; ih++) {
+            float *d = xt + ((int64_t)(ih + a->ph) * Wp + a->pw) * 8;
+            const int64_t ro = (int64_t)ih * W;
+            for (int iw = q0; iw < q1; iw += 8) {
+                const int k = q1 - iw < 8 ? q1 - iw : 8;
+                __m256 v0, v1, v2, v3, v4, v5, v6, v7;
+                if (k == 8) {
+                    v0 = _mm256_loadu_ps(xc[0] + ro + iw), v1 = _mm256_loadu_ps(xc[1] + ro + iw);
+                    v2 = _mm256_loadu_ps(xc[2] + ro + iw), v3 = _mm256_loadu_ps(xc[3] + ro + iw);
+                    v4 = _mm256_loadu_ps(xc[4] + ro + iw), v5 = _mm256_loadu_ps(xc[5] + ro + iw);
+                    v6 = _mm256_loadu_ps(xc[6] + ro + iw), v7 = _mm256_loadu_ps(xc[7] + ro + iw);
+                } else {
+                    const __m256i m = sat_mask8(k);
+                    v0 = _mm256_maskload_ps(xc[0] + ro + iw, m), v1 = _mm256_maskload_ps(xc[1] + ro + iw, m);
+                    v2 = _mm256_maskload_ps(xc[2] + ro + iw, m), v3 = _mm256_maskload_ps(xc[3] + ro + iw, m);
+                    v4 = _mm256_maskload_ps(xc[4] + ro + iw, m), v5 = _mm256_maskload_ps(xc[5] + ro + iw, m);
+                    v6 = _mm256_maskload_ps(xc[6] + ro + iw, m), v7 = _mm256_maskload_ps(xc[7] + ro + iw, m);
+                }
+                SAT_T8x8(v0, v1, v2, v3, v4, v5, v6, v7);
+                float *o = d + (int64_t)iw * 8;
+                _mm256_store_ps(o, v0);
+                if (k > 1) _mm256_store_ps(o + 8, v1);
+                if (k > 2) _mm256_store_ps(o + 16, v2);
+                if (k > 3) _mm256_store_ps(o + 24, v3);
+                if (k > 4) _mm256_store_ps(o + 32, v4);
+                if (k > 5) _mm256_store_ps(o + 40, v5);
+                if (k > 6) _mm256_store_ps(o + 48, v6);
+                if (k > 7) _mm256_store_ps(o + 56, v7);
+            }
+        }
+        float *yc = a->y + ((int64_t)n * C + c0) * P;
+        for (int64_t p = 0; p < P; p += 8) {
+            const int np = P - p < 8 ? (int)(P - p) : 8;
+            /* pixels past the plane's end repeat its last, so every load stays in the plane */
+#define SAT_DWT_BASE(i) const float *b##i = xt + pix[p + (i < np ? i : np - 1)]
+            SAT_DWT_BASE(0); SAT_DWT_BASE(1); SAT_DWT_BASE(2); SAT_DWT_BASE(3);
+            SAT_DWT_BASE(4); SAT_DWT_BASE(5); SAT_DWT_BASE(6); SAT_DWT_BASE(7);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (int t = 0; t < T; t++) {
+                const int64_t o = toff[t];
+                const __m256 wv = _mm256_load_ps(wt + t * 8);
+                a0 = _mm256_fmadd_ps(wv, _mm256_load_ps(b0 + o), a0);
+                a1 = _mm256_fmadd_ps(wv, _mm256_load_ps(b1 + o), a1);
+                a2 = _mm256_fmadd_ps(wv, _mm256_load_ps(b2 + o), a2);
+                a3 = _mm256_fmadd_ps(wv, _mm256_load_ps(b3 + o), a3);
+                a4 = _mm256_fmadd_ps(wv, _mm256_load_ps(b4 + o), a4);
+                a5 = _mm256_fmadd_ps(wv, _mm256_load_ps(b5 + o), a5);
+                a6 = _mm256_fmadd_ps(wv, _mm256_load_ps(b6 + o), a6);
+                a7 = _mm256_fmadd_ps(wv, _mm256_load_ps(b7 + o), a7);
+            }
+            /* a_i: pixel p + i of the 8 channels; transposed, a_l: channel l's pixels p .. p + 7 */
+            SAT_T8x8(a0, a1, a2, a3, a4, a5, a6, a7);
+            __m256 out[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+            if (np == 8)
+                for (int l = 0; l < nc; l++) _mm256_storeu_ps(yc + l * P + p, out[l]);
+            else {
+                const __m256i m = sat_mask8(np);
+                for (int l = 0; l < nc; l++) _mm256_maskstore_ps(yc + l * P + p, m, out[l]);
+            }
+        }
+        if (a->epi)
+            for (int l = 0; l < nc; l++) a->epi(a->y, ((int64_t)n * C + c0 + l) * P, P);
+    }
+}
+
+/* Depthwise convolution with channels in the lanes (one output channel per input channel); pix holds
+ * OH * OW ints of scratch. */
+static void sat_conv_dwt(const float *x, const float *w, float *y, int N, int C, int H, int W, int KH, int KW,
+                         int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi) {
+    const int Hp = (OH - 1) * sh + (KH - 1) * dh + 1, Wp = (OW - 1) * sw + (KW - 1) * dw + 1, T = KH * KW;
+    const int64_t P = (int64_t)OH * OW;
+    int32_t toff[T];
+    int32_t *pix = malloc(sizeof(int32_t) * (size_t)P);
+    if (!pix) abort();
+    for (int kh = 0; kh < KH; kh++)
+        for (int kw = 0; kw < KW; kw++) toff[kh * KW + kw] = (kh * dh * Wp + kw * dw) * 8;
+    for (int oh = 0; oh < OH; oh++)
+        for (int ow = 0; ow < OW; ow++) pix[oh * OW + ow] = (oh * sh * Wp + ow * sw) * 8;
+    /* about 2K outputs per item, and at least 4 items per thread when the channels allow */
+    const int groups = (C + 7) / 8;
+    int per = (int)((2048 + 8 * P - 1) / (8 * P));
+    const int most = (groups + 4 * sat_threads - 1) / (4 * sat_threads);
+    if (sat_threads > 1 && per > most) per = most;
+    if (per < 1) per = 1;
+    if (per > groups) per = groups;
+    sat_dwt_args a = {x, w, y, C, H, W, OH, OW, ph, pw, Hp, Wp, T, per, toff, pix, epi};
+    sat_parallel((int64_t)N * ((groups + per - 1) / per), sat_dwt_item, &a);
+    free(pix);
+}
+#endif
+
+/* Depthwise convolution: channels in the lanes where the build has that kernel (AVX2) and each output
+ * channel reads its own input channel, else the kernels along the rows. */
+static void sat_conv_dw_lanes(const float *x, const float *w, float *y, int N, int C, int H, int W, int M, int KH,
+                              int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi) {
+#ifdef SAT_HAVE_DWT
+    const int64_t Hp = (int64_t)(OH - 1) * sh + (KH - 1) * dh + 1, Wp = (int64_t)(OW - 1) * sw + (KW - 1) * dw + 1;
+    if (M == C && (int64_t)OH * OW > 0 && Hp * Wp * 8 < ((int64_t)1 << 31)) {
+        sat_conv_dwt(x, w, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi);
+        return;
+    }
+#endif
+    sat_conv_depthwise(x, w, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi);
 }
 
 /* ---- products with few rows ----------------------------------------------------------------------

@@ -18,6 +18,8 @@ TILE_BYTES = int(os.environ.get("SATURATE_TILE_BYTES", 192 * 1024))
 DOT_MAXP, DOT_MINK = 16, 32
 # SATURATE_PGEMM=0 sends convs back to im2col + OpenBLAS on builds without AVX-512 (for side-by-side timing).
 PGEMM = os.environ.get("SATURATE_PGEMM", "1") != "0"
+# SATURATE_PROJ=packed keeps projection convs on pgemm.h's transposed tile (see runs_packed; side-by-side timing).
+PROJ_BLAS = os.environ.get("SATURATE_PROJ", "blas") == "blas"
 # Kernels whose output loop can apply an epilogue while the row is still in cache.
 EPILOGUE_HOSTS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
                   "BatchNormalization", "LayerNormalization"} | ELEMENTWISE_UNARY | ELEMENTWISE_BINARY
@@ -190,6 +192,13 @@ def runs_packed(node: Node, shapes: dict, constants, packed: bool) -> bool:
     # and projection convs of MobileNetV2 and EfficientNet-B0: those keep their kernels. The transposed
     # product (few pixels) and unfolded-free kxk convs are the ones faster on the tile.
     layout = conv_layout(x, w, win, int(node.attr("group", 1)))
+    # 1x1 projections to fewer than 256 channels from at least twice as many (closing the MobileNetV2 and
+    # EfficientNet-B0 blocks on 3x3 and 6x6 maps) ran 5-25% faster as dot products (at most DOT_MAXP
+    # pixels) or OpenBLAS sgemm than on the transposed tile; ResNet-50's to 256 and 512 channels ran
+    # 4-16% slower there, and those to 320 level.
+    mg = w[0] // int(node.attr("group", 1))
+    if layout == 1 and PROJ_BLAS and win.kh * win.kw == 1 and k >= 2 * mg and mg < 256:
+        return False
     return layout == 1 or (layout == 2 and win.kh * win.kw > 1) or os.environ.get("SATURATE_CONV_LAYOUT") is not None
 
 

@@ -69,6 +69,16 @@ def test_depthwise_conv_fused_bias_and_activation(act):
     check_three_way(make(nodes, {"x": (1, 24, 14, 14)}, consts))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_conv_per_channel_epilogue_with_a_batched_operand(threads):
+    """The channels-in-lanes kernel applies a per-channel epilogue to 8 channels at once: an operand varying
+    with the image as well (a squeeze-excite scale, 2 x 13 x 1 x 1) must be read at each image's channels."""
+    consts = {"w": arr(7, (13, 1, 3, 3)), "b": arr(8, (13,))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], {"group": 13, "pads": [1, 1, 1, 1]}),
+             Node("Mul", ["c", "s"], ["m"]), Node("Relu", ["m"], ["y"])]
+    check_three_way(make(nodes, {"x": (2, 13, 6, 5), "s": (2, 13, 1, 1)}, consts), threads=threads)
+
+
 DOT_CONVS = [
     # (input shape, weight shape, attrs): at most 16 output pixels and a reduction of 32 or more
     ((1, 96, 3, 3), (160, 96, 1, 1), {}),                                     # 1x1 on a 3x3 map

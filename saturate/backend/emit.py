@@ -114,6 +114,7 @@ class Emitter:
         self.funcs: list[str] = []
         self.body: list[str] = []
         self.vector: dict[str, str] = {}  # scalar epilogue name -> its vector form
+        self.vector8: dict[str, str] = {}  # scalar epilogue name -> its 8-channel form (every step per channel)
 
     # ---- storage ----------------------------------------------------------------------------
     def weight(self, key, array: np.ndarray) -> str:
@@ -211,6 +212,16 @@ class Emitter:
                   else f"_mm256_add_ps(v, {ld(key)})") for key, fmt in extra or []]
         steps += [(lambda ld, node=node, ci=chain_in: vec_expr(node, ci, lambda k: ld(self.bn_key(k)), self.g))
                   for node, chain_in in members]
+        # The 8-channel AVX2 form (sat_conv_dwt), when every step reads only per-channel operands.
+        lanes8 = [st(lambda key: operand(key)[1].chan_load8(operand(key)[0])) for st in steps]
+        if all(lanes8):
+            text = "".join(f"    v = {e};\n" for e in lanes8)
+            decl = "".join(f"    const float *restrict p{k} = {o.ptr};\n" for k, o in enumerate(ops)
+                           if o.ptr and re.search(rf"\bp{k}\b", text))
+            name8 = "pwc8" + name[2:]
+            self.funcs.append(f"#ifdef SAT_HAVE_DWT\nstatic inline __m256 {name8}(__m256 v, int64_t q, __m256i mc) {{\n"
+                              f"    (void)mc;\n{decl}{text}    return v;\n}}\n#endif\n")
+            self.vector8[name] = name8
         per_channel, rest = [], []
         for st in steps:
             e = None if rest else st(lambda key: operand(key)[1].chan_load(operand(key)[0]))
@@ -302,7 +313,8 @@ class Emitter:
         if len(node.inputs) > 2 and node.inputs[2]:
             extra.append(((node.inputs[2], None, (w[0],) + (1,) * (len(x) - 2)), "v + {}"))
         direct = runs_direct(node, sh, self.g.constants, PACKED_GEMM)
-        epi = self.epilogue(step, chain, oshape, 2, extra, vector=direct)
+        lanes = w[1] == 1 and DW_KERNEL == "sat_conv_dw_lanes"
+        epi = self.epilogue(step, chain, oshape, 2, extra, vector=direct or lanes)
         H, W = (x[2], x[3]) if len(x) == 4 else (1, x[2])
         geo = f"{win.kh}, {win.kw}, {win.oh}, {win.ow}, {win.sh}, {win.sw}, {win.ph}, {win.pw}, {win.dh}, {win.dw}"
         xp = self.ptr(node.inputs[0])
@@ -322,8 +334,17 @@ class Emitter:
                              f"{H}, {W}, {w[0]}, {geo}, {group}, {scalar}, {unit});\n")
             return
         if w[1] == 1:
+            item = ""
+            if lanes:
+                # A work-item function per conv inlines the epilogue when its 8-channel form exists.
+                item = ", NULL"
+                if epi in self.vector8:
+                    item = f", dwt_{len(self.funcs)}"
+                    self.funcs.append(f"#ifdef SAT_HAVE_DWT\nstatic void {item[2:]}(void *ctx, int64_t i, int tid) "
+                                      f"{{ sat_dwt_run(ctx, i, tid, {self.vector8[epi]}); }}\n#else\n"
+                                      f"#define {item[2:]} NULL\n#endif\n")
             self.body.append(f"    {DW_KERNEL}({xp}, {self.ptr(node.inputs[1])}, {out}, {x[0]}, {x[1]}, {H}, {W}, "
-                             f"{w[0]}, {geo}, {epi});\n")
+                             f"{w[0]}, {geo}, {epi}{item});\n")
             return
         if runs_packed(node, sh, self.g.constants, PACKED_GEMM):
             # Weights packed once here in the panels of the tile side they take (pgemm.h).

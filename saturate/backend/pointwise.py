@@ -88,6 +88,21 @@ class Operand:
             return f"_mm512_maskz_loadu_ps(mc, p{k} + {base} + q % {c})"
         return None
 
+    def chan_load8(self, k: int) -> str | None:
+        """AVX2 load of this operand for 8 consecutive channels at one pixel (planes q .. q+7, lanes `mc`, an
+        __m256i mask), None unless it is constant over the pixel axes."""
+        if self.kind == "literal":
+            return f"_mm256_set1_ps({c_float(self.literal)})"
+        if self.kind != "scalar" or len(self.oshape) < 2 or any(self.bstr[2:]):
+            return None
+        n, c = self.oshape[0], self.oshape[1]
+        base = f"((q / {c}) % {n}) * {self.bstr[0]}" if self.bstr[0] and n > 1 else "0"
+        if self.bstr[1] == 0 or c == 1:
+            return f"_mm256_set1_ps(p{k}[{base}])"
+        if self.bstr[1] == 1:
+            return f"_mm256_maskload_ps(p{k} + {base} + q % {c}, mc)"
+        return None
+
     def vload(self, k: int) -> str | None:
         """AVX-512VL load of 8 consecutive outputs' operands (lanes `mk`), None for gathers."""
         if self.kind == "literal":

@@ -319,7 +319,13 @@ typedef struct {
 static float *sat_dwt_buf[SAT_MAX_THREADS];
 static size_t sat_dwt_cap[SAT_MAX_THREADS];
 
-static void sat_dwt_item(void *ctx, int64_t item, int tid) {
+/* A fused epilogue whose every step is per channel, on 8 channels' values at one pixel: lanes m of the
+ * planes q .. q + 7 (emitted per conv as pwc8_K, so it inlines into the kernel below). */
+typedef __m256 (*sat_epc8)(__m256 v, int64_t q, __m256i m);
+
+/* Work item: `per` groups of 8 channels of one image. With `epc` the epilogue runs on the accumulators
+ * before they are transposed (one operand load per 8 channels for all 8 pixels), else `epi` on each plane. */
+static inline __attribute__((always_inline)) void sat_dwt_run(void *ctx, int64_t item, int tid, sat_epc8 epc) {
     const sat_dwt_args *a = ctx;
     const int C = a->C, H = a->H, W = a->W, Wp = a->Wp, T = a->T, groups = (C + 7) / 8;
     const int items = (groups + a->per - 1) / a->per;
@@ -393,6 +399,12 @@ static void sat_dwt_item(void *ctx, int64_t item, int tid) {
                 a6 = _mm256_fmadd_ps(wv, _mm256_load_ps(b6 + o), a6);
                 a7 = _mm256_fmadd_ps(wv, _mm256_load_ps(b7 + o), a7);
             }
+            if (epc) {
+                const __m256i mc = sat_mask8(nc);
+                const int64_t q = (int64_t)n * C + c0;
+                a0 = epc(a0, q, mc), a1 = epc(a1, q, mc), a2 = epc(a2, q, mc), a3 = epc(a3, q, mc);
+                a4 = epc(a4, q, mc), a5 = epc(a5, q, mc), a6 = epc(a6, q, mc), a7 = epc(a7, q, mc);
+            }
             /* a_i: pixel p + i of the 8 channels; transposed, a_l: channel l's pixels p .. p + 7 */
             SAT_T8x8(a0, a1, a2, a3, a4, a5, a6, a7);
             __m256 out[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
@@ -403,15 +415,17 @@ static void sat_dwt_item(void *ctx, int64_t item, int tid) {
                 for (int l = 0; l < nc; l++) _mm256_maskstore_ps(yc + l * P + p, m, out[l]);
             }
         }
-        if (a->epi)
+        if (!epc && a->epi)
             for (int l = 0; l < nc; l++) a->epi(a->y, ((int64_t)n * C + c0 + l) * P, P);
     }
 }
 
-/* Depthwise convolution with channels in the lanes (one output channel per input channel); pix holds
- * OH * OW ints of scratch. */
+static void sat_dwt_item(void *ctx, int64_t item, int tid) { sat_dwt_run(ctx, item, tid, NULL); }
+
+/* Depthwise convolution with channels in the lanes (one output channel per input channel); `item` is the
+ * emitter's instantiation of sat_dwt_run with its vector epilogue, or NULL (then `epi` runs per plane). */
 static void sat_conv_dwt(const float *x, const float *w, float *y, int N, int C, int H, int W, int KH, int KW,
-                         int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi) {
+                         int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi, sat_body item) {
     const int Hp = (OH - 1) * sh + (KH - 1) * dh + 1, Wp = (OW - 1) * sw + (KW - 1) * dw + 1, T = KH * KW;
     const int64_t P = (int64_t)OH * OW;
     int32_t toff[T];
@@ -429,22 +443,24 @@ static void sat_conv_dwt(const float *x, const float *w, float *y, int N, int C,
     if (per < 1) per = 1;
     if (per > groups) per = groups;
     sat_dwt_args a = {x, w, y, C, H, W, OH, OW, ph, pw, Hp, Wp, T, per, toff, pix, epi};
-    sat_parallel((int64_t)N * ((groups + per - 1) / per), sat_dwt_item, &a);
+    sat_parallel((int64_t)N * ((groups + per - 1) / per), item ? item : sat_dwt_item, &a);
     free(pix);
 }
 #endif
 
 /* Depthwise convolution: channels in the lanes where the build has that kernel (AVX2) and each output
- * channel reads its own input channel, else the kernels along the rows. */
+ * channel reads its own input channel, else the kernels along the rows. `item`: see sat_conv_dwt. */
 static void sat_conv_dw_lanes(const float *x, const float *w, float *y, int N, int C, int H, int W, int M, int KH,
-                              int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi) {
+                              int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi,
+                              sat_body item) {
 #ifdef SAT_HAVE_DWT
     const int64_t Hp = (int64_t)(OH - 1) * sh + (KH - 1) * dh + 1, Wp = (int64_t)(OW - 1) * sw + (KW - 1) * dw + 1;
     if (M == C && (int64_t)OH * OW > 0 && Hp * Wp * 8 < ((int64_t)1 << 31)) {
-        sat_conv_dwt(x, w, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi);
+        sat_conv_dwt(x, w, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi, item);
         return;
     }
 #endif
+    (void)item;
     sat_conv_depthwise(x, w, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi);
 }
 

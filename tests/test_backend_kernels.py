@@ -57,13 +57,15 @@ def test_depthwise_conv_geometries(xshape, mult, kernel, attrs, threads):
     check_three_way(g, threads=threads)
 
 
-@pytest.mark.parametrize("act", ["Relu", "HardSwish", "Clip"])
+@pytest.mark.parametrize("act", ["Relu", "HardSwish", "Clip", "SiLU"])
 def test_depthwise_conv_fused_bias_and_activation(act):
     consts = {"w": arr(3, (24, 1, 5, 5)), "b": arr(4, (24,))}
     nodes = [Node("Conv", ["x", "w", "b"], ["c"], {"group": 24, "pads": [2, 2, 2, 2], "strides": [2, 2]})]
     if act == "Clip":
         consts.update(lo=np.float32(0.0), hi=np.float32(6.0))
         nodes.append(Node("Clip", ["c", "lo", "hi"], ["y"]))
+    elif act == "SiLU":  # lowered to Swish, whose vector form has its own exp (sat_exp8)
+        nodes += [Node("Sigmoid", ["c"], ["s"]), Node("Mul", ["c", "s"], ["y"])]
     else:
         nodes.append(Node(act, ["c"], ["y"]))
     check_three_way(make(nodes, {"x": (1, 24, 14, 14)}, consts))

@@ -213,7 +213,10 @@ class Emitter:
         steps += [(lambda ld, node=node, ci=chain_in: vec_expr(node, ci, lambda k: ld(self.bn_key(k)), self.g))
                   for node, chain_in in members]
         # The 8-channel AVX2 form (sat_conv_dwt), when every step reads only per-channel operands.
-        lanes8 = [st(lambda key: operand(key)[1].chan_load8(operand(key)[0])) for st in steps]
+        steps8 = steps[:len(extra or [])] + [
+            (lambda ld, node=node, ci=chain_in: vec_expr(node, ci, lambda k: ld(self.bn_key(k)), self.g, lanes8=True))
+            for node, chain_in in members]
+        lanes8 = [st(lambda key: operand(key)[1].chan_load8(operand(key)[0])) for st in steps8]
         if all(lanes8):
             text = "".join(f"    v = {e};\n" for e in lanes8)
             decl = "".join(f"    const float *restrict p{k} = {o.ptr};\n" for k, o in enumerate(ops)

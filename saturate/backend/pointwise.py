@@ -212,9 +212,14 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
     raise unsupported(node, f"cannot apply op '{op}' pointwise")
 
 
-def vec_expr(node: Node, chain_input: str, operand, graph) -> str | None:
-    """AVX vector form of step_expr on `v` (8 lanes), or None when the op has no vector form here."""
+def vec_expr(node: Node, chain_input: str, operand, graph, lanes8: bool = False) -> str | None:
+    """AVX vector form of step_expr on `v` (8 lanes), or None when the op has no vector form here. `lanes8`:
+    for the AVX2 8-lane kernels only, which have a vector exp (sat_exp8 in vec.h)."""
     op = node.op
+    if op == "Swish" and lanes8:
+        a = c_float(node.attr("alpha", 1.0))
+        return (f"_mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), "
+                f"sat_exp8(_mm256_mul_ps(_mm256_set1_ps(-{a}), v))))")
     if op in ("Add", "Sub", "Mul", "Div"):
         fn = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[op]
         a, b = node.inputs

@@ -223,6 +223,15 @@ def test_packed_convs_in_every_layout(xshape, wshape, attrs, layout, monkeypatch
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+def test_transposed_packed_conv_with_fused_silu(threads):
+    """An expansion conv on a 3x3 map (pixels on the tile's rows) with bias and SiLU: on AVX2 builds the epilogue
+    runs on the 16-channel sums 8 channels at a time, the last panel of 150 channels ending in a partial half."""
+    consts = {"w": arr(17, (150, 96, 1, 1)) * np.float32(0.1), "b": arr(18, (150,))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"]), Node("Sigmoid", ["c"], ["s"]), Node("Mul", ["c", "s"], ["y"])]
+    check_three_way(make(nodes, {"x": (2, 96, 3, 3)}, consts), threads=threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m,k,n,trans_a,trans_b", [(37, 768, 192, 0, 0), (17, 19, 45, 1, 0), (50, 300, 33, 0, 1),
                                                    (23, 257, 200, 1, 1)])
 def test_gemm_on_packed_constant_weights(m, k, n, trans_a, trans_b, threads):

@@ -69,6 +69,9 @@ PANEL, NR, KC = 8, 32, 256  # SAT_MR, SAT_NR and SAT_KC in gemm.h
 # Depthwise convs run with channels in the vector lanes where the build has that kernel (sat_conv_dw_lanes,
 # vec.h); SATURATE_DW=rows keeps them on the kernels along each plane's rows (side-by-side timing).
 DW_KERNEL = "sat_conv_depthwise" if os.environ.get("SATURATE_DW", "lanes") == "rows" else "sat_conv_dw_lanes"
+# Fused epilogues whose every step is per channel run 8 channels at a time inside the depthwise and transposed
+# packed kernels on AVX2 builds; SATURATE_EPC8=0 runs them plane by plane instead (side-by-side timing).
+EPC8 = os.environ.get("SATURATE_EPC8", "1") != "0"
 
 
 def pack_weights(w: np.ndarray, group: int, panel: int = PANEL, kc: int = KC) -> np.ndarray:
@@ -217,7 +220,7 @@ class Emitter:
             (lambda ld, node=node, ci=chain_in: vec_expr(node, ci, lambda k: ld(self.bn_key(k)), self.g, lanes8=True))
             for node, chain_in in members]
         lanes8 = [st(lambda key: operand(key)[1].chan_load8(operand(key)[0])) for st in steps8]
-        if all(lanes8):
+        if all(lanes8) and EPC8:
             text = "".join(f"    v = {e};\n" for e in lanes8)
             decl = "".join(f"    const float *restrict p{k} = {o.ptr};\n" for k, o in enumerate(ops)
                            if o.ptr and re.search(rf"\bp{k}\b", text))
@@ -317,7 +320,9 @@ class Emitter:
             extra.append(((node.inputs[2], None, (w[0],) + (1,) * (len(x) - 2)), "v + {}"))
         direct = runs_direct(node, sh, self.g.constants, PACKED_GEMM)
         lanes = w[1] == 1 and DW_KERNEL == "sat_conv_dw_lanes"
-        epi = self.epilogue(step, chain, oshape, 2, extra, vector=direct or lanes)
+        packed_trans = (not direct and w[1] != 1 and runs_packed(node, sh, self.g.constants, PACKED_GEMM)
+                        and conv_layout(x, w, win, int(node.attr("group", 1))) == 1)
+        epi = self.epilogue(step, chain, oshape, 2, extra, vector=direct or lanes or packed_trans)
         H, W = (x[2], x[3]) if len(x) == 4 else (1, x[2])
         geo = f"{win.kh}, {win.kw}, {win.oh}, {win.ow}, {win.sh}, {win.sw}, {win.ph}, {win.pw}, {win.dh}, {win.dw}"
         xp = self.ptr(node.inputs[0])
@@ -360,8 +365,15 @@ class Emitter:
                                  f"{H}, {W}, {w[0]}, {win.kh}, {win.kw}, {win.oh}, {win.ow}, {win.ph}, {win.pw}, "
                                  f"{win.dh}, {win.dw}, {group}, {epi});\n")
                 return
+            unit = "NULL"
+            if layout == 1 and epi in self.vector8:
+                # the transposed product's sums take the epilogue 8 channels at a time (pgemm.h)
+                unit = f"pconv_{len(self.funcs)}"
+                self.funcs.append(f"#ifdef SAT_HAVE_DWT\nstatic void {unit}(void *ctx, int64_t u, int tid) "
+                                  f"{{ sat_pconv_run(ctx, u, tid, {self.vector8[epi]}); }}\n#else\n"
+                                  f"#define {unit} NULL\n#endif\n")
             self.body.append(f"    sat_conv_packed({xp}, {packed}, {arr.size // group}, {out}, {x[0]}, {x[1]}, {H}, "
-                             f"{W}, {w[0]}, {geo}, {group}, {layout}, {epi});\n")
+                             f"{W}, {w[0]}, {geo}, {group}, {layout}, {epi}, {unit});\n")
             return
         # Constant weights are stored once, packed for the micro-kernel; others go to OpenBLAS as they are.
         wp, packed, per_group, trans = "NULL", "NULL", 0, 0

@@ -129,10 +129,17 @@ static void sat_im2col_row(const float *x, float *d, int r, int H, int W, int KH
     }
 }
 
+#ifndef SAT_HAVE_DWT
+typedef void *sat_epc8; /* (no 8-channel epilogues without AVX2) */
+#endif
+
 /* One work unit: (image, group, row tile, channel chunk). Its column matrix is packed into the thread's
  * buffer (SAT_PN-pixel panels for the usual product, SAT_PR-pixel panels for the transposed one), then
- * the tiles run over the chunk's channels and the epilogue over each channel's run of the tile. */
-static void sat_pconv_unit(void *ctx, int64_t u, int tid) {
+ * the tiles run over the chunk's channels and the epilogue over each channel's run of the tile. A
+ * transposed product's sums are pixel rows of 16 channels: with `epc` (AVX2 builds, an epilogue whose every
+ * step is per channel) the epilogue runs on them 8 channels at a time before they are scattered, where
+ * per-plane calls on 9 or 36 pixels ran mostly scalar (SiLU's exp above all). */
+static inline __attribute__((always_inline)) void sat_pconv_run(void *ctx, int64_t u, int tid, sat_epc8 epc) {
     const sat_pconv_args *a = ctx;
     const int s = (int)(u % a->split), t = (int)(u / a->split % a->tiles);
     const int g = (int)(u / a->split / a->tiles % a->G), n = (int)(u / a->split / a->tiles / a->G);
@@ -188,22 +195,36 @@ static void sat_pconv_unit(void *ctx, int64_t u, int tid) {
                     sat_ukr(kc, buf + (int64_t)q * K * SAT_PR + (int64_t)k0 * SAT_PR, bj, acc + q * SAT_PR * SAT_PN,
                             SAT_PN, SAT_PR, SAT_PN, k0 > 0);
             }
+#if defined(SAT_HAVE_DWT) && SAT_PN == 16
+            if (epc) {
+                const int64_t q = (int64_t)n * a->M + (int64_t)g * Mg + j; /* plane of the panel's first channel */
+                const __m256i lo = sat_mask8(nr), hi = sat_mask8(nr - 8);
+                for (int p = 0; p < cols; p++) {
+                    float *r = acc + p * SAT_PN;
+                    _mm256_storeu_ps(r, epc(_mm256_loadu_ps(r), q, lo));
+                    if (nr > 8) _mm256_storeu_ps(r + 8, epc(_mm256_loadu_ps(r + 8), q + 8, hi));
+                }
+            }
+#endif
             for (int c = 0; c < nr; c++) {
                 float *yc = yb + (int64_t)(j + c) * P;
                 for (int p = 0; p < cols; p++) yc[p] = acc[p * SAT_PN + c];
             }
         }
     }
-    if (a->epi)
+    if (a->epi && !(epc && a->trans))
         for (int m = m0; m < m1; m++) a->epi(a->y, (yb - a->y) + (int64_t)m * P, cols);
 }
 
+static void sat_pconv_unit(void *ctx, int64_t u, int tid) { sat_pconv_run(ctx, u, tid, NULL); }
+
 /* Grouped 2-D convolution on weights packed by the emitter (`wp_group` floats per group). Work units are
  * (image, group, row tile); when they are too few to share evenly, each is split by channel chunks whose
- * starts are panel starts, so every thread gets as much work as the others. */
+ * starts are panel starts, so every thread gets as much work as the others. `body` is the emitter's
+ * instantiation of sat_pconv_run with its 8-channel epilogue, or NULL. */
 static void sat_conv_packed(const float *x, const float *wp, int64_t wp_group, float *y, int N, int C, int H, int W,
                             int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,
-                            int G, int trans, sat_epi epi) {
+                            int G, int trans, sat_epi epi, sat_body body) {
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
     if ((int64_t)OH * OW <= 0 || Mg <= 0) return;
     const int tile = sat_tile_rows(K, OH, OW), tiles = (OH + tile - 1) / tile;
@@ -214,7 +235,7 @@ static void sat_conv_packed(const float *x, const float *wp, int64_t wp_group, f
     split = (Mg + chunk - 1) / chunk;
     sat_pconv_args a = {x, wp, wp_group, y, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, trans, tile,
                         tiles, split, chunk, epi};
-    sat_parallel(units * split, sat_pconv_unit, &a);
+    sat_parallel(units * split, body ? body : sat_pconv_unit, &a);
 }
 
 /* ---- stride-1 convolution without im2col ------------------------------------------------------------

@@ -311,6 +311,15 @@ class Emitter:
             return "NULL"
         return self.pointwise(step, chain, oshape, run_from, None, extra, vector)[0]
 
+    def _unit8(self, prefix: str, runner: str, epi: str) -> str:
+        """A work-item function running a conv kernel's `runner` with epilogue `epi` in its 8-channel
+        form, inlined (AVX2 builds; NULL where the kernel has no such form)."""
+        name = f"{prefix}_{len(self.funcs)}"
+        self.funcs.append(f"#ifdef SAT_HAVE_DWT\nstatic void {name}(void *ctx, int64_t i, int tid) "
+                          f"{{ {runner}(ctx, i, tid, {self.vector8[epi]}); }}\n#else\n"
+                          f"#define {name} NULL\n#endif\n")
+        return name
+
     def emit_Conv(self, step, chain, out, oshape):
         node, sh = step.anchor, self.shapes
         x, w = sh[node.inputs[0]], sh[node.inputs[1]]
@@ -347,10 +356,7 @@ class Emitter:
                 # A work-item function per conv inlines the epilogue when its 8-channel form exists.
                 item = ", NULL"
                 if epi in self.vector8:
-                    item = f", dwt_{len(self.funcs)}"
-                    self.funcs.append(f"#ifdef SAT_HAVE_DWT\nstatic void {item[2:]}(void *ctx, int64_t i, int tid) "
-                                      f"{{ sat_dwt_run(ctx, i, tid, {self.vector8[epi]}); }}\n#else\n"
-                                      f"#define {item[2:]} NULL\n#endif\n")
+                    item = f", {self._unit8('dwt', 'sat_dwt_run', epi)}"
             self.body.append(f"    {DW_KERNEL}({xp}, {self.ptr(node.inputs[1])}, {out}, {x[0]}, {x[1]}, {H}, {W}, "
                              f"{w[0]}, {geo}, {epi}{item});\n")
             return
@@ -368,10 +374,7 @@ class Emitter:
             unit = "NULL"
             if layout == 1 and epi in self.vector8:
                 # the transposed product's sums take the epilogue 8 channels at a time (pgemm.h)
-                unit = f"pconv_{len(self.funcs)}"
-                self.funcs.append(f"#ifdef SAT_HAVE_DWT\nstatic void {unit}(void *ctx, int64_t u, int tid) "
-                                  f"{{ sat_pconv_run(ctx, u, tid, {self.vector8[epi]}); }}\n#else\n"
-                                  f"#define {unit} NULL\n#endif\n")
+                unit = self._unit8("pconv", "sat_pconv_run", epi)
             self.body.append(f"    sat_conv_packed({xp}, {packed}, {arr.size // group}, {out}, {x[0]}, {x[1]}, {H}, "
                              f"{W}, {w[0]}, {geo}, {group}, {layout}, {epi}, {unit});\n")
             return

@@ -406,28 +406,22 @@ static inline __attribute__((always_inline)) void sat_dwt_run(void *ctx, int64_t
             SAT_DWT_BASE(0); SAT_DWT_BASE(1); SAT_DWT_BASE(2); SAT_DWT_BASE(3);
             SAT_DWT_BASE(4); SAT_DWT_BASE(5); SAT_DWT_BASE(6); SAT_DWT_BASE(7);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+/* one tap for pixel i: its 8 channels times the tap's 8 weights */
+#define SAT_DWT_FMA(i) a##i = _mm256_fmadd_ps(wv, _mm256_load_ps(b##i + o), a##i)
             if (np > 4)
                 for (int t = 0; t < T; t++) {
                     const int64_t o = toff[t];
                     const __m256 wv = _mm256_load_ps(wt + t * 8);
-                    a0 = _mm256_fmadd_ps(wv, _mm256_load_ps(b0 + o), a0);
-                    a1 = _mm256_fmadd_ps(wv, _mm256_load_ps(b1 + o), a1);
-                    a2 = _mm256_fmadd_ps(wv, _mm256_load_ps(b2 + o), a2);
-                    a3 = _mm256_fmadd_ps(wv, _mm256_load_ps(b3 + o), a3);
-                    a4 = _mm256_fmadd_ps(wv, _mm256_load_ps(b4 + o), a4);
-                    a5 = _mm256_fmadd_ps(wv, _mm256_load_ps(b5 + o), a5);
-                    a6 = _mm256_fmadd_ps(wv, _mm256_load_ps(b6 + o), a6);
-                    a7 = _mm256_fmadd_ps(wv, _mm256_load_ps(b7 + o), a7);
+                    SAT_DWT_FMA(0); SAT_DWT_FMA(1); SAT_DWT_FMA(2); SAT_DWT_FMA(3);
+                    SAT_DWT_FMA(4); SAT_DWT_FMA(5); SAT_DWT_FMA(6); SAT_DWT_FMA(7);
                 }
             else /* a plane's last 1-4 pixels (3x3 planes are 8 + 1): half the work */
                 for (int t = 0; t < T; t++) {
                     const int64_t o = toff[t];
                     const __m256 wv = _mm256_load_ps(wt + t * 8);
-                    a0 = _mm256_fmadd_ps(wv, _mm256_load_ps(b0 + o), a0);
-                    a1 = _mm256_fmadd_ps(wv, _mm256_load_ps(b1 + o), a1);
-                    a2 = _mm256_fmadd_ps(wv, _mm256_load_ps(b2 + o), a2);
-                    a3 = _mm256_fmadd_ps(wv, _mm256_load_ps(b3 + o), a3);
+                    SAT_DWT_FMA(0); SAT_DWT_FMA(1); SAT_DWT_FMA(2); SAT_DWT_FMA(3);
                 }
+#undef SAT_DWT_FMA
             if (epc) {
                 const __m256i mc = sat_mask8(nc);
                 const int64_t q = (int64_t)n * C + c0;

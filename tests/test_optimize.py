@@ -19,6 +19,7 @@ from saturate.frontend.onnx_io import export_model
 from saturate.interp import run_graph
 from saturate.cli import main
 from saturate.lang.parser import load_rules
+from saturate.core.errors import SaturateError
 from saturate.core.ir import structurally_equal
 from saturate.pipeline import optimize
 
@@ -35,6 +36,29 @@ def test_conv_bias_bn_relu_chain_becomes_conv_with_bias_and_relu():
     assert all(len(n.inputs) == 3 for n in out.nodes if n.op == "Conv")
     assert report.run.stop_reason == "saturated"
     assert_same_ort(g, out, b.sample())
+
+
+def test_optimize_freezes_the_older_objects_only_while_it_runs(monkeypatch, tmp_path):
+    import gc
+
+    from saturate.engine import saturation
+
+    b = Builder(shape=(1, 3, 8, 8))
+    g = b.build(b.op("Relu", b.bn(b.conv("x", 4, 3), 4)))
+    seen = []
+    real = saturation.read_egraph
+
+    def read(*args, **kwargs):
+        seen.append(gc.get_freeze_count())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(saturation, "read_egraph", read)
+    assert gc.get_freeze_count() == 0
+    optimize(g, RULES)
+    assert seen and all(n > 0 for n in seen) and gc.get_freeze_count() == 0
+    with pytest.raises(SaturateError):
+        optimize(g, [str(tmp_path / "missing.rules")])
+    assert gc.get_freeze_count() == 0
 
 
 def test_resnet18_keeps_exactly_its_residual_adds():

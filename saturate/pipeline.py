@@ -137,6 +137,7 @@ def _older_objects_frozen():
                 gc.unfreeze()
 
 
+@_older_objects_frozen()
 def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None = None,
              level: int = 3, target: Any = "cpu", max_iterations: int = MAX_ITERATIONS,
              max_nodes: int = MAX_NODES, timeout: float = TIMEOUT, preserve: Iterable[str] = (),
@@ -148,13 +149,6 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     `fold_initializer_inputs`, which folds them as constants. With `composites`, the target's
     composites join the rules and extraction weighs each against the ops it replaces: a chosen
     one is a node in the target's domain (saturate.partition writes it as an ONNX function)."""
-    with _older_objects_frozen():
-        return _optimize(graph, rules, level, target, max_iterations, max_nodes, timeout, preserve, progress,
-                         fold_initializer_inputs, composites)
-
-
-def _optimize(graph, rules, level, target, max_iterations, max_nodes, timeout, preserve, progress,
-              fold_initializer_inputs, composites) -> tuple[Graph, Report]:
     report = Report(ops_before=dict(graph.op_counts()))
     model = resolve_target(target)
     graph, defaults = _input_defaults(graph, fold_initializer_inputs)

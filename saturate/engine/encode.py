@@ -40,6 +40,8 @@ PRELUDE = """
 
 
 CHUNK_CHARS = 2000
+# The run that unites each row's Ref with the e-node it spells (the graph's, and the checker's).
+ENCODE = "(run encode 1)"
 
 
 def op_ctor(op: str, arity: int) -> str:
@@ -303,7 +305,7 @@ def encode_graph(graph: Graph, preserve: Iterable[str] = (), rule_ops: Iterable[
         enc.opaque_nodes.append(node)
         for j, out in enumerate(node.outputs):
             if out:
-                rows.add(f"EncOut_{ctor}", ref_of(out), j, idx, *kids)
+                rows.add_ints(f"EncOut_{ctor}", ref_of(out), j, idx, *kids)
     for c in sorted(graph.constants):     # constants nobody reads keep their e-class too
         if c not in refs:
             child(c)
@@ -332,7 +334,7 @@ def load(eg: Any, enc: Encoding, rules: Iterable[str] = ()) -> None:
     for piece in chunks(list(enc.commands) + list(rules)):
         eg.run_program(*eg.parse_program(piece))
     enc.rows.run(eg)
-    eg.run_program(*eg.parse_program("(run encode 1)"))
+    eg.run_program(*eg.parse_program(ENCODE))
 
 
 def chunks(commands: list[str], budget: int = CHUNK_CHARS) -> Iterable[str]:

@@ -16,10 +16,6 @@ from saturate.core.geometry import conv_output_shape
 from saturate.core.ops import ELEMENTWISE
 
 FAILED = object()  # a constant expression numpy could not evaluate
-# Constant functions that apply numpy elementwise (saturate.lang.builtins._elementwise): their
-# result's type follows from their arguments' types.
-_ELEMENTWISE_FNS = frozenset({"add", "sub", "mul", "div", "neg", "sqrt", "rsqrt", "reciprocal", "relu",
-                              "sigmoid", "tanh", "erf"})
 
 
 class Facts:
@@ -149,13 +145,11 @@ class Facts:
         self._busy.add(cls)
         result = got
         if cls in self.view.consts:
+            # An elementwise expression's type without computing it, unless its value is at hand.
             typed = None if cls in self.keys or cls in self.known_keys else self._elementwise_info(cls)
-            v = None if typed is not None else self.value(cls)
-            if typed is not None:
-                result = typed
-            elif v is not None:
-                a = np.asarray(v)
-                result = ValueInfo(a.dtype.name, tuple(a.shape))
+            if typed is None and (v := self.value(cls)) is not None:
+                typed = ValueInfo(np.asarray(v).dtype.name, tuple(np.shape(v)))
+            result = typed if typed is not None else result
         else:
             for node in self.view.classes.get(cls, ()):
                 result = refine(result, self._node_info(node))
@@ -200,7 +194,8 @@ class Facts:
         computing it: pricing and shape guards ask the types of many weight expressions that
         extraction never chooses. None when no e-node of `cls` is one."""
         for node in self.view.classes.get(cls, ()):
-            if node.kind != "call" or node.head not in _ELEMENTWISE_FNS:
+            fn = CONST_FUNCS.get(node.head) if node.kind == "call" else None
+            if fn is None or not fn.broadcasts:
                 continue
             args = [self._argument_type(c) for c in node.children]
             if None in args:

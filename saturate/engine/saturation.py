@@ -32,14 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from saturate.engine.egraph import EGraphView, node_count, read_egraph
-from saturate.engine.encode import Encoding, chunks
+from saturate.engine.encode import ENCODE, Encoding, Rows, chunks
 from saturate.engine.compile_rules import QUERY_FNS, CompiledRule
 from saturate.engine.facts import Facts
 from saturate.engine.guards import Checker, attr_rows
 from saturate.lang.ast import Call, IntList, Num, OpTerm, Str, Var
 
 
-FACTS, ENCODE, APPLY, SIZE = "(run facts 1)", "(run encode 1)", "(run apply 1)", "(print-size)"
+FACTS, APPLY, SIZE = "(run facts 1)", "(run apply 1)", "(print-size)"
 MAX_GROWTH = 64.0       # a rule's matches are forecast to grow at most this much in one step
 # Forecast seconds count this much more: a step's matches and the machine's load both vary (a
 # shared machine's load can halve a process's speed between two steps; with a margin of two, the
@@ -246,7 +246,7 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
         deadline = start + timeout
         commands = checker.check(checked, view, facts, deadline)
         if commands:
-            _apply(egg, eg, commands, attrs, by_name, step)
+            _apply(egg, commands, attrs, by_name, step)
         dirty = bool(commands)
         if (updated or dirty) and fold_set:
             # Constant folding goes to its fixed point inside the iteration: a chain of shape
@@ -327,17 +327,17 @@ def _fold_to_fixed_point(egg: _Egg, eg: Any, enc: Encoding, checker: Checker, fo
         known = [len(view.relations.get(t, ())) for t in tables]
         commands = checker.check(fold_checked, view, Facts(view, enc, cache), deadline)
         if commands:
-            _apply(egg, eg, commands, attrs, by_name, step)
+            _apply(egg, commands, attrs, by_name, step)
         else:
             attrs.update()
     return changed
 
 
-def _apply(egg: _Egg, eg: Any, rows: Rows, attrs: "_AttrTables", by_name: dict[str, CompiledRule],
+def _apply(egg: _Egg, rows: Rows, attrs: "_AttrTables", by_name: dict[str, CompiledRule],
            step: dict[str, int]) -> None:
     """Insert the checker's rows, give the new handles their e-classes (the `encode` run), and
     apply the checked rewrites now, so one iteration is one step of every rule."""
-    rows.run(eg)
+    rows.run(egg.eg)
     attrs.update()
     egg(ENCODE)
     _count(egg(APPLY)[-1].report, by_name, step)

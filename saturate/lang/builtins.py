@@ -42,6 +42,9 @@ class ConstFn:
     doc: str
     params: tuple[str, ...]
     returns: str = "const"  # "const" (ndarray) | "int" | "ints"
+    # numpy broadcasting of the arguments, result in their dtype (`_elementwise`): the result's
+    # type follows from the arguments' types without computing it
+    broadcasts: bool = False
 
 
 @dataclass(frozen=True)
@@ -358,25 +361,30 @@ def _gemm(a, b, c, alpha, beta, trans_a, trans_b):
     return alpha * (a @ b) + beta * c
 
 
-def _const(fn: Callable[..., Any], params: str, doc: str) -> ConstFn:
+def _const(fn: Callable[..., Any], params: str, doc: str, broadcasts: bool = False) -> ConstFn:
     """Tensor-in, tensor-out function; `params` spells kinds: c=const i=int s=ints."""
     kinds = tuple({"c": "const", "i": "int", "s": "ints"}[k] for k in params)
-    return ConstFn(len(kinds), fn, doc, kinds)
+    return ConstFn(len(kinds), fn, doc, kinds, broadcasts=broadcasts)
+
+
+def _pointwise(fn: Callable[..., Any], params: str, doc: str) -> ConstFn:
+    """An elementwise numpy function over broadcast arguments (see ConstFn.broadcasts)."""
+    return _const(_elementwise(fn), params, doc, broadcasts=True)
 
 
 CONST_FUNCS: dict[str, ConstFn] = {
-    "add": _const(_elementwise(np.add), "cc", "a + b (numpy broadcasting)"),
-    "sub": _const(_elementwise(np.subtract), "cc", "a - b"),
-    "mul": _const(_elementwise(np.multiply), "cc", "a * b"),
-    "div": _const(_elementwise(_div), "cc", "a / b (integers truncate, as ONNX Div)"),
-    "neg": _const(_elementwise(np.negative), "c", "-c"),
-    "sqrt": _const(_elementwise(np.sqrt), "c", "square root"),
-    "rsqrt": _const(_elementwise(lambda a: 1 / np.sqrt(a)), "c", "1 / sqrt(c)"),
-    "reciprocal": _const(_elementwise(lambda a: 1 / a), "c", "1 / c"),
-    "relu": _const(_elementwise(lambda a: np.maximum(a, 0)), "c", "max(c, 0)"),
-    "sigmoid": _const(_elementwise(lambda x: _special().expit(x)), "c", "logistic sigmoid"),
-    "tanh": _const(_elementwise(np.tanh), "c", "hyperbolic tangent"),
-    "erf": _const(_elementwise(lambda x: _special().erf(x)), "c", "error function"),
+    "add": _pointwise(np.add, "cc", "a + b (numpy broadcasting)"),
+    "sub": _pointwise(np.subtract, "cc", "a - b"),
+    "mul": _pointwise(np.multiply, "cc", "a * b"),
+    "div": _pointwise(_div, "cc", "a / b (integers truncate, as ONNX Div)"),
+    "neg": _pointwise(np.negative, "c", "-c"),
+    "sqrt": _pointwise(np.sqrt, "c", "square root"),
+    "rsqrt": _pointwise(lambda a: 1 / np.sqrt(a), "c", "1 / sqrt(c)"),
+    "reciprocal": _pointwise(lambda a: 1 / a, "c", "1 / c"),
+    "relu": _pointwise(lambda a: np.maximum(a, 0), "c", "max(c, 0)"),
+    "sigmoid": _pointwise(lambda x: _special().expit(x), "c", "logistic sigmoid"),
+    "tanh": _pointwise(np.tanh, "c", "hyperbolic tangent"),
+    "erf": _pointwise(lambda x: _special().erf(x), "c", "error function"),
     "leaky_relu": _const(_elementwise(lambda a, alpha: np.where(a >= 0, a, alpha * a)), "cc",
                          "c where c >= 0, alpha * c elsewhere"),
     "clip": _const(_elementwise(np.clip), "ccc", "clip(c, lo, hi)"),

@@ -73,6 +73,19 @@ def test_resnet18_keeps_exactly_its_residual_adds():
     assert_same_ort(g, out, examples.random_inputs(g))
 
 
+def test_the_input_graph_is_unchanged_and_the_result_cannot_change_it():
+    g = examples.build("resnet18")
+    before = g.copy()
+    out, _ = optimize(g, RULES)
+    assert structurally_equal(g, before)
+    assert all(np.array_equal(g.constants[k], before.constants[k]) for k in g.constants)
+    shared = [k for k in out.constants if k in g.constants]
+    assert shared                   # weights no rule changed are the input's own arrays...
+    with pytest.raises(ValueError, match="read-only"):
+        out.constants[shared[0]][...] = 0    # ...which the result cannot write through
+    assert np.array_equal(g.constants[shared[0]], before.constants[shared[0]])
+
+
 def test_three_constant_adds_become_one():
     b = Builder(shape=(2, 3))
     y = b.op("Add", b.op("Add", b.op("Add", "x", b.rand(3)), b.rand(1, 3)), b.rand(2, 1))

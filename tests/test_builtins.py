@@ -272,10 +272,15 @@ def test_comparisons():
 # ---- shapes with symbolic dims ------------------------------------------------------------------
 
 B = ("dim", "x", 0)      # an unknown dim, as the engine spells it
+C = ("dim", "x", 1)
 
 
-def test_reshape_target_copies_a_dim_in_place_and_reads_one_unknown_from_the_count():
-    assert QUERIES["reshape_target"].impl((B, 37, 576), (B, 37, 3, 3, 64)).tolist() == [0, 37, 3, 3, 64]
+def test_reshape_target_reads_one_unknown_from_the_count_and_copies_dims_in_place():
+    # One symbolic dim is -1, so the target merges with a Reshape before it; with two, those
+    # in place are copied (0).
+    assert QUERIES["reshape_target"].impl((B, 37, 576), (B, 37, 3, 3, 64)).tolist() == [-1, 37, 3, 3, 64]
+    assert QUERIES["reshape_target"].impl((B, C, 576), (B, C, 3, 3, 64)).tolist() == [0, 0, 3, 3, 64]
+    assert QUERIES["reshape_target"].impl((B, C, 576), (B, C, 3, 192)).tolist() == [0, 0, 3, 192]
     assert QUERIES["reshape_target"].impl((B, 6, 8), (6, B, 8)).tolist() == [6, -1, 8]
     assert QUERIES["reshape_target"].impl((B, 6, 8), (("elem", 1), B, 8)) is None     # two unknown
     assert QUERIES["reshape_target"].impl((B, 6, 8), (0, B, 8)) is None               # count ambiguous
@@ -285,10 +290,11 @@ def test_unit_dim_moves_as_reshape_targets():
     assert QUERIES["transpose_target"].impl((1, 16, 768), (1, 0, 2)).tolist() == [16, 1, 768]
     assert QUERIES["transpose_target"].impl((2, 16, 768), (1, 0, 2)) is None
     assert QUERIES["transpose_target"].impl((1, B, 768), (1, 0, 2)).tolist() == [-1, 1, 768]
-    assert QUERIES["squeeze_target"].impl((3, B, 1, 8), (-2,)).tolist() == [3, 0, 8]
+    assert QUERIES["squeeze_target"].impl((3, B, 1, 8), (-2,)).tolist() == [3, -1, 8]
     assert QUERIES["squeeze_target"].impl((3, 2, 1), ()) is None          # ORT and onnx.reference differ
     assert QUERIES["squeeze_target"].impl((3, 2, 1), (1,)) is None        # not a dim of size 1
-    assert QUERIES["unsqueeze_target"].impl((B, 4), (1, -1)).tolist() == [0, 1, 4, 1]
+    assert QUERIES["unsqueeze_target"].impl((B, 4), (1, -1)).tolist() == [-1, 1, 4, 1]
+    assert QUERIES["unsqueeze_target"].impl((B, C), (2,)).tolist() == [0, 0, 1]
 
 
 def test_same_dims_and_whole_slices():

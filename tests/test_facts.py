@@ -74,6 +74,32 @@ def test_a_shape_computed_from_a_shape_types_the_reshape_it_feeds():
     assert facts.shape(cls[out]) == (2, 3, 2, 4)
 
 
+def test_the_batch_read_through_shape_arithmetic_types_expand_and_reshape_by_name():
+    # torch's exporter writes `cls_token.expand(x.shape[0], -1, -1)` as an Expand whose shape
+    # is Where(Equal(s, -1), ones, s) over s = [batch, 1, 1], and `x.flatten(1)` as a Reshape to
+    # [batch, -1]. ONNX's inference names the dims it cannot tell afresh (unk__0...).
+    b = Builder(shape=(2, 4, 6))
+    s = b.op("Concat", b.op("Unsqueeze", b.op("Gather", b.op("Shape", "x"), b.const(np.array(0, I64)), axis=0),
+                            b.const(np.array([0], I64))), b.const(np.array([1, 1], I64)), axis=0)
+    ones = b.op("ConstantOfShape", b.op("Shape", s), value=np.array([1], I64))
+    shape = b.op("Where", b.op("Equal", s, b.op("Mul", ones, b.const(np.array(-1, I64)))), ones, s)
+    tokens = b.op("Concat", b.op("Expand", b.rand(1, 1, 6), shape), "x", axis=1)
+    flat = b.op("Reshape", tokens, b.op("Concat", b.op("Unsqueeze", b.op("Gather", b.op("Shape", "x"),
+                                                                          b.const(np.array(0, I64)), axis=0),
+                                                        b.const(np.array([0], I64))),
+                                        b.const(np.array([-1], I64)), axis=0))
+    g = b.build(b.op("Relu", flat))
+    g.values["x"] = ValueInfo("float32", ("batch", 4, 6))
+    for k, v in enumerate(n.outputs[0] for n in g.nodes if n.op in ("Expand", "Concat", "Reshape", "Relu")):
+        if g.values[v].dtype == "float32":
+            g.values[v] = ValueInfo("float32", tuple(f"unk__{k}" if d == 2 else d for d in g.values[v].shape))
+    facts, cls = _facts(g)
+    assert facts.data(cls[shape]) == ("batch", 1, 1)
+    assert facts.shape(cls[tokens]) == ("batch", 5, 6)
+    assert facts.shape(cls[flat]) == ("batch", 30)
+    assert not facts.refinable(facts.info(cls[flat]))
+
+
 def test_every_output_of_a_split_is_typed():
     b = Builder(shape=(3, 2, 4))
     g = b.build("x")

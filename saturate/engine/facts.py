@@ -152,7 +152,7 @@ class Facts:
             result = typed if typed is not None else result
         else:
             for node in self.view.classes.get(cls, ()):
-                result = refine(result, self._node_info(node))
+                result = refine(result, self._node_info(node), self.input_dims)
                 if result is not None and not self.refinable(result):
                     break
         self._busy.discard(cls)
@@ -264,6 +264,10 @@ class Facts:
         # round trip.
         if fast.shape is not None and all(d is not None for d in fast.shape):
             return fast
+        if op in ("Reshape", "Expand") and output == 0 and len(kids) == 2 and ins[0] is not None:
+            shaped = self._shaped_by_data(op, attrs, ins[0], kids[1])
+            if shaped is not None:
+                return shaped
         # Everything else asks ONNX's own shape inference, with the small constant inputs
         # (Reshape's shape, Pad's pads, Slice's bounds) as data, cached across iterations.
         values: list[Any] = [self.key(c) if c in self.view.consts else None for c in kids]
@@ -282,6 +286,44 @@ class Facts:
                     for k, v in enumerate(values) if v is not None}
             self.cache[key] = onnx_infer(op, attrs, ins, data, output, self.enc.graph.opset, outputs)
         return refine(fast, self.cache[key])
+
+    def _shaped_by_data(self, op: str, attrs: dict, x: ValueInfo, target_cls: Any) -> ValueInfo | None:
+        """Reshape's or Expand's output type from a target shape whose elements are numbers or
+        the inputs' dim names (the batch read through Shape and Gather), which ONNX's inference
+        cannot take as data: it would name the dim afresh, and every type below it would stay
+        open to refinement for the whole run. None when the elements do not tell it."""
+        target = self.data(target_cls)
+        if x.shape is None or target is None or \
+                not all(isinstance(d, int) or d in self.input_dims for d in target):
+            return None
+        if op == "Expand":
+            shape = broadcast_shape(tuple(x.shape), tuple(target))
+            return None if shape is None or None in shape else ValueInfo(x.dtype, shape)
+        dims = list(target)
+        for k, d in enumerate(dims):
+            if d == 0 and not attrs.get("allowzero", 0):
+                if k >= len(x.shape):
+                    return None
+                dims[k] = x.shape[k]
+        if any(isinstance(d, int) and d < -1 for d in dims) or dims.count(-1) > 1:
+            return None
+        if -1 in dims:
+            # The element count over the known dims, names cancelling names.
+            rest = list(x.shape)
+            known = 1
+            for d in dims:
+                if isinstance(d, str):
+                    if d not in rest:
+                        return None
+                    rest.remove(d)
+                elif d != -1:
+                    known *= d
+            if not all(isinstance(d, int) for d in rest) or known == 0 or math.prod(rest) % known:
+                return None
+            dims[dims.index(-1)] = math.prod(rest) // known
+        if not all(isinstance(d, int) or d in self.input_dims for d in dims):
+            return None
+        return ValueInfo(x.dtype, tuple(dims))
 
     def shape(self, cls: Any) -> tuple | None:
         """Static shape of an e-class (None when unknown)."""
@@ -318,17 +360,17 @@ class Facts:
         v = self.value(cls) if cls in self.view.consts else None
         if v is not None:
             a = np.asarray(v)
-            if np.issubdtype(a.dtype, np.integer) and a.size <= _DATA_ELEMENTS:
+            if (np.issubdtype(a.dtype, np.integer) or a.dtype == bool) and a.size <= _DATA_ELEMENTS:
                 result = (tuple(a.shape), tuple(int(x) for x in a.ravel()))
         else:
             info = self.info(cls)
-            if info.dtype.startswith(("int", "uint")) or info.dtype == "unknown":
+            if info.dtype.startswith(("int", "uint")) or info.dtype in ("unknown", "bool"):
                 for node in self.view.classes.get(cls, ()):
-                    if node.kind != "op":
+                    op_node = self._op_of(node)
+                    if op_node is None:
                         continue
                     try:
-                        got = self._node_data(node.head, self.enc.attr_sets[node.key][1], node.children,
-                                              info.shape)
+                        got = self._node_data(*op_node, info.shape)
                     except (ValueError, TypeError, IndexError, KeyError, OverflowError):
                         got = None          # a bound or axis out of range: nothing is told
                     result = got if result is None else _better_data(result, got)
@@ -337,6 +379,19 @@ class Facts:
                 result = (tuple(info.shape), tuple(("elem", cls, k) for k in range(math.prod(info.shape))))
         self._data[cls] = result
         return result
+
+    def _op_of(self, node: ENode) -> tuple[str, dict, tuple] | None:
+        """Op, attributes and input e-classes of an op e-node, or of the first output of an
+        opaque node (the int64 Equal and Where of an exporter's shape arithmetic are opaque)."""
+        if node.kind == "op":
+            return node.head, self.enc.attr_sets[node.key][1], node.children
+        if node.kind == "out" and node.key == 0:
+            for inner in self.view.classes.get(node.children[0], ()):
+                if inner.kind == "opaque":
+                    original = self.enc.opaque_nodes[inner.key]
+                    if original.domain in ("", "ai.onnx"):
+                        return original.op, original.attrs, inner.children
+        return None
 
     def _node_data(self, op: str, attrs: dict, kids: tuple, out_shape: tuple | None) -> tuple | None:
         """Shape and elements one e-node gives its class (whose static shape is `out_shape`).
@@ -377,6 +432,29 @@ class Facts:
             return _pick(elements, np.transpose(index, None if perm is None else [int(p) for p in perm]))
         if op == "Slice" and all(c is not None for c in consts):
             return _pick(elements, CONST_FUNCS["slice"].impl(index, *consts, *[None] * (4 - len(consts))))
+        if op == "ConstantOfShape":
+            value = np.asarray(attrs.get("value", np.zeros(1, np.float32))).ravel()
+            if value.size != 1 or not (np.issubdtype(value.dtype, np.integer) or value.dtype == bool) \
+                    or not all(isinstance(d, int) and d >= 0 for d in elements) or len(shape) != 1:
+                return None
+            return tuple(elements), (int(value[0]),) * math.prod(elements)
+        if op == "Equal" and len(kids) == 2:
+            other = self.tensor_data(kids[1])
+            if other is None:
+                return None
+            a, b = np.broadcast_arrays(index, np.arange(len(other[1])).reshape(other[0]))
+            return tuple(a.shape), tuple(_equal(elements[i], other[1][j]) for i, j in zip(a.ravel(), b.ravel()))
+        if op == "Where" and len(kids) == 3:
+            picks = [self.tensor_data(c) for c in kids[1:]]
+            if any(p is None for p in picks):
+                return None
+            cond, a, b = np.broadcast_arrays(index, *(np.arange(len(p[1])).reshape(p[0]) for p in picks))
+            out = []
+            for c, i, j in zip(cond.ravel(), a.ravel(), b.ravel()):
+                if not isinstance(elements[c], int):
+                    return None
+                out.append(picks[0][1][i] if elements[c] else picks[1][1][j])
+            return tuple(cond.shape), tuple(out)
         if op in ("Add", "Sub", "Mul", "Div", "Mod") and len(kids) == 2:
             other = self.tensor_data(kids[1])
             if other is None:
@@ -392,6 +470,22 @@ class Facts:
                 out.append(int(fn(np.int64(x), np.int64(y))) if known else ("elem", op, x, y))
             return tuple(a.shape), tuple(out)
         return None
+
+
+def _equal(x: Any, y: Any) -> Any:
+    """Equal of two elements as `data` reads them: known when both are numbers, when they are
+    one symbol, or when one is a dim (never negative) and the other a negative number."""
+    if isinstance(x, int) and isinstance(y, int):
+        return int(x == y)
+    if x == y:
+        return 1
+    if (_is_dim(x) and isinstance(y, int) and y < 0) or (_is_dim(y) and isinstance(x, int) and x < 0):
+        return 0
+    return ("elem", "Equal", x, y)
+
+
+def _is_dim(x: Any) -> bool:
+    return isinstance(x, str) or (isinstance(x, tuple) and len(x) == 3 and x[0] == "dim")
 
 
 def _encoded_ops(enc: Encoding) -> list[tuple[Any, int]]:
@@ -484,8 +578,9 @@ def infer(op: str, attrs: dict[str, Any], ins: list[ValueInfo]) -> ValueInfo:
     return ValueInfo(dtype, None)
 
 
-def refine(known: ValueInfo | None, other: ValueInfo | None) -> ValueInfo | None:
-    """The better-known of two types of one value: dim by dim, a number beats a name or None."""
+def refine(known: ValueInfo | None, other: ValueInfo | None, stable: frozenset = frozenset()) -> ValueInfo | None:
+    """The better-known of two types of one value: dim by dim, a number beats a name or None,
+    and a `stable` name (one the graph's inputs give) beats another name or None."""
     if other is None or other.shape is None:
         return known if known is not None else other
     if known is None:
@@ -495,7 +590,7 @@ def refine(known: ValueInfo | None, other: ValueInfo | None) -> ValueInfo | None
         return ValueInfo(dtype, other.shape)
     if len(known.shape) != len(other.shape):
         return known
-    dims = tuple(a if isinstance(a, int) or not isinstance(b, int) else b
+    dims = tuple(a if isinstance(a, int) or not (isinstance(b, int) or (b in stable and a not in stable)) else b
                  for a, b in zip(known.shape, other.shape))
     return known if dims == tuple(known.shape) else ValueInfo(known.dtype, dims)
 

@@ -465,9 +465,10 @@ def shape_slice(shape: Shape, start: int | None, end: int | None, starts: Any, e
 
 def reshape_target(dims: Shape | None, data: tuple | None) -> np.ndarray | None:
     """A constant target for Reshape(x, s) (allowzero 0) from what is known of s's elements:
-    an element that is x's dim at the same position becomes 0 (copy it), and when one element
-    alone is still unknown it becomes -1, read from the element count (the other elements all
-    known and positive, so the count decides it). None when more is unknown."""
+    when one element alone is not a number it becomes -1, read from the element count (the
+    other elements all known and positive, so the count decides it); otherwise an element that
+    is x's dim at the same position becomes 0 (copy it), and one element still unknown, -1.
+    None when more is unknown."""
     if dims is None or data is None:
         return None
     return _target(dims, data)
@@ -513,6 +514,12 @@ def transpose_target(dims: Shape | None, perm: Any) -> np.ndarray | None:
 
 
 def _target(dims: Shape, out: tuple) -> np.ndarray | None:
+    symbolic = [j for j, e in enumerate(out) if not isinstance(e, (int, np.integer))]
+    if len(symbolic) == 1 and all(e > 0 for j, e in enumerate(out) if j != symbolic[0]):
+        # One symbolic dim is read from the element count (-1) even where it could be copied
+        # (0): a target without 0 does not depend on its input's shape, so it merges with a
+        # Reshape before it (reshape-reshape).
+        return np.array([-1 if j == symbolic[0] else int(e) for j, e in enumerate(out)], np.int64)
     got: list[int | None] = []
     for j, e in enumerate(out):
         if isinstance(e, (int, np.integer)):

@@ -158,3 +158,18 @@ def test_a_chain_of_constant_concats_and_casts_folds_without_a_python_round_per_
     # Each of the 17 links used to wait for its own read of the e-graph and check in Python.
     assert len(reads) <= 6, len(reads)
     assert_same(before, after, b.sample())
+
+
+def test_a_step_that_matches_nothing_new_ends_saturation_without_another_read(monkeypatch):
+    # Only add-comm matches (no guard, nothing applied after a read): the second step adds
+    # nothing, and the e-graph read after the first is the final one.
+    b = Builder(shape=(2, 3), inputs=("x", "y"))
+    before = b.build(b.op("Relu", b.op("Add", "x", "y")))
+    reads = []
+    real = saturation.read_egraph
+    monkeypatch.setattr(saturation, "read_egraph", lambda *a, **k: reads.append(1) or real(*a, **k))
+    after, report = optimize(before)
+    assert report.run.stop_reason == "saturated" and report.run.matches["add-comm"] > 0
+    assert report.run.iterations == 2 and len(report.run.sizes) == 3
+    assert len(reads) == 2          # before the first step, after it; none after the second
+    assert_same(before, after, b.sample())

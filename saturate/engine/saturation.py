@@ -207,7 +207,7 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
                 return "time limit"
             return "node limit" if after > max_nodes else None
 
-        egg(FACTS)
+        facts_updated = egg(FACTS)[-1].report.updated
         before = size
         step: dict[str, int] = {}
         matched = 0
@@ -239,6 +239,15 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
                 step_set = _combine(egg, [g for g in groups if g.rule.group not in held], report.iterations + 1)
         t = time.perf_counter()
         report.iterations += 1
+        if not (updated or facts_updated or dirty or checker.cut):
+            # Nothing matched anew and nothing changed since the last read: that view is the
+            # e-graph, and the checker decided every candidate in it. Reading it again and
+            # asking the same questions would find nothing.
+            report.sizes.append(size)
+            if progress is not None:
+                progress(report.iterations, size, time.perf_counter() - start, step)
+            report.stop_reason = next(iter(held.values()), "saturated")
+            break
         view = read_egraph(eg, relations)
         facts = Facts(view, enc, cache)
         # Deciding guards is Python-paced work that can grow faster than the e-graph (constant

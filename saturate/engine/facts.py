@@ -61,12 +61,16 @@ class Facts:
         return self._order
 
     def original_nodes(self) -> set[tuple[Any, ENode]]:
-        """(e-class, e-node) pairs the input graph itself had."""
-        enc, lets, out = self.enc, self.view.lets, set()
-        for node, key in _encoded_ops(enc):
-            kids = tuple(lets.get(enc.value_names.get(i, ""), None) for i in node.inputs)
-            cls = lets.get(enc.value_names[node.outputs[0]])
-            out.add((cls, ENode("op", node.op, key, kids)))
+        """(e-class, e-node) pairs the input graph itself had (found once per view: pricing,
+        the bottom-up pass and the input graph's cost each ask)."""
+        out = self.__dict__.get("_original_nodes")
+        if out is None:
+            enc, lets, out = self.enc, self.view.lets, set()
+            for node, key in _encoded_ops(enc):
+                kids = tuple(lets.get(enc.value_names.get(i, ""), None) for i in node.inputs)
+                cls = lets.get(enc.value_names[node.outputs[0]])
+                out.add((cls, ENode("op", node.op, key, kids)))
+            self.__dict__["_original_nodes"] = out
         return out
 
     # ---- constant values ------------------------------------------------------------------

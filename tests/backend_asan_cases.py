@@ -46,8 +46,9 @@ def cases():
     tensor.name = "tensor-kernels"
     yield tensor
     # The vector kernels at their edges (vec.h): a depthwise row with a partial last vector, a short-reduction
-    # conv ending in a partial panel, a small-plane depthwise across channels, a few-pixel conv and a one-row
-    # Gemm as dot products; twice, so both thread counts run it.
+    # conv ending in a partial panel, a small-plane depthwise across channels, a few-pixel conv (on streamed
+    # weights without AVX-512, pgemm.h: 10 pixels, 48 channels) and a one-row Gemm as dot products; twice, so
+    # both thread counts run it.
     for _ in range(2):
         yield make([Node("Conv", ["x", "d1"], ["a"], {"group": 16, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
                     Node("Conv", ["a", "p1"], ["b"]),

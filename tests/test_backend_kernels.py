@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from backend_util import check_three_way, make
+from saturate.backend.build import avx512_build
+from saturate.backend.emit import emit
 from saturate.core.ir import Node
 
 pytestmark = pytest.mark.compiler
@@ -94,10 +96,51 @@ DOT_CONVS = [
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("xshape,wshape,attrs", DOT_CONVS)
-def test_convs_with_few_pixels_run_as_dot_products(xshape, wshape, attrs, threads):
+def test_convs_with_few_pixels_run_as_dot_products(xshape, wshape, attrs, threads, monkeypatch):
+    monkeypatch.setenv("SATURATE_STREAM", "0")  # (builds without AVX-512 run most of these on streamed weights)
     consts = {"w": arr(5, wshape) * np.float32(0.2), "b": arr(6, (wshape[0],))}
     nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node("Relu", ["c"], ["y"])]
     check_three_way(make(nodes, {"x": xshape}, consts), threads=threads)
+
+
+STREAM_CONVS = [
+    # (input shape, weight shape, attrs): at most 12 output pixels, one group (sat_conv_stream, builds without
+    # AVX-512): every pixel count's unrolled loop from 1 to 12, channel counts off the 8-channel panels
+    ((1, 96, 3, 3), (160, 96, 1, 1), {}),                                     # 1x1 on a 3x3 map, the input as is
+    ((1, 64, 3, 3), (70, 64, 3, 3), {"pads": [1, 1, 1, 1]}),                  # 3x3 on 3x3, a partial panel
+    ((2, 40, 6, 6), (33, 40, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # two images, stride 2
+    ((1, 37, 5, 3), (9, 37, 2, 2), {"dilations": [2, 1]}),                    # 6 pixels, K off the vector
+    ((1, 130, 1, 1), (1001, 130, 1, 1), {}),                                  # one pixel: a conv classifier head
+    ((1, 32, 4, 3), (24, 32, 1, 1), {}),                                      # 12 pixels
+    ((1, 48, 2, 2), (5, 48, 1, 1), {}),                                       # 4 pixels, fewer channels than a panel
+    ((1, 36, 7, 7), (16, 36, 3, 3), {"strides": [3, 3], "pads": [1, 2, 1, 0]}),  # asymmetric pads: 3 x 2 pixels
+    ((1, 40, 1, 11), (20, 40, 1, 1), {}),                                     # 11 pixels
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act", ["Relu", "SiLU", "Add"])
+@pytest.mark.parametrize("xshape,wshape,attrs", STREAM_CONVS)
+def test_convs_with_few_pixels_on_streamed_weights(xshape, wshape, attrs, act, threads):
+    """Bias and Relu or SiLU run in their 8-channel form on the accumulators (AVX2 builds); the Add of a
+    second input is an epilogue per plane."""
+    consts = {"w": arr(21, wshape) * np.float32(0.2), "b": arr(22, (wshape[0],))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs)]
+    shapes = {"x": xshape}
+    if act == "SiLU":
+        nodes += [Node("Sigmoid", ["c"], ["s"]), Node("Mul", ["c", "s"], ["y"])]
+    elif act == "Add":
+        pads, strides, dil = attrs.get("pads", [0] * 4), attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+        out = [(xshape[2 + i] + pads[i] + pads[2 + i] - dil[i] * (wshape[2 + i] - 1) - 1) // strides[i] + 1
+               for i in range(2)]
+        shapes["r"] = (xshape[0], wshape[0], *out)
+        nodes.append(Node("Add", ["c", "r"], ["y"]))
+    else:
+        nodes.append(Node(act, ["c"], ["y"]))
+    g = make(nodes, shapes, consts)
+    if not avx512_build():
+        assert "sat_conv_stream(" in emit(g).source
+    check_three_way(g, threads=threads)
 
 
 SHORT_K_CONVS = [

@@ -11,7 +11,8 @@ import numpy as np
 
 from saturate.backend.build import avx512_build
 from saturate.backend import plan as plan_module
-from saturate.backend.plan import DOT_MAXP, PN, PR, TILE_BYTES, Plan, Step, conv_layout, plan, runs_direct, runs_packed, tile_rows
+from saturate.backend.plan import (DOT_MAXP, PN, PR, TILE_BYTES, Plan, Step, conv_layout, plan, runs_direct, runs_packed,
+                                   runs_stream, tile_rows)
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides, vec_expr
 from saturate.backend.shapes import (ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, gather_view, infer_shapes,
                                      pad_params, pool_window, reduce_axes, resize_tables, slice_params, unsupported)
@@ -331,7 +332,8 @@ class Emitter:
         lanes = w[1] == 1 and DW_KERNEL == "sat_conv_dw_lanes"
         packed_trans = (not direct and w[1] != 1 and runs_packed(node, sh, self.g.constants, PACKED_GEMM)
                         and conv_layout(x, w, win, int(node.attr("group", 1))) == 1)
-        epi = self.epilogue(step, chain, oshape, 2, extra, vector=direct or lanes or packed_trans)
+        stream = runs_stream(node, sh, self.g.constants, PACKED_GEMM)
+        epi = self.epilogue(step, chain, oshape, 2, extra, vector=direct or lanes or packed_trans or stream)
         H, W = (x[2], x[3]) if len(x) == 4 else (1, x[2])
         geo = f"{win.kh}, {win.kw}, {win.oh}, {win.ow}, {win.sh}, {win.sw}, {win.ph}, {win.pw}, {win.dh}, {win.dw}"
         xp = self.ptr(node.inputs[0])
@@ -349,6 +351,14 @@ class Emitter:
             scalar = epi if epi not in self.vector else "NULL"
             self.body.append(f"    sat_conv_direct({xp}, {packed}, {arr.size // group}, {out}, COL, {x[0]}, {x[1]}, "
                              f"{H}, {W}, {w[0]}, {geo}, {group}, {scalar}, {unit});\n")
+            return
+        if stream:
+            # Weights packed once here in vector-wide channel panels over the whole reduction (pgemm.h).
+            arr = pack_weights(self.g.constants[node.inputs[1]], 1, PN // 2, kc=w[1] * win.kh * win.kw)
+            packed = self.weight(("stream", node.inputs[1]), arr)
+            unit = self._unit8("sconv", "sat_sconv_run", epi) if epi in self.vector8 else "NULL"
+            self.body.append(f"    sat_conv_stream({xp}, {packed}, {out}, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {geo}, "
+                             f"{epi}, {unit});\n")
             return
         if w[1] == 1:
             item = ""

@@ -238,6 +238,112 @@ static void sat_conv_packed(const float *x, const float *wp, int64_t wp_group, f
     sat_parallel(units * split, body ? body : sat_pconv_unit, &a);
 }
 
+/* ---- convolution of few output pixels on streamed weights ------------------------------------------
+ * A conv whose output has at most SAT_SP pixels (the 3x3 maps ending ResNets and MobileNets) reads each
+ * weight once for a handful of products, so it runs at the speed weights come from memory (4 MB for a
+ * 1x1 conv of 2048 to 512 channels). The tiles above pass a weight block from L1 once per 6-pixel panel,
+ * and memory sits idle during every pass after the first: they ran at about half the bandwidth. Here one
+ * pass over the weights does all of it: weights in SAT_VL-channel panels over the whole reduction
+ * (k-major: element (k, r) of panel p at [p K SAT_VL + k SAT_VL + r]), all R <= SAT_SP pixels in registers
+ * (R accumulators of SAT_VL channels), one weight vector and R broadcasts per step, the stream prefetched
+ * SAT_SP_AHEAD floats ahead. The unfolded input (K x R, pixel-minor) is built once per image by the caller
+ * (or is the input itself for a 1x1 conv with unit strides and no padding). */
+#define SAT_SP 12
+#ifndef SAT_SP_AHEAD
+#define SAT_SP_AHEAD 1024
+#endif
+
+typedef struct {
+    const float *xt, *wp; /* unfolded input K x R; packed weights */
+    float *y;
+    int64_t plane0; /* plane index of the output's first channel (the epilogue's q) */
+    int K, M, R, per;
+    sat_epi epi;
+} sat_sconv_args;
+
+/* Channels [j, j + SAT_VL) of all R pixels: the whole reduction in registers, then the 8-channel epilogue
+ * (AVX2 builds) on each pixel's accumulator, then the transposed store into the channels' planes. */
+static inline __attribute__((always_inline)) void sat_sconv_panel(const sat_sconv_args *a, int j, sat_epc8 epc,
+                                                                   const int R) {
+    sat_vf c[SAT_SP];
+    for (int r = 0; r < R; r++) c[r] = (sat_vf){0};
+    const float *restrict w = a->wp + (int64_t)j * a->K, *restrict x = a->xt;
+    for (int k = 0; k < a->K; k++, w += SAT_VL, x += R) {
+        const sat_vf b = sat_vload(w);
+        __builtin_prefetch(w + SAT_SP_AHEAD);
+        for (int r = 0; r < R; r++) c[r] += x[r] * b;
+    }
+    const int nr = a->M - j < SAT_VL ? a->M - j : SAT_VL;
+#if defined(SAT_HAVE_DWT) && SAT_VL == 8
+    if (epc) {
+        const __m256i m = sat_mask8(nr);
+        for (int r = 0; r < R; r++) c[r] = epc(c[r], a->plane0 + j, m);
+    }
+#else
+    (void)epc;
+#endif
+    float t[SAT_SP][SAT_VL];
+    for (int r = 0; r < R; r++) sat_vstore(t[r], c[r]);
+    for (int ch = 0; ch < nr; ch++) {
+        float *yc = a->y + (int64_t)(j + ch) * R;
+        for (int r = 0; r < R; r++) yc[r] = t[r][ch];
+        if (a->epi && !epc) a->epi(a->y - a->plane0 * R, (a->plane0 + j + ch) * R, R);
+    }
+}
+
+/* Item: `per` consecutive channel panels. The switch gives every pixel count its own unrolled loop. */
+static inline __attribute__((always_inline)) void sat_sconv_run(void *ctx, int64_t item, int tid, sat_epc8 epc) {
+    const sat_sconv_args *a = ctx;
+    const int j0 = (int)item * a->per * SAT_VL, j1 = j0 + a->per * SAT_VL < a->M ? j0 + a->per * SAT_VL : a->M;
+    (void)tid;
+    for (int j = j0; j < j1; j += SAT_VL) switch (a->R) {
+        case 1: sat_sconv_panel(a, j, epc, 1); break;
+        case 2: sat_sconv_panel(a, j, epc, 2); break;
+        case 3: sat_sconv_panel(a, j, epc, 3); break;
+        case 4: sat_sconv_panel(a, j, epc, 4); break;
+        case 5: sat_sconv_panel(a, j, epc, 5); break;
+        case 6: sat_sconv_panel(a, j, epc, 6); break;
+        case 7: sat_sconv_panel(a, j, epc, 7); break;
+        case 8: sat_sconv_panel(a, j, epc, 8); break;
+        case 9: sat_sconv_panel(a, j, epc, 9); break;
+        case 10: sat_sconv_panel(a, j, epc, 10); break;
+        case 11: sat_sconv_panel(a, j, epc, 11); break;
+        default: sat_sconv_panel(a, j, epc, 12); break;
+        }
+}
+
+static void sat_sconv_item(void *ctx, int64_t item, int tid) { sat_sconv_run(ctx, item, tid, NULL); }
+
+static float *sat_sconv_buf;
+static size_t sat_sconv_cap;
+
+/* 2-D convolution (one group) of at most SAT_SP output pixels on weights packed by the emitter in
+ * SAT_VL-channel panels; `body` is the emitter's instantiation of sat_sconv_run with its 8-channel
+ * epilogue, or NULL (then `epi` runs on each plane). Threads take runs of channel panels, about four per
+ * thread so one descheduled thread holds up little. */
+static void sat_conv_stream(const float *x, const float *wp, float *y, int N, int C, int H, int W, int M, int KH,
+                            int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi,
+                            sat_body body) {
+    const int K = C * KH * KW, R = OH * OW, panels = (M + SAT_VL - 1) / SAT_VL;
+    if (R <= 0 || M <= 0) return;
+    const int unfold = !(KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W);
+    float *xt = NULL;
+    if (unfold) {
+        xt = sat_thread_buf(&sat_sconv_buf, &sat_sconv_cap, (size_t)K * R);
+        if (!xt) abort();
+    }
+    int per = (panels + 4 * sat_threads - 1) / (4 * sat_threads);
+    if (sat_threads == 1 || sat_in_parallel) per = panels;
+    for (int n = 0; n < N; n++) {
+        const float *xn = x + (int64_t)n * C * H * W;
+        if (unfold)
+            for (int r = 0; r < K; r++)
+                sat_im2col_row(xn, xt + (int64_t)r * R, r, H, W, KH, KW, 0, OH, OW, sh, sw, ph, pw, dh, dw);
+        sat_sconv_args a = {unfold ? xt : xn, wp, y + (int64_t)n * M * R, (int64_t)n * M, K, M, R, per, epi};
+        sat_parallel((panels + per - 1) / per, body ? body : sat_sconv_item, &a);
+    }
+}
+
 /* ---- stride-1 convolution without im2col ------------------------------------------------------------
  * With unit strides, output pixel (oh, ow) of tap (c, kh, kw) reads padded input (c, oh + kh dh, ow + kw dw).
  * Outputs are computed on the padded grid: virtual pixel v = oh Wp + ow (ow < Wp, the columns past OW

@@ -172,11 +172,31 @@ def conv_layout(x, w, win, group: int) -> int:
     return max(range(len(scores)), key=lambda i: (scores[i], -i))
 
 
+# Largest output (pixels) of a conv run on streamed weights (sat_conv_stream, SAT_SP in pgemm.h); SATURATE_STREAM=0
+# sends those convs back to the kernels before it (side-by-side timing).
+STREAM_MAXP = 12
+
+
+def runs_stream(node: Node, shapes: dict, constants, packed: bool) -> bool:
+    """Whether a conv runs on pgemm.h's streamed-weight kernel (builds without the AVX-512 micro-kernel):
+    constant weights, one group, not depthwise, at most STREAM_MAXP output pixels and a reduction of at
+    least DOT_MINK. Each weight is read once for that handful of products, so these convs go at the speed
+    the weights come from memory, which the kernel keeps busy (see sat_conv_stream)."""
+    if not (os.environ.get("SATURATE_STREAM", "1") != "0" and PGEMM and node.op == "Conv" and not packed and node.inputs[1] in constants
+            and int(node.attr("group", 1)) == 1):
+        return False
+    x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
+    if w[1] == 1 and x[1] != 1:
+        return False
+    win = conv_window(node, x, w)
+    return win.oh * win.ow <= STREAM_MAXP and w[1] * win.kh * win.kw >= DOT_MINK
+
+
 def runs_packed(node: Node, shapes: dict, constants, packed: bool) -> bool:
     """Whether a conv runs on pgemm.h's tile (builds without the AVX-512 micro-kernel): constant weights,
     not depthwise. Its column panels live in per-thread buffers, not in the workspace."""
     if not (PGEMM and node.op == "Conv" and not packed and node.inputs[1] in constants
-            and shapes[node.inputs[1]][1] != 1):
+            and shapes[node.inputs[1]][1] != 1) or runs_stream(node, shapes, constants, packed):
         return False
     # Outputs of fewer pixels than the tile's 6 rows (squeeze-excite convs on 1x1 maps), and long reductions
     # over at most DOT_MAXP pixels (3x3 convs of 512 channels on a 3x3 map), stay dot products: they read
@@ -205,7 +225,7 @@ def runs_packed(node: Node, shapes: dict, constants, packed: bool) -> bool:
 def im2col_bytes(step: Step, shapes: dict, packed: bool, constants=()) -> int:
     """Scratch a conv step needs for its column matrix or padded input (0 for depthwise convs)."""
     node = step.anchor
-    if node.op != "Conv" or runs_packed(node, shapes, constants, packed):
+    if node.op != "Conv" or runs_packed(node, shapes, constants, packed) or runs_stream(node, shapes, constants, packed):
         return 0
     if runs_direct(node, shapes, constants, packed):
         return direct_scratch(node, shapes) * 4 + 64

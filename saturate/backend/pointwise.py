@@ -163,7 +163,7 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
         alpha, beta = c_float(node.attr("alpha", 0.2)), c_float(node.attr("beta", 0.5))
         return f"sat_clampf(v * {alpha} + {beta}, 0.0f, 1.0f)"
     if op == "Swish":
-        return f"v / (1.0f + sat_expf(-{c_float(node.attr('alpha', 1.0))} * v))"
+        return f"v * sat_rcpf(1.0f + sat_expf(-{c_float(node.attr('alpha', 1.0))} * v))"
     if op == "Gelu":
         if _text(node.attr("approximate", "none")) == "tanh":
             return "0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))"
@@ -194,7 +194,7 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
     if op == "LeakyRelu":
         return f"v >= 0.0f ? v : {c_float(node.attr('alpha', 0.01))} * v"
     if op == "Sigmoid":
-        return "1.0f / (1.0f + sat_expf(-v))"
+        return "sat_rcpf(1.0f + sat_expf(-v))"
     if op == "Tanh":
         return "tanhf(v)"
     if op == "Erf":
@@ -218,8 +218,8 @@ def vec_expr(node: Node, chain_input: str, operand, graph, lanes8: bool = False)
     op = node.op
     if op == "Swish" and lanes8:
         a = c_float(node.attr("alpha", 1.0))
-        return (f"_mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), "
-                f"sat_exp8(_mm256_mul_ps(_mm256_set1_ps(-{a}), v))))")
+        return (f"_mm256_mul_ps(v, sat_rcp8(_mm256_add_ps(_mm256_set1_ps(1.0f), "
+                f"sat_exp8(_mm256_mul_ps(_mm256_set1_ps(-{a}), v)))))")
     if op in ("Add", "Sub", "Mul", "Div"):
         fn = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[op]
         a, b = node.inputs

@@ -119,14 +119,15 @@ class Graph:
     def op_counts(self) -> Counter:
         return Counter(n.op for n in self.nodes)
 
-    def copy(self) -> Graph:
-        """Deep copy; constant arrays are copied too so callers may mutate freely."""
+    def copy(self, arrays: bool = True) -> Graph:
+        """Deep copy; constant arrays are copied too so callers may mutate freely, unless not
+        `arrays`: then the copy holds the same arrays (the IR never changes one in place)."""
         g = copy.copy(self)
         g.nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name, n.domain)
                    for n in self.nodes]
         g.inputs = list(self.inputs)
         g.outputs = list(self.outputs)
-        g.constants = {k: v.copy() for k, v in self.constants.items()}
+        g.constants = {k: v.copy() for k, v in self.constants.items()} if arrays else dict(self.constants)
         g.values = {k: ValueInfo(v.dtype, v.shape) for k, v in self.values.items()}
         g.meta = dict(self.meta)
         return g

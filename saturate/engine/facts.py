@@ -250,13 +250,19 @@ class Facts:
         if node.kind == "op":
             attrs = self.enc.attr_sets[node.key][1]
             return self._infer(node.head, attrs, node.children, 0, ("op", node.key))
+        opaque = self._opaque_of(node)
+        if opaque is not None:
+            original, inner = opaque
+            return self._infer(original.op, original.attrs, inner.children, node.key,
+                               ("opaque", inner.key), outputs=len(original.outputs))
+        return None
+
+    def _opaque_of(self, node: ENode) -> tuple[Any, ENode] | None:
+        """For an output e-node of an opaque node: the input graph's node and its opaque e-node."""
         if node.kind == "out":
-            (opq,) = node.children
-            for inner in self.view.classes.get(opq, ()):
+            for inner in self.view.classes.get(node.children[0], ()):
                 if inner.kind == "opaque":
-                    original = self.enc.opaque_nodes[inner.key]
-                    return self._infer(original.op, original.attrs, inner.children, node.key,
-                                       ("opaque", inner.key), outputs=len(original.outputs))
+                    return self.enc.opaque_nodes[inner.key], inner
         return None
 
     def _infer(self, op: str, attrs: dict, kids: tuple, output: int, ident: tuple, outputs: int = 1) -> ValueInfo:
@@ -389,12 +395,9 @@ class Facts:
         opaque node (the int64 Equal and Where of an exporter's shape arithmetic are opaque)."""
         if node.kind == "op":
             return node.head, self.enc.attr_sets[node.key][1], node.children
-        if node.kind == "out" and node.key == 0:
-            for inner in self.view.classes.get(node.children[0], ()):
-                if inner.kind == "opaque":
-                    original = self.enc.opaque_nodes[inner.key]
-                    if original.domain in ("", "ai.onnx"):
-                        return original.op, original.attrs, inner.children
+        opaque = self._opaque_of(node) if node.key == 0 else None
+        if opaque is not None and opaque[0].domain in ("", "ai.onnx"):
+            return opaque[0].op, opaque[0].attrs, opaque[1].children
         return None
 
     def _node_data(self, op: str, attrs: dict, kids: tuple, out_shape: tuple | None) -> tuple | None:
@@ -442,12 +445,6 @@ class Facts:
                     or not all(isinstance(d, int) and d >= 0 for d in elements) or len(shape) != 1:
                 return None
             return tuple(elements), (int(value[0]),) * math.prod(elements)
-        if op == "Equal" and len(kids) == 2:
-            other = self.tensor_data(kids[1])
-            if other is None:
-                return None
-            a, b = np.broadcast_arrays(index, np.arange(len(other[1])).reshape(other[0]))
-            return tuple(a.shape), tuple(_equal(elements[i], other[1][j]) for i, j in zip(a.ravel(), b.ravel()))
         if op == "Where" and len(kids) == 3:
             picks = [self.tensor_data(c) for c in kids[1:]]
             if any(p is None for p in picks):
@@ -459,11 +456,13 @@ class Facts:
                     return None
                 out.append(picks[0][1][i] if elements[c] else picks[1][1][j])
             return tuple(cond.shape), tuple(out)
-        if op in ("Add", "Sub", "Mul", "Div", "Mod") and len(kids) == 2:
+        if op in ("Add", "Sub", "Mul", "Div", "Mod", "Equal") and len(kids) == 2:
             other = self.tensor_data(kids[1])
             if other is None:
                 return None
             a, b = np.broadcast_arrays(index, np.arange(len(other[1])).reshape(other[0]))
+            if op == "Equal":
+                return tuple(a.shape), tuple(_equal(elements[i], other[1][j]) for i, j in zip(a.ravel(), b.ravel()))
             impl = CONST_FUNCS[op.lower()].impl
             fmod = int(attrs.get("fmod", 0))
             fn = (lambda x, y: impl(x, y, fmod)) if op == "Mod" else impl

@@ -239,30 +239,26 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
                 step_set = _combine(egg, [g for g in groups if g.rule.group not in held], report.iterations + 1)
         t = time.perf_counter()
         report.iterations += 1
-        if not (updated or facts_updated or dirty or checker.cut):
-            # Nothing matched anew and nothing changed since the last read: that view is the
-            # e-graph, and the checker decided every candidate in it. Reading it again and
-            # asking the same questions would find nothing.
-            report.sizes.append(size)
-            if progress is not None:
-                progress(report.iterations, size, time.perf_counter() - start, step)
-            report.stop_reason = next(iter(held.values()), "saturated")
-            break
-        view = read_egraph(eg, relations)
-        facts = Facts(view, enc, cache)
-        # Deciding guards is Python-paced work that can grow faster than the e-graph (constant
-        # expressions to evaluate): the checker stops at the limit between candidates.
-        deadline = start + timeout
-        commands = checker.check(checked, view, facts, deadline)
-        if commands:
-            _apply(egg, commands, attrs, by_name, step)
-        dirty = bool(commands)
-        if (updated or dirty) and fold_set:
-            # Constant folding goes to its fixed point inside the iteration: a chain of shape
-            # arithmetic (Swin pads each stage from the last one's shape) would otherwise take an
-            # iteration per op. Folds add no op e-node, so this ends and never grows the graph.
-            dirty = _fold_to_fixed_point(egg, eg, enc, checker, fold_set, fold_checked, view, relations,
-                                         cache, deadline, by_name, step, attrs) or dirty
+        commands = None
+        # When nothing matched anew and nothing changed since the last read, that view is the
+        # e-graph and the checker decided every candidate in it: reading it again and asking the
+        # same questions would find nothing.
+        if updated or facts_updated or dirty or checker.cut:
+            view = read_egraph(eg, relations)
+            facts = Facts(view, enc, cache)
+            # Deciding guards is Python-paced work that can grow faster than the e-graph (constant
+            # expressions to evaluate): the checker stops at the limit between candidates.
+            deadline = start + timeout
+            commands = checker.check(checked, view, facts, deadline)
+            if commands:
+                _apply(egg, commands, attrs, by_name, step)
+            dirty = bool(commands)
+            if (updated or dirty) and fold_set:
+                # Constant folding goes to its fixed point inside the iteration: a chain of shape
+                # arithmetic (Swin pads each stage from the last one's shape) would otherwise take
+                # an iteration per op. Folds add no op e-node, so this ends and never grows the graph.
+                dirty = _fold_to_fixed_point(egg, eg, enc, checker, fold_set, fold_checked, view, relations,
+                                             cache, deadline, by_name, step, attrs) or dirty
         new_size = egg.size() if dirty else view.size
         cost.nodes_per_match = max(new_size - before, 0) / max(matched, 1)
         size = new_size

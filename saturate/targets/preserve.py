@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterable
 
 from saturate.core.errors import SaturateError
@@ -46,10 +45,9 @@ def preserved(graph: Graph, target: Target, ops: Iterable[str] = (),
         kept.append(k)
     if all(graph.nodes[k].name for k in kept):
         return graph, tuple(graph.nodes[k].name for k in kept)
-    # Naming a node changes it: the names go on a copy of the node list (constants are shared,
-    # the IR never changes an array in place, and copying every weight cost more than the rest).
-    g = dataclasses.replace(graph, nodes=[dataclasses.replace(n, inputs=list(n.inputs), outputs=list(n.outputs),
-                                                              attrs=dict(n.attrs)) for n in graph.nodes])
+    # Naming a node changes it: the names go on a copy whose arrays are the input's (copying
+    # every weight cost more than the rest of this stage).
+    g = graph.copy(arrays=False)
     node_names = {n.name for n in g.nodes}
     for k in kept:
         n = g.nodes[k]

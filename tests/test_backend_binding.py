@@ -364,3 +364,57 @@ def test_a_failed_build_names_the_source_it_keeps_and_leaves_no_partial_build(tm
     kept = Path(str(err.value).split(" on ")[1].split(": ")[0])
     assert "return nope" in kept.read_text()
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("binding-")) == [kept.name]
+
+
+def _fake_build(root: Path, name: str, megabytes: float, used: float) -> Path:
+    d = root / name
+    d.mkdir()
+    (d / "weights.bin").write_bytes(b"\0" * int(megabytes * 1024 * 1024))
+    (d / "build.key").write_text(name)
+    os.utime(d / "build.key", (used, used))
+    return d
+
+
+def test_the_build_cache_evicts_least_recently_used_builds_past_its_limit(tmp_path, monkeypatch):
+    """Builds hold their weights, so an unbounded cache filled the disk: past $SATURATE_CACHE_MB the least
+    recently used builds go, but never the one just made, one used in the last minutes, or files that are
+    not builds; a staging directory a killed process left an hour ago goes too."""
+    from saturate.backend import build
+
+    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path))
+    monkeypatch.setenv("SATURATE_CACHE_MB", "2.5")
+    now = time.time()
+    old = _fake_build(tmp_path, "old", 1, now - 3000)
+    older = _fake_build(tmp_path, "older", 1, now - 4000)
+    kept = _fake_build(tmp_path, "kept", 1, now - 5000)
+    recent = _fake_build(tmp_path, "recent", 1, now - 10)
+    (tmp_path / "binding-x.o").write_bytes(b"\0" * 2 * 1024 * 1024)
+    stale, fresh = tmp_path / ".abc.stage", tmp_path / ".def.stage"
+    stale.mkdir(), fresh.mkdir()
+    os.utime(stale, (now - 2 * build.STALE_SECONDS, now - 2 * build.STALE_SECONDS))
+    assert build.prune_cache(keep=kept, now=now) == [older, old]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".def.stage", "binding-x.o", "kept", "recent"]
+    # Within the limit nothing more goes; a use counts as recent.
+    build.mark_used(kept)
+    monkeypatch.setenv("SATURATE_CACHE_MB", "0")
+    assert build.prune_cache(now=time.time()) == []
+    assert build.prune_cache(now=time.time() + build.IN_USE_SECONDS + 1) == [recent, kept]
+
+
+def test_a_build_prunes_the_cache_at_most_every_half_minute(tmp_path, monkeypatch):
+    from saturate.backend import build
+
+    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path))
+    now = time.time()
+    assert build.prune_due(now) and not build.prune_due(now + 1)
+    assert build.prune_due(now + build.PRUNE_EVERY_SECONDS + 1)
+
+
+@pytest.mark.parametrize("text", ["lots", "-1"])
+def test_a_bad_cache_limit_is_a_one_line_error(tmp_path, text):
+    proc = subprocess.run([sys.executable, "-m", "saturate", "compile", "example:mlp", "-o", str(tmp_path / "o")],
+                          env=dict(os.environ, SATURATE_CACHE=str(tmp_path / "c"), SATURATE_CACHE_MB=text),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and not (tmp_path / "o").exists()
+    assert proc.stderr.strip().splitlines() == [f"saturate: error: SATURATE_CACHE_MB={text!r}: expected a number of megabytes"
+                                                + (", not a negative one" if text == "-1" else "")]

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 
 from saturate.core.errors import SaturateError
@@ -159,6 +160,109 @@ def cache_root() -> Path:
     return Path(os.environ.get("SATURATE_CACHE", Path.home() / ".cache" / "saturate" / "backend"))
 
 
+# Each build holds its weights (VGG-11-BN's are 508 MB) and a build is keyed by them, so a cache that only
+# grows fills the disk: builds past this many megabytes are evicted, least recently used first.
+DEFAULT_CACHE_MB = 4096
+# A build used this recently is never evicted: another process may be between building and loading it.
+IN_USE_SECONDS = 120.0
+# Sizing a cache of thousands of builds takes most of a second, so a build prunes at most this often;
+# the cache may pass its limit by what is built in between.
+PRUNE_EVERY_SECONDS = 30.0
+# A staging or evicted directory (named with a leading dot) this old was left by a killed process.
+STALE_SECONDS = 3600.0
+
+
+def cache_limit_bytes() -> int:
+    """The cache's size limit ($SATURATE_CACHE_MB megabytes, default DEFAULT_CACHE_MB)."""
+    text = os.environ.get("SATURATE_CACHE_MB", "").strip()
+    try:
+        mb = float(text) if text else DEFAULT_CACHE_MB
+    except ValueError:
+        raise SaturateError(f"SATURATE_CACHE_MB={text!r}: expected a number of megabytes") from None
+    if mb < 0:
+        raise SaturateError(f"SATURATE_CACHE_MB={text!r}: expected a number of megabytes, not a negative one")
+    return int(mb * 1024 * 1024)
+
+
+def _tree_bytes(directory: Path) -> int:
+    total = 0
+    for entry in os.scandir(directory):
+        try:
+            total += entry.stat(follow_symlinks=False).st_size
+        except OSError:  # removed by another process meanwhile
+            pass
+    return total
+
+
+def mark_used(directory: Path) -> None:
+    """Record a build's use (its build.key's mtime), which orders eviction."""
+    try:
+        os.utime(directory / "build.key")
+    except OSError:
+        pass
+
+
+def prune_due(now: float | None = None) -> bool:
+    """Whether PRUNE_EVERY_SECONDS have passed since the cache was last pruned (by any process); claims
+    the turn when they have."""
+    stamp = cache_root() / "last-prune"
+    now = time.time() if now is None else now
+    try:
+        if now - stamp.stat().st_mtime < PRUNE_EVERY_SECONDS:
+            return False
+    except OSError:
+        pass
+    try:
+        stamp.touch()
+    except OSError:
+        return False
+    return True
+
+
+def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path]:
+    """Evict finished builds, least recently used first, until the cache is within cache_limit_bytes().
+    `keep` (the build just made) and builds used in the last IN_USE_SECONDS stay; returns what was removed.
+    Only directories holding a build.key are builds: the binding objects, peak probes and anything else
+    in the directory are left alone, except staging directories a killed process left behind."""
+    root, limit = cache_root(), cache_limit_bytes()
+    now = time.time() if now is None else now
+    builds = []
+    for entry in os.scandir(root) if root.is_dir() else ():
+        stamp = Path(entry.path) / "build.key"
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        if entry.name.startswith("."):
+            try:
+                if now - entry.stat(follow_symlinks=False).st_mtime > STALE_SECONDS:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+            except OSError:
+                pass
+            continue
+        try:
+            used = stamp.stat().st_mtime
+        except OSError:
+            continue
+        builds.append((used, Path(entry.path)))
+    sizes = {path: _tree_bytes(path) for _, path in builds}
+    total = sum(sizes.values())
+    removed = []
+    for used, path in sorted(builds):
+        if total <= limit:
+            break
+        if (keep is not None and path == Path(keep)) or now - used < IN_USE_SECONDS:
+            continue
+        # Renamed out of the way first, so no reader ever sees a build that is half deleted.
+        doomed = root / f".evicted.{path.name}.{os.getpid()}"
+        try:
+            os.rename(path, doomed)
+        except OSError:  # evicted or replaced by another process meanwhile
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
+        total -= sizes[path]
+        removed.append(path)
+    return removed
+
+
 def build_key(source: str, weights: bytes, sanitize: bool = False, profile: bool = False) -> str:
     """The hash naming a build: the program, its weights, the kernels and binding it includes, the compiler
     and its version, every flag, the CPU's features (-march=native) and the Python the module is for."""
@@ -249,7 +353,9 @@ def build(source: str, weights: bytes, header: str, sanitize: bool = False, prof
     once; it is built beside its final name and renamed into place, so no reader sees half of it."""
     key = build_key(source, weights, sanitize, profile)
     target = cache_root() / key
+    cache_limit_bytes()  # a bad $SATURATE_CACHE_MB is refused on every build, not only when a prune is due
     if complete(target, key):
+        mark_used(target)
         return target
     binding = binding_object()
     stage = Path(tempfile.mkdtemp(dir=cache_root(), prefix=f".{key}."))
@@ -281,4 +387,6 @@ def build(source: str, weights: bytes, header: str, sanitize: bool = False, prof
                 raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+    if prune_due():
+        prune_cache(keep=target)
     return target

@@ -14,7 +14,7 @@ from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, ValueInfo
 
 # The peak a "% peak" column divides by: one core running the conv micro-kernel on operands in L1 (the
-# AVX-512 8x32 tile where the build has it, else the vector-extension 4x3 tile), measured by a probe
+# AVX-512 8x32 tile where the build has it, else the 6x16 tile of pgemm.h), measured by a probe
 # built with the models' own flags, best of its timed batches, cached per kernels, flags, compiler and CPU.
 PROBE_SOURCE = r"""
 #include <stdio.h>
@@ -43,22 +43,20 @@ int main(void) {
     }
     const float check = c[0];
 #else
-    /* the 4 x 3-vector register tile of sat_gemm_nn (vec.h): every panel whole, B's panel in L1 */
-    enum { K = 256, N = 3 * SAT_VL };
-    static float A[4 * K] __attribute__((aligned(64))), B[K * N] __attribute__((aligned(64))), C[4 * N];
-    for (int i = 0; i < 4 * K; i++) A[i] = 1e-3f * (float)(i % 7);
-    for (int i = 0; i < K * N; i++) B[i] = 1e-3f * (float)(i % 5);
-    const double flops = 2.0 * 4 * N * K;
+    /* the SAT_PR x SAT_PN tile of the packed convs (pgemm.h, 6 x 16 on AVX2), one SAT_PKC-step reduction
+       on panels in L1, as a conv's inner loop runs it */
+    static float a[SAT_PKC * SAT_PR] __attribute__((aligned(64))), b[SAT_PKC * SAT_PN] __attribute__((aligned(64)));
+    static float c[SAT_PR * SAT_PN] __attribute__((aligned(64)));
+    for (int i = 0; i < SAT_PKC * SAT_PR; i++) a[i] = 1e-3f * (float)(i % 7);
+    for (int i = 0; i < SAT_PKC * SAT_PN; i++) b[i] = 1e-3f * (float)(i % 5);
+    const double flops = 2.0 * SAT_PR * SAT_PN * SAT_PKC;
     for (int rep = 0; rep < 30; rep++) {
         const double t = sat_probe_now();
-        for (int i = 0; i < 400; i++) {
-            sat_gemm_nn(4, N, K, A, K, B, N, C, N);
-            A[i % (4 * K)] += 1e-30f * C[i % (4 * N)]; /* each call depends on the last */
-        }
+        for (int i = 0; i < 400; i++) sat_ukr(SAT_PKC, a, b, c, SAT_PN, SAT_PR, SAT_PN, 1);
         const double g = 400 * flops / (sat_probe_now() - t);
         best = g > best ? g : best;
     }
-    const float check = C[0];
+    const float check = c[0];
 #endif
     printf("%.3f %g\\n", best / 1e9, (double)check);
     return 0;

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from saturate.engine.cost import graph_cost, resolve_target
-from saturate.engine.egraph import egglog_bindings
-from saturate.engine.encode import encode_graph, load
+from saturate.engine.encode import encode_graph, loaded_egraph, release
 from saturate.engine.compile_rules import applicable_rules, compile_rules, rule_ops
 from saturate.core.errors import SaturateError
 from saturate.engine.extract import Prices, extract
@@ -164,8 +163,7 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     live = applicable_rules(rule_list, {n.op for n in graph.nodes})
     enc = encode_graph(graph, keep, rule_ops(live))
     compiled = compile_rules(live, enc)
-    eg = egglog_bindings().EGraph()
-    load(eg, enc, [line for cr in compiled for line in cr.text])
+    eg, program = loaded_egraph(enc, [line for cr in compiled for line in cr.text])
     report.times["encode"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -203,6 +201,7 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     result.constants.update({k: v for k, v in defaults.items() if k in result.inputs})
     report.ops_after = dict(result.op_counts())
     report.times["fold"] = time.perf_counter() - t
+    release(eg, program)        # an error above drops the e-graph instead
     return result, report
 
 

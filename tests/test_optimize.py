@@ -165,6 +165,67 @@ def test_rule_order_does_not_change_the_result():
     assert structurally_equal(first, second)
 
 
+def test_a_second_run_of_one_program_reuses_its_declared_egraph_and_gives_the_same_graph(monkeypatch):
+    """The e-graph holding a program's declarations is kept between runs: the second run of the same
+    graph declares nothing, works on the e-graph the first returned, and gives the same graph."""
+    from saturate.engine import encode
+
+    monkeypatch.setattr(encode, "_prepared", type(encode._prepared)())
+    g = examples.build("resnet18")
+    first, r1 = optimize(g, RULES)
+    assert len(encode._prepared) == 1
+    kept = next(iter(encode._prepared.values()))
+    second, r2 = optimize(g, RULES)
+    assert structurally_equal(first, second) and r1.run.iterations == r2.run.iterations
+    assert r1.run.matches == r2.run.matches and r1.cost_after == r2.cost_after
+    assert len(encode._prepared) == 1 and next(iter(encode._prepared.values())) is kept
+
+
+def test_the_kept_egraphs_are_bounded_and_one_an_error_left_is_dropped(monkeypatch):
+    from saturate.engine import encode
+    from saturate.engine import saturation
+
+    monkeypatch.setattr(encode, "_prepared", type(encode._prepared)())
+    monkeypatch.setattr(encode, "PREPARED_KEEP", 2)
+    for name in ("chain-4", "resnet18", "mobilenet"):
+        optimize(examples.build(name), RULES)
+    assert len(encode._prepared) == 2
+    before = dict(encode._prepared)
+
+    def fail(*args, **kwargs):
+        raise SaturateError("interrupted")
+
+    monkeypatch.setattr("saturate.pipeline.saturate", fail)
+    with pytest.raises(SaturateError):
+        optimize(examples.build("mobilenet"), RULES)
+    assert len(encode._prepared) == 1 and set(encode._prepared.items()) < set(before.items())
+    monkeypatch.undo()
+    assert saturation.saturate is not fail
+
+
+def test_runs_in_threads_at_once_each_get_an_egraph_of_their_own():
+    """egglog's e-graph may be used only on the thread that made it: threads build their own and keep
+    none, while the main thread keeps its e-graph for its next run."""
+    import threading
+
+    g = examples.build("resnet18")
+    want, _ = optimize(g, RULES)
+    got, errors = [], []
+
+    def run():
+        try:
+            got.append(optimize(g, RULES)[0])
+        except BaseException as err:  # noqa: BLE001 - egglog's panics are BaseExceptions
+            errors.append(err)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(got) == 3 and all(structurally_equal(want, out) for out in got)
+
+
 @pytest.mark.parametrize("limits, reason", [
     ({"max_iterations": 1}, "iteration limit"),
     ({"max_nodes": 10}, "node limit"),

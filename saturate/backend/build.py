@@ -108,6 +108,23 @@ def avx512_build() -> bool:
     return isa() == "avx512" or (isa() == "native" and cpu_has_avx512())
 
 
+def vector_lanes() -> int:
+    """Floats per vector register of builds (vec.h's SAT_VL): 16 with AVX-512, 8 with AVX, else 4 (the
+    portable build's SSE2 or NEON registers)."""
+    if avx512_build():
+        return 16
+    if isa() == "avx2" or (isa() == "native" and _cpu_has_avx()):
+        return 8
+    return 4
+
+
+def _cpu_has_avx() -> bool:
+    try:
+        return " avx " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
+    except OSError:
+        return False
+
+
 # Past this many kernel steps a model compiles at -O2 without speculative inlining: -O3 on thousands
 # of fused epilogues takes minutes of compiler time for no measurable run-time gain.
 LARGE_STEPS = 400

@@ -6,7 +6,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from saturate.backend.build import avx512_build
+from saturate.backend.build import avx512_build, vector_lanes
 from saturate.backend.shapes import ALIASES, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window
 from saturate.core.ir import Graph, Node
 
@@ -137,7 +137,7 @@ def runs_direct(node: Node, shapes: dict, constants, packed: bool) -> bool:
 
 
 # The register tile of pgemm.h (builds without the AVX-512 micro-kernel): SAT_PR rows by SAT_PN columns.
-PR, PN = 6, (32 if avx512_build() else 16)
+PR, PN = 6, 2 * vector_lanes()
 
 
 def conv_layout(x, w, win, group: int) -> int:

@@ -336,6 +336,11 @@ def load(eg: Any, enc: Encoding, rules: Iterable[str] = ()) -> None:
     `encode` run that builds the graph's e-nodes."""
     for piece in chunks(list(enc.commands) + list(rules)):
         eg.run_program(*eg.parse_program(piece))
+    _fill(eg, enc)
+
+
+def _fill(eg: Any, enc: Encoding) -> None:
+    """The graph into an e-graph holding its program's declarations: the rows, then the `encode` run."""
     enc.rows.run(eg)
     eg.run_program(*eg.parse_program(ENCODE))
 
@@ -362,8 +367,7 @@ def loaded_egraph(enc: Encoding, rules: Iterable[str] = ()) -> tuple[Any, bytes]
         for piece in program:
             eg.run_program(*eg.parse_program(piece))
     eg.run_program(*eg.parse_program("(push)"))
-    enc.rows.run(eg)
-    eg.run_program(*eg.parse_program(ENCODE))
+    _fill(eg, enc)
     return eg, key
 
 

@@ -292,3 +292,63 @@ def test_matmul_of_tokens_by_a_constant_matrix(threads):
     consts = {"w": arr(19, (96, 70)) * np.float32(0.1), "b": arr(20, (70,))}
     nodes = [Node("MatMul", ["x", "w"], ["p"]), Node("Add", ["p", "b"], ["y"])]
     check_three_way(make(nodes, {"x": (2, 37, 96)}, consts), threads=threads)
+
+
+WINO_CONVS = [
+    # (input shape, output channels, pads): 3x3, unit strides. Odd and even maps (partial 2x2 tiles at the
+    # right and bottom), pads 0, 1 and asymmetric, channel counts off 6, 8 and 16, two images, blocks of
+    # tiles that split a tile row (56 tiles of 64 channels per block at most) and rows longer than a block
+    ((1, 32, 16, 16), 32, [1, 1, 1, 1]),
+    ((2, 37, 15, 13), 45, [1, 1, 1, 1]),
+    ((1, 33, 17, 18), 40, [0, 0, 0, 0]),
+    ((1, 48, 14, 15), 35, [1, 0, 0, 1]),
+    ((1, 64, 56, 56), 64, [1, 1, 1, 1]),
+    ((2, 40, 30, 140), 34, [1, 1, 1, 1]),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act", ["Relu", "Add"])
+@pytest.mark.parametrize("xshape,m,pads", WINO_CONVS)
+def test_winograd_3x3_convs(xshape, m, pads, act, threads, monkeypatch):
+    """Bias and Relu run in their 8-channel form on the transformed-back sums (AVX2 builds); the residual
+    Add of a second input is an epilogue on each block's output rows. SATURATE_WINO=all (plan.WINO) gives
+    the kernel the small maps too, which its choice rule leaves to the others."""
+    from saturate.backend import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "WINO", "all")
+    consts = {"w": arr(31, (m, xshape[1], 3, 3)) * np.float32(0.2), "b": arr(32, (m,))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], {"pads": pads})]
+    shapes = {"x": xshape}
+    if act == "Add":
+        shapes["r"] = (xshape[0], m, xshape[2] + pads[0] + pads[2] - 2, xshape[3] + pads[1] + pads[3] - 2)
+        nodes.append(Node("Add", ["c", "r"], ["y"]))
+    else:
+        nodes.append(Node(act, ["c"], ["y"]))
+    g = make(nodes, shapes, consts)
+    if not avx512_build():
+        assert "sat_conv_wino(" in emit(g).source
+    check_three_way(g, threads=threads)
+
+
+def test_winograd_switch_and_rule(monkeypatch):
+    """SATURATE_WINO=0 (plan.WINO) keeps 3x3 convs on the kernels before it; outputs under WINO_MINP pixels,
+    fewer than WINO_MINC channels, strides, dilations and groups never take it."""
+    from saturate.backend import plan as plan_module
+
+    if avx512_build():
+        pytest.skip("Winograd runs on builds without the AVX-512 micro-kernel")
+
+    def conv(xshape, m, **attrs):
+        g = make([Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1], **attrs})], {"x": xshape},
+                 {"w": arr(33, (m, xshape[1] // attrs.get("group", 1), 3, 3))})
+        return "sat_conv_wino(" in emit(g).source
+
+    assert conv((1, 32, 14, 14), 32)
+    assert not conv((1, 32, 13, 13), 32)            # 169 pixels
+    assert not conv((1, 16, 56, 56), 64)            # 16 input channels
+    assert not conv((1, 64, 56, 56), 64, strides=[2, 2])
+    assert not conv((1, 64, 56, 56), 64, dilations=[2, 2], pads=[2, 2, 2, 2])
+    assert not conv((1, 64, 56, 56), 64, group=2)
+    monkeypatch.setattr(plan_module, "WINO", "0")
+    assert not conv((1, 32, 14, 14), 32)

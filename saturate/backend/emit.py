@@ -12,7 +12,7 @@ import numpy as np
 from saturate.backend.build import avx512_build
 from saturate.backend import plan as plan_module
 from saturate.backend.plan import (DOT_MAXP, PN, PR, TILE_BYTES, Plan, Step, conv_layout, plan, runs_direct, runs_packed,
-                                   runs_stream, tile_rows)
+                                   runs_stream, runs_wino, tile_rows)
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides, vec_expr
 from saturate.backend.shapes import (ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, gather_view, infer_shapes,
                                      pad_params, pool_window, reduce_axes, resize_tables, slice_params, unsupported)
@@ -87,6 +87,20 @@ def pack_weights(w: np.ndarray, group: int, panel: int = PANEL, kc: int = KC) ->
     blocks = [full[:, :, k0:k0 + kc].reshape(group, rows // panel, panel, -1).transpose(0, 1, 3, 2).reshape(group, -1)
               for k0 in range(0, k, kc)]
     return np.concatenate(blocks, axis=1)
+
+
+# Winograd F(2x2, 3x3) weight transform G (4 x 3).
+WINO_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+
+
+def wino_weights(w: np.ndarray) -> np.ndarray:
+    """3x3 conv weights (M x C x 3 x 3) as sat_conv_wino (wino.h) reads them: U = G g G^T per (m, c), in
+    float64 then rounded once, as 16 slices xi = 4 i + j of M x C, each in PN-channel panels over the whole
+    reduction (pack_weights' layout, rows zero-padded to a multiple of PN)."""
+    u = np.einsum("ik,mckl,jl->ijmc", WINO_G, np.asarray(w, np.float64), WINO_G)
+    m, c = w.shape[:2]
+    return np.concatenate([pack_weights(u[i, j].astype(np.float32), 1, PN, kc=c)
+                           for i in range(4) for j in range(4)], axis=1)
 
 
 def transposed_product(x, w, win, group: int) -> bool:
@@ -333,7 +347,8 @@ class Emitter:
         packed_trans = (not direct and w[1] != 1 and runs_packed(node, sh, self.g.constants, PACKED_GEMM)
                         and conv_layout(x, w, win, int(node.attr("group", 1))) == 1)
         stream = runs_stream(node, sh, self.g.constants, PACKED_GEMM)
-        epi = self.epilogue(step, chain, oshape, 2, extra, vector=direct or lanes or packed_trans or stream)
+        wino = runs_wino(node, sh, self.g.constants, PACKED_GEMM)
+        epi = self.epilogue(step, chain, oshape, 2, extra, vector=direct or lanes or packed_trans or stream or wino)
         H, W = (x[2], x[3]) if len(x) == 4 else (1, x[2])
         geo = f"{win.kh}, {win.kw}, {win.oh}, {win.ow}, {win.sh}, {win.sw}, {win.ph}, {win.pw}, {win.dh}, {win.dw}"
         xp = self.ptr(node.inputs[0])
@@ -359,6 +374,13 @@ class Emitter:
             unit = self._unit8("sconv", "sat_sconv_run", epi) if epi in self.vector8 else "NULL"
             self.body.append(f"    sat_conv_stream({xp}, {packed}, {out}, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {geo}, "
                              f"{epi}, {unit});\n")
+            return
+        if runs_wino(node, sh, self.g.constants, PACKED_GEMM):
+            # Weights transformed and packed once here (16 slices of M x C); see wino.h.
+            packed = self.weight(("wino", node.inputs[1]), wino_weights(self.g.constants[node.inputs[1]]))
+            unit = self._unit8("wino", "sat_wino_run", epi) if epi in self.vector8 else "NULL"
+            self.body.append(f"    sat_conv_wino({xp}, {packed}, {out}, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {win.oh}, "
+                             f"{win.ow}, {win.ph}, {win.pw}, {epi}, {unit});\n")
             return
         if w[1] == 1:
             item = ""

@@ -172,6 +172,9 @@ def conv_layout(x, w, win, group: int) -> int:
     return max(range(len(scores)), key=lambda i: (scores[i], -i))
 
 
+# Smallest output (pixels) and channel counts (in and out) of a conv run as Winograd (runs_wino).
+WINO_MINP, WINO_MINC = 196, 32
+
 # Largest output (pixels) of a conv run on streamed weights (sat_conv_stream, SAT_SP in pgemm.h); SATURATE_STREAM=0
 # sends those convs back to the kernels before it (side-by-side timing).
 STREAM_MAXP = 12
@@ -192,11 +195,46 @@ def runs_stream(node: Node, shapes: dict, constants, packed: bool) -> bool:
     return win.oh * win.ow <= STREAM_MAXP and w[1] * win.kh * win.kw >= DOT_MINK
 
 
+# SATURATE_WINO=0 sends the convs sat_conv_wino would take back to the kernels before it (side-by-side
+# timing); SATURATE_WINO=all gives it every conv it can run, wins or not (for measuring where it wins).
+WINO = os.environ.get("SATURATE_WINO", "1")
+
+
+def wino_eligible(node: Node, shapes: dict, constants, packed: bool) -> bool:
+    """Whether sat_conv_wino (wino.h) can run a conv: builds without the AVX-512 micro-kernel, constant
+    weights, 3x3, unit strides and dilations, one group."""
+    if not (PGEMM and node.op == "Conv" and not packed and node.inputs[1] in constants
+            and int(node.attr("group", 1)) == 1):
+        return False
+    x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
+    if len(x) != 4 or tuple(w[2:]) != (3, 3):
+        return False
+    win = conv_window(node, x, w)
+    return win.sh == win.sw == 1 and win.dh == win.dw == 1
+
+
+def runs_wino(node: Node, shapes: dict, constants, packed: bool) -> bool:
+    """Whether a conv runs as Winograd F(2x2, 3x3) (sat_conv_wino): outputs of at least WINO_MINP pixels
+    and at least WINO_MINC channels in and out. Single convs with bias and Relu at 1 thread took 0.52-0.74x
+    the time of the padded-grid and packed tiles from 14x14 maps of 64 channels to 112x112 maps of 64 and
+    56x56 of 256, 0.80x on 112x112 maps of 32 channels; 16 channels ran 6% slower, and 7x7 maps of 512
+    channels (weights, 16/9 larger, read again for every block of tiles) only 0.90-1.00x."""
+    if WINO == "0" or not wino_eligible(node, shapes, constants, packed) \
+            or runs_stream(node, shapes, constants, packed):
+        return False
+    if WINO == "all":
+        return True
+    x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
+    win = conv_window(node, x, w)
+    return win.oh * win.ow >= WINO_MINP and w[1] >= WINO_MINC and w[0] >= WINO_MINC
+
+
 def runs_packed(node: Node, shapes: dict, constants, packed: bool) -> bool:
     """Whether a conv runs on pgemm.h's tile (builds without the AVX-512 micro-kernel): constant weights,
     not depthwise. Its column panels live in per-thread buffers, not in the workspace."""
     if not (PGEMM and node.op == "Conv" and not packed and node.inputs[1] in constants
-            and shapes[node.inputs[1]][1] != 1) or runs_stream(node, shapes, constants, packed):
+            and shapes[node.inputs[1]][1] != 1) or runs_stream(node, shapes, constants, packed) \
+            or runs_wino(node, shapes, constants, packed):
         return False
     # Outputs of fewer pixels than the tile's 6 rows (squeeze-excite convs on 1x1 maps), and long reductions
     # over at most DOT_MAXP pixels (3x3 convs of 512 channels on a 3x3 map), stay dot products: they read
@@ -225,7 +263,8 @@ def runs_packed(node: Node, shapes: dict, constants, packed: bool) -> bool:
 def im2col_bytes(step: Step, shapes: dict, packed: bool, constants=()) -> int:
     """Scratch a conv step needs for its column matrix or padded input (0 for depthwise convs)."""
     node = step.anchor
-    if node.op != "Conv" or runs_packed(node, shapes, constants, packed) or runs_stream(node, shapes, constants, packed):
+    if node.op != "Conv" or runs_packed(node, shapes, constants, packed) or runs_stream(node, shapes, constants, packed) \
+            or runs_wino(node, shapes, constants, packed):
         return 0
     if runs_direct(node, shapes, constants, packed):
         return direct_scratch(node, shapes) * 4 + 64

@@ -332,8 +332,9 @@ def test_winograd_3x3_convs(xshape, m, pads, act, threads, monkeypatch):
 
 
 def test_winograd_switch_and_rule(monkeypatch):
-    """SATURATE_WINO=0 (plan.WINO) keeps 3x3 convs on the kernels before it; outputs under WINO_MINP pixels,
-    fewer than WINO_MINC channels, strides, dilations and groups never take it."""
+    """SATURATE_WINO=0 (plan.WINO) keeps 3x3 convs on the kernels before it; outputs under WINO_MINP pixels
+    (WINO_DEEP_MINP from 512 channels), fewer than WINO_MINC channels, strides, dilations and groups never
+    take it."""
     from saturate.backend import plan as plan_module
 
     if avx512_build():
@@ -344,11 +345,13 @@ def test_winograd_switch_and_rule(monkeypatch):
                  {"w": arr(33, (m, xshape[1] // attrs.get("group", 1), 3, 3))})
         return "sat_conv_wino(" in emit(g).source
 
-    assert conv((1, 32, 14, 14), 32)
-    assert not conv((1, 32, 13, 13), 32)            # 169 pixels
+    assert conv((1, 32, 6, 6), 32)
+    assert not conv((1, 32, 5, 5), 32)              # 25 pixels
+    assert conv((1, 512, 12, 12), 512)
+    assert not conv((1, 512, 7, 7), 512)            # 49 pixels of 512 channels
     assert not conv((1, 16, 56, 56), 64)            # 16 input channels
     assert not conv((1, 64, 56, 56), 64, strides=[2, 2])
     assert not conv((1, 64, 56, 56), 64, dilations=[2, 2], pads=[2, 2, 2, 2])
     assert not conv((1, 64, 56, 56), 64, group=2)
     monkeypatch.setattr(plan_module, "WINO", "0")
-    assert not conv((1, 32, 14, 14), 32)
+    assert not conv((1, 32, 6, 6), 32)

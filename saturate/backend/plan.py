@@ -172,8 +172,9 @@ def conv_layout(x, w, win, group: int) -> int:
     return max(range(len(scores)), key=lambda i: (scores[i], -i))
 
 
-# Smallest output (pixels) and channel counts (in and out) of a conv run as Winograd (runs_wino).
-WINO_MINP, WINO_MINC = 196, 32
+# Smallest output (pixels) and channel counts (in and out) of a conv run as Winograd (runs_wino); from
+# WINO_DEEP_C input channels on, at least WINO_DEEP_MINP pixels.
+WINO_MINP, WINO_MINC, WINO_DEEP_C, WINO_DEEP_MINP = 36, 32, 512, 144
 
 # Largest output (pixels) of a conv run on streamed weights (sat_conv_stream, SAT_SP in pgemm.h); SATURATE_STREAM=0
 # sends those convs back to the kernels before it (side-by-side timing).
@@ -214,11 +215,13 @@ def wino_eligible(node: Node, shapes: dict, constants, packed: bool) -> bool:
 
 
 def runs_wino(node: Node, shapes: dict, constants, packed: bool) -> bool:
-    """Whether a conv runs as Winograd F(2x2, 3x3) (sat_conv_wino): outputs of at least WINO_MINP pixels
-    and at least WINO_MINC channels in and out. Single convs with bias and Relu at 1 thread took 0.52-0.74x
-    the time of the padded-grid and packed tiles from 14x14 maps of 64 channels to 112x112 maps of 64 and
-    56x56 of 256, 0.80x on 112x112 maps of 32 channels; 16 channels ran 6% slower, and 7x7 maps of 512
-    channels (weights, 16/9 larger, read again for every block of tiles) only 0.90-1.00x."""
+    """Whether a conv runs as Winograd F(2x2, 3x3) (sat_conv_wino): outputs of at least WINO_MINP pixels,
+    at least WINO_MINC channels in and out, and from WINO_DEEP_C input channels on at least WINO_DEEP_MINP
+    pixels. Single convs with bias and Relu (1 thread, medians of interleaved runs on a shared 2-core
+    Zen 3) took 0.52-0.74x the time of the kernels before from 6x6 maps of 256 channels and 12x12 of 128
+    to 56x56 maps of 256, 0.80x on 112x112 maps of 32 channels, 0.89x on 12x12 maps of 512; 16 channels
+    ran 6% slower, and 6x6 and 7x7 maps of 512 channels (their 16/9 larger weights read again for every
+    block of tiles, 6 tiles of 512 channels) 0.90-1.01x."""
     if WINO == "0" or not wino_eligible(node, shapes, constants, packed) \
             or runs_stream(node, shapes, constants, packed):
         return False
@@ -226,7 +229,8 @@ def runs_wino(node: Node, shapes: dict, constants, packed: bool) -> bool:
         return True
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w)
-    return win.oh * win.ow >= WINO_MINP and w[1] >= WINO_MINC and w[0] >= WINO_MINC
+    p = win.oh * win.ow
+    return p >= WINO_MINP and min(w[0], w[1]) >= WINO_MINC and (w[1] < WINO_DEEP_C or p >= WINO_DEEP_MINP)
 
 
 def runs_packed(node: Node, shapes: dict, constants, packed: bool) -> bool:

@@ -202,6 +202,10 @@ static void sat_conv_wino(const float *x, const float *u, float *y, int N, int C
     int tb = SAT_WINO_VFLOATS / (16 * C) / SAT_PR * SAT_PR;
     if (tb < SAT_PR) tb = SAT_PR;
     int blocks = (tiles + tb - 1) / tb;
+    /* as many blocks as a multiple of the threads where that leaves blocks of at least 2 panels: smaller
+     * blocks cost less than channel chunks, each of which transforms its block's input again */
+    const int even = (blocks + sat_threads - 1) / sat_threads * sat_threads;
+    if (sat_threads > 1 && !sat_in_parallel && N % sat_threads != 0 && tiles / even >= 2 * SAT_PR) blocks = even;
     tb = (tiles + blocks - 1) / blocks;
     blocks = (tiles + tb - 1) / tb;
     const int64_t units = (int64_t)N * blocks;

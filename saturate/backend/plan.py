@@ -202,9 +202,10 @@ WINO = os.environ.get("SATURATE_WINO", "1")
 
 
 def wino_eligible(node: Node, shapes: dict, constants, packed: bool) -> bool:
-    """Whether sat_conv_wino (wino.h) can run a conv: builds without the AVX-512 micro-kernel, constant
-    weights, 3x3, unit strides and dilations, one group."""
-    if not (PGEMM and node.op == "Conv" and not packed and node.inputs[1] in constants
+    """Whether sat_conv_wino (wino.h) can run a conv: builds without the AVX-512 micro-kernel whose vectors
+    hold a tile panel's PR tiles (the input transform stores them as one vector: not the portable build's
+    4-float vectors), constant weights, 3x3, unit strides and dilations, one group."""
+    if not (PGEMM and node.op == "Conv" and not packed and vector_lanes() >= PR and node.inputs[1] in constants
             and int(node.attr("group", 1)) == 1):
         return False
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]

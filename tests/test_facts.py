@@ -174,3 +174,28 @@ def test_a_step_that_matches_nothing_new_ends_saturation_without_another_read(mo
     assert len(reads) == 2          # before the first step, after it; none after the second
     assert report.run.matches["add-comm"] == 2      # the second step's match still counts
     assert_same(before, after, b.sample())
+
+
+def test_slice_squeeze_and_normalization_types_need_no_onnx_inference(monkeypatch):
+    """Shapes core.geometry computes from constant inputs (and those of ops that keep their input's
+    shape) are typed in the engine itself: asking ONNX's inference costs a model round trip each."""
+    from saturate.engine import facts as facts_module
+
+    asked = []
+    monkeypatch.setattr(facts_module, "onnx_infer", lambda op, *a, **k: asked.append(op))
+    b = Builder(shape=(2, 6, 5))
+    half = b.op("Div", b.op("Gather", b.op("Shape", "x"), b.const(np.array(1, I64)), axis=0), b.const(np.array(2, I64)))
+    cut = b.op("Slice", "x", b.const(np.array([0], I64)), b.op("Unsqueeze", half, b.const(np.array([0], I64))),
+               b.const(np.array([1], I64)))
+    squeezed = b.op("Squeeze", b.op("Slice", cut, b.const(np.array([4], I64)), b.const(np.array([5], I64)),
+                                    b.const(np.array([2], I64))), b.const(np.array([2], I64)))
+    normed = b.op("Softmax", b.op("Pad", squeezed, b.const(np.array([0, 1, 0, 2], I64))), axis=-1)
+    g = b.build(normed)
+    for v in g.values:
+        if g.values[v].dtype == "float32" and v != "x":
+            g.values[v] = ValueInfo("float32", None)
+    facts, cls = _facts(g)
+    assert facts.shape(cls[cut]) == (2, 3, 5)
+    assert facts.shape(cls[squeezed]) == (2, 3)
+    assert facts.shape(cls[normed]) == (2, 6)
+    assert asked == []

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from saturate.backend.shapes import SUPPORTED, _out_shape, unsupported
+from saturate.core import geometry
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, ValueInfo
 
@@ -138,23 +139,19 @@ def _lower_gelu(nodes: list[Node], outputs: set[str], constants: dict) -> list[N
 
 def _split_sizes(graph: Graph, node: Node, dim: int) -> list[int]:
     given = node.inputs[1] if len(node.inputs) > 1 and node.inputs[1] else None
-    if given:
-        if given not in graph.constants:
-            raise unsupported(node, f"needs '{given}' to be a constant")
-        return [int(v) for v in np.asarray(graph.constants[given]).reshape(-1)]
-    if node.attr("split"):
-        return [int(v) for v in node.attr("split")]
-    n = int(node.attr("num_outputs", len(node.outputs)))
-    chunk = -(-dim // n)
-    return [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+    if given and given not in graph.constants:
+        raise unsupported(node, f"needs '{given}' to be a constant")
+    split = np.asarray(graph.constants[given]).reshape(-1) if given else node.attr("split")
+    try:
+        return geometry.split_sizes(dim, len(node.outputs), split, node.attr("num_outputs"))
+    except geometry.GeometryError as err:
+        raise unsupported(node, str(err)) from None
 
 
 def _lower_split(graph: Graph, node: Node, x: tuple[int, ...]) -> list[Node]:
     """Split -> one Slice per output (the attribute form), each a strided copy of the input."""
     axis = int(node.attr("axis", 0)) % len(x)
     sizes = _split_sizes(graph, node, x[axis])
-    if len(sizes) != len(node.outputs) or sum(sizes) != x[axis] or any(s < 0 for s in sizes):
-        raise unsupported(node, f"cannot split {x[axis]} into {sizes}")
     out, at = [], 0
     for k, (o, s) in enumerate(zip(node.outputs, sizes)):
         if o:

@@ -10,6 +10,7 @@ import numpy as np
 from saturate.core import geometry
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
+from saturate.core.ops import SAME_SHAPE
 
 ELEMENTWISE_UNARY = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal",
                      "HardSwish", "HardSigmoid", "Swish", "Gelu", "Exp", "Log", "Abs", "Floor", "Ceil", "Elu",
@@ -111,9 +112,8 @@ def _text(value, default: str) -> str:
 
 
 def slice_params(graph: Graph, node: Node, x: tuple[int, ...]) -> list[tuple[int, int, int]]:
-    """(start, step, count) per axis of a Slice: inputs from opset 10, attributes before (and in the
-    Slice nodes Split lowers to); clamped as ONNX specifies (for negative steps, unlike Python's slices,
-    a start before the first element clamps to it)."""
+    """(start, step, count) per axis of a Slice (geometry.slice_ranges): inputs from opset 10,
+    attributes before (and in the Slice nodes Split lowers to)."""
     if len(node.inputs) > 1:
         starts, ends = const_ints(graph, node, node.inputs[1]), const_ints(graph, node, node.inputs[2])
         axes = const_ints(graph, node, _input(node, 3)) if _input(node, 3) else list(range(len(starts)))
@@ -122,19 +122,10 @@ def slice_params(graph: Graph, node: Node, x: tuple[int, ...]) -> list[tuple[int
         starts, ends = list(node.attr("starts")), list(node.attr("ends"))
         axes = list(node.attr("axes") or range(len(starts)))
         steps = [1] * len(starts)
-    out = [(0, 1, d) for d in x]
-    for a, b, e, st in zip(axes, starts, ends, steps):
-        if st == 0:
-            raise unsupported(node, "got a zero Slice step")
-        a %= len(x)
-        n = x[a]
-        b, e = b + n if b < 0 else b, e + n if e < 0 else e
-        if st > 0:
-            b, e = min(max(b, 0), n), min(max(e, 0), n)
-        else:
-            b, e = min(max(b, 0), n - 1), min(max(e, -1), n - 1)
-        out[a] = (b, st, len(range(b, e, st)))
-    return out
+    try:
+        return geometry.slice_ranges(x, starts, ends, axes, steps)
+    except geometry.GeometryError as err:
+        raise unsupported(node, str(err)) from None
 
 
 def pad_params(graph: Graph, node: Node, x: tuple[int, ...]) -> tuple[list[int], list[int], str, float]:
@@ -150,9 +141,10 @@ def pad_params(graph: Graph, node: Node, x: tuple[int, ...]) -> tuple[list[int],
         axes = const_ints(graph, node, _input(node, 3)) if _input(node, 3) else list(range(len(x)))
     else:
         pads, value, axes = list(node.attr("pads")), float(node.attr("value", 0.0)), list(range(len(x)))
-    begin, end = [0] * len(x), [0] * len(x)
-    for k, a in enumerate(axes):
-        begin[a % len(x)], end[a % len(x)] = pads[k], pads[k + len(axes)]
+    try:
+        begin, end = geometry.pad_amounts(len(x), pads, axes)
+    except geometry.GeometryError as err:
+        raise unsupported(node, str(err)) from None
     if mode not in ("constant", "reflect", "edge"):
         raise unsupported(node, f"has no kernel for Pad mode '{mode}'")
     if mode != "constant" and any(d == 0 for d in x):
@@ -177,17 +169,10 @@ def reduce_axes(graph: Graph, node: Node, x: tuple[int, ...]) -> tuple[list[int]
 def squeeze_shape(graph: Graph, node: Node, x: tuple[int, ...]) -> tuple[int, ...]:
     """Output shape of Squeeze/Unsqueeze (axes an attribute before opset 13, an input from then on)."""
     axes = const_ints(graph, node, node.inputs[1]) if _input(node, 1) else list(node.attr("axes") or [])
-    if node.op == "Squeeze":
-        drop = {a % len(x) for a in axes} if axes else {d for d, n in enumerate(x) if n == 1}
-        if any(x[a] != 1 for a in drop):
-            raise unsupported(node, f"cannot squeeze axes {sorted(drop)} of shape {x}")
-        return tuple(n for d, n in enumerate(x) if d not in drop)
-    rank = len(x) + len(axes)
-    ins = sorted(a % rank for a in axes)
-    out, it = [], iter(x)
-    for d in range(rank):
-        out.append(1 if d in ins else next(it))
-    return tuple(out)
+    try:
+        return (geometry.squeeze_shape if node.op == "Squeeze" else geometry.unsqueeze_shape)(x, axes)
+    except geometry.GeometryError as err:
+        raise unsupported(node, str(err)) from None
 
 
 RESIZE_MODES = ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel", "tf_half_pixel_for_nearest",
@@ -297,8 +282,7 @@ def _out_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
         for p, v in zip(ins[1:], node.inputs[1:]):
             if v and v not in graph.constants and p != norm:
                 raise unsupported(node, f"needs scale and bias of shape {norm}, got {p}")
-    if op in ELEMENTWISE_UNARY or op in ("Identity", "BatchNormalization", "Softmax", "Cast", "CastLike", "Dropout",
-                                         "LayerNormalization"):
+    if op in ELEMENTWISE_UNARY or op in SAME_SHAPE or op in ("Identity", "Cast", "CastLike"):
         return x
     if op in ("Squeeze", "Unsqueeze"):
         return squeeze_shape(graph, node, x)

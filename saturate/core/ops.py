@@ -25,6 +25,12 @@ ELEMENTWISE = frozenset({
     "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "Identity", "Exp", "Log", "Abs", "HardSigmoid",
     "HardSwish", "Softplus", "Elu", "Selu", "Gelu", "Floor", "Ceil", "Sign", "PRelu",
 })
+# The first output has the first input's shape and dtype (normalizations, softmaxes, Dropout's
+# output), whatever the other inputs are.
+SAME_SHAPE = frozenset({
+    "BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization",
+    "LpNormalization", "MeanVarianceNormalization", "Softmax", "LogSoftmax", "Hardmax", "Dropout",
+})
 # Shape computations (Shape -> Gather -> Concat -> Reshape, and the int64 arithmetic exporters put
 # between: Add/Sub/Mul/Div of dims feeding Slice and Reshape) carry int64 data as often as floats.
 # Rules over these ops see integers too: a rule sound only on floats carries the `floating` guard.

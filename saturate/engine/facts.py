@@ -12,8 +12,9 @@ from saturate.lang.builtins import CONST_FUNCS, broadcast_shape
 from saturate.engine.egraph import EGraphView, ENode
 from saturate.engine.encode import Encoding
 from saturate.core.ir import ValueInfo
+from saturate.core import geometry
 from saturate.core.geometry import conv_output_shape
-from saturate.core.ops import ELEMENTWISE
+from saturate.core.ops import ELEMENTWISE, SAME_SHAPE
 
 FAILED = object()  # a constant expression numpy could not evaluate
 
@@ -274,6 +275,10 @@ class Facts:
         # round trip.
         if fast.shape is not None and all(d is not None for d in fast.shape):
             return fast
+        if op in _CONSTANT_SHAPED and ins and ins[0] is not None and ins[0].shape is not None:
+            shaped = self._constant_shaped(op, attrs, ins[0], kids, output, outputs)
+            if shaped is not None and all(d is not None for d in shaped.shape):
+                return shaped
         if op in ("Reshape", "Expand") and output == 0 and len(kids) == 2 and ins[0] is not None:
             shaped = self._shaped_by_data(op, attrs, ins[0], kids[1])
             if shaped is not None:
@@ -296,6 +301,55 @@ class Facts:
                     for k, v in enumerate(values) if v is not None}
             self.cache[key] = onnx_infer(op, attrs, ins, data, output, self.enc.graph.opset, outputs)
         return refine(fast, self.cache[key])
+
+    def _constant_shaped(self, op: str, attrs: dict, x: ValueInfo, kids: tuple, output: int,
+                         outputs: int) -> ValueInfo | None:
+        """Slice's, Squeeze's, Unsqueeze's, Split's or Pad's output type from its constant inputs, as
+        core.geometry computes it (asking ONNX's inference for it costs a model round trip). None
+        when an input it needs is not a known constant; a dim it cannot tell is None."""
+
+        def ints(k: int) -> list[int] | None:
+            """Input k's elements: [] when it is omitted, None when they are not all known (a
+            constant, or shape arithmetic whose elements are numbers)."""
+            if k >= len(kids) or kids[k] in self.view.absent:
+                return []
+            elements = self.data(kids[k])
+            return None if elements is None or not all(isinstance(e, int) for e in elements) else list(elements)
+
+        shape = tuple(x.shape)
+        try:
+            if op == "Slice" and len(kids) >= 3 and output == 0:
+                starts, ends, axes, steps = (ints(k) for k in range(1, 5))
+                if starts is None or ends is None or axes is None or steps is None:
+                    return None
+                out = tuple(c for _, _, c in geometry.slice_ranges(shape, starts, ends, axes or None, steps or None))
+            elif op in ("Squeeze", "Unsqueeze") and output == 0:
+                axes = ints(1) if len(kids) > 1 else [int(a) for a in attrs.get("axes") or ()]
+                if axes is None:
+                    return None
+                out = (geometry.squeeze_shape if op == "Squeeze" else geometry.unsqueeze_shape)(shape, axes)
+            elif op == "Split" and shape:
+                axis = int(attrs.get("axis", 0))
+                if not -len(shape) <= axis < len(shape) or not isinstance(shape[axis % len(shape)], int):
+                    return None
+                axis %= len(shape)
+                split = ints(1) if len(kids) > 1 else attrs.get("split")
+                if split is None:
+                    return None
+                sizes = geometry.split_sizes(shape[axis], outputs, split or None, attrs.get("num_outputs"))
+                out = (*shape[:axis], sizes[output], *shape[axis + 1:])
+            elif op == "Pad" and len(kids) > 1 and output == 0:
+                pads, axes = ints(1), ints(3)
+                if pads is None or axes is None:
+                    return None
+                begin, end = geometry.pad_amounts(len(shape), pads, axes or None)
+                out = tuple(d + b + e if isinstance(d, int) else d if b == e == 0 else None
+                            for d, b, e in zip(shape, begin, end))
+            else:
+                return None
+        except geometry.GeometryError:
+            return None
+        return ValueInfo(x.dtype, out)
 
     def _shaped_by_data(self, op: str, attrs: dict, x: ValueInfo, target_cls: Any) -> ValueInfo | None:
         """Reshape's or Expand's output type from a target shape whose elements are numbers or
@@ -540,9 +594,11 @@ def evaluate_fn(fn: str, args: list[Any]) -> Any:
 
 
 def infer(op: str, attrs: dict[str, Any], ins: list[ValueInfo]) -> ValueInfo:
-    """Output type of a new node from its inputs' types (elementwise, Conv, MatMul, Gemm, Concat,
-    Transpose, Cast)."""
+    """Output type of a new node from its inputs' types (elementwise, the ops of SAME_SHAPE, Conv,
+    MatMul, Gemm, Concat, Transpose, Cast)."""
     dtype = ins[0].dtype if ins else "float32"
+    if op in SAME_SHAPE and ins:
+        return ValueInfo(dtype, ins[0].shape)
     shapes = [i.shape for i in ins]
     if any(sh is None for sh in shapes):
         return ValueInfo(dtype, None)
@@ -597,6 +653,9 @@ def refine(known: ValueInfo | None, other: ValueInfo | None, stable: frozenset =
                  for a, b in zip(known.shape, other.shape))
     return known if dims == tuple(known.shape) else ValueInfo(known.dtype, dims)
 
+
+# Ops whose output shape their constant inputs decide (Facts._constant_shaped).
+_CONSTANT_SHAPED = frozenset({"Slice", "Squeeze", "Unsqueeze", "Split", "Pad"})
 
 # Constant inputs larger than this are passed to shape inference by type only: the inputs whose
 # values decide a shape (shapes, pads, axes, bounds) are small.

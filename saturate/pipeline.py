@@ -201,7 +201,7 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     result.constants.update({k: v for k, v in defaults.items() if k in result.inputs})
     report.ops_after = dict(result.op_counts())
     report.times["fold"] = time.perf_counter() - t
-    release(eg, program)        # an error above drops the e-graph instead
+    release(eg, program, enc)   # an error above drops the e-graph instead
     return result, report
 
 

@@ -172,13 +172,25 @@ def test_a_second_run_of_one_program_reuses_its_declared_egraph_and_gives_the_sa
 
     monkeypatch.setattr(encode, "_prepared", type(encode._prepared)())
     g = examples.build("resnet18")
+    declared = []
+    run_rows = encode.Rows.run
+
+    def spy(rows, eg):
+        declared.extend(c for c in rows.commands if c.startswith("(relation"))
+        run_rows(rows, eg)
+
+    monkeypatch.setattr(encode.Rows, "run", spy)
     first, r1 = optimize(g, RULES)
-    assert len(encode._prepared) == 1
-    kept = next(iter(encode._prepared.values()))
+    assert len(encode._prepared) == 1 and declared
+    kept, late = next(iter(encode._prepared.values()))
+    assert len(late) == len(declared)
+    declared.clear()
     second, r2 = optimize(g, RULES)
+    # The relations and apply rules the first run declared on first need were kept too.
+    assert declared == []
     assert structurally_equal(first, second) and r1.run.iterations == r2.run.iterations
     assert r1.run.matches == r2.run.matches and r1.cost_after == r2.cost_after
-    assert len(encode._prepared) == 1 and next(iter(encode._prepared.values())) is kept
+    assert len(encode._prepared) == 1 and next(iter(encode._prepared.values()))[0] is kept
 
 
 def test_the_kept_egraphs_are_bounded_and_one_an_error_left_is_dropped(monkeypatch):
@@ -190,7 +202,7 @@ def test_the_kept_egraphs_are_bounded_and_one_an_error_left_is_dropped(monkeypat
     for name in ("chain-4", "resnet18", "mobilenet"):
         optimize(examples.build(name), RULES)
     assert len(encode._prepared) == 2
-    before = dict(encode._prepared)
+    before = {key: eg for key, (eg, _) in encode._prepared.items()}
 
     def fail(*args, **kwargs):
         raise SaturateError("interrupted")
@@ -198,7 +210,8 @@ def test_the_kept_egraphs_are_bounded_and_one_an_error_left_is_dropped(monkeypat
     monkeypatch.setattr("saturate.pipeline.saturate", fail)
     with pytest.raises(SaturateError):
         optimize(examples.build("mobilenet"), RULES)
-    assert len(encode._prepared) == 1 and set(encode._prepared.items()) < set(before.items())
+    assert len(encode._prepared) == 1
+    assert {key: eg for key, (eg, _) in encode._prepared.items()}.items() < before.items()
     monkeypatch.undo()
     assert saturation.saturate is not fail
 

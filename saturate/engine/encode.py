@@ -146,6 +146,10 @@ class Encoding:
     row_relations: dict[tuple, str] = field(default_factory=dict)   # (kind, head, arity) -> relation
     # Node names that must not change; value names for the outputs of preserved nodes.
     preserved: set[str] = field(default_factory=set)
+    # Relations and rules declared on first need (a builder above, a guarded rule's apply rule),
+    # name -> egglog text; `declared` holds those the e-graph kept for this program has already.
+    late: dict[str, str] = field(default_factory=dict)
+    declared: dict[str, str] = field(default_factory=dict)
 
     def attr_id(self, op: str, attrs: dict[str, Any]) -> int:
         """Id of an attribute set of `op`, registering it on first sight."""
@@ -187,10 +191,19 @@ class Encoding:
         if relation in self.builders:
             return
         self.builders.add(relation)
+        if relation in self.declared:
+            return
         cols = " ".join(f"c{k}" for k in range(1, columns + 1))
-        commands.append(f"(relation {relation} ({' '.join(['i64'] * (columns + 1))}))\n"
-                        f"(rule (({relation} r {cols})) ((union (Ref r) {head})) :ruleset encode "
-                        f':name "~{relation}")')
+        text = (f"(relation {relation} ({' '.join(['i64'] * (columns + 1))}))\n"
+                f"(rule (({relation} r {cols})) ((union (Ref r) {head})) :ruleset encode :name \"~{relation}\")")
+        self.late[relation] = text
+        commands.append(text)
+
+    def declare_late(self, name: str, text: str, commands: list[str]) -> None:
+        """Declare a relation and its rule on first need (to `commands`), unless the e-graph holds it."""
+        if name not in self.declared and name not in self.late:
+            self.late[name] = text
+            commands.append(text)
 
     def node_row(self, rows: Rows, ref: int, kind: str, head: str, key: Any, kids: list[int]) -> None:
         """A row of `rows` uniting `(Ref ref)` with one e-node (an egraph.ENode's kind, head and
@@ -351,7 +364,7 @@ def _fill(eg: Any, enc: Encoding) -> None:
 # works above a (push) and its (pop) returns the e-graph to the declarations alone. egglog's e-graph
 # may be used and dropped only on the thread that made it, so only the main thread keeps them.
 PREPARED_KEEP = 4
-_prepared: OrderedDict[bytes, Any] = OrderedDict()
+_prepared: OrderedDict[bytes, tuple[Any, dict[str, str]]] = OrderedDict()
 
 
 def loaded_egraph(enc: Encoding, rules: Iterable[str] = ()) -> tuple[Any, bytes]:
@@ -359,26 +372,40 @@ def loaded_egraph(enc: Encoding, rules: Iterable[str] = ()) -> tuple[Any, bytes]
     for the same program when there is one; returns it with its program key for `release`."""
     program = list(chunks(list(enc.commands) + list(rules)))
     key = hashlib.sha256("\0".join(program).encode()).digest()
-    eg = _prepared.pop(key, None) if threading.current_thread() is threading.main_thread() else None
-    if eg is None:
+    kept = _prepared.pop(key, None) if threading.current_thread() is threading.main_thread() else None
+    if kept is None:
         from saturate.engine.egraph import egglog_bindings
 
         eg = egglog_bindings().EGraph()
         for piece in program:
             eg.run_program(*eg.parse_program(piece))
+    else:
+        eg, enc.declared = kept
+        # The graph's builders that an earlier run of the program declared are there already.
+        for name, text in list(enc.late.items()):
+            if name in enc.declared:
+                del enc.late[name]
+                enc.rows.commands.remove(text)
     eg.run_program(*eg.parse_program("(push)"))
     _fill(eg, enc)
     return eg, key
 
 
-def release(eg: Any, key: bytes) -> None:
+def release(eg: Any, key: bytes, enc: Encoding) -> None:
     """Return an e-graph from `loaded_egraph` to its declarations alone and keep it for the next run of
     its program (on the main thread). Call it only after a run that ended normally: an e-graph an error
-    left is dropped."""
+    left is dropped.
+
+    The relations and rules `enc` declared on first need are declared again below the (push): each
+    costs egglog 0.1-0.3 ms (7 ms a run of shufflenet_v2), and the next run of the program, which
+    declares mostly the same ones, then finds them there."""
     if threading.current_thread() is not threading.main_thread():
         return
     eg.run_program(*eg.parse_program("(pop)"))
-    _prepared[key] = eg
+    if enc.late:
+        for piece in chunks(list(enc.late.values())):
+            eg.run_program(*eg.parse_program(piece))
+    _prepared[key] = (eg, {**enc.declared, **enc.late})
     _prepared.move_to_end(key)
     while len(_prepared) > PREPARED_KEEP:
         _prepared.popitem(last=False)

@@ -73,7 +73,7 @@ class Checker:
                     continue
                 if cr.index not in self.applying:
                     self.applying.add(cr.index)
-                    rows.commands.extend(cr.apply_text)
+                    self.enc.declare_late(f"Ok_{cr.index}", "\n".join(cr.apply_text), rows.commands)
                 rows.add_ints(f"Ok_{cr.index}", *refs, *attr_ids, *cols)
         return rows
 

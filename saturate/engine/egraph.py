@@ -67,12 +67,15 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
     to_i64, to_str = eg.value_to_i64, eg.value_to_string
     wanted = set(relations)
     for name, fn in eg.freeze().functions.items():
-        rows = fn.rows
+        # A table's rows become Python objects when asked for: the builders' and attribute tests'
+        # tables (a fifth of the rows) are never asked.
         if fn.is_let_binding:
+            rows = fn.rows
             if rows:
                 view.lets[name] = rows[0].output
             continue
         if name == "Ref":
+            rows = fn.rows
             lets, refs = view.lets, view.refs
             for r in rows:
                 k = to_i64(r.inputs[0])
@@ -80,14 +83,15 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
                 refs.setdefault(r.output, k)
             continue
         if name == "IsConst":
-            view.consts.update(r.output for r in rows)
+            view.consts.update(r.output for r in fn.rows)
             continue
         if name in wanted:
-            view.relations[name] = [tuple(r.inputs) for r in rows]
+            view.relations[name] = [tuple(r.inputs) for r in fn.rows]
             continue
         kind = _KINDS.get(name.split("_", 1)[0])
         if kind is None:
             continue
+        rows = fn.rows
         view.size += len(rows)
         head = name.split("_")[1] if kind in ("op", "call") else name
         if kind == "call":

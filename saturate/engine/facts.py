@@ -42,17 +42,24 @@ class Facts:
         # Types inference could still refine, as an earlier e-graph left them (see `info`).
         self.inferred: dict[Any, ValueInfo] = self.cache.setdefault("refinable types", {})
         original = enc.value_infos()
+        # Once per iteration over every original value: locals, no method calls it can avoid.
+        class_of, names, infos, settled = view.lets.get, self.names, self.infos, self.settled
         for value, let in enc.value_names.items():
-            cls = view.lets.get(let)
+            cls = class_of(let)
             if cls is None:
                 continue
-            self.names.setdefault(cls, []).append(value)
-            if cls in self.settled:
-                self.infos[cls] = self.settled[cls]
+            got = names.get(cls)
+            if got is None:
+                names[cls] = [value]
+            else:
+                got.append(value)
+            known = settled.get(cls)
+            if known is not None:
+                infos[cls] = known
                 continue
             # A class holds several original values once rewrites unite them (Pad by zeros and
             # its input): the best-known type of any of them is the class's.
-            self.infos[cls] = refine(self.infos.get(cls), original[value])
+            infos[cls] = refine(infos.get(cls), original[value])
 
     @property
     def order(self) -> dict[str, int]:

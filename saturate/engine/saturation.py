@@ -180,9 +180,11 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
     held: dict[str, str] = {}          # group ruleset -> the limit that held it back
     cache: dict = {}
     start = time.perf_counter()
-    view = read_egraph(eg, relations)
-    report.sizes.append(view.size)
-    size = view.size
+    # The e-graph is read after the first step, not before: the step's matches are what the
+    # checker asks about, and a read is a pass over every e-node in Python.
+    view: EGraphView | None = None
+    size = egg.size()
+    report.sizes.append(size)
     report.peak_nodes = size
     cost = _Forecast()
     dirty = False
@@ -259,7 +261,7 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
                 # an iteration per op. Folds add no op e-node, so this ends and never grows the graph.
                 dirty = _fold_to_fixed_point(egg, eg, enc, checker, fold_set, fold_checked, view, relations,
                                              cache, deadline, by_name, step, attrs) or dirty
-        new_size = egg.size() if dirty else view.size
+        new_size = egg.size() if dirty or view is None else view.size
         cost.nodes_per_match = max(new_size - before, 0) / max(matched, 1)
         size = new_size
         report.sizes.append(size)
@@ -273,7 +275,9 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
             # Candidates the checker had no time for are not a fixed point.
             report.stop_reason = next(iter(held.values()), "time limit" if checker.cut else "saturated")
             break
-    if dirty:
+    if view is None:
+        view = read_egraph(eg, relations)
+    elif dirty:
         # The rewrites applied after the last read are not in `view`. Reading them costs time
         # the limit may not have left; the view without them is still a sound e-graph.
         if report.stop_reason != "time limit" or (time.perf_counter() - start

@@ -9,6 +9,7 @@ from saturate.engine.cost import DefaultCost, graph_cost
 from saturate.lang.parser import load_rules
 from saturate.core.errors import SaturateError
 from saturate.engine.extract import extract
+from saturate.frontend import examples
 from saturate.pipeline import optimize
 
 RULES = load_rules(None, level=3)
@@ -183,3 +184,39 @@ def test_pricing_asks_each_e_class_its_type_once(monkeypatch):
     classes, inputs = during[0]
     assert classes and len(classes) == len(set(classes)) and len(classes) < inputs
     assert_same(g, out, b.sample())
+
+
+def test_what_a_switch_frees_is_what_only_that_e_class_holds(monkeypatch):
+    """The local search rejects a try whose new e-node alone costs more than the switch can free;
+    `freed` finds that bound for every e-class at once, from dominators. It must be exactly what
+    walking the e-class's own chosen descendants frees, on graphs with shared nodes and moves."""
+    from saturate.engine import extract as extract_module
+
+    search = extract_module._DagSearch
+    checked = []
+
+    def walked(self, cls):
+        dref, removed, freed = {}, set(), 0
+        stack = list(self._kids(cls, self.chosen[cls]))
+        while stack:
+            c = stack.pop()
+            dref[c] = dref.get(c, 0) - 1
+            if c in self.chosen and self.refs[c] + dref[c] == 0 and c not in removed:
+                removed.add(c)
+                freed += self._cost(c, self.chosen[c])
+                stack.extend(self._kids(c, self.chosen[c]))
+        return freed
+
+    real_try = search._try
+
+    def spy(self, cls, k, pos):
+        checked.append(walked(self, cls) == self.freed(pos)[cls])
+        return real_try(self, cls, k, pos)
+
+    monkeypatch.setattr(search, "_try", spy)
+    b, g = _shared_conv()
+    out, report = optimize(g, RULES)
+    assert report.extract_moves >= 1 and out.op_counts()["Conv"] == 1
+    for name in ("resnet18", "mobilenet"):
+        optimize(examples.build(name), RULES)
+    assert checked and all(checked)

@@ -339,6 +339,8 @@ class _DagSearch:
         self.classes, self.best, self.prices, self.banned = classes, best, prices, banned
         self.roots, self.ckey = roots, ckey
         self._alternatives: dict[Any, list[int]] = {}
+        self._bound: dict[Any, int] | None = None     # see `freed`, for the choice as it stands
+        self._walked = 0                                # e-classes the tries walked since
         self.chosen: dict[Any, int] = {}
         self.refs: dict[Any, int] = {}
         for r in roots:
@@ -398,7 +400,8 @@ class _DagSearch:
         while changed and time.perf_counter() < deadline:
             changed = False
             pos = self.order()
-            for cls in sorted(pos, key=pos.get):
+            self._bound = self.freed(pos)
+            for cls in list(pos):       # children first, as `order` filled it
                 if cls not in self.chosen or len(self.classes[cls]) < 2:
                     continue
                 alts = self.alternatives(cls)
@@ -407,10 +410,16 @@ class _DagSearch:
                 if time.perf_counter() > deadline:
                     break
                 for k in alts:
+                    if self._bound is None and self._walked > len(pos):
+                        # Since the last move the tries have walked as far as finding every bound
+                        # at once does: from here on the bounds spare walks (after each move, finding
+                        # them again at once cost ViTs more than the tries they spared).
+                        self._bound = self.freed(pos)
                     if k != self.chosen[cls] and self._try(cls, k, pos):
                         moves += 1
                         changed = True
                         pos = self.order()
+                        self._bound, self._walked = None, 0      # stale after the move
                         break
         return moves
 
@@ -426,32 +435,82 @@ class _DagSearch:
             c = stack.pop()
             if c == dst:
                 return True
+            self._walked += 1
             if c in seen or pos.get(c, -1) < limit:
                 continue
             seen.add(c)
             stack.extend(self._kids(c, self.chosen[c]))
         return False
 
+    def freed(self, pos: dict) -> dict[Any, int]:
+        """Per chosen e-class, the cost of the chosen e-classes below it that only it holds: what
+        switching it to another e-node frees at most (the new e-node may hold some again).
+
+        Those are the e-classes it dominates in the chosen DAG (every path from a root passes
+        through it), found for all at once with Cooper, Harvey and Kennedy's iteration, one pass
+        in topological order, then summed up the dominator tree. Walking each e-class's own part
+        instead cost time quadratic in a chain's length."""
+        classes, chosen, prices = self.classes, self.chosen, self.prices
+        ordered = list(pos)             # `order` numbers e-classes children first, from 0 on
+        n = len(ordered)
+        parents: list[list[int]] = [[] for _ in range(n)]
+        for i, c in enumerate(ordered):
+            for ch in classes[c][chosen[c]].children:
+                parents[pos[ch]].append(i)
+        # Numbers, not e-classes, in the hot loop; n stands above the roots (a root is never freed),
+        # and a dominator is numbered above what it dominates.
+        idom = [n] * (n + 1)
+        roots = {pos[r] for r in self.roots}
+        for i in range(n - 1, -1, -1):
+            d = n if i in roots else -1
+            for a in parents[i]:
+                if d < 0:
+                    d = a
+                    continue
+                b = d
+                while a != b:
+                    while a < b:
+                        a = idom[a]
+                    while b < a:
+                        b = idom[b]
+                d = a
+            idom[i] = n if d < 0 else d
+        own = [prices[c][chosen[c]] for c in ordered]
+        below = own + [0]
+        for i in range(n):
+            below[idom[i]] += below[i]
+        return {c: below[i] - own[i] for i, c in enumerate(ordered)}
+
     def _try(self, cls: Any, k: int, pos: dict) -> bool:
         """Switch `cls` to its e-node `k` if that lowers the DAG cost and keeps the graph acyclic."""
         dref: dict[Any, int] = {}
         added: dict[Any, int] = {}
         delta = self._cost(cls, k) - self._cost(cls, self.chosen[cls])
+        # Costs are never negative, so the e-classes the new e-node adds only raise `delta`: once it
+        # passes what the switch could free, it cannot pay (most alternatives bring a chain of their
+        # own, and walking it whole cost 80 us a try on MobileNetV2's dynamo export).
+        bound = self._bound[cls] if self._bound is not None else math.inf
+        if delta >= bound:
+            return False
         stack = list(self._kids(cls, k))
         while stack:
             c = stack.pop()
+            self._walked += 1
             if c in self.chosen and self.refs.get(c, 0) > 0:
                 if pos[c] >= pos[cls] and self._reaches(c, cls, pos):
                     return False     # c depends on cls: switching would close a cycle
             elif c not in added:
                 added[c] = self.best[c][1]
                 delta += self._cost(c, added[c])
+                if delta >= bound:
+                    return False
                 stack.extend(self._kids(c, added[c]))
             dref[c] = dref.get(c, 0) + 1
         stack = list(self._kids(cls, self.chosen[cls]))
         removed: set = set()
         while stack:
             c = stack.pop()
+            self._walked += 1
             dref[c] = dref.get(c, 0) - 1
             if c in self.chosen and self.refs[c] + dref[c] == 0 and c not in removed:
                 removed.add(c)

@@ -452,10 +452,29 @@ def _fill_io_shapes(model: onnx.ModelProto) -> None:
 
 def node_proto(n: Node, opset: int) -> onnx.NodeProto:
     """The NodeProto of one node, its attributes typed as the op's schema at `opset` wants."""
-    proto = helper.make_node(n.op, list(n.inputs), list(n.outputs), name=n.name or None,
-                             domain=n.domain or None)
+    # Filled field by field: onnx.helper's make_node and make_attribute check every value on the
+    # way and took 20 us a node (7 ms of densenet121's export).
+    proto = onnx.NodeProto()
+    proto.op_type = n.op
+    proto.input.extend(n.inputs)
+    proto.output.extend(n.outputs)
+    if n.name:
+        proto.name = n.name
+    if n.domain:
+        proto.domain = n.domain
     for key, value in n.attrs.items():
-        proto.attribute.append(_export_attr(n, key, value, opset))
+        a = proto.attribute.add()
+        if type(value) is int:
+            a.name, a.type, a.i = key, AttributeProto.INT, value
+        elif type(value) is float:
+            a.name, a.type, a.f = key, AttributeProto.FLOAT, value
+        elif type(value) is str:
+            a.name, a.type, a.s = key, AttributeProto.STRING, value.encode()
+        elif type(value) in (list, tuple) and value and all(type(v) is int for v in value):
+            a.name, a.type = key, AttributeProto.INTS
+            a.ints.extend(value)
+        else:
+            a.CopyFrom(_export_attr(n, key, value, opset))
     return proto
 
 

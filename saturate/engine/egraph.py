@@ -75,12 +75,15 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
                 view.lets[name] = rows[0].output
             continue
         if name == "Ref":
-            rows = fn.rows
-            lets, refs = view.lets, view.refs
-            for r in rows:
+            lets, refs, texts = view.lets, view.refs, _REF_TEXTS
+            for r in fn.rows:
+                out = r.output              # each read of a row's field makes a new Python object
                 k = to_i64(r.inputs[0])
-                lets[f"(Ref {k})"] = r.output
-                refs.setdefault(r.output, k)
+                while k >= len(texts):
+                    texts.append(f"(Ref {len(texts)})")
+                lets[texts[k]] = out
+                if out not in refs:
+                    refs[out] = k
             continue
         if name == "IsConst":
             view.consts.update(r.output for r in fn.rows)
@@ -124,6 +127,10 @@ def read_egraph(eg: Any, relations: tuple[str, ...] = ()) -> EGraphView:
                 else:
                     classes[out] = [node]
     return view
+
+
+# `(Ref k)` spelled once per k for the process: every read spells each handle of the e-graph.
+_REF_TEXTS: list[str] = []
 
 
 @functools.lru_cache(maxsize=65536)

@@ -162,7 +162,7 @@ def test_convs_with_short_reductions(xshape, wshape, attrs, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("m,k,n,trans_b", [(1, 1024, 1000, 1), (3, 77, 45, 1), (16, 33, 9, 1), (1, 8, 5, 1),
+@pytest.mark.parametrize("m,k,n,trans_b", [(1, 1024, 1000, 1), (1, 45, 13, 1), (3, 77, 45, 1), (16, 33, 9, 1), (1, 8, 5, 1),
                                            (1, 300, 70, 0), (4, 19, 33, 0), (2, 64, 16, 0)])
 def test_gemm_with_few_rows(m, k, n, trans_b, threads):
     consts = {"w": arr(7, (n, k) if trans_b else (k, n)), "b": arr(8, (n,))}

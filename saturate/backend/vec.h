@@ -511,6 +511,29 @@ static void sat_conv_dw_lanes(const float *x, const float *w, float *y, int N, i
 static void sat_dot_rows(const float *A, int64_t lda, int na, const float *B, int64_t ldb, int j0, int j1, int K,
                          float *C, int64_t ci, int64_t cj, float alpha) {
     const int kv = K / SAT_VL * SAT_VL;
+    if (na == 1) {
+        /* One row of A (a classifier's input): 8 rows of B at a time, each with its own accumulator, so one
+         * load of A feeds 8 FMAs (the 3-row tile below would repeat that row) and 8 streams of B are in flight. */
+        for (int j = j0; j < j1; j += 8) {
+            const int nj = j1 - j < 8 ? j1 - j : 8;
+            const float *b[8];
+            for (int r = 0; r < 8; r++) b[r] = B + (int64_t)(j + (r < nj ? r : 0)) * ldb;
+            sat_vf s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0}, s6 = {0}, s7 = {0};
+            for (int k = 0; k < kv; k += SAT_VL) {
+                const sat_vf v = sat_vload(A + k);
+                s0 += v * sat_vload(b[0] + k), s1 += v * sat_vload(b[1] + k);
+                s2 += v * sat_vload(b[2] + k), s3 += v * sat_vload(b[3] + k);
+                s4 += v * sat_vload(b[4] + k), s5 += v * sat_vload(b[5] + k);
+                s6 += v * sat_vload(b[6] + k), s7 += v * sat_vload(b[7] + k);
+            }
+            float r[8] = {sat_vsum(s0), sat_vsum(s1), sat_vsum(s2), sat_vsum(s3),
+                          sat_vsum(s4), sat_vsum(s5), sat_vsum(s6), sat_vsum(s7)};
+            for (int k = kv; k < K; k++)
+                for (int jj = 0; jj < 8; jj++) r[jj] += A[k] * b[jj][k];
+            for (int jj = 0; jj < nj; jj++) C[(int64_t)(j + jj) * cj] = alpha * r[jj];
+        }
+        return;
+    }
     for (int j = j0; j < j1; j += 4) {
         const int nj = j1 - j < 4 ? j1 - j : 4;
         /* rows past the block's end repeat its first, so every load is a real row */

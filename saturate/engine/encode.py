@@ -139,7 +139,7 @@ class Encoding:
     ctors: set[tuple[str, int]] = field(default_factory=set)     # declared (name, arity)
     refs: int = 0
     _infos: dict[str, ValueInfo] | None = None
-    _encoded_ops: list | None = None            # see saturate.engine.facts._encoded_ops
+    _encoded_ops: list | None = None            # the input graph's op e-nodes (facts._encoded_ops)
     commands: list[str] = field(default_factory=list)
     rows: Rows = field(default_factory=Rows)        # the graph's nodes, loaded after `commands`
     builders: set[str] = field(default_factory=set)  # declared `Enc_*` relations
@@ -159,10 +159,6 @@ class Encoding:
             got = self.attr_ids[key] = len(self.attr_sets)
             self.attr_sets.append((op, dict(attrs)))
         return got
-
-    def known_attr_id(self, op: str, attrs: dict[str, Any]) -> int | None:
-        """Id of an attribute set of `op` registered before, or None."""
-        return self.attr_ids.get((op, _attrs_key(attrs)))
 
     def lit_id(self, value: Any) -> int:
         """Id of a literal (number, string, int list) a rule or an attribute puts in the graph."""
@@ -303,13 +299,17 @@ def encode_graph(graph: Graph, preserve: Iterable[str] = (), rule_ops: Iterable[
             enc.node_row(rows, got, "inp" if value in inputs else "const", "", value, [])
         return got
 
+    # The input graph's op e-nodes with their attribute sets, for extraction and the input's cost.
+    encoded = enc._encoded_ops = []
     for v in graph.inputs:            # inputs nobody reads are still values of the graph
         child(v)
     for node in graph.nodes:
         kids = [child(i) for i in node.inputs]
         if _rewritable(node, graph, enc.preserved, rule_ops, read):
             enc.declare(op_ctor(node.op, len(kids)), len(kids))
-            enc.node_row(rows, ref_of(node.outputs[0]), "op", node.op, enc.attr_id(node.op, node.attrs), kids)
+            attr_id = enc.attr_id(node.op, node.attrs)
+            encoded.append((node, attr_id))
+            enc.node_row(rows, ref_of(node.outputs[0]), "op", node.op, attr_id, kids)
             continue
         ctor = opaque_ctor(len(kids))
         enc.declare(ctor, len(kids))

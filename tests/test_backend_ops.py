@@ -127,10 +127,6 @@ def resizes(draw):
             # the interpreter) divide by it, ONNX Runtime (and the C backend) by the output's
             # length: 3 scaled by 0.75 gives [x0, x1.6] against [x0, x2]. Not a case to compare.
             sc[2:] = [2.0, 2.0]
-        if ctm == "pytorch_half_pixel" and any(int(d * s) == 1 != d * s for d, s in zip(shape, sc)):
-            # An output of length 1: ONNX's spec (and ONNX Runtime, and the C backend) reads source 0,
-            # onnx.reference asks whether length * scale (3 * 0.5 = 1.5) is 1 and reads (0.5 / 0.5 - 0.5).
-            sc[2:] = [2.0, 2.0]
         return make([Node("Resize", ["x", "", "sc"], ["y"], attrs)], {"x": shape}, {"sc": np.array(sc, np.float32)},
                     opset=13)
     sizes = ints(shape[0], shape[1], draw(st.integers(1, 9)), draw(st.integers(1, 9)))

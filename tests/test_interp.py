@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from saturate.frontend.onnx_io import import_model
+from saturate.frontend.onnx_io import export_model, import_model
 from saturate.core.errors import SaturateError
 from saturate.interp.interpreter import eval_node, run_graph
 from saturate.interp.kernels import ARITY, OP_IMPLS, register
@@ -502,3 +502,26 @@ def test_kernels_leave_rare_forms_to_the_reference():
     x4 = np.arange(8, dtype=np.float32).reshape(2, 2, 2, 1)
     out = run_graph(bn, {"x": x4, "s": one, "b": 0 * one, "m": 0 * one, "v": one})
     assert np.allclose(out["y0"].mean(axis=(0, 2, 3)), 0, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("shape,scales,sizes", [((1, 1, 3, 4), [1, 1, 0.5, 2.0], None),
+                                                ((1, 1, 3, 4), [1, 1, 1.5, 0.3], None),
+                                                ((1, 1, 49, 3), None, [1, 1, 1, 5]),
+                                                ((1, 1, 49, 3), None, [1, 1, 4, 1])])
+def test_resize_to_length_one_reads_the_first_element_as_onnx_runtime_does(mode, shape, scales, sizes):
+    """pytorch_half_pixel reads source 0 for an output of length 1 (ONNX's spec); onnx.reference
+    tests length * scale as a float (3 * 0.5 = 1.5, 49 * (1 / 49) below 1) and reads another element,
+    so the interpreter cuts such an axis to its first element before calling it."""
+    consts = {"sc": np.array(scales, np.float32)} if scales else {"sz": np.array(sizes, np.int64)}
+    inputs = ["x", "", "sc"] if scales else ["x", "", "", "sz"]
+    g = Graph(nodes=[Node("Resize", inputs, ["y"], {"mode": mode, "coordinate_transformation_mode":
+                                                    "pytorch_half_pixel"}, "resize")],
+              inputs=["x"], outputs=["y"], constants=consts, values={"x": ValueInfo("float32", shape)},
+              name="g", opset=13)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    session = ort.InferenceSession(export_model(g).SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, {"x": x})[0]
+    got = run_graph(g, {"x": x})["y"]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -128,6 +128,8 @@ def run_reference(node: Node, args: Sequence[np.ndarray | None], opset: int) -> 
     reason = unsupported_reason(node.op, opset)
     if reason is not None:
         raise SaturateError(f"{node.where()}: {reason} (opset {opset})")
+    if node.op == "Resize":
+        args = _resize_as_specified(node, args)
     key = (node.op, opset, len(node.inputs), len(node.outputs),
            tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items())),
            tuple(None if a is None else (a.dtype.str, a.ndim) for a in args))
@@ -151,6 +153,41 @@ def run_reference(node: Node, args: Sequence[np.ndarray | None], opset: int) -> 
                                 f"which the interpreter does not support (tensors only)")
         outputs.append(None if r is None else np.asarray(r))
     return outputs
+
+
+def _resize_as_specified(node: Node, args: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+    """Resize's inputs with each axis resized to length 1 under pytorch_half_pixel cut to its first
+    element first. ONNX's spec reads source 0 for such an axis (ONNX Runtime and the C backend too);
+    onnx.reference asks whether length * scale is 1 as a float (3 * 0.5 = 1.5 is not) and reads
+    0.5 / scale - 0.5 instead: x[1] for 3 -> 1. Cut to one element, every mode reads that element."""
+    args = list(args)
+    mode = node.attrs.get("coordinate_transformation_mode", "half_pixel")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    policy = node.attrs.get("keep_aspect_ratio_policy", "stretch")
+    policy = policy.decode() if isinstance(policy, bytes) else policy
+    x = args[0] if args else None
+    if mode != "pytorch_half_pixel" or x is None or x.ndim == 0:
+        return args
+    axes = [int(a) % x.ndim for a in node.attrs.get("axes") or range(x.ndim)]
+    scales = args[2] if len(args) > 2 and args[2] is not None and args[2].size else None
+    sizes = args[3] if len(args) > 3 and args[3] is not None and args[3].size else None
+    if sizes is not None and policy == "stretch" and sizes.size == len(axes):
+        lengths = [int(v) for v in sizes.ravel()]
+    elif sizes is None and scales is not None and scales.size == len(axes):
+        lengths = [int(np.floor(x.shape[a] * float(v))) for a, v in zip(axes, scales.ravel())]
+    else:
+        return args
+    cut = [k for k, (a, n) in enumerate(zip(axes, lengths)) if n == 1 and x.shape[a] > 1]
+    if not cut:
+        return args
+    for k in cut:
+        x = x.take([0], axis=axes[k])
+    args[0] = x
+    if sizes is None:
+        scales = scales.ravel().copy()
+        scales[cut] = 1.0
+        args[2] = scales
+    return args
 
 
 def _first_line(err: BaseException) -> str:

@@ -22,7 +22,9 @@ same intra-op thread count, its threads not spinning between runs: see saturate.
 run on the same input, interleaved run by run in one process; the table gives
 their medians and C/ORT. The load average is printed with each row: the machine may be shared, and
 multi-thread figures only mean something when the load is below the spare cores. "% peak" is of the
-micro-kernel's measured peak (saturate.backend.bench.peak_gflops) times the threads.
+micro-kernel's measured peak (saturate.backend.bench.peak_gflops) times the threads, counting each conv's
+direct-convolution FLOPs: Winograd convs do 2.25x fewer multiplies, so a model of mostly 3x3 convs
+(vgg11_bn) can read above 100%.
 """
 
 from __future__ import annotations

@@ -326,25 +326,30 @@ def test_winograd_3x3_convs(xshape, m, pads, act, threads, monkeypatch):
     else:
         nodes.append(Node(act, ["c"], ["y"]))
     g = make(nodes, shapes, consts)
-    if not avx512_build():
-        assert "sat_conv_wino(" in emit(g).source
+    assert "sat_conv_wino(" in emit(g).source
     check_three_way(g, threads=threads)
 
 
 def test_winograd_switch_and_rule(monkeypatch):
     """SATURATE_WINO=0 (plan.WINO) keeps 3x3 convs on the kernels before it; outputs under WINO_MINP pixels
     (WINO_DEEP_MINP from 512 channels), fewer than WINO_MINC channels, strides, dilations and groups never
-    take it."""
+    take it; AVX-512 builds keep maps under WINO_AVX512_MINP pixels on their direct conv."""
     from saturate.backend import plan as plan_module
-
-    if avx512_build():
-        pytest.skip("Winograd runs on builds without the AVX-512 micro-kernel")
 
     def conv(xshape, m, **attrs):
         g = make([Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1], **attrs})], {"x": xshape},
                  {"w": arr(33, (m, xshape[1] // attrs.get("group", 1), 3, 3))})
         return "sat_conv_wino(" in emit(g).source
 
+    if avx512_build():
+        assert conv((1, 64, 28, 28), 64) and conv((1, 512, 28, 28), 512)
+        assert not conv((1, 64, 27, 27), 64)        # 729 pixels
+        assert not conv((1, 128, 12, 12), 128) and not conv((1, 512, 14, 14), 512)
+        assert not conv((1, 16, 56, 56), 64)        # 16 input channels
+        assert not conv((1, 64, 56, 56), 64, strides=[2, 2])
+        monkeypatch.setattr(plan_module, "WINO", "0")
+        assert not conv((1, 64, 56, 56), 64)
+        return
     assert conv((1, 32, 6, 6), 32)
     assert not conv((1, 32, 5, 5), 32)              # 25 pixels
     assert conv((1, 512, 12, 12), 512)

@@ -195,14 +195,15 @@ static inline __attribute__((always_inline)) void sat_pconv_run(void *ctx, int64
                     sat_ukr(kc, buf + (int64_t)q * K * SAT_PR + (int64_t)k0 * SAT_PR, bj, acc + q * SAT_PR * SAT_PN,
                             SAT_PN, SAT_PR, SAT_PN, k0 > 0);
             }
-#if defined(SAT_HAVE_DWT) && SAT_PN == 16
+#ifdef SAT_HAVE_DWT
             if (epc) {
                 const int64_t q = (int64_t)n * a->M + (int64_t)g * Mg + j; /* plane of the panel's first channel */
-                const __m256i lo = sat_mask8(nr), hi = sat_mask8(nr - 8);
+                __m256i mk[SAT_PN / 8];
+                for (int e = 0; e < SAT_PN; e += 8) mk[e / 8] = sat_mask8(nr - e);
                 for (int p = 0; p < cols; p++) {
                     float *r = acc + p * SAT_PN;
-                    _mm256_storeu_ps(r, epc(_mm256_loadu_ps(r), q, lo));
-                    if (nr > 8) _mm256_storeu_ps(r + 8, epc(_mm256_loadu_ps(r + 8), q + 8, hi));
+                    for (int e = 0; e < SAT_PN && e < nr; e += 8)
+                        _mm256_storeu_ps(r + e, epc(_mm256_loadu_ps(r + e), q + e, mk[e / 8]));
                 }
             }
 #endif
@@ -274,16 +275,25 @@ static inline __attribute__((always_inline)) void sat_sconv_panel(const sat_scon
         for (int r = 0; r < R; r++) c[r] += x[r] * b;
     }
     const int nr = a->M - j < SAT_VL ? a->M - j : SAT_VL;
-#if defined(SAT_HAVE_DWT) && SAT_VL == 8
+#if SAT_VL == 8 && defined(SAT_HAVE_DWT)
     if (epc) {
         const __m256i m = sat_mask8(nr);
         for (int r = 0; r < R; r++) c[r] = epc(c[r], a->plane0 + j, m);
     }
-#else
-    (void)epc;
 #endif
     float t[SAT_SP][SAT_VL];
     for (int r = 0; r < R; r++) sat_vstore(t[r], c[r]);
+#if SAT_VL > 8 && defined(SAT_HAVE_DWT)
+    /* wider vectors take the 8-channel epilogue half by half */
+    if (epc)
+        for (int e = 0; e < SAT_VL && e < nr; e += 8) {
+            const __m256i m = sat_mask8(nr - e);
+            for (int r = 0; r < R; r++) _mm256_storeu_ps(t[r] + e, epc(_mm256_loadu_ps(t[r] + e), a->plane0 + j + e, m));
+        }
+#endif
+#ifndef SAT_HAVE_DWT
+    (void)epc;
+#endif
     for (int ch = 0; ch < nr; ch++) {
         float *yc = a->y + (int64_t)(j + ch) * R;
         for (int r = 0; r < R; r++) yc[r] = t[r][ch];

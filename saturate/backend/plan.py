@@ -133,7 +133,7 @@ def runs_direct(node: Node, shapes: dict, constants, packed: bool) -> bool:
     if node.op != "Conv" or not packed or node.inputs[1] not in constants:
         return False
     w = shapes[node.inputs[1]]
-    return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20
+    return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20 and not runs_wino(node, shapes, constants, packed)
 
 
 # The register tile of pgemm.h (builds without the AVX-512 micro-kernel): SAT_PR rows by SAT_PN columns.
@@ -175,6 +175,11 @@ def conv_layout(x, w, win, group: int) -> int:
 # Smallest output (pixels) and channel counts (in and out) of a conv run as Winograd (runs_wino); from
 # WINO_DEEP_C input channels on, at least WINO_DEEP_MINP pixels.
 WINO_MINP, WINO_MINC, WINO_DEEP_C, WINO_DEEP_MINP = 36, 32, 512, 144
+# AVX-512 builds, whose direct conv (dconv.h) runs at 60-75% of the machine's peak, take Winograd only on
+# maps of at least WINO_AVX512_MINP pixels: on a Zen 5 core (1 thread, per-step profile) VGG-11's convs
+# on 224x224 to 28x28 maps took 0.64-0.79x the direct conv's time, ResNet-18's on 24x24 maps 1.00-1.02x,
+# 14x14 maps of 512 channels 1.03-1.06x and 6x6 maps of 256 channels 1.25-1.29x.
+WINO_AVX512_MINP = 784
 
 # Largest output (pixels) of a conv run on streamed weights (sat_conv_stream, SAT_SP in pgemm.h); SATURATE_STREAM=0
 # sends those convs back to the kernels before it (side-by-side timing).
@@ -202,10 +207,10 @@ WINO = os.environ.get("SATURATE_WINO", "1")
 
 
 def wino_eligible(node: Node, shapes: dict, constants, packed: bool) -> bool:
-    """Whether sat_conv_wino (wino.h) can run a conv: builds without the AVX-512 micro-kernel whose vectors
-    hold a tile panel's PR tiles (the input transform stores them as one vector: not the portable build's
-    4-float vectors), constant weights, 3x3, unit strides and dilations, one group."""
-    if not (PGEMM and node.op == "Conv" and not packed and vector_lanes() >= PR and node.inputs[1] in constants
+    """Whether sat_conv_wino (wino.h) can run a conv: builds whose vectors hold a tile panel's PR tiles (the
+    input transform stores them as one vector: not the portable build's 4-float vectors), constant weights,
+    3x3, unit strides and dilations, one group."""
+    if not (PGEMM and node.op == "Conv" and vector_lanes() >= PR and node.inputs[1] in constants
             and int(node.attr("group", 1)) == 1):
         return False
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
@@ -231,6 +236,8 @@ def runs_wino(node: Node, shapes: dict, constants, packed: bool) -> bool:
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w)
     p = win.oh * win.ow
+    if packed and p < WINO_AVX512_MINP:
+        return False
     return p >= WINO_MINP and min(w[0], w[1]) >= WINO_MINC and (w[1] < WINO_DEEP_C or p >= WINO_DEEP_MINP)
 
 

@@ -95,8 +95,8 @@ static void sat_wino_in(const sat_wino_args *a, const float *xc, float *v, int64
 }
 
 /* Sums of one channel panel (16 slices, tiles x SAT_PN each, `as` floats apart) through A^T . A into the
- * output planes of channels [j, j + nr); with `epc` (AVX2 builds, an epilogue whose every step is per
- * channel) the epilogue runs on the vectors of 8 channels before they are scattered. */
+ * output planes of channels [j, j + nr); with `epc` (AVX2 and AVX-512 builds, an epilogue whose every step
+ * is per channel) the epilogue runs on 8 channels at a time before they are scattered. */
 static inline __attribute__((always_inline)) void sat_wino_out(const sat_wino_args *a, const float *acc, int64_t as,
                                                                 float *yn, int64_t plane0, int j, int nr, int t0,
                                                                 int nt, sat_epc8 epc) {
@@ -116,17 +116,20 @@ static inline __attribute__((always_inline)) void sat_wino_out(const sat_wino_ar
             }
             sat_vf out[4] = {r0[0] + r0[1] + r0[2], r0[1] - r0[2] - r0[3], r1[0] + r1[1] + r1[2],
                              r1[1] - r1[2] - r1[3]};
-#if defined(SAT_HAVE_DWT) && SAT_VL == 8
-            if (epc) {
-                const __m256i mk = sat_mask8(nr - h);
-                for (int p = 0; p < 4; p++) out[p] = epc(out[p], plane0 + j + h, mk);
-            }
+            float o[4][SAT_VL];
+            for (int p = 0; p < 4; p++) sat_vstore(o[p], out[p]);
+#ifdef SAT_HAVE_DWT
+            /* 8 channels at a time: one vector on AVX2, each half of one on AVX-512 */
+            if (epc)
+                for (int e = 0; e < SAT_VL && e < nr - h; e += 8) {
+                    const __m256i mk = sat_mask8(nr - h - e);
+                    for (int p = 0; p < 4; p++)
+                        _mm256_storeu_ps(o[p] + e, epc(_mm256_loadu_ps(o[p] + e), plane0 + j + h + e, mk));
+                }
 #else
             (void)epc;
             (void)plane0;
 #endif
-            float o[4][SAT_VL];
-            for (int p = 0; p < 4; p++) sat_vstore(o[p], out[p]);
             const int nc = nr - h < SAT_VL ? nr - h : SAT_VL;
             for (int c = 0; c < nc; c++) {
                 float *yc = yn + (int64_t)(j + h + c) * P + (int64_t)oh * OW + ow;

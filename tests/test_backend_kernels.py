@@ -74,6 +74,22 @@ def test_depthwise_conv_fused_bias_and_activation(act):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("wshape,pads", [((40, 16, 1, 1), [0, 0, 0, 0]), ((21, 8, 3, 3), [1, 1, 1, 1])])
+def test_conv_bias_and_silu_epilogue(wshape, pads, threads):
+    """Bias then Swish on a dense conv: on AVX-512 builds both run on 16 channels of a pixel before the
+    direct conv's tile is transposed (sat_exp16); channel counts off 16 and 32 leave partial panels."""
+    consts = {"w": arr(11, wshape) * np.float32(0.3), "b": arr(12, (wshape[0],))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], {"pads": pads}), Node("Sigmoid", ["c"], ["s"]),
+             Node("Mul", ["c", "s"], ["y"])]
+    g = make(nodes, {"x": (2, wshape[1], 11, 13)}, consts)
+    if avx512_build():
+        from saturate import compile_graph
+
+        assert "sat_exp16(" in compile_graph(g).emitted.source
+    check_three_way(g, threads=threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 def test_depthwise_conv_per_channel_epilogue_with_a_batched_operand(threads):
     """The channels-in-lanes kernel applies a per-channel epilogue to 8 channels at once: an operand varying
     with the image as well (a squeeze-excite scale, 2 x 13 x 1 x 1) must be read at each image's channels."""

@@ -231,10 +231,7 @@ class Emitter:
         steps += [(lambda ld, node=node, ci=chain_in: vec_expr(node, ci, lambda k: ld(self.bn_key(k)), self.g))
                   for node, chain_in in members]
         # The 8-channel AVX2 form (sat_conv_dwt), when every step reads only per-channel operands.
-        steps8 = steps[:len(extra or [])] + [
-            (lambda ld, node=node, ci=chain_in: vec_expr(node, ci, lambda k: ld(self.bn_key(k)), self.g, lanes8=True))
-            for node, chain_in in members]
-        lanes8 = [st(lambda key: operand(key)[1].chan_load8(operand(key)[0])) for st in steps8]
+        lanes8 = [st(lambda key: operand(key)[1].chan_load8(operand(key)[0])) for st in steps]
         if all(lanes8) and EPC8:
             text = "".join(f"    v = {e};\n" for e in lanes8)
             decl = "".join(f"    const float *restrict p{k} = {o.ptr};\n" for k, o in enumerate(ops)
@@ -244,10 +241,11 @@ class Emitter:
                               f"    (void)mc;\n{decl}{text}    return v;\n}}\n#endif\n")
             self.vector8[name] = name8
         per_channel, rest = [], []
+        widen = {"_mm256_": "_mm512_", "sat_exp8(": "sat_exp16(", "sat_rcp8(": "sat_rcp16("}
         for st in steps:
             e = None if rest else st(lambda key: operand(key)[1].chan_load(operand(key)[0]))
             if e is not None:
-                per_channel.append(f"    v = {e.replace('_mm256_', '_mm512_')};\n")
+                per_channel.append(f"    v = {re.sub('|'.join(map(re.escape, widen)), lambda m: widen[m.group(0)], e)};\n")
                 continue
             e = st(lambda key: operand(key)[1].vload(operand(key)[0]))
             if e is None:

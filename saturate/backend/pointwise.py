@@ -212,11 +212,12 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
     raise unsupported(node, f"cannot apply op '{op}' pointwise")
 
 
-def vec_expr(node: Node, chain_input: str, operand, graph, lanes8: bool = False) -> str | None:
-    """AVX vector form of step_expr on `v` (8 lanes), or None when the op has no vector form here. `lanes8`:
-    for the AVX2 8-lane kernels only, which have a vector exp (sat_exp8 in vec.h)."""
+def vec_expr(node: Node, chain_input: str, operand, graph) -> str | None:
+    """AVX vector form of step_expr on `v` (8 lanes), or None when the op has no vector form here. A Swish
+    calls vec.h's sat_exp8 and sat_rcp8 (AVX2 and AVX-512 builds; the 16-lane forms of AVX-512 kernels
+    rename them, with every _mm256_ call, to their 512-bit versions)."""
     op = node.op
-    if op == "Swish" and lanes8:
+    if op == "Swish":
         a = c_float(node.attr("alpha", 1.0))
         return (f"_mm256_mul_ps(v, sat_rcp8(_mm256_add_ps(_mm256_set1_ps(1.0f), "
                 f"sat_exp8(_mm256_mul_ps(_mm256_set1_ps(-{a}), v)))))")

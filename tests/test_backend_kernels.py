@@ -74,6 +74,17 @@ def test_depthwise_conv_fused_bias_and_activation(act):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("hw", [(3, 3), (2, 5), (3, 4), (1, 3), (1, 13), (5, 5), (6, 6), (7, 7)])
+def test_convs_on_small_maps(hw, threads):
+    """Maps whose pixels leave a short last panel of the direct conv's tile (9 = 8 + 1, 10 = 8 + 2,
+    12 = 8 + 4, 13 = 7 + 6, 25 = 8 * 3 + 1...), which runs only the rows it needs; a reduction of 300
+    carries partial sums between blocks of 256."""
+    consts = {"w": arr(15, (40, 300, 1, 1)) * np.float32(0.1), "b": arr(16, (40,))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"]), Node("Relu", ["c"], ["y"])]
+    check_three_way(make(nodes, {"x": (2, 300) + hw}, consts), threads=threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("wshape,pads", [((40, 16, 1, 1), [0, 0, 0, 0]), ((21, 8, 3, 3), [1, 1, 1, 1])])
 def test_conv_bias_and_silu_epilogue(wshape, pads, threads):
     """Bias then Swish on a dense conv: on AVX-512 builds both run on 16 channels of a pixel before the

@@ -95,13 +95,22 @@ static inline __attribute__((always_inline)) void sat_dconv_tile(int rows, int K
     }
 #define SAT_ROWS8 SAT_DROW(0); SAT_DROW(1); SAT_DROW(2); SAT_DROW(3); SAT_DROW(4); SAT_DROW(5); SAT_DROW(6); SAT_DROW(7)
 #define SAT_ROWS7 SAT_DROW(0); SAT_DROW(1); SAT_DROW(2); SAT_DROW(3); SAT_DROW(4); SAT_DROW(5); SAT_DROW(6)
+#define SAT_ROWS4 SAT_DROW(0); SAT_DROW(1); SAT_DROW(2); SAT_DROW(3)
+#define SAT_ROWS2 SAT_DROW(0); SAT_DROW(1)
+#define SAT_ROWS1 SAT_DROW(0)
 #define SAT_PF _mm_prefetch((const char *)(pf + 32 * k), _MM_HINT_T0), \
                _mm_prefetch((const char *)(pf + 32 * k + 16), _MM_HINT_T0)
     /* Only the first panel of a unit fetches the next weight block: the others find it in L1. */
     if (rows == 8) {
         if (pf) { SAT_DLOOP(SAT_ROWS8, SAT_PF) } else { SAT_DLOOP(SAT_ROWS8, (void)0) }
-    } else {
+    } else if (rows == 7) {
         if (pf) { SAT_DLOOP(SAT_ROWS7, SAT_PF) } else { SAT_DLOOP(SAT_ROWS7, (void)0) }
+    } else if (rows == 4) {
+        if (pf) { SAT_DLOOP(SAT_ROWS4, SAT_PF) } else { SAT_DLOOP(SAT_ROWS4, (void)0) }
+    } else if (rows == 2) {
+        if (pf) { SAT_DLOOP(SAT_ROWS2, SAT_PF) } else { SAT_DLOOP(SAT_ROWS2, (void)0) }
+    } else {
+        if (pf) { SAT_DLOOP(SAT_ROWS1, SAT_PF) } else { SAT_DLOOP(SAT_ROWS1, (void)0) }
     }
     if (cout) {
         SAT_DSAVE(0); SAT_DSAVE(1); SAT_DSAVE(2); SAT_DSAVE(3);
@@ -139,6 +148,9 @@ static inline __attribute__((always_inline)) void sat_dconv_tile(int rows, int K
 /* Reduction indices per block, and the most pixel panels a unit takes (its partial sums' buffer). */
 #define SAT_DKC 256
 #define SAT_DCHUNK 40
+
+/* Rows a tile runs for `mr` pixels: all of a full panel's `R`, else the next of 1, 2, 4, 7. */
+static inline int sat_dconv_run_rows(int mr, int R) { return mr == R ? R : mr <= 1 ? 1 : mr <= 2 ? 2 : mr <= 4 ? 4 : 7; }
 static float sat_dconv_acc[SAT_MAX_THREADS][SAT_DCHUNK * 256] __attribute__((aligned(64)));
 
 /* Work unit u of one (image, group): a chunk of pixel panels times one 32-channel panel. Instantiated per
@@ -169,8 +181,11 @@ static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int6
                 if (++ow == OW) ow = 0, oh++;
             }
             for (int r = mr; r < 8; r++) xr[r] = xr[0];
+            /* A last, short panel runs only the rows it needs (of 1, 2, 4, 7): a 3x3 map's 9 pixels are
+             * 8 + 1 rows, not 7 + 7. Rows not run keep zero sums, which the masked stores skip. */
+            const int rows = sat_dconv_run_rows(mr, R);
             float *buf = acc + (int64_t)(q - q0) * 256;
-            sat_dconv_tile(R, kc, a->koff + k0, xr, w + (int64_t)k0 * 32, a->y, a->ybase + (int64_t)j * 32 * P + p0,
+            sat_dconv_tile(rows, kc, a->koff + k0, xr, w + (int64_t)k0 * 32, a->y, a->ybase + (int64_t)j * 32 * P + p0,
                            P, mr, nr, k0 ? buf : NULL, last ? NULL : buf,
                            q == q0 ? w + (int64_t)(k0 + kc) * 32 : NULL, a->ybase / P + j * 32, epc, epv);
         }
@@ -205,8 +220,13 @@ static void sat_pad_plane(void *ctx, int64_t c, int tid) {
     if (rend < Hq) memset(pc + (int64_t)rend * Wp, 0, sizeof(float) * (size_t)(Hq - rend) * Wp);
 }
 
-/* Pixels per kernel tile: 7 when that pads the pixel count less than 8 does (49, 196 pixels). */
-static inline int sat_dconv_rows(int64_t P) { return (P + 6) / 7 * 7 < (P + 7) / 8 * 8 ? 7 : 8; }
+/* Pixels per kernel tile: 7 when its panels run fewer rows in all than 8-row panels would (8 on a tie:
+ * the wider tile loads each weight vector for more rows). */
+static inline int sat_dconv_rows(int64_t P) {
+    const int64_t by7 = P / 7 * 7 + (P % 7 ? sat_dconv_run_rows((int)(P % 7), 7) : 0);
+    const int64_t by8 = P / 8 * 8 + (P % 8 ? sat_dconv_run_rows((int)(P % 8), 8) : 0);
+    return by7 < by8 ? 7 : 8;
+}
 
 /* Grouped 2-D convolution by direct tiles; `scratch` holds the padded input and the offset table
  * (sat_dconv_scratch floats); `unit` is the emitter's instantiation of sat_dconv_unit. */

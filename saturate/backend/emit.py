@@ -383,10 +383,19 @@ class Emitter:
         if w[1] == 1:
             item = ""
             if lanes:
-                # A work-item function per conv inlines the epilogue when its 8-channel form exists.
+                # A work-item function per conv inlines the epilogue when its 8-channel form exists, and
+                # one for AVX-512 builds' 16-lane kernel when dconv.h's vector forms do.
                 item = ", NULL"
                 if epi in self.vector8:
                     item = f", {self._unit8('dwt', 'sat_dwt_run', epi)}"
+                wide = "NULL"
+                if epi in self.vector:
+                    wide = f"dwz_{len(self.funcs)}"
+                    epc, epv = self.vector[epi]
+                    self.funcs.append(f"#if defined(__AVX512F__)\nstatic void {wide}(void *ctx, int64_t i, int tid) "
+                                      f"{{ sat_dwz_run(ctx, i, tid, {epc}, {epv}); }}\n#else\n"
+                                      f"#define {wide} NULL\n#endif\n")
+                item += f", {wide}"
             self.body.append(f"    {DW_KERNEL}({xp}, {self.ptr(node.inputs[1])}, {out}, {x[0]}, {x[1]}, {H}, {W}, "
                              f"{w[0]}, {geo}, {epi}{item});\n")
             return

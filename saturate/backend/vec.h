@@ -488,45 +488,170 @@ static inline __attribute__((always_inline)) void sat_dwt_run(void *ctx, int64_t
 
 static void sat_dwt_item(void *ctx, int64_t item, int tid) { sat_dwt_run(ctx, item, tid, NULL); }
 
-/* Depthwise convolution with channels in the lanes (one output channel per input channel); `item` is the
- * emitter's instantiation of sat_dwt_run with its vector epilogue, or NULL (then `epi` runs per plane). */
+#endif
+
+#if defined(__AVX512F__)
+#ifndef SAT_DW_LANES
+#define SAT_DW_LANES 16
+#endif
+/* ---- depthwise convolution, 16 channels in the lanes (AVX-512) ---------------------------------------
+ * sat_dwt_run's scheme on 512-bit registers: pixels of 16 channels (pixel (r, c) at (r Wp + c) 16), each
+ * built from two 8 x 8 transposes of 8 input channels; an output block is 8 pixels of 16 channels, one
+ * FMA per tap and pixel, transposed back as dconv.h's tiles are (SAT_T8x16) and stored 8 outputs of a
+ * channel at a time. The epilogue takes dconv.h's vector forms: `epc` on the 16 channels of each pixel
+ * before the transpose, `epv` on each run of 8 outputs after it; with neither, `epi` on each plane. */
+static inline __attribute__((always_inline)) void sat_dwz_run(void *ctx, int64_t item, int tid, sat_epc epc,
+                                                              sat_epv epv) {
+    const sat_dwt_args *a = ctx;
+    const int C = a->C, H = a->H, W = a->W, Wp = a->Wp, T = a->T, groups = (C + 15) / 16;
+    const int items = (groups + a->per - 1) / a->per;
+    const int64_t n = item / items, P = (int64_t)a->OH * a->OW;
+    const int g0 = (int)(item % items) * a->per, g1 = g0 + a->per < groups ? g0 + a->per : groups;
+    const size_t plane = (size_t)a->Hp * Wp * 16;
+    float *xt = sat_thread_buf(&sat_dwt_buf[tid], &sat_dwt_cap[tid], plane + (size_t)T * 16);
+    if (!xt) abort();
+    float *wt = xt + plane;
+    memset(xt, 0, sizeof(float) * plane);
+    const int r0 = a->ph > 0 ? 0 : -a->ph, r1 = H + a->ph < a->Hp ? H : a->Hp - a->ph;
+    const int q0 = a->pw > 0 ? 0 : -a->pw, q1 = W + a->pw < Wp ? W : Wp - a->pw;
+    const int32_t *toff = a->toff, *pix = a->pix;
+    for (int g = g0; g < g1; g++) {
+        const int c0 = g * 16, nc = C - c0 < 16 ? C - c0 : 16;
+        /* lanes past the last channel read channel c0 again; their results are not stored */
+        const float *xc[16];
+        for (int l = 0; l < 16; l++) {
+            const int c = c0 + (l < nc ? l : 0);
+            xc[l] = a->x + ((int64_t)n * C + c) * H * W;
+            for (int t = 0; t < T; t++) wt[t * 16 + l] = a->w[(int64_t)c * T + t];
+        }
+        for (int ih = r0; ih < r1; ih++) {
+            float *d = xt + ((int64_t)(ih + a->ph) * Wp + a->pw) * 16;
+            const int64_t ro = (int64_t)ih * W;
+            for (int iw = q0; iw < q1; iw += 8) {
+                const int k = q1 - iw < 8 ? q1 - iw : 8;
+                const __m256i m = sat_mask8(k);
+                float *o = d + (int64_t)iw * 16;
+                for (int h = 0; h < 16; h += 8) {
+                    const float *const *xh = xc + h;
+                    __m256 v0, v1, v2, v3, v4, v5, v6, v7;
+                    if (k == 8) {
+                        v0 = _mm256_loadu_ps(xh[0] + ro + iw), v1 = _mm256_loadu_ps(xh[1] + ro + iw);
+                        v2 = _mm256_loadu_ps(xh[2] + ro + iw), v3 = _mm256_loadu_ps(xh[3] + ro + iw);
+                        v4 = _mm256_loadu_ps(xh[4] + ro + iw), v5 = _mm256_loadu_ps(xh[5] + ro + iw);
+                        v6 = _mm256_loadu_ps(xh[6] + ro + iw), v7 = _mm256_loadu_ps(xh[7] + ro + iw);
+                    } else {
+                        v0 = _mm256_maskload_ps(xh[0] + ro + iw, m), v1 = _mm256_maskload_ps(xh[1] + ro + iw, m);
+                        v2 = _mm256_maskload_ps(xh[2] + ro + iw, m), v3 = _mm256_maskload_ps(xh[3] + ro + iw, m);
+                        v4 = _mm256_maskload_ps(xh[4] + ro + iw, m), v5 = _mm256_maskload_ps(xh[5] + ro + iw, m);
+                        v6 = _mm256_maskload_ps(xh[6] + ro + iw, m), v7 = _mm256_maskload_ps(xh[7] + ro + iw, m);
+                    }
+                    SAT_T8x8(v0, v1, v2, v3, v4, v5, v6, v7);
+                    const __m256 px[8] = {v0, v1, v2, v3, v4, v5, v6, v7};
+                    for (int i = 0; i < k; i++) _mm256_store_ps(o + i * 16 + h, px[i]);
+                }
+            }
+        }
+        const int64_t q = (int64_t)n * C + c0; /* plane of the group's first channel */
+        const __mmask16 mc = (__mmask16)((1u << nc) - 1);
+        for (int64_t p = 0; p < P; p += 8) {
+            const int np = P - p < 8 ? (int)(P - p) : 8;
+#define SAT_DWZ_BASE(i) const float *b##i = xt + pix[p + (i < np ? i : np - 1)]
+            SAT_DWZ_BASE(0); SAT_DWZ_BASE(1); SAT_DWZ_BASE(2); SAT_DWZ_BASE(3);
+            SAT_DWZ_BASE(4); SAT_DWZ_BASE(5); SAT_DWZ_BASE(6); SAT_DWZ_BASE(7);
+#undef SAT_DWZ_BASE
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+#define SAT_DWZ_FMA(i) a##i = _mm512_fmadd_ps(wv, _mm512_load_ps(b##i + o), a##i)
+            if (np > 4)
+                for (int t = 0; t < T; t++) {
+                    const int64_t o = toff[t];
+                    const __m512 wv = _mm512_load_ps(wt + t * 16);
+                    SAT_DWZ_FMA(0); SAT_DWZ_FMA(1); SAT_DWZ_FMA(2); SAT_DWZ_FMA(3);
+                    SAT_DWZ_FMA(4); SAT_DWZ_FMA(5); SAT_DWZ_FMA(6); SAT_DWZ_FMA(7);
+                }
+            else
+                for (int t = 0; t < T; t++) {
+                    const int64_t o = toff[t];
+                    const __m512 wv = _mm512_load_ps(wt + t * 16);
+                    SAT_DWZ_FMA(0); SAT_DWZ_FMA(1); SAT_DWZ_FMA(2); SAT_DWZ_FMA(3);
+                }
+#undef SAT_DWZ_FMA
+            if (epc) {
+                a0 = epc(a0, q, mc), a1 = epc(a1, q, mc), a2 = epc(a2, q, mc), a3 = epc(a3, q, mc);
+                a4 = epc(a4, q, mc), a5 = epc(a5, q, mc), a6 = epc(a6, q, mc), a7 = epc(a7, q, mc);
+            }
+            __m512 t8[8];
+            SAT_T8x16(a0, a1, a2, a3, a4, a5, a6, a7, t8);
+            const __mmask8 mk = (__mmask8)((1u << np) - 1);
+            const int64_t off0 = q * P + p;
+            for (int i = 0; i < 8; i++) {
+                /* t8[i]: channel (i & 3) + 8 (i >> 2) in the lower half, 4 more in the upper half */
+                const int ch = (i & 3) + 8 * (i >> 2);
+                if (ch < nc) sat_dconv_put(_mm512_castps512_ps256(t8[i]), a->y, off0 + ch * P, mk, epv);
+                if (ch + 4 < nc) sat_dconv_put(_mm512_extractf32x8_ps(t8[i], 1), a->y, off0 + (ch + 4) * P, mk, epv);
+            }
+        }
+        if (!epc && !epv && a->epi)
+            for (int l = 0; l < nc; l++) a->epi(a->y, (q + l) * P, P);
+    }
+}
+
+static void sat_dwz_item(void *ctx, int64_t item, int tid) { sat_dwz_run(ctx, item, tid, NULL, NULL); }
+#endif
+
+#ifdef SAT_HAVE_DWT
+/* Depthwise convolution with channels in the lanes (one output channel per input channel), `lanes` (8 or
+ * 16) at a time; `item` is the emitter's instantiation of sat_dwt_run or sat_dwz_run with its vector
+ * epilogue, or NULL (then `epi` runs per plane). */
 static void sat_conv_dwt(const float *x, const float *w, float *y, int N, int C, int H, int W, int KH, int KW,
-                         int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi, sat_body item) {
+                         int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi, sat_body item,
+                         int lanes) {
     const int Hp = (OH - 1) * sh + (KH - 1) * dh + 1, Wp = (OW - 1) * sw + (KW - 1) * dw + 1, T = KH * KW;
     const int64_t P = (int64_t)OH * OW;
     int32_t toff[T];
     int32_t *pix = malloc(sizeof(int32_t) * (size_t)P);
     if (!pix) abort();
     for (int kh = 0; kh < KH; kh++)
-        for (int kw = 0; kw < KW; kw++) toff[kh * KW + kw] = (kh * dh * Wp + kw * dw) * 8;
+        for (int kw = 0; kw < KW; kw++) toff[kh * KW + kw] = (kh * dh * Wp + kw * dw) * lanes;
     for (int oh = 0; oh < OH; oh++)
-        for (int ow = 0; ow < OW; ow++) pix[oh * OW + ow] = (oh * sh * Wp + ow * sw) * 8;
+        for (int ow = 0; ow < OW; ow++) pix[oh * OW + ow] = (oh * sh * Wp + ow * sw) * lanes;
     /* about 2K outputs per item, and at least 4 items per thread when the channels allow */
-    const int groups = (C + 7) / 8;
-    int per = (int)((2048 + 8 * P - 1) / (8 * P));
+    const int groups = (C + lanes - 1) / lanes;
+    int per = (int)((2048 + lanes * P - 1) / (lanes * P));
     const int most = (groups + 4 * sat_threads - 1) / (4 * sat_threads);
     if (sat_threads > 1 && per > most) per = most;
     if (per < 1) per = 1;
     if (per > groups) per = groups;
     sat_dwt_args a = {x, w, y, C, H, W, OH, OW, ph, pw, Hp, Wp, T, per, toff, pix, epi};
-    sat_parallel((int64_t)N * ((groups + per - 1) / per), item ? item : sat_dwt_item, &a);
+    sat_body fallback = sat_dwt_item;
+#if defined(__AVX512F__)
+    if (lanes == 16) fallback = sat_dwz_item;
+#endif
+    sat_parallel((int64_t)N * ((groups + per - 1) / per), item ? item : fallback, &a);
     free(pix);
 }
 #endif
 
-/* Depthwise convolution: channels in the lanes where the build has that kernel (AVX2 or wider) and each output
- * channel reads its own input channel, else the kernels along the rows. `item`: see sat_conv_dwt. */
+/* Depthwise convolution: channels in the lanes where the build has that kernel (AVX2: 8, AVX-512: 16) and
+ * each output channel reads its own input channel, else the kernels along the rows. `item`: see
+ * sat_conv_dwt, its 8-lane form; `wide`, its 16-lane form on AVX-512 builds. */
 static void sat_conv_dw_lanes(const float *x, const float *w, float *y, int N, int C, int H, int W, int M, int KH,
                               int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi,
-                              sat_body item) {
+                              sat_body item, sat_body wide) {
 #ifdef SAT_HAVE_DWT
     const int64_t Hp = (int64_t)(OH - 1) * sh + (KH - 1) * dh + 1, Wp = (int64_t)(OW - 1) * sw + (KW - 1) * dw + 1;
-    if (M == C && (int64_t)OH * OW > 0 && Hp * Wp * 8 < ((int64_t)1 << 31)) {
-        sat_conv_dwt(x, w, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi, item);
+    if (M == C && (int64_t)OH * OW > 0 && Hp * Wp * 16 < ((int64_t)1 << 31)) {
+#if defined(__AVX512F__)
+        if (SAT_DW_LANES == 16) {
+            sat_conv_dwt(x, w, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi, wide, 16);
+            return;
+        }
+#endif
+        sat_conv_dwt(x, w, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi, item, 8);
         return;
     }
 #endif
     (void)item;
+    (void)wide;
     sat_conv_depthwise(x, w, y, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi);
 }
 

@@ -344,6 +344,12 @@ typedef struct {
     sat_epi epi;
 } sat_pool_args;
 
+static float *sat_poolrow_buf[SAT_MAX_THREADS];
+static size_t sat_poolrow_cap[SAT_MAX_THREADS];
+
+/* One plane, an output row at a time: the window's input rows are first reduced into one row (max or
+ * sum, contiguous and vectorized), then the window's columns are taken from that row once, instead of
+ * from every input row (a 3x3 window then reads 3 rows and makes one column pass, not three). */
 static void sat_pool_plane(void *ctx, int64_t p, int tid) {
     const sat_pool_args *a = ctx;
     const int H = a->H, W = a->W, OH = a->OH, OW = a->OW, KH = a->KH, KW = a->KW, sh = a->sh, sw = a->sw;
@@ -353,10 +359,11 @@ static void sat_pool_plane(void *ctx, int64_t p, int tid) {
     float *y = a->y;
     const int64_t P = (int64_t)OH * OW;
     sat_epi epi = a->epi;
-    (void)tid;
     const float *xi = x + p * H * W;
     float *yo = y + p * P;
-    float *eo = sw == 2 ? malloc(sizeof(float) * (size_t)(W + 2)) : NULL;
+    float *vrow = sat_thread_buf(&sat_poolrow_buf[tid], &sat_poolrow_cap[tid], (size_t)2 * W + 2);
+    if (!vrow) abort();
+    float *eo = vrow + W;
     for (int oh = 0; oh < OH; oh++) {
         float *row = yo + (int64_t)oh * OW;
         const float init = mode == 0 ? -INFINITY : 0.0f;
@@ -366,8 +373,16 @@ static void sat_pool_plane(void *ctx, int64_t p, int tid) {
             const int ih = oh * sh - ph + kh * dh;
             hpad += ih >= -ph && ih < H + pe_h;
             if (ih < 0 || ih >= H) continue;
-            hvalid++;
             const float *xr = xi + (int64_t)ih * W;
+            if (!hvalid++)
+                memcpy(vrow, xr, sizeof(float) * (size_t)W);
+            else if (mode == 0)
+                for (int iw = 0; iw < W; iw++) vrow[iw] = xr[iw] > vrow[iw] ? xr[iw] : vrow[iw];
+            else
+                for (int iw = 0; iw < W; iw++) vrow[iw] += xr[iw];
+        }
+        if (hvalid) {
+            const float *xr = vrow;
             if (sw == 2) {
                 /* Split the row into even and odd columns once, so every kernel column reads a
                  * contiguous run (vector code) instead of a stride-2 one. */
@@ -403,7 +418,6 @@ static void sat_pool_plane(void *ctx, int64_t p, int tid) {
         if (mode == 2)
             for (int ow = 0; ow < OW; ow++) row[ow] = hpad * wcount[OW + ow] != 0 ? row[ow] / (hpad * wcount[OW + ow]) : 0.0f;
     }
-    free(eo);
     if (epi) epi(y, p * P, P);
 }
 

@@ -52,8 +52,15 @@ class Operand:
             self.kind = "gather"
 
     def index(self, at: str, dims: range) -> str:
+        # Trailing dimensions the operand shares with the output whole are one term: `at` itself when that
+        # is all of them (a residual Add's operand), not a division and a remainder per dimension.
+        same = len(self.oshape)
+        while same > dims.start and (self.bstr[same - 1] == self.ostr[same - 1] or self.oshape[same - 1] == 1):
+            same -= 1
         terms = [f"(({at} / {self.ostr[d]}) % {self.oshape[d]}) * {self.bstr[d]}"
-                 for d in dims if self.bstr[d] and self.oshape[d] > 1]
+                 for d in dims if d < same and self.bstr[d] and self.oshape[d] > 1]
+        if same < len(self.oshape) and any(self.oshape[d] > 1 for d in range(same, len(self.oshape))):
+            terms.append(at if same == 0 else f"({at} % {self.ostr[same - 1]})")
         return " + ".join(terms) or "0"
 
     def setup(self, k: int) -> str:

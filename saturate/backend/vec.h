@@ -385,11 +385,68 @@ static size_t sat_dwt_cap[SAT_MAX_THREADS];
  * planes q .. q + 7 (emitted per conv as pwc8_K, so it inlines into the kernel below). */
 typedef __m256 (*sat_epc8)(__m256 v, int64_t q, __m256i m);
 
+/* Input rows [r0, r1) and columns [q0, q1) of 8 channels' planes (`xc`) into the interleaved plane `xt`
+ * of `lanes`-float pixels, input (r, c) at pixel (r + ph, c + pw): 8 columns at a time, transposed 8 x 8 in
+ * registers, each pixel's 8 floats stored at its start (the 16-lane kernel calls this again at xt + 8
+ * for its other 8 channels). */
+static inline __attribute__((always_inline)) void sat_dwt_interleave(float *xt, const float *const *xc, int lanes,
+                                                                     int r0, int r1, int q0, int q1, int W,
+                                                                     int Wp, int ph, int pw) {
+    for (int ih = r0; ih < r1; ih++) {
+        float *d = xt + ((int64_t)(ih + ph) * Wp + pw) * lanes;
+        const int64_t ro = (int64_t)ih * W;
+        for (int iw = q0; iw < q1; iw += 8) {
+            const int k = q1 - iw < 8 ? q1 - iw : 8;
+            __m256 v0, v1, v2, v3, v4, v5, v6, v7;
+            if (k == 8) {
+                v0 = _mm256_loadu_ps(xc[0] + ro + iw), v1 = _mm256_loadu_ps(xc[1] + ro + iw);
+                v2 = _mm256_loadu_ps(xc[2] + ro + iw), v3 = _mm256_loadu_ps(xc[3] + ro + iw);
+                v4 = _mm256_loadu_ps(xc[4] + ro + iw), v5 = _mm256_loadu_ps(xc[5] + ro + iw);
+                v6 = _mm256_loadu_ps(xc[6] + ro + iw), v7 = _mm256_loadu_ps(xc[7] + ro + iw);
+            } else {
+                const __m256i m = sat_mask8(k);
+                v0 = _mm256_maskload_ps(xc[0] + ro + iw, m), v1 = _mm256_maskload_ps(xc[1] + ro + iw, m);
+                v2 = _mm256_maskload_ps(xc[2] + ro + iw, m), v3 = _mm256_maskload_ps(xc[3] + ro + iw, m);
+                v4 = _mm256_maskload_ps(xc[4] + ro + iw, m), v5 = _mm256_maskload_ps(xc[5] + ro + iw, m);
+                v6 = _mm256_maskload_ps(xc[6] + ro + iw, m), v7 = _mm256_maskload_ps(xc[7] + ro + iw, m);
+            }
+            SAT_T8x8(v0, v1, v2, v3, v4, v5, v6, v7);
+            float *o = d + (int64_t)iw * lanes;
+            _mm256_store_ps(o, v0);
+            if (k > 1) _mm256_store_ps(o + lanes, v1);
+            if (k > 2) _mm256_store_ps(o + 2 * lanes, v2);
+            if (k > 3) _mm256_store_ps(o + 3 * lanes, v3);
+            if (k > 4) _mm256_store_ps(o + 4 * lanes, v4);
+            if (k > 5) _mm256_store_ps(o + 5 * lanes, v5);
+            if (k > 6) _mm256_store_ps(o + 6 * lanes, v6);
+            if (k > 7) _mm256_store_ps(o + 7 * lanes, v7);
+        }
+    }
+}
+
+/* Channels [c0, c0 + lanes) of image n (the first nc real: lanes past them read channel c0 again, and
+ * their results are not stored) into the work item's buffers: each tap's `lanes` weights at wt + t lanes,
+ * the planes interleaved into xt 8 channels at a time. */
+static inline __attribute__((always_inline)) void sat_dwt_group(const sat_dwt_args *a, float *xt, float *wt,
+                                                                int64_t n, int c0, int nc, int lanes) {
+    const int C = a->C, H = a->H, W = a->W, T = a->T;
+    /* input rows and columns the windows reach: padded pixel (r, c) holds input (r - ph, c - pw) */
+    const int r0 = a->ph > 0 ? 0 : -a->ph, r1 = H + a->ph < a->Hp ? H : a->Hp - a->ph;
+    const int q0 = a->pw > 0 ? 0 : -a->pw, q1 = W + a->pw < a->Wp ? W : a->Wp - a->pw;
+    const float *xc[16];
+    for (int l = 0; l < lanes; l++) {
+        const int c = c0 + (l < nc ? l : 0);
+        xc[l] = a->x + ((int64_t)n * C + c) * H * W;
+        for (int t = 0; t < T; t++) wt[t * lanes + l] = a->w[(int64_t)c * T + t];
+    }
+    for (int h = 0; h < lanes; h += 8) sat_dwt_interleave(xt + h, xc + h, lanes, r0, r1, q0, q1, W, a->Wp, a->ph, a->pw);
+}
+
 /* Work item: `per` groups of 8 channels of one image. With `epc` the epilogue runs on the accumulators
  * before they are transposed (one operand load per 8 channels for all 8 pixels), else `epi` on each plane. */
 static inline __attribute__((always_inline)) void sat_dwt_run(void *ctx, int64_t item, int tid, sat_epc8 epc) {
     const sat_dwt_args *a = ctx;
-    const int C = a->C, H = a->H, W = a->W, Wp = a->Wp, T = a->T, groups = (C + 7) / 8;
+    const int C = a->C, Wp = a->Wp, T = a->T, groups = (C + 7) / 8;
     const int items = (groups + a->per - 1) / a->per;
     const int64_t n = item / items, P = (int64_t)a->OH * a->OW;
     const int g0 = (int)(item % items) * a->per, g1 = g0 + a->per < groups ? g0 + a->per : groups;
@@ -398,49 +455,10 @@ static inline __attribute__((always_inline)) void sat_dwt_run(void *ctx, int64_t
     if (!xt) abort();
     float *wt = xt + plane;
     memset(xt, 0, sizeof(float) * plane);
-    /* input rows and columns the windows reach: padded pixel (r, c) holds input (r - ph, c - pw) */
-    const int r0 = a->ph > 0 ? 0 : -a->ph, r1 = H + a->ph < a->Hp ? H : a->Hp - a->ph;
-    const int q0 = a->pw > 0 ? 0 : -a->pw, q1 = W + a->pw < Wp ? W : Wp - a->pw;
     const int32_t *toff = a->toff, *pix = a->pix;
     for (int g = g0; g < g1; g++) {
         const int c0 = g * 8, nc = C - c0 < 8 ? C - c0 : 8;
-        /* lanes past the last channel read channel c0 again; their results are not stored */
-        const float *xc[8];
-        for (int l = 0; l < 8; l++) {
-            const int c = c0 + (l < nc ? l : 0);
-            xc[l] = a->x + ((int64_t)n * C + c) * H * W;
-            for (int t = 0; t < T; t++) wt[t * 8 + l] = a->w[(int64_t)c * T + t];
-        }
-        for (int ih = r0; ih < r1; ih++) {
-            float *d = xt + ((int64_t)(ih + a->ph) * Wp + a->pw) * 8;
-            const int64_t ro = (int64_t)ih * W;
-            for (int iw = q0; iw < q1; iw += 8) {
-                const int k = q1 - iw < 8 ? q1 - iw : 8;
-                __m256 v0, v1, v2, v3, v4, v5, v6, v7;
-                if (k == 8) {
-                    v0 = _mm256_loadu_ps(xc[0] + ro + iw), v1 = _mm256_loadu_ps(xc[1] + ro + iw);
-                    v2 = _mm256_loadu_ps(xc[2] + ro + iw), v3 = _mm256_loadu_ps(xc[3] + ro + iw);
-                    v4 = _mm256_loadu_ps(xc[4] + ro + iw), v5 = _mm256_loadu_ps(xc[5] + ro + iw);
-                    v6 = _mm256_loadu_ps(xc[6] + ro + iw), v7 = _mm256_loadu_ps(xc[7] + ro + iw);
-                } else {
-                    const __m256i m = sat_mask8(k);
-                    v0 = _mm256_maskload_ps(xc[0] + ro + iw, m), v1 = _mm256_maskload_ps(xc[1] + ro + iw, m);
-                    v2 = _mm256_maskload_ps(xc[2] + ro + iw, m), v3 = _mm256_maskload_ps(xc[3] + ro + iw, m);
-                    v4 = _mm256_maskload_ps(xc[4] + ro + iw, m), v5 = _mm256_maskload_ps(xc[5] + ro + iw, m);
-                    v6 = _mm256_maskload_ps(xc[6] + ro + iw, m), v7 = _mm256_maskload_ps(xc[7] + ro + iw, m);
-                }
-                SAT_T8x8(v0, v1, v2, v3, v4, v5, v6, v7);
-                float *o = d + (int64_t)iw * 8;
-                _mm256_store_ps(o, v0);
-                if (k > 1) _mm256_store_ps(o + 8, v1);
-                if (k > 2) _mm256_store_ps(o + 16, v2);
-                if (k > 3) _mm256_store_ps(o + 24, v3);
-                if (k > 4) _mm256_store_ps(o + 32, v4);
-                if (k > 5) _mm256_store_ps(o + 40, v5);
-                if (k > 6) _mm256_store_ps(o + 48, v6);
-                if (k > 7) _mm256_store_ps(o + 56, v7);
-            }
-        }
+        sat_dwt_group(a, xt, wt, n, c0, nc, 8);
         float *yc = a->y + ((int64_t)n * C + c0) * P;
         for (int64_t p = 0; p < P; p += 8) {
             const int np = P - p < 8 ? (int)(P - p) : 8;
@@ -503,7 +521,7 @@ static void sat_dwt_item(void *ctx, int64_t item, int tid) { sat_dwt_run(ctx, it
 static inline __attribute__((always_inline)) void sat_dwz_run(void *ctx, int64_t item, int tid, sat_epc epc,
                                                               sat_epv epv) {
     const sat_dwt_args *a = ctx;
-    const int C = a->C, H = a->H, W = a->W, Wp = a->Wp, T = a->T, groups = (C + 15) / 16;
+    const int C = a->C, Wp = a->Wp, T = a->T, groups = (C + 15) / 16;
     const int items = (groups + a->per - 1) / a->per;
     const int64_t n = item / items, P = (int64_t)a->OH * a->OW;
     const int g0 = (int)(item % items) * a->per, g1 = g0 + a->per < groups ? g0 + a->per : groups;
@@ -512,45 +530,10 @@ static inline __attribute__((always_inline)) void sat_dwz_run(void *ctx, int64_t
     if (!xt) abort();
     float *wt = xt + plane;
     memset(xt, 0, sizeof(float) * plane);
-    const int r0 = a->ph > 0 ? 0 : -a->ph, r1 = H + a->ph < a->Hp ? H : a->Hp - a->ph;
-    const int q0 = a->pw > 0 ? 0 : -a->pw, q1 = W + a->pw < Wp ? W : Wp - a->pw;
     const int32_t *toff = a->toff, *pix = a->pix;
     for (int g = g0; g < g1; g++) {
         const int c0 = g * 16, nc = C - c0 < 16 ? C - c0 : 16;
-        /* lanes past the last channel read channel c0 again; their results are not stored */
-        const float *xc[16];
-        for (int l = 0; l < 16; l++) {
-            const int c = c0 + (l < nc ? l : 0);
-            xc[l] = a->x + ((int64_t)n * C + c) * H * W;
-            for (int t = 0; t < T; t++) wt[t * 16 + l] = a->w[(int64_t)c * T + t];
-        }
-        for (int ih = r0; ih < r1; ih++) {
-            float *d = xt + ((int64_t)(ih + a->ph) * Wp + a->pw) * 16;
-            const int64_t ro = (int64_t)ih * W;
-            for (int iw = q0; iw < q1; iw += 8) {
-                const int k = q1 - iw < 8 ? q1 - iw : 8;
-                const __m256i m = sat_mask8(k);
-                float *o = d + (int64_t)iw * 16;
-                for (int h = 0; h < 16; h += 8) {
-                    const float *const *xh = xc + h;
-                    __m256 v0, v1, v2, v3, v4, v5, v6, v7;
-                    if (k == 8) {
-                        v0 = _mm256_loadu_ps(xh[0] + ro + iw), v1 = _mm256_loadu_ps(xh[1] + ro + iw);
-                        v2 = _mm256_loadu_ps(xh[2] + ro + iw), v3 = _mm256_loadu_ps(xh[3] + ro + iw);
-                        v4 = _mm256_loadu_ps(xh[4] + ro + iw), v5 = _mm256_loadu_ps(xh[5] + ro + iw);
-                        v6 = _mm256_loadu_ps(xh[6] + ro + iw), v7 = _mm256_loadu_ps(xh[7] + ro + iw);
-                    } else {
-                        v0 = _mm256_maskload_ps(xh[0] + ro + iw, m), v1 = _mm256_maskload_ps(xh[1] + ro + iw, m);
-                        v2 = _mm256_maskload_ps(xh[2] + ro + iw, m), v3 = _mm256_maskload_ps(xh[3] + ro + iw, m);
-                        v4 = _mm256_maskload_ps(xh[4] + ro + iw, m), v5 = _mm256_maskload_ps(xh[5] + ro + iw, m);
-                        v6 = _mm256_maskload_ps(xh[6] + ro + iw, m), v7 = _mm256_maskload_ps(xh[7] + ro + iw, m);
-                    }
-                    SAT_T8x8(v0, v1, v2, v3, v4, v5, v6, v7);
-                    const __m256 px[8] = {v0, v1, v2, v3, v4, v5, v6, v7};
-                    for (int i = 0; i < k; i++) _mm256_store_ps(o + i * 16 + h, px[i]);
-                }
-            }
-        }
+        sat_dwt_group(a, xt, wt, n, c0, nc, 16);
         const int64_t q = (int64_t)n * C + c0; /* plane of the group's first channel */
         const __mmask16 mc = (__mmask16)((1u << nc) - 1);
         for (int64_t p = 0; p < P; p += 8) {

@@ -116,17 +116,24 @@ static inline __attribute__((always_inline)) void sat_wino_out(const sat_wino_ar
             }
             sat_vf out[4] = {r0[0] + r0[1] + r0[2], r0[1] - r0[2] - r0[3], r1[0] + r1[1] + r1[2],
                              r1[1] - r1[2] - r1[3]};
+#if defined(SAT_HAVE_DWT) && SAT_VL == 8
+            if (epc) {
+                const __m256i mk = sat_mask8(nr - h);
+                for (int p = 0; p < 4; p++) out[p] = epc(out[p], plane0 + j + h, mk);
+            }
+#endif
             float o[4][SAT_VL];
             for (int p = 0; p < 4; p++) sat_vstore(o[p], out[p]);
-#ifdef SAT_HAVE_DWT
-            /* 8 channels at a time: one vector on AVX2, each half of one on AVX-512 */
+#if defined(SAT_HAVE_DWT) && SAT_VL > 8
+            /* wider vectors take the 8-channel epilogue half by half */
             if (epc)
                 for (int e = 0; e < SAT_VL && e < nr - h; e += 8) {
                     const __m256i mk = sat_mask8(nr - h - e);
                     for (int p = 0; p < 4; p++)
                         _mm256_storeu_ps(o[p] + e, epc(_mm256_loadu_ps(o[p] + e), plane0 + j + h + e, mk));
                 }
-#else
+#endif
+#ifndef SAT_HAVE_DWT
             (void)epc;
             (void)plane0;
 #endif

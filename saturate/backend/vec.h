@@ -290,9 +290,8 @@ static void sat_conv_depthwise(const float *x, const float *w, float *y, int N, 
  * at (r Wp + c) 8); an output pixel is then one aligned load and FMA per tap against the tap's 8 weights, for
  * any stride, width or padding, 8 output pixels at a time; the 8 accumulators are transposed back into 8
  * consecutive outputs of each channel and stored. The zero border is written once per work item: every
- * group of the item overwrites the same interior. AVX-512 builds run it too, on 256-bit registers: their
- * row kernels (16 lanes) were 2-8x slower than ONNX Runtime on MobileNetV2's depthwise convs, this one
- * within 1.0-1.9x. */
+ * group of the item overwrites the same interior. AVX-512 builds run its 16-lane form (sat_dwz_run, below):
+ * their row kernels (16 lanes) were 2-8x slower than ONNX Runtime on MobileNetV2's depthwise convs. */
 #if defined(__AVX2__)
 #define SAT_HAVE_DWT 1
 

@@ -198,13 +198,7 @@ static inline __attribute__((always_inline)) void sat_pconv_run(void *ctx, int64
 #ifdef SAT_HAVE_DWT
             if (epc) {
                 const int64_t q = (int64_t)n * a->M + (int64_t)g * Mg + j; /* plane of the panel's first channel */
-                __m256i mk[SAT_PN / 8];
-                for (int e = 0; e < SAT_PN; e += 8) mk[e / 8] = sat_mask8(nr - e);
-                for (int p = 0; p < cols; p++) {
-                    float *r = acc + p * SAT_PN;
-                    for (int e = 0; e < SAT_PN && e < nr; e += 8)
-                        _mm256_storeu_ps(r + e, epc(_mm256_loadu_ps(r + e), q + e, mk[e / 8]));
-                }
+                for (int p = 0; p < cols; p++) sat_epc8_span(epc, acc + p * SAT_PN, nr, q, SAT_PN);
             }
 #endif
             for (int c = 0; c < nr; c++) {
@@ -286,10 +280,7 @@ static inline __attribute__((always_inline)) void sat_sconv_panel(const sat_scon
 #if SAT_VL > 8 && defined(SAT_HAVE_DWT)
     /* wider vectors take the 8-channel epilogue half by half */
     if (epc)
-        for (int e = 0; e < SAT_VL && e < nr; e += 8) {
-            const __m256i m = sat_mask8(nr - e);
-            for (int r = 0; r < R; r++) _mm256_storeu_ps(t[r] + e, epc(_mm256_loadu_ps(t[r] + e), a->plane0 + j + e, m));
-        }
+        for (int r = 0; r < R; r++) sat_epc8_span(epc, t[r], nr, a->plane0 + j, SAT_VL);
 #endif
 #ifndef SAT_HAVE_DWT
     (void)epc;

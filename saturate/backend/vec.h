@@ -384,6 +384,14 @@ static size_t sat_dwt_cap[SAT_MAX_THREADS];
  * planes q .. q + 7 (emitted per conv as pwc8_K, so it inlines into the kernel below). */
 typedef __m256 (*sat_epc8)(__m256 v, int64_t q, __m256i m);
 
+/* `epc` on the values of n consecutive channels (at most `width`) stored at v, the first of plane q: 8
+ * channels at a time, for kernels whose vectors are wider than the 8-channel form (or whose sums sit in
+ * memory). */
+static inline __attribute__((always_inline)) void sat_epc8_span(sat_epc8 epc, float *v, int n, int64_t q, int width) {
+    for (int e = 0; e < width && e < n; e += 8)
+        _mm256_storeu_ps(v + e, epc(_mm256_loadu_ps(v + e), q + e, sat_mask8(n - e)));
+}
+
 /* Input rows [r0, r1) and columns [q0, q1) of 8 channels' planes (`xc`) into the interleaved plane `xt`
  * of `lanes`-float pixels, input (r, c) at pixel (r + ph, c + pw): 8 columns at a time, transposed 8 x 8 in
  * registers, each pixel's 8 floats stored at its start (the 16-lane kernel calls this again at xt + 8
@@ -508,9 +516,6 @@ static void sat_dwt_item(void *ctx, int64_t item, int tid) { sat_dwt_run(ctx, it
 #endif
 
 #if defined(__AVX512F__)
-#ifndef SAT_DW_LANES
-#define SAT_DW_LANES 16
-#endif
 /* ---- depthwise convolution, 16 channels in the lanes (AVX-512) ---------------------------------------
  * sat_dwt_run's scheme on 512-bit registers: pixels of 16 channels (pixel (r, c) at (r Wp + c) 16), each
  * built from two 8 x 8 transposes of 8 input channels; an output block is 8 pixels of 16 channels, one
@@ -620,15 +625,16 @@ static void sat_conv_dw_lanes(const float *x, const float *w, float *y, int N, i
                               int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi,
                               sat_body item, sat_body wide) {
 #ifdef SAT_HAVE_DWT
-    const int64_t Hp = (int64_t)(OH - 1) * sh + (KH - 1) * dh + 1, Wp = (int64_t)(OW - 1) * sw + (KW - 1) * dw + 1;
-    if (M == C && (int64_t)OH * OW > 0 && Hp * Wp * 16 < ((int64_t)1 << 31)) {
 #if defined(__AVX512F__)
-        if (SAT_DW_LANES == 16) {
-            sat_conv_dwt(x, w, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi, wide, 16);
-            return;
-        }
+    const int lanes = 16;
+    sat_body run = wide;
+#else
+    const int lanes = 8;
+    sat_body run = item;
 #endif
-        sat_conv_dwt(x, w, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi, item, 8);
+    const int64_t Hp = (int64_t)(OH - 1) * sh + (KH - 1) * dh + 1, Wp = (int64_t)(OW - 1) * sw + (KW - 1) * dw + 1;
+    if (M == C && (int64_t)OH * OW > 0 && Hp * Wp * lanes < ((int64_t)1 << 31)) {
+        sat_conv_dwt(x, w, y, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, epi, run, lanes);
         return;
     }
 #endif

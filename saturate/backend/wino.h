@@ -127,11 +127,7 @@ static inline __attribute__((always_inline)) void sat_wino_out(const sat_wino_ar
 #if defined(SAT_HAVE_DWT) && SAT_VL > 8
             /* wider vectors take the 8-channel epilogue half by half */
             if (epc)
-                for (int e = 0; e < SAT_VL && e < nr - h; e += 8) {
-                    const __m256i mk = sat_mask8(nr - h - e);
-                    for (int p = 0; p < 4; p++)
-                        _mm256_storeu_ps(o[p] + e, epc(_mm256_loadu_ps(o[p] + e), plane0 + j + h + e, mk));
-                }
+                for (int p = 0; p < 4; p++) sat_epc8_span(epc, o[p], nr - h, plane0 + j + h, SAT_VL);
 #endif
 #ifndef SAT_HAVE_DWT
             (void)epc;

@@ -138,6 +138,25 @@ def test_convs_with_few_pixels_run_as_dot_products(xshape, wshape, attrs, thread
     check_three_way(make(nodes, {"x": xshape}, consts), threads=threads)
 
 
+STRIDED_POINTWISE_CONVS = [
+    # (input shape, weight shape, attrs): 1x1 convs with strides; up to 64 output pixels they run on the
+    # gathered pixels (dconv.h's sat_gather_plane, AVX-512 builds), else in place
+    ((1, 64, 6, 6), (70, 64, 1, 1), {"strides": [2, 2]}),                    # onto a 3x3 map
+    ((2, 48, 11, 9), (33, 48, 1, 1), {"strides": [2, 3]}),                   # two images, odd sizes
+    ((1, 32, 7, 7), (20, 32, 1, 1), {"strides": [2, 2], "pads": [1, 0, 0, 1]}),  # pads read as zeros
+    ((1, 32, 8, 8), (34, 16, 1, 1), {"strides": [2, 2], "group": 2}),        # grouped
+    ((1, 40, 24, 24), (64, 40, 1, 1), {"strides": [2, 2]}),                  # 144 pixels: in place
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape,wshape,attrs", STRIDED_POINTWISE_CONVS)
+def test_strided_pointwise_convs(xshape, wshape, attrs, threads):
+    consts = {"w": arr(23, wshape) * np.float32(0.2), "b": arr(24, (wshape[0],))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node("Relu", ["c"], ["y"])]
+    check_three_way(make(nodes, {"x": xshape}, consts), threads=threads)
+
+
 STREAM_CONVS = [
     # (input shape, weight shape, attrs): at most 12 output pixels, one group (sat_conv_stream, builds without
     # AVX-512): every pixel count's unrolled loop from 1 to 12, channel counts off the 8-channel panels

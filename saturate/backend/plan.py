@@ -114,6 +114,11 @@ def _nbytes(shape: tuple[int, ...]) -> int:
     return (math.prod(shape) * 4 + ALIGN - 1) // ALIGN * ALIGN
 
 
+# Largest output (pixels) of a strided 1x1 conv that sat_conv_direct runs on its gathered input (dconv.h's
+# SAT_GATHER_MAXP).
+GATHER_MAXP = 64
+
+
 def direct_scratch(node: Node, shapes: dict) -> int:
     """Floats of scratch sat_conv_direct (dconv.h) needs: the offset table and the zero-padded input of
     one (image, group); mirrors its geometry."""
@@ -122,8 +127,10 @@ def direct_scratch(node: Node, shapes: dict) -> int:
     h, wd = (x[2], x[3]) if len(x) == 4 else (1, x[-1])
     cg = x[1] // int(node.attr("group", 1))
     hp, wq = (win.oh - 1) * win.sh + (win.kh - 1) * win.dh + 1, (win.ow - 1) * win.sw + (win.kw - 1) * win.dw + 1
-    inplace = win.ph == 0 and win.pw == 0 and hp <= h and wq <= wd
     k = cg * win.kh * win.kw
+    if win.kh == win.kw == 1 and (win.sh > 1 or win.sw > 1) and win.oh * win.ow <= GATHER_MAXP:
+        return -(-k // 16) * 16 + cg * win.oh * win.ow  # the gathered pixels of a strided 1x1 conv
+    inplace = win.ph == 0 and win.pw == 0 and hp <= h and wq <= wd
     return -(-k // 16) * 16 + (0 if inplace else cg * hp * wq)
 
 

@@ -55,6 +55,11 @@ DEPTHWISE = [
     ((1, 13, 24, 21), 1, (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ((1, 9, 3, 3), 1, (5, 5), {"pads": [2, 2, 2, 2]}),
     ((2, 16, 12, 12), 1, (3, 3), {"pads": [1, 1, 1, 1]}),
+    # planes past a strip of L1 (sat_dwt_strip): several strips per group, rows shared between strips moved,
+    # pad rows at both ends, strips whose pixels are not a multiple of 8
+    ((1, 20, 50, 50), 1, (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 18, 49, 47), 1, (3, 3), {"pads": [1, 0, 2, 1], "strides": [2, 2]}),
+    ((1, 17, 61, 61), 1, (5, 5), {"pads": [2, 2, 2, 2], "dilations": [1, 2]}),
 ]
 
 

@@ -372,6 +372,7 @@ typedef struct {
     const float *x, *w;
     float *y;
     int C, H, W, OH, OW, ph, pw, Hp, Wp, T, per; /* per: channel groups per work item */
+    int sh, kext, S; /* row stride, padded rows one output row's windows span, output rows per strip */
     const int32_t *toff; /* per tap: its offset (kh dh Wp + kw dw) 8 into the interleaved plane */
     const int32_t *pix;  /* per output pixel: its window's origin (oh sh Wp + ow sw) 8 */
     sat_epi epi;
@@ -392,15 +393,15 @@ static inline __attribute__((always_inline)) void sat_epc8_span(sat_epc8 epc, fl
         _mm256_storeu_ps(v + e, epc(_mm256_loadu_ps(v + e), q + e, sat_mask8(n - e)));
 }
 
-/* Input rows [r0, r1) and columns [q0, q1) of 8 channels' planes (`xc`) into the interleaved plane `xt`
- * of `lanes`-float pixels, input (r, c) at pixel (r + ph, c + pw): 8 columns at a time, transposed 8 x 8 in
+/* Input rows [r0, r1) and columns [q0, q1) of 8 channels' planes (`xc`) into the interleaved rows `xt`
+ * of `lanes`-float pixels, input (r, c) at pixel (r + ph - prow0, c + pw): 8 columns at a time, transposed 8 x 8 in
  * registers, each pixel's 8 floats stored at its start (the 16-lane kernel calls this again at xt + 8
  * for its other 8 channels). */
 static inline __attribute__((always_inline)) void sat_dwt_interleave(float *xt, const float *const *xc, int lanes,
                                                                      int r0, int r1, int q0, int q1, int W,
-                                                                     int Wp, int ph, int pw) {
+                                                                     int Wp, int ph, int pw, int prow0) {
     for (int ih = r0; ih < r1; ih++) {
-        float *d = xt + ((int64_t)(ih + ph) * Wp + pw) * lanes;
+        float *d = xt + ((int64_t)(ih + ph - prow0) * Wp + pw) * lanes;
         const int64_t ro = (int64_t)ih * W;
         for (int iw = q0; iw < q1; iw += 8) {
             const int k = q1 - iw < 8 ? q1 - iw : 8;
@@ -432,21 +433,49 @@ static inline __attribute__((always_inline)) void sat_dwt_interleave(float *xt, 
 }
 
 /* Channels [c0, c0 + lanes) of image n (the first nc real: lanes past them read channel c0 again, and
- * their results are not stored) into the work item's buffers: each tap's `lanes` weights at wt + t lanes,
- * the planes interleaved into xt 8 channels at a time. */
-static inline __attribute__((always_inline)) void sat_dwt_group(const sat_dwt_args *a, float *xt, float *wt,
+ * their results are not stored): each tap's `lanes` weights at wt + t lanes, each lane's input plane in xc. */
+static inline __attribute__((always_inline)) void sat_dwt_group(const sat_dwt_args *a, float *wt, const float **xc,
                                                                 int64_t n, int c0, int nc, int lanes) {
-    const int C = a->C, H = a->H, W = a->W, T = a->T;
-    /* input rows and columns the windows reach: padded pixel (r, c) holds input (r - ph, c - pw) */
-    const int r0 = a->ph > 0 ? 0 : -a->ph, r1 = H + a->ph < a->Hp ? H : a->Hp - a->ph;
-    const int q0 = a->pw > 0 ? 0 : -a->pw, q1 = W + a->pw < a->Wp ? W : a->Wp - a->pw;
-    const float *xc[16];
+    const int T = a->T;
     for (int l = 0; l < lanes; l++) {
         const int c = c0 + (l < nc ? l : 0);
-        xc[l] = a->x + ((int64_t)n * C + c) * H * W;
+        xc[l] = a->x + ((int64_t)n * a->C + c) * a->H * a->W;
         for (int t = 0; t < T; t++) wt[t * lanes + l] = a->w[(int64_t)c * T + t];
     }
-    for (int h = 0; h < lanes; h += 8) sat_dwt_interleave(xt + h, xc + h, lanes, r0, r1, q0, q1, W, a->Wp, a->ph, a->pw);
+}
+
+/* Padded rows [from, to) of a group's interleaved plane into the strip buffer xt, whose row 0 is padded row
+ * prow0: the input rows among them interleaved 8 channels at a time, the pad rows zeroed (the pad columns
+ * are zero from the work item's start: nothing writes them). */
+static inline __attribute__((always_inline)) void sat_dwt_rows(const sat_dwt_args *a, float *xt, const float *const *xc,
+                                                               int lanes, int prow0, int from, int to) {
+    const int H = a->H, W = a->W, Wp = a->Wp, ph = a->ph;
+    const size_t row = (size_t)Wp * lanes;
+    /* input rows and columns the windows reach: padded pixel (r, c) holds input (r - ph, c - pw) */
+    const int r0 = ph > 0 ? 0 : -ph, r1 = H + ph < a->Hp ? H : a->Hp - ph;
+    const int q0 = a->pw > 0 ? 0 : -a->pw, q1 = W + a->pw < Wp ? W : Wp - a->pw;
+    const int i0 = from - ph > r0 ? from - ph : r0, i1 = to - ph < r1 ? to - ph : r1;
+    if (a->S < a->OH) /* (with one strip a row's place never holds another row: pad rows stay zero) */
+        for (int pr = from; pr < to; pr++)
+            if (pr - ph < i0 || pr - ph >= i1) memset(xt + (size_t)(pr - prow0) * row, 0, sizeof(float) * row);
+    for (int h = 0; h < lanes; h += 8) sat_dwt_interleave(xt + h, xc + h, lanes, i0, i1, q0, q1, W, Wp, ph, a->pw, prow0);
+}
+
+/* The next strip of output rows [s0, s1) of a group: its padded rows [pr0, pr1) into the strip buffer, the
+ * rows it shares with the last strip (`have`: that strip's rows [*h0, *h1)) moved down rather than
+ * interleaved again. A strip's rows fit in L1 (sat_conv_dwt picks S): a whole plane of 16 channels is
+ * 150 KB on a 48 x 48 map, and was written to L2 and read back from it. */
+static inline __attribute__((always_inline)) void sat_dwt_strip(const sat_dwt_args *a, float *xt, const float *const *xc,
+                                                                int lanes, int s0, int s1, int *h0, int *h1) {
+    const int pr0 = s0 * a->sh, pr1 = (s1 - 1) * a->sh + a->kext;
+    const size_t row = (size_t)a->Wp * lanes;
+    int from = pr0;
+    if (s0 > 0 && *h1 > pr0) {
+        memmove(xt, xt + (size_t)(pr0 - *h0) * row, sizeof(float) * row * (size_t)(*h1 - pr0));
+        from = *h1;
+    }
+    sat_dwt_rows(a, xt, xc, lanes, pr0, from, pr1);
+    *h0 = pr0, *h1 = pr1;
 }
 
 /* Work item: `per` groups of 8 channels of one image. With `epc` the epilogue runs on the accumulators
@@ -457,7 +486,7 @@ static inline __attribute__((always_inline)) void sat_dwt_run(void *ctx, int64_t
     const int items = (groups + a->per - 1) / a->per;
     const int64_t n = item / items, P = (int64_t)a->OH * a->OW;
     const int g0 = (int)(item % items) * a->per, g1 = g0 + a->per < groups ? g0 + a->per : groups;
-    const size_t plane = (size_t)a->Hp * Wp * 8;
+    const size_t plane = (size_t)((a->S - 1) * a->sh + a->kext) * Wp * 8;
     float *xt = sat_thread_buf(&sat_dwt_buf[tid], &sat_dwt_cap[tid], plane + (size_t)T * 8);
     if (!xt) abort();
     float *wt = xt + plane;
@@ -465,45 +494,54 @@ static inline __attribute__((always_inline)) void sat_dwt_run(void *ctx, int64_t
     const int32_t *toff = a->toff, *pix = a->pix;
     for (int g = g0; g < g1; g++) {
         const int c0 = g * 8, nc = C - c0 < 8 ? C - c0 : 8;
-        sat_dwt_group(a, xt, wt, n, c0, nc, 8);
+        const float *xc[8];
+        sat_dwt_group(a, wt, xc, n, c0, nc, 8);
         float *yc = a->y + ((int64_t)n * C + c0) * P;
-        for (int64_t p = 0; p < P; p += 8) {
-            const int np = P - p < 8 ? (int)(P - p) : 8;
-            /* pixels past the plane's end repeat its last, so every load stays in the plane */
-#define SAT_DWT_BASE(i) const float *b##i = xt + pix[p + (i < np ? i : np - 1)]
-            SAT_DWT_BASE(0); SAT_DWT_BASE(1); SAT_DWT_BASE(2); SAT_DWT_BASE(3);
-            SAT_DWT_BASE(4); SAT_DWT_BASE(5); SAT_DWT_BASE(6); SAT_DWT_BASE(7);
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-/* one tap for pixel i: its 8 channels times the tap's 8 weights */
+        int h0 = 0, h1 = 0;
+        for (int s0 = 0; s0 < a->OH; s0 += a->S) {
+            const int s1 = s0 + a->S < a->OH ? s0 + a->S : a->OH;
+            sat_dwt_strip(a, xt, xc, 8, s0, s1, &h0, &h1);
+            /* the strip's origin as the plane's: pixel offsets (pix) index the whole padded plane */
+            const float *xs = (const float *)((uintptr_t)xt - (uintptr_t)h0 * Wp * 8 * sizeof(float));
+            const int64_t pend = (int64_t)s1 * a->OW;
+            for (int64_t p = (int64_t)s0 * a->OW; p < pend; p += 8) {
+                const int np = pend - p < 8 ? (int)(pend - p) : 8;
+                /* pixels past the strip's end repeat its last, so every load stays in the strip */
+#define SAT_DWT_BASE(i) const float *b##i = xs + pix[p + (i < np ? i : np - 1)]
+                SAT_DWT_BASE(0); SAT_DWT_BASE(1); SAT_DWT_BASE(2); SAT_DWT_BASE(3);
+                SAT_DWT_BASE(4); SAT_DWT_BASE(5); SAT_DWT_BASE(6); SAT_DWT_BASE(7);
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    /* one tap for pixel i: its 8 channels times the tap's 8 weights */
 #define SAT_DWT_FMA(i) a##i = _mm256_fmadd_ps(wv, _mm256_load_ps(b##i + o), a##i)
-            if (np > 4)
-                for (int t = 0; t < T; t++) {
-                    const int64_t o = toff[t];
-                    const __m256 wv = _mm256_load_ps(wt + t * 8);
-                    SAT_DWT_FMA(0); SAT_DWT_FMA(1); SAT_DWT_FMA(2); SAT_DWT_FMA(3);
-                    SAT_DWT_FMA(4); SAT_DWT_FMA(5); SAT_DWT_FMA(6); SAT_DWT_FMA(7);
-                }
-            else /* a plane's last 1-4 pixels (3x3 planes are 8 + 1): half the work */
-                for (int t = 0; t < T; t++) {
-                    const int64_t o = toff[t];
-                    const __m256 wv = _mm256_load_ps(wt + t * 8);
-                    SAT_DWT_FMA(0); SAT_DWT_FMA(1); SAT_DWT_FMA(2); SAT_DWT_FMA(3);
-                }
+                if (np > 4)
+                    for (int t = 0; t < T; t++) {
+                        const int64_t o = toff[t];
+                        const __m256 wv = _mm256_load_ps(wt + t * 8);
+                        SAT_DWT_FMA(0); SAT_DWT_FMA(1); SAT_DWT_FMA(2); SAT_DWT_FMA(3);
+                        SAT_DWT_FMA(4); SAT_DWT_FMA(5); SAT_DWT_FMA(6); SAT_DWT_FMA(7);
+                    }
+                else /* a plane's last 1-4 pixels (3x3 planes are 8 + 1): half the work */
+                    for (int t = 0; t < T; t++) {
+                        const int64_t o = toff[t];
+                        const __m256 wv = _mm256_load_ps(wt + t * 8);
+                        SAT_DWT_FMA(0); SAT_DWT_FMA(1); SAT_DWT_FMA(2); SAT_DWT_FMA(3);
+                    }
 #undef SAT_DWT_FMA
-            if (epc) {
-                const __m256i mc = sat_mask8(nc);
-                const int64_t q = (int64_t)n * C + c0;
-                a0 = epc(a0, q, mc), a1 = epc(a1, q, mc), a2 = epc(a2, q, mc), a3 = epc(a3, q, mc);
-                a4 = epc(a4, q, mc), a5 = epc(a5, q, mc), a6 = epc(a6, q, mc), a7 = epc(a7, q, mc);
-            }
-            /* a_i: pixel p + i of the 8 channels; transposed, a_l: channel l's pixels p .. p + 7 */
-            SAT_T8x8(a0, a1, a2, a3, a4, a5, a6, a7);
-            __m256 out[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-            if (np == 8)
-                for (int l = 0; l < nc; l++) _mm256_storeu_ps(yc + l * P + p, out[l]);
-            else {
-                const __m256i m = sat_mask8(np);
-                for (int l = 0; l < nc; l++) _mm256_maskstore_ps(yc + l * P + p, m, out[l]);
+                if (epc) {
+                    const __m256i mc = sat_mask8(nc);
+                    const int64_t q = (int64_t)n * C + c0;
+                    a0 = epc(a0, q, mc), a1 = epc(a1, q, mc), a2 = epc(a2, q, mc), a3 = epc(a3, q, mc);
+                    a4 = epc(a4, q, mc), a5 = epc(a5, q, mc), a6 = epc(a6, q, mc), a7 = epc(a7, q, mc);
+                }
+                /* a_i: pixel p + i of the 8 channels; transposed, a_l: channel l's pixels p .. p + 7 */
+                SAT_T8x8(a0, a1, a2, a3, a4, a5, a6, a7);
+                __m256 out[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+                if (np == 8)
+                    for (int l = 0; l < nc; l++) _mm256_storeu_ps(yc + l * P + p, out[l]);
+                else {
+                    const __m256i m = sat_mask8(np);
+                    for (int l = 0; l < nc; l++) _mm256_maskstore_ps(yc + l * P + p, m, out[l]);
+                }
             }
         }
         if (!epc && a->epi)
@@ -529,7 +567,7 @@ static inline __attribute__((always_inline)) void sat_dwz_run(void *ctx, int64_t
     const int items = (groups + a->per - 1) / a->per;
     const int64_t n = item / items, P = (int64_t)a->OH * a->OW;
     const int g0 = (int)(item % items) * a->per, g1 = g0 + a->per < groups ? g0 + a->per : groups;
-    const size_t plane = (size_t)a->Hp * Wp * 16;
+    const size_t plane = (size_t)((a->S - 1) * a->sh + a->kext) * Wp * 16;
     float *xt = sat_thread_buf(&sat_dwt_buf[tid], &sat_dwt_cap[tid], plane + (size_t)T * 16);
     if (!xt) abort();
     float *wt = xt + plane;
@@ -537,44 +575,53 @@ static inline __attribute__((always_inline)) void sat_dwz_run(void *ctx, int64_t
     const int32_t *toff = a->toff, *pix = a->pix;
     for (int g = g0; g < g1; g++) {
         const int c0 = g * 16, nc = C - c0 < 16 ? C - c0 : 16;
-        sat_dwt_group(a, xt, wt, n, c0, nc, 16);
+        const float *xc[16];
+        sat_dwt_group(a, wt, xc, n, c0, nc, 16);
         const int64_t q = (int64_t)n * C + c0; /* plane of the group's first channel */
         const __mmask16 mc = (__mmask16)((1u << nc) - 1);
-        for (int64_t p = 0; p < P; p += 8) {
-            const int np = P - p < 8 ? (int)(P - p) : 8;
-#define SAT_DWZ_BASE(i) const float *b##i = xt + pix[p + (i < np ? i : np - 1)]
-            SAT_DWZ_BASE(0); SAT_DWZ_BASE(1); SAT_DWZ_BASE(2); SAT_DWZ_BASE(3);
-            SAT_DWZ_BASE(4); SAT_DWZ_BASE(5); SAT_DWZ_BASE(6); SAT_DWZ_BASE(7);
+        int h0 = 0, h1 = 0;
+        for (int s0 = 0; s0 < a->OH; s0 += a->S) {
+            const int s1 = s0 + a->S < a->OH ? s0 + a->S : a->OH;
+            sat_dwt_strip(a, xt, xc, 16, s0, s1, &h0, &h1);
+            /* the strip's origin as the plane's: pixel offsets (pix) index the whole padded plane */
+            const float *xs = (const float *)((uintptr_t)xt - (uintptr_t)h0 * Wp * 16 * sizeof(float));
+            const int64_t pend = (int64_t)s1 * a->OW;
+            for (int64_t p = (int64_t)s0 * a->OW; p < pend; p += 8) {
+                const int np = pend - p < 8 ? (int)(pend - p) : 8;
+#define SAT_DWZ_BASE(i) const float *b##i = xs + pix[p + (i < np ? i : np - 1)]
+                SAT_DWZ_BASE(0); SAT_DWZ_BASE(1); SAT_DWZ_BASE(2); SAT_DWZ_BASE(3);
+                SAT_DWZ_BASE(4); SAT_DWZ_BASE(5); SAT_DWZ_BASE(6); SAT_DWZ_BASE(7);
 #undef SAT_DWZ_BASE
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
 #define SAT_DWZ_FMA(i) a##i = _mm512_fmadd_ps(wv, _mm512_load_ps(b##i + o), a##i)
-            if (np > 4)
-                for (int t = 0; t < T; t++) {
-                    const int64_t o = toff[t];
-                    const __m512 wv = _mm512_load_ps(wt + t * 16);
-                    SAT_DWZ_FMA(0); SAT_DWZ_FMA(1); SAT_DWZ_FMA(2); SAT_DWZ_FMA(3);
-                    SAT_DWZ_FMA(4); SAT_DWZ_FMA(5); SAT_DWZ_FMA(6); SAT_DWZ_FMA(7);
-                }
-            else
-                for (int t = 0; t < T; t++) {
-                    const int64_t o = toff[t];
-                    const __m512 wv = _mm512_load_ps(wt + t * 16);
-                    SAT_DWZ_FMA(0); SAT_DWZ_FMA(1); SAT_DWZ_FMA(2); SAT_DWZ_FMA(3);
-                }
+                if (np > 4)
+                    for (int t = 0; t < T; t++) {
+                        const int64_t o = toff[t];
+                        const __m512 wv = _mm512_load_ps(wt + t * 16);
+                        SAT_DWZ_FMA(0); SAT_DWZ_FMA(1); SAT_DWZ_FMA(2); SAT_DWZ_FMA(3);
+                        SAT_DWZ_FMA(4); SAT_DWZ_FMA(5); SAT_DWZ_FMA(6); SAT_DWZ_FMA(7);
+                    }
+                else
+                    for (int t = 0; t < T; t++) {
+                        const int64_t o = toff[t];
+                        const __m512 wv = _mm512_load_ps(wt + t * 16);
+                        SAT_DWZ_FMA(0); SAT_DWZ_FMA(1); SAT_DWZ_FMA(2); SAT_DWZ_FMA(3);
+                    }
 #undef SAT_DWZ_FMA
-            if (epc) {
-                a0 = epc(a0, q, mc), a1 = epc(a1, q, mc), a2 = epc(a2, q, mc), a3 = epc(a3, q, mc);
-                a4 = epc(a4, q, mc), a5 = epc(a5, q, mc), a6 = epc(a6, q, mc), a7 = epc(a7, q, mc);
-            }
-            __m512 t8[8];
-            SAT_T8x16(a0, a1, a2, a3, a4, a5, a6, a7, t8);
-            const __mmask8 mk = (__mmask8)((1u << np) - 1);
-            const int64_t off0 = q * P + p;
-            for (int i = 0; i < 8; i++) {
-                /* t8[i]: channel (i & 3) + 8 (i >> 2) in the lower half, 4 more in the upper half */
-                const int ch = (i & 3) + 8 * (i >> 2);
-                if (ch < nc) sat_dconv_put(_mm512_castps512_ps256(t8[i]), a->y, off0 + ch * P, mk, epv);
-                if (ch + 4 < nc) sat_dconv_put(_mm512_extractf32x8_ps(t8[i], 1), a->y, off0 + (ch + 4) * P, mk, epv);
+                if (epc) {
+                    a0 = epc(a0, q, mc), a1 = epc(a1, q, mc), a2 = epc(a2, q, mc), a3 = epc(a3, q, mc);
+                    a4 = epc(a4, q, mc), a5 = epc(a5, q, mc), a6 = epc(a6, q, mc), a7 = epc(a7, q, mc);
+                }
+                __m512 t8[8];
+                SAT_T8x16(a0, a1, a2, a3, a4, a5, a6, a7, t8);
+                const __mmask8 mk = (__mmask8)((1u << np) - 1);
+                const int64_t off0 = q * P + p;
+                for (int i = 0; i < 8; i++) {
+                    /* t8[i]: channel (i & 3) + 8 (i >> 2) in the lower half, 4 more in the upper half */
+                    const int ch = (i & 3) + 8 * (i >> 2);
+                    if (ch < nc) sat_dconv_put(_mm512_castps512_ps256(t8[i]), a->y, off0 + ch * P, mk, epv);
+                    if (ch + 4 < nc) sat_dconv_put(_mm512_extractf32x8_ps(t8[i], 1), a->y, off0 + (ch + 4) * P, mk, epv);
+                }
             }
         }
         if (!epc && !epv && a->epi)
@@ -586,6 +633,7 @@ static void sat_dwz_item(void *ctx, int64_t item, int tid) { sat_dwz_run(ctx, it
 #endif
 
 #ifdef SAT_HAVE_DWT
+#define SAT_DWT_STRIP 24576
 /* Depthwise convolution with channels in the lanes (one output channel per input channel), `lanes` (8 or
  * 16) at a time; `item` is the emitter's instantiation of sat_dwt_run or sat_dwz_run with its vector
  * epilogue, or NULL (then `epi` runs per plane). */
@@ -608,7 +656,18 @@ static void sat_conv_dwt(const float *x, const float *w, float *y, int N, int C,
     if (sat_threads > 1 && per > most) per = most;
     if (per < 1) per = 1;
     if (per > groups) per = groups;
-    sat_dwt_args a = {x, w, y, C, H, W, OH, OW, ph, pw, Hp, Wp, T, per, toff, pix, epi};
+    /* Output rows per strip: as many as keep the strip's padded rows within SAT_DWT_STRIP bytes, fewer if that
+     * makes the strip's pixels a multiple of the kernel's 8 (no partial block at every strip's end). */
+    const int kext = (KH - 1) * dh + 1;
+    const int64_t fit = SAT_DWT_STRIP / ((int64_t)Wp * lanes * 4);
+    int S = fit <= kext ? 1 : (int)((fit - kext) / sh + 1);
+    if (S > OH) S = OH;
+    for (int s = S; s > 1 && S < OH; s--)
+        if ((int64_t)s * OW % 8 == 0) {
+            S = s;
+            break;
+        }
+    sat_dwt_args a = {x, w, y, C, H, W, OH, OW, ph, pw, Hp, Wp, T, per, sh, kext, S, toff, pix, epi};
     sat_body fallback = sat_dwt_item;
 #if defined(__AVX512F__)
     if (lanes == 16) fallback = sat_dwz_item;

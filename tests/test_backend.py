@@ -111,6 +111,16 @@ def test_pools(op, attrs):
     check_three_way(make([Node(op, ["x"], ["y"], attrs)], {"x": (2, 3, 9, 10)}))
 
 
+@pytest.mark.parametrize("xshape,attrs", [
+    # max pools at column stride 2 on rows of whole and partial 16-output blocks (sat_pool_max_s2 on AVX-512)
+    ((1, 4, 48, 48), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # ResNet's: 16 + 8
+    ((2, 3, 11, 70), {"kernel_shape": [2, 2], "strides": [2, 2]}),                       # VGG's: 35 columns
+    ((1, 2, 9, 37), {"kernel_shape": [3, 4], "strides": [1, 2], "pads": [0, 2, 1, 3], "ceil_mode": 1}),
+])
+def test_max_pools_at_column_stride_two(xshape, attrs):
+    check_three_way(make([Node("MaxPool", ["x"], ["y"], attrs)], {"x": xshape}))
+
+
 def test_gemm_matmul_and_layout_ops():
     nodes = [
         Node("Gemm", ["a", "b", "c"], ["g"], {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0}),

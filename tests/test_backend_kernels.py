@@ -98,6 +98,24 @@ def test_convs_on_small_maps(hw, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape,wshape,tail", [
+    ((1, 8, 32, 32), (40, 8, 3, 3), "Add"),    # 1024 pixels: a partial second weight panel, a residual Add
+    ((2, 3, 64, 64), (20, 3, 3, 3), "Relu"),   # 4096 pixels, two images, 20 channels
+    ((1, 5, 16, 32), (33, 5, 3, 3), "Add"),    # 512 pixels: 64 panels split between threads
+])
+def test_convs_whose_planes_alias_in_cache(xshape, wshape, tail, threads):
+    """Output planes a multiple of 2 KB apart: the direct conv's outputs go through a stage, two panels
+    at a time (sat_dconv_flush), the vector epilogue applied at the flush."""
+    consts = {"w": arr(17, wshape) * np.float32(0.3), "b": arr(18, (wshape[0],))}
+    shapes = {"x": xshape, "r": (xshape[0], wshape[0]) + xshape[2:]}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], {"pads": [1, 1, 1, 1]})]
+    nodes += [Node("Add", ["c", "r"], ["y"])] if tail == "Add" else [Node("Relu", ["c"], ["y"])]
+    if tail != "Add":
+        del shapes["r"]
+    check_three_way(make(nodes, shapes, consts), threads=threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("wshape,pads", [((40, 16, 1, 1), [0, 0, 0, 0]), ((21, 8, 3, 3), [1, 1, 1, 1])])
 def test_conv_bias_and_silu_epilogue(wshape, pads, threads):
     """Bias then Swish on a dense conv: on AVX-512 builds both run on 16 channels of a pixel before the

@@ -9,7 +9,8 @@ pytestmark = pytest.mark.compiler
 
 BACKEND = Path(__file__).resolve().parents[1] / "saturate" / "backend"
 
-# Jobs of varying sizes back to back, now and then after a pause that lets the worker sleep;
+# Jobs of varying sizes back to back, now and then after a pause that lets the workers sleep, in runs
+# (sat_pool_begin / sat_pool_end, as sat_run brackets its jobs) on 2 and then 3 threads;
 # every item checks it belongs to the job it runs in, every job that every item ran once.
 STRESS = r"""
 #include <stdio.h>
@@ -33,7 +34,16 @@ int main(int argc, char **argv) {
     sat_threads = 2;
     const long jobs = atol(argv[1]);
     long early = 0;
+    sat_pool_begin();
     for (long g = 0; g < jobs; g++) {
+        if (g % 700 == 0) {
+            /* a run ends; the next one starts, at times on another thread count */
+            sat_pool_end();
+            struct timespec t = {0, 50000 * (g % 3)};
+            nanosleep(&t, NULL);
+            sat_threads = 2 + (g / 2100) % 2;
+            sat_pool_begin();
+        }
         job j = {.n = 1 + (g * 7919) % 13, .ran = 0};
         sat_parallel(j.n, body, &j);
         if (atomic_load(&j.ran) != j.n) early++;
@@ -42,6 +52,7 @@ int main(int argc, char **argv) {
             nanosleep(&t, NULL);
         }
     }
+    sat_pool_end();
     printf("%ld %ld\n", (long)atomic_load(&outside), early);
     return 0;
 }

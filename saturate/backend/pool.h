@@ -15,6 +15,16 @@ typedef void (*sat_body)(void *ctx, int64_t i, int tid);
 
 static int sat_threads = 1;
 
+/* Set while sat_run runs: the pool's workers then spin between jobs however long the gap, and sleep as
+ * soon as the run ends (sat_pool_begin / sat_pool_end). */
+static _Atomic int sat_pool_active;
+
+/* Whether worker `tid` is to stay awake: a run is on and it has a share of the run's threads (a model
+ * called with fewer threads than before leaves the extra workers asleep). */
+static inline int sat_pool_wanted(int tid) {
+    return atomic_load_explicit(&sat_pool_active, memory_order_relaxed) && tid < sat_threads;
+}
+
 /* Set on a thread while it runs items of a parallel loop: a kernel that calls sat_parallel from inside one
  * (a batched matmul's items call sat_gemm, which splits its own work) then runs that loop serially, since
  * the pool holds one job at a time. */
@@ -55,22 +65,37 @@ static void *sat_pool_worker(void *arg) {
     sat_pool_tid = tid;
     for (;;) {
         uint64_t t = 0;
-        /* Spin briefly for the next job (jobs come in bursts within one inference), then sleep. */
-        for (int spin = 0; spin < 20000; spin++) {
+        /* Spin for the next job while a run lasts (jobs come in bursts within one inference), and briefly
+         * after it; then sleep until a job or the next run. */
+        for (int spin = 0; spin < 20000 || sat_pool_wanted(tid); spin++) {
             t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
             if ((uint32_t)(t >> 32) != seen) break;
         }
         if ((uint32_t)(t >> 32) == seen) {
             pthread_mutex_lock(&sat_pool.mu);
-            while ((uint32_t)(atomic_load(&sat_pool.ticket) >> 32) == seen) pthread_cond_wait(&sat_pool.cv, &sat_pool.mu);
+            while ((uint32_t)(atomic_load(&sat_pool.ticket) >> 32) == seen && !sat_pool_wanted(tid))
+                pthread_cond_wait(&sat_pool.cv, &sat_pool.mu);
             pthread_mutex_unlock(&sat_pool.mu);
             t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
+            if ((uint32_t)(t >> 32) == seen) continue; /* woken for a run: spin for its first job */
         }
         seen = (uint32_t)(t >> 32);
         if (tid < sat_threads) sat_pool_drain(seen, tid);
     }
     return NULL;
 }
+
+/* A run begins: sleeping workers wake now, so their wake-up overlaps the caller's first work instead of
+ * leaving the first jobs to the caller alone. */
+static inline void sat_pool_begin(void) {
+    if (sat_threads <= 1 || sat_in_parallel) return;
+    pthread_mutex_lock(&sat_pool.mu);
+    atomic_store(&sat_pool_active, 1);
+    pthread_cond_broadcast(&sat_pool.cv);
+    pthread_mutex_unlock(&sat_pool.mu);
+}
+
+static inline void sat_pool_end(void) { atomic_store(&sat_pool_active, 0); }
 
 #ifdef SAT_OPENMP
 #include <omp.h>

@@ -395,8 +395,6 @@ static void sat_pool_plane(void *ctx, int64_t p, int tid) {
 #endif
     for (int oh = 0; oh < OH; oh++) {
         float *row = yo + (int64_t)oh * OW;
-        const float init = mode == 0 ? -INFINITY : 0.0f;
-        for (int ow = 0; ow < OW; ow++) row[ow] = init;
         int hvalid = 0, hpad = 0;
         for (int kh = 0; kh < KH; kh++) {
             const int ih = oh * sh - ph + kh * dh;
@@ -416,6 +414,8 @@ static void sat_pool_plane(void *ctx, int64_t p, int tid) {
             continue;
         }
 #endif
+        const float init = mode == 0 ? -INFINITY : 0.0f;
+        for (int ow = 0; ow < OW; ow++) row[ow] = init;
         if (hvalid) {
             const float *xr = vrow;
             if (sw == 2) {

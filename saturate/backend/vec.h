@@ -462,11 +462,13 @@ static inline __attribute__((always_inline)) void sat_dwt_rows(const sat_dwt_arg
 }
 
 /* The next strip of output rows [s0, s1) of a group: its padded rows [pr0, pr1) into the strip buffer, the
- * rows it shares with the last strip (`have`: that strip's rows [*h0, *h1)) moved down rather than
- * interleaved again. A strip's rows fit in L1 (sat_conv_dwt picks S): a whole plane of 16 channels is
- * 150 KB on a 48 x 48 map, and was written to L2 and read back from it. */
-static inline __attribute__((always_inline)) void sat_dwt_strip(const sat_dwt_args *a, float *xt, const float *const *xc,
-                                                                int lanes, int s0, int s1, int *h0, int *h1) {
+ * rows it shares with the last strip (that strip's rows [*h0, *h1)) moved down rather than interleaved
+ * again. A strip's rows fit in L1 (sat_conv_dwt picks S): a whole plane of 16 channels is 150 KB on a
+ * 48 x 48 map, and was written to L2 and read back from it. Returns the strip's origin as the whole
+ * padded plane's, which the pixel offsets (`pix`) index. */
+static inline __attribute__((always_inline)) const float *sat_dwt_strip(const sat_dwt_args *a, float *xt,
+                                                                        const float *const *xc, int lanes, int s0,
+                                                                        int s1, int *h0, int *h1) {
     const int pr0 = s0 * a->sh, pr1 = (s1 - 1) * a->sh + a->kext;
     const size_t row = (size_t)a->Wp * lanes;
     int from = pr0;
@@ -476,6 +478,7 @@ static inline __attribute__((always_inline)) void sat_dwt_strip(const sat_dwt_ar
     }
     sat_dwt_rows(a, xt, xc, lanes, pr0, from, pr1);
     *h0 = pr0, *h1 = pr1;
+    return (const float *)((uintptr_t)xt - (uintptr_t)pr0 * row * sizeof(float));
 }
 
 /* Work item: `per` groups of 8 channels of one image. With `epc` the epilogue runs on the accumulators
@@ -500,13 +503,12 @@ static inline __attribute__((always_inline)) void sat_dwt_run(void *ctx, int64_t
         int h0 = 0, h1 = 0;
         for (int s0 = 0; s0 < a->OH; s0 += a->S) {
             const int s1 = s0 + a->S < a->OH ? s0 + a->S : a->OH;
-            sat_dwt_strip(a, xt, xc, 8, s0, s1, &h0, &h1);
-            /* the strip's origin as the plane's: pixel offsets (pix) index the whole padded plane */
-            const float *xs = (const float *)((uintptr_t)xt - (uintptr_t)h0 * Wp * 8 * sizeof(float));
+            const float *xs = sat_dwt_strip(a, xt, xc, 8, s0, s1, &h0, &h1);
             const int64_t pend = (int64_t)s1 * a->OW;
             for (int64_t p = (int64_t)s0 * a->OW; p < pend; p += 8) {
                 const int np = pend - p < 8 ? (int)(pend - p) : 8;
-                /* pixels past the strip's end repeat its last, so every load stays in the strip */
+                /* pixels past the strip's end repeat its last, so every load stays in the strip (the
+                 * 16-lane kernel below uses this too) */
 #define SAT_DWT_BASE(i) const float *b##i = xs + pix[p + (i < np ? i : np - 1)]
                 SAT_DWT_BASE(0); SAT_DWT_BASE(1); SAT_DWT_BASE(2); SAT_DWT_BASE(3);
                 SAT_DWT_BASE(4); SAT_DWT_BASE(5); SAT_DWT_BASE(6); SAT_DWT_BASE(7);
@@ -582,16 +584,12 @@ static inline __attribute__((always_inline)) void sat_dwz_run(void *ctx, int64_t
         int h0 = 0, h1 = 0;
         for (int s0 = 0; s0 < a->OH; s0 += a->S) {
             const int s1 = s0 + a->S < a->OH ? s0 + a->S : a->OH;
-            sat_dwt_strip(a, xt, xc, 16, s0, s1, &h0, &h1);
-            /* the strip's origin as the plane's: pixel offsets (pix) index the whole padded plane */
-            const float *xs = (const float *)((uintptr_t)xt - (uintptr_t)h0 * Wp * 16 * sizeof(float));
+            const float *xs = sat_dwt_strip(a, xt, xc, 16, s0, s1, &h0, &h1);
             const int64_t pend = (int64_t)s1 * a->OW;
             for (int64_t p = (int64_t)s0 * a->OW; p < pend; p += 8) {
                 const int np = pend - p < 8 ? (int)(pend - p) : 8;
-#define SAT_DWZ_BASE(i) const float *b##i = xs + pix[p + (i < np ? i : np - 1)]
-                SAT_DWZ_BASE(0); SAT_DWZ_BASE(1); SAT_DWZ_BASE(2); SAT_DWZ_BASE(3);
-                SAT_DWZ_BASE(4); SAT_DWZ_BASE(5); SAT_DWZ_BASE(6); SAT_DWZ_BASE(7);
-#undef SAT_DWZ_BASE
+                SAT_DWT_BASE(0); SAT_DWT_BASE(1); SAT_DWT_BASE(2); SAT_DWT_BASE(3);
+                SAT_DWT_BASE(4); SAT_DWT_BASE(5); SAT_DWT_BASE(6); SAT_DWT_BASE(7);
                 __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
 #define SAT_DWZ_FMA(i) a##i = _mm512_fmadd_ps(wv, _mm512_load_ps(b##i + o), a##i)
                 if (np > 4)

@@ -481,19 +481,32 @@ static inline __attribute__((always_inline)) const float *sat_dwt_strip(const sa
     return (const float *)((uintptr_t)xt - (uintptr_t)pr0 * row * sizeof(float));
 }
 
+/* A work item's image n and channel groups [g0, g1) of `lanes` channels, and its thread's buffers: the strip
+ * buffer (returned, zeroed: nothing writes the pad columns after) and the taps' weights (*wt). */
+static inline __attribute__((always_inline)) float *sat_dwt_item_start(const sat_dwt_args *a, int64_t item, int tid,
+                                                                       int lanes, int64_t *n, int *g0, int *g1,
+                                                                       float **wt) {
+    const int groups = (a->C + lanes - 1) / lanes, items = (groups + a->per - 1) / a->per;
+    *n = item / items;
+    *g0 = (int)(item % items) * a->per;
+    *g1 = *g0 + a->per < groups ? *g0 + a->per : groups;
+    const size_t plane = (size_t)((a->S - 1) * a->sh + a->kext) * a->Wp * lanes;
+    float *xt = sat_thread_buf(&sat_dwt_buf[tid], &sat_dwt_cap[tid], plane + (size_t)a->T * lanes);
+    if (!xt) abort();
+    *wt = xt + plane;
+    memset(xt, 0, sizeof(float) * plane);
+    return xt;
+}
+
 /* Work item: `per` groups of 8 channels of one image. With `epc` the epilogue runs on the accumulators
  * before they are transposed (one operand load per 8 channels for all 8 pixels), else `epi` on each plane. */
 static inline __attribute__((always_inline)) void sat_dwt_run(void *ctx, int64_t item, int tid, sat_epc8 epc) {
     const sat_dwt_args *a = ctx;
-    const int C = a->C, Wp = a->Wp, T = a->T, groups = (C + 7) / 8;
-    const int items = (groups + a->per - 1) / a->per;
-    const int64_t n = item / items, P = (int64_t)a->OH * a->OW;
-    const int g0 = (int)(item % items) * a->per, g1 = g0 + a->per < groups ? g0 + a->per : groups;
-    const size_t plane = (size_t)((a->S - 1) * a->sh + a->kext) * Wp * 8;
-    float *xt = sat_thread_buf(&sat_dwt_buf[tid], &sat_dwt_cap[tid], plane + (size_t)T * 8);
-    if (!xt) abort();
-    float *wt = xt + plane;
-    memset(xt, 0, sizeof(float) * plane);
+    const int C = a->C, T = a->T;
+    const int64_t P = (int64_t)a->OH * a->OW;
+    int64_t n;
+    int g0, g1;
+    float *wt, *xt = sat_dwt_item_start(a, item, tid, 8, &n, &g0, &g1, &wt);
     const int32_t *toff = a->toff, *pix = a->pix;
     for (int g = g0; g < g1; g++) {
         const int c0 = g * 8, nc = C - c0 < 8 ? C - c0 : 8;
@@ -565,15 +578,11 @@ static void sat_dwt_item(void *ctx, int64_t item, int tid) { sat_dwt_run(ctx, it
 static inline __attribute__((always_inline)) void sat_dwz_run(void *ctx, int64_t item, int tid, sat_epc epc,
                                                               sat_epv epv) {
     const sat_dwt_args *a = ctx;
-    const int C = a->C, Wp = a->Wp, T = a->T, groups = (C + 15) / 16;
-    const int items = (groups + a->per - 1) / a->per;
-    const int64_t n = item / items, P = (int64_t)a->OH * a->OW;
-    const int g0 = (int)(item % items) * a->per, g1 = g0 + a->per < groups ? g0 + a->per : groups;
-    const size_t plane = (size_t)((a->S - 1) * a->sh + a->kext) * Wp * 16;
-    float *xt = sat_thread_buf(&sat_dwt_buf[tid], &sat_dwt_cap[tid], plane + (size_t)T * 16);
-    if (!xt) abort();
-    float *wt = xt + plane;
-    memset(xt, 0, sizeof(float) * plane);
+    const int C = a->C, T = a->T;
+    const int64_t P = (int64_t)a->OH * a->OW;
+    int64_t n;
+    int g0, g1;
+    float *wt, *xt = sat_dwt_item_start(a, item, tid, 16, &n, &g0, &g1, &wt);
     const int32_t *toff = a->toff, *pix = a->pix;
     for (int g = g0; g < g1; g++) {
         const int c0 = g * 16, nc = C - c0 < 16 ? C - c0 : 16;

@@ -309,6 +309,17 @@ def test_same_dims_and_whole_slices():
     assert not GUARDS["whole_slice"].impl((4, 6), (3,), (-5,), (0,), (-1,))   # reversed
 
 
+def test_unit_pooling_windows():
+    unit = GUARDS["unit_window"].impl
+    assert unit((1, 1), None, None)                      # omitted strides and pads: 1s and 0s
+    assert unit((1,), (1,), (0, 0))
+    assert not unit((1, 1), (2, 1), None)                # every other element
+    assert not unit((1, 2), None, None)
+    assert not unit((1, 1), None, (0, 1, 0, 0))          # a padded border
+    assert not unit((1, 1), (1,), None)                  # strides for another rank
+    assert not unit((), None, None)
+
+
 def test_static_dims_are_read_past_a_symbolic_one():
     assert QUERIES["shape_slice"].impl(("batch", 12, 64), 0, None, (-1,), (2**63 - 1,), (), ()).tolist() == [64]
     assert QUERIES["shape_slice"].impl(("batch", 12, 64), 0, None, (0,), (2,), (), ()) is None

@@ -172,6 +172,20 @@ def test_optimize_folds_batch_norms_into_linear_ops(entry, request):
     assert not left, f"{len(left)} batch norms left after a conv/gemm/matmul, e.g. {left[:3]}"
 
 
+def test_optimize_leaves_no_pool_of_a_one_element_window(entry):
+    # vgg11_bn's AdaptiveAvgPool2d((7, 7)) on a 7x7 map exports as one (onnxsim and ORT keep it).
+    left = [n.name or n.output[0] for n in entry.optimized.graph.node
+            if n.op_type in ("AveragePool", "MaxPool") and _unit_window(n)]
+    assert not left, left
+
+
+def _unit_window(node: onnx.NodeProto) -> bool:
+    attrs = {a.name: list(a.ints) for a in node.attribute if a.type == onnx.AttributeProto.INTS}
+    kernel = attrs["kernel_shape"]
+    return (set(kernel) == {1} and set(attrs.get("strides") or [1]) == {1}
+            and not any(attrs.get("pads") or [0]))
+
+
 def test_optimize_leaves_no_more_nodes_than_onnxsim_or_onnx_runtime_basic(entry, tmp_path):
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC

@@ -91,6 +91,10 @@ CASES = {
     "transpose-transpose": (_img(lambda b: b.op("Transpose", b.op("Transpose", "x", perm=[0, 2, 3, 1]),
                                                 perm=[0, 2, 3, 1])), ["Transpose"], ()),
     "transpose-identity": (_img(lambda b: b.op("Relu", b.op("Transpose", "x", perm=[0, 1, 2, 3]))), ["Relu"], ()),
+    # Strides and pads omitted (1s and 0s), then written out.
+    "averagepool-unit": (_img(lambda b: b.op("Relu", b.op("AveragePool", "x", kernel_shape=[1, 1]))), ["Relu"], ()),
+    "maxpool-unit": (_img(lambda b: b.op("Relu", b.op("MaxPool", "x", kernel_shape=[1, 1], strides=[1, 1],
+                                                      pads=[0, 0, 0, 0]))), ["Relu"], ()),
     "fold-add": (_mat(_fold("Add", _c(3), _c(2, 3))), ["Add"], ()),
     "fold-sub": (_mat(_fold("Sub", _c(3), _c(2, 3))), ["Add"], ()),
     "fold-mul": (_mat(_fold("Mul", _c(3), _c(2, 3))), ["Add"], ()),

@@ -75,6 +75,9 @@ class Planner:
         self.conv_inputs: dict[str, dict[str, Any]] = {}   # input variable -> first conv's attributes
         # A guard asking for a conv centred on each pixel: draw mostly such convs.
         self.centred_convs = any(g.fn == "centred_identity" for g in guards)
+        # A guard asking for a one-element pooling window: draw mostly such windows (a 2-D window
+        # is one by chance once in 36 draws).
+        self.unit_windows = any(g.fn == "unit_window" for g in guards)
         for g in guards:
             self._hint(g)
 
@@ -408,6 +411,13 @@ class Planner:
 
         def geometry(fixed: dict) -> Any:
             if not done:
+                if self.unit_windows:
+                    # Kernel and strides of ones each three times in four, so that a one-element
+                    # window at a larger stride is drawn as often as the identity is. (Pads are
+                    # drawn narrower than the kernel, as ONNX Runtime requires: none for these.)
+                    n = len(out) - 2
+                    ones = {k: [1] * n for k in ("kernel_shape", "strides") if self.draw(st.integers(0, 3)) > 0}
+                    fixed = {**ones, **fixed}
                 done.append(self.draw(conv_geometry(out[2:], fixed, dilations=t.op == "MaxPool")))
             return done[0]
 

@@ -668,6 +668,17 @@ def centred_identity(kernel: Shape, pads: Any, strides: Any, dilations: Any) -> 
                for k, (p0, p1), d, st in zip(w[0], w[1], w[2], s)) and len(s) == len(w[0])
 
 
+def unit_window(kernel: Any, strides: Any, pads: Any) -> bool:
+    """A pooling window of one element moved one element at a time over the unpadded input
+    (omitted strides are 1s, omitted pads 0s): each output is the input element at its place."""
+    k = _ints(kernel)
+    if not k:
+        return False
+    s = _ints(strides) or (1,) * len(k)
+    p = _ints(pads) or (0,) * (2 * len(k))
+    return set(k) == {1} and set(s) == {1} and len(s) == len(k) and len(p) == 2 * len(k) and not any(p)
+
+
 def whole_slice(shape: Shape, starts: Any, ends: Any, axes: Any, steps: Any) -> bool:
     """ONNX Slice of a value of this shape keeps every element in order: on each sliced axis,
     step 1 from the first element to the last (bounds clamped as ONNX clamps them)."""
@@ -755,6 +766,7 @@ GUARDS: dict[str, GuardFn] = {
     "centred_within": _shape(centred_within, ("value", "ints", "value", "ints", "ints")),
     "centred_identity": _shape(centred_identity, ("value", "ints", "ints", "ints")),
     "whole_slice": _shape(whole_slice, ("value", "ints", "ints", "ints", "ints")),
+    "unit_window": _shape(unit_window, ("ints", "ints", "ints")),
     "same_dims": _shape(same_dims, ("dims", "ints")),
     "fits_along": _shape(fits_along, ("value", "int", "int", "int")),
     "positive": _value(_all(lambda a: a > 0), "every element > 0"),

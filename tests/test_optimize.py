@@ -84,6 +84,23 @@ def test_the_input_graph_is_unchanged_and_the_result_cannot_change_it():
     with pytest.raises(ValueError, match="read-only"):
         out.constants[shared[0]][...] = 0    # ...which the result cannot write through
     assert np.array_equal(g.constants[shared[0]], before.constants[shared[0]])
+    # Folded weights (batch norms in the convs) are the result's own, shared read-only too.
+    folded = [k for k in out.constants if k not in g.constants]
+    assert folded and not any(out.constants[k].flags.writeable for k in folded)
+
+
+def test_a_folded_constant_that_views_an_input_weight_cannot_change_it():
+    # numpy's reshape of a constant is a view of the input's array, not a copy.
+    b = Builder(shape=(2, 3))
+    g = b.build(b.op("Add", "x", b.op("Reshape", b.rand(6), b.const(np.array([2, 3], np.int64)))))
+    before = g.copy()
+    out, _ = optimize(g, RULES)
+    assert ops(out) == ["Add"]
+    (folded,) = [v for k, v in out.constants.items() if k not in g.constants]
+    with pytest.raises(ValueError, match="read-only"):
+        folded[...] = 0
+    assert all(np.array_equal(g.constants[k], before.constants[k]) for k in g.constants)
+    assert_same(g, out, b.sample())
 
 
 def test_three_constant_adds_become_one():

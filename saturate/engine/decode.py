@@ -73,8 +73,11 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
             # keep the dtype numpy computed from the graph's own constants.
             arr = np.asarray(val, np.float32) if isinstance(val, float) else np.asarray(val)
             name = fresh("c_fold")
-            # Not np.ascontiguousarray: it turns a 0-d value (a dim read from a shape) into 1-d.
-            out.constants[name] = np.array(arr, order="C")
+            # Shared read-only like the input's weights (a folded value may be a view of one: a
+            # reshape), and copied only to lay it out in C order (not with np.ascontiguousarray:
+            # it turns a 0-d value, a dim, into 1-d). Copying every folded weight was most of
+            # ResNet-50's fold stage.
+            out.constants[name] = _read_only(arr) if arr.flags.c_contiguous else np.array(arr, order="C")
             return name
         ins = [named[c] for c in node.children]
         if node.kind == "out":

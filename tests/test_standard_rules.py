@@ -246,3 +246,15 @@ def test_standard_rule(name):
     assert report.run.matches[name] > 0, f"{name} never matched"
     assert ops(after) == expected
     assert_same(before, after, b.sample())
+
+
+def test_a_unit_max_pool_whose_indices_are_read_stays():
+    from saturate.core.ir import Graph, Node, ValueInfo
+
+    g = Graph(name="g", opset=17, inputs=["x"], outputs=["r", "idx"])
+    g.values.update({"x": ValueInfo("float32", (1, 2, 3, 3)), "y": ValueInfo("float32", (1, 2, 3, 3)),
+                     "idx": ValueInfo("int64", (1, 2, 3, 3)), "r": ValueInfo("float32", (1, 2, 3, 3))})
+    g.nodes += [Node("MaxPool", ["x"], ["y", "idx"], {"kernel_shape": [1, 1]}, name="pool"),
+                Node("Relu", ["y"], ["r"], name="relu")]
+    after, report = optimize(g, [RULES["maxpool-unit"]])
+    assert ops(after) == ["MaxPool", "Relu"] and report.run.matches["maxpool-unit"] == 0

@@ -6,7 +6,8 @@ For each corpus model (frontend/corpus, weights refilled by saturate.frontend.co
 before; after `saturate.optimize` (level 3, cpu, exported to ONNX as `saturate optimize` writes
 it); after onnxsim's `simplify` (the `bench` extra); and in the model ONNX Runtime writes at
 ORT_ENABLE_BASIC (constant folding and redundancy elimination, ORT's portable level). Times are
-medians over --runs of saturate's import+optimize+export and of onnxsim's simplify. `--ops`
+medians over --runs of saturate's import+optimize+export and of onnxsim's simplify; a last line
+counts the models saturate took no longer on and gives both totals and the median ratio. `--ops`
 adds, per model, the op counts where saturate's result and onnxsim's differ.
 """
 
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|", flush=True)
     diffs = []
+    times: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             model = corpus.load_model(name)
@@ -94,13 +96,20 @@ def main(argv: list[str] | None = None) -> int:
                 sim, t_sim = None, float("nan")
                 row.append(f"error ({type(err).__name__})")
             row.append(str(len(run_ort_basic(model, Path(tmp)).graph.node)))
-            row += [f"{t_sat:.2f}", f"{t_sim:.2f}"]
+            row += [f"{t_sat:.3f}", f"{t_sim:.3f}"]
+            if sim is not None:
+                times.append((t_sat, t_sim))
             print("| " + " | ".join(row) + " |", flush=True)
             if args.ops and sim is not None:
                 a, b = _ops(sat), _ops(sim)
                 delta = {op: (a[op], b[op]) for op in sorted(set(a) | set(b)) if a[op] != b[op]}
                 if delta:
                     diffs.append((name, delta))
+    if times:
+        ratios = sorted(a / b for a, b in times)
+        print(f"\nsaturate no slower than onnxsim on {sum(a <= b for a, b in times)} of {len(times)} models; "
+              f"in all {sum(a for a, _ in times):.2f} s against {sum(b for _, b in times):.2f} s; "
+              f"median model {statistics.median(ratios):.2f}x onnxsim's time")
     for name, delta in diffs:
         print(f"{name}: " + ", ".join(f"{op} {s} vs {o}" for op, (s, o) in delta.items())
               + "  (saturate vs onnxsim)")

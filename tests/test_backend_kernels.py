@@ -29,6 +29,13 @@ def arr(seed: int, shape) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
+def conv_then(act: str, xshape, wshape, attrs: dict, seed: int, scale: float):
+    """x -> Conv with bias (weights scaled by `scale`, seeded from `seed`) -> `act`."""
+    consts = {"w": arr(seed, wshape) * np.float32(scale), "b": arr(seed + 1, (wshape[0],))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node(act, ["c"], ["y"])]
+    return make(nodes, {"x": xshape}, consts)
+
+
 DEPTHWISE = [
     # (input N, C, H, W), multiplier, kernel (kh, kw), attrs
     ((1, 8, 9, 9), 1, (3, 3), {"pads": [1, 1, 1, 1]}),
@@ -156,9 +163,7 @@ DOT_CONVS = [
 @pytest.mark.parametrize("xshape,wshape,attrs", DOT_CONVS)
 def test_convs_with_few_pixels_run_as_dot_products(xshape, wshape, attrs, threads, monkeypatch):
     monkeypatch.setenv("SATURATE_STREAM", "0")  # (builds without AVX-512 run most of these on streamed weights)
-    consts = {"w": arr(5, wshape) * np.float32(0.2), "b": arr(6, (wshape[0],))}
-    nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node("Relu", ["c"], ["y"])]
-    check_three_way(make(nodes, {"x": xshape}, consts), threads=threads)
+    check_three_way(conv_then("Relu", xshape, wshape, attrs, 5, 0.2), threads=threads)
 
 
 STRIDED_POINTWISE_CONVS = [
@@ -175,9 +180,7 @@ STRIDED_POINTWISE_CONVS = [
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("xshape,wshape,attrs", STRIDED_POINTWISE_CONVS)
 def test_strided_pointwise_convs(xshape, wshape, attrs, threads):
-    consts = {"w": arr(23, wshape) * np.float32(0.2), "b": arr(24, (wshape[0],))}
-    nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node("Relu", ["c"], ["y"])]
-    check_three_way(make(nodes, {"x": xshape}, consts), threads=threads)
+    check_three_way(conv_then("Relu", xshape, wshape, attrs, 23, 0.2), threads=threads)
 
 
 STREAM_CONVS = [
@@ -233,9 +236,7 @@ SHORT_K_CONVS = [
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("xshape,wshape,attrs", SHORT_K_CONVS)
 def test_convs_with_short_reductions(xshape, wshape, attrs, threads):
-    consts = {"w": arr(13, wshape) * np.float32(0.3), "b": arr(14, (wshape[0],))}
-    nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node("HardSwish", ["c"], ["y"])]
-    check_three_way(make(nodes, {"x": xshape}, consts), threads=threads)
+    check_three_way(conv_then("HardSwish", xshape, wshape, attrs, 13, 0.3), threads=threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -336,10 +337,7 @@ def test_packed_convs_in_every_layout(xshape, wshape, attrs, layout, monkeypatch
     choice also on two threads, whose channel chunks split units that are too few to share."""
     if layout is not None:
         monkeypatch.setenv("SATURATE_CONV_LAYOUT", layout)
-    consts = {"w": arr(15, wshape) * np.float32(0.3), "b": arr(16, (wshape[0],))}
-    nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node("Relu", ["c"], ["y"])]
-    g = make(nodes, {"x": xshape}, consts)
-    check_three_way(g, threads=1 if layout else 2)
+    check_three_way(conv_then("Relu", xshape, wshape, attrs, 15, 0.3), threads=1 if layout else 2)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

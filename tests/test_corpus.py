@@ -12,6 +12,7 @@ import saturate
 from saturate.core.errors import SaturateError
 from saturate.frontend import corpus, load_graph
 from saturate.frontend.onnx_io import export_model, import_model
+from saturate.lang.builtins import GUARDS
 
 # What fails today, by (entry, check): each is an xfail(strict=True), so a fix flips it to a
 # failure that asks for the line to go. Checks: "runs" (rebuild, checker, ORT), "outputs"
@@ -181,9 +182,7 @@ def test_optimize_leaves_no_pool_of_a_one_element_window(entry):
 
 def _unit_window(node: onnx.NodeProto) -> bool:
     attrs = {a.name: list(a.ints) for a in node.attribute if a.type == onnx.AttributeProto.INTS}
-    kernel = attrs["kernel_shape"]
-    return (set(kernel) == {1} and set(attrs.get("strides") or [1]) == {1}
-            and not any(attrs.get("pads") or [0]))
+    return GUARDS["unit_window"].impl(attrs["kernel_shape"], attrs.get("strides"), attrs.get("pads"))
 
 
 def test_optimize_leaves_no_more_nodes_than_onnxsim_or_onnx_runtime_basic(entry, tmp_path):

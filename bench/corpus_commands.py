@@ -22,7 +22,6 @@ where the start-up of neither tool counts.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import onnx
 
+from corpus_folding import corpus_parser, parse_corpus_args, print_header  # this folder's bench
 from saturate.frontend import corpus
 
 
@@ -57,18 +57,8 @@ def _nodes(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="corpus entries (default: all)")
-    args = parser.parse_args(argv)
-    names = args.only or corpus.names()
-    unknown = sorted(set(names) - set(corpus.names()))
-    if unknown:
-        parser.error(f"unknown corpus entries: {', '.join(unknown)}")
-
-    header = ("model", "saturate s", "onnxsim s", "onnxsim API s", "ratio", "saturate nodes", "onnxsim nodes")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" for _ in header) + "|", flush=True)
+    args, names = parse_corpus_args(corpus_parser(__doc__, runs=5), argv)
+    print_header(("model", "saturate s", "onnxsim s", "onnxsim API s", "ratio", "saturate nodes", "onnxsim nodes"))
     rows: list[tuple[float, float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

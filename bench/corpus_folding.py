@@ -67,20 +67,34 @@ def run_ort_basic(model: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
     return onnx.load(out, load_external_data=False)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
+def corpus_parser(doc: str, runs: int) -> argparse.ArgumentParser:
+    """The options of a corpus benchmark: --runs and --only (parse with `parse_corpus_args`)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=runs)
     parser.add_argument("--only", nargs="+", metavar="NAME", help="corpus entries (default: all)")
-    parser.add_argument("--ops", action="store_true", help="op counts where saturate and onnxsim differ")
+    return parser
+
+
+def parse_corpus_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The parsed options and the corpus entries to run; an unknown entry is a usage error."""
     args = parser.parse_args(argv)
     names = args.only or corpus.names()
     unknown = sorted(set(names) - set(corpus.names()))
     if unknown:
         parser.error(f"unknown corpus entries: {', '.join(unknown)}")
+    return args, names
 
-    header = ("model", "nodes before", "saturate", "onnxsim", "ORT basic", "optimize s", "onnxsim s")
+
+def print_header(header: tuple[str, ...]) -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = corpus_parser(__doc__, runs=3)
+    parser.add_argument("--ops", action="store_true", help="op counts where saturate and onnxsim differ")
+    args, names = parse_corpus_args(parser, argv)
+    print_header(("model", "nodes before", "saturate", "onnxsim", "ORT basic", "optimize s", "onnxsim s"))
     diffs = []
     times: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:

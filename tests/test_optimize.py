@@ -314,6 +314,15 @@ def test_cli_to_onnx_and_text_and_the_api_give_one_graph(tmp_path, example, flag
         assert structurally_equal(load_graph(str(out)), api), suffix
 
 
+def test_cli_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"saturate {version('saturate')}\n"
+
+
 def test_cli_bad_input_is_one_clean_error(tmp_path, capsys):
     assert main(["optimize", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "o.onnx")]) == 2
     assert capsys.readouterr().err.startswith("saturate: error: ")

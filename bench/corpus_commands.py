@@ -35,7 +35,7 @@ from corpus_folding import corpus_parser, parse_corpus_args, print_header  # thi
 from saturate.frontend import corpus
 
 
-# onnxsim as a script of a user's calls it: what the `onnxsim` command does less its report.
+# onnxsim called from a user's script: what the `onnxsim` command does, less its report.
 API_SCRIPT = ("import sys, onnx, onnxsim; "
               "onnx.save(onnxsim.simplify(onnx.load(sys.argv[1]), check_n=0)[0], sys.argv[2])")
 

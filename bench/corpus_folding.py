@@ -6,7 +6,8 @@ For each corpus model (frontend/corpus, weights refilled by saturate.frontend.co
 before; after `saturate.optimize` (level 3, cpu, exported to ONNX as `saturate optimize` writes
 it); after onnxsim's `simplify` (the `bench` extra); and in the model ONNX Runtime writes at
 ORT_ENABLE_BASIC (constant folding and redundancy elimination, ORT's portable level). Times are
-medians over --runs of saturate's import+optimize+export and of onnxsim's simplify; a last line
+medians over --runs of saturate's import+optimize+export and of onnxsim's simplify, both in this
+process (bench/corpus_commands.py times the commands a user runs, start-up included); a last line
 counts the models saturate took no longer on and gives both totals and the median ratio. `--ops`
 adds, per model, the op counts where saturate's result and onnxsim's differ.
 """

@@ -65,19 +65,21 @@ def save_graph(graph: Graph, path: str) -> None:
     if target.suffix.lower() in TEXT_SUFFIXES:
         from saturate.frontend import text
 
-        data = text.print_graph(graph).encode("utf-8")
+        pieces = [text.print_graph(graph).encode("utf-8")]
     else:
         from saturate.frontend import onnx_io
 
-        model = onnx_io.export_model(graph)
         if sum(a.nbytes for a in graph.constants.values()) > EXTERNAL_DATA_BYTES:
             # Protobuf cannot hold 2 GB: the weights go to a file beside the model, written first.
+            model = onnx_io.export_model(graph)
             data_name = f"{target.name}.data"
             chunks = _externalize(model, data_name)
             check_writable(target)
             write_atomic(target.parent / data_name, lambda f: [f.write(c) for c in chunks])
-        data = model.SerializeToString()
-    write_atomic(target, lambda f: f.write(data))
+            pieces = [model.SerializeToString()]
+        else:
+            pieces = onnx_io.model_pieces(graph)
+    write_atomic(target, lambda f: [f.write(p) for p in pieces])
 
 
 # Weights beyond this many bytes are saved as external data (protobuf's limit is 2 GB).

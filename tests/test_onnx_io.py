@@ -1,5 +1,7 @@
 """ONNX import/export: round trips through ONNX Runtime, attributes, conv bias by rule, bad input."""
 
+import dataclasses
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -232,6 +234,39 @@ def test_save_and_load_onnx_file(tmp_path):
     assert back.op_counts() == g.op_counts()
     feeds = random_inputs(g)
     np.testing.assert_array_equal(run_ort(onnx.load(str(path)), feeds)[0], run_ort(build_model("mobilenet"), feeds)[0])
+
+
+def _saved(graph, path):
+    save_graph(graph, str(path))
+    return onnx.load(str(path))
+
+
+def test_saved_file_is_the_exported_model_whatever_the_weights(tmp_path):
+    """save_graph writes each weight from its array after the rest of the model; a reader merges
+    the pieces into exactly the model export_model returns, for any dtype, byte order or layout."""
+    g = build("mlp")
+    weights = {"scalar": np.array(2.5, np.float32), "half": np.arange(6, dtype=np.float16).reshape(2, 3),
+               "empty": np.zeros((0, 3), np.int64), "flags": np.array([True, False, True]),
+               "big_endian": np.arange(6, dtype=">f4").reshape(2, 3),
+               "transposed": np.arange(12, dtype=np.float64).reshape(3, 4).T, "small": np.arange(-2, 3, dtype=np.int8)}
+    g.constants.update(weights)
+    saved = _saved(g, tmp_path / "m.onnx")
+    assert saved == export_model(g)
+    back = {t.name: numpy_helper.to_array(t) for t in saved.graph.initializer}
+    for name, value in weights.items():
+        assert back[name].shape == value.shape and back[name].dtype == value.dtype.newbyteorder("=")
+        np.testing.assert_array_equal(back[name], value)
+    feeds = random_inputs(g)
+    np.testing.assert_array_equal(run_ort(saved, feeds)[0], run_ort(build_model("mlp"), feeds)[0])
+
+
+def test_saved_file_infers_missing_output_shapes_from_the_weights(tmp_path):
+    g = build("mlp")
+    out = g.outputs[0]
+    g.values[out] = dataclasses.replace(g.values[out], shape=None)
+    saved = _saved(g, tmp_path / "m.onnx")
+    assert saved == export_model(g)
+    assert saved.graph.output[0].type.tensor_type.HasField("shape")
 
 
 def test_save_into_missing_directory_fails_cleanly(tmp_path):

@@ -452,18 +452,15 @@ def model_pieces(graph: Graph) -> list[bytes | memoryview]:
     weights: list[bytes | memoryview] = []
     for name, arr in graph.constants.items():
         arr = np.asarray(arr)
-        code = _raw_code(arr)
-        if code is None:
-            head, data = _tensor(name, arr).SerializeToString(), memoryview(b"")
-        else:
-            proto = TensorProto()
-            proto.name, proto.data_type = name, code
-            proto.dims.extend(arr.shape)
+        proto = TensorProto()
+        dtype = _fill_tensor_head(proto, name, arr)
+        head, data = proto.SerializeToString(), memoryview(b"")
+        if dtype is not None:
             # Little-endian and C order as raw_data wants; the array's own memory when it is so.
-            data = memoryview(np.asarray(arr, dtype=_RAW_DTYPES[code], order="C").reshape(-1).view(np.uint8))
-            head = proto.SerializeToString() + _RAW_DATA_TAG + _varint(data.nbytes)
-        weights += [_INITIALIZER_TAG + _varint(len(head) + data.nbytes) + head, data]
-    size = len(body) + sum(len(w) if isinstance(w, bytes) else w.nbytes for w in weights)
+            data = memoryview(np.asarray(arr, dtype=dtype, order="C").reshape(-1).view(np.uint8))
+            head += _RAW_DATA_TAG + _varint(len(data))
+        weights += [_INITIALIZER_TAG + _varint(len(head) + len(data)) + head, data]
+    size = len(body) + sum(len(w) for w in weights)        # bytes, and memoryviews of bytes
     return [model.SerializeToString(), _GRAPH_TAG + _varint(size) + body, *weights]
 
 
@@ -568,21 +565,24 @@ def _schema_attr_type(n: Node, key: str, opset: int) -> int:
         return AttributeProto.INTS
 
 
-def _raw_code(arr: np.ndarray) -> int | None:
-    """The TensorProto data type of an array whose elements go to raw_data (None: they do not)."""
-    return next((c for c, d in _RAW_DTYPES.items() if d == arr.dtype.newbyteorder("<")), None)
+def _fill_tensor_head(proto: TensorProto, name: str, arr: np.ndarray) -> np.dtype | None:
+    """Fill `proto` with all of `arr` but its raw_data, and return the little-endian dtype those
+    bytes are to have; an array whose elements do not go to raw_data fills it whole (None)."""
+    code = next((c for c, d in _RAW_DTYPES.items() if d == arr.dtype.newbyteorder("<")), None)
+    if code is None:
+        proto.CopyFrom(_tensor(name, arr))
+        return None
+    proto.name = name
+    proto.data_type = code
+    proto.dims.extend(arr.shape)
+    return _RAW_DTYPES[code]
 
 
 def _fill_tensor(proto: TensorProto, name: str, arr: np.ndarray) -> None:
     arr = np.asarray(arr)
-    code = _raw_code(arr)
-    if code is None:
-        proto.CopyFrom(_tensor(name, arr))
-        return
-    proto.name = name
-    proto.data_type = code
-    proto.dims.extend(arr.shape)
-    proto.raw_data = _raw_bytes(arr, _RAW_DTYPES[code])
+    dtype = _fill_tensor_head(proto, name, arr)
+    if dtype is not None:
+        proto.raw_data = _raw_bytes(arr, dtype)
 
 
 def _raw_bytes(arr: np.ndarray, dtype: np.dtype) -> bytes:

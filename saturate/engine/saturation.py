@@ -306,7 +306,7 @@ def folds_to_existing(cr: CompiledRule) -> bool:
     return cr.direction != "reverse" and isinstance(cr.rule.rhs, (Call, Var))
 
 
-def _fold_to_fixed_point(egg: _Egg, fold_set: str, deadline: float, by_name: dict[str, tuple[str, ...]],
+def _fold_to_fixed_point(egg: _Egg, fold_set: str, deadline: float, by_name: dict[str, CompiledRule],
                          step: dict[str, int]) -> bool:
     """Run the folding rules alone until they change nothing (unless past the deadline); whether
     any did.

@@ -10,3 +10,25 @@ settings.register_profile("ci", derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+def pytest_configure(config):
+    """Point every cache saturate keeps (parsed rules, compiled builds) into this run's temporary
+    folder: tests never read or write the user's caches. xdist workers inherit the variables, so a
+    run's workers share one cache, as one user's processes do."""
+    if hasattr(config, "workerinput"):
+        return
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="saturate-test-cache-")
+    os.environ["XDG_CACHE_HOME"] = os.path.join(base, "xdg")
+    os.environ["SATURATE_CACHE"] = os.path.join(base, "backend")
+    config._saturate_cache = base
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    base = getattr(config, "_saturate_cache", None)
+    if base:
+        shutil.rmtree(base, ignore_errors=True)

@@ -10,6 +10,7 @@ import signal
 import sys
 
 import saturate.commands
+from saturate.core import limits
 from saturate.core.errors import SaturateError
 
 
@@ -42,6 +43,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         mod = importlib.import_module(f"saturate.commands.{name}")
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.configure(p)
+        p.add_argument("--max-memory", metavar="SIZE", default=None,
+                       help="refuse any one tensor, weight or workspace larger than SIZE (512M, 4G; "
+                            "default: half the machine's memory)")
         p.set_defaults(_run=mod.run)
     return parser
 
@@ -59,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = argv[0] if argv and argv[0] in command_names() else None
     args = build_parser(chosen).parse_args(argv)
     try:
+        limits.set_max_memory(args.max_memory)
         return int(args._run(args) or 0)
     except SaturateError as err:
         print(f"saturate: error: {err}", file=sys.stderr)

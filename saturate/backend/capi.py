@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from saturate.backend.emit import Emitted
+from saturate.backend.emit import Emitted, comment_text
+from saturate.core.errors import SaturateError
 
 # The functions every compiled model exports; sat_api.h (beside this file) declares them for the Cython glue.
 API_HEADER = "sat_api.h"
@@ -20,9 +21,23 @@ def c_string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def _check_name(side: str, name: str) -> None:
+    """A name the C API can hand back whole: C strings end at a NUL, and names travel as UTF-8."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SaturateError(f"{side} '{comment_text(name)}': not valid Unicode text; the compiled model's C API "
+                            "gives names as UTF-8") from None
+    if "\0" in name:
+        raise SaturateError(f"{side} '{comment_text(name)}': holds a NUL character, which would cut the name the "
+                            "compiled model's C API gives (a C string)")
+
+
 def _table(prefix: str, values: list[tuple[str, tuple[int, ...]]]) -> str:
     """Static tables of names, ranks and shapes for one side (inputs or outputs), and its query functions."""
     n = len(values)
+    for name, _ in values:
+        _check_name(f"{prefix} name", name)
     names = ", ".join(c_string(name) for name, _ in values) or "0"
     ranks = ", ".join(str(len(shape)) for _, shape in values) or "0"
     dims = [d for _, shape in values for d in shape]
@@ -57,10 +72,11 @@ def header(emitted: Emitted, graph_name: str) -> str:
     from pathlib import Path
 
     def rows(values):
-        return "".join(f" *   {k}  {name!r}  float32{list(shape)}  ({math.prod(shape)} floats)\n"
+        return "".join(f" *   {k}  '{comment_text(name)}'  float32{list(shape)}  ({math.prod(shape)} floats)\n"
                        for k, (name, shape) in enumerate(values)) or " *   (none)\n"
 
-    describe = (f"/* model.h: C interface of graph '{graph_name}', compiled by saturate.\n *\n"
+    # Names are escaped here (comment_text); sat_input_name and sat_output_name give them as they are.
+    describe = (f"/* model.h: C interface of graph '{comment_text(graph_name)}', compiled by saturate.\n *\n"
                 f" * inputs (in the order sat_run takes them):\n{rows(emitted.inputs)} *\n"
                 f" * outputs (in the order sat_run writes them):\n{rows(emitted.outputs)} */\n"
                 "#ifndef SATURATE_MODEL_H\n#define SATURATE_MODEL_H\n\n"

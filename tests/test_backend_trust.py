@@ -1,0 +1,126 @@
+"""The C backend treats every model file and cache entry as written by an attacker: a model's names never
+become code, cached builds are used only when their files match the digests recorded at build time, a
+signal during a compile leaves no compiler running and no temp files, and oversized or unwritable
+things fail in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from backend_util import TOL, feed_for, make, rel_error
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Node
+
+pytestmark = pytest.mark.compiler
+
+# A name that, written as it is into a C comment, ends it and defines a function the loader runs: the
+# marker file it creates is the test's witness that model text ran as code.
+MARKER = "saturate-trust-marker"
+
+
+def payload(directory: Path) -> str:
+    return ('*/ extern int system(const char *); __attribute__((constructor)) static void satx_f(void) '
+            '{ system("touch \'' + str(directory / MARKER) + '\'"); } /*')
+
+
+# Pieces hostile names are made of: comment and preprocessor syntax, quotes, escapes, a trigraph and a
+# line splice, format directives, non-ASCII text, C keywords and identifiers the emitter itself makes.
+PIECES = ["*/", "/*", "//", "\n", "\r", "\\", "\\\n", "#", "#include <stdio.h>", "#define float int", '"', "'",
+          "??/", "??=", "%s%n", "%", "é", "名前", "\U0001F600", "\u202e", "int", "return", "static", "v12", "WT",
+          "pw_0", "IN", "sat_run", "main", " ", "x", "_", "%2A%2F"]
+hostile = st.lists(st.sampled_from(PIECES), min_size=1, max_size=6).map("".join)
+
+
+def hostile_graph(names: list[str], graph_name: str):
+    """x, y -> Relu, Add with a constant, Mul -> two outputs, every value, node and the graph named from
+    `names` (made distinct by a suffix where two draws are equal)."""
+    seen: set[str] = set()
+    unique = []
+    for k, name in enumerate(names):
+        while name in seen or not name:
+            name = f"{name}{k}"
+        seen.add(name)
+        unique.append(name)
+    x, y, c, r, s, out1, out2 = unique[:7]
+    nodes = [Node("Relu", [x], [r], name=unique[7]), Node("Add", [r, c], [s], name=unique[8]),
+             Node("Mul", [s, y], [out1], name=unique[9]), Node("Sigmoid", [s], [out2], name=unique[9] + "*/")]
+    rng = np.random.default_rng(0)
+    g = make(nodes, {x: (2, 3), y: (2, 3)}, {c: rng.standard_normal(3).astype(np.float32)}, outputs=[out1, out2])
+    g.name = graph_name
+    return g
+
+
+def check_against_ort(model, graph) -> None:
+    from saturate.backend.bench import ort_session
+
+    feed = feed_for(graph)
+    got = model(feed)
+    sess = ort_session(graph, 1)
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
+    assert set(got) == set(want) == set(graph.outputs)
+    for k, v in want.items():
+        assert got[k].shape == v.shape and rel_error(got[k], np.asarray(v, np.float64)) <= TOL, k
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(names=st.lists(hostile, min_size=10, max_size=10), graph_name=hostile)
+@example(names=["*/", "/*", "??/", "\\\n", "#", "v12", "int", "é" * 10_000, "%", "\n"], graph_name="*/ /*")
+def test_hostile_names_never_become_code(tmp_path, names, graph_name):
+    """Names of the graph, its nodes, values, inputs and outputs reach model.c and model.h only escaped:
+    the build compiles, nothing of them runs, model.h compiles in a C program, the library and the loaded
+    directory give every name back as it is, and the outputs match ONNX Runtime's."""
+    from saturate.backend import compile_graph, load
+    from saturate.backend.build import compiler
+
+    out = tmp_path / "m"
+    graph = hostile_graph(names + [payload(tmp_path)], payload(tmp_path) + graph_name)
+    model = compile_graph(graph, out_dir=out)
+    assert not (tmp_path / MARKER).exists()
+    check_against_ort(model, graph)
+    loaded = load(out)
+    assert not (tmp_path / MARKER).exists()
+    assert [n for n, _ in loaded.inputs] == [n for n in graph.inputs]
+    assert [n for n, _ in loaded.outputs] == list(graph.outputs)
+    check_against_ort(loaded, graph)
+    (tmp_path / "main.c").write_text('#include "model.h"\nint main(void) { return sat_num_inputs(); }\n')
+    proc = subprocess.run([compiler(), "-fsyntax-only", "-Wall", "-Werror", "-Wcomment", "-Wtrigraphs", "-trigraphs",
+                           f"-I{out}", str(tmp_path / "main.c")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("model.c", "model.h"):
+        text = (out / name).read_text(encoding="ascii")
+        assert "*/ __attribute__" not in text and "??/" not in text and "\\\n" not in text
+
+
+def test_the_issue_payload_in_a_graph_name_does_not_run_during_compile(tmp_path):
+    """The graph name of issue 26, in an ONNX file compiled by the command: exit 0, no marker file."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("x", "y")]
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], payload(tmp_path), vi[:1], vi[1:])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "evil.onnx")
+    proc = subprocess.run([sys.executable, "-m", "saturate", "compile", str(tmp_path / "evil.onnx"), "-o",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (tmp_path / MARKER).exists()
+
+
+@pytest.mark.parametrize("bad, why", [("in\0put", "NUL character"), ("\udc80", "not valid Unicode")])
+def test_an_input_name_the_c_api_cannot_give_back_is_a_one_line_error(bad, why):
+    from saturate.backend.capi import api_source
+    from saturate.backend.emit import emit
+
+    g = make([Node("Relu", [bad], ["y"])], {bad: (2,)})
+    with pytest.raises(SaturateError, match=why):
+        api_source(emit(g))

@@ -163,7 +163,8 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     live = applicable_rules(rule_list, {n.op for n in graph.nodes})
     enc = encode_graph(graph, keep, rule_ops(live))
     compiled = compile_rules(live, enc)
-    eg, program = loaded_egraph(enc, [line for cr in compiled for line in cr.text])
+    eg, program = loaded_egraph(enc, [line for cr in compiled for line in cr.text],
+                                [line for cr in compiled for line in cr.apply_text])
     report.times["encode"] = time.perf_counter() - t
 
     t = time.perf_counter()

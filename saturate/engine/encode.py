@@ -367,11 +367,23 @@ PREPARED_KEEP = 4
 _prepared: OrderedDict[bytes, tuple[Any, dict[str, str]]] = OrderedDict()
 
 
-def loaded_egraph(enc: Encoding, rules: Iterable[str] = ()) -> tuple[Any, bytes]:
+def loaded_egraph(enc: Encoding, rules: Iterable[str] = (), late: Iterable[str] = ()) -> tuple[Any, bytes]:
     """An e-graph with `enc` and `rules` loaded as `load` does, its declarations taken from one kept
-    for the same program when there is one; returns it with its program key for `release`."""
+    for the same program when there is one; returns it with its program key for `release`.
+
+    `late` is the text of every rule the run may declare on first need besides the graph's builders
+    (guarded rules' apply rules, `Encoding.declare_late`). A kept e-graph holds those an earlier run
+    declared, and their text carries that run's attribute-set and literal ids, which the rules' own
+    text may not (a guarded rule's matching side builds nothing): so they are part of the key, and an
+    e-graph is kept for exactly the runs whose every declaration, made or to come, is the same."""
     program = list(chunks(list(enc.commands) + list(rules)))
-    key = hashlib.sha256("\0".join(program).encode()).digest()
+    digest = hashlib.sha256()
+    for part in (program, list(late)):
+        digest.update(len(part).to_bytes(8, "little"))
+        for text in part:           # each text by its length: no two lists of texts hash alike
+            data = text.encode()
+            digest.update(len(data).to_bytes(8, "little") + data)
+    key = digest.digest()
     kept = _prepared.pop(key, None) if threading.current_thread() is threading.main_thread() else None
     if kept is None:
         from saturate.engine.egraph import egglog_bindings

@@ -1,0 +1,78 @@
+"""The e-graph kept between runs of one program (saturate.engine.encode.loaded_egraph) never mixes two
+models: any sequence of models in one process gives each the graph and report it gets alone."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+import saturate
+from saturate.cli import main
+from saturate.engine import encode
+from saturate.frontend import corpus, load_graph
+from saturate.frontend.onnx_io import export_model
+
+
+def _optimize(name: str) -> tuple[bytes, dict]:
+    """The optimized model's bytes and its report, less what varies from run to run (times, the
+    process's peak memory)."""
+    graph, report = saturate.optimize(load_graph(f"corpus:{name}"), level=3, target="cpu")
+    got = report.to_json()
+    del got["times"], got["peak_rss_bytes"]
+    return export_model(graph).SerializeToString(), got
+
+
+def _alone(name: str) -> tuple[bytes, dict]:
+    encode._prepared.clear()
+    try:
+        return _optimize(name)
+    finally:
+        encode._prepared.clear()
+
+
+# Pairs whose declarations and rules are the same program (one key before the kept e-graph was
+# keyed by the rules it declares on first need): the first model's guarded rules declared apply
+# rules carrying its attribute-set and literal ids, which the second model read as its own.
+@pytest.mark.parametrize("first,second", [("efficientnet_lite0-ts", "mobilenet_v2-ts"),
+                                          ("efficientnet_lite0-dynamo", "mobilenet_v2-dynamo")])
+def test_models_sharing_a_program_give_in_one_process_what_they_give_alone(first, second):
+    alone = {name: _alone(name) for name in (first, second)}
+    for order in ((first, second), (second, first)):
+        encode._prepared.clear()
+        try:
+            for name in order:
+                model, report = _optimize(name)
+                assert report == alone[name][1], f"{name} after {order[0]}"
+                assert model == alone[name][0], f"{name} after {order[0]}"
+        finally:
+            encode._prepared.clear()
+
+
+def test_a_kept_egraph_serves_again_every_run_of_its_own_program():
+    """The start-up saving stays where it is sound: a model with other apply rules gets an e-graph
+    of its own, and a model whose every declaration is the same as one kept (resnet18-ts and its
+    dynamic-batch twin) starts from the kept one, as a repeated run of one model does."""
+    encode._prepared.clear()
+    try:
+        kept = []
+        for name in ("efficientnet_lite0-ts", "mobilenet_v2-ts", "efficientnet_lite0-ts", "resnet18-ts",
+                     "resnet18-ts-dyn"):
+            _optimize(name)
+            kept.append(len(encode._prepared))
+        assert kept == [1, 2, 2, 3, 3]
+    finally:
+        encode._prepared.clear()
+
+
+@pytest.mark.slow
+def test_a_whole_corpus_batch_in_two_processes_optimizes_every_model(tmp_path):
+    out = tmp_path / "out"
+    main(["optimize", "corpus:*", "-o", str(out), "--jobs", "2", "--quiet"])
+    summary = json.loads((out / "summary.json").read_text())
+    failed = [(r["source"], r["error"]) for r in summary["results"] if not r["ok"]]
+    assert not failed
+    assert summary["models"] == len(corpus.names()) == 46
+    for result in summary["results"]:
+        onnx.checker.check_model(onnx.load(result["output"]), full_check=True)

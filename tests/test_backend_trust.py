@@ -124,3 +124,107 @@ def test_an_input_name_the_c_api_cannot_give_back_is_a_one_line_error(bad, why):
     g = make([Node("Relu", [bad], ["y"])], {bad: (2,)})
     with pytest.raises(SaturateError, match=why):
         api_source(emit(g))
+
+
+def small_graph(scale: float = 2.0):
+    rng = np.random.default_rng(3)
+    return make([Node("Mul", ["x", "c"], ["m"]), Node("Relu", ["m"], ["y"])], {"x": (4, 8)},
+                {"c": (scale * rng.standard_normal(8)).astype(np.float32)})
+
+
+def cache_entry(out: Path) -> Path:
+    from saturate.backend.build import cache_root
+
+    return cache_root() / (out / "build.key").read_text()
+
+
+def corrupt(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "flip":  # the right size, other bytes
+        path.write_bytes(bytes(b ^ 0x5A for b in data))
+    elif how == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "digests":  # a build.json without the digests (as builds before them wrote)
+        facts = json.loads(data)
+        del facts["files"]
+        path.write_text(json.dumps(facts))
+
+
+def expected(graph, feed):
+    from saturate.interp.interpreter import run_graph
+
+    return run_graph(graph, feed)
+
+
+def saturate_cli(*args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "saturate", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+@pytest.mark.parametrize("name, how", [("weights.bin", "flip"), ("weights.bin", "truncate"), ("model.so", "truncate"),
+                                       ("module", "empty"), ("build.json", "digests")])
+def test_a_cache_entry_that_does_not_match_its_digests_is_rebuilt(tmp_path, name, how):
+    """A cached build whose files changed since it was built (same-size weights of other bytes, truncated
+    files, no digests) is rebuilt with one line saying so: exit 0, a good -o with the right outputs, and
+    the entry is good again."""
+    from saturate.backend.build import EXTENSION
+    from saturate.frontend import save_graph
+
+    name = EXTENSION if name == "module" else name
+    graph, out = small_graph(), tmp_path / "out"
+    save_graph(graph, str(tmp_path / "m.onnx"))
+    feed = feed_for(graph)
+    np.save(tmp_path / "x.npy", feed["x"])
+    assert saturate_cli("compile", tmp_path / "m.onnx", "-o", out).returncode == 0
+    entry = cache_entry(out)
+    good = (entry / "weights.bin").read_bytes()
+    corrupt(entry / name, how)
+    proc = saturate_cli("compile", tmp_path / "m.onnx", "-o", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"saturate: cache entry {entry.name} did not match its digests (") \
+        and proc.stderr.endswith("; rebuilding\n") and proc.stderr.count("\n") == 1, proc.stderr
+    assert (out / "weights.bin").read_bytes() == (entry / "weights.bin").read_bytes() == good
+    assert saturate_cli("run", out, "-i", tmp_path / "x.npy", "-o", tmp_path / "y.npy").returncode == 0
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected(graph, feed)["y"], rtol=1e-5, atol=1e-6)
+    proc = saturate_cli("compile", tmp_path / "m.onnx", "-o", out)  # the rebuilt entry is used as it is
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def test_a_compiled_directory_whose_files_changed_is_a_one_line_error(tmp_path):
+    """`saturate run DIR` of a directory whose weights, library or module changed since it was compiled:
+    exit 2 and one line naming the file, not wrong outputs or a traceback."""
+    import shutil
+
+    from saturate.backend import compile_graph
+    from saturate.backend.build import EXTENSION
+
+    compile_graph(small_graph(), out_dir=tmp_path / "good")
+    cases = [("weights.bin", "flip"), ("weights.bin", "truncate"), ("model.so", "truncate"), (EXTENSION, "truncate"),
+             ("build.key", "flip")]
+    for k, (name, how) in enumerate(cases):
+        bad = tmp_path / f"bad{k}"
+        shutil.copytree(tmp_path / "good", bad)
+        corrupt(bad / name, how)
+        proc = saturate_cli("run", bad)
+        assert proc.returncode == 2, (name, how, proc.stderr[-2000:])
+        assert proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr == (f"saturate: error: {bad}: cannot load {name}: it does not match the sha256 "
+                               "build.json records; compile the model again\n"), proc.stderr
+
+
+def test_a_changed_binding_object_in_the_cache_is_rebuilt(tmp_path, capfd):
+    """The Cython module's object every build links is checked against its digest too."""
+    from saturate.backend import compile_graph
+    from saturate.backend.build import binding_key, cache_root
+
+    graph = small_graph()
+    compile_graph(graph)
+    obj = cache_root() / f"binding-{binding_key()}.o"
+    corrupt(obj, "truncate")
+    capfd.readouterr()
+    feed = feed_for(small_graph(3.0))
+    model = compile_graph(small_graph(3.0))  # a new build links the binding object again
+    assert f"saturate: cache entry {obj.name} did not match its digest; rebuilding" in capfd.readouterr().err
+    np.testing.assert_allclose(model(feed)["y"], expected(small_graph(3.0), feed)["y"], rtol=1e-5, atol=1e-6)

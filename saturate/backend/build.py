@@ -10,6 +10,8 @@ import json
 import os
 import platform
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -131,9 +133,11 @@ LARGE_STEPS = 400
 # The name of the model's Python extension module in a compiled directory (binding.pyx).
 MODULE = "saturate_model"
 EXTENSION = MODULE + importlib.machinery.EXTENSION_SUFFIXES[0]
-# What a compiled directory holds once its build finished (build.key is written last; build.json records
-# what the build targeted, so a library built for another CPU is refused rather than run into SIGILL).
-BUILD_FILES = ("model.c", "model.h", "weights.bin", "model.so", EXTENSION, "build.json", "build.key")
+# What a compiled directory holds once its build finished. build.json, written last, records what the build
+# targeted (a library built for another CPU is refused rather than run into SIGILL) and the sha256 of every
+# other file (a file changed since is refused rather than loaded).
+FACTS = "build.json"
+BUILD_FILES = ("model.c", "model.h", "weights.bin", "model.so", EXTENSION, FACTS, "build.key")
 
 
 def compile_flags(sanitize: bool = False, profile: bool = False, large: bool = False) -> list[str]:
@@ -317,35 +321,140 @@ def binding_flags() -> list[str]:
 
 def binding_object() -> Path:
     """The compiled Cython module without a model (one per cache): each model's extension links it with the
-    model's object, so a build pays only a link for it."""
+    model's object, so a build pays only a link for it. Used only when it matches the sha256 recorded
+    beside it (binding-KEY.sha256, written after it); anything else is built again."""
     target = cache_root() / f"binding-{binding_key()}.o"
-    if target.exists():
-        return target
+    stamp = target.with_suffix(".sha256")
+    try:
+        if regular_file(target) and regular_file(stamp) and stamp.read_text().strip() == file_digest(target):
+            return target
+    except (OSError, ValueError):
+        pass
+    if os.path.lexists(target):
+        print(f"saturate: cache entry {target.name} did not match its digest; rebuilding", file=sys.stderr)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".binding.") as tmp:
         c = Path(tmp) / f"{MODULE}.c"
         _run([sys.executable, "-m", "cython", "-3", "--module-name", MODULE, "-o", str(c),
-              str(KERNELS_DIR / "binding.pyx")], "Cython failed on binding.pyx")
+              str(KERNELS_DIR / "binding.pyx")], "Cython failed on binding.pyx", Path(tmp))
         _run([compiler(), *binding_flags(), "-c", str(c), "-o", str(Path(tmp) / "binding.o")],
-             f"C compiler failed on the Cython module {c.name}")
+             f"C compiler failed on the Cython module {c.name}", Path(tmp))
+        (Path(tmp) / "binding.sha256").write_text(file_digest(Path(tmp) / "binding.o") + "\n")
         os.replace(Path(tmp) / "binding.o", target)
+        os.replace(Path(tmp) / "binding.sha256", stamp)
     return target
 
 
-def _run(cmd: list[str], what: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+# After SIGTERM a compiler gets this long to remove its own temp files before its group is killed.
+COMPILER_GRACE_SECONDS = 0.5
+
+
+def _run(cmd: list[str], what: str, tmpdir: Path | None = None) -> None:
+    """Run a compiler step; a failure is one line naming `what`. The compiler runs in a process group of
+    its own with its temp files in `tmpdir` (a staging directory removed with it): an interrupt (SIGINT,
+    or SIGTERM raised as an exception by the CLI) ends the whole group, cc1 and as included, before it
+    propagates, instead of leaving them running as orphans."""
+    env = None if tmpdir is None else dict(os.environ, TMPDIR=str(tmpdir))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate()
+    except BaseException:
+        _end_group(proc)
+        raise
     if proc.returncode != 0:
-        lines = [line for line in (proc.stderr + proc.stdout).strip().splitlines() if line.strip()]
+        lines = [line for line in (stderr + stdout).strip().splitlines() if line.strip()]
         first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "(no output)")
         raise SaturateError(f"{what}: {first.strip()}")
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to a compiler's process group (gcc's driver removes its temp files on it), SIGKILL to what
+    is left of the group after COMPILER_GRACE_SECONDS, and reap the compiler."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except OSError:  # the group is gone already
+        pass
+    try:
+        proc.wait(COMPILER_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # cc1 or as, should the driver have left them behind
+    except OSError:
+        pass
+    try:
+        proc.wait()
+    except BaseException:  # a second interrupt while reaping: the group is killed already
+        pass
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def regular_file(path: Path) -> bool:
+    """Whether `path` is a regular file (after symlinks): a FIFO or device in its place would block or
+    never end a read."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of a regular file's bytes, in hex."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def digests(directory: Path) -> dict[str, str]:
+    """The sha256 of every file of a build but build.json, which records them."""
+    return {name: file_digest(Path(directory) / name) for name in BUILD_FILES if name != FACTS}
+
+
+def mismatch(directory: Path, key: str | None = None) -> str | None:
+    """Why `directory` is not a finished build (of `key`, when given) whose every file matches the sha256
+    its build.json recorded when it was built, as "FILE: reason"; None when it is one."""
+    directory = Path(directory)
+    try:
+        facts = json.loads((directory / FACTS).read_text(encoding="utf-8"))
+        recorded = facts["files"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
+        return f"{FACTS}: it is missing or unreadable"
+    if not isinstance(recorded, dict) or set(recorded) != set(BUILD_FILES) - {FACTS}:
+        return f"{FACTS}: it lists no digests of the files of a build"
+    if key is not None and facts.get("key") != key:
+        return f"{FACTS}: it is of another build"
+    for name in BUILD_FILES:
+        if name == FACTS:
+            continue
+        path = directory / name
+        if not regular_file(path):
+            return f"{name}: it is missing or not a regular file"
+        try:
+            if file_digest(path) != recorded[name]:
+                return f"{name}: it does not match the sha256 {FACTS} records"
+        except OSError as err:
+            return f"{name}: {err.strerror or err}"
+    return None
+
+
+def verify(directory: Path) -> None:
+    """Refuse a compiled directory whose files are not the ones its build wrote (changed, truncated or
+    replaced since), in one line naming the first such file."""
+    problem = mismatch(directory)
+    if problem is not None:
+        raise SaturateError(f"{directory}: cannot load {problem}; compile the model again")
 
 
 def runs_here(directory: Path) -> None:
     """Refuse a build this CPU cannot run: -march=native for another CPU, or AVX-512 where it is missing."""
     try:
-        facts = json.loads((Path(directory) / "build.json").read_text())
+        facts = json.loads((Path(directory) / FACTS).read_text(encoding="utf-8"))
         target, cpu = facts["isa"], facts["cpu"]
-    except (OSError, ValueError, KeyError, TypeError):
+        if not isinstance(cpu, str):
+            raise TypeError(cpu)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
         raise SaturateError(f"{directory}: no readable build.json; compile the model again") from None
     if target == "native" and cpu != cpu_features():
         model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("model name")),
@@ -356,54 +465,71 @@ def runs_here(directory: Path) -> None:
         raise SaturateError(f"{directory}: built for AVX-512 (SATURATE_ISA=avx512), which this CPU lacks")
 
 
-def complete(directory: Path, key: str | None = None) -> bool:
-    """Whether a directory holds a finished build (of `key`, when given)."""
-    stamp = directory / "build.key"
-    return all((directory / f).exists() for f in BUILD_FILES) and (key is None or stamp.read_text() == key)
-
-
 def build(source: str, weights: bytes, header: str, sanitize: bool = False, profile: bool = False) -> Path:
     """Compile one emitted model into the cache; returns the directory holding model.c, model.h,
-    weights.bin, model.so (the C library), the Python extension module and build.key.
+    weights.bin, model.so (the C library), the Python extension module, build.key and build.json.
 
     The directory is named by build_key, so the same graph on the same machine and toolchain compiles
-    once; it is built beside its final name and renamed into place, so no reader sees half of it."""
+    once; it is built beside its final name and renamed into place, so no reader sees half of it. A
+    cached directory is used only when every file matches the sha256 its build.json recorded (written
+    last); anything else there is rebuilt, with one line saying so."""
     key = build_key(source, weights, sanitize, profile)
-    target = cache_root() / key
+    root = cache_root()
+    target = root / key
     cache_limit_bytes()  # a bad $SATURATE_CACHE_MB is refused on every build, not only when a prune is due
-    if complete(target, key):
-        mark_used(target)
-        return target
+    if os.path.lexists(target):
+        problem = mismatch(target, key)
+        if problem is None:
+            mark_used(target)
+            return target
+        print(f"saturate: cache entry {key} did not match its digests ({problem}); rebuilding", file=sys.stderr)
+    try:
+        _build_into(root, key, source, weights, header, sanitize, profile)
+    except OSError as err:  # a full disk, a read-only or vanished cache folder
+        where = f" ({err.filename})" if err.filename else ""
+        raise SaturateError(f"cannot write the build cache {root}{where}: {err.strerror or err}; free some space "
+                            "or point SATURATE_CACHE at a writable folder") from None
+    if prune_due():
+        prune_cache(keep=target)
+    return target
+
+
+def _build_into(root: Path, key: str, source: str, weights: bytes, header: str, sanitize: bool,
+                profile: bool) -> None:
+    """Build `key` in a staging directory of `root` and rename it to root/key (replacing what is there)."""
+    target = root / key
     binding = binding_object()
-    stage = Path(tempfile.mkdtemp(dir=cache_root(), prefix=f".{key}."))
+    stage = Path(tempfile.mkdtemp(dir=root, prefix=f".{key}."))
     try:
         for name, data in (("model.c", source.encode()), ("model.h", header.encode()), ("weights.bin", weights)):
             (stage / name).write_bytes(data)
         large = source.count("SAT_TOC(") > LARGE_STEPS
         obj = stage / "model.o"
         try:
-            _run(compile_command(stage / "model.c", obj, sanitize, profile, large), "C compiler failed")
+            _run(compile_command(stage / "model.c", obj, sanitize, profile, large), "C compiler failed", stage)
         except SaturateError as err:  # keep the source the message speaks of
-            kept = cache_root() / f"failed-{key}.c"
+            kept = root / f"failed-{key}.c"
             os.replace(stage / "model.c", kept)
             first = str(err).removeprefix("C compiler failed: ").replace(str(stage / "model.c"), kept.name)
             raise SaturateError(f"C compiler failed on {kept}: {first}") from None
-        _run(link_command([obj], stage / "model.so", sanitize), f"linking {target / 'model.so'} failed")
-        _run(link_command([binding, obj], stage / EXTENSION, sanitize), f"linking {target / EXTENSION} failed")
+        _run(link_command([obj], stage / "model.so", sanitize), f"linking {target / 'model.so'} failed", stage)
+        _run(link_command([binding, obj], stage / EXTENSION, sanitize), f"linking {target / EXTENSION} failed", stage)
         obj.unlink()
-        facts = {"key": key, "isa": isa(), "flags": compile_flags(sanitize, profile, large),
-                 "compiler": compiler_version(compiler()), "cpu": cpu_features()}
-        (stage / "build.json").write_text(json.dumps(facts, indent=1) + "\n")
         (stage / "build.key").write_text(key)
-        if target.exists():  # an unfinished or foreign directory under this name
-            shutil.rmtree(target, ignore_errors=True)
+        facts = {"key": key, "isa": isa(), "flags": compile_flags(sanitize, profile, large),
+                 "compiler": compiler_version(compiler()), "cpu": cpu_features(), "files": digests(stage)}
+        (stage / FACTS).write_text(json.dumps(facts, indent=1) + "\n", encoding="utf-8")
+        if os.path.lexists(target):  # a build that failed its digests, or a foreign entry under this name
+            doomed = root / f".evicted.{key}.{os.getpid()}"
+            try:
+                os.rename(target, doomed)
+            except FileNotFoundError:  # another process moved it first
+                pass
+            shutil.rmtree(doomed, ignore_errors=True)
         try:
             os.rename(stage, target)
         except OSError:
-            if not complete(target, key):  # another process finished the same build first
+            if mismatch(target, key) is not None:  # else another process finished the same build first
                 raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    if prune_due():
-        prune_cache(keep=target)
-    return target

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from saturate.backend.build import BUILD_FILES, EXTENSION, MODULE, build, runs_here
+from saturate.backend.build import BUILD_FILES, EXTENSION, MODULE, build, mismatch, runs_here, verify
 from saturate.backend.capi import api_source, header
 from saturate.backend.emit import Emitted, emit
 from saturate.backend.partition import Partition, Piece, partition
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph
+from saturate.core.limits import check_allocation, check_bytes
 
 # Extension modules loaded in this process: resolved path -> (build key, module).
 _MODULES: dict[str, tuple[str, object]] = {}
@@ -32,8 +33,8 @@ def load_module(directory: Path):
         raise SaturateError(f"{directory}: no compiled model ({EXTENSION} is missing); "
                             "write one with 'saturate compile MODEL -o DIR'")
     runs_here(directory)
-    stamp = Path(directory) / "build.key"
-    key = stamp.read_text() if stamp.is_file() else ""
+    verify(directory)
+    key = (Path(directory) / "build.key").read_text(encoding="utf-8", errors="replace")
     real = str(path.resolve())
     if real in _MODULES and _MODULES[real][0] == key:
         return _MODULES[real][1]
@@ -60,6 +61,12 @@ class Segment:
         self.emitted = emitted
         self.directory = Path(directory)
         self.module = load_module(self.directory)
+        # What the model allocates (its workspace now, outputs at each call) and what a call takes, against
+        # the memory limit before any of it is allocated.
+        for side, values in (("input", self.module.INPUTS), ("output", self.module.OUTPUTS)):
+            for name, shape, _ in values:
+                check_allocation(shape, 4, f"{self.directory}: {side} '{name}'")
+        check_bytes(int(self.module.WORKSPACE_BYTES), f"{self.directory}: the workspace")
         try:
             self.model = self.module.Model(str(self.directory / "weights.bin"))
         except (OSError, ValueError) as err:
@@ -240,7 +247,18 @@ def check_output_dir(root: Path) -> None:
 def install(root: Path, built: list[Path], whole: bool, part: Partition, graph: Graph,
             input_shapes: dict | None) -> None:
     """Copy finished builds into a fresh directory beside `root`, then swap it into place: an interrupted
-    compile leaves either the old directory or the new one, never new weights beside an old library."""
+    compile leaves either the old directory or the new one, never new weights beside an old library. The
+    copies are checked against the digests their build recorded before the swap, so a cache entry changed
+    meanwhile never replaces a good directory; a full disk or unwritable folder is one line, `root` as it was."""
+    try:
+        _install(root, built, whole, part, graph, input_shapes)
+    except OSError as err:
+        where = f" ({err.filename})" if err.filename else ""
+        raise SaturateError(f"cannot write {root}{where}: {err.strerror or err}") from None
+
+
+def _install(root: Path, built: list[Path], whole: bool, part: Partition, graph: Graph,
+             input_shapes: dict | None) -> None:
     root.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}."))
     old = None
@@ -252,6 +270,10 @@ def install(root: Path, built: list[Path], whole: bool, part: Partition, graph: 
             dest.mkdir(exist_ok=True)
             for name in BUILD_FILES:
                 shutil.copyfile(src / name, dest / name)
+            problem = mismatch(dest)
+            if problem is not None:
+                raise SaturateError(f"the cached build {src} changed while it was copied ({problem}); "
+                                    f"{root} is left as it was: compile again")
             if not whole:
                 dest.chmod(0o777 & ~mask)
         if not whole:
@@ -263,7 +285,12 @@ def install(root: Path, built: list[Path], whole: bool, part: Partition, graph: 
         if root.exists():
             old = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.old."))
             os.rename(root, old / root.name)
-        os.rename(stage, root)
+        try:
+            os.rename(stage, root)
+        except OSError:
+            if old is not None:  # put the earlier directory back rather than lose both
+                os.rename(old / root.name, root)
+            raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if old is not None:

@@ -228,3 +228,71 @@ def test_a_changed_binding_object_in_the_cache_is_rebuilt(tmp_path, capfd):
     model = compile_graph(small_graph(3.0))  # a new build links the binding object again
     assert f"saturate: cache entry {obj.name} did not match its digest; rebuilding" in capfd.readouterr().err
     np.testing.assert_allclose(model(feed)["y"], expected(small_graph(3.0), feed)["y"], rtol=1e-5, atol=1e-6)
+
+
+def processes() -> dict[int, tuple[int, int, str, str]]:
+    """Every process: pid -> (parent pid, process group, command name, state), from /proc."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1: text.rindex(")")]
+        fields = text[text.rindex(")") + 2:].split()
+        out[int(entry)] = (int(fields[1]), int(fields[2]), comm, fields[0])
+    return out
+
+
+def descendants(pid: int) -> dict[int, tuple[int, int, str, str]]:
+    table = processes()
+    found, frontier = {}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, row in table.items():
+            if row[0] == parent and child not in found:
+                found[child] = row
+                frontier.append(child)
+    return found
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_during_compile_ends_the_compiler_and_leaves_no_temp_files(tmp_path, sig, code):
+    """SIGTERM or SIGINT while gcc runs: the command exits with 143 or 130 within 2 s, with one line, no
+    compiler process of its left (cc1 included), no staging folder in the cache or beside -o, and no
+    temp file in $TMPDIR."""
+    from saturate.frontend import save_graph
+
+    save_graph(small_graph(4.0), str(tmp_path / "m.onnx"))
+    (tmp_path / "tmp").mkdir()
+    env = dict(os.environ, SATURATE_CACHE=str(tmp_path / "cache"), TMPDIR=str(tmp_path / "tmp"))
+    proc = subprocess.Popen([sys.executable, "-m", "saturate", "compile", str(tmp_path / "m.onnx"), "-o",
+                             str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline, seen = time.monotonic() + 120, {}
+        while time.monotonic() < deadline and not any(row[2] == "cc1" for row in seen.values()):
+            assert proc.poll() is None, proc.communicate()
+            seen.update(descendants(proc.pid))
+            time.sleep(0.02)
+        assert any(row[2] == "cc1" for row in seen.values()), "gcc never ran"
+        seen.update(descendants(proc.pid))
+        start = time.monotonic()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=10)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, err
+    assert took < 2.0, took
+    assert err.strip().splitlines() == ["saturate: terminated" if sig == signal.SIGTERM else "saturate: interrupted"]
+    groups = {row[1] for row in seen.values()} - {os.getpgrp()}  # the compiler's own groups
+    time.sleep(0.2)  # an orphan's last reaping by init
+    left = {pid: row for pid, row in processes().items() if (pid in seen or row[1] in groups) and row[3] != "Z"}
+    assert not left, left
+    assert not [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "m.onnx", "tmp"]
+    assert list((tmp_path / "tmp").iterdir()) == []

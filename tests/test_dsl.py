@@ -120,6 +120,75 @@ def test_missing_include_names_the_include(tmp_path: Path):
     assert (err.value.line, err.value.col) == (2, 3) and "cannot include 'nope.rules'" in err.value.message
 
 
+def _special_file(tmp_path: Path, kind: str) -> Path:
+    import os
+
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "pipe.rules")
+        return tmp_path / "pipe.rules"
+    if kind == "directory":
+        (tmp_path / "folder.rules").mkdir()
+        return tmp_path / "folder.rules"
+    return Path("/dev/zero")
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind, what", [("fifo", "a FIFO"), ("device", "a character device"),
+                                        ("directory", "a directory")])
+def test_an_include_that_is_not_a_regular_file_is_refused_in_one_line(tmp_path: Path, kind, what):
+    special = _special_file(tmp_path, kind)
+    (tmp_path / "a.rules").write_text(f'ruleset a level 1\n  include "{special}"\n')
+    with pytest.raises(SourceError) as err:
+        dsl.load_rulesets([tmp_path / "a.rules"])
+    assert str(err.value) == f"{tmp_path / 'a.rules'}:2:3: cannot include '{special}': not a regular file ({what})"
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_rules_file_that_is_not_a_regular_file_is_refused_in_one_line(tmp_path: Path, capsys, kind):
+    special = _special_file(tmp_path, kind)
+    assert main(["rules", "--no-std", "--rules", str(special)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a regular file" in err and str(special) in err
+
+
+def test_a_huge_include_is_refused_by_its_size(tmp_path: Path):
+    import os
+
+    huge = tmp_path / "huge.rules"
+    with open(huge, "wb") as f:      # sparse: takes no disk
+        f.truncate((4 << 20) + 1)    # the limit, MAX_RULES_BYTES, and a byte
+    (tmp_path / "a.rules").write_text('include "huge.rules"\n')
+    with pytest.raises(SourceError) as err:
+        dsl.load_rulesets([tmp_path / "a.rules"])
+    assert (err.value.line, err.value.col) == (1, 1)
+    assert "cannot include 'huge.rules': 4.0 MiB, over the 4.0 MiB a rules file may take" in err.value.message
+    assert os.path.getsize(huge) == (4 << 20) + 1
+
+
+SECRET = "API_TOKEN=hunter2-secret rule\nruleset x level 1\n"
+
+
+@pytest.mark.parametrize("name", ["secret.txt", "environ", "passwd"])
+def test_an_include_that_is_not_rules_shows_none_of_its_text(tmp_path: Path, capsys, name):
+    (tmp_path / name).write_text(SECRET)
+    (tmp_path / "a.rules").write_text(f'ruleset a level 1\ninclude "{name}"\n')
+    with pytest.raises(SourceError) as err:
+        dsl.load_rulesets([tmp_path / "a.rules"])
+    assert (err.value.file, err.value.line, err.value.col) == (str(tmp_path / name), 1, 1)
+    assert "hunter2" not in str(err.value) and "API_TOKEN" not in str(err.value)
+    # Named on the command line, the same file shows nothing either.
+    assert main(["rules", "--no-std", "--rules", str(tmp_path / name)]) == 2
+    out = capsys.readouterr().err
+    assert "hunter2" not in out and "API_TOKEN" not in out and out.count("\n") == 1
+    # A file named .rules is the user's own rules: its errors still quote the line.
+    (tmp_path / "b.rules").write_text(SECRET)
+    (tmp_path / "a.rules").write_text('include "b.rules"\n')
+    with pytest.raises(SourceError) as err:
+        dsl.load_rulesets([tmp_path / "a.rules"])
+    assert "API_TOKEN=hunter2" in str(err.value) and "^" in str(err.value)
+
+
 # ---- load-time errors: message and position ---------------------------------------------------------
 
 ERRORS = [
@@ -326,7 +395,7 @@ def test_a_load_is_cached_on_disk_and_a_changed_file_is_read_again(tmp_path, mon
     rules = tmp_path / "r.rules"
     rules.write_text("ruleset r level 0\nrule a Identity(x) => x\n")
     assert [r.name for r in parser.load_rules([rules])] == ["a"]
-    assert len(list((tmp_path / "cache" / "saturate" / "rules").glob("*.pickle"))) == 1
+    assert len(list((tmp_path / "cache" / "saturate" / "rules").glob("*.json"))) == 1
     assert [r.name for r in parser.load_rules([rules])] == ["a"]
     rules.write_text("ruleset r level 0\nrule b Identity(x) => x\n")
     assert [r.name for r in parser.load_rules([rules])] == ["b"]

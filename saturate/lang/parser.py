@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -13,9 +10,10 @@ from typing import Any, Iterable
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
-from saturate.lang import checks
+from saturate.lang import checks, rule_cache
 from saturate.lang.builtins import INFIX
 from saturate.core.errors import SaturateError, SourceError
+from saturate.core.inputs import RefusedFile, read_regular
 from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, RuleSet,
                                Str, Term, Var)
 
@@ -195,8 +193,15 @@ def _syntax_error(err: UnexpectedInput, text: str, file: str) -> SourceError:
     return SourceError(file, line, col, what, lines[line - 1] if line <= len(lines) else "")
 
 
-def parse_statements(text: str, file: str = "<string>") -> list[Any]:
-    """Parse one rules text into its statements (Include, OpDecl, Header, unchecked Rule)."""
+def parse_statements(text: str, file: str = "<string>", show_text: bool = True) -> list[Any]:
+    """Parse one rules text into its statements (Include, OpDecl, Header, unchecked Rule).
+    With show_text False, an error names its place but quotes nothing of the text (shows_text)."""
+    if not show_text:
+        try:
+            return parse_statements(text, file)
+        except SourceError as err:
+            raise SourceError(err.file, err.line, err.col, "not valid rules (the text of a file whose "
+                                                           "name does not end in .rules is not shown)") from None
     try:
         tree = _parser().parse(text)
     except UnexpectedInput as err:
@@ -235,6 +240,18 @@ def _with_line(err: SourceError, text: str) -> SourceError:
 
 # ---- loading files ----------------------------------------------------------------------------------
 
+# A rules file or include larger than this is refused before it is read (the standard library
+# is a few dozen KiB in all).
+MAX_RULES_BYTES = 4 << 20
+
+
+def shows_text(path: str | os.PathLike) -> bool:
+    """Whether errors in a rules file may quote its lines: only for a name ending in .rules. An
+    include or --rules can name any file (/etc/passwd, /proc/self/environ), and an error quoting
+    its first line would print what it holds."""
+    return os.fspath(path).endswith(".rules")
+
+
 def _display(path: Path) -> str:
     """How a file is named in locations: relative to the working directory when inside it."""
     rel = os.path.relpath(path)
@@ -254,9 +271,11 @@ class _Loader:
         line = lines[loc.line - 1] if 0 < loc.line <= len(lines) else None
         return SourceError(loc.file, loc.line, loc.col, message, line)
 
-    def add_text(self, text: str, file: str, base: Path | None, stack: tuple[Path, ...]) -> None:
-        self.texts[file] = text
-        stmts = parse_statements(text, file)
+    def add_text(self, text: str, file: str, base: Path | None, stack: tuple[Path, ...],
+                 show_text: bool = True) -> None:
+        if show_text:
+            self.texts[file] = text
+        stmts = parse_statements(text, file, show_text=show_text)
         for st in stmts:
             if isinstance(st, Include):
                 if base is None:
@@ -272,14 +291,16 @@ class _Loader:
         if path in self.seen:
             return
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            reason = "not UTF-8 text" if isinstance(err, UnicodeDecodeError) else (err.strerror or str(err))
+            text = read_regular(path, MAX_RULES_BYTES, "rules file").decode("utf-8")
+        except (RefusedFile, UnicodeDecodeError) as err:
+            reason = "not UTF-8 text" if isinstance(err, UnicodeDecodeError) else err.reason
             if origin is not None:
-                raise self.fail(origin.loc, f"cannot include '{origin.path}': {reason}") from None
+                # One line: the including line is named by its place, not shown.
+                loc = origin.loc
+                raise SourceError(loc.file, loc.line, loc.col, f"cannot include '{origin.path}': {reason}") from None
             raise SaturateError(f"cannot read rules file '{path}': {reason}") from None
         self.seen.add(path)
-        self.add_text(text, _display(path), path.parent, (*stack, path))
+        self.add_text(text, _display(path), path.parent, (*stack, path), show_text=shows_text(path))
 
     def rulesets(self) -> list[RuleSet]:
         """Group rules under their headers, then check every rule against the whole load."""
@@ -345,13 +366,13 @@ def load_rulesets(paths: Iterable[str | os.PathLike] | None = None) -> list[Rule
     A load is kept on disk, keyed by the files it read and the code that checked them: parsing
     and checking the standard library costs more than optimizing a small model."""
     files = rule_files(paths)
-    key = _cache_key(files)
+    key = rule_cache.entry_key(files)
     # A process that optimizes many models loads the same files each time: what it loaded
     # stays in memory while the files keep their size and modification time.
     held = _LOADED.get(key)
     if held is not None and held[0] == _stamps(p for p, _, _ in held[0]):
         return held[1]
-    cached = _cache_read(key)
+    cached = rule_cache.read(key, MAX_RULES_BYTES)
     if cached is not None:
         read, rulesets = cached
     else:
@@ -360,7 +381,7 @@ def load_rulesets(paths: Iterable[str | os.PathLike] | None = None) -> list[Rule
             loader.add_file(f)
         rulesets = loader.rulesets()
         read = sorted(loader.seen)
-        _cache_write(key, read, rulesets)
+        rule_cache.write(key, read, rulesets, MAX_RULES_BYTES)
     _LOADED[key] = (_stamps(read), rulesets)
     return rulesets
 
@@ -378,59 +399,6 @@ def _stamps(paths: Iterable[str | os.PathLike]) -> list[tuple[str, int, int]]:
         except OSError:
             out.append((str(p), -1, -1))
     return out
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "saturate" / "rules"
-
-
-@functools.lru_cache(maxsize=None)
-def _code_digest() -> str:
-    """What a load's result depends on besides the files: this package's code and the ONNX
-    schemas its checks read."""
-    import onnx
-
-    h = hashlib.sha256(onnx.__version__.encode())
-    for p in sorted(Path(__file__).parent.glob("*")):
-        if p.suffix in (".py", ".lark"):
-            h.update(p.read_bytes())
-    return h.hexdigest()
-
-
-def _cache_key(files: list[Path]) -> str:
-    # Messages name files relative to the working directory, so it is part of the key.
-    text = "\n".join([_code_digest(), os.getcwd(), *(str(f.resolve()) for f in files)])
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _cache_read(key: str) -> tuple[list[str], list[RuleSet]] | None:
-    """The files an entry read and its rulesets, if every file still has the digest it had."""
-    try:
-        with open(_cache_dir() / f"{key}.pickle", "rb") as f:
-            read, rulesets = pickle.load(f)
-        if all(_digest(Path(p)) == d for p, d in read):
-            return [p for p, _ in read], rulesets
-    except Exception:  # noqa: BLE001 - a missing, stale or unreadable entry is a miss
-        pass
-    return None
-
-
-def _cache_write(key: str, read: list[Path], rulesets: list[RuleSet]) -> None:
-    try:
-        entry = ([(str(p), _digest(p)) for p in read], rulesets)
-        folder = _cache_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{key}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(entry, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, folder / f"{key}.pickle")
-    except OSError:
-        pass   # a read-only home only costs the next load its parse
 
 
 def load_rules(paths: Iterable[str | os.PathLike] | None = None, level: int = MAX_LEVEL,

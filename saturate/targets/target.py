@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
-
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -14,6 +14,7 @@ from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 
 from saturate.core.errors import SaturateError, SourceError
+from saturate.core.inputs import read_regular
 from saturate.core.ir import ValueInfo
 from saturate.lang.ast import AttrVar, IntList, Loc, Num, OpTerm, Str, Term, Var
 from saturate.targets.composites import composite_cost, egraph_op
@@ -423,14 +424,26 @@ def load_target(name_or_path: "str | Target | None" = None) -> Target:
         return name_or_path
     spec = name_or_path or DEFAULT_TARGET
     path = Path(spec)
-    if spec.endswith(".target") or path.is_file():
-        if not path.is_file():
+    if spec.endswith(".target") or (os.path.exists(path) and not path.is_dir()):
+        if not os.path.exists(path):
             raise SaturateError(f"target file '{spec}' does not exist")
-        return _parsed(path.read_text(), str(path), None)
+        return _parsed(_read_target(path), str(path), None)
     files = target_files()
     if spec not in files:
         raise SaturateError(f"unknown target '{spec}' (available: {', '.join(files) or 'none'})")
-    return _parsed(files[spec].read_text(), str(files[spec]), spec)
+    return _parsed(_read_target(files[spec]), str(files[spec]), spec)
+
+
+# A target file larger than this is refused before it is read (the shipped ones take a few KiB).
+MAX_TARGET_BYTES = 4 << 20
+
+
+def _read_target(path: Path) -> str:
+    """The text of a target file: a regular file of at most MAX_TARGET_BYTES, in UTF-8."""
+    try:
+        return read_regular(path, MAX_TARGET_BYTES, "target file").decode("utf-8")
+    except UnicodeDecodeError:
+        raise SaturateError(f"target file '{path}': not UTF-8 text") from None
 
 
 @functools.lru_cache(maxsize=64)
@@ -438,7 +451,14 @@ def _parsed(text: str, file: str, name: str | None) -> Target:
     # optimize resolves its target on every call, and parsing the shipped cpu target took
     # 2.5 ms, a twentieth of optimizing a small model. Keyed by the text, so an edited file is
     # parsed again; nothing changes a Target once parse_target has built it.
-    return parse_target(text, file, name)
+    if file.endswith(".target"):
+        return parse_target(text, file, name)
+    # --target can name any file (/etc/passwd): an error quotes nothing of one not named .target.
+    try:
+        return parse_target(text, file, name)
+    except SourceError as err:
+        raise SourceError(err.file, err.line, err.col, "not a valid target file (the text of a file whose "
+                                                        "name does not end in .target is not shown)") from None
 
 
 def list_targets() -> list[Target]:

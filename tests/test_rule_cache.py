@@ -1,0 +1,162 @@
+"""The rule cache is data: an entry is JSON of the AST, used only when its digest, its shape and
+the digests of the files it read all check out; anything else is parsed again, silently."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from saturate.lang import parser
+
+RULES = "ruleset mine level 1\nrule relu-relu Relu(Relu(x)) => Relu(x)\nrule neg-neg Neg(Neg(x)) => x\n"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A private cache home and a fresh process's memory of loads."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(parser, "_LOADED", {})
+    return tmp_path / "xdg" / "saturate" / "rules"
+
+
+def _fresh(paths=None):
+    """A load that reads no cache entry and keeps nothing in memory."""
+    parser._LOADED.clear()
+    return parser.load_rulesets(paths)
+
+
+def _entries(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+
+
+def _key(folder: Path) -> str:
+    """The key of the only entry in the folder, whatever its format names it."""
+    (entry,) = _entries(folder)
+    return entry.name.split("-")[0].split(".")[0]
+
+
+def _same(a, b) -> bool:
+    # repr shows every field, the locations (compare=False) included.
+    return repr(a) == repr(b)
+
+
+class _Payload:
+    """Unpickling this creates a marker file: proof that reading the cache ran code."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_pickle_planted_in_the_cache_is_never_loaded(cache, tmp_path):
+    rules = tmp_path / "mine.rules"
+    rules.write_text(RULES)
+    want = _fresh([rules])
+    key = _key(cache)
+    marker = tmp_path / "ran"
+    # Every name the cache ever used for this load: the entry's own and the old pickle name.
+    for entry in [*_entries(cache), cache / f"{key}.pickle"]:
+        entry.write_bytes(pickle.dumps(_Payload(marker)))
+    got = _fresh([rules])
+    assert not marker.exists()
+    assert _same(got, want)
+
+
+def test_the_standard_library_round_trips_through_the_cache(cache, monkeypatch):
+    want = _fresh()
+    (entry,) = _entries(cache)
+    assert entry.suffix == ".json"
+    assert entry.name.endswith(f"-{hashlib.sha256(entry.read_bytes()).hexdigest()}.json")
+    # The second load must come from the entry: parsing is not allowed.
+    monkeypatch.setattr(parser._Loader, "add_file", lambda *a, **k: pytest.fail("parsed, not cached"))
+    got = _fresh()
+    assert _same(got, want) and got == want
+
+
+def _malformed(data: bytes) -> list[bytes]:
+    """Entries that no write makes: each must be refused even under a name with its own digest."""
+    obj = json.loads(data)
+    bad_op = json.loads(data)
+    bad_op["rulesets"][0][3][0][2][1] = "Relu) (rewrite (Neg x) x"   # an op no parse would give
+    wrong_type = json.loads(data)
+    wrong_type["rulesets"][0][2] = "1"                                # a level as a string
+    missing = json.loads(data)
+    del missing["rulesets"][0][3][0][-1]                              # a field short
+    unknown = json.loads(data)
+    unknown["rulesets"][0][3][0][2][0] = "Popen"                      # a class the AST does not have
+    relative = json.loads(data)
+    relative["files"][0][0] = "mine.rules"                            # a file the key does not fix
+    return [json.dumps(o).encode() for o in (bad_op, wrong_type, missing, unknown, relative, [], {}, obj["files"])] + [
+        b"", b"\xff\xfe not utf-8", b"[" * 100_000 + b"]" * 100_000,
+        b'{"format": 1, "files": ' + b"9" * 5000 + b"}", pickle.dumps(obj)]
+
+
+def test_an_entry_with_a_wrong_digest_or_shape_is_a_miss_and_rebuilt(cache, tmp_path):
+    rules = tmp_path / "mine.rules"
+    rules.write_text(RULES)
+    want = _fresh([rules])
+    (entry,) = _entries(cache)
+    assert entry.suffix == ".json"
+    key, good = _key(cache), entry.read_bytes()
+    other = json.loads(good)
+    other["rulesets"][0][3][0][1] = "evil"                            # the first rule's name
+    planted = [(entry, json.dumps(other).encode())]                   # other content, the old name
+    for bad in _malformed(good):
+        planted += [(entry, bad), (cache / f"{key}-{hashlib.sha256(bad).hexdigest()}.json", bad)]
+    for path, bad in planted:
+        for e in _entries(cache):
+            e.unlink()
+        path.write_bytes(bad)
+        got = _fresh([rules])
+        assert _same(got, want), bad[:80]
+        # The rebuilt entry replaced the planted one.
+        assert [e.read_bytes() for e in _entries(cache)] == [good]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_an_entry_that_is_not_a_regular_file_is_a_miss(cache, tmp_path, kind):
+    rules = tmp_path / "mine.rules"
+    rules.write_text(RULES)
+    want = _fresh([rules])
+    (entry,) = _entries(cache)
+    assert entry.suffix == ".json"
+    entry.unlink()
+    if kind == "fifo":
+        os.mkfifo(entry)
+    elif kind == "directory":
+        entry.mkdir()
+    else:
+        entry.symlink_to("/dev/zero")
+    assert _same(_fresh([rules]), want)
+
+
+def test_an_unusable_cache_home_costs_only_the_parse(tmp_path, monkeypatch):
+    rules = tmp_path / "mine.rules"
+    rules.write_text(RULES)
+    monkeypatch.chdir(tmp_path)
+    for home in ["file", "relative", "unset"]:
+        monkeypatch.setattr(parser, "_LOADED", {})
+        monkeypatch.setenv("HOME", str(tmp_path / home))
+        if home == "file":
+            (tmp_path / "xdg").write_text("not a folder")
+            monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        elif home == "relative":
+            # The XDG spec ignores a relative path: nothing is written under the working directory.
+            monkeypatch.setenv("XDG_CACHE_HOME", "rel")
+        else:
+            monkeypatch.delenv("XDG_CACHE_HOME")
+            monkeypatch.delenv("HOME")
+            monkeypatch.setattr(Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(RuntimeError("no home"))))
+        first = _fresh([rules])
+        assert [r.name for rs in first for r in rs.rules] == ["relu-relu", "neg-neg"], home
+        assert _same(_fresh([rules]), first), home
+    assert not (tmp_path / "rel").exists()
+    assert len(list((tmp_path / "relative" / ".cache" / "saturate" / "rules").glob("*.json"))) == 1

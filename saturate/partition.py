@@ -18,6 +18,7 @@ from onnx import helper
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, unique_name
 from saturate.core.ops import op_table
+from saturate.engine.decode import unread_outputs
 from saturate.lang.ast import Var
 from saturate.targets.composites import body_attrs, interior_types, positions, position_attrs, variables
 from saturate.targets.target import Composite, Target, load_target
@@ -134,8 +135,9 @@ def _body(g: Graph, comp: Composite, node: Node, keep_constants: bool) -> tuple[
         if out_at[j] is not None and (root or out_at[j].shape is not None):
             body.values[out] = out_at[j]
         ins = [param[a.name] if isinstance(a, Var) else made[id(a)] for a in term.args]
-        body.nodes.append(Node(term.op, ins, [out], body_attrs(term.op, position_attrs(node.attrs, j), g.opset),
-                               name=f"n{j}"))
+        attrs = body_attrs(term.op, position_attrs(node.attrs, j), g.opset)
+        extra = [fresh(f"{out}_{o}") for o in unread_outputs(term.op, attrs)]
+        body.nodes.append(Node(term.op, ins, [out, *extra], attrs, name=f"n{j}"))
     body.outputs = [made[id(order[-1])]]
     return body, args
 

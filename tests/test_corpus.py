@@ -13,6 +13,7 @@ from saturate.core.errors import SaturateError
 from saturate.frontend import corpus, load_graph
 from saturate.frontend.onnx_io import export_model, import_model
 from saturate.lang.builtins import GUARDS
+from saturate.partition import partition, to_model
 
 # What fails today, by (entry, check): each is an xfail(strict=True), so a fix flips it to a
 # failure that asks for the line to go. Checks: "runs" (rebuild, checker, ORT), "outputs"
@@ -57,6 +58,12 @@ class Entry:
     def optimized(self) -> onnx.ModelProto:
         graph, _report = saturate.optimize(import_model(self.model), level=3, target="cpu")
         return export_model(graph)
+
+    @functools.cached_property
+    def partitioned(self) -> onnx.ModelProto:
+        """The optimized model partitioned for the fused target, whose composites (conv+bias+relu)
+        fire on an optimized graph: its composite rules alone, as `partition --no-optimize` runs them."""
+        return to_model(partition(import_model(self.optimized), "fused"))
 
 
 # Module scope: pytest runs every check of one model before rebuilding the next, so a model's
@@ -162,6 +169,11 @@ def test_optimize_keeps_outputs(entry, request):
         assert y.shape == r.shape
         err = float(np.max(np.abs(y.astype(np.float64) - r)) / np.max(np.abs(r)))
         assert err <= RTOL, f"max|diff| / max|ref| = {err:.2e}"
+
+
+def test_optimize_and_partition_write_models_the_full_onnx_check_passes(entry):
+    onnx.checker.check_model(entry.optimized, full_check=True)
+    onnx.checker.check_model(entry.partitioned, full_check=True)
 
 
 def test_optimize_folds_batch_norms_into_linear_ops(entry, request):

@@ -598,3 +598,83 @@ def test_rules_that_cannot_match_the_graph_are_not_compiled_but_are_reported():
     after, report = optimize(before)
     assert ops(after) == ["Conv", "Relu"]
     assert report.run.matches["shape-gather"] == 0 and "shape-gather" in report.run.locations
+
+
+# ---- BatchNormalization in training mode ---------------------------------------------------------
+def _training_bn_model(tmp_path, weights: bool, conv_first: bool = False) -> str:
+    """A BatchNormalization with training_mode=1 whose running statistics nobody reads: on a conv weight reshaped to (1, out, -1) when `weights` (timm's NF-ResNet weight
+    standardization), else on the graph's input (after a Conv when `conv_first`), then a Relu."""
+    rng = np.random.default_rng(0)
+    const = {"w": rng.standard_normal((8, 4, 3, 3)).astype(np.float32),
+             "gain": rng.uniform(0.5, 1.5, 8).astype(np.float32), "beta": rng.standard_normal(8).astype(np.float32),
+             "mean": np.zeros(8, np.float32), "var": np.ones(8, np.float32),
+             "flat": np.array([1, 8, -1], np.int64), "back": np.array([8, 4, 3, 3], np.int64)}
+    bn_ins = ["gain", "beta", "mean", "var"]
+    stats = ["rm", "rv"]
+    if weights:
+        nodes = [onnx.helper.make_node("Reshape", ["w", "flat"], ["w1"]),
+                 onnx.helper.make_node("BatchNormalization", ["w1", *bn_ins], ["w2", *stats], epsilon=1e-5,
+                                       momentum=0.0, training_mode=1),
+                 onnx.helper.make_node("Reshape", ["w2", "back"], ["w3"]),
+                 onnx.helper.make_node("Conv", ["x", "w3"], ["c"], pads=[1, 1, 1, 1]),
+                 onnx.helper.make_node("Relu", ["c"], ["y"])]
+        x_shape, y_shape = [2, 4, 6, 6], [2, 8, 6, 6]
+    else:
+        first = [onnx.helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])] if conv_first else []
+        nodes = first + [onnx.helper.make_node("BatchNormalization", ["c" if conv_first else "x", *bn_ins],
+                                               ["b", *stats], epsilon=1e-5, momentum=0.0, training_mode=1),
+                         onnx.helper.make_node("Relu", ["b"], ["y"])]
+        x_shape, y_shape = ([2, 4, 6, 6] if conv_first else [2, 8, 6, 6]), [2, 8, 6, 6]
+    outputs = [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, y_shape)]
+    used = {i for n in nodes for i in n.input}
+    graph = onnx.helper.make_graph(
+        nodes, "nf", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x_shape)], outputs,
+        [onnx.numpy_helper.from_array(v, k) for k, v in const.items() if k in used])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 15)])
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "in.onnx"
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _valid_and_same(source: str, written: str) -> onnx.ModelProto:
+    """The written model passes the full ONNX check and gives ONNX Runtime's outputs of the source."""
+    model = onnx.load(written)
+    onnx.checker.check_model(model, full_check=True)
+    feed = {"x": np.random.default_rng(1).standard_normal(
+        [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)}
+    want = ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feed)
+    got = ort.InferenceSession(written, providers=["CPUExecutionProvider"]).run(None, feed)
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    return model
+
+
+def test_constant_batch_norm_in_training_mode_folds_by_a_rule_into_a_valid_model(tmp_path):
+    source = _training_bn_model(tmp_path, weights=True)
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    assert main(["optimize", source, "-o", str(out), "--report", str(report), "--quiet"]) == 0
+    model = _valid_and_same(source, str(out))
+    assert [n.op_type for n in model.graph.node] == ["Conv", "Relu"]
+    fired = {m["rule"]: m["matches"] for m in json.loads(report.read_text())["matches"]}
+    assert fired["batchnorm-training-const"] == 1
+
+
+@pytest.mark.parametrize("conv_first", [False, True])
+def test_batch_norm_in_training_mode_on_a_variable_stays_whole_with_its_outputs(tmp_path, conv_first):
+    source = _training_bn_model(tmp_path, weights=False, conv_first=conv_first)
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", source, "-o", str(out), "--quiet"]) == 0
+    (bn,) = [n for n in _valid_and_same(source, str(out)).graph.node if n.op_type == "BatchNormalization"]
+    assert len(bn.output) == 3
+
+
+@pytest.mark.parametrize("target", ["accel", "fused"])
+def test_a_partitioned_batch_norm_in_training_mode_keeps_its_outputs_in_the_function(tmp_path, target):
+    source = _training_bn_model(tmp_path, weights=False, conv_first=True)
+    out = tmp_path / "out.onnx"
+    assert main(["partition", source, "-t", target, "-o", str(out), "--quiet"]) == 0
+    model = _valid_and_same(source, str(out))
+    bns = [n for f in model.functions for n in f.node if n.op_type == "BatchNormalization"]
+    bns += [n for n in model.graph.node if n.op_type == "BatchNormalization"]
+    assert len(bns) == 1 and len(bns[0].output) == 3

@@ -81,6 +81,9 @@ CASES = {
     "add-zero": (_mat(lambda b: b.op("Relu", b.op("Add", "x", b.const(np.zeros(3, np.float32))))), ["Relu"], ()),
     "mul-one": (_mat(lambda b: b.op("Relu", b.op("Mul", "x", b.const(np.ones(3, np.float32))))), ["Relu"], ()),
     "batchnorm": (_img(lambda b: b.bn(b.conv("x", 4, 4), 4)), ["Conv"], ("conv-scale-out", "conv-bias")),
+    "batchnorm-training-const": (_img(lambda b: b.op("Add", "x", b.op(
+        "BatchNormalization", b.rand(2, 4, 6, 6), b.rand(4, low=0.5), b.rand(4), b.rand(4), b.rand(4, low=0.5),
+        epsilon=1e-3, training_mode=1))), ["Add"], ()),
     "conv-bias": (_img(lambda b: b.op("Add", b.conv("x", 4, 4), _per_channel(b))), ["Conv"], ()),
     "conv-bias-add": (_img(lambda b: b.op("Add", b.conv("x", 4, 4, bias=True), _per_channel(b))), ["Conv"], ()),
     "identity": (_mat(lambda b: b.op("Relu", b.op("Identity", "x"))), ["Relu"], ()),

@@ -96,7 +96,8 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
             return ""
         op, attrs = enc.attr_sets[node.key]
         name = name_for(cls)
-        out.nodes.append(Node(op, ins, [name], dict(attrs), name=name, domain=domains.get(op, "")))
+        outputs = [name] + [fresh(f"{name}_{extra}") for extra in unread_outputs(op, attrs)]
+        out.nodes.append(Node(op, ins, outputs, dict(attrs), name=name, domain=domains.get(op, "")))
         out.values[name] = facts.info(cls)
         return name
 
@@ -124,6 +125,16 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
     out.remove_dead()
     out.validate()
     return out
+
+
+def unread_outputs(op: str, attrs: dict[str, Any]) -> tuple[str, ...]:
+    """Outputs an op e-node's node must list beyond its first, which nobody reads: an op e-node is
+    its node's first output alone (saturate.engine.encode encodes a node so only when its other
+    outputs are unread), and ONNX requires a BatchNormalization in training mode to list its
+    running mean and variance."""
+    if op == "BatchNormalization" and int(attrs.get("training_mode", 0) or 0):
+        return ("running_mean", "running_var")
+    return ()
 
 
 def _read_only(value: Any) -> Any:

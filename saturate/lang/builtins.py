@@ -348,6 +348,23 @@ def flatten(c: Any, axis: int) -> np.ndarray:
 
 # ---- other constant folds ------------------------------------------------------------------------
 
+def batch_normalize(x: Any, scale: Any, bias: Any, eps: Any) -> np.ndarray:
+    """ONNX BatchNormalization in training mode: x normalized by its own mean and (population)
+    variance over every axis but 1, then times scale and plus bias per channel (axis 1)."""
+    a = np.asarray(x)
+    if a.ndim < 2 or not np.issubdtype(a.dtype, np.floating):
+        raise ValueError("batch_normalize: x must be a float tensor of rank 2 or more")
+    shape = (1, a.shape[1]) + (1,) * (a.ndim - 2)
+    if np.size(scale) != a.shape[1] or np.size(bias) != a.shape[1]:
+        raise ValueError("batch_normalize: scale and bias need one value per channel")
+    axes = (0, *range(2, a.ndim))
+    wide = a.astype(np.float64)
+    mean, var = wide.mean(axis=axes, keepdims=True), wide.var(axis=axes, keepdims=True)
+    y = (wide - mean) / np.sqrt(var + float(np.asarray(eps).reshape(()))) * np.reshape(scale, shape) \
+        + np.reshape(bias, shape)
+    return y.astype(a.dtype)
+
+
 def _softmax(c: Any, axis: Any) -> np.ndarray:
     a = np.asarray(c, np.float32) if not _is_array(c) else c
     axis = -1 if axis is None else int(axis)
@@ -392,6 +409,7 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "gemm": _const(_elementwise(_gemm), "ccccccc",
                    "gemm(a, b, c, alpha, beta, transA, transB) = alpha*A'B' + beta*c"),
     "softmax": _const(_softmax, "ci", "softmax of c along axis"),
+    "batch_normalize": _const(batch_normalize, "cccc", batch_normalize.__doc__),
     "per_axis": _const(per_axis, "cii", per_axis.__doc__),
     "vec": _const(vec, "c", vec.__doc__),
     "broadcast_vec": _const(broadcast_vec, "ci", broadcast_vec.__doc__),

@@ -189,6 +189,21 @@ def test_an_include_that_is_not_rules_shows_none_of_its_text(tmp_path: Path, cap
     assert "API_TOKEN=hunter2" in str(err.value) and "^" in str(err.value)
 
 
+@pytest.mark.parametrize("text, col", [
+    ("Mul(x, 99999999999999999999)", 26), ("Mul(x, 9223372036854775808)", 26),
+    ("Mul(x, -9223372036854775809)", 27), ("Reshape(x, [1, 18446744073709551616])", 34),
+    ("Mul(x, 1e999)", 26), ("Mul(x, " + "9" * 5000 + ")", 26)])
+def test_a_number_beyond_64_bits_is_refused_where_written(text, col):
+    with pytest.raises(SourceError) as err:
+        dsl.parse_rules(HEAD + f"rule x Relu(x) => {text}", "t.rules")
+    assert (err.value.line, err.value.col) == (2, col)
+    assert "outside int64" in err.value.message or "beyond float64" in err.value.message
+    # The ends of int64 are kept exactly, -2**63 written as a negated literal too.
+    r = one("rule x Softmax(x){axis=-9223372036854775808} => Mul(x, 9223372036854775807 - -9223372036854775808)")
+    assert r.lhs.attrs == (("axis", Num(-(1 << 63))),)
+    assert r.rhs.args[1] == Call("sub", (Num((1 << 63) - 1), Num(-(1 << 63))))
+
+
 # ---- load-time errors: message and position ---------------------------------------------------------
 
 ERRORS = [

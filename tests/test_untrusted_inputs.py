@@ -1,15 +1,18 @@
-"""Files as an attacker writes them: only regular files of a bounded size are read (targets
-here; rules files and includes in test_dsl.py)."""
+"""Files and rules as an attacker writes them: only regular files of a bounded size are read
+(targets here; rules files and includes in test_dsl.py), and a constant expression is refused
+before it allocates more than --max-memory."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from saturate.cli import main
 from saturate.core.errors import SaturateError, SourceError
+from saturate.lang.builtins import CONST_FUNCS
 from saturate.targets.target import load_target
 
 
@@ -80,3 +83,39 @@ def test_a_target_that_is_not_a_target_file_shows_none_of_its_text(tmp_path, cap
     (tmp_path / "mine.target").write_text("API_TOKEN=hunter2\n")
     with pytest.raises(SourceError, match="API_TOKEN=hunter2"):
         load_target(str(tmp_path / "mine.target"))
+
+
+# ---- constant expressions --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fn, args", [
+    ("constant_of_shape", ((1 << 20, 1 << 20), np.float32(0))),
+    ("expand", (np.ones((1, 1), np.float32), (1 << 20, 1 << 20))),
+    ("add", (np.ones((1 << 20, 1), np.float32), np.ones((1, 1 << 20), np.float32))),
+    ("matmul", (np.ones((1 << 20, 1), np.float32), np.ones((1, 1 << 20), np.float32))),
+    ("range", (np.int64(0), np.int64(1 << 40), np.int64(1))),
+    ("broadcast_vec", (np.float32(1), 1 << 40)),
+])
+def test_a_constant_expression_over_the_memory_limit_is_refused_before_it_allocates(fn, args):
+    # Each result takes terabytes: numpy would fail with a MemoryError, or take the machine.
+    with pytest.raises(SaturateError, match=rf"^constant expression .+ would take [0-9.]+ TiB, over the memory limit"):
+        CONST_FUNCS[fn].impl(*args)
+
+
+def test_a_rule_building_a_constant_over_max_memory_fails_in_one_line(tmp_path, capsys, monkeypatch):
+    from saturate.core import limits
+
+    monkeypatch.delenv(limits.ENV, raising=False)   # --max-memory sets it: restored after the test
+    model = tmp_path / "m.sat"
+    model.write_text("graph g opset 17\n  input %x: float32[1024, 1024]\n  %y = Relu(%x)\n  output %y\n")
+    rules = tmp_path / "big.rules"
+    rules.write_text("ruleset big level 1\n"
+                     "rule big Relu(x) => Add(x, constant_of_shape([1024, 1024], 0.0))\n"
+                     "rule add-zero Add(x, c:const) => x if zeros(c)\n")
+    out = tmp_path / "out.sat"
+    args = ["optimize", str(model), "-o", str(out), "--no-std", "--rules", str(rules)]
+    assert main([*args, "--max-memory", "1M"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "constant expression constant_of_shape" in err
+    assert "over the memory limit of 1.0 MiB" in err and "big.rules:3" in err
+    assert not out.exists()
+    assert main([*args, "--max-memory", "64M"]) == 0

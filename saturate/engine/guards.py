@@ -12,6 +12,7 @@ from saturate.engine.egraph import EGraphView
 from saturate.engine.encode import Encoding, Rows
 from saturate.engine.compile_rules import CompiledRule
 from saturate.engine.facts import FAILED, Facts, evaluate_fn
+from saturate.core.errors import SaturateError
 from saturate.core.ops import spec
 from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Str, Term, Var
 
@@ -220,6 +221,8 @@ def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int
         return computed, [ev.eval(term) for _, term in cr.extras]
     except _Undecided:
         return None
+    except SaturateError as err:   # a constant expression over --max-memory: say which rule read it
+        raise SaturateError(f"{err}, deciding rule '{cr.rule.name}' ({cr.rule.loc})") from None
 
 
 def _all_known(elements: tuple | None) -> bool:

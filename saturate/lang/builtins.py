@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from saturate.core.limits import check_allocation
+
 Shape = tuple[Any, ...]
 
 
@@ -108,12 +110,37 @@ def _special():
     return special
 
 
+def fits(fn: str, shape: Any, dtype: Any) -> None:
+    """Refuse a constant expression's result over --max-memory before it is allocated: one line
+    (a SaturateError) naming the function, the result's type and its size."""
+    dims = [int(d) for d in shape]
+    check_allocation(dims, np.dtype(dtype).itemsize, f"constant expression {fn}: {np.dtype(dtype).name}{dims}")
+
+
+def _matmul_shape(a: Any, b: Any) -> tuple[int, ...] | None:
+    """The shape np.matmul gives two arrays of rank 2 or more (None for others: numpy decides)."""
+    sa, sb = np.shape(a), np.shape(b)
+    if len(sa) < 2 or len(sb) < 2:
+        return None
+    try:
+        return (*np.broadcast_shapes(sa[:-2], sb[:-2]), sa[-2], sb[-1])
+    except ValueError:
+        return None
+
+
 def _elementwise(fn: Callable[..., Any]) -> Callable[..., np.ndarray]:
     """Wrap a numpy function: the result takes the dtype of the array inputs (float32 by default)."""
 
     def impl(*args: Any) -> np.ndarray:
         arrays = [a for a in args if _is_array(a)]
         dtype = np.result_type(*arrays) if arrays else np.dtype(np.float32)
+        # Broadcasting [n, 1] against [1, n] makes n * n elements out of 2n.
+        try:
+            shape = np.broadcast_shapes(*(np.shape(a) for a in args))
+        except ValueError:  # not elementwise (matmul) or not broadcastable: numpy says why
+            shape = _matmul_shape(*args[:2]) if fn is np.matmul else None
+        if shape is not None:
+            fits(getattr(fn, "__name__", "elementwise"), shape, dtype)
         out = fn(*(np.asarray(a, dtype) if not _is_array(a) else a for a in args))
         return np.asarray(out).astype(dtype, copy=False)
 
@@ -153,6 +180,7 @@ def vec(c: Any) -> np.ndarray:
 def broadcast_vec(c: Any, n: int) -> np.ndarray:
     """vec(c) repeated to length n when it has one element (a scalar becomes n equal values)."""
     v = vec(c)
+    fits("broadcast_vec", (n,), v.dtype)
     return np.broadcast_to(v, (n,)).copy()
 
 
@@ -176,6 +204,7 @@ def expand(c: Any, shape: Any) -> np.ndarray:
     """ONNX Expand: broadcast `c` and `shape` together (never shrinks a dim of `c`)."""
     a = np.asarray(c)
     target = np.broadcast_shapes(a.shape, _ints(shape) or ())
+    fits("expand", target, a.dtype)
     return np.broadcast_to(a, target).copy()
 
 
@@ -228,6 +257,7 @@ def gather(c: Any, indices: Any, axis: int) -> np.ndarray:
     n = a.shape[axis]
     if np.any((idx < -n) | (idx >= n)):
         raise ValueError("gather: index out of range")
+    fits("gather", (*a.shape[:axis], *idx.shape, *a.shape[axis + 1:]), a.dtype)
     return np.take(a, np.where(idx < 0, idx + n, idx), axis=axis)
 
 
@@ -286,7 +316,11 @@ def constant_of_shape(shape: Any, value: Any) -> np.ndarray:
     v = np.zeros(1, np.float32) if value is None else np.asarray(value)
     if v.size != 1:
         raise ValueError("constant_of_shape: value must hold one element")
-    return np.full(_ints(shape), v.reshape(()), v.dtype)
+    dims = _ints(shape)
+    if any(d < 0 for d in dims):
+        raise ValueError("constant_of_shape: negative dim")
+    fits("constant_of_shape", dims, v.dtype)
+    return np.full(dims, v.reshape(()), v.dtype)
 
 
 def range_(start: Any, limit: Any, delta: Any) -> np.ndarray:
@@ -295,6 +329,7 @@ def range_(start: Any, limit: Any, delta: Any) -> np.ndarray:
     if d == 0:
         raise ValueError("range: zero delta")
     n = max(int(np.ceil((l - s) / d)), 0)
+    fits("range", (n,), np.result_type(s, d))
     return (s + np.arange(n, dtype=np.result_type(s, d)) * d).astype(s.dtype)
 
 
@@ -320,6 +355,7 @@ def pad_kernel(w: Any, like: Any) -> np.ndarray:
         if big < k or (big - k) % 2:
             raise ValueError("pad_kernel: kernel cannot be centred")
         grow.append(((big - k) // 2, (big - k) // 2))
+    fits("pad_kernel", (*a.shape[:2], *b.shape[2:]), a.dtype)
     return np.pad(a, grow)
 
 
@@ -348,23 +384,6 @@ def flatten(c: Any, axis: int) -> np.ndarray:
 
 # ---- other constant folds ------------------------------------------------------------------------
 
-def batch_normalize(x: Any, scale: Any, bias: Any, eps: Any) -> np.ndarray:
-    """ONNX BatchNormalization in training mode: x normalized by its own mean and (population)
-    variance over every axis but 1, then times scale and plus bias per channel (axis 1)."""
-    a = np.asarray(x)
-    if a.ndim < 2 or not np.issubdtype(a.dtype, np.floating):
-        raise ValueError("batch_normalize: x must be a float tensor of rank 2 or more")
-    shape = (1, a.shape[1]) + (1,) * (a.ndim - 2)
-    if np.size(scale) != a.shape[1] or np.size(bias) != a.shape[1]:
-        raise ValueError("batch_normalize: scale and bias need one value per channel")
-    axes = (0, *range(2, a.ndim))
-    wide = a.astype(np.float64)
-    mean, var = wide.mean(axis=axes, keepdims=True), wide.var(axis=axes, keepdims=True)
-    y = (wide - mean) / np.sqrt(var + float(np.asarray(eps).reshape(()))) * np.reshape(scale, shape) \
-        + np.reshape(bias, shape)
-    return y.astype(a.dtype)
-
-
 def _softmax(c: Any, axis: Any) -> np.ndarray:
     a = np.asarray(c, np.float32) if not _is_array(c) else c
     axis = -1 if axis is None else int(axis)
@@ -375,6 +394,9 @@ def _softmax(c: Any, axis: Any) -> np.ndarray:
 def _gemm(a, b, c, alpha, beta, trans_a, trans_b):
     a = a.T if trans_a else a
     b = b.T if trans_b else b
+    shape = _matmul_shape(a, b)
+    if shape is not None:
+        fits("gemm", shape, np.result_type(a, b))
     return alpha * (a @ b) + beta * c
 
 
@@ -409,7 +431,6 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "gemm": _const(_elementwise(_gemm), "ccccccc",
                    "gemm(a, b, c, alpha, beta, transA, transB) = alpha*A'B' + beta*c"),
     "softmax": _const(_softmax, "ci", "softmax of c along axis"),
-    "batch_normalize": _const(batch_normalize, "cccc", batch_normalize.__doc__),
     "per_axis": _const(per_axis, "cii", per_axis.__doc__),
     "vec": _const(vec, "c", vec.__doc__),
     "broadcast_vec": _const(broadcast_vec, "ci", broadcast_vec.__doc__),

@@ -207,6 +207,7 @@ def parse_statements(text: str, file: str = "<string>", show_text: bool = True) 
     except UnexpectedInput as err:
         raise _syntax_error(err, text, file) from None
     _check_depth(tree, text, file)
+    _check_numbers(tree, text, file)
     try:
         return _ToAst(file).transform(tree)
     except VisitError as err:
@@ -230,6 +231,43 @@ def _check_depth(tree: Tree, text: str, file: str) -> None:
             line, col = (meta.line, meta.column) if not meta.empty else (1, 1)
             raise _with_line(SourceError(file, line, col, f"expression nested more than {MAX_DEPTH} levels deep"), text)
         stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
+
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+_NUMBER_TOKENS = {"NUMBER", "SIGNED_NUMBER", "INT", "SIGNED_INT"}
+
+
+def _check_numbers(tree: Tree, text: str, file: str) -> None:
+    """Refuse a literal no rule can mean: an integer outside int64 (attributes, shapes and the
+    engine's literals hold 64 bits, and a larger one would be cut short somewhere) or a float
+    beyond float64 (which Python reads as infinity)."""
+    negated: set[int] = set()   # `-9223372036854775808` is written as - applied to 2**63
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if node.data == "neg" and isinstance(node.children[0], Tree) and node.children[0].data == "number":
+            negated.add(id(node.children[0]))
+        for child in node.children:
+            if isinstance(child, Tree):
+                stack.append(child)
+            elif isinstance(child, Token) and child.type in _NUMBER_TOKENS:
+                bad = _bad_number(str(child), id(node) in negated)
+                if bad:
+                    raise _with_line(SourceError(file, child.line, child.column, bad), text)
+
+
+def _bad_number(text: str, negated: bool) -> str | None:
+    if text.lstrip("+-").isdigit():
+        try:
+            value = int(text)
+        except ValueError:   # more digits than Python converts
+            value = INT64_MAX + 2
+        if not INT64_MIN <= (-value if negated else value) <= INT64_MAX:
+            shown = ("-" if negated else "") + text[:30] + ("..." if len(text) > 30 else "")
+            return f"integer {shown} is outside int64 ({INT64_MIN} to {INT64_MAX})"
+    elif float(text) in (float("inf"), float("-inf")):
+        return f"number {text[:30]} is beyond float64"
+    return None
 
 
 def _with_line(err: SourceError, text: str) -> SourceError:

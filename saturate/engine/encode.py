@@ -241,8 +241,9 @@ def _is_float(info: ValueInfo) -> bool:
 def _rewritable(node: Node, graph: Graph, preserve: set[str], rule_ops: set[str], read: set[str]) -> bool:
     """Single-output float ops the engine works on or a rule names (shape ops of any dtype) are open
     to rules; others are opaque. An op only a rule's `op Name/N` declares is open whatever its dtype.
-    Outputs nobody reads (Dropout's mask, an inference BatchNormalization's running statistics)
-    do not count: such a node is a single-output term and loses them when rewritten."""
+    Outputs nobody reads (Dropout's mask, a BatchNormalization's running statistics) do not count:
+    such a node is a single-output term and loses them when rewritten (decode writes again those
+    ONNX requires, saturate.engine.decode.unread_outputs)."""
     if node.domain not in ("", "ai.onnx") or node.op in preserve or (node.name and node.name in preserve):
         return False
     if not node.outputs or not node.outputs[0] or any(o in read for o in node.outputs[1:] if o):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import onnx
@@ -10,6 +12,7 @@ from google.protobuf.message import DecodeError
 from saturate.core.errors import SaturateError
 from saturate.core.fileio import check_writable, write_atomic
 from saturate.core.ir import Graph
+from saturate.core.limits import check_bytes
 
 TEXT_SUFFIXES = (".sat", ".txt")
 
@@ -30,15 +33,13 @@ def load_graph(spec: str) -> Graph:
         except SaturateError as err:
             raise SaturateError(f"{spec}: {err}") from None
     path = Path(spec)
-    if not path.exists():
-        raise SaturateError(f"{spec}: no such file")
-    if path.is_dir():
-        raise SaturateError(f"{spec}: is a directory, not a model")
+    data = read_regular_file(path, "model")
     if path.suffix.lower() in TEXT_SUFFIXES:
         try:
-            source = path.read_text(encoding="utf-8")
+            source = data.decode("utf-8")
         except UnicodeDecodeError:
             raise SaturateError(f"{spec}: not a text graph (not UTF-8)") from None
+        del data
         from saturate.frontend import text
 
         return text.parse_graph(source, file=str(spec))
@@ -46,17 +47,56 @@ def load_graph(spec: str) -> Graph:
 
     model = onnx.ModelProto()
     try:
-        # The file's bytes are not kept: for big models they are as large as the weights.
-        model.ParseFromString(path.read_bytes())
+        model.ParseFromString(data)
     except (DecodeError, ValueError, RuntimeError):
         raise SaturateError(f"{spec}: not an ONNX model (protobuf decoding failed)") from None
+    # The file's bytes are not kept: for big models they are as large as the weights.
+    del data
     if not model.HasField("graph") or not model.opset_import:
         raise SaturateError(f"{spec}: not an ONNX model (no graph or opset)")
-    _load_external_data(model, path)
     try:
+        # Sizes are checked before any weight, external or not, is read or decoded.
+        onnx_io.check_tensors(model)
+        _load_external_data(model, path)
         return onnx_io.import_model(model)
     except SaturateError as err:
         raise SaturateError(f"{spec}: {err}") from None
+
+
+def read_regular_file(path: Path, what: str, offset: int = 0, length: int | None = None) -> bytes:
+    """The bytes of a regular file (`length` bytes from `offset`, else all of it), its size checked
+    against the memory limit first. Anything else (a FIFO, a device, a directory) is refused
+    without reading: a FIFO would block the open and /dev/zero never ends."""
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise SaturateError(f"{path}: no such file") from None
+    except OSError as err:
+        raise SaturateError(f"{path}: cannot read: {err.strerror or err}") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise SaturateError(f"{path}: is a directory, not a {what}")
+        if not stat.S_ISREG(info.st_mode):
+            raise SaturateError(f"{path}: not a regular file (a FIFO, device or socket); "
+                                f"only regular files are read as a {what}")
+        available = max(info.st_size - offset, 0)
+        size = available if length is None else length
+        if offset > info.st_size or size > available:
+            raise SaturateError(f"{path}: {size} bytes at offset {offset} asked for, but the file holds "
+                                f"{info.st_size} bytes")
+        check_bytes(size, f"{path}: reading this {what}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            f.seek(offset)
+            data = f.read(size)
+    except OSError as err:
+        raise SaturateError(f"{path}: cannot read: {err.strerror or err}") from None
+    finally:
+        os.close(fd)
+    if len(data) != size:  # the file shrank while it was read
+        raise SaturateError(f"{path}: cannot read: the file changed while it was read")
+    return data
 
 
 def save_graph(graph: Graph, path: str) -> None:
@@ -87,16 +127,50 @@ EXTERNAL_DATA_BYTES = 2**31 - 2**27
 
 
 def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
-    """Read tensors stored beside the model, relative to the model's own folder (ONNX spec)."""
+    """Read tensors stored beside the model (ONNX spec: a location relative to the model's folder).
+
+    Every location must stay inside that folder once symbolic links are resolved, name a regular
+    file, and hold exactly the bytes the tensor's dims and type need; the size is checked before
+    anything is read. onnx's own loader is not used: it opens whatever the location names.
+    """
     from onnx import external_data_helper
 
-    tensors = [t for t in external_data_helper._get_all_tensors(model) if external_data_helper.uses_external_data(t)]
+    from saturate.frontend import onnx_io
+
+    tensors = [t for t in external_data_helper._get_all_tensors(model)
+               if t.data_location == onnx.TensorProto.EXTERNAL]
     if not tensors:
         return
-    try:
-        external_data_helper.load_external_data_for_model(model, str(path.resolve().parent))
-    except (OSError, ValueError, onnx.checker.ValidationError) as err:
-        raise SaturateError(f"{path}: cannot read external data: {str(err).splitlines()[0]}") from None
+    folder = path.resolve().parent
+    for t in tensors:
+        what = f"external data of tensor '{t.name}'"
+        keys = {e.key: e.value for e in t.external_data}
+        location = keys.get("location", "")
+        if not location or "\0" in location:
+            raise SaturateError(f"{what}: no file location given")
+        if Path(location).is_absolute() or ".." in Path(location).parts:
+            raise SaturateError(f"{what}: location '{location}' is not a path inside the model's folder")
+        source = (folder / location).resolve()
+        if folder not in source.parents:
+            raise SaturateError(f"{what}: location '{location}' leads outside the model's folder")
+        try:
+            offset = int(keys.get("offset", "0"))
+            length = int(keys["length"]) if "length" in keys else None
+        except ValueError:
+            raise SaturateError(f"{what}: offset and length must be integers") from None
+        if offset < 0 or (length is not None and length < 0):
+            raise SaturateError(f"{what}: negative offset or length")
+        needed = onnx_io.raw_size(t, f"tensor '{t.name}'")
+        if needed is None:
+            raise SaturateError(f"{what}: {onnx_io.dtype_name(t.data_type)} tensors cannot be stored externally")
+        if length is not None and length != needed:
+            raise SaturateError(f"{what}: {length} bytes declared; {onnx_io.describe(t)} needs {needed}")
+        try:
+            t.raw_data = read_regular_file(source, "external data file", offset, needed)
+        except SaturateError as err:
+            raise SaturateError(f"{what}: {err}") from None
+        t.data_location = onnx.TensorProto.DEFAULT
+        del t.external_data[:]
 
 
 def _externalize(model: onnx.ModelProto, data_name: str) -> list[bytes]:

@@ -14,6 +14,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
+from saturate.core.limits import check_allocation, element_count
 
 # The engine's rules and the interpreter's numpy kernels are written for the forms ops take from
 # opset 14 (Softmax on one axis and Squeeze's axes as an input from 13; the rules match
@@ -34,6 +35,9 @@ def import_model(model: onnx.ModelProto) -> Graph:
     A model older than MIN_OPSET is first converted to it with the ONNX version converter.
     """
     opset, extra = _opsets(model)
+    # Before anything reads a weight or a shape (the checker, inference, the converter).
+    check_tensors(model)
+    _check_declared_shapes(model.graph)
     skeleton = _without_weights(model)
     _check(skeleton)
     if model.functions:
@@ -65,7 +69,7 @@ def import_model(model: onnx.ModelProto) -> Graph:
         g.meta["preserve"] = sorted(marks)
 
     for init in list(og.initializer) + weights:
-        g.constants[init.name] = _array(init)
+        g.constants[init.name] = _array(init, f"initializer '{init.name}'")
     if og.sparse_initializer:
         raise SaturateError("sparse initializers are not supported")
     for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
@@ -79,7 +83,7 @@ def import_model(model: onnx.ModelProto) -> Graph:
 
     for k, on in enumerate(og.node):
         if on.op_type == "Constant" and on.domain in _DEFAULT_DOMAINS and len(on.attribute) == 1:
-            value = _constant_node_value(on.attribute[0])
+            value = _constant_node_value(on.attribute[0], on)
             if value is not None:
                 g.constants[on.output[0]] = value
                 g.values.pop(on.output[0], None)
@@ -150,6 +154,16 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     sg.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                     for t in big if t.name not in declared)
     return skeleton
+
+
+def _check_declared_shapes(g: onnx.GraphProto) -> None:
+    """Refuse a graph input, output or value declared with a negative dimension."""
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            dims = [d.dim_value for d in vi.type.tensor_type.shape.dim if d.HasField("dim_value")]
+            if any(d < 0 for d in dims):
+                raise SaturateError(f"invalid ONNX model: value '{vi.name}' is declared with a negative "
+                                    f"dimension {min(dims)}")
 
 
 def _copy_fields(src, dst, skip: str) -> None:
@@ -348,9 +362,9 @@ def type_info(tp: onnx.TypeProto) -> ValueInfo | None:
     return ValueInfo(dtype, tuple(dims))
 
 
-def _constant_node_value(a: AttributeProto) -> np.ndarray | None:
+def _constant_node_value(a: AttributeProto, on: onnx.NodeProto) -> np.ndarray | None:
     if a.name == "value" and a.type == AttributeProto.TENSOR:
-        return _array(a.t)
+        return _array(a.t, f"node '{on.name or on.output[0]}' (Constant): attribute 'value'")
     scalar = {"value_float": lambda: np.array(a.f, np.float32),
               "value_floats": lambda: np.array(list(a.floats), np.float32),
               "value_int": lambda: np.array(a.i, np.int64),
@@ -367,7 +381,7 @@ def _attr_value(a: AttributeProto, node: Node) -> Any:
     if t == AttributeProto.STRING:
         return _text(a.s)
     if t == AttributeProto.TENSOR:
-        return _array(a.t)
+        return _array(a.t, f"{node.where()}: attribute '{a.name}'")
     if t == AttributeProto.FLOATS:
         return [_short_float(v) for v in a.floats]
     if t == AttributeProto.INTS:
@@ -375,19 +389,106 @@ def _attr_value(a: AttributeProto, node: Node) -> Any:
     if t == AttributeProto.STRINGS:
         return [_text(s) for s in a.strings]
     if t == AttributeProto.TENSORS:
-        return [_array(x) for x in a.tensors]
+        return [_array(x, f"{node.where()}: attribute '{a.name}'") for x in a.tensors]
     if t in _OPAQUE_KINDS:
         return OpaqueAttr(_OPAQUE_KINDS[t], a.SerializeToString())
     raise SaturateError(f"{node.where()}: attribute '{a.name}' has an unsupported type {t}")
 
 
-def _array(t: TensorProto) -> np.ndarray:
+def _array(t: TensorProto, what: str | None = None) -> np.ndarray:
+    """The tensor's data as an array, after checking that its dims are sane, that it fits the memory
+    limit and that its data holds exactly what its dims and type need (check_tensors)."""
+    what = what or f"tensor '{t.name}'"
+    check_tensor(t, what)
     # Plain little-endian raw data is read straight from one copy of its bytes (the protobuf's
     # own buffer is not kept); the IR treats constants as immutable, so read-only is fine.
     dtype = _RAW_DTYPES.get(t.data_type)
-    if dtype is not None and t.HasField("raw_data") and t.data_location != TensorProto.EXTERNAL:
+    if dtype is not None and t.HasField("raw_data"):
         return np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
-    return np.array(numpy_helper.to_array(t), copy=True)
+    try:
+        arr = np.array(numpy_helper.to_array(t), copy=True)
+    except Exception as err:  # onnx raises ValueError, TypeError, KeyError... for malformed data
+        raise SaturateError(f"{what}: cannot decode its data ({_first_line(err)})") from None
+    if arr.shape != tuple(t.dims):
+        raise SaturateError(f"{what}: its data holds {arr.size} values; {describe(t)} needs "
+                            f"{math.prod(t.dims)}")
+    return arr
+
+
+# Elements of these types are packed into fewer than 8 bits in raw_data.
+_PACKED_BITS = {getattr(TensorProto, name): bits for name, bits in
+                (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2),
+                 ("FLOAT6E2M3", 6), ("FLOAT6E3M2", 6)) if hasattr(TensorProto, name)}
+# The repeated field each type's values go to when not in raw_data, and values per element there.
+_TYPED_FIELDS = {TensorProto.FLOAT: ("float_data", 1), TensorProto.COMPLEX64: ("float_data", 2),
+                 TensorProto.DOUBLE: ("double_data", 1), TensorProto.COMPLEX128: ("double_data", 2),
+                 TensorProto.INT64: ("int64_data", 1), TensorProto.UINT32: ("uint64_data", 1),
+                 TensorProto.UINT64: ("uint64_data", 1), TensorProto.STRING: ("string_data", 1)}
+_TYPED_FIELDS.update({code: ("int32_data", 1) for code in
+                      (TensorProto.INT32, TensorProto.INT16, TensorProto.INT8, TensorProto.UINT16,
+                       TensorProto.UINT8, TensorProto.BOOL, TensorProto.FLOAT16, TensorProto.BFLOAT16)})
+
+
+def describe(t: TensorProto) -> str:
+    """`float32[3, 4]`: a tensor's type and dims as errors show them."""
+    return f"{dtype_name(t.data_type)}{list(t.dims)}"
+
+
+def _itemsize(t: TensorProto, what: str) -> int:
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except Exception:
+        raise SaturateError(f"{what}: unknown element type {t.data_type}") from None
+
+
+def raw_size(t: TensorProto, what: str) -> int | None:
+    """Bytes the tensor's values take as raw_data (None for strings, which have no raw form)."""
+    count = element_count(t.dims, what)
+    if t.data_type == TensorProto.STRING:
+        return None
+    bits = _PACKED_BITS.get(t.data_type)
+    if bits is not None:
+        return (count * bits + 7) // 8
+    return count * _itemsize(t, what)
+
+
+def check_tensor(t: TensorProto, what: str) -> None:
+    """Refuse a tensor whose dims are negative or too large for the memory limit, or whose data
+    does not hold exactly what its dims and type need: before anything is decoded or allocated,
+    trusting no size the file declares."""
+    if t.HasField("segment"):
+        raise SaturateError(f"{what}: segmented tensors are not supported")
+    itemsize = _itemsize(t, what)
+    check_allocation(t.dims, itemsize, f"{what} ({describe(t)})")
+    if t.data_location == TensorProto.EXTERNAL:
+        return  # its bytes are checked against the dims when they are read (load_graph)
+    count = math.prod(t.dims)
+    if t.HasField("raw_data"):
+        needed = raw_size(t, what)
+        if needed is None:
+            raise SaturateError(f"{what}: string tensors cannot hold raw_data")
+        if len(t.raw_data) != needed:
+            raise SaturateError(f"{what}: raw_data holds {len(t.raw_data)} bytes; {describe(t)} needs {needed}")
+        return
+    field, per = _TYPED_FIELDS.get(t.data_type, (None, 1))
+    if field is not None and len(getattr(t, field)) != count * per:
+        raise SaturateError(f"{what}: {field} holds {len(getattr(t, field))} values; {describe(t)} "
+                            f"needs {count * per}")
+
+
+def check_tensors(model: onnx.ModelProto) -> None:
+    """check_tensor on every initializer and tensor attribute of the model (subgraphs included)."""
+    graphs = [model.graph]
+    while graphs:
+        g = graphs.pop()
+        for init in g.initializer:
+            check_tensor(init, f"initializer '{init.name}'")
+        for on in g.node:
+            for a in on.attribute:
+                where = f"node '{on.name or (on.output[0] if on.output else '')}' ({on.op_type}): attribute '{a.name}'"
+                for t in ([a.t] if a.HasField("t") else []) + list(a.tensors):
+                    check_tensor(t, where)
+                graphs.extend(([a.g] if a.HasField("g") else []) + list(a.graphs))
 
 
 _RAW_DTYPES = {TensorProto.FLOAT: np.dtype("<f4"), TensorProto.DOUBLE: np.dtype("<f8"),

@@ -15,6 +15,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from saturate.frontend.onnx_io import MAX_OPSET
 from saturate.core.errors import SaturateError, SourceError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
+from saturate.core.limits import check_allocation
 from saturate.core.ops import op_table
 
 # The text form is saturate's own and is read as written, never converted: from opset 13, the first
@@ -152,6 +153,9 @@ def parse_graph(text: str, file: str = "<string>") -> Graph:
     return _Reader(text, file).graph(tree)
 
 
+_INT64 = np.iinfo(np.int64)
+
+
 def _syntax_error(err: UnexpectedInput, text: str, file: str) -> SourceError:
     line, col = max(err.line, 1), max(err.column, 1)
     if isinstance(err, UnexpectedToken) and err.token.type == "$END" or isinstance(err, UnexpectedEOF):
@@ -229,6 +233,8 @@ class _Reader:
     # ---- statements ----------------------------------------------------------------------
     def st_import_(self, g: Graph, st: Tree) -> None:
         domain, version = st.children
+        if not 1 <= int(version) <= _INT64.max:
+            raise self.error(version, f"opset version {version} is out of range (1 to {_INT64.max})")
         g.meta.setdefault("opset_imports", {})[json.loads(domain)] = int(version)
 
     def st_meta(self, g: Graph, st: Tree) -> None:
@@ -284,7 +290,10 @@ class _Reader:
                 key, value = a.children
                 if str(key) in node.attrs:
                     raise self.error(key, f"attribute '{key}' is given twice")
-                node.attrs[str(key)] = self.attr_value(value)
+                if value.data == "opaque":
+                    node.attrs[str(key)] = self.opaque(*value.children, key=key)
+                else:
+                    node.attrs[str(key)] = self.attr_value(value)
         g.nodes.append(node)
 
     # ---- types, data, attribute values -----------------------------------------------------
@@ -298,7 +307,12 @@ class _Reader:
             if d is None:
                 continue
             tok = d.children[0]
-            dims.append(int(tok) if tok.type == "INT" else None if tok.type == "UNKNOWN_DIM" else json.loads(tok))
+            if tok.type == "INT":
+                if not 0 <= int(tok) <= _INT64.max:
+                    raise self.error(tok, f"dimension {tok} is out of range (0 to {_INT64.max})")
+                dims.append(int(tok))
+            else:
+                dims.append(None if tok.type == "UNKNOWN_DIM" else json.loads(tok))
         return tuple(dims)
 
     def tensor(self, ttype: Tree, data: Tree) -> np.ndarray:
@@ -308,6 +322,11 @@ class _Reader:
             raise self.error(shape_tree, "constant shapes must be concrete non-negative integers")
         dtype = self.dtype(dtype_tok)
         tok = data.children[0]
+        try:
+            # The data must be in the file, so a huge shape cannot parse; say why before trying.
+            check_allocation(shape, dtype.itemsize, f"constant {_dtype_name(dtype)}{list(shape)}")
+        except SaturateError as err:
+            raise self.error(shape_tree, str(err)) from None
         size = math.prod(shape)
         if tok.type == "HEX_DATA":
             raw = bytes.fromhex(tok[2:]) if len(tok) % 2 == 0 else b"?"
@@ -332,7 +351,10 @@ class _Reader:
     def numbers(self, tok: Token, body: str, dtype: np.dtype) -> np.ndarray:
         # numpy's text reader instead of a Python loop: big models have millions of values.
         expected = body.count(",") + 1 if body.strip() else 0
-        parse_as = np.float64 if dtype.kind == "f" else np.int64 if dtype.kind in "bi" else dtype
+        # Integers are read 64-bit and range-checked (check_int_range): numpy wraps 300 to 44 when
+        # it reads into uint8 itself.
+        parse_as = (np.float64 if dtype.kind == "f" else np.uint64 if dtype == np.uint64
+                    else np.int64 if dtype.kind in "biu" else dtype)
         with warnings.catch_warnings():
             # numpy reports text it cannot read as a DeprecationWarning and returns a prefix.
             warnings.simplefilter("error", DeprecationWarning)
@@ -342,7 +364,26 @@ class _Reader:
                 flat = None
         if flat is None or flat.size != expected:
             raise self.error(tok, f"constant data is not a list of {_dtype_name(dtype)} values")
+        if dtype.kind in "biu" and flat.size:
+            self.check_int_range(tok, body, flat, dtype)
         return flat.astype(dtype)
+
+    def check_int_range(self, tok: Token, body: str, flat: np.ndarray, dtype: np.dtype) -> None:
+        """Refuse integer data that does not fit its dtype; numpy's reader clamps what does not fit
+        64 bits to the type's extremes, so those values are read again exactly."""
+        limits = np.iinfo(flat.dtype)
+        clamped = flat == limits.max
+        if limits.min < 0:
+            clamped |= flat == limits.min
+        if np.any(clamped):
+            for text in body.split(","):
+                if not limits.min <= int(text) <= limits.max:
+                    raise self.error(tok, f"constant value {text.strip()} is out of range for {_dtype_name(dtype)}")
+        lo, hi = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        low, high = flat.min(), flat.max()
+        if low < lo or high > hi:
+            bad = low if low < lo else high
+            raise self.error(tok, f"constant value {bad} is out of range for {_dtype_name(dtype)} ({lo} to {hi})")
 
     def dtype(self, tok: Token) -> np.dtype:
         if str(tok) == "string":
@@ -361,15 +402,44 @@ class _Reader:
     def attr_value(self, v: Tree) -> Any:
         kind = v.data
         if kind == "int_":
+            if not _INT64.min <= int(v.children[0]) <= _INT64.max:
+                raise self.error(v.children[0], f"integer {v.children[0]} is out of range (64-bit)")
             return int(v.children[0])
         if kind == "float_":
             return float(v.children[0])
         if kind == "str_":
             return json.loads(v.children[0])
         if kind == "bytes_":
-            return bytes.fromhex(v.children[0][2:-1])
+            return self.hex_bytes(v.children[0])
         if kind == "tensor":
             return self.tensor(*v.children)
         if kind == "opaque":
-            return OpaqueAttr(str(v.children[0]), bytes.fromhex(v.children[1][2:-1]))
+            return self.opaque(v.children[0], v.children[1])
         return [self.attr_value(x) for x in v.children if x is not None]
+
+    def hex_bytes(self, tok: Token) -> bytes:
+        digits = tok[2:-1]
+        if len(digits) % 2:
+            raise self.error(tok, "bytes need an even number of hex digits")
+        return bytes.fromhex(digits)
+
+    def opaque(self, kind: Token, tok: Token, key: Token | None = None) -> OpaqueAttr:
+        """An opaque attribute: a serialized AttributeProto of the kind it says (named as the
+        attribute, when it is one), checked here so that a corrupt one is refused at its line
+        rather than when the graph is exported or run."""
+        from google.protobuf.message import DecodeError
+        from onnx import AttributeProto
+
+        payload = self.hex_bytes(tok)
+        proto = AttributeProto()
+        try:
+            proto.ParseFromString(payload)
+        except (DecodeError, ValueError, RuntimeError):
+            raise self.error(tok, "opaque attribute is not a serialized ONNX AttributeProto") from None
+        types = dict(AttributeProto.AttributeType.items())
+        if types.get(str(kind)) != proto.type:
+            got = next((name for name, code in types.items() if code == proto.type), str(proto.type))
+            raise self.error(kind, f"opaque attribute holds an attribute of type {got}, not {kind}")
+        if key is not None and proto.name != str(key):
+            raise self.error(tok, f"opaque attribute is named '{proto.name}' inside, not '{key}'")
+        return OpaqueAttr(str(kind), payload)

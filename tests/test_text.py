@@ -1,6 +1,7 @@
 """Text form: print/parse round trips (hypothesis over random graphs), syntax errors, `saturate show`."""
 
 import numpy as np
+import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -62,7 +63,18 @@ def attr_values(draw):
         return []
     if kind == "tensor":
         return arrays(draw, finite=True)
+    # The payload is filled in once the attribute's name is drawn (opaque_named): the parser
+    # checks that it is a well-formed AttributeProto of that name and kind.
     return OpaqueAttr("GRAPH", draw(st.binary(max_size=8)))
+
+
+def opaque_named(key: str, value):
+    """An opaque attribute drawn by attr_values as a GRAPH AttributeProto named `key`."""
+    if not isinstance(value, OpaqueAttr):
+        return value
+    graph = onnx.GraphProto(name=value.payload.hex())
+    proto = onnx.AttributeProto(name=key, type=onnx.AttributeProto.GRAPH, g=graph)
+    return OpaqueAttr("GRAPH", proto.SerializeToString())
 
 
 @st.composite
@@ -86,6 +98,7 @@ def graphs(draw):
         args = draw(st.lists(st.sampled_from(defined + [""]), max_size=3))
         outs = [name] + ([""] if draw(st.booleans()) else [])
         attrs = draw(st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True), attr_values(), max_size=3))
+        attrs = {k: opaque_named(k, v) for k, v in attrs.items()}
         # An op ONNX does not define only exists in a domain of its own (the parser refuses it bare).
         op, domain = draw(st.sampled_from([("Conv", ""), ("Add", ""), ("Add", "com.example"),
                                            ("MyOp", "com.example")]))

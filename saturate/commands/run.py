@@ -13,6 +13,7 @@ import numpy as np
 from saturate.core.errors import SaturateError
 from saturate.core.fileio import write_atomic
 from saturate.core.ir import Graph
+from saturate.core.limits import check_allocation
 
 NAME = "run"
 HELP = ("run a model (.onnx, .sat or example:NAME), or a directory 'saturate compile' wrote, on an input and save "
@@ -157,6 +158,9 @@ def random_arrays(specs: list[tuple[str, list[int], str]], seed: int) -> dict[st
     inputs = {}
     for name, shape, dtype_name in specs:
         dtype = np.dtype(dtype_name)
+        check_allocation(shape, dtype.itemsize, f"input '{name}' ({dtype_name}{list(shape)})")
+        # numpy draws 64-bit values, then casts them.
+        check_allocation(shape, 8, f"the random values for input '{name}' (drawn as 64-bit)")
         if dtype.kind == "f":
             inputs[name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":

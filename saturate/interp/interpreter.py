@@ -8,9 +8,11 @@ import numpy as np
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
+from saturate.core.limits import check_allocation, check_bytes
 from saturate.core.ops import newest_opset, spec
 from saturate.interp.kernels import ARITY, OP_IMPLS, Unhandled
 from saturate.interp.reference import reference_ops, run_reference
+from saturate.interp.sizes import check_output_sizes
 
 __all__ = ["run_graph", "eval_node", "check_inputs", "supported_ops", "OP_IMPLS"]
 
@@ -37,7 +39,9 @@ def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None
         version = opset or newest_opset()
         # Any op ONNX defines goes there, so that one it cannot run says why (control flow...).
         if standard and spec(node.op, version) is not None:
-            return run_reference(node, [None if a is None else np.asarray(a) for a in inputs], version)
+            args = [None if a is None else np.asarray(a) for a in inputs]
+            check_output_sizes(node, args)
+            return _checked(node, run_reference(node, args, version))
         shown = f"{node.domain}::{node.op}" if node.domain else node.op
         raise SaturateError(f"no reference implementation for op '{shown}' (node '{node.name or node.outputs[0]}')")
     lo, hi = ARITY[node.op]
@@ -51,11 +55,12 @@ def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None
         if k >= len(args) or args[k] is None:
             raise SaturateError(f"{node.where()}: missing required input {k}")
     args = [None if a is None else np.asarray(a) for a in args]
+    check_output_sizes(node, args)
     try:
         with np.errstate(all="ignore"):
             result = impl(node, *args)
     except Unhandled:
-        return run_reference(node, args, opset or newest_opset())
+        return _checked(node, run_reference(node, args, opset or newest_opset()))
     except SaturateError:
         raise
     except _NUMPY_ERRORS as err:
@@ -64,7 +69,16 @@ def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None
     if any(node.outputs[len(results):]):
         raise SaturateError(f"{node.where()}: computes {len(results)} output(s), "
                             f"the node asks for {len(node.outputs)}")
-    return [np.asarray(r) for r in results]
+    return _checked(node, [np.asarray(r) for r in results])
+
+
+def _checked(node: Node, results: list) -> list:
+    # A kernel this module does not size may still have made something over the limit (numpy
+    # hands out untouched zero pages lazily): stop before later nodes build on it.
+    for out, r in zip(node.outputs, results):
+        if r is not None:
+            check_bytes(r.nbytes, f"{node.where()}: output '{out}' {list(r.shape)}")
+    return results
 
 
 def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -107,6 +121,19 @@ def _check_shape(name: str, got: tuple, want: tuple, symbols: dict[str, tuple[st
                                     f"but input '{first[0]}' gave {expected}={first[1]}")
 
 
+def _check_declared(graph: Graph, node: Node) -> None:
+    """Refuse to run a node whose outputs the graph declares (or inference found) with a static
+    shape over the memory limit, whatever its op."""
+    for out in node.outputs:
+        info = graph.values.get(out) if out else None
+        if info is not None and info.is_static() and info.shape:
+            try:
+                itemsize = np.dtype(info.dtype).itemsize
+            except TypeError:
+                continue
+            check_allocation(info.shape, itemsize, f"{node.where()}: output '{out}' {info.dtype}{list(info.shape)}")
+
+
 def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run the graph on the given inputs; return graph output name -> array."""
     env: dict[str, np.ndarray] = dict(graph.constants)
@@ -119,6 +146,7 @@ def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
                 remaining[i] = remaining.get(i, 0) + 1
 
     for node in graph.nodes:
+        _check_declared(graph, node)
         args = []
         for i in node.inputs:
             if not i:

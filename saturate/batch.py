@@ -6,16 +6,21 @@ from __future__ import annotations
 import fnmatch
 import glob
 import json
-import multiprocessing
 import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from saturate.core.errors import SaturateError
-from saturate.core.fileio import write_atomic
+from saturate.core.fileio import sweep_stale_temps, write_atomic, written_together
 
 MODEL_SUFFIXES = (".onnx", ".sat")
 
@@ -163,12 +168,13 @@ def optimize_job(job: Job, options: Options) -> Outcome:
                                   max_iterations=options.max_iterations, max_nodes=options.max_nodes,
                                   timeout=options.timeout, preserve=options.preserve,
                                   fold_initializer_inputs=options.fold_initializer_inputs)
-        save_graph(result, job.output)
+        with written_together():  # a model and its external data file, both or neither
+            save_graph(result, job.output)
         return Outcome(job.source, job.output, True, time.perf_counter() - start, len(graph.nodes),
                        len(result.nodes), report.run.stop_reason, cpu_seconds=time.process_time() - cpu)
-    except KeyboardInterrupt:
-        raise
     except BaseException as err:  # one model's failure (even an engine panic) must not stop the batch
+        if not isinstance(err, Exception) and type(err).__name__ != "PanicException":
+            raise  # Ctrl-C, SIGTERM (Stopped, saturate.cli.Terminated), exit: they end the batch
         text = str(err).splitlines()[0] if str(err) else type(err).__name__
         if not isinstance(err, SaturateError):
             text = f"{type(err).__name__}: {text}"
@@ -179,7 +185,10 @@ def optimize_job(job: Job, options: Options) -> Outcome:
 def run_batch(jobs: list[Job], options: Options, workers: int | None = None, cluster: str | None = None,
               done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
     """Run every job, `workers` processes at a time (default: all cores) or as Ray tasks on the
-    cluster at `cluster` ("local" starts one on this machine); outcomes in job order."""
+    cluster at `cluster` ("local" starts one on this machine); outcomes in job order.
+
+    An exception here (Ctrl-C, SIGTERM turned into Stopped) kills the worker processes at once
+    and removes the temp files they leave, then propagates: `done` has seen what finished."""
     if cluster is not None:
         return _run_on_ray(jobs, options, cluster, done)
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
@@ -190,20 +199,180 @@ def run_batch(jobs: list[Job], options: Options, workers: int | None = None, clu
             if done:
                 done(outcomes[k])
         return [outcomes[k] for k in range(len(jobs))]
-    # Fresh interpreters, not forks: a fork would copy whatever threads the parent has started.
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_import_stages) as pool:
-        futures = {pool.submit(optimize_job, jobs[k], options): k for k in largest_first(jobs)}
-        for future in as_completed(futures):
-            k = futures[future]
-            try:
-                outcomes[k] = future.result()
-            except Exception as err:  # the worker process itself died (out of memory, a signal)
-                outcomes[k] = Outcome(jobs[k].source, jobs[k].output, False, 0.0,
-                                      error=f"worker process failed: {err}")
-            if done:
-                done(outcomes[k])
+    order = deque(largest_first(jobs))
+    pool: list[_Worker] = []
+    try:
+        with selectors.DefaultSelector() as selector:
+            def start_worker() -> None:
+                worker = _Worker(options)
+                pool.append(worker)
+                selector.register(worker.proc.stdout, selectors.EVENT_READ, worker)
+                worker.take(order, jobs)
+
+            for _ in range(workers):
+                start_worker()
+            while any(w.job is not None for w in pool):
+                for key, _ in selector.select():
+                    worker: _Worker = key.data
+                    answers = worker.read()
+                    if answers is None:  # the worker process died (out of memory, a signal)
+                        selector.unregister(worker.proc.stdout)
+                        code = worker.end()
+                        k = worker.job
+                        if k is not None:
+                            outcomes[k] = Outcome(jobs[k].source, jobs[k].output, False, 0.0,
+                                                  error=f"worker process failed ({_exit_reason(code)})")
+                            worker.job = None
+                            if done:
+                                done(outcomes[k])
+                        if order:
+                            start_worker()
+                        continue
+                    for answer in answers:
+                        k = worker.job
+                        outcomes[k] = Outcome(**answer)
+                        worker.job = None
+                        if done:
+                            done(outcomes[k])
+                        worker.take(order, jobs)
+    except BaseException:
+        # Ctrl-C or SIGTERM (or a bug): the workers end now, not after their models, and the temp
+        # files they were writing go with them.
+        with signals_ignored():
+            _kill(pool)
+            for folder in {os.path.dirname(job.output) or "." for job in jobs}:
+                sweep_stale_temps(folder, again=True)
+        raise
+    for worker in pool:
+        worker.end()
     return [outcomes[k] for k in range(len(jobs))]
+
+
+class _Worker:
+    """A worker process that optimizes one job at a time: a job goes in on its stdin, its outcome
+    comes back on its stdout (one JSON line each). It runs in a process group of its own, so a
+    Ctrl-C at the terminal reaches only the parent, which ends its workers itself. A fresh
+    interpreter, not a fork, which would copy whatever threads the parent has started; -P keeps
+    the working directory (which may hold anything) off its import path."""
+
+    def __init__(self, options: Options) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-P", "-c", "from saturate.batch import work; work()"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, process_group=0)
+        self.job: int | None = None
+        self._partial = b""
+        self._send({"options": asdict(options)})
+
+    def _send(self, message: dict) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(message).encode("utf-8") + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # it died: its stdout ends, and the main loop sees that
+            pass
+
+    def take(self, order: deque[int], jobs: list[Job]) -> None:
+        """Start the next job of `order`, or let the worker exit when none is left."""
+        if order:
+            self.job = order.popleft()
+            self._send({"job": asdict(jobs[self.job])})
+        elif not self.proc.stdin.closed:
+            self.proc.stdin.close()
+
+    def read(self) -> list[dict] | None:
+        """The outcomes that arrived (maybe none yet), or None once the worker has exited."""
+        data = os.read(self.proc.stdout.fileno(), 1 << 16)
+        if not data:
+            return None
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        return [json.loads(line) for line in lines]
+
+    def end(self) -> int:
+        """Wait for the worker to exit; its exit code."""
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if not pipe.closed:
+                pipe.close()
+        return self.proc.wait()
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM arrived during a batch (a BaseException, so that no `except Exception`
+    takes it for one model's failure)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """Within the block, the first SIGINT or SIGTERM raises Stopped, wherever the main thread is;
+    later ones are ignored until the block ends, so that clean-up after the first one finishes."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
+        yield
+        return
+
+    def stop(signum, frame) -> None:
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored within the block (clean-up after the first one must finish)."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _kill(pool: list[_Worker]) -> None:
+    for worker in pool:
+        try:
+            os.killpg(worker.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for worker in pool:
+        try:
+            worker.end()
+        except OSError:
+            pass
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def work() -> None:
+    """A batch worker's main loop (see _Worker): jobs in on stdin, outcomes out on stdout."""
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # anything else printed goes to stderr, never between the answers
+    _import_stages()
+    options = None
+    for line in sys.stdin:
+        message = json.loads(line)
+        if "options" in message:
+            options = Options(**{k: tuple(v) if isinstance(v, list) else v for k, v in message["options"].items()})
+            continue
+        outcome = optimize_job(Job(**message["job"]), options)
+        answers.write(json.dumps(asdict(outcome)) + "\n")
+        answers.flush()
 
 
 def _import_stages() -> None:
@@ -240,12 +409,16 @@ def _run_on_ray(jobs: list[Job], options: Options, cluster: str, done) -> list[O
     return [outcomes[k] for k in range(len(jobs))]
 
 
-def write_summary(outcomes: list[Outcome], path: str | os.PathLike, seconds: float) -> None:
-    """summary.json: every model's outcome, and the batch's totals."""
+def write_summary(outcomes: list[Outcome], path: str | os.PathLike, seconds: float,
+                  not_done: list[str] | None = None) -> None:
+    """summary.json: every model's outcome, and the batch's totals; for a batch cut short by a
+    signal, `interrupted` and the models it did `not_done`."""
     data = {"models": len(outcomes), "failed": sum(not o.ok for o in outcomes), "seconds": round(seconds, 3),
             "results": [asdict(o) | {"seconds": round(o.seconds, 3),
                                      "cpu_seconds": None if o.cpu_seconds is None else round(o.cpu_seconds, 3)}
                         for o in outcomes]}
+    if not_done is not None:
+        data |= {"interrupted": True, "not_done": not_done}
     text = json.dumps(data, indent=2).encode("utf-8")
     write_atomic(path, lambda f: f.write(text))
 

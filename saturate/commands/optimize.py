@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 
 from saturate.core.errors import SaturateError
-from saturate.core.fileio import check_writable, write_atomic
+from saturate.core.fileio import check_outputs, model_files, write_atomic, written_together
 from saturate.pipeline import MAX_ITERATIONS, MAX_NODES, TIMEOUT
 from saturate.progress import Status, saturation_callback, status
 
@@ -66,17 +68,13 @@ def run(args: argparse.Namespace) -> int:
     if is_batch(args.model):
         return run_batch_command(args)
     args.model = args.model[0]
-    # Every output path is checked before the work, so a bad --report never follows a written model.
-    check_writable(args.output, inputs=(args.model,))
-    if args.report:
-        check_writable(args.report, inputs=(args.model, args.output))
-    if args.html:
-        check_writable(args.html, inputs=(args.model, args.output) + ((args.report,) if args.report else ()))
-        from pathlib import Path
-        if Path(args.html).resolve() in {Path(p).resolve() for p in (args.output, args.report) if p}:
-            raise SaturateError(f"{args.html}: --html names another output of this run; give it its own file")
-    with status(args.quiet or args.trace, "load") as shown:  # --trace prints its own line per iteration
-        report, functions = _optimize_one(args, shown)
+    # Every output is checked before the work, so a bad --report never follows a written model.
+    inputs = command_inputs([args.model], args.rules, not args.no_std, args.target)
+    check_outputs([("-o", args.output), ("-o's external data", data_file(args.output)),
+                   ("--report", args.report), ("--html", args.html)], inputs)
+    # The model, report and page are renamed into place together once all are written.
+    with status(args.quiet or args.trace, "load") as shown, written_together(inputs) as read:
+        report, functions = _optimize_one(args, shown, read)
     if args.trace:
         print(format_report(report), file=sys.stderr)
     elif not args.quiet:
@@ -86,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _optimize_one(args: argparse.Namespace, shown: Status):
-    """Load, optimize and write one model, naming each stage on the progress line."""
+def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str]):
+    """Load, optimize and write one model, naming each stage on the progress line; `read` gets
+    every rules file the load read (an include too), so that no output replaces one."""
     from saturate.frontend import load_graph, save_graph
     from saturate.lang.parser import RULES_DIR, load_rules
     from saturate.pipeline import optimize
@@ -98,6 +97,7 @@ def _optimize_one(args: argparse.Namespace, shown: Status):
     times["import"] = time.perf_counter() - t
     paths = ([] if args.no_std else [RULES_DIR]) + list(args.rules)
     rules = load_rules(paths, level=args.level, names=args.only)
+    read.extend(sorted({r.loc.file for r in rules}))
     preserve = [p.strip() for p in args.preserve.split(",") if p.strip()]
     shown.stage("saturate")
     progress = _progress if args.trace else saturation_callback(shown)
@@ -131,6 +131,23 @@ def _optimize_one(args: argparse.Namespace, shown: Status):
     return report, functions
 
 
+def data_file(output: str) -> str | None:
+    """The file beside an ONNX output its weights go to when they pass protobuf's limit."""
+    return f"{output}.data" if output.lower().endswith(".onnx") else None
+
+
+def command_inputs(models: list[str], rules: list[str], std: bool, target: str | None) -> list[str]:
+    """Every file a command reads before it writes: the models (and their external data), the
+    rules files (a directory's *.rules, the standard library's with `std`), a target file."""
+    from saturate.lang.parser import RULES_DIR, rule_files
+
+    files = [f for m in models for f in model_files(m)]
+    files += [str(p) for p in rule_files(([RULES_DIR] if std else []) + list(rules))]
+    if target and os.path.isfile(target):
+        files.append(target)
+    return files
+
+
 def is_batch(models: list[str]) -> bool:
     """Several models, a directory or a glob make a batch; one model file does not."""
     from pathlib import Path
@@ -155,27 +172,50 @@ def run_batch_command(args: argparse.Namespace) -> int:
         raise SaturateError(f"{args.output}: a batch writes into a directory, and this is a file")
     paths = ([] if args.no_std else [str(RULES_DIR)]) + list(args.rules)
     load_rules(paths, level=args.level, names=args.only)  # a bad rule fails once, here, not per model
+    inputs = command_inputs(models, args.rules, not args.no_std, args.target)
     os.makedirs(args.output, exist_ok=True)
     jobs = batch.plan_jobs(models, args.output)
-    for job in jobs:
-        check_writable(job.output, inputs=tuple(models))
+    summary_path = os.path.join(args.output, "summary.json")
+    check_outputs([("the summary", summary_path)]
+                  + [(f"the output of {job.source}", path) for job in jobs
+                     for path in (job.output, data_file(job.output))], inputs)
     options = batch.Options(tuple(paths), args.level, tuple(args.only) if args.only else None, args.target,
                             tuple(p.strip() for p in args.preserve.split(",") if p.strip()),
                             args.max_iterations, args.max_nodes, args.timeout, args.fold_initializer_inputs)
     start = time.perf_counter()
-    with status(args.quiet, "optimize", total=len(jobs), unit="model") as shown:
-        outcomes = batch.run_batch(jobs, options, args.jobs, args.cluster,
-                                   done=lambda o: shown.step(1, o.source if o.ok else f"{o.source} failed"))
+    finished: dict[batch.Job, batch.Outcome] = {}
+    with batch.stopped_by_signals():
+        try:
+            with status(args.quiet, "optimize", total=len(jobs), unit="model") as shown:
+                def done(o: batch.Outcome) -> None:
+                    finished[batch.Job(o.source, o.output)] = o
+                    shown.step(1, o.source if o.ok else f"{o.source} failed")
+                outcomes = batch.run_batch(jobs, options, args.jobs, args.cluster, done=done)
+        except batch.Stopped as stop:
+            return _interrupted(stop.signum, jobs, finished, summary_path, time.perf_counter() - start)
     seconds = time.perf_counter() - start
-    batch.write_summary(outcomes, os.path.join(args.output, "summary.json"), seconds)
+    batch.write_summary(outcomes, summary_path, seconds)
     failed = [o for o in outcomes if not o.ok]
     if not args.quiet:
         print(batch.format_table(outcomes))
         print(f"{len(outcomes) - len(failed)} of {len(outcomes)} models optimized in {seconds:.1f} s; "
-              f"summary in {os.path.join(args.output, 'summary.json')}")
+              f"summary in {summary_path}")
     for o in failed:
         print(f"saturate: error: {o.source}: {o.error}", file=sys.stderr)
     return 2 if failed else 0
+
+
+def _interrupted(signum: int, jobs: list, finished: dict, summary_path: str, seconds: float) -> int:
+    """A batch ended by Ctrl-C or SIGTERM (its workers already gone): summary.json for the models
+    that finished, one line, and the shell's code for the signal (130, 143)."""
+    from saturate import batch
+
+    outcomes = [finished[job] for job in jobs if job in finished]
+    batch.write_summary(outcomes, summary_path, seconds, not_done=[job.source for job in jobs if job not in finished])
+    word = "interrupted" if signum == signal.SIGINT else "terminated"
+    print(f"saturate: {word}: {len(outcomes)} of {len(jobs)} models done; summary in {summary_path}",
+          file=sys.stderr)
+    return 128 + signum
 
 
 def summary_line(report, output: str) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from saturate.core.fileio import check_writable
+from saturate.commands.optimize import command_inputs
+from saturate.core.fileio import check_outputs, written_together
 from saturate.frontend import load_graph
 from saturate.partition import check_output, optimize_for_target, partition, save_model, summary
 from saturate.progress import add_quiet_flag, saturation_callback, status
@@ -41,9 +42,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_output(args.output)  # before any work
-    check_writable(args.output, inputs=(args.model,))
+    inputs = command_inputs([args.model], args.rules, not args.no_std and not args.no_optimize, args.target)
+    check_outputs([("-o", args.output)], inputs)
     target = load_target(args.target)
-    with status(args.quiet, "load") as shown:
+    with status(args.quiet, "load") as shown, written_together(inputs):
         graph = load_graph(args.model)
         ops, nodes = split_names(graph, split(args.preserve) + tuple(graph.meta.get("preserve", ())))
         if args.no_optimize:

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from saturate.core.errors import SaturateError
-from saturate.core.fileio import write_atomic
+from saturate.core.fileio import check_outputs, model_files, write_atomic
 from saturate.core.ir import Graph
 from saturate.core.limits import check_allocation
 
@@ -63,9 +63,11 @@ def run(args: argparse.Namespace) -> int:
         return run_compiled(args)
     from saturate.frontend import load_graph
 
+    if args.output:  # before the load and the run, not after them
+        check_outputs([("-o", args.output)], model_files(args.model) + ([args.input] if args.input else []))
     graph = load_graph(args.model)
     if args.output:
-        check_output_path(args.output, graph.outputs)  # before the run, not after it
+        check_output_path(args.output, graph.outputs)
     if args.input:
         inputs = load_inputs(graph, args.input)
     else:
@@ -83,7 +85,8 @@ def run_compiled(args: argparse.Namespace) -> int:
     if args.backend not in (None, "c"):
         raise SaturateError(f"{args.model}: a compiled directory runs its compiled C; drop --backend {args.backend}")
     model = load(args.model)
-    if args.output:
+    if args.output:  # checked once the directory is known to be a compiled model, before the run
+        check_outputs([("-o", args.output)], _files_under(args.model) + ([args.input] if args.input else []))
         check_output_path(args.output, [name for name, _ in model.outputs])
     specs = [(name, shape, model.input_dtypes[name]) for name, shape in model.inputs]
     if args.input:
@@ -93,6 +96,11 @@ def run_compiled(args: argparse.Namespace) -> int:
         announce(inputs, args.seed)
     report(model(inputs), args)
     return 0
+
+
+def _files_under(directory: str) -> list[str]:
+    """The files of a compiled directory (its segments' too): what running it reads."""
+    return [str(p) for p in Path(directory).rglob("*") if p.is_file()]
 
 
 def announce(inputs: dict[str, np.ndarray], seed: int) -> None:

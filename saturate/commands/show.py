@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from saturate.core.fileio import check_writable, write_atomic
+from saturate.core.fileio import check_outputs, model_files, write_atomic, written_together
 from saturate.core.ir import op_count_table
 from saturate.progress import add_quiet_flag, status
 
@@ -30,9 +30,9 @@ def run(args: argparse.Namespace) -> int:
     from saturate.frontend import load_graph
     from saturate.frontend.text import print_graph
 
-    if args.svg:
-        check_writable(args.svg, inputs=(args.model,))
-    with status(args.quiet, "load") as shown:
+    inputs = model_files(args.model)
+    check_outputs([("--svg", args.svg)], inputs)
+    with status(args.quiet, "load") as shown, written_together(inputs):
         graph = load_graph(args.model)
         if args.svg:
             from saturate.report.html import graph_svg_file

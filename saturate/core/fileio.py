@@ -1,28 +1,131 @@
-"""Output files: written whole or not at all (a temp file beside the target, then a rename)."""
+"""Output files: written whole or not at all (a temp file beside the target, then a rename), never
+over one of the command's inputs, and the outputs of one command renamed into place together."""
 
 from __future__ import annotations
 
+import contextvars
+import mmap
 import os
+import re
+import signal
+import stat
 import tempfile
+import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 from saturate.core.errors import SaturateError
 
 
-def check_writable(path: str | os.PathLike, *, inputs: tuple[str, ...] = ()) -> Path:
-    """Refuse an output path before any work is done: a missing folder, a directory, or one of the
-    command's own inputs (inputs are never changed). Returns the path."""
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file: the same path once `.`, `..` and symbolic links are
+    resolved, or (both existing) the same inode, which also catches hard links."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def check_writable(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """Refuse an output path before any work is done: a folder that is missing or takes no new
+    file (tried: a temp file is made there and removed), a directory or anything else that is not
+    a regular file (a rename would replace a device or a FIFO), or one of the command's own
+    inputs (inputs are never changed). Returns the path."""
+    target = _check_target(path)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp",
+                                     dir=target.parent if str(target.parent) else ".")
+    except OSError as err:
+        raise SaturateError(f"{path}: cannot write: {err.strerror or err}") from None
+    os.close(fd)
+    _remove(probe)
+    for source in inputs:
+        if os.path.exists(source) and same_file(source, target):
+            raise SaturateError(f"{path}: is the input '{source}'; inputs are never overwritten, choose another output")
+    return target
+
+
+def _check_target(path: str | os.PathLike) -> Path:
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     if target.is_dir():
         raise SaturateError(f"{path}: is a directory; give a file name")
     if not directory.is_dir():
         raise SaturateError(f"{path}: directory '{directory}' does not exist")
-    for source in inputs:
-        if Path(source).exists() and target.exists() and os.path.samefile(source, target):
-            raise SaturateError(f"{path}: is the input '{source}'; inputs are never overwritten, choose another output")
+    if os.path.lexists(target) and not target.is_symlink() and not stat.S_ISREG(os.lstat(target).st_mode):
+        raise SaturateError(f"{path}: not a regular file; outputs replace only regular files")
     return target
+
+
+def _keys(path: str | os.PathLike) -> list[tuple[str, object]]:
+    """What identifies a file for same_file: its resolved path and, if it exists, its inode."""
+    keys: list[tuple[str, object]] = [("path", os.path.realpath(path))]
+    try:
+        info = os.stat(path)
+        keys.append(("inode", (info.st_dev, info.st_ino)))
+    except OSError:
+        pass
+    return keys
+
+
+def check_outputs(outputs: Iterable[tuple[str, str | os.PathLike | None]],
+                  inputs: Iterable[str | os.PathLike]) -> None:
+    """Refuse, before any work, a set of outputs (pairs of how each is named on the command line
+    and its path; None for one not asked for) where one is unwritable, is one of `inputs`, or is
+    the same file as another (as same_file decides)."""
+    read = {key: source for source in inputs if os.path.exists(source) for key in _keys(source)}
+    written: dict[tuple[str, object], tuple[str, str | os.PathLike]] = {}
+    for flag, path in outputs:
+        if path is None:
+            continue
+        check_writable(path)
+        keys = _keys(path)
+        for key in keys:
+            if key in read:
+                raise SaturateError(f"{path}: is the input '{read[key]}'; inputs are never overwritten, "
+                                    "choose another output")
+            if key in written:
+                other_flag, other = written[key]
+                raise SaturateError(f"{path}: {flag} is the same file as {other_flag} '{other}'; "
+                                    "give each output its own file")
+        written.update((key, (flag, path)) for key in keys)
+
+
+def model_files(spec: str) -> list[str]:
+    """The files loading the model `spec` reads: the file itself and, for ONNX, the external data
+    files its tensors name (resolved in the model's folder, as the loader does); none for a
+    built-in name (example:, corpus:) or a path that is no regular file."""
+    if not os.path.isfile(spec):
+        return []
+    files = [spec]
+    if Path(spec).suffix.lower() in (".sat", ".txt"):
+        return files
+    try:
+        with open(spec, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return files
+            # A model with external data names its files in `location` entries: a scan for that
+            # key spares parsing the (often large) file twice when there are none.
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                if data.find(b"\x0a\x08location\x12") < 0:
+                    return files
+        import onnx
+        from onnx import external_data_helper
+
+        model = onnx.load_model(spec, load_external_data=False)
+    except Exception:  # noqa: BLE001 - not readable or not ONNX: loading it reports that, in one line
+        return files
+    folder = Path(spec).resolve().parent
+    for tensor in external_data_helper._get_all_tensors(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location = {e.key: e.value for e in tensor.external_data}.get("location", "")
+            if location and "\0" not in location:
+                files.append(str(folder / location))
+    return list(dict.fromkeys(files))
 
 
 def _umask() -> int:
@@ -31,16 +134,74 @@ def _umask() -> int:
     return mask
 
 
+# Outputs written inside a `written_together` block: (temp file, target, path as given).
+_STAGED: contextvars.ContextVar[list[tuple[str, Path, str]] | None] = contextvars.ContextVar("staged", default=None)
+
+
+@contextmanager
+def written_together(inputs: Iterable[str | os.PathLike] = ()) -> Iterator[list[str | os.PathLike]]:
+    """Within the block, write_atomic leaves each output in its temp file; when the block ends
+    they are renamed into place one after the other, signals held back meanwhile. An error or an
+    interrupt anywhere in the block removes the temp files and leaves every target as it was.
+
+    Yields the list of inputs, which the block may extend (files found only once read, such as
+    included rules): no output may replace any of them, checked again before the renames."""
+    staged: list[tuple[str, Path, str]] = []
+    known = list(inputs)
+    token = _STAGED.set(staged)
+    try:
+        yield known
+        _rename_all(staged, known)
+    finally:
+        _STAGED.reset(token)
+        for tmp, _, _ in staged:
+            _remove(tmp)
+
+
+def _rename_all(staged: list[tuple[str, Path, str]], inputs: list[str | os.PathLike]) -> None:
+    for k, (_, target, shown) in enumerate(staged):
+        for source in inputs:
+            if os.path.exists(source) and same_file(source, target):
+                raise SaturateError(f"{shown}: is the input '{source}'; inputs are never overwritten, "
+                                    "choose another output")
+        for _, other, other_shown in staged[:k]:
+            if same_file(other, target):
+                raise SaturateError(f"{shown}: written twice in one run (also as '{other_shown}'); "
+                                    "give each output its own file")
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        while staged:
+            tmp, target, shown = staged[0]
+            try:
+                os.replace(tmp, target)
+            except OSError as err:
+                raise SaturateError(f"{shown}: cannot write: {err.strerror or err}") from None
+            staged.pop(0)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
-    """Call `write` on a temp file in the target's folder, then rename it over the target.
+    """Call `write` on a temp file in the target's folder, then rename it over the target (at the
+    end of the enclosing `written_together` block, if any).
 
     A failure (or an interrupt) anywhere leaves no half-written output and no temp file. The
-    file gets the permissions the umask gives a new file (a temp file starts private).
+    file gets the permissions the umask gives a new file (a temp file starts private). Stale temp
+    files an earlier run left in the folder (killed before it could remove them) are swept first.
     """
-    target = check_writable(path)
+    target = _check_target(path)
     directory = target.parent if str(target.parent) else Path(".")
+    sweep_stale_temps(directory)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=directory)
     except OSError as err:
         raise SaturateError(f"{path}: cannot write: {err.strerror}") from None
     try:
@@ -49,12 +210,70 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
+        staged = _STAGED.get()
+        if staged is not None:
+            staged.append((tmp, target, str(path)))
+            return
         os.replace(tmp, target)
     except OSError as err:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
         raise SaturateError(f"{path}: cannot write: {err.strerror or err}") from None
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
         raise
+
+
+# write_atomic's temp files: `.NAME.PID.XXXXXXXX.tmp` (mkstemp's eight random characters).
+_TEMP = re.compile(r"\..+\.(\d+)\.[a-z0-9_]{8}\.tmp")
+# A temp file nobody has written to for this long is stale even if its pid runs (a reused pid, or
+# a writer on another machine sharing the folder); a live writer keeps its file's mtime recent.
+STALE_SECONDS = 600.0
+_SWEPT: set[str] = set()
+
+
+def sweep_stale_temps(directory: str | os.PathLike, *, again: bool = False) -> list[str]:
+    """Remove our temp files in `directory` that no one will finish: left by a process that is
+    gone (a SIGKILL, a power cut), or untouched for STALE_SECONDS. Only regular files of this
+    user that match write_atomic's pattern; never this process's own. Each folder is swept once a
+    process unless `again`. Returns the names removed."""
+    key = os.path.realpath(directory)
+    if key in _SWEPT and not again:
+        return []
+    _SWEPT.add(key)
+    removed = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    for entry in entries:
+        match = _TEMP.fullmatch(entry.name)
+        if not match:
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        pid = int(match.group(1))
+        if pid == os.getpid() or (_running(pid) and now - info.st_mtime < STALE_SECONDS):
+            continue
+        try:
+            os.unlink(entry.path)
+            removed.append(entry.name)
+        except OSError:
+            pass
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid <= 0:  # os.kill(0, ...) would ask about our own process group
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -1,0 +1,148 @@
+"""Signals end the work promptly: a batch stopped by SIGINT or SIGTERM kills its workers, leaves no
+temp files, prints one line and writes summary.json for what finished; a killed run's temp file is
+swept by the next write to its folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from saturate.cli import main
+
+# The first model to finish (a worker's start-up and a second of work) comes long before vgg11_bn,
+# the corpus's largest, which starts first and is still running when the signal is sent.
+BATCH = ["corpus:vgg11_bn-ts", "corpus:mobilenet_v3_small-ts", "corpus:squeezenet1_1-ts",
+         "corpus:squeezenet1_1-dynamo"]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_for(condition, timeout: float = 120.0, what: str = "") -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _temps(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_ends_a_batch_within_two_seconds_with_a_summary_of_what_finished(tmp_path, sig, code, word):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "saturate", "optimize", *BATCH, "-o", str(out), "--jobs", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        _wait_for(lambda: out.is_dir() and any(p.suffix == ".onnx" for p in out.iterdir()), what="a first model")
+        workers = _children(proc.pid)
+        assert len(workers) >= 2
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == code and took < 2.0, (proc.returncode, took, stderr)
+    summary = json.loads((out / "summary.json").read_text())
+    done = [r["source"] for r in summary["results"]]
+    assert stderr.splitlines() == [f"saturate: {word}: {len(done)} of 4 models done; "
+                                   f"summary in {out / 'summary.json'}"], stderr
+    assert summary["interrupted"] and summary["models"] == len(done) >= 1 and summary["failed"] == 0
+    assert "corpus:vgg11_bn-ts" in summary["not_done"] and sorted(done + summary["not_done"]) == sorted(BATCH)
+    assert sorted(p.name for p in out.iterdir()) == sorted([Path(r["output"]).name for r in summary["results"]]
+                                                           + ["summary.json"])
+    assert _temps(out) == [] and not any(_alive(w) for w in workers)
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_workers_start_prints_one_line(tmp_path):
+    """A Ctrl-C at the terminal goes to the whole foreground process group: workers still starting
+    must not each print a traceback."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "saturate", "optimize", *BATCH, "-o", str(out), "--jobs", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        _wait_for(lambda: len(_children(proc.pid)) >= 2, what="the workers")
+        workers = _children(proc.pid)
+        time.sleep(0.3)  # the workers are importing their stages
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and took < 2.0, (proc.returncode, took, stderr)
+    assert stderr.splitlines() == [f"saturate: interrupted: 0 of 4 models done; summary in {out / 'summary.json'}"]
+    assert json.loads((out / "summary.json").read_text())["not_done"] == BATCH
+    assert not any(_alive(w) for w in workers)
+
+
+@pytest.mark.slow
+def test_a_batch_worker_that_dies_fails_its_model_and_the_rest_go_on(tmp_path, monkeypatch):
+    """A worker killed from outside (the out-of-memory killer) costs its own model only."""
+    from saturate import batch
+
+    started = []
+    real = batch._Worker.take
+
+    def take(self, order, jobs):
+        real(self, order, jobs)
+        if self.job is not None and jobs[self.job].source == "example:vgg" and not started:
+            started.append(self.proc.pid)
+            os.kill(self.proc.pid, signal.SIGKILL)
+
+    monkeypatch.setattr(batch._Worker, "take", take)
+    out = tmp_path / "out"
+    assert main(["optimize", "example:vgg", "example:mlp", "example:mobilenet", "-o", str(out), "--jobs", "2",
+                 "--quiet"]) == 2
+    results = {r["source"]: r for r in json.loads((out / "summary.json").read_text())["results"]}
+    assert results["example:vgg"]["error"] == "worker process failed (killed by SIGKILL)"
+    assert results["example:mlp"]["ok"] and results["example:mobilenet"]["ok"]
+
+
+@pytest.mark.slow
+def test_a_temp_file_left_by_sigkill_is_swept_by_the_next_write_there(tmp_path):
+    out = tmp_path / "out.onnx"
+    proc = subprocess.Popen([sys.executable, "-m", "saturate", "optimize", "corpus:mobilenet_v3_small-ts", "-o",
+                             str(out), "--html", str(tmp_path / "out.html")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        _wait_for(lambda: _temps(tmp_path) or proc.poll() is not None, what="a temp file")
+        proc.kill()
+        proc.wait()
+    finally:
+        proc.kill()
+    left = _temps(tmp_path)
+    assert left, "the run ended before it wrote"
+    assert main(["optimize", "example:mlp", "-o", str(tmp_path / "other.onnx"), "--quiet"]) == 0
+    assert _temps(tmp_path) == []

@@ -132,12 +132,6 @@ def small_graph(scale: float = 2.0):
                 {"c": (scale * rng.standard_normal(8)).astype(np.float32)})
 
 
-def cache_entry(out: Path) -> Path:
-    from saturate.backend.build import cache_root
-
-    return cache_root() / (out / "build.key").read_text()
-
-
 def corrupt(path: Path, how: str) -> None:
     data = path.read_bytes()
     if how == "flip":  # the right size, other bytes
@@ -150,6 +144,22 @@ def corrupt(path: Path, how: str) -> None:
         facts = json.loads(data)
         del facts["files"]
         path.write_text(json.dumps(facts))
+
+
+def own_cache(tmp_path: Path) -> Path:
+    """A cache folder of the test's own, holding the run's shared binding object (linked by every build;
+    compiling it takes seconds), so what the test leaves in the cache is its own."""
+    import shutil
+
+    from saturate.backend.build import binding_object
+
+    obj = binding_object()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for path in (obj, obj.with_suffix(".sha256")):
+        if path.exists():
+            shutil.copyfile(path, cache / path.name)
+    return cache
 
 
 def expected(graph, feed):
@@ -177,18 +187,20 @@ def test_a_cache_entry_that_does_not_match_its_digests_is_rebuilt(tmp_path, name
     save_graph(graph, str(tmp_path / "m.onnx"))
     feed = feed_for(graph)
     np.save(tmp_path / "x.npy", feed["x"])
-    assert saturate_cli("compile", tmp_path / "m.onnx", "-o", out).returncode == 0
-    entry = cache_entry(out)
+    cache = own_cache(tmp_path)
+    env = dict(os.environ, SATURATE_CACHE=str(cache))
+    assert saturate_cli("compile", tmp_path / "m.onnx", "-o", out, env=env).returncode == 0
+    entry = cache / (out / "build.key").read_text()
     good = (entry / "weights.bin").read_bytes()
     corrupt(entry / name, how)
-    proc = saturate_cli("compile", tmp_path / "m.onnx", "-o", out)
+    proc = saturate_cli("compile", tmp_path / "m.onnx", "-o", out, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.startswith(f"saturate: cache entry {entry.name} did not match its digests (") \
         and proc.stderr.endswith("; rebuilding\n") and proc.stderr.count("\n") == 1, proc.stderr
     assert (out / "weights.bin").read_bytes() == (entry / "weights.bin").read_bytes() == good
     assert saturate_cli("run", out, "-i", tmp_path / "x.npy", "-o", tmp_path / "y.npy").returncode == 0
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected(graph, feed)["y"], rtol=1e-5, atol=1e-6)
-    proc = saturate_cli("compile", tmp_path / "m.onnx", "-o", out)  # the rebuilt entry is used as it is
+    proc = saturate_cli("compile", tmp_path / "m.onnx", "-o", out, env=env)  # the rebuilt entry is used as it is
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
@@ -214,18 +226,19 @@ def test_a_compiled_directory_whose_files_changed_is_a_one_line_error(tmp_path):
                                "build.json records; compile the model again\n"), proc.stderr
 
 
-def test_a_changed_binding_object_in_the_cache_is_rebuilt(tmp_path, capfd):
+@pytest.mark.slow
+def test_a_changed_binding_object_in_the_cache_is_rebuilt(tmp_path, monkeypatch, capfd):
     """The Cython module's object every build links is checked against its digest too."""
     from saturate.backend import compile_graph
-    from saturate.backend.build import binding_key, cache_root
+    from saturate.backend.build import binding_key
 
-    graph = small_graph()
-    compile_graph(graph)
-    obj = cache_root() / f"binding-{binding_key()}.o"
+    cache = own_cache(tmp_path)
+    monkeypatch.setenv("SATURATE_CACHE", str(cache))
+    obj = cache / f"binding-{binding_key()}.o"
     corrupt(obj, "truncate")
     capfd.readouterr()
     feed = feed_for(small_graph(3.0))
-    model = compile_graph(small_graph(3.0))  # a new build links the binding object again
+    model = compile_graph(small_graph(3.0))
     assert f"saturate: cache entry {obj.name} did not match its digest; rebuilding" in capfd.readouterr().err
     np.testing.assert_allclose(model(feed)["y"], expected(small_graph(3.0), feed)["y"], rtol=1e-5, atol=1e-6)
 
@@ -267,7 +280,7 @@ def test_a_signal_during_compile_ends_the_compiler_and_leaves_no_temp_files(tmp_
 
     save_graph(small_graph(4.0), str(tmp_path / "m.onnx"))
     (tmp_path / "tmp").mkdir()
-    env = dict(os.environ, SATURATE_CACHE=str(tmp_path / "cache"), TMPDIR=str(tmp_path / "tmp"))
+    env = dict(os.environ, SATURATE_CACHE=str(own_cache(tmp_path)), TMPDIR=str(tmp_path / "tmp"))
     proc = subprocess.Popen([sys.executable, "-m", "saturate", "compile", str(tmp_path / "m.onnx"), "-o",
                              str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -296,3 +309,96 @@ def test_a_signal_during_compile_ends_the_compiler_and_leaves_no_temp_files(tmp_
     assert not [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "m.onnx", "tmp"]
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_an_input_of_terabytes_is_refused_before_anything_is_built(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1 << 40]) for n in ("x", "y")]
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "big", vi[:1], vi[1:])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "big.onnx")
+    proc = saturate_cli("compile", tmp_path / "big.onnx", "-o", tmp_path / "out",
+                        env=dict(os.environ, SATURATE_CACHE=str(tmp_path / "cache")))
+    assert proc.returncode == 2
+    assert proc.stderr == ("saturate: error: graph input 'x' would take 4.0 TiB, over the memory limit of "
+                           f"{proc.stderr.split('memory limit of ')[1].split(' (')[0]} (--max-memory)\n")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_workspace_over_the_memory_limit_is_refused_before_the_compile(tmp_path):
+    """Small input and output, an intermediate of 4 MiB: --max-memory 1M refuses the workspace."""
+    from saturate.frontend import save_graph
+
+    g = make([Node("Expand", ["x", "shape"], ["big"]), Node("ReduceSum", ["big"], ["y"], {"keepdims": 0})],
+             {"x": (1, 4)}, {"shape": np.array([256 * 1024, 4], np.int64)})
+    save_graph(g, str(tmp_path / "m.onnx"))
+    proc = saturate_cli("compile", tmp_path / "m.onnx", "-o", tmp_path / "out", "--max-memory", "1M",
+                        env=dict(os.environ, SATURATE_CACHE=str(tmp_path / "cache")))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("saturate: error: the workspace of graph ") and proc.stderr.endswith(
+        "over the memory limit of 1.0 MiB (--max-memory)\n") and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+def test_running_a_compiled_directory_checks_the_memory_limit_before_allocating(tmp_path):
+    from saturate.backend import compile_graph
+
+    compile_graph(small_graph(), out_dir=tmp_path / "m")
+    proc = saturate_cli("run", tmp_path / "m", "--max-memory", "100")
+    assert proc.returncode == 2
+    assert proc.stderr.endswith(f"saturate: error: {tmp_path / 'm'}: input 'x' would take 128 bytes, over the "
+                                "memory limit of 100 bytes (--max-memory)\n"), proc.stderr
+
+
+def test_an_unwritable_cache_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    save = tmp_path / "m.onnx"
+    from saturate.frontend import save_graph
+
+    save_graph(small_graph(5.0), str(save))
+    proc = saturate_cli("compile", save, "-o", tmp_path / "out",
+                        env=dict(os.environ, SATURATE_CACHE=str(tmp_path / "file" / "cache")))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"saturate: error: cannot write the build cache {tmp_path / 'file' / 'cache'}") \
+        and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Not a directory" in proc.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["cache", "output"])
+def test_a_full_disk_during_compile_is_one_line_and_keeps_the_earlier_output(tmp_path, monkeypatch, where):
+    """ENOSPC writing the build into the cache or copying it beside -o: a SaturateError, no staging folder
+    left, and the -o an earlier compile wrote is as it was."""
+    import errno
+    import pathlib
+    import shutil
+
+    from saturate.backend import build, compile_graph
+
+    monkeypatch.setenv("SATURATE_CACHE", str(own_cache(tmp_path)))
+    out = tmp_path / "out"
+    compile_graph(small_graph(), out_dir=out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_write, real_copy = pathlib.Path.write_bytes, shutil.copyfile
+
+    def write_bytes(self, data):
+        if self.name == "weights.bin":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real_write(self, data)
+
+    def copyfile(src, dst, **kwargs):
+        if Path(dst).name == "model.so":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+        return real_copy(src, dst, **kwargs)
+
+    if where == "cache":
+        monkeypatch.setattr(pathlib.Path, "write_bytes", write_bytes)
+    else:
+        monkeypatch.setattr(shutil, "copyfile", copyfile)
+    with pytest.raises(SaturateError, match="No space left on device") as err:
+        compile_graph(small_graph(6.0), out_dir=out)
+    assert "\n" not in str(err.value)
+    assert str(tmp_path / "cache" if where == "cache" else out) in str(err.value)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".") and p.is_dir()]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "out"]

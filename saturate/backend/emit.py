@@ -18,6 +18,7 @@ from saturate.backend.shapes import (ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv
                                      pad_params, pool_window, reduce_axes, resize_tables, slice_params, unsupported)
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph
+from saturate.core.limits import check_allocation, check_bytes
 
 
 @dataclass
@@ -731,8 +732,16 @@ def emit(graph: Graph, input_shapes: dict | None = None, sanitize: bool = False)
     for o in graph.outputs:
         if o in graph.constants and graph.constants[o].dtype != np.float32:
             raise SaturateError(f"graph output '{o}' has dtype {graph.constants[o].dtype}; the C backend is float32 only")
+    # What a call allocates (its inputs, outputs and workspace) is refused here when over the memory limit,
+    # before the compile and before anything runs the model.
+    for name in runtime_inputs(graph):
+        check_allocation(shapes[name], 4, f"graph input '{name}'")
+    for name in graph.outputs:
+        check_allocation(shapes[name], 4, f"graph output '{name}'")
     pl = plan(graph, shapes, redzone=64 if sanitize else 0, packed=PACKED_GEMM)
+    check_bytes(pl.peak_bytes, f"the workspace of graph '{graph.name}'")
     em = Emitter(graph, shapes, pl, sanitize)
     src = em.program()
+    check_bytes(4 * em.nweights, f"the packed weights of graph '{graph.name}'")
     return Emitted(src, em.weights_bytes(), [(i, shapes[i]) for i in em.inputs],
                    [(o, shapes[o]) for o in graph.outputs], pl, shapes)

@@ -334,3 +334,15 @@ def test_bad_text_graph(case, command, tmp_path, capsys):
     first = err.splitlines()[0]
     assert first.startswith(f"saturate: error: {path}:") and message in first, err
     _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("dim", [-1, 2**63])
+def test_graph_validation_refuses_impossible_dims(dim):
+    """Graphs built through the API (not only parsed ones) are held to the same dims."""
+    from saturate.core.errors import SaturateError
+    from saturate.core.ir import Graph, Node, ValueInfo
+
+    g = Graph(inputs=["x"], outputs=["y"], nodes=[Node("Relu", ["x"], ["y"])])
+    g.values["x"] = ValueInfo("float32", (2, dim))
+    with pytest.raises(SaturateError, match=f"value 'x' is declared with dimension {dim}"):
+        g.validate()

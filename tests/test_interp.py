@@ -525,3 +525,61 @@ def test_resize_to_length_one_reads_the_first_element_as_onnx_runtime_does(mode,
     got = run_graph(g, {"x": x})["y"]
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ---- sizes: an output over --max-memory is refused before the kernel allocates it -------------
+
+MiB = 1 << 20
+I64 = np.int64
+
+
+def _f32(*shape):
+    return np.zeros(shape, np.float32)
+
+
+# (op, inputs, attrs, size of the output the node would make): each output is 4-16 MiB from
+# inputs of at most a few KiB, so only a check made before the kernel runs can refuse it.
+GROWING_OPS = {
+    "ConstantOfShape": ("ConstantOfShape", [np.array([1024, 1024], I64)], {}, "4.0 MiB"),
+    "Expand": ("Expand", [_f32(1, 1), np.array([1024, 1024], I64)], {}, "4.0 MiB"),
+    "Tile": ("Tile", [_f32(2, 2), np.array([512, 512], I64)], {}, "4.0 MiB"),
+    "Range": ("Range", [np.array(0, I64), np.array(1 << 20, I64), np.array(1, I64)], {}, "8.0 MiB"),
+    "Add-outer": ("Add", [_f32(1024, 1), _f32(1, 1024)], {}, "4.0 MiB"),
+    "Equal-outer": ("Equal", [_f32(2048, 1), _f32(1, 2048)], {}, "4.0 MiB"),
+    "Where-outer": ("Where", [np.ones((1024, 1), bool), _f32(1, 1024), _f32(1)], {}, "4.0 MiB"),
+    "MatMul-outer": ("MatMul", [_f32(1024, 1), _f32(1, 1024)], {}, "4.0 MiB"),
+    "Gemm-outer": ("Gemm", [_f32(1024, 1), _f32(1, 1024)], {}, "4.0 MiB"),
+    "Gather": ("Gather", [_f32(1, 1024), np.zeros(1024, I64)], {}, "4.0 MiB"),
+    "OneHot": ("OneHot", [np.zeros(1024, I64), np.array(1024, I64), np.array([0, 1], np.float32)], {}, "4.0 MiB"),
+    "Pad": ("Pad", [_f32(1, 1), np.array([0, 0, 1023, 1023], I64)], {}, "4.0 MiB"),
+    "Resize": ("Resize", [_f32(1, 1, 2, 2), None, np.array([1, 1, 512, 512], np.float32)], {}, "4.0 MiB"),
+    "Conv-pads": ("Conv", [_f32(1, 1, 1, 1), _f32(1, 1, 1, 1)], {"pads": [0, 0, 1023, 1023]}, "4.0 MiB"),
+    "ConvTranspose-strides": ("ConvTranspose", [_f32(1, 1, 2, 2), _f32(1, 1, 1, 1)],
+                              {"strides": [1024, 1024]}, "4.0 MiB"),
+    "MaxPool-pads": ("MaxPool", [_f32(1, 1, 1, 1)], {"kernel_shape": [1, 1], "pads": [0, 0, 1023, 1023]}, "4.0 MiB"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GROWING_OPS))
+def test_an_output_over_the_memory_limit_is_refused_before_it_is_made(case, monkeypatch):
+    op, args, attrs, size = GROWING_OPS[case]
+    monkeypatch.setenv("SATURATE_MAX_MEMORY", "1M")
+    node = Node(op, [f"x{k}" if a is not None else "" for k, a in enumerate(args)], ["y"], dict(attrs), name="big")
+    with pytest.raises(SaturateError) as err:
+        eval_node(node, args, OPSET)
+    assert f"node 'big' ({op}): output 'y'" in str(err.value)
+    assert f"would take {size}, over the memory limit of 1.0 MiB" in str(err.value)
+    # Under a limit it fits, the same node runs.
+    monkeypatch.setenv("SATURATE_MAX_MEMORY", "64M")
+    assert eval_node(node, args, OPSET)[0].nbytes <= 16 * MiB
+
+
+def test_a_declared_output_over_the_limit_is_refused_before_its_node_runs(monkeypatch):
+    """Any op: an output the graph types with a static shape is sized from that type."""
+    g = Graph(inputs=["x"], outputs=["y"], opset=OPSET)
+    g.values["x"] = ValueInfo("float32", (4,))
+    g.values["y"] = ValueInfo("float32", (1 << 20, 1 << 20))
+    g.nodes.append(Node("Relu", ["x"], ["y"], name="relu"))
+    with pytest.raises(SaturateError, match=r"node 'relu' \(Relu\): output 'y' float32\[1048576, 1048576\] "
+                                            r"would take 4.0 TiB"):
+        run_graph(g, {"x": np.zeros(4, np.float32)})

@@ -25,6 +25,7 @@ def dtype_name(dtype) -> str:
 
 
 _DTYPE_NAMES: dict = {}
+_MAX_DIM = 2**63 - 1
 
 
 @dataclass
@@ -188,7 +189,12 @@ class Graph:
         self.values = {k: v for k, v in self.values.items() if k in known}
 
     def validate(self) -> None:
-        """Check that every input is defined before use and every output exists."""
+        """Check that every input is defined before use, every output exists, and every declared
+        dimension is one a tensor can have (0 to 2**63 - 1, as ONNX stores it)."""
+        for name, info in self.values.items():
+            for d in info.shape or ():
+                if isinstance(d, (int, np.integer)) and not 0 <= d <= _MAX_DIM:
+                    raise SaturateError(f"value '{name}' is declared with dimension {d}, outside 0 to {_MAX_DIM}")
         defined = set(self.inputs) | set(self.constants)
         for n in self.nodes:
             for i in n.inputs:

@@ -13,7 +13,8 @@ import pytest
 
 from saturate.lang import parser
 
-RULES = "ruleset mine level 1\nrule relu-relu Relu(Relu(x)) => Relu(x)\nrule neg-neg Neg(Neg(x)) => x\n"
+RULES = ("ruleset mine level 1\nrule relu-relu Relu(Relu(x)) => Relu(x)\nrule neg-neg Neg(Neg(x)) => x\n"
+         "rule twice Add(x, x) => Mul(x, 2.5)\n")
 
 
 @pytest.fixture
@@ -93,7 +94,13 @@ def _malformed(data: bytes) -> list[bytes]:
     unknown["rulesets"][0][3][0][2][0] = "Popen"                      # a class the AST does not have
     relative = json.loads(data)
     relative["files"][0][0] = "mine.rules"                            # a file the key does not fix
-    return [json.dumps(o).encode() for o in (bad_op, wrong_type, missing, unknown, relative, [], {}, obj["files"])] + [
+    numbers = []
+    for value in (1 << 70, float("nan"), float("inf"), True):          # no literal a parse gives
+        bad = json.loads(data)
+        bad["rulesets"][0][3][2][3][2][1][1] = value                  # twice's 2.5
+        numbers.append(bad)
+    return [json.dumps(o).encode() for o in (bad_op, wrong_type, missing, unknown, relative, *numbers, [], {},
+                                             obj["files"])] + [
         b"", b"\xff\xfe not utf-8", b"[" * 100_000 + b"]" * 100_000,
         b'{"format": 1, "files": ' + b"9" * 5000 + b"}", pickle.dumps(obj)]
 
@@ -156,7 +163,7 @@ def test_an_unusable_cache_home_costs_only_the_parse(tmp_path, monkeypatch):
             monkeypatch.delenv("HOME")
             monkeypatch.setattr(Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(RuntimeError("no home"))))
         first = _fresh([rules])
-        assert [r.name for rs in first for r in rs.rules] == ["relu-relu", "neg-neg"], home
+        assert [r.name for rs in first for r in rs.rules] == ["relu-relu", "neg-neg", "twice"], home
         assert _same(_fresh([rules]), first), home
     assert not (tmp_path / "rel").exists()
     assert len(list((tmp_path / "relative" / ".cache" / "saturate" / "rules").glob("*.json"))) == 1

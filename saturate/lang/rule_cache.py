@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
@@ -157,10 +158,10 @@ def _decoder(hint: Any) -> Callable[[Any], Any]:
         return _exact(lambda v: v is None)
     if hint is bool:
         return _exact(lambda v: type(v) is bool)
-    if hint is int:
-        return _exact(lambda v: type(v) is int)
+    if hint is int:   # as a parse gives them: int64 (parser._check_numbers), finite floats
+        return _exact(lambda v: type(v) is int and -(1 << 63) <= v < (1 << 63))
     if hint is float:
-        return _exact(lambda v: type(v) is float)
+        return _exact(lambda v: type(v) is float and math.isfinite(v))
     if hint is str:
         return _exact(lambda v: type(v) is str)
     if origin in (Union, types.UnionType):
@@ -223,7 +224,7 @@ def _dataclass(cls: type) -> Callable[[Any], Any]:
     hints = typing.get_type_hints(cls, vars(ast))
     decoders = [_decoder(hints[f.name]) for f in fields]
     # A field of a plain type is checked in line: most fields are, and a call each is most of the time.
-    exact = [hints[f.name] if hints[f.name] in (str, int, float, bool) else None for f in fields]
+    exact = [hints[f.name] if hints[f.name] in (str, bool) else None for f in fields]
     spelled = [(k, p) for k, p in enumerate(_SPELLING.get((cls.__name__, f.name)) for f in fields) if p]
     name, n, names = cls.__name__, len(fields) + 1, [f.name for f in fields]
     # Every field is decoded and checked here, so a plain dataclass is filled without its
@@ -269,7 +270,7 @@ def write(key: str, read: list[Path], rulesets: list[RuleSet], max_file_bytes: i
     try:
         obj = {"format": FORMAT, "files": [[str(p), _file_digest(p, max_file_bytes)] for p in read],
                "rulesets": _encode(rulesets)}
-        data = json.dumps(obj, separators=(",", ":"), allow_nan=True).encode()
+        data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=folder)
         with os.fdopen(fd, "wb") as f:

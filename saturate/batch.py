@@ -241,7 +241,7 @@ def run_batch(jobs: list[Job], options: Options, workers: int | None = None, clu
         with signals_ignored():
             _kill(pool)
             for folder in {os.path.dirname(job.output) or "." for job in jobs}:
-                sweep_stale_temps(folder, again=True)
+                sweep_stale_temps(folder)
         raise
     for worker in pool:
         worker.end()

@@ -227,19 +227,13 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
 _TEMP = re.compile(r"\..+\.(\d+)\.[a-z0-9_]{8}\.tmp")
 # A temp file nobody has written to for this long is stale even if its pid runs (a reused pid, or
 # a writer on another machine sharing the folder); a live writer keeps its file's mtime recent.
-STALE_SECONDS = 600.0
-_SWEPT: set[str] = set()
+STALE_SECONDS = 3600.0
 
 
-def sweep_stale_temps(directory: str | os.PathLike, *, again: bool = False) -> list[str]:
+def sweep_stale_temps(directory: str | os.PathLike) -> list[str]:
     """Remove our temp files in `directory` that no one will finish: left by a process that is
     gone (a SIGKILL, a power cut), or untouched for STALE_SECONDS. Only regular files of this
-    user that match write_atomic's pattern; never this process's own. Each folder is swept once a
-    process unless `again`. Returns the names removed."""
-    key = os.path.realpath(directory)
-    if key in _SWEPT and not again:
-        return []
-    _SWEPT.add(key)
+    user that match write_atomic's pattern; never this process's own. Returns the names removed."""
     removed = []
     now = time.time()
     try:

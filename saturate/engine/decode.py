@@ -132,7 +132,9 @@ def unread_outputs(op: str, attrs: dict[str, Any]) -> tuple[str, ...]:
     its node's first output alone (saturate.engine.encode encodes a node so only when its other
     outputs are unread), and ONNX requires a BatchNormalization in training mode to list its
     running mean and variance."""
-    if op == "BatchNormalization" and int(attrs.get("training_mode", 0) or 0):
+    mode = attrs.get("training_mode", 0) if op == "BatchNormalization" else 0
+    # A model's attribute can hold anything: only a number can switch training mode on.
+    if isinstance(mode, (int, float, np.number)) and mode != 0:
         return ("running_mean", "running_var")
     return ()
 

@@ -49,8 +49,9 @@ def test_every_builtin_declares_one_kind_per_parameter():
 
 def test_value_guards_are_the_ones_reading_data():
     reading = {n for n, g in GUARDS.items() if g.needs_values}
-    assert reading == {"positive", "nonnegative", "nonzero", "ones", "zeros", "not_ones", "not_zeros", "floating"}
-    assert all(GUARDS[n].params == ("const",) for n in reading)
+    assert reading == {"positive", "nonnegative", "nonzero", "ones", "zeros", "not_ones", "not_zeros", "floating",
+                       "all_equal"}
+    assert all(GUARDS[n].params[0] == "const" for n in reading)
     assert {n for n, g in GUARDS.items() if g.termination} == {"not_ones", "not_zeros", "not_const"}
 
 
@@ -325,3 +326,54 @@ def test_static_dims_are_read_past_a_symbolic_one():
     assert QUERIES["shape_slice"].impl(("batch", 12, 64), 0, None, (0,), (2,), (), ()) is None
     assert QUERIES["rows_restore"].impl((B, 16, 768), 3072).tolist() == [-1, 16, 3072]
     assert QUERIES["rows_shape"].impl((B, 16, 768)).tolist() == [-1, 768]
+
+
+# ---- elementwise functions of onnx.reference, value comparisons, computed attributes -------------
+
+@settings(max_examples=30, deadline=None)
+@given(small, small)
+def test_exp_log_pow_min_max_and_other_elementwise_functions_match_onnx(a, b):
+    pos = np.abs(a) + np.float32(0.5)
+    for fn, op, arg in (("exp", "Exp", a), ("log", "Log", pos), ("abs", "Abs", a), ("sign", "Sign", a),
+                        ("floor", "Floor", a), ("ceil", "Ceil", a), ("round", "Round", a), ("sin", "Sin", a),
+                        ("cos", "Cos", a), ("softplus", "Softplus", a)):
+        out = F[fn].impl(arg)
+        assert out.dtype == np.float32, fn
+        close(out, run_onnx(op, [arg]))
+    close(F["hard_sigmoid"].impl(a, 0.2, 0.5), run_onnx("HardSigmoid", [a], alpha=0.2, beta=0.5))
+    if broadcast_shape(a.shape, b.shape) is not None:
+        close(F["pow"].impl(pos, b), run_onnx("Pow", [pos, b]))
+        close(F["min"].impl(a, b), run_onnx("Min", [a, b]))
+        close(F["max"].impl(a, b), run_onnx("Max", [a, b]))
+    # A literal takes the constant's dtype.
+    assert F["pow"].impl(pos, 2).dtype == np.float32 and F["max"].impl(np.arange(3), 1).dtype == np.int64
+
+
+def test_comparisons_with_a_constant_compare_every_element_in_its_dtype():
+    gelu = np.array([0.044715], np.float32)
+    assert G["=="].impl(gelu, 0.044715) and G["all_equal"].impl(gelu, 0.044715)
+    assert not G["=="].impl(gelu.astype(np.float64), 0.044715 + 1e-9)
+    assert G["<"].impl(np.array([1, 2], np.int64), 3) and not G["<"].impl(np.array([1, 3]), 3)
+    assert G[">="].impl(3, np.array([[1], [3]])) and G["!="].impl(np.array([1, 2]), 0)
+    assert G["=="].impl(np.full((2, 3), 6.0, np.float32), np.float32(6))       # broadcast
+    assert not G["=="].impl(np.array([1, 2]), np.array([1, 2, 3]))             # shapes that do not broadcast
+    assert not G["=="].impl(np.zeros((0,), np.float32), 0) and not G["all_equal"].impl(np.zeros((2, 0)), 0)
+    assert G["all_equal"].impl(np.array([2, 2]), np.array([2])) and not G["all_equal"].impl(np.array([2, 3]), 2)
+    # Against a list a constant still reads as a list (a shape compared with [1, 2]).
+    assert G["=="].impl(np.array([1, 2]), (1, 2))
+
+
+def test_computed_attributes_take_the_attribute_type():
+    from saturate.lang.builtins import attribute_type, to_attribute
+
+    assert [attribute_type("HardSigmoid", "alpha"), attribute_type("Gather", "axis"),
+            attribute_type("Transpose", "perm"), attribute_type("Conv", "auto_pad"),
+            attribute_type("MyOp", "alpha")] == ["FLOAT", "INT", "INTS", "STRING", None]
+    assert to_attribute("FLOAT", np.array([[0.2]], np.float32)) == float(np.float32(0.2))
+    assert to_attribute("INT", np.array(3.0)) == 3 and type(to_attribute("INT", np.int64(3))) is int
+    assert to_attribute("INTS", (2, 0, 1)) == [2, 0, 1] and to_attribute("INTS", np.array(4)) == [4]
+    assert to_attribute(None, (1, 2)) == (1, 2)
+    for kind, bad in (("FLOAT", np.ones(2)), ("INT", 0.5), ("INT", np.array([np.inf])), ("INTS", np.ones((2, 2))),
+                      ("FLOAT", "x"), ("STRING", 1), ("INT", 2.0**70)):
+        with pytest.raises(ValueError):
+            to_attribute(kind, bad)

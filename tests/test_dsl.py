@@ -417,3 +417,181 @@ def test_a_load_is_cached_on_disk_and_a_changed_file_is_read_again(tmp_path, mon
     rules.write_text("ruleset r level 0\nrule c Identity(x) =>\n")
     with pytest.raises(SourceError):
         parser.load_rules([rules])
+
+
+# ---- lists of inputs, value tests, computed attributes, typed literals ---------------------------
+
+def _optimize(rules_text: str, graph, tmp_path: Path):
+    from saturate.pipeline import optimize
+
+    path = tmp_path / "mine.rules"
+    path.write_text(HEAD + rules_text)
+    return optimize(graph, dsl.load_rules([path]))
+
+
+def test_variadic_pattern_parses_and_prints_back():
+    from saturate.lang.ast import Spread
+
+    r = one("rule m Mul(Concat(xs...){axis=ax}, s:const)\n"
+            "  => Concat(Mul(xs, slice_along(s, ax, rank(xs), sum_before(dim(xs, ax)), -1))...)\n"
+            "  if fits_along(s, ax, rank(xs), sum(dim(xs, ax))), count(xs) <= 8")
+    assert r.lhs.args[0].args == (Spread(Var("xs")),)
+    spread = r.rhs.args[0]
+    assert isinstance(spread, Spread) and spread.term.op == "Mul" and spread.term.args[0] == Var("xs")
+    assert r.guards[0].args[3] == Call("sum", (Call("dim", (Var("xs"), AttrVar("ax"))),))
+    assert r.guards[1].args[0] == Call("count", (Var("xs"),))
+    again = one(f"rule m {dsl.format_rule(r)}")
+    assert (again.lhs, again.rhs, again.guards) == (r.lhs, r.rhs, r.guards)
+
+
+def test_variadic_rule_is_one_plain_rule_per_number_of_inputs():
+    from saturate.lang.variadic import instances
+
+    r = one("rule m Add(Concat(xs:const...), c:const) => Concat(Add(xs, c * sum_before(rank(xs)))...)\n"
+            "  if count(xs) >= 2, sum(rank(xs)) > 0, positive(xs)")
+    got = {len(i.lhs.args[0].args): i for i in instances(r, {"Concat": [1, 3, 5], "Add": [2]})}
+    assert sorted(got) == [1, 3, 5]
+    three = got[3]
+    assert three.lhs.args[0].args == (Var("xs.0", True), Var("xs.1", True), Var("xs.2", True))
+    assert [a.args[0] for a in three.rhs.args] == [Var("xs.0", True), Var("xs.1", True), Var("xs.2", True)]
+    assert three.rhs.args[0].args[1] == Call("mul", (Var("c", True), Num(0)))
+    assert three.rhs.args[2].args[1].args[1] == Call("add", (Call("rank", (Var("xs.0", True),)),
+                                                              Call("rank", (Var("xs.1", True),))))
+    # count becomes the number; a guard naming the list holds for each element.
+    assert three.guards[0] == Guard(">=", (Num(3), Num(2)))
+    assert [g.fn for g in three.guards] == [">=", ">", "positive", "positive", "positive"]
+
+
+def test_value_tests_on_constants_and_value_guards_on_expressions_parse():
+    r = one("rule v Mul(Gather(a, i:const){axis=ax}, c:const) => a\n"
+            "  if c == 0.5, all_equal(c, 0.5), i < 3, positive(dim(a, 0) - i), c != i")
+    assert r.guards[0] == Guard("==", (Var("c", True), Num(0.5)))
+    assert r.guards[1] == Guard("all_equal", (Var("c", True), Num(0.5)))
+    assert r.guards[3] == Guard("positive", (Call("sub", (Call("dim", (Var("a"), Num(0))), Var("i", True))),))
+
+
+def test_attributes_computed_from_captures_and_constants_parse():
+    r = one("rule a Mul(HardSigmoid(x){alpha=a1, beta=b1}, c:const)\n"
+            "  => HardSigmoid(x){alpha=a1 * c, beta=b1 * 2, gamma_not_here=1}" .replace(", gamma_not_here=1", ""))
+    assert r.rhs.attrs == (("alpha", Call("mul", (AttrVar("a1"), Var("c", True)))),
+                           ("beta", Call("mul", (AttrVar("b1"), Num(2)))))
+    t = one("rule t Softmax(Transpose(x){perm=p}){axis=ax} => Softmax(x){axis=gather(p, ax, 0)}")
+    assert t.rhs.attrs == (("axis", Call("gather", (AttrVar("p"), AttrVar("ax"), Num(0)))),)
+    h = one("rule h Mul(x, c:const) => HardSigmoid(x){alpha=c, beta=0.5}")
+    assert h.rhs.attrs == (("alpha", Var("c", True)), ("beta", Num(0.5)))
+
+
+NEW_ERRORS = [
+    ("rule x Concat(xs...) => xs", "'xs' is a list of inputs: read it in an input 'term...'", 2, 25),
+    ("rule x Relu(x, ys...) => x", "Relu takes 1 input, not 2 or more", 2, 8),
+    ("rule x Concat(xs..., ys...) => x", "Concat has more than one list of inputs", 2, 22),
+    ("rule x Concat(Relu(x)...) => x", "on the left, '...' follows a variable", 2, 15),
+    ("rule x Concat(xs..., xs) => x", "'xs' is already a list of inputs", 2, 22),
+    ("rule x Add(x, c:const) => Concat(x...)", "'...' needs a term naming a list variable", 2, 34),
+    ("rule x Concat(xs...) => Concat(xs...) if sum_before(rank(xs)) == 0",
+     "sum_before(...) sums the elements before the current one", 2, 42),
+    ("rule x Concat(xs...) => Concat(xs...) if count(rank(xs)) == 2", "count(...) takes a list variable", 2, 48),
+    ("rule x Concat(xs...) => Concat(xs...) if sum(3) == 2", "sum(...) needs a term naming a list variable", 2, 42),
+    ("rule x Add(x, c:const) => HardSigmoid(x){alpha=x}", "'x' is not a constant, so it cannot be attribute 'alpha'", 2, 48),
+    ("rule x Conv(x, w:const) => Conv(x, w){auto_pad=w}",
+     "attribute 'auto_pad' of Conv is STRING, and w gives a constant", 2, 48),
+    ("rule x Transpose(x){perm=p} => Transpose(x){perm=p}{axis=q}", "unexpected '{'", 2, 52),
+    ("rule x Conv(x, w){group=1 + g} => x", "a computed attribute belongs on the right-hand side", 2, 25),
+    ("rule x Conv(x, w){group=c:const} => x", "an attribute pattern is a name that captures it or a literal", 2, 25),
+    ("rule x Add(x, c:const) => x if positive(x + c)", "'x' is not a constant", 2, 41),
+    ("rule x Add(x, c:const) => x if x == 0.5", "'x' is a value, but a side of == needs an int", 2, 32),
+]
+
+
+@pytest.mark.parametrize("src,message,line,col", NEW_ERRORS, ids=[e[1][:40] for e in NEW_ERRORS])
+def test_new_features_load_errors_name_the_position(src, message, line, col):
+    test_load_errors_name_the_position(src, message, line, col)
+
+
+def test_a_variadic_rule_rewrites_concats_of_any_number_of_inputs(tmp_path: Path):
+    from engine_util import Builder, assert_same, ops
+
+    # A negated Concat of negated inputs is the Concat of the inputs (from 2 inputs on).
+    rules = ("rule neg-concat Neg(Concat(xs...){axis=ax}) => Concat(Neg(xs)...){axis=ax} if count(xs) >= 2\n"
+             "rule neg-neg Neg(Neg(x)) => x\n")
+    for n in (1, 2, 5):
+        b = Builder(shape=(2, 3))
+        parts = [b.op("Neg", b.op("Mul", "x", b.rand(3))) for _ in range(n)]
+        before = b.build(b.op("Neg", b.op("Concat", *parts, axis=1)))
+        after, report = _optimize(rules, before, tmp_path)
+        fired = n >= 2
+        assert report.run.matches["neg-concat"] == (1 if fired else 0)
+        want = {"Mul": n, "Concat": 1} if fired else {"Mul": 1, "Neg": 2, "Concat": 1}
+        assert after.op_counts() == want
+        assert_same(before, after, b.sample())
+
+
+def test_value_tests_recognise_constants(tmp_path: Path):
+    import numpy as np
+    from engine_util import Builder, assert_same, ops
+
+    rules = ("rule half Mul(x, c:const) => Div(x, 2) if c == 0.5, broadcasts_into(c, x)\n"
+             "rule gelu-c Mul(x, c:const) => Neg(x) if all_equal(c, -1), broadcasts_into(c, x)\n")
+    for value, want in ((0.5, ["Div"]), (-1.0, ["Neg"]), (0.25, ["Mul"])):
+        b = Builder(shape=(2, 3))
+        before = b.build(b.op("Mul", "x", b.const(np.full(3, value, np.float32))))
+        after, _ = _optimize(rules, before, tmp_path)
+        assert ops(after) == want
+        assert_same(before, after, b.sample())
+
+
+def test_a_value_guard_reads_an_expression(tmp_path: Path):
+    import numpy as np
+    from engine_util import Builder, ops
+
+    rules = "rule add-zero-tall Add(x, c:const) => x if positive(dim(x, 0) - 5), zeros(c), broadcasts_into(c, x)\n"
+    for rows, want in ((2, ["Add", "Relu"]), (6, ["Relu"])):
+        b = Builder(shape=(rows, 3))
+        before = b.build(b.op("Relu", b.op("Add", "x", b.const(np.zeros(3, np.float32)))))
+        assert ops(_optimize(rules, before, tmp_path)[0]) == want
+
+
+def test_attributes_computed_from_constants_and_captures(tmp_path: Path):
+    import numpy as np
+    from engine_util import Builder, assert_same, ops
+
+    # HardSwish's x * clip(x + 3, 0, 6) / 6 as exporters spell it: its constants become HardSigmoid's.
+    rules = ("rule hard-sigmoid Div(Clip(Add(x, c3:const), lo:const, hi:const), c6:const)\n"
+             "   => HardSigmoid(x){alpha=reciprocal(c6), beta=c3 / c6}\n"
+             "   if c3 == 3, lo == 0, hi == 6, c6 == 6, is_scalar(c3), is_scalar(c6), is_scalar(lo), is_scalar(hi)\n"
+             "rule softmax-transpose Transpose(Softmax(Transpose(x){perm=p}){axis=ax}){perm=q}\n"
+             "   => Softmax(x){axis=gather(p, ax, 0)} if identity_perm(compose_perm(p, q, rank(x)), rank(x))\n")
+    f = lambda v: np.array(v, np.float32)   # noqa: E731
+    b = Builder(shape=(2, 3, 4))
+    hs = b.op("Div", b.op("Clip", b.op("Add", "x", b.const(f(3))), b.const(f(0)), b.const(f(6))), b.const(f(6)))
+    sm = b.op("Transpose", b.op("Softmax", b.op("Transpose", "x", perm=[2, 0, 1]), axis=-1), perm=[1, 2, 0])
+    before = b.build(hs, sm)
+    after, _ = _optimize(rules, before, tmp_path)
+    assert ops(after) == ["HardSigmoid", "Softmax"]
+    assert after.nodes[0].attrs["alpha"] == pytest.approx(1 / 6) and after.nodes[0].attrs["beta"] == 0.5
+    assert after.nodes[1].attrs["axis"] == 1
+    assert_same(before, after, b.sample())
+
+
+def test_literals_take_the_type_of_the_other_input(tmp_path: Path):
+    import numpy as np
+    from engine_util import Builder, assert_same, ops
+
+    rules = ("rule one-minus Add(Neg(x), c:const) => Sub(1, x) if ones(c), broadcasts_into(c, x)\n"
+             "rule halve Mul(x, c:const) => Div(x, 2.0) if c == 0.5, broadcasts_into(c, x)\n")
+    for dtype in (np.float32, np.float16):
+        b = Builder(shape=(2, 3))
+        x = b.op("Cast", "x", to=int(onnx_type(dtype)))
+        before = b.build(b.op("Mul", b.op("Add", b.op("Neg", x), b.const(np.ones(3, dtype))),
+                              b.const(np.full(3, 0.5, dtype))))
+        after, _ = _optimize(rules, before, tmp_path)
+        assert ops(after) == ["Cast", "Sub", "Div"]
+        assert [after.constants[n.inputs[k]].dtype for n, k in ((after.nodes[1], 0), (after.nodes[2], 1))] == [dtype] * 2
+        assert_same(before, after, b.sample())
+
+
+def onnx_type(dtype) -> int:
+    from onnx.helper import np_dtype_to_tensor_dtype
+    import numpy as np
+
+    return np_dtype_to_tensor_dtype(np.dtype(dtype))

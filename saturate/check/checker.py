@@ -15,6 +15,8 @@ from saturate.core.errors import SaturateError
 from saturate.interp.interpreter import run_graph
 from saturate.core.ir import Graph, Node
 from saturate.lang.ast import OpTerm, Rule, Term, Var
+from saturate.lang.variadic import instantiate, is_variadic, list_vars
+from saturate.core.ops import op_table
 from saturate.check.compiled import RightSideError, build_rhs, compiled, decide_example, directions
 from saturate.check.examples import Example, rule_examples
 
@@ -193,8 +195,14 @@ def _property(rule: Rule, reverse: bool, count: list[int], nonempty: bool = Fals
     return prop
 
 
+# A variadic rule (Concat(xs...)) is checked as its instances for 1 to this many inputs.
+VARIADIC_INPUTS = 5
+
+
 def check_rule(rule: Rule, examples: int = 200, seed: int | None = None) -> RuleResult:
     """Property-test one rule (both ways if bidirectional) on `examples` drawn inputs."""
+    if is_variadic(rule):
+        return _check_instances(rule, examples, seed)
     start = time.perf_counter()
     notes: list[str] = []
     try:
@@ -231,6 +239,26 @@ def check_rule(rule: Rule, examples: int = 200, seed: int | None = None) -> Rule
             return RuleResult(rule, "NOGEN", 0, time.perf_counter() - start,
                               message="could not generate examples: no drawn input satisfies the guards")
     return RuleResult(rule, "PASS", total, time.perf_counter() - start, notes=notes)
+
+
+def _check_instances(rule: Rule, examples: int, seed: int | None) -> RuleResult:
+    """Check each instance of a variadic rule, every list of 1 to VARIADIC_INPUTS elements; the
+    first that does not pass is the rule's result."""
+    start, total = time.perf_counter(), 0
+    lists = list_vars(rule)
+    for n in range(1, VARIADIC_INPUTS + 1):
+        if any(fixed + n > op_table()[op].max_inputs for op, fixed in lists.values() if op in op_table()):
+            break
+        inst = instantiate(rule, {name: n for name in lists})
+        got = check_rule(inst, examples, seed) if inst is not None else None
+        if got is None:
+            continue
+        total += got.examples
+        if got.status != "PASS":
+            return RuleResult(rule, got.status, total, time.perf_counter() - start, got.counterexample,
+                              got.message, [*got.notes, f"instance of {n} input{'s' * (n > 1)}"])
+    return RuleResult(rule, "PASS", total, time.perf_counter() - start,
+                      notes=[f"checked with 1 to {VARIADIC_INPUTS} inputs in each list"])
 
 
 def _search(rule: Rule, reverse: bool, examples: int, seed: int | None, count: list[int],

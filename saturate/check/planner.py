@@ -99,6 +99,8 @@ class Planner:
             hint["sign"] = _SIGN_GUARDS[g.fn]
         elif g.fn in ("ones", "zeros"):
             hint["fill"] = 1.0 if g.fn == "ones" else 0.0
+        elif g.fn in ("all_equal", "==") and _num(args[1]) is not None:
+            hint["fill"] = float(args[1].value)     # a constant compared with a number (c == 0.5)
         elif g.fn in ("varies_only_along", "per_axis") and _num(args[1]) is not None:
             hint["axis"] = (int(args[1].value), _num(args[2]) if len(args) > 2 else None)
         elif g.fn == "is_scalar":

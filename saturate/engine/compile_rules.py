@@ -13,13 +13,15 @@ and shapes (saturate.engine.saturation).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from saturate.lang.builtins import GUARDS, QUERIES
+from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES
 from saturate.engine.encode import Encoding, k_ctor, op_ctor
 from saturate.core.errors import SaturateError
-from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Str, Term, Var
+from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Spread, Str, Term, Var
+from saturate.lang.variadic import instances
 
 QUERY_FNS = tuple(QUERIES)
 
@@ -138,7 +140,7 @@ class _Compiler:
                                     f"right-hand variable '{term.name}' is not bound on the left")
             return f"v_{term.name}"
         if isinstance(term, OpTerm):
-            args = [self.rhs(a) for a in term.args]
+            args = [self.rhs(a) for a in typed_literals(term)]
             ctor = op_ctor(term.op, len(args))
             enc.declare(ctor, len(args))
             return f"({ctor} {self.rhs_attrs(term)} {' '.join(args)})"
@@ -181,6 +183,74 @@ class _Compiler:
         return entry.column
 
 
+def typed_literals(term: OpTerm) -> tuple[Term, ...]:
+    """The inputs of a right-hand op, each number that reads no tensor (a literal, an attribute,
+    a constant expression of those) cast to the dtype of an input the op's schema gives the
+    same type: `Sub(1, Sigmoid(x))` subtracts from a 1 of x's dtype, as a Python scalar takes
+    an array's dtype in NumPy 2. A number with no such input keeps its own type."""
+    types = _input_types(term.op, len(term.args))
+    if types is None:
+        return term.args
+    out = list(term.args)
+    for i, a in enumerate(term.args):
+        if not _reads_no_tensor(a):
+            continue
+        for j, b in enumerate(term.args):
+            source = _dtype_source(b) if j != i and types[j] == types[i] and not _reads_no_tensor(b) else None
+            if source is not None:
+                out[i] = Call("cast", (a, Call("elem_type", (source,), getattr(a, "loc", None))),
+                              getattr(a, "loc", None))
+                break
+    return tuple(out)
+
+
+def _reads_no_tensor(t: Term) -> bool:
+    if isinstance(t, (Num, AttrVar)):
+        return True
+    return (isinstance(t, Call) and t.fn in CONST_FUNCS
+            and all(_reads_no_tensor(a) or isinstance(a, (Str, IntList)) for a in t.args))
+
+
+def _dtype_source(t: Term) -> Var | None:
+    """A variable whose dtype a right-hand term has, as the ops' schemas tell (None: unknown)."""
+    if isinstance(t, Var):
+        return t
+    if isinstance(t, OpTerm):
+        types = _input_types(t.op, len(t.args))
+        out = _output_type(t.op)
+        for a, ty in zip(t.args, types or ()):
+            if ty == out and (got := _dtype_source(a)) is not None:
+                return got
+        return None
+    if isinstance(t, Call) and t.fn in CONST_FUNCS and CONST_FUNCS[t.fn].params[:1] == ("const",):
+        return _dtype_source(t.args[0])
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(op: str) -> Any:
+    import onnx
+
+    try:
+        return onnx.defs.get_schema(op, "")
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _input_types(op: str, n: int) -> list[str] | None:
+    """The type-constraint name of each of n inputs of `op` (the last formal input repeats)."""
+    s = _schema(op)
+    if s is None or not s.inputs:
+        return None
+    names = [p.type_str for p in s.inputs]
+    return [names[min(k, len(names) - 1)] for k in range(n)]
+
+
+def _output_type(op: str) -> str | None:
+    s = _schema(op)
+    return s.outputs[0].type_str if s is not None and s.outputs else None
+
+
 def _lit(v: Num | Str | IntList) -> Any:
     return list(v.values) if isinstance(v, IntList) else v.value
 
@@ -219,6 +289,8 @@ def applicable_rules(rules: list[Rule], graph_ops: set[str]) -> list[Rule]:
 
 def _ops_of(t: Term) -> set[str]:
     found = set()
+    if isinstance(t, Spread):
+        return _ops_of(t.term)
     if isinstance(t, OpTerm):
         found.add(t.op)
     for a in getattr(t, "args", ()):
@@ -226,10 +298,46 @@ def _ops_of(t: Term) -> set[str]:
     return found
 
 
+# A variadic rule is instantiated for at most this many inputs of its op.
+MAX_INPUTS = 64
+
+
+def _input_counts(t: Term, into: dict[str, set[int]]) -> None:
+    if isinstance(t, OpTerm) and not any(isinstance(a, Spread) for a in t.args):
+        into.setdefault(t.op, set()).add(len(t.args))
+    for a in getattr(t, "args", ()):
+        _input_counts(a, into)
+
+
+def plain_rules(rules: list[Rule], enc: Encoding) -> list[Rule]:
+    """The rules with each variadic one (`Concat(xs...)`) replaced by its instances for the
+    input counts its ops can have in this e-graph: those of the graph's nodes and of the ops a
+    rule builds (an instance's right side included, up to MAX_INPUTS inputs)."""
+    counts: dict[str, set[int]] = {}
+    for node in enc.graph.nodes:
+        counts.setdefault(node.op, set()).add(len(node.inputs))
+    for r in rules:
+        _input_counts(r.rhs, counts)
+        if r.bidirectional:
+            _input_counts(r.lhs, counts)
+    while True:
+        out = [inst for r in rules for inst in instances(r, counts)]
+        grown: dict[str, set[int]] = {}
+        for r in out:
+            for side in (r.lhs, r.rhs):
+                _input_counts(side, grown)
+        new = {op: {n for n in ns if n <= MAX_INPUTS} - counts.get(op, set()) for op, ns in grown.items()}
+        if not any(new.values()):
+            return out
+        for op, ns in new.items():
+            counts.setdefault(op, set()).update(ns)
+
+
 def compile_rules(rules: list[Rule], enc: Encoding) -> list[CompiledRule]:
-    """Compile rules (both directions of `<=>` rules) to egglog text kept in each CompiledRule."""
+    """Compile rules (both directions of `<=>` rules) to egglog text kept in each CompiledRule;
+    a variadic rule compiles as its instances (plain_rules)."""
     out: list[CompiledRule] = []
-    for i, rule in enumerate(rules):
+    for i, rule in enumerate(plain_rules(rules, enc)):
         dirs = [("forward", rule.lhs, rule.rhs)]
         if rule.bidirectional and isinstance(rule.rhs, OpTerm) and _is_pattern(rule.rhs):
             dirs.append(("reverse", rule.rhs, rule.lhs))

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES
+from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES, attribute_type, to_attribute
 from saturate.engine.egraph import EGraphView
 from saturate.engine.encode import Encoding, Rows
 from saturate.engine.compile_rules import CompiledRule
@@ -215,6 +215,8 @@ def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int
                     val = ev.eval(v)
                     if val is None:
                         base.pop(k, None)      # an omitted attribute stays omitted
+                    elif isinstance(v, (Var, Call)):
+                        base[k] = _computed_attribute(r.op, k, val)
                     else:
                         base[k] = list(val) if isinstance(val, tuple) else val
                 computed.append(base)
@@ -223,6 +225,15 @@ def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int
         return None
     except SaturateError as err:   # a constant expression over --max-memory: say which rule read it
         raise SaturateError(f"{err}, deciding rule '{cr.rule.name}' ({cr.rule.loc})") from None
+
+
+def _computed_attribute(op: str, key: str, value: Any) -> Any:
+    """A value computed for an attribute, as the attribute's ONNX type holds it; a value it
+    cannot hold (two elements for a FLOAT, 0.5 for an INT) leaves the rule unfired."""
+    try:
+        return to_attribute(attribute_type(op, key), value)
+    except ValueError:
+        raise _Undecided from None
 
 
 def _all_known(elements: tuple | None) -> bool:

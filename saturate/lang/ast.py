@@ -54,8 +54,9 @@ class IntList:
     values: tuple[int, ...]
 
 
-# On the right, an attribute may also be computed from captured ones (perm=compose_perm(p, q, r)).
-AttrValue = Union[AttrVar, Num, Str, IntList, "Call"]
+# On the right, an attribute may also be computed from captured ones (perm=compose_perm(p, q, r))
+# and constants (alpha=c, a constant variable; alpha=a1 * c).
+AttrValue = Union[AttrVar, Num, Str, IntList, "Call", Var]
 
 
 @dataclass(frozen=True)
@@ -75,14 +76,25 @@ class OpTerm:
 class Call:
     """A constant expression (right-hand side) or an int-valued query (guards):
     `add sub mul div neg sqrt rsqrt reciprocal per_axis reshape unsqueeze expand transpose vec`
-    and queries `rank(v) dim(v, k) numel(v)`; see `saturate.lang.builtins` for the full table."""
+    and queries `rank(v) dim(v, k) numel(v)`, or a function over a list of inputs
+    (`sum count sum_before`); see `saturate.lang.builtins` for the full table."""
 
     fn: str
     args: tuple["Term", ...]
     loc: Loc | None = field(default=None, compare=False)
 
 
-Term = Union[Var, OpTerm, Call, Num, AttrVar, IntList, Str]
+@dataclass(frozen=True)
+class Spread:
+    """`term...` among an op's inputs. On the left, `xs...` (a variable) matches the op's inputs
+    from there on, one or more, as the list `xs`; on the right, `term...` stands for one input
+    per element of the lists the term names, the list's name reading as that element."""
+
+    term: "Term"
+    loc: Loc | None = field(default=None, compare=False)
+
+
+Term = Union[Var, OpTerm, Call, Num, AttrVar, IntList, Str, Spread]
 
 
 # ---- guards ---------------------------------------------------------------------------------

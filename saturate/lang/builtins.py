@@ -23,6 +23,7 @@ static shapes and ints alone, so the engine can decide them from the facts it ke
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from dataclasses import dataclass
@@ -384,6 +385,23 @@ def flatten(c: Any, axis: int) -> np.ndarray:
 
 # ---- other constant folds ------------------------------------------------------------------------
 
+def batch_normalize(x: Any, scale: Any, bias: Any, eps: Any) -> np.ndarray:
+    """ONNX BatchNormalization in training mode: x normalized by its own mean and (population)
+    variance over every axis but 1, then times scale and plus bias per channel (axis 1)."""
+    a = np.asarray(x)
+    if a.ndim < 2 or not np.issubdtype(a.dtype, np.floating):
+        raise ValueError("batch_normalize: x must be a float tensor of rank 2 or more")
+    shape = (1, a.shape[1]) + (1,) * (a.ndim - 2)
+    if np.size(scale) != a.shape[1] or np.size(bias) != a.shape[1]:
+        raise ValueError("batch_normalize: scale and bias need one value per channel")
+    axes = (0, *range(2, a.ndim))
+    wide = a.astype(np.float64)
+    mean, var = wide.mean(axis=axes, keepdims=True), wide.var(axis=axes, keepdims=True)
+    y = (wide - mean) / np.sqrt(var + float(np.asarray(eps).reshape(()))) * np.reshape(scale, shape) \
+        + np.reshape(bias, shape)
+    return y.astype(a.dtype)
+
+
 def _softmax(c: Any, axis: Any) -> np.ndarray:
     a = np.asarray(c, np.float32) if not _is_array(c) else c
     axis = -1 if axis is None else int(axis)
@@ -424,6 +442,21 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "sigmoid": _pointwise(lambda x: _special().expit(x), "c", "logistic sigmoid"),
     "tanh": _pointwise(np.tanh, "c", "hyperbolic tangent"),
     "erf": _pointwise(lambda x: _special().erf(x), "c", "error function"),
+    "exp": _pointwise(np.exp, "c", "e ** c"),
+    "log": _pointwise(np.log, "c", "natural logarithm"),
+    "pow": _pointwise(np.power, "cc", "a ** b (ONNX Pow: the result in a's dtype)"),
+    "min": _pointwise(np.minimum, "cc", "elementwise minimum"),
+    "max": _pointwise(np.maximum, "cc", "elementwise maximum"),
+    "abs": _pointwise(np.abs, "c", "absolute value"),
+    "sign": _pointwise(np.sign, "c", "-1, 0 or 1"),
+    "floor": _pointwise(np.floor, "c", "round down"),
+    "ceil": _pointwise(np.ceil, "c", "round up"),
+    "round": _pointwise(np.round, "c", "round half to even (ONNX Round)"),
+    "sin": _pointwise(np.sin, "c", "sine"),
+    "cos": _pointwise(np.cos, "c", "cosine"),
+    "softplus": _pointwise(lambda a: np.logaddexp(a, 0), "c", "log(1 + e ** c)"),
+    "hard_sigmoid": _const(_elementwise(lambda a, alpha, beta: np.clip(alpha * a + beta, 0, 1)), "ccc",
+                           "max(0, min(1, alpha * c + beta)) (ONNX HardSigmoid)"),
     "leaky_relu": _const(_elementwise(lambda a, alpha: np.where(a >= 0, a, alpha * a)), "cc",
                          "c where c >= 0, alpha * c elsewhere"),
     "clip": _const(_elementwise(np.clip), "ccc", "clip(c, lo, hi)"),
@@ -431,6 +464,7 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "gemm": _const(_elementwise(_gemm), "ccccccc",
                    "gemm(a, b, c, alpha, beta, transA, transB) = alpha*A'B' + beta*c"),
     "softmax": _const(_softmax, "ci", "softmax of c along axis"),
+    "batch_normalize": _const(batch_normalize, "cccc", batch_normalize.__doc__),
     "per_axis": _const(per_axis, "cii", per_axis.__doc__),
     "vec": _const(vec, "c", vec.__doc__),
     "broadcast_vec": _const(broadcast_vec, "ci", broadcast_vec.__doc__),
@@ -453,6 +487,15 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "compose_perm": ConstFn(3, compose_perm, compose_perm.__doc__, ("ints", "ints", "int"), "ints"),
     "inverse_perm": ConstFn(2, inverse_perm, inverse_perm.__doc__, ("ints", "int"), "ints"),
     "align_rank": _const(align_rank, "ci", align_rank.__doc__),
+}
+
+# Functions over the list a variadic pattern binds (`Concat(xs...)`). They are spelled out when
+# a rule is instantiated for a number of inputs (saturate.lang.variadic), never called.
+LIST_FUNCS: dict[str, str] = {
+    "count": "count(xs): the number of elements of the list xs",
+    "sum": "sum(e): e summed over the elements of the list it names (ints or constants)",
+    "sum_before": "sum_before(e): e summed over the elements before the current one (0 for the "
+                  "first); only where the list's name reads as one element",
 }
 
 # The infix operators of constant expressions and the functions they stand for.
@@ -769,10 +812,31 @@ def _all(pred: Callable[[np.ndarray], np.ndarray]) -> Callable[[Any], bool]:
     return lambda c: bool(np.all(pred(np.asarray(c))))
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+
+
+def _compare_values(op: Callable[[Any, Any], Any], a: Any, b: Any) -> bool:
+    """A comparison with a constant's values: it holds for every element (broadcast, numpy
+    rules), and a constant with no element holds none. A Python number takes the constant's
+    dtype, as in NumPy 2, so a float32 0.044715 equals the literal 0.044715."""
+    try:
+        with np.errstate(all="ignore"):
+            got = np.asarray(op(a, b))
+    except (TypeError, ValueError):
+        return False
+    return got.size > 0 and bool(np.all(got))
+
+
 def _cmp(op: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
-    """Comparisons of ints/floats/strings/int tuples; None (unknown) compares False."""
+    """Comparisons of ints/floats/strings/int tuples; None (unknown) compares False. A constant
+    (an ndarray) compared with a number or another constant compares its values elementwise
+    (`_compare_values`); compared with a list it is read as a list."""
 
     def impl(a: Any, b: Any) -> bool:
+        arrays = [isinstance(v, (np.ndarray, np.generic)) for v in (a, b)]
+        if any(arrays) and all(arr or _is_number(v) for arr, v in zip(arrays, (a, b))):
+            return _compare_values(op, a, b)
         a = tuple(a) if isinstance(a, (list, np.ndarray)) else a
         b = tuple(b) if isinstance(b, (list, np.ndarray)) else b
         if a is None or b is None:
@@ -815,6 +879,9 @@ GUARDS: dict[str, GuardFn] = {
     "zeros": _value(_all(lambda a: a == 0), "every element == 0"),
     "floating": _value(lambda c: bool(np.issubdtype(np.asarray(c).dtype, np.floating)),
                        "the constant has a floating-point dtype"),
+    "all_equal": GuardFn(2, lambda c, v: _compare_values(operator.eq, np.asarray(c), v),
+                         "every element of c equals v (a number in c's dtype, or a constant)",
+                         True, ("const", "any")),
     "not_ones": GuardFn(1, lambda c: not bool(np.all(np.asarray(c) == 1)), "some element != 1",
                         True, ("const",), termination=True),
     "not_zeros": GuardFn(1, lambda c: not bool(np.all(np.asarray(c) == 0)), "some element != 0",
@@ -831,3 +898,60 @@ COMPARISONS: dict[str, GuardFn] = {
                     "<=": operator.le, ">": operator.gt, ">=": operator.ge}.items()
 }
 GUARDS.update(COMPARISONS)
+
+
+# ---- computed attributes -------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def attribute_type(op: str, key: str) -> str | None:
+    """The ONNX type of an op's attribute ("FLOAT", "INT", "INTS", "STRING", "TENSOR"...), from
+    any version of its schema; None for an op or attribute ONNX does not define."""
+    import onnx
+
+    for s in onnx.defs.get_all_schemas_with_history():
+        if s.name == op and s.domain in ("", "ai.onnx") and key in s.attributes:
+            return s.attributes[key].type.name
+    return None
+
+
+# The kinds of value that may become an attribute of each type, as the load-time checks see them.
+ATTRIBUTE_KINDS = {"FLOAT": {"const", "int", "num"}, "INT": {"const", "int", "num"},
+                   "FLOATS": {"const", "ints", "int", "num"}, "INTS": {"const", "ints", "int", "num"},
+                   "STRING": {"str"}, "TENSOR": {"const", "int", "num"}}
+
+
+def to_attribute(kind: str | None, value: Any) -> Any:
+    """A computed value as an attribute of ONNX type `kind` (see attribute_type): FLOAT and INT
+    from one element (an INT only from a whole number), INTS and FLOATS from a list of at most
+    one axis, TENSOR as an array; ValueError when it cannot be one, so the rule does not fire.
+    An attribute of an op ONNX does not define (kind None) keeps the value as computed."""
+    if kind is None or value is None:
+        return value
+    if kind == "STRING":
+        if not isinstance(value, str):
+            raise ValueError("a string attribute needs a string")
+        return value
+    if isinstance(value, str):
+        raise ValueError(f"a string cannot be a {kind} attribute")
+    a = np.asarray(value)
+    if kind == "TENSOR":
+        return a
+    if a.dtype.kind not in "biuf":
+        raise ValueError(f"a {a.dtype} value cannot be a {kind} attribute")
+    if kind in ("INTS", "FLOATS"):
+        if a.ndim > 1:
+            raise ValueError(f"a {kind} attribute needs a list, not shape {a.shape}")
+        a = a.reshape(-1)
+    elif a.size != 1:
+        raise ValueError(f"a {kind} attribute needs one element, not {a.size}")
+    if not np.all(np.isfinite(a.astype(np.float64))):
+        raise ValueError("an attribute must be finite")
+    if kind in ("INT", "INTS"):
+        if a.dtype.kind == "f" and not np.all(a == np.round(a)):
+            raise ValueError(f"{value!r} is not a whole number")
+        if np.any(np.abs(a.astype(np.float64)) >= 2.0**63):
+            raise ValueError("an INT attribute holds 64 bits")
+        ints = [int(x) for x in a.ravel()]
+        return ints if kind == "INTS" else ints[0]
+    floats = [float(np.float32(x)) for x in a.ravel()]   # attributes hold float32
+    return floats if kind == "FLOATS" else floats[0]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable, NoReturn
 
-from saturate.lang.builtins import CONST_FUNCS, GUARDS, INFIX, QUERIES
+from saturate.lang.builtins import (ATTRIBUTE_KINDS, CONST_FUNCS, GUARDS, INFIX, LIST_FUNCS, QUERIES,
+                                    attribute_type)
 from saturate.core.ops import is_rewritable_op, op_table
-from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, Str, Term,
-                               Var)
+from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, Spread, Str,
+                               Term, Var)
 
 Fail = Callable[[Loc, str], Exception]
-_ARITH = frozenset({"add", "sub", "mul", "neg"})
+_ARITH = frozenset({"add", "sub", "mul", "neg", "min", "max"})
 # Per op: (min inputs, max inputs, known attribute names or None when any attribute is allowed).
 OpTable = dict[str, tuple[int, int, frozenset[str] | None]]
 
@@ -52,6 +53,8 @@ class _Checker:
         self.rule, self.ops, self._fail = rule, ops, fail
         self.vars: dict[str, bool] = {}  # name -> bound as a constant
         self.attrs: set[str] = set()
+        self.lists: dict[str, bool] = {}  # list variables (`xs...` on the left) -> of constants
+        self.element: frozenset[str] = frozenset()  # lists whose name reads as one element here
 
     def fail(self, loc: Loc | None, message: str) -> NoReturn:
         raise self._fail(loc or self.rule.loc, message)
@@ -63,8 +66,14 @@ class _Checker:
             self.fail(t.loc, f"unknown op '{t.op}'{_suggest(t.op, list(self.ops))} "
                              f"(declare another with 'op {t.op}/N')")
         lo, hi, known = self.ops[t.op]
-        if not lo <= len(t.args) <= hi:
-            want = _plural(lo) if lo == hi else f"{lo} to {_plural(hi)}"
+        spreads = [a for a in t.args if isinstance(a, Spread)]
+        fixed = len(t.args) - len(spreads)
+        want = _plural(lo) if lo == hi else f"{lo} to {_plural(hi)}"
+        if len(spreads) > 1 and any(isinstance(a.term, Var) for a in spreads):
+            self.fail(spreads[1].loc, f"{t.op} has more than one list of inputs ('...')")
+        if spreads and fixed + 1 > hi:
+            self.fail(t.loc, f"{t.op} takes {want}, not {fixed + 1} or more")
+        if not spreads and not lo <= len(t.args) <= hi:
             self.fail(t.loc, f"{t.op} takes {want}, not {len(t.args)}")
         seen = set()
         for key, _ in t.attrs:
@@ -81,18 +90,30 @@ class _Checker:
         if isinstance(t, Var):
             if t.name in self.attrs:
                 self.fail(t.loc, f"'{t.name}' is already an attribute capture")
+            if t.name in self.lists:
+                self.fail(t.loc, f"'{t.name}' is already a list of inputs ({t.name}...)")
             self.vars[t.name] = self.vars.get(t.name, False) or t.const
+        elif isinstance(t, Spread):
+            v = t.term
+            if not isinstance(v, Var):
+                self.fail(t.loc, "on the left, '...' follows a variable: Concat(xs...) binds the list xs")
+            if v.name in self.vars or v.name in self.attrs or v.name in self.lists:
+                self.fail(v.loc, f"'{v.name}' is already bound; a list variable is bound once")
+            self.lists[v.name] = v.const
         elif isinstance(t, OpTerm):
             self.check_op(t)
             for a in t.args:
                 self.pattern(a, t.loc)
             for _, v in t.attrs:
                 if isinstance(v, AttrVar):
-                    if v.name in self.vars:
+                    if v.name in self.vars or v.name in self.lists:
                         self.fail(v.loc, f"'{v.name}' is already a value variable")
                     self.attrs.add(v.name)
                 elif isinstance(v, Call):
                     self.fail(v.loc, "a computed attribute belongs on the right-hand side")
+                elif not isinstance(v, (Num, Str, IntList)):
+                    self.fail(getattr(v, "loc", None) or t.loc,
+                              "an attribute pattern is a name that captures it or a literal")
         elif isinstance(t, Call):
             self.fail(t.loc, "a constant expression cannot be matched; capture the constant as c:const")
         else:
@@ -112,9 +133,12 @@ class _Checker:
             if want != "tensor":
                 self.fail(t.loc, f"an op cannot appear in {where}")
             self.check_op(t)
-            args = tuple(self.term(a, "tensor", f"an input of {t.op}", t.loc) for a in t.args)
-            attrs = tuple((k, self.attr_value(v, t)) for k, v in t.attrs)
+            args = tuple(self.spread(a, t) if isinstance(a, Spread) else
+                         self.term(a, "tensor", f"an input of {t.op}", t.loc) for a in t.args)
+            attrs = tuple((k, self.attr_value(k, v, t)) for k, v in t.attrs)
             return OpTerm(t.op, args, attrs, t.loc)
+        if isinstance(t, Call) and t.fn in LIST_FUNCS:
+            return self.list_call(t, want, where)
         if isinstance(t, Call):
             return self.call(t, want, where)
         kind = {Num: "num", Str: "str", IntList: "ints"}[type(t)]
@@ -131,16 +155,81 @@ class _Checker:
             if want == "value":
                 self.fail(v.loc, f"'{v.name}' is an attribute; {where} needs a value variable")
             return AttrVar(v.name, v.loc)
-        if v.name not in self.vars:
+        if v.name in self.lists:
+            if v.name not in self.element:
+                self.fail(v.loc, f"'{v.name}' is a list of inputs: read it in an input 'term...', "
+                                 f"in sum(...) or in count({v.name})")
+            const = self.lists[v.name]
+        elif v.name not in self.vars:
             self.fail(v.loc, f"variable '{v.name}' is not bound on the left-hand side")
-        const = self.vars[v.name]
+        else:
+            const = self.vars[v.name]
         if want in ("const", "ints") and not const:
             self.fail(v.loc, f"'{v.name}' is not a constant, so it cannot be {where}; "
                              f"capture it as {v.name}:const on the left")
-        if want in ("int", "any"):
+        # A constant compares by its values (c == 0.5); any other value has only a shape to ask.
+        if want == "int" or (want == "any" and not const):
             self.fail(v.loc, f"'{v.name}' is a value, but {where} needs an int or attribute "
                              f"(a query such as rank({v.name}))")
         return Var(v.name, const, v.loc)
+
+    def is_const(self, name: str) -> bool:
+        return self.vars.get(name, self.lists.get(name, True))
+
+    # -- lists of inputs ---------------------------------------------------------------------------
+
+    def free_lists(self, t: Any) -> set[str]:
+        """The list variables `t` reads as one element (outside the terms that bind them: a
+        spread input, a function over the list)."""
+        if isinstance(t, Var):
+            return {t.name} if t.name in self.lists else set()
+        if isinstance(t, Spread) or (isinstance(t, Call) and t.fn in LIST_FUNCS):
+            return set()
+        found: set[str] = set()
+        for a in getattr(t, "args", ()):
+            found |= self.free_lists(a)
+        if isinstance(t, OpTerm):
+            for _, v in t.attrs:
+                found |= self.free_lists(v)
+        return found
+
+    def over_elements(self, t: Any, loc: Loc | None, what: str) -> frozenset[str]:
+        lists = self.free_lists(t)
+        if not lists:
+            self.fail(loc, f"{what} needs a term naming a list variable (bound as xs... on the left)")
+        return frozenset(lists)
+
+    def spread(self, s: Spread, op: OpTerm) -> Spread:
+        """`term...` among a right-hand op's inputs: the term once per element of its lists."""
+        lists = self.over_elements(s.term, s.loc, "'...'")
+        outer, self.element = self.element, self.element | lists
+        try:
+            return Spread(self.term(s.term, "tensor", f"an input of {op.op}", s.loc), s.loc)
+        finally:
+            self.element = outer
+
+    def list_call(self, c: Call, want: str, where: str) -> Call:
+        if len(c.args) != 1:
+            self.fail(c.loc, f"{c.fn} takes 1 argument, not {len(c.args)}")
+        (arg,) = c.args
+        if c.fn == "count":
+            if not (isinstance(arg, Var) and arg.name in self.lists):
+                self.fail(getattr(arg, "loc", None) or c.loc, "count(...) takes a list variable (xs of xs...)")
+            if want not in ("int", "any", "const"):
+                self.fail(c.loc, f"count(...) gives an int, but {where} needs {kind_word(want)}")
+            return Call(c.fn, (Var(arg.name, self.lists[arg.name], arg.loc),), c.loc)
+        if want in ("value", "ints"):
+            self.fail(c.loc, f"{c.fn}(...) gives {kind_word('const')}, but {where} needs {kind_word(want)}")
+        lists = self.over_elements(arg, c.loc, f"{c.fn}(...)")
+        if c.fn == "sum_before" and not lists <= self.element:
+            self.fail(c.loc, "sum_before(...) sums the elements before the current one: use it in an "
+                             "input 'term...' or a guard on each element")
+        outer, self.element = self.element, self.element | lists
+        try:
+            inner = self.term(arg, "const" if want == "tensor" else want, f"argument 1 of {c.fn}", c.loc)
+        finally:
+            self.element = outer
+        return Call(c.fn, (inner,), c.loc)
 
     def call(self, c: Call, want: str, where: str) -> Call:
         fn = CONST_FUNCS.get(c.fn) or QUERIES.get(c.fn)
@@ -150,8 +239,9 @@ class _Checker:
             self.fail(c.loc, f"unknown function '{c.fn}'{extra}")
         if len(c.args) != fn.arity:
             self.fail(c.loc, f"{c.fn} takes {fn.arity} argument{'s' * (fn.arity != 1)}, not {len(c.args)}")
-        fits = {"tensor": {"const"}, "const": {"const"}, "int": {"int"}, "ints": {"ints", "const"},
-                "any": {"int", "ints"}, "value": set()}[want]
+        # An int is a one-element constant, and a constant compares by its values.
+        fits = {"tensor": {"const"}, "const": {"const", "int"}, "int": {"int"}, "ints": {"ints", "const"},
+                "any": {"int", "ints", "const"}, "value": set()}[want]
         # Arithmetic on ints (dim(a, 1) + dim(b, 1)) is an int, read from its one element.
         if want == "int" and c.fn in _ARITH and fn.returns == "const":
             fits = {"const"}
@@ -165,14 +255,28 @@ class _Checker:
                      for i, (a, k) in enumerate(zip(c.args, kinds)))
         return Call(c.fn, args, c.loc)
 
-    def attr_value(self, v: Any, op: OpTerm) -> Any:
-        if isinstance(v, AttrVar):
-            if v.name not in self.attrs:
-                self.fail(v.loc, f"attribute '{v.name}' is not captured on the left-hand side")
+    def attr_value(self, key: str, v: Any, op: OpTerm) -> Any:
+        """A right-hand attribute: a literal, a captured attribute, or a value computed from
+        captured attributes and constants, whose kind must fit the attribute's ONNX type."""
+        where = f"attribute '{key}' of {op.op}"
+        if isinstance(v, AttrVar) and v.name in self.attrs:
             return v
-        if isinstance(v, Call):
-            return self.call(v, "any", f"attribute of {op.op}")
-        return v
+        if isinstance(v, AttrVar) and (v.name in self.vars or v.name in self.lists):
+            checked = self.name(Var(v.name, False, v.loc), "const", where)
+            kind = "const"
+        elif isinstance(v, AttrVar):
+            self.fail(v.loc, f"attribute '{v.name}' is not captured on the left-hand side")
+        elif isinstance(v, Call):
+            checked = self.term(v, "any", where, op.loc)
+            fn = CONST_FUNCS.get(checked.fn) or QUERIES.get(checked.fn)
+            kind = fn.returns if fn else ("int" if checked.fn == "count" else "const")
+        else:
+            return v
+        allowed = ATTRIBUTE_KINDS.get(attribute_type(op.op, key) or "")
+        if allowed is not None and kind not in allowed:
+            self.fail(getattr(v, "loc", None) or op.loc,
+                      f"{where} is {attribute_type(op.op, key)}, and {format_term(checked)} gives {kind_word(kind)}")
+        return checked
 
     def guard(self, g: Guard) -> Guard:
         spec = GUARDS.get(g.fn)
@@ -183,20 +287,25 @@ class _Checker:
             self.fail(g.loc, f"unknown guard '{g.fn}'{extra}")
         if len(g.args) != spec.arity:
             self.fail(g.loc, f"guard {g.fn} takes {spec.arity} argument{'s' * (spec.arity != 1)}, not {len(g.args)}")
-        args = []
-        for i, (a, kind) in enumerate(zip(g.args, spec.params)):
-            where = f"argument {i + 1} of {g.fn}" if g.fn.isidentifier() else f"a side of {g.fn}"
-            if kind == "value" and isinstance(a, Call):
-                # The shape of a constant expression (a part of a constant, say) is known too.
-                args.append(self.call(a, "tensor", where))
-                continue
-            if kind in ("value", "dims", "data", "const", "isconst") and not isinstance(a, Var):
-                self.fail(getattr(a, "loc", None) or g.loc, f"{where} must be a variable bound on the left")
-            if kind == "const" and isinstance(a, Var) and not self.vars.get(a.name, True):
-                self.fail(a.loc, f"guard {g.fn} reads constant values: capture '{a.name}' as {a.name}:const")
-            args.append(self.term(a, "value" if kind in ("const", "isconst", "dims", "data") else kind,
-                                  where, g.loc))
+        # A guard reading a list's name (outside sum, count and the like) holds for every element.
+        outer, self.element = self.element, self.element | frozenset(self.free_lists(g))
+        try:
+            args = [self.guard_arg(g, i, a, kind) for i, (a, kind) in enumerate(zip(g.args, spec.params))]
+        finally:
+            self.element = outer
         return Guard(g.fn, tuple(args), g.loc)
+
+    def guard_arg(self, g: Guard, i: int, a: Term, kind: str) -> Term:
+        where = f"argument {i + 1} of {g.fn}" if g.fn.isidentifier() else f"a side of {g.fn}"
+        if kind in ("value", "const") and isinstance(a, Call):
+            # The shape of a constant expression (a part of a constant, say) is known too, and
+            # a value guard reads an expression's values (positive(dim(a, 0) - i)).
+            return self.term(a, "tensor" if kind == "value" else "const", where, g.loc)
+        if kind in ("value", "dims", "data", "const", "isconst") and not isinstance(a, Var):
+            self.fail(getattr(a, "loc", None) or g.loc, f"{where} must be a variable bound on the left")
+        if kind == "const" and isinstance(a, Var) and not self.is_const(a.name):
+            self.fail(a.loc, f"guard {g.fn} reads constant values: capture '{a.name}' as {a.name}:const")
+        return self.term(a, "value" if kind in ("const", "isconst", "dims", "data") else kind, where, g.loc)
 
     def check(self) -> Rule:
         r = self.rule
@@ -204,15 +313,17 @@ class _Checker:
             self.fail(getattr(r.lhs, "loc", None), "the left-hand side must be an op pattern such as Add(x, c:const)")
         self.pattern(r.lhs, r.loc)
         if r.bidirectional:
-            left = (dict(self.vars), set(self.attrs))
+            left = (dict(self.vars), set(self.attrs), dict(self.lists))
             if not isinstance(r.rhs, OpTerm):
                 self.fail(getattr(r.rhs, "loc", None), "both sides of <=> must be op patterns")
-            self.vars, self.attrs = {}, set()
+            self.vars, self.attrs, self.lists = {}, set(), {}
             self.pattern(r.rhs, r.loc)
-            for name in sorted(set(left[0]) ^ set(self.vars) | left[1] ^ self.attrs):
+            for name in sorted(set(left[0]) ^ set(self.vars) | left[1] ^ self.attrs | set(left[2]) ^ set(self.lists)):
                 self.fail(r.loc, f"'{name}' appears on one side of <=> only")
             for name, const in left[0].items():
                 self.vars[name] = const or self.vars[name]
+            for name, const in left[2].items():
+                self.lists[name] = const or self.lists[name]
             rhs = r.rhs
         else:
             rhs = self.term(r.rhs, "tensor", "the right-hand side", r.loc)
@@ -250,6 +361,8 @@ def format_term(t: Any, pattern: bool = False) -> str:
         return f'"{t.value}"'
     if isinstance(t, IntList):
         return "[" + ", ".join(map(str, t.values)) + "]"
+    if isinstance(t, Spread):
+        return fmt(t.term) + "..."
     if isinstance(t, OpTerm):
         attrs = "{" + ", ".join(f"{k}={fmt(v)}" for k, v in t.attrs) + "}" if t.attrs else ""
         return f"{t.op}({', '.join(map(fmt, t.args))}){attrs}"

@@ -15,7 +15,7 @@ from saturate.lang.builtins import INFIX
 from saturate.core.errors import SaturateError, SourceError
 from saturate.core.inputs import RefusedFile, read_regular
 from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, RuleSet,
-                               Str, Term, Var)
+                               Spread, Str, Term, Var)
 
 RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 MAX_LEVEL = 3
@@ -125,6 +125,9 @@ class _ToAst(Transformer):
         args = tuple(a for a in rest if a is not None)
         return OpTerm(str(op), args, attrs or (), self._loc(meta))
 
+    def spread(self, meta, items):
+        return Spread(items[0], self._loc(meta))
+
     def call(self, meta, items):
         fn, *args = items
         return Call(str(fn), tuple(a for a in args if a is not None), self._loc(meta))
@@ -138,10 +141,9 @@ class _ToAst(Transformer):
 
     def attr(self, meta, items):
         key, value = items
+        if isinstance(value, Var) and not value.const:
+            value = AttrVar(value.name, value.loc)
         return (str(key), value)
-
-    def capture(self, meta, items):
-        return AttrVar(str(items[0]), self._loc(meta))
 
     def number(self, meta, items):
         text = str(items[0])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import stat
+import sys
 from pathlib import Path
 
 import onnx
@@ -12,7 +12,8 @@ from google.protobuf.message import DecodeError
 from saturate.core.errors import SaturateError
 from saturate.core.fileio import check_writable, write_atomic
 from saturate.core.ir import Graph
-from saturate.core.limits import check_bytes
+from saturate.core.inputs import open_regular
+from saturate.core.limits import check_bytes, max_memory_bytes
 
 TEXT_SUFFIXES = (".sat", ".txt")
 
@@ -64,37 +65,29 @@ def load_graph(spec: str) -> Graph:
 
 
 def read_regular_file(path: Path, what: str, offset: int = 0, length: int | None = None) -> bytes:
-    """The bytes of a regular file (`length` bytes from `offset`, else all of it), its size checked
-    against the memory limit first. Anything else (a FIFO, a device, a directory) is refused
-    without reading: a FIFO would block the open and /dev/zero never ends."""
-    try:
-        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise SaturateError(f"{path}: no such file") from None
-    except OSError as err:
-        raise SaturateError(f"{path}: cannot read: {err.strerror or err}") from None
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise SaturateError(f"{path}: is a directory, not a {what}")
-        if not stat.S_ISREG(info.st_mode):
-            raise SaturateError(f"{path}: not a regular file (a FIFO, device or socket); "
-                                f"only regular files are read as a {what}")
-        available = max(info.st_size - offset, 0)
-        size = available if length is None else length
-        if offset > info.st_size or size > available:
-            raise SaturateError(f"{path}: {size} bytes at offset {offset} asked for, but the file holds "
-                                f"{info.st_size} bytes")
-        check_bytes(size, f"{path}: reading this {what}")
-        with os.fdopen(fd, "rb", closefd=False) as f:
+    """The bytes of a regular file (`length` bytes from `offset`, else all of it), the size read
+    checked against the memory limit first. Anything else (a FIFO, a device) is refused without
+    reading (core/inputs.py's open_regular): a FIFO would block and /dev/zero never ends."""
+    if not os.path.lexists(path):
+        raise SaturateError(f"{path}: no such file")
+    if path.is_dir():
+        raise SaturateError(f"{path}: is a directory, not a {what}")
+    # A whole file must fit the limit; a slice of one (external data) is checked by its own size.
+    limit = max_memory_bytes() if length is None else sys.maxsize
+    with open_regular(path, limit, what) as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            available = max(size - offset, 0)
+            wanted = available if length is None else length
+            if offset > size or wanted > available:
+                raise SaturateError(f"{path}: {wanted} bytes at offset {offset} asked for, but the file "
+                                    f"holds {size} bytes")
+            check_bytes(wanted, f"{path}: reading this {what}")
             f.seek(offset)
-            data = f.read(size)
-    except OSError as err:
-        raise SaturateError(f"{path}: cannot read: {err.strerror or err}") from None
-    finally:
-        os.close(fd)
-    if len(data) != size:  # the file shrank while it was read
+            data = f.read(wanted)
+        except OSError as err:
+            raise SaturateError(f"{path}: cannot read: {err.strerror or err}") from None
+    if len(data) != wanted:
         raise SaturateError(f"{path}: cannot read: the file changed while it was read")
     return data
 

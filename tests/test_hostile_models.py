@@ -26,9 +26,14 @@ SECONDS = 20
 
 
 @pytest.fixture(autouse=True)
-def _own_limit(monkeypatch):
-    # main() puts --max-memory into the environment for child processes; keep it to this test.
-    monkeypatch.delenv(limits.ENV, raising=False)
+def _own_limit():
+    # main() puts --max-memory into the environment for child processes; keep it to this test
+    # (monkeypatch.delenv of an unset variable would not undo what main sets).
+    saved = os.environ.pop(limits.ENV, None)
+    yield
+    os.environ.pop(limits.ENV, None)
+    if saved is not None:
+        os.environ[limits.ENV] = saved
 
 
 def _model(nodes, inputs=(), outputs=("y",), initializers=(), opset=17) -> onnx.ModelProto:
@@ -142,8 +147,7 @@ def test_a_weight_over_a_given_limit(tmp_path, capsys):
 
 def test_a_model_file_over_the_limit_is_not_read(tmp_path, capsys):
     model = _save(tmp_path, _relu_of(_weight([64], raw=b"\0" * 256)))
-    _refused(capsys, ["show", model, "--max-memory", "100"], "m.onnx", "reading this model",
-             "limit of 100 bytes")
+    _refused(capsys, ["show", model, "--max-memory", "100"], "m.onnx", "over the 100 bytes a model may take")
 
 
 # ---- external data ---------------------------------------------------------------------------

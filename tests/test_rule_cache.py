@@ -167,3 +167,16 @@ def test_an_unusable_cache_home_costs_only_the_parse(tmp_path, monkeypatch):
         assert _same(_fresh([rules]), first), home
     assert not (tmp_path / "rel").exists()
     assert len(list((tmp_path / "relative" / ".cache" / "saturate" / "rules").glob("*.json"))) == 1
+
+
+def test_a_write_sweeps_what_killed_writers_and_the_pickle_format_left(cache, tmp_path):
+    rules = tmp_path / "mine.rules"
+    rules.write_text(RULES)
+    cache.mkdir(parents=True)
+    stale, fresh, pickled = cache / ".abc.1234.tmp", cache / ".abd.x1y2z3w4.tmp", cache / ("0" * 64 + ".pickle")
+    for p in (stale, fresh, pickled):
+        p.write_bytes(b"left over")
+    os.utime(stale, (0, 0))
+    _fresh([rules])
+    assert not stale.exists() and not pickled.exists()
+    assert fresh.exists()   # a writer may still be at it

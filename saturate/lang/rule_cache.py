@@ -19,6 +19,7 @@ import math
 import os
 import re
 import tempfile
+import time
 import types
 import typing
 from pathlib import Path
@@ -260,6 +261,23 @@ def _encode(v: Any) -> Any:
     raise TypeError(f"the rule cache cannot store {type(v).__name__}")
 
 
+# A writer's temp file untouched this long was left by a killed process: no write takes minutes.
+STALE_SECONDS = 600.0
+
+
+def _sweep(folder: Path) -> None:
+    """Remove what killed writers left in the folder: temp files (`.KEY.XXXXXXXX.tmp`), and the
+    entries of the pickle format, which nothing reads any more."""
+    now = time.time()
+    for e in os.scandir(folder):
+        try:
+            if e.name.endswith(".pickle") or (e.name.startswith(".") and e.name.endswith(".tmp")
+                                              and now - e.stat(follow_symlinks=False).st_mtime > STALE_SECONDS):
+                os.unlink(e.path)
+        except OSError:
+            continue
+
+
 def write(key: str, read: list[Path], rulesets: list[RuleSet], max_file_bytes: int) -> None:
     """Keep a load on disk: written to a fresh temp file, then renamed to `key-DIGEST.json`.
     Every failure is silent: the cache only saves time."""
@@ -281,6 +299,7 @@ def write(key: str, read: list[Path], rulesets: list[RuleSet], max_file_bytes: i
         for old in _candidates(folder, key, limit=None):
             if old != final:
                 old.unlink(missing_ok=True)
+        _sweep(folder)
     except (OSError, SaturateError, TypeError, ValueError):
         pass
     finally:

@@ -377,3 +377,11 @@ def test_computed_attributes_take_the_attribute_type():
                       ("FLOAT", "x"), ("STRING", 1), ("INT", 2.0**70)):
         with pytest.raises(ValueError):
             to_attribute(kind, bad)
+
+
+def test_pow_keeps_the_base_dtype_as_onnx_does():
+    base = np.array([1.5, 2.0, 4.0], np.float32)
+    out = F["pow"].impl(base, np.array([2, -1, 0], np.int64))
+    assert out.dtype == np.float32
+    close(out, run_onnx("Pow", [base, np.array([2, -1, 0], np.int64)]))
+    assert F["pow"].impl(np.array([2, 3], np.int64), 2).dtype == np.int64

@@ -409,6 +409,13 @@ def _softmax(c: Any, axis: Any) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
+def _pow(a: Any, b: Any) -> np.ndarray:
+    """a ** b in a's dtype, as ONNX Pow (its exponent may have another type)."""
+    base = np.asarray(a, np.float32) if not _is_array(a) else np.asarray(a)
+    exponent = np.asarray(b, base.dtype) if not _is_array(b) else np.asarray(b)
+    return np.asarray(np.power(base, exponent)).astype(base.dtype)
+
+
 def _gemm(a, b, c, alpha, beta, trans_a, trans_b):
     a = a.T if trans_a else a
     b = b.T if trans_b else b
@@ -444,7 +451,7 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "erf": _pointwise(lambda x: _special().erf(x), "c", "error function"),
     "exp": _pointwise(np.exp, "c", "e ** c"),
     "log": _pointwise(np.log, "c", "natural logarithm"),
-    "pow": _pointwise(np.power, "cc", "a ** b (ONNX Pow: the result in a's dtype)"),
+    "pow": _const(_pow, "cc", _pow.__doc__),
     "min": _pointwise(np.minimum, "cc", "elementwise minimum"),
     "max": _pointwise(np.maximum, "cc", "elementwise maximum"),
     "abs": _pointwise(np.abs, "c", "absolute value"),

@@ -42,7 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_output(args.output)  # before any work
-    inputs = command_inputs([args.model], args.rules, not args.no_std and not args.no_optimize, args.target)
+    rules = [] if args.no_optimize else args.rules  # --no-optimize reads no rules
+    inputs = command_inputs([args.model], rules, not args.no_std and not args.no_optimize, args.target)
     check_outputs([("-o", args.output)], inputs)
     target = load_target(args.target)
     with status(args.quiet, "load") as shown, written_together(inputs):

@@ -21,13 +21,7 @@ from saturate.core.errors import SaturateError
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     """Whether two paths name one file: the same path once `.`, `..` and symbolic links are
     resolved, or (both existing) the same inode, which also catches hard links."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        sa, sb = os.stat(a), os.stat(b)
-    except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+    return not set(_keys(a)).isdisjoint(_keys(b))
 
 
 def check_writable(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike] = ()) -> Path:
@@ -36,13 +30,7 @@ def check_writable(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLik
     a regular file (a rename would replace a device or a FIFO), or one of the command's own
     inputs (inputs are never changed). Returns the path."""
     target = _check_target(path)
-    try:
-        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp",
-                                     dir=target.parent if str(target.parent) else ".")
-    except OSError as err:
-        raise SaturateError(f"{path}: cannot write: {err.strerror or err}") from None
-    os.close(fd)
-    _remove(probe)
+    _probe(path)
     for source in inputs:
         if os.path.exists(source) and same_file(source, target):
             raise SaturateError(f"{path}: is the input '{source}'; inputs are never overwritten, choose another output")
@@ -59,6 +47,19 @@ def _check_target(path: str | os.PathLike) -> Path:
     if os.path.lexists(target) and not target.is_symlink() and not stat.S_ISREG(os.lstat(target).st_mode):
         raise SaturateError(f"{path}: not a regular file; outputs replace only regular files")
     return target
+
+
+def _probe(path: str | os.PathLike) -> None:
+    """Make and remove a temp file beside `path`: the folder takes new files (not read-only, not
+    full of inodes, not a /proc), which no permission bit tells for sure."""
+    target = Path(path)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp",
+                                     dir=target.parent if str(target.parent) else ".")
+    except OSError as err:
+        raise SaturateError(f"{path}: cannot write: {err.strerror or err}") from None
+    os.close(fd)
+    _remove(probe)
 
 
 def _keys(path: str | os.PathLike) -> list[tuple[str, object]]:
@@ -79,10 +80,15 @@ def check_outputs(outputs: Iterable[tuple[str, str | os.PathLike | None]],
     the same file as another (as same_file decides)."""
     read = {key: source for source in inputs if os.path.exists(source) for key in _keys(source)}
     written: dict[tuple[str, object], tuple[str, str | os.PathLike]] = {}
+    probed: set[str] = set()
     for flag, path in outputs:
         if path is None:
             continue
-        check_writable(path)
+        _check_target(path)
+        folder = os.path.realpath(os.path.dirname(path) or ".")
+        if folder not in probed:  # a batch's outputs share one folder
+            _probe(path)
+            probed.add(folder)
         keys = _keys(path)
         for key in keys:
             if key in read:

@@ -483,11 +483,18 @@ def check_tensors(model: onnx.ModelProto) -> None:
         g = graphs.pop()
         for init in g.initializer:
             check_tensor(init, f"initializer '{init.name}'")
+        if g.sparse_initializer:
+            raise SaturateError(f"sparse initializer '{g.sparse_initializer[0].values.name}': "
+                                f"sparse initializers are not supported")
         for on in g.node:
             for a in on.attribute:
                 where = f"node '{on.name or (on.output[0] if on.output else '')}' ({on.op_type}): attribute '{a.name}'"
                 for t in ([a.t] if a.HasField("t") else []) + list(a.tensors):
                     check_tensor(t, where)
+                # A sparse tensor is kept as it is (opaque), but whatever densifies it (onnx's
+                # reference Constant) allocates its dims: those must fit too.
+                for sp in ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + list(a.sparse_tensors):
+                    check_allocation(sp.dims, _itemsize(sp.values, where), f"{where} (sparse, dims {list(sp.dims)})")
                 graphs.extend(([a.g] if a.HasField("g") else []) + list(a.graphs))
 
 

@@ -350,3 +350,22 @@ def test_graph_validation_refuses_impossible_dims(dim):
     g.values["x"] = ValueInfo("float32", (2, dim))
     with pytest.raises(SaturateError, match=f"value 'x' is declared with dimension {dim}"):
         g.validate()
+
+
+def test_sparse_tensors_declaring_terabytes(tmp_path, capsys):
+    values = _weight([0], name="v")
+    indices = _weight([0], dtype=TensorProto.INT64, name="i")
+    sparse = helper.make_sparse_tensor(values, indices, [TIB])
+    node = helper.make_node("Constant", [], ["y"], name="dense", sparse_value=sparse)
+    model = _save(tmp_path, _model([node]))
+    _refused(capsys, _argv("run", model, tmp_path), "node 'dense' (Constant)", "attribute 'sparse_value'", "4.0 TiB")
+    graph = _model([helper.make_node("Relu", ["W"], ["y"])])
+    graph.graph.sparse_initializer.append(helper.make_sparse_tensor(_weight([0], name="W"), indices, [TIB]))
+    _refused(capsys, ["show", _save(tmp_path, graph, "s.onnx")], "sparse initializer 'W'", "not supported")
+
+
+def test_terabyte_constant_of_shape_in_optimize(tmp_path, capsys):
+    """optimize folds the ConstantOfShape (lang/builtins.py checks the constant's size)."""
+    model = _save(tmp_path, _constant_of_shape(shape_input=False))
+    _refused(capsys, _argv("optimize", model, tmp_path), "constant_of_shape", "4.0 TiB")
+    _nothing_written(tmp_path)

@@ -139,3 +139,20 @@ def test_model_files_names_external_data_and_not_built_in_models(files):
     assert fileio.model_files("example:mlp") == [] and fileio.model_files("missing.onnx") == []
     Path("bad.onnx").write_bytes(b"\x0a\x08location\x12 not a model")
     assert fileio.model_files("bad.onnx") == ["bad.onnx"]
+    # Tensors of Constant nodes, inside an If's branches, stored apart too.
+    from onnx import TensorProto, helper, numpy_helper
+
+    value = numpy_helper.from_array(np.arange(100, dtype=np.float32), "c")
+    branch = helper.make_graph([helper.make_node("Constant", [], ["y"], value=value)], "b", [],
+                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [100])])
+    graph = helper.make_graph([helper.make_node("If", ["x"], ["y"], then_branch=branch, else_branch=branch)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [100])])
+    model = helper.make_model(graph)
+    onnx.external_data_helper.convert_model_to_external_data(model, location="deep.bin", size_threshold=0,
+                                                              convert_attribute=True)
+    for tensor in onnx.external_data_helper._get_all_tensors(model):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            tensor.external_data[0].value = f"deep{tensor.name}.bin"  # one file per tensor
+    Path("if.onnx").write_bytes(model.SerializeToString())
+    assert fileio.model_files("if.onnx")[1:] == [str(files / "deepc.bin")]

@@ -396,16 +396,25 @@ def _run_on_ray(jobs: list[Job], options: Options, cluster: str, done) -> list[O
     remote = ray.remote(optimize_job)
     pending = {remote.remote(jobs[k], options): k for k in largest_first(jobs)}
     outcomes: dict[int, Outcome] = {}
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        k = pending.pop(ready[0])
-        try:
-            outcomes[k] = ray.get(ready[0])
-        except Exception as err:
-            outcomes[k] = Outcome(jobs[k].source, jobs[k].output, False, 0.0,
-                                  error=f"Ray task failed: {str(err).splitlines()[0]}")
-        if done:
-            done(outcomes[k])
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            k = pending.pop(ready[0])
+            try:
+                outcomes[k] = ray.get(ready[0])
+            except Exception as err:
+                outcomes[k] = Outcome(jobs[k].source, jobs[k].output, False, 0.0,
+                                      error=f"Ray task failed: {str(err).splitlines()[0]}")
+            if done:
+                done(outcomes[k])
+    except BaseException:  # Ctrl-C, SIGTERM: the tasks still queued or running end too
+        with signals_ignored():
+            for ref in pending:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - a task that already ended
+                    pass
+        raise
     return [outcomes[k] for k in range(len(jobs))]
 
 

@@ -595,3 +595,24 @@ def onnx_type(dtype) -> int:
     import numpy as np
 
     return np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def test_variadic_rules_stay_bounded_on_hostile_graphs(tmp_path: Path):
+    from engine_util import Builder
+    from saturate.lang.variadic import MAX_INPUTS, MAX_INSTANCES
+    from saturate.pipeline import optimize
+
+    # A Concat of more inputs than MAX_INPUTS is left to the plain rules (each instance spells
+    # every input and sum_before every input before one); the run ends as usual.
+    b = Builder(shape=(1, 2, 2, 2))
+    parts = [b.op("Mul", "x", b.rand(1)) for _ in range(600)]
+    before = b.build(b.op("Mul", b.op("Concat", *parts, axis=1), b.rand(1, 1200, 1, 1)))
+    after, report = optimize(before, [r for r in dsl.load_rules() if r.name == "mul-concat"])
+    assert report.run.matches["mul-concat"] == 0 and after.op_counts()["Concat"] == 1
+    # Lists over several ops multiply: past MAX_INSTANCES plain rules the run is refused in one line.
+    b = Builder(shape=(2, 3))
+    outs = [b.op("Concat", *[b.op("Neg", "x") for _ in range(n)], axis=0) for n in range(1, 18)]
+    before = b.build(b.op("Add", outs[0], outs[0]), *outs)
+    assert 17 ** 2 > MAX_INSTANCES and 17 < MAX_INPUTS
+    with pytest.raises(SaturateError, match=r"rule 'pairs': its lists of inputs would make 289 plain rules"):
+        _optimize("rule pairs Add(Concat(xs...), Concat(ys...)) => Concat(xs..., ys...)\n", before, tmp_path)

@@ -21,7 +21,7 @@ from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES
 from saturate.engine.encode import Encoding, k_ctor, op_ctor
 from saturate.core.errors import SaturateError
 from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Spread, Str, Term, Var
-from saturate.lang.variadic import instances
+from saturate.lang.variadic import MAX_INPUTS, instances
 
 QUERY_FNS = tuple(QUERIES)
 
@@ -296,10 +296,6 @@ def _ops_of(t: Term) -> set[str]:
     for a in getattr(t, "args", ()):
         found |= _ops_of(a)
     return found
-
-
-# A variadic rule is instantiated for at most this many inputs of its op.
-MAX_INPUTS = 64
 
 
 def _input_counts(t: Term, into: dict[str, set[int]]) -> None:

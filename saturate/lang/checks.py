@@ -61,7 +61,7 @@ class _Checker:
 
     # -- ops --------------------------------------------------------------------------------------
 
-    def check_op(self, t: OpTerm) -> None:
+    def check_op(self, t: OpTerm, pattern: bool = False) -> None:
         if t.op not in self.ops:
             self.fail(t.loc, f"unknown op '{t.op}'{_suggest(t.op, list(self.ops))} "
                              f"(declare another with 'op {t.op}/N')")
@@ -69,7 +69,7 @@ class _Checker:
         spreads = [a for a in t.args if isinstance(a, Spread)]
         fixed = len(t.args) - len(spreads)
         want = _plural(lo) if lo == hi else f"{lo} to {_plural(hi)}"
-        if len(spreads) > 1 and any(isinstance(a.term, Var) for a in spreads):
+        if pattern and len(spreads) > 1:
             self.fail(spreads[1].loc, f"{t.op} has more than one list of inputs ('...')")
         if spreads and fixed + 1 > hi:
             self.fail(t.loc, f"{t.op} takes {want}, not {fixed + 1} or more")
@@ -101,7 +101,7 @@ class _Checker:
                 self.fail(v.loc, f"'{v.name}' is already bound; a list variable is bound once")
             self.lists[v.name] = v.const
         elif isinstance(t, OpTerm):
-            self.check_op(t)
+            self.check_op(t, pattern=True)
             for a in t.args:
                 self.pattern(a, t.loc)
             for _, v in t.attrs:

@@ -7,10 +7,17 @@ instantiate it for the numbers of inputs they meet. An instance names the elemen
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, Iterable
 
+from saturate.core.errors import SaturateError
 from saturate.lang.ast import Call, Guard, Num, OpTerm, Rule, Spread, Term, Var
 from saturate.lang.builtins import LIST_FUNCS
+
+# An instance's size grows with its inputs (sum_before spells every element before one), and a
+# rule's instances multiply with its lists: past these, an op is left to the plain rules.
+MAX_INPUTS = 64
+MAX_INSTANCES = 256
 
 
 def element(name: str, k: int) -> str:
@@ -44,14 +51,18 @@ def is_variadic(rule: Rule) -> bool:
 
 def instances(rule: Rule, arities: dict[str, Iterable[int]]) -> list[Rule]:
     """The plain rules `rule` stands for on ops of these input counts (op -> counts): one per
-    choice of a length for each list, the lengths its left side can match. A plain rule is its
-    own one instance."""
+    choice of a length for each list, the lengths its left side can match (an op of more than
+    MAX_INPUTS inputs matches none). A plain rule is its own one instance."""
     lists = list_vars(rule)
     if not lists:
         return [rule]
     choices = []
     for name, (op, fixed) in lists.items():
-        choices.append(sorted({n - fixed for n in arities.get(op, ()) if n - fixed >= 1}))
+        choices.append(sorted({n - fixed for n in arities.get(op, ()) if 1 <= n - fixed and n <= MAX_INPUTS}))
+    total = math.prod(len(c) for c in choices)
+    if total > MAX_INSTANCES:
+        raise SaturateError(f"{rule.loc}: rule '{rule.name}': its lists of inputs would make {total} plain "
+                            f"rules for the input counts of this graph, more than {MAX_INSTANCES}")
     out = []
     for lengths in itertools.product(*choices):
         got = instantiate(rule, dict(zip(lists, lengths)))
@@ -138,10 +149,11 @@ class _Expander:
         parts = [self.term(arg, {**env, **{name: k for name in lists}}) for k in range(upto)]
         if not parts:
             return Num(0)
-        total = parts[0]
-        for p in parts[1:]:
-            total = Call("add", (total, p), c.loc)
-        return total
+        # Summed pairwise, so the term is as deep as log2 of its parts (later stages recurse).
+        while len(parts) > 1:
+            parts = [Call("add", tuple(parts[i:i + 2]), c.loc) if i + 1 < len(parts) else parts[i]
+                     for i in range(0, len(parts), 2)]
+        return parts[0]
 
     def guard(self, g: Guard) -> list[Guard]:
         return [Guard(g.fn, tuple(self.term(a, env) for a in g.args), g.loc)

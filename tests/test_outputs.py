@@ -76,6 +76,16 @@ def test_an_output_that_is_an_input_or_another_output_is_refused_and_nothing_cha
     assert (_snapshot(files), _snapshot(files / "out")) == before
 
 
+def test_an_output_that_is_an_included_rules_file_is_refused_and_nothing_changes(files, capsys):
+    """An include is found only when the rules are read: checked again before the renames."""
+    Path("a.rules").write_text('include "b.rules"\n')
+    Path("b.rules").write_text(RULES + "rule my-relu-twice Relu(Relu(x)) => Relu(x)\n")
+    before = _snapshot(files)
+    assert main(["optimize", "m.onnx", "--rules", "a.rules", "-o", "o.onnx", "--report", "b.rules"]) == 2
+    _one_error_line(capsys, "b.rules", "is the input")
+    assert _snapshot(files) == before
+
+
 def test_an_unwritable_report_is_refused_before_the_model_is_written(files, capsys):
     for flag in ("--report", "--html"):
         assert main(["optimize", "m.onnx", "-o", "o.onnx", flag, "/proc/nowhere.json"]) == 2

@@ -185,12 +185,12 @@ def test_zero_d_scalars_stand_for_tensors():
     assert sum(ex.values["a"].ndim == 0 < ex.values["x"].ndim for ex in drawn) >= 5
 
 
-def test_integer_safe_patterns_are_drawn_in_int64_often():
+def test_integer_safe_patterns_are_drawn_in_integers_often():
     rule = _rule("rule r  Div(x, c:const) => Div(x, c)")
     drawn = _draw(rule, 100)
-    ints = [ex for ex in drawn if ex.dtype == "int64"]
-    assert 0.3 <= len(ints) / len(drawn) <= 0.7
-    assert all(v.dtype == np.int64 for ex in ints for v in ex.values.values())
+    ints = [ex for ex in drawn if np.dtype(ex.dtype).kind in "iu"]
+    assert 0.25 <= len(ints) / len(drawn) <= 0.7
+    assert all(v.dtype == np.dtype(ex.dtype) for ex in ints for v in ex.values.values())
 
 
 def test_concat_inputs_are_mostly_non_empty():

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -69,13 +73,13 @@ class _Broken(Exception):
 def as_float64(example: Example) -> Example:
     """The example with every float value widened to float64 (integers untouched)."""
     values = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in example.values.items()}
-    return Example(values, example.consts, example.attrs, example.node_attrs, example.node_ops, example.dtype)
+    return dataclasses.replace(example, values=values)
 
 
 def build_graph(term: Term, ex: Example) -> Graph:
     """The graph of the drawn side of a rule (the pattern the example was drawn for): ops become
     nodes with their drawn attributes, const captures constants, other variables inputs."""
-    g = Graph(name="side")
+    g = Graph(name="side", opset=ex.opset)
     counter = [0]
 
     def visit(t: Term, path: tuple[int, ...]) -> str:
@@ -157,14 +161,16 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool) -> tuple[Counter
     try:
         lhs, scale_l = _run_graph(build_graph(side.cr.lhs, ex), ex)
     except SaturateError as err:
-        if ex.dtype.startswith("int"):
-            return None, False  # integer division by zero: the left side is undefined
+        if any(v.dtype.kind in "iub" for k, v in ex.values.items() if v.size and k not in ex.forced):
+            return None, False  # integer division by zero, say: the left side is undefined
         raise _Broken(f"the drawn left side does not run: {err}") from None
     lhs = np.asarray(lhs)
-    if lhs.dtype.kind == "f" and not np.isfinite(lhs).any():
+    # An empty output is compared too (its shape and dtype): a right side of another shape on
+    # empty tensors is a different graph. A non-empty one with no finite element is undefined.
+    if lhs.size and lhs.dtype.kind == "f" and not np.isfinite(lhs).any():
         return None, False
     try:
-        rhs, scale_r = _run_graph(build_rhs(side, decision, ex.values, ex.consts, ex.node_attrs), ex)
+        rhs, scale_r = _run_graph(build_rhs(side, decision, ex.values, ex.consts, ex.node_attrs, ex.opset), ex)
     except (SaturateError, RightSideError, ValueError, TypeError, IndexError) as err:
         reason = f"the right side fails: {_first_line(err)}"
         return Counterexample(example, reverse, reason, lhs), True
@@ -292,15 +298,43 @@ def _nonempty_counterexample(rule: Rule, reverse: bool, examples: int, seed: int
 
 
 def check_rules(rules: Iterable[Rule], examples: int = 200, seed: int | None = None,
-                progress: Callable[[RuleResult], None] | None = None) -> list[RuleResult]:
-    """Check every rule; `progress` is called with each result as it is found."""
-    results = []
-    for rule in rules:
-        result = check_rule(rule, examples, seed)
-        if progress is not None:
-            progress(result)
-        results.append(result)
-    return results
+                progress: Callable[[RuleResult], None] | None = None, jobs: int | None = None) -> list[RuleResult]:
+    """Check every rule, `jobs` worker processes at a time (default: every core), a rule per task.
+    Results come (and `progress` is called with each) in rule order; a rule's result depends on
+    its seed only, not on which worker ran it or when."""
+    rules = list(rules)
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(rules)))
+    if workers == 1:
+        results = []
+        for rule in rules:
+            results.append(check_rule(rule, examples, seed))
+            if progress is not None:
+                progress(results[-1])
+        return results
+    done: dict[int, RuleResult] = {}
+    shown = 0
+    # Fresh interpreters, not forks: a fork would copy whatever threads the parent has started.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_import_checker) as pool:
+        futures = {pool.submit(check_rule, rule, examples, seed): k for k, rule in enumerate(rules)}
+        for future in as_completed(futures):
+            k = futures[future]
+            try:
+                done[k] = future.result()
+            except Exception as err:  # the worker process itself died (out of memory, a signal)
+                done[k] = RuleResult(rules[k], "ERROR", 0, 0.0,
+                                     message=f"the checker's worker process failed: {_first_line(err)}")
+            while shown in done:
+                if progress is not None:
+                    progress(done[shown])
+                shown += 1
+    return [done[k] for k in range(len(rules))]
+
+
+def _import_checker() -> None:
+    """A fresh worker imports the checker before its first rule, so that rule's time is its own."""
+    import saturate.check.planner  # noqa: F401
+    import saturate.interp.interpreter  # noqa: F401
 
 
 # ---- reports --------------------------------------------------------------------------------------

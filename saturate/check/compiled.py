@@ -145,7 +145,7 @@ class RightSideError(Exception):
 
 
 def build_rhs(side: CompiledSide, decision: tuple[list[dict], list[Any]], values: dict[str, np.ndarray],
-              consts: frozenset[str], node_attrs: dict[tuple[int, ...], dict]) -> Graph:
+              consts: frozenset[str], node_attrs: dict[tuple[int, ...], dict], opset: int = OPSET) -> Graph:
     """The graph of the compiled right side on one match: `values` are the bound variables
     (widened as the checker runs them), `decision` what `decide_example` returned."""
     cr, enc = side.cr, side.enc
@@ -153,7 +153,7 @@ def build_rhs(side: CompiledSide, decision: tuple[list[dict], list[Any]], values
     matched = lhs_attrs(side, node_attrs)
     columns = dict(zip([r.column for r in cr.rhs_ops if r.column], computed))
     extra = dict(zip([c for c, _ in cr.extras], extras))
-    g = Graph(name="rhs")
+    g = Graph(name="rhs", opset=opset)
     counter = [0]
 
     def fresh(prefix: str) -> str:

@@ -17,15 +17,29 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from saturate.core.errors import SaturateError
-from saturate.core.ops import op_table
+from saturate.core.geometry import GeometryError, window
+from saturate.core.ir import Node
+from saturate.core.ops import op_table, spec
 from saturate.lang.ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Term, Var
+from saturate.check.schema import (BASE_OPSET, DTYPE_WEIGHTS, FLOATS, attribute_drawer, draw_dtype,
+                                   dtype_of_tensor_type, input_slot, schema, slot_types, tensor_type)
 from saturate.check.strategies import (MAX_RANK, MAX_SIDE, conv_cases, conv_cases_over, conv_geometry,
                                        draw_broadcastable, draw_factorization, draw_per_axis, numel)
 
 _SIGN_GUARDS = {"positive": "positive", "nonnegative": "nonnegative", "nonzero": "nonzero"}
 _UNARY = {"Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "Identity", "Exp", "Log",
           "Abs", "Dropout", "LeakyRelu", "Clip", "Softmax"}
-_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod"}
+_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Mod"}
+# Broadcasting ops of any number of inputs (multidirectional, as Add).
+_VARIADIC = {"Max", "Min", "Sum", "Mean"}
+_BROADCAST = _BINARY | _VARIADIC | {"Where", "And", "Or", "Xor", "Equal", "Greater", "Less", "GreaterOrEqual",
+                                    "LessOrEqual", "BitShift"}
+# Attributes the hand-written shape rules below draw themselves (or keep at their default);
+# every other attribute of those ops is drawn from the schema.
+_SHAPING = {"axis", "axes", "perm", "kernel_shape", "strides", "pads", "dilations", "group", "auto_pad",
+            "ceil_mode", "transA", "transB", "start", "end", "keepdims", "storage_order"}
+# Tries of the generic shape rule before an example is given up.
+_GENERIC_TRIES = 12
 _WINDOW = {"Conv", "MaxPool", "AveragePool"}
 # Window ops over 1, 2 and 3 spatial axes; 2-D first, as models mostly hold.
 _WINDOW_RANKS = (4, 3, 5)
@@ -61,8 +75,13 @@ def _num(term: Term) -> Any:
 class Planner:
     """Draws shapes for every variable of a pattern, attributes of every op, and sign classes."""
 
-    def __init__(self, draw: Callable, guards: tuple[Guard, ...] = ()):
+    def __init__(self, draw: Callable, guards: tuple[Guard, ...] = (), opset: int = BASE_OPSET):
         self.draw = draw
+        self.opset = opset
+        self.dtypes: dict[str, str] = {}                    # variable -> dtype drawn
+        self.node_dtypes: dict[tuple[int, ...], str] = {}   # op's path -> its output's dtype
+        # Empty tensors now and then, where every op of the pattern takes them.
+        self.empty_ok = False
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.consts: set[str] = set()
         self.forced: dict[str, np.ndarray] = {}
@@ -162,14 +181,31 @@ class Planner:
         if op in _UNARY:
             a = self.template(args[0])
             return replace(a, min_rank=max(a.min_rank, 1 if op == "Softmax" else 0))
-        if op in _BINARY:
-            main = self.template(args[self.main_index(t)])
-            other = self.template(args[1 - self.main_index(t)])
-            least = max(main.min_rank, other.rank or other.min_rank)
-            # The output keeps the main operand's template: the other operand may still be the
-            # larger one (`binary`), adding dims or sides the main one has as 1.
+        if op in _BROADCAST:
+            main_k = self.main_index(t)
+            main = self.template(args[main_k])
+            others = [self.template(a) for k, a in enumerate(args) if k != main_k]
+            least = max([main.min_rank] + [o.rank or o.min_rank for o in others])
+            # The output keeps the main operand's template: another operand may still be the
+            # larger one (`broadcast`), adding dims or sides the main one has as 1.
             return replace(main, min_rank=least)
-        raise SaturateError(f"no shape rule for op '{op}' (the checker cannot draw inputs for it)")
+        self.generic_check(op)
+        return Template()
+
+    def generic_check(self, op: str) -> None:
+        """Raise, saying why, when the generic shape rule cannot draw `op` (not run by the
+        interpreter at the checker's opset, or not an ONNX op)."""
+        from saturate.interp.reference import unsupported_reason
+        from saturate.interp.kernels import OP_IMPLS
+        if op in OP_IMPLS and spec(op, self.opset) is not None:
+            return
+        reason = unsupported_reason(op, self.opset)
+        if reason is not None:
+            raise SaturateError(f"op '{op}' cannot be checked: {reason} (opset {self.opset})")
+
+    def handled(self, op: str) -> bool:
+        """Whether a hand-written shape rule draws `op` (else the generic one does)."""
+        return op in _BROADCAST or op in _UNARY or hasattr(self, "op_" + op)
 
     def main_index(self, t: OpTerm) -> int:
         """The argument of a broadcasting op that takes the full output shape: an op first, then
@@ -191,15 +227,79 @@ class Planner:
             shape[axis] = side
         if tmpl.unit_spatial:
             shape[2:] = [1] * len(shape[2:])
+        # Now and then one or two sides are 0 (an empty tensor): a rule whose right side has
+        # another shape, or fails, on empty tensors must fail.
+        if self.empty_ok and rank and not tmpl.fixed and not tmpl.unit_spatial and self.draw(st.integers(0, 9)) == 9:
+            for a in self.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=2, unique=True)):
+                shape[a] = 0
         return tuple(shape)
 
     # ---- top-down planning ----------------------------------------------------------------
     def plan(self, pattern: Term) -> tuple[int, ...]:
         """Plan the whole pattern; returns the output shape drawn for it (0-d included, where
         the pattern allows it: a scalar stands wherever a tensor may)."""
+        self.assign_types(pattern, None, ())
+        self.empty_ok = all(op in _EMPTY_SAFE or not self.handled(op) for op in _ops(pattern))
+        if self.flexible(pattern):
+            return self.term(pattern, None, ())
         out = self.shape_for(self.template(pattern))
         self.term(pattern, out, ())
         return out
+
+    def flexible(self, t: Term) -> bool:
+        """Whether `t`'s shape is best drawn from its inputs up (an op of the generic rule, or
+        elementwise ops over one) rather than asked of it."""
+        if not isinstance(t, OpTerm):
+            return False
+        if not self.handled(t.op):
+            return True
+        if t.op in _UNARY and t.args:
+            return self.flexible(t.args[0])
+        if t.op in _BROADCAST and t.args:
+            return self.flexible(t.args[self.main_index(t)])
+        return False
+
+    # ---- dtypes (drawn before shapes: the generic rule runs the op on them) -------------------
+    def assign_types(self, t: Term, allowed: frozenset[str] | None, path: tuple[int, ...]) -> str | None:
+        """Draw the dtype of `t`'s value among `allowed` (None: any drawn dtype) as its op's type
+        constraints allow; returns it. An op the engine rewrites only on floats (every op but
+        the shape-arithmetic ones, see saturate.core.ops.SHAPE_OPS) is drawn on floats where
+        its schema allows one."""
+        options = frozenset(DTYPE_WEIGHTS) if allowed is None else allowed
+        if isinstance(t, Var):
+            have = self.dtypes.get(t.name)
+            if have is not None:
+                assume(have in options)
+                return have
+            assume(options)
+            self.dtypes[t.name] = draw_dtype(self.draw, options)
+            return self.dtypes[t.name]
+        if not isinstance(t, OpTerm):
+            return None
+        op = t.op
+        if schema(op, self.opset) is None:
+            self.generic_check(op)
+        (out_param, out_allowed), _ = slot_types(op, self.opset)
+        out_opts = out_allowed & options
+        op_spec = spec(op, self.opset)
+        if op_spec is not None and not op_spec.any_dtype and out_opts & FLOATS:
+            out_opts &= FLOATS
+        written = dict(t.attrs)
+        if op == "Cast" and isinstance(written.get("to"), Num):
+            out_opts &= {dtype_of_tensor_type(int(written["to"].value))}
+        if op == "Mod" and isinstance(written.get("fmod"), Num) and not written["fmod"].value:
+            out_opts -= FLOATS  # fmod=0 is defined on integers only
+        assume(out_opts)
+        dtype = draw_dtype(self.draw, out_opts)
+        self.node_dtypes[path] = dtype
+        bound = {out_param: dtype} if not out_param.startswith("tensor(") else {}
+        for k, a in enumerate(t.args):
+            param, opts = input_slot(op, self.opset, k)
+            want = frozenset({bound[param]}) if param in bound else opts
+            got = self.assign_types(a, want, path + (k,))
+            if got is not None and not param.startswith("tensor("):
+                bound.setdefault(param, got)
+        return dtype
 
     def bind(self, v: Var, shape: tuple[int, ...], exact: bool = True) -> None:
         if v.const:
@@ -212,22 +312,34 @@ class Planner:
         else:
             assume(_broadcasts(have, shape))
 
-    def term(self, t: Term, out: tuple[int, ...], path: tuple[int, ...]) -> None:
+    def term(self, t: Term, out: tuple[int, ...] | None, path: tuple[int, ...]) -> tuple[int, ...]:
+        """Plan `t` to give a value of shape `out` (None: any shape, for a flexible term);
+        returns the shape planned."""
         if isinstance(t, Var):
+            if out is None:
+                out = self.shapes.get(t.name) or self.shape_for(self.template(t))
             self.bind(t, out)
-            return
+            return out
         if isinstance(t, (Num, Str, IntList, AttrVar)):
-            return
+            return ()
         if isinstance(t, Call):
             raise SaturateError(f"a constant expression ({t.fn}) cannot be drawn as a pattern")
-        assume(self.template(t).allows(out))
         op = t.op
-        if op in _BINARY:
-            self.binary(t, out, path)
-        elif op in _UNARY:
-            self.unary(t, out, path)
-        else:
-            getattr(self, "op_" + op)(t, out, path)
+        if not self.handled(op):
+            return self.generic(t, out, path)
+        if out is None and op in _UNARY:
+            return self.unary(t, None, path)
+        if out is None and op in _BROADCAST:
+            return self.broadcast(t, None, path)
+        if out is None:
+            out = self.shape_for(self.template(t))
+        assume(self.template(t).allows(out))
+        if op in _BROADCAST:
+            return self.broadcast(t, out, path)
+        if op in _UNARY:
+            return self.unary(t, out, path)
+        getattr(self, "op_" + op)(t, out, path)
+        return out
 
     def leaf_sign(self, t: OpTerm, k: int) -> None:
         """Record the domain an op needs of argument k when that argument is a variable."""
@@ -316,10 +428,20 @@ class Planner:
         for key, fn in draws.items():
             if key not in result:
                 result[key] = fn(result)
-        spec = op_table().get(t.op)
+        # Every other attribute the schema gives the op is drawn from its valid values (a rule
+        # must hold whatever the attributes it leaves free), except those whose shapes the
+        # hand-written rule above works out, which it draws or keeps at their default.
+        op_schema = schema(t.op, self.opset)
+        for key in (op_schema.attributes if op_schema is not None else ()):
+            if key in result or key in draws or (key in _SHAPING and self.handled(t.op)):
+                continue
+            drawer = attribute_drawer(t.op, key, self.opset, lambda: 0)
+            if drawer is not None:
+                result[key] = drawer(self.draw, result)
+        merged = op_table().get(t.op)
         for key, value in written.items():
             if key not in result:  # captured but not drawn: the op's default (None: omitted)
-                result[key] = spec.attrs.get(key) if spec is not None else None
+                result[key] = merged.attrs.get(key) if merged is not None else None
             if isinstance(value, AttrVar):
                 self.attrs.setdefault(value.name, result[key])
         self.node_attrs[path] = result
@@ -327,44 +449,101 @@ class Planner:
         return result
 
     # ---- op shape rules ---------------------------------------------------------------------
-    def unary(self, t: OpTerm, out: tuple[int, ...], path: tuple[int, ...]) -> None:
+    def unary(self, t: OpTerm, out: tuple[int, ...] | None, path: tuple[int, ...]) -> tuple[int, ...]:
+        self.leaf_sign(t, 0)
+        if out is None:
+            out = self.term(t.args[0], None, path + (0,))
+            assume(self.template(t).allows(out))
+        else:
+            self.term(t.args[0], out, path + (0,))
         draws: dict[str, Callable] = {}
         if t.op == "LeakyRelu":
             draws["alpha"] = lambda a: self.draw(st.sampled_from([0.01, 0.1, 0.5, -1.0, 2.0]))
         if t.op == "Softmax":
             draws["axis"] = lambda a: self.draw(st.integers(-len(out), len(out) - 1))
         self.attributes(t, path, draws)
-        self.leaf_sign(t, 0)
-        self.term(t.args[0], out, path + (0,))
         for k in range(1, len(t.args)):  # Clip's bounds are scalars
             if isinstance(t.args[k], Var):
                 self.bind(t.args[k], ())
+        return out
 
-    def binary(self, t: OpTerm, out: tuple[int, ...], path: tuple[int, ...]) -> None:
-        self.attributes(t, path, {})
+    def broadcast(self, t: OpTerm, out: tuple[int, ...] | None, path: tuple[int, ...]) -> tuple[int, ...]:
+        """A broadcasting op of any number of inputs. The main operand (an op first) usually has
+        the full output shape and the others broadcast into it; now and then the shapes
+        broadcast both ways ((1, N) with (N, 1)), or a one-element constant has more dims than
+        the operand beside it."""
+        args = t.args
         main = self.main_index(t)
-        other = 1 - main
-        a, b = t.args[main], t.args[other]
-        # Now and then the other operand is the one that sets the shape and the main one is
-        # broadcast up (x + c where c is larger than x): a rule forgetting that case must fail.
-        shaped_by_guard = {"axis", "scalar", "rank"} & set(self.hints.get(getattr(b, "name", ""), ()))
+        others = [k for k in range(len(args)) if k != main]
+        if t.op == "Mod":
+            floating = self.node_dtypes.get(path, "float32") in FLOATS
+            # fmod=0 is defined on integers only; on integers both are drawn.
+            self.attributes(t, path, {"fmod": lambda _: 1 if floating else self.draw(st.sampled_from([0, 1]))})
+        else:
+            self.attributes(t, path, {})
+        if out is None:
+            # The main operand is a flexible op: its shape first, the others fit it.
+            out = self.term(args[main], None, path + (main,))
+            for k in others:
+                self.operand(args[k], out, path + (k,))
+            return out
+        if not others:
+            self.term(args[main], out, path + (main,))
+            return out
+        a = args[main]
+        rest = [args[k] for k in others]
+        unbound = [b for b in rest if isinstance(b, Var) and b.name not in self.shapes]
+        shaped_by_guard = any({"axis", "scalar", "rank"} & set(self.hints.get(getattr(b, "name", ""), ()))
+                              for b in rest)
+        b, other = rest[0], others[0]
         # A variable beside an op that also reads it (x + Conv(x, w)) takes the full shape
         # first, so the op is drawn around it rather than the two shapes meeting by chance.
-        if isinstance(b, Var) and b.name not in self.shapes and isinstance(a, OpTerm) and _mentions(a, b.name):
+        if isinstance(b, Var) and b in unbound and isinstance(a, OpTerm) and _mentions(a, b.name):
             self.bind(b, out)
             self.term(a, out, path + (main,))
-            return
-        if (isinstance(a, Var) and isinstance(b, Var) and a.name not in self.shapes
-                and b.name not in self.shapes and not shaped_by_guard
-                and self.draw(st.integers(0, 3)) == 3):
+            for k in others[1:]:
+                self.operand(args[k], out, path + (k,))
+            return out
+        choice = self.draw(st.integers(0, 7))
+        # A one-element constant of the output's full rank beside an operand with fewer dims
+        # (out has leading ones there): Add(x, c) with x (3,) and c (1, 1).
+        lead = next((i for i, d in enumerate(out) if d != 1), len(out))
+        if choice == 7 and lead and isinstance(b, Var) and b.const and b in unbound:
+            self.bind(b, (1,) * len(out))
+            cut = self.draw(st.integers(1, lead))
+            inner = out[cut:]
+            if isinstance(a, OpTerm):
+                assume(self.template(a).allows(inner))
+            self.term(a, inner, path + (main,))
+            for k in others[1:]:
+                self.operand(args[k], out, path + (k,))
+            return out
+        # Both ways: the others broadcast into the output, the main operand has 1 (or no dim)
+        # wherever one of them has the full side.
+        if choice in (5, 6) and not shaped_by_guard and all(isinstance(args[k], Var) for k in others):
+            given = [1] * len(out)
+            for k in others:
+                shape = self.operand(args[k], out, path + (k,))
+                padded = (1,) * (len(out) - len(shape)) + tuple(shape)
+                given = [max(g, p) if p != 1 else g for g, p in zip(given, padded)]
+            given = tuple(o if g != 1 else 1 for o, g in zip(out, given))
+            if isinstance(a, OpTerm):
+                self.smaller_op(a, out, given, path + (main,))
+            elif isinstance(a, Var):
+                self.bind(a, self._complement(out, given))
+            return out
+        # Now and then an operand other than the main one sets the shape and the main one is
+        # broadcast up (x + c where c is larger than x): a rule forgetting that case must fail.
+        if (choice == 4 and isinstance(a, Var) and isinstance(b, Var) and a.name not in self.shapes
+                and b in unbound and not shaped_by_guard):
             self.bind(b, out)
             self.operand(a, out, path + (main,))
-            return
-        # Now and then the other operand is larger than the main op's output (more dims, or a
-        # side where the op has 1) and broadcasts it up: Add(Conv(x, w), c) with c bigger than
-        # the conv's output. A rule that forgets this case must fail.
-        if (isinstance(a, OpTerm) and isinstance(b, Var) and b.name not in self.shapes
-                and self.draw(st.integers(0, 3)) == 3):
+            for k in others[1:]:
+                self.operand(args[k], out, path + (k,))
+            return out
+        # ... and the other operand is larger than the main op's output (more dims, or a side
+        # where the op has 1): Add(Conv(x, w), c) with c bigger than the conv's output.
+        if choice in (2, 3) and isinstance(a, OpTerm) and isinstance(b, Var) and b in unbound:
             hinted = {"axis", "scalar", "rank"} & set(self.hints.get(b.name, ()))
             if hinted:
                 shape = self.operand(b, out, path + (other,))
@@ -372,9 +551,25 @@ class Planner:
                 shape = out
                 self.bind(b, shape)
             self.smaller_op(a, out, (1,) * (len(out) - len(shape)) + tuple(shape), path + (main,))
-            return
+            for k in others[1:]:
+                self.operand(args[k], out, path + (k,))
+            return out
         self.term(a, out, path + (main,))
-        self.operand(b, out, path + (other,))
+        for k in others:
+            self.operand(args[k], out, path + (k,))
+        return out
+
+    def _complement(self, out: tuple[int, ...], given: tuple[int, ...]) -> tuple[int, ...]:
+        """A shape that broadcasts with `given` (as long as out) to exactly `out`: the full side
+        wherever `given` has 1, else the side or 1, with leading dims left out where `given`
+        has them."""
+        free = 0
+        while free < len(out) and given[free] == out[free]:
+            free += 1
+        rank = self.draw(st.integers(len(out) - free, len(out)))
+        lead = len(out) - rank
+        return tuple(d if g == 1 or d == 1 or self.draw(st.booleans()) else 1
+                     for d, g in zip(out[lead:], given[lead:]))
 
     def op_Conv(self, t: OpTerm, out: tuple[int, ...], path: tuple[int, ...]) -> None:
         case: list = []
@@ -384,20 +579,39 @@ class Planner:
         bound = self.shapes.get(x.name) if isinstance(x, Var) else None
         sibling = self.conv_inputs.get(x.name) if isinstance(x, Var) else None
 
+        n_sp = len(out) - 2
+
         def geometry(fixed: dict) -> Any:
             if not case:
-                if bound is not None:
-                    case.append(self.draw(conv_cases_over(out, bound, fixed, sibling, self.centred_convs)))
+                auto = fixed.get("auto_pad") or "NOTSET"
+                fixed = dict(fixed)
+                if auto != "NOTSET":
+                    # VALID pads nothing; SAME_* pads as the input side asks (sides set below).
+                    fixed["pads"] = [0] * (2 * n_sp)
+                if bound is not None and auto in ("NOTSET", "VALID"):
+                    c = self.draw(conv_cases_over(out, bound, fixed, sibling, self.centred_convs))
                 else:
-                    case.append(self.draw(conv_cases(out, fixed)))
+                    c = self.draw(conv_cases(out, fixed))
+                if auto.startswith("SAME"):
+                    # SAME_*: the output side is ceil(input side / stride).
+                    strides = c.attrs["strides"]
+                    sides = tuple(self.draw(st.integers((o - 1) * s + 1, o * s)) for o, s in zip(out[2:], strides))
+                    if bound is not None:
+                        assume(len(bound) == len(out) and bound[1] == c.x_shape[1])
+                        sides = tuple(bound[2:])
+                        assume(all(-(-i // s) == o for i, s, o in zip(sides, strides, out[2:])))
+                    c = replace(c, x_shape=c.x_shape[:2] + sides)
+                case.append(c)
             return case[0]
 
         attrs = self.attributes(t, path, {
-            "auto_pad": lambda a: "NOTSET",
+            # Explicit pads mostly (what exporters write), every auto_pad mode now and then.
+            "auto_pad": lambda a: self.draw(st.sampled_from(["NOTSET", "NOTSET", "NOTSET", "SAME_UPPER",
+                                                             "SAME_LOWER", "VALID"])),
             "group": lambda a: geometry(a).attrs["group"],
             "kernel_shape": lambda a: geometry(a).attrs["kernel_shape"],
             "strides": lambda a: geometry(a).attrs["strides"],
-            "pads": lambda a: geometry(a).attrs["pads"],
+            "pads": lambda a: None if (a.get("auto_pad") or "NOTSET") != "NOTSET" else geometry(a).attrs["pads"],
             "dilations": lambda a: geometry(a).attrs["dilations"],
         })
         c = geometry(attrs)
@@ -476,18 +690,25 @@ class Planner:
 
     def op_Reshape(self, t, out, path) -> None:
         attrs = self.attributes(t, path, {})
+        allowzero = bool(attrs.get("allowzero"))
+        empty = 0 in out
         rank = self.draw(st.integers(1, MAX_RANK))
-        source = draw_factorization(self.draw, numel(out), rank)
+        if empty and not allowzero:
+            # A 0 in the output comes from copying the input's 0 at the same index.
+            source = tuple(out)
+        else:
+            source = draw_factorization(self.draw, numel(out), rank)
         self.term(t.args[0], source, path + (0,))
         target = list(out)
-        if self.draw(st.booleans()):
+        # -1 stands for the side the element count gives: not when that count is 0.
+        if not empty and self.draw(st.booleans()):
             target[self.draw(st.integers(0, len(out) - 1))] = -1
-        # 0 copies the input's dim at the same index (unless allowzero=1, where it means 0):
-        # written now and then wherever the input has the output's side there.
-        if not attrs.get("allowzero"):
-            for i, (want, have) in enumerate(zip(out, source)):
-                if want == have and target[i] != -1 and self.draw(st.integers(0, 3)) == 3:
-                    target[i] = 0
+        # 0 copies the input's dim at the same index (allowzero=0), or is a 0 side (allowzero=1):
+        # written now and then wherever it gives the output's side.
+        for i, want in enumerate(out):
+            zero_fits = want == 0 if allowzero else (i < len(source) and source[i] == want)
+            if zero_fits and target[i] != -1 and (want == 0 or self.draw(st.integers(0, 3)) == 3):
+                target[i] = 0
         shape_arg = t.args[1]
         if isinstance(shape_arg, Var):
             self.bind(shape_arg, (len(out),))
@@ -524,6 +745,150 @@ class Planner:
         for i, p in enumerate(perm):
             shape[p] = out[i]
         self.term(t.args[0], tuple(shape), path + (0,))
+
+    # ---- the generic shape rule: any op the interpreter runs ------------------------------------
+    def generic(self, t: OpTerm, out: tuple[int, ...] | None, path: tuple[int, ...]) -> tuple[int, ...]:
+        """Draw input shapes, attributes from the schema and the values of shape-like inputs
+        (axes, repeats, sizes, scales, pads...), and keep a draw only if the interpreter runs the
+        node on it and gives `out` (any shape when None). A few tries, then the example is given
+        up. Inputs that are flexible ops themselves are planned first, from their own inputs."""
+        op = t.op
+        self.generic_check(op)
+        op_schema = schema(op, self.opset)
+        fixed = self.written_attrs(t)
+        kinds = [self.input_kind(t, k, op_schema) for k in range(len(t.args))]
+        data = [k for k, kind in enumerate(kinds) if kind == "data"]
+        known: dict[int, tuple[int, ...]] = {}
+        for k in data:
+            a = t.args[k]
+            if isinstance(a, Var) and a.name in self.shapes:
+                known[k] = self.shapes[a.name]
+            elif isinstance(a, OpTerm) and self.flexible(a):
+                known[k] = self.term(a, None, path + (k,))
+        for _ in range(_GENERIC_TRIES):
+            shapes = dict(known)
+            for k in data:
+                if k in shapes:
+                    continue
+                tmpl = self.template(t.args[k])
+                first = next((shapes[j] for j in data if j in shapes), None)
+                if first is None:
+                    shapes[k] = self.candidate(out, tmpl)
+                else:
+                    pick = self.draw(st.integers(0, 3))
+                    shapes[k] = (first if pick < 2 else draw_broadcastable(self.draw, first) if pick == 2
+                                 else self.shape_for(tmpl))
+            rank = len(shapes[data[0]]) if data else 0
+            attrs = dict(fixed)
+            for key in op_schema.attributes:
+                if key not in attrs:
+                    drawer = attribute_drawer(op, key, self.opset, lambda: rank)
+                    attrs[key] = drawer(self.draw, attrs) if drawer is not None else None
+            values = {k: self.param_values(t, k, op_schema, rank) for k, kind in enumerate(kinds) if kind == "param"}
+            got = self.infer(t, path, shapes, values, attrs)
+            if got is not None and (out is None or got == tuple(out)):
+                break
+        else:
+            assume(False)
+        self.attributes(t, path, {key: (lambda _a, v=v: v) for key, v in attrs.items()})
+        for k in data:
+            if k not in known:
+                self.term(t.args[k], shapes[k], path + (k,))
+        for k, v in values.items():
+            self.bind(t.args[k], v.shape)
+            self.forced[t.args[k].name] = v
+        return got
+
+    def written_attrs(self, t: OpTerm) -> dict[str, Any]:
+        """The attributes a pattern op fixes: literals, and captures already bound."""
+        fixed: dict[str, Any] = {}
+        for key, value in t.attrs:
+            if isinstance(value, AttrVar):
+                if value.name in self.attrs:
+                    fixed[key] = self.attrs[value.name]
+            elif isinstance(value, (Num, Str)):
+                fixed[key] = value.value
+            elif isinstance(value, IntList):
+                fixed[key] = list(value.values)
+        return fixed
+
+    def input_kind(self, t: OpTerm, k: int, op_schema: Any) -> str:
+        """"param" for an input whose values the generic rule draws (a fresh variable in a slot
+        of integers, or of scales or a region), else "data"."""
+        a = t.args[k]
+        if not isinstance(a, Var) or (a.name in self.shapes and a.name not in self.forced):
+            return "data"
+        formals = list(op_schema.inputs)
+        name = formals[min(k, len(formals) - 1)].name if formals else ""
+        if name in _PARAMS or np.dtype(self.dtypes.get(a.name, "float32")).kind in "iu" and k > 0:
+            return "param"
+        return "data"
+
+    def param_values(self, t: OpTerm, k: int, op_schema: Any, rank: int) -> np.ndarray:
+        """Values of a shape-like input, by the name the schema gives it."""
+        v = t.args[k]
+        if v.name in self.forced:
+            return self.forced[v.name]
+        formals = list(op_schema.inputs)
+        name = formals[min(k, len(formals) - 1)].name
+        dtype = np.dtype(self.dtypes.get(v.name, "int64"))
+        d, ints = self.draw, st.integers
+        r = max(rank, 1)
+        if name == "axes":
+            chosen = d(st.lists(ints(0, r - 1), min_size=1, max_size=r, unique=True))
+            values = [a - r if d(st.booleans()) else a for a in chosen]
+        elif name == "repeats":
+            values = [d(ints(1, 3)) for _ in range(rank)]
+        elif name == "sizes":
+            values = [d(ints(1, MAX_SIDE)) for _ in range(rank)]
+        elif name == "scales":
+            values = [d(st.sampled_from([1.0, 2.0, 0.5, 1.5])) for _ in range(rank)]
+        elif name == "roi":
+            values = [0.0] * rank + [1.0] * rank
+        elif name == "pads":
+            values = [d(ints(-1, 2)) for _ in range(2 * rank)]
+        elif name in ("indices", "k", "split"):
+            values = d(st.lists(ints(-1, 2) if name == "indices" else ints(1, 3), min_size=1, max_size=2))
+        else:
+            return np.asarray(d(ints(-1, 3)) if dtype.kind in "iu" else d(st.sampled_from([0.5, 1.0, 2.0])),
+                              dtype)
+        return np.array(values, dtype).reshape(-1)
+
+    def candidate(self, out: tuple[int, ...] | None, tmpl: Template) -> tuple[int, ...]:
+        """An input shape to try for an op whose output should be `out`: out itself half the
+        time (most ops keep their first input's shape), else out with sides changed and now and
+        then one axis more (a reduction that drops it)."""
+        if out is None:
+            return self.shape_for(tmpl)
+        pick = self.draw(st.integers(0, 3))
+        if pick < 2:
+            return tuple(out)
+        shape = [side if self.draw(st.integers(0, 2)) else self.draw(st.integers(1, MAX_SIDE)) for side in out]
+        if pick == 3 and len(shape) < MAX_RANK + 1:
+            shape.insert(self.draw(st.integers(0, len(shape))), self.draw(st.integers(1, MAX_SIDE)))
+        return tuple(shape)
+
+    def infer(self, t: OpTerm, path: tuple[int, ...], shapes: dict[int, tuple[int, ...]],
+              values: dict[int, np.ndarray], attrs: dict[str, Any]) -> tuple[int, ...] | None:
+        """The output shape the interpreter gives the node on these inputs (None: it refuses)."""
+        from saturate.interp.interpreter import eval_node
+        args = []
+        for k, a in enumerate(t.args):
+            if k in values:
+                args.append(values[k])
+                continue
+            dtype = self.dtypes.get(a.name) if isinstance(a, Var) else self.node_dtypes.get(path + (k,))
+            args.append(np.zeros(shapes[k], dtype or "float32"))
+        node = Node(t.op, [f"in{k}" for k in range(len(args))], ["out"],
+                    {key: v for key, v in attrs.items() if v is not None}, name=t.op)
+        try:
+            with np.errstate(all="ignore"):
+                result = eval_node(node, args, self.opset)
+        except Exception:  # any refusal (onnx.reference raises every kind) rejects the draw
+            return None
+        if not result or result[0] is None:
+            return None
+        return tuple(int(d) for d in np.shape(result[0]))
 
     # ---- shape computations (int64 data about shapes, as exporters emit them) ---------------
     def index_values(self, v: Term, shape: tuple[int, ...], lo: int, hi: int, what: str,
@@ -629,8 +994,8 @@ class Planner:
             self.term(a, out[:ax] + (bounds[k + 1] - bounds[k],) + out[ax + 1:], path + (k,))
 
     def op_Cast(self, t, out, path) -> None:
-        # float, int64, double: the types a shape computation or a model's arithmetic casts to.
-        self.attributes(t, path, {"to": lambda _: self.draw(st.sampled_from([1, 7, 11]))})
+        # `to` is the output dtype drawn for the node (assign_types), from any source dtype.
+        self.attributes(t, path, {"to": lambda _: tensor_type(self.node_dtypes.get(path, "float32"))})
         self.term(t.args[0], out, path + (0,))
 
 
@@ -698,18 +1063,44 @@ class Planner:
         self.index_values(t.args[1], (len(target),), 0, 0, "Expand's shape", target)
 
     def op_ConstantOfShape(self, t, out, path) -> None:
-        fills = [None, np.array([0.5], np.float32), np.array([-3], np.int64), np.array([2.0], np.float64)]
-        self.attributes(t, path, {"value": lambda _: self.draw(st.sampled_from(fills))})
+        dtype = np.dtype(self.node_dtypes.get(path, "float32"))
+        fill = self.draw(st.sampled_from([0, 1, 2] + ([-3] if dtype.kind in "fi" else [])))
+        # The output's dtype is the value's (float32 zero when the value is omitted).
+        omit = dtype == np.float32 and fill == 0 and self.draw(st.booleans())
+        self.attributes(t, path, {"value": lambda _: None if omit else np.array([fill], dtype)})
         self.index_values(t.args[0], (len(out),), 0, 0, "ConstantOfShape's shape", list(out))
 
     def op_Pad(self, t, out, path) -> None:
-        """Pads drawn per axis (begin, end) within the output side; the input is what is left."""
-        self.attributes(t, path, {"mode": lambda _: "constant"})
+        """Pads drawn per axis (begin, end) within the output side; the input is what is left.
+        Now and then a pad is negative (it crops, as the spec allows), in every mode; reflect
+        needs an input side of 2 or more wherever it pads."""
+        attrs = self.attributes(t, path, {})
+        mode = attrs.get("mode") or "constant"
         r = len(out)
         zero = self.hints.get(getattr(t.args[1], "name", ""), {}).get("fill") == 0.0
-        begin = [0 if zero else self.draw(st.integers(0, d - 1)) for d in out]
-        end = [0 if zero else self.draw(st.integers(0, d - 1 - b)) for d, b in zip(out, begin)]
-        self.term(t.args[0], tuple(d - b - e for d, b, e in zip(out, begin, end)), path + (0,))
+        begin, end = [], []
+        for d in out:
+            if zero:
+                begin.append(0)
+                end.append(0)
+                continue
+            b = self.draw(st.integers(0, max(d - 1, 0)))
+            e = self.draw(st.integers(0, max(d - 1 - b, 0)))
+            # A crop: the input has the removed elements too.
+            if self.draw(st.integers(0, 3)) == 3:
+                b = -self.draw(st.integers(1, 2))
+            if self.draw(st.integers(0, 3)) == 3:
+                e = -self.draw(st.integers(1, 2))
+            begin.append(b)
+            end.append(e)
+        source = tuple(d - b - e for d, b, e in zip(out, begin, end))
+        assume(all(side >= 0 for side in source))
+        if mode != "constant":
+            # Edge, reflect and wrap read the input wherever they pad: it has elements there.
+            assume(all(side >= 1 or (b <= 0 and e <= 0) for side, b, e in zip(source, begin, end)))
+        if mode == "reflect":
+            assume(all(side >= max(b, e) + 1 or (b <= 0 and e <= 0) for side, b, e in zip(source, begin, end)))
+        self.term(t.args[0], source, path + (0,))
         self.index_values(t.args[1], (2 * r,), 0, 0, "Pad's pads", begin + end)
         if len(t.args) > 2 and isinstance(t.args[2], Var):
             self.bind(t.args[2], ())
@@ -722,6 +1113,19 @@ class Planner:
         limit = start + (n - 1) * delta + (1 if delta > 0 else -1) * self.draw(st.integers(1, abs(delta)))
         for k, v in enumerate((start, limit, delta)):
             self.index_values(t.args[k], (), 0, 0, "Range's inputs", [v])
+
+
+# Inputs of these names hold shape-like data the generic rule draws values for.
+_PARAMS = frozenset({"axes", "repeats", "sizes", "scales", "roi", "pads", "indices", "k", "split"})
+# Ops whose shape rules draw empty tensors soundly (the generic rule checks its draws itself).
+_EMPTY_SAFE = _UNARY | _BROADCAST | {"Transpose", "Concat", "Reshape", "Cast", "CastLike", "Flatten", "Expand",
+                                     "Unsqueeze", "Squeeze"}
+
+
+def _ops(t: Term) -> set[str]:
+    if isinstance(t, OpTerm):
+        return {t.op}.union(*(_ops(a) for a in t.args))
+    return set()
 
 
 def _broadcasts(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:

@@ -139,15 +139,62 @@ def constants(shape: tuple[int, ...], sign: str = "any", dtype: Any = np.float32
 
 
 def draw_constant(draw, shape: tuple[int, ...], sign: str = "any", dtype: Any = np.float32) -> np.ndarray:
-    """One array of `constants(shape, sign, dtype)`, drawn with `draw` directly."""
+    """One array of `constants(shape, sign, dtype)`, drawn with `draw` directly. Floats come from
+    the float table (float16 with magnitudes it can hold), integers from a table spanning their
+    dtype (extremes and values whose products overflow included), bools as drawn bits."""
+    dtype = np.dtype(dtype)
     size = math.prod(shape)
-    table = _TABLES[sign]
+    table = _table_of(sign, dtype)
     if size <= _EACH:
         index = np.frombuffer(draw(st.binary(min_size=size, max_size=size)), np.uint8)
-        return table[index].astype(dtype).reshape(shape)
+        return table[index].reshape(shape)
     pool = table[np.frombuffer(draw(st.binary(min_size=1, max_size=_POOL)), np.uint8)]
     layout = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).integers(0, len(pool), size)
-    return pool[layout].astype(dtype).reshape(shape)
+    return pool[layout].reshape(shape)
+
+
+_TYPED_TABLES: dict[tuple[str, str], np.ndarray] = {}
+# The largest float16 magnitude drawn: huge float32 values would be inf in float16.
+_FLOAT16_MAX = 6e4
+
+
+def _table_of(sign: str, dtype: np.dtype) -> np.ndarray:
+    """The 256-entry table arrays of `dtype` and sign class are drawn from (built once)."""
+    key = (sign, dtype.name)
+    table = _TYPED_TABLES.get(key)
+    if table is None:
+        if dtype.kind == "f":
+            base = _TABLES[sign].astype(np.float64)
+            if dtype.itemsize < 4:
+                base = np.clip(base, -_FLOAT16_MAX, _FLOAT16_MAX)
+            table = base.astype(dtype)
+        elif dtype.kind in "iu":
+            table = _int_table(sign, dtype)
+        elif dtype.kind == "b":
+            # Sign classes read False as 0: positive and nonzero ones are all True.
+            bits = [False, True] if sign in ("any", "nonnegative") else [True]
+            table = np.resize(np.array(bits), 256)
+        else:
+            raise ValueError(f"no values are drawn for dtype {dtype.name}")
+        _TYPED_TABLES[key] = table
+    return table
+
+
+def _int_table(sign: str, dtype: np.dtype) -> np.ndarray:
+    """256 integers of `dtype` in one sign class, simplest first: small values, then the extremes
+    of the dtype and values near the square root of its range (their products overflow), then
+    values spread over the whole range."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(1)
+    root = int(math.isqrt(int(info.max)))
+    small = [0, 1, -1, 2, -2, 3, -3, 4, -4, 5, 7, -8, 10, 16, -16, 100]
+    edges = [int(info.max), int(info.min), int(info.max) - 1, int(info.min) + 1, int(info.max) // 2,
+             int(info.min) // 2, root, root + 1, -root, -root - 1, 2 * root, -2 * root]
+    spread = [int(v) for v in rng.integers(int(info.min), int(info.max), 96, endpoint=True)]
+    moderate = [int(v) for v in rng.integers(-1000, 1000, 96)]
+    values = [v for v in small + edges + spread + moderate
+              if info.min <= v <= info.max and _fits(v, "nonnegative" if info.min == 0 and sign == "any" else sign)]
+    return np.resize(np.array(values, dtype=object), 256).astype(dtype)
 
 
 def per_axis_constants(shape: tuple[int, ...], axis: int, sign: str = "any") -> st.SearchStrategy[np.ndarray]:
@@ -290,10 +337,14 @@ def factorizations(n: int, parts: int) -> st.SearchStrategy[tuple[int, ...]]:
 
 
 def draw_factorization(draw, n: int, parts: int) -> tuple[int, ...]:
-    """One tuple of `factorizations(n, parts)`, drawn with `draw` directly."""
+    """One tuple of `factorizations(n, parts)`, drawn with `draw` directly (for n = 0, one part is
+    0 and the others any side)."""
     if parts == 0:
         assume(n == 1)
         return ()
+    if n == 0:
+        zero = draw(st.integers(0, parts - 1))
+        return tuple(0 if k == zero else draw(st.integers(1, MAX_SIDE)) for k in range(parts))
     out = []
     for _ in range(parts - 1):
         d = draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0]))

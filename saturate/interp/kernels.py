@@ -110,6 +110,8 @@ def _batch_norm(node: Node, x, scale, bias, mean, var) -> np.ndarray:
 def _softmax(node: Node, x: np.ndarray) -> np.ndarray:
     # Opset 13 semantics: normalize along one axis (the frontend accepts opset >= 13 only).
     axis = _axis(node, int(node.attrs.get("axis", -1)), x.ndim)
+    if x.size == 0:  # nothing to normalize (max has no identity on an empty axis)
+        return x.copy()
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
 

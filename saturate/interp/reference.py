@@ -130,6 +130,8 @@ def run_reference(node: Node, args: Sequence[np.ndarray | None], opset: int) -> 
         raise SaturateError(f"{node.where()}: {reason} (opset {opset})")
     if node.op == "Resize":
         args = _resize_as_specified(node, args)
+    if node.op == "Pad":
+        args = _pad_crops_first(args)
     key = (node.op, opset, len(node.inputs), len(node.outputs),
            tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items())),
            tuple(None if a is None else (a.dtype.str, a.ndim) for a in args))
@@ -187,6 +189,27 @@ def _resize_as_specified(node: Node, args: Sequence[np.ndarray | None]) -> list[
         scales = scales.ravel().copy()
         scales[cut] = 1.0
         args[2] = scales
+    return args
+
+
+def _pad_crops_first(args: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+    """Pad's inputs with negative pads done as crops first (the spec: a negative pad removes
+    elements), leaving non-negative pads: onnx.reference refuses negative pads."""
+    args = list(args)
+    if len(args) < 2 or args[0] is None or args[1] is None or not (np.asarray(args[1]) < 0).any():
+        return args
+    x, pads = args[0], np.asarray(args[1]).astype(np.int64).ravel()
+    axes = args[3] if len(args) > 3 and args[3] is not None else None
+    axes = [int(a) % max(x.ndim, 1) for a in np.asarray(axes).ravel()] if axes is not None else list(range(x.ndim))
+    n = len(axes)
+    if pads.size != 2 * n:
+        return args  # onnx.reference reports the mismatch
+    index = [slice(None)] * x.ndim
+    for k, a in enumerate(axes):
+        begin, end = max(-int(pads[k]), 0), max(-int(pads[n + k]), 0)
+        index[a] = slice(begin, x.shape[a] - end if end else None)
+    args[0] = x[tuple(index)]
+    args[1] = np.maximum(pads, 0)
     return args
 
 

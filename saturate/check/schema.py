@@ -1,0 +1,192 @@
+"""Rule checking, what ONNX's schemas say of an op: the opset its graphs run at, the dtypes its
+type constraints allow, and the values each attribute may take when a pattern leaves it free.
+
+The schemas (`onnx.defs`) state attribute names, types and defaults but not the allowed strings
+of an enum nor the meaningful range of an int; those come from the spec's text and are listed
+here once, by attribute name (and op where one name means different things).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+import onnx.defs
+from hypothesis import strategies as st
+from onnx import AttributeProto
+
+from saturate.core.ir import Graph
+from saturate.core.ops import spec
+
+# The opset the checker's graphs carry unless a pattern's op is newer (Gelu: 20).
+BASE_OPSET = Graph().opset
+
+# Tensor dtypes drawn, most common first (the shrinker moves towards the first), with how often
+# each is drawn where an op allows it: float32 mostly, the others in proportion.
+DTYPE_WEIGHTS = {"float32": 8, "int64": 4, "float64": 2, "float16": 2, "int32": 2, "int8": 1, "uint8": 1,
+                 "int16": 1, "bool": 1}
+FLOATS = frozenset({"float16", "float32", "float64"})
+
+_ONNX_TYPE = {f"tensor({'double' if d == 'float64' else 'float' if d == 'float32' else 'float16' if d == 'float16' else d})": d
+              for d in DTYPE_WEIGHTS}
+
+
+def tensor_type(dtype: str) -> int:
+    """The onnx.TensorProto element type of a numpy dtype name (Cast's `to`)."""
+    return int(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+
+
+def dtype_of_tensor_type(code: int) -> str | None:
+    """The numpy dtype name of an onnx.TensorProto element type, None for ones not drawn."""
+    try:
+        name = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(code))).name
+    except (KeyError, TypeError, ValueError):
+        return None
+    return name if name in DTYPE_WEIGHTS else None
+
+
+@functools.lru_cache(maxsize=None)
+def opset_for(ops: frozenset[str]) -> int:
+    """The opset a pattern's graphs run at: the base one, or the first that defines every op."""
+    opset = BASE_OPSET
+    for op in ops:
+        if spec(op, opset) is None:
+            newer = spec(op)
+            if newer is not None:
+                opset = max(opset, newer.since_version)
+    return opset
+
+
+@functools.lru_cache(maxsize=None)
+def schema(op: str, opset: int) -> onnx.defs.OpSchema | None:
+    try:
+        return onnx.defs.get_schema(op, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def slot_types(op: str, opset: int) -> tuple[tuple[str, frozenset[str]], tuple[tuple[str, frozenset[str]], ...]]:
+    """(output 0, inputs) of the op as (type parameter, dtypes drawn that it allows); a slot of one
+    fixed type has that type as its parameter. Variadic inputs repeat the last formal."""
+    s = schema(op, opset)
+    if s is None:
+        return ("", frozenset()), ()
+    allowed = {c.type_param_str: frozenset(_ONNX_TYPE[t] for t in c.allowed_type_strs if t in _ONNX_TYPE)
+               for c in s.type_constraints}
+
+    def slot(formal: Any) -> tuple[str, frozenset[str]]:
+        ts = formal.type_str
+        if ts in allowed:
+            return ts, allowed[ts]
+        return ts, frozenset({_ONNX_TYPE[ts]}) if ts in _ONNX_TYPE else frozenset()
+    out = slot(s.outputs[0]) if s.outputs else ("", frozenset())
+    return out, tuple(slot(f) for f in s.inputs)
+
+
+def input_slot(op: str, opset: int, k: int) -> tuple[str, frozenset[str]]:
+    """The type parameter and allowed dtypes of input k (the last formal for variadic inputs)."""
+    _, inputs = slot_types(op, opset)
+    if not inputs:
+        return "", frozenset()
+    return inputs[min(k, len(inputs) - 1)]
+
+
+def draw_dtype(draw: Callable, allowed: frozenset[str] | set[str]) -> str:
+    """One of `allowed`, weighted by DTYPE_WEIGHTS; shrinks towards float32."""
+    options = [d for d in DTYPE_WEIGHTS if d in allowed]
+    if not options:
+        raise ValueError("no drawable dtype")
+    if len(options) == 1:
+        return options[0]
+    bounds, total = [], 0
+    for d in options:
+        total += DTYPE_WEIGHTS[d]
+        bounds.append(total)
+    pick = draw(st.integers(0, total - 1))
+    return next(d for d, b in zip(options, bounds) if pick < b)
+
+
+# ---- attributes ---------------------------------------------------------------------------------
+
+# Allowed strings of enum attributes (the spec's text), the default first.
+ENUMS: dict[str, tuple[str, ...]] = {
+    "auto_pad": ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"),
+    "Pad.mode": ("constant", "reflect", "edge", "wrap"),
+    "Resize.mode": ("nearest", "linear", "cubic"),
+    "Resize.nearest_mode": ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"),
+    "Resize.coordinate_transformation_mode": ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
+                                              "align_corners", "asymmetric", "tf_crop_and_resize"),
+    "Resize.keep_aspect_ratio_policy": ("stretch", "not_larger", "not_smaller"),
+    "Upsample.mode": ("nearest", "linear"),
+    "DepthToSpace.mode": ("DCR", "CRD"),
+    "GridSample.mode": ("linear", "nearest", "cubic"),
+    "GridSample.padding_mode": ("zeros", "border", "reflection"),
+    "Gelu.approximate": ("none", "tanh"),
+    "ScatterElements.reduction": ("none", "add", "mul", "max", "min"),
+    "ScatterND.reduction": ("none", "add", "mul", "max", "min"),
+    "RoiAlign.mode": ("avg", "max"),
+    "RoiAlign.coordinate_transformation_mode": ("half_pixel", "output_half_pixel"),
+    "BitShift.direction": ("RIGHT", "LEFT"),
+}
+# Float attributes: the default, then values that tell a rule forgetting them apart.
+_FLOATS = {"epsilon": (1e-3, 0.5), "momentum": (0.5,), "alpha": (0.5, 2.0, -1.0, 0.1), "beta": (0.5, 2.0, -1.0),
+           "gamma": (0.5, 2.0), "lambd": (0.25, 1.0), "bias": (0.5, -1.0), "scale": (0.5, 2.0),
+           "cubic_coeff_a": (-0.5,), "extrapolation_value": (1.0,)}
+# Int attributes that are 0/1 switches.
+FLAGS = frozenset({"keepdims", "noop_with_empty_axes", "training_mode", "allowzero", "fmod", "ceil_mode",
+                   "count_include_pad", "select_last_index", "reverse", "exclusive", "transA", "transB",
+                   "align_corners", "antialias", "exclude_outside", "largest", "sorted", "upper",
+                   "detect_negative", "detect_positive", "new_axis", "inverse", "interleaved", "is_causal",
+                   "center_point_box", "storage_order", "periodic"})
+# Attributes that name a dtype: set from the dtypes drawn, never drawn on their own.
+DTYPE_ATTRS = frozenset({"to", "dtype", "output_dtype", "output_datatype", "stash_type"})
+
+
+def enum_values(op: str, key: str) -> tuple[str, ...] | None:
+    return ENUMS.get(f"{op}.{key}") or ENUMS.get(key)
+
+
+def attribute_drawer(op: str, key: str, opset: int, rank: Callable[[], int]) -> Callable[[dict], Any] | None:
+    """A function drawing a value for attribute `key` of `op` from the schema (None: keep the
+    default, as for seeds and dtype attributes); `rank()` is the rank of the op's first input."""
+    s = schema(op, opset)
+    attr = s.attributes.get(key) if s is not None else None
+    if attr is None or key in DTYPE_ATTRS or key == "seed":
+        return None
+    default = spec(op, opset).attrs.get(key)
+    kind = attr.type
+
+    def pick(draw: Callable, values: list) -> Any:
+        return draw(st.sampled_from(values))
+    if kind == AttributeProto.STRING:
+        values = enum_values(op, key)
+        if not values:
+            return None
+        ordered = list(dict.fromkeys(([default] if default in values else []) + list(values)))
+        return lambda draw, _a: pick(draw, ordered)
+    if kind == AttributeProto.INT and key in FLAGS:
+        ordered = list(dict.fromkeys([int(default or 0), 0, 1]))
+        return lambda draw, _a: pick(draw, ordered)
+    if kind == AttributeProto.INT and key in ("axis", "batch_dims", "blocksize"):
+        if key != "axis":
+            return None
+
+        def axis(draw: Callable, _a: dict) -> int:
+            r = max(rank(), 1)
+            return draw(st.integers(-r, r - 1))
+        return axis
+    if kind == AttributeProto.INTS and key == "axes":
+        def axes(draw: Callable, _a: dict) -> list[int] | None:
+            r = rank()
+            if r == 0 or draw(st.integers(0, 3)) == 0:
+                return None
+            chosen = sorted(draw(st.lists(st.integers(0, r - 1), min_size=1, max_size=r, unique=True)))
+            return [a - r if draw(st.booleans()) else a for a in chosen]
+        return axes
+    if kind == AttributeProto.FLOAT and key in _FLOATS:
+        ordered = list(dict.fromkeys(([float(default)] if default is not None else []) + list(_FLOATS[key])))
+        return lambda draw, _a: pick(draw, ordered)
+    return None

@@ -70,11 +70,12 @@ def run(args: argparse.Namespace) -> int:
     args.model = args.model[0]
     # Every output is checked before the work, so a bad --report never follows a written model.
     inputs = command_inputs([args.model], args.rules, not args.no_std, args.target)
-    check_outputs([("-o", args.output), ("-o's external data", data_file(args.output)),
-                   ("--report", args.report), ("--html", args.html)], inputs)
+    outputs = [("-o", args.output), ("-o's external data", data_file(args.output)),
+               ("--report", args.report), ("--html", args.html)]
+    check_outputs(outputs, inputs)
     # The model, report and page are renamed into place together once all are written.
     with status(args.quiet or args.trace, "load") as shown, written_together(inputs) as read:
-        report, functions = _optimize_one(args, shown, read)
+        report, functions = _optimize_one(args, shown, read, outputs)
     if args.trace:
         print(format_report(report), file=sys.stderr)
     elif not args.quiet:
@@ -84,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str]):
+def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str], outputs: list):
     """Load, optimize and write one model, naming each stage on the progress line; `read` gets
-    every rules file the load read (an include too), so that no output replaces one."""
+    every rules file the load read (an include too), checked against the `outputs` at once."""
     from saturate.frontend import load_graph, save_graph
     from saturate.lang.parser import RULES_DIR, load_rules
     from saturate.pipeline import optimize
@@ -98,6 +99,7 @@ def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str]):
     paths = ([] if args.no_std else [RULES_DIR]) + list(args.rules)
     rules = load_rules(paths, level=args.level, names=args.only)
     read.extend(sorted({r.loc.file for r in rules}))
+    check_outputs(outputs, read)
     preserve = [p.strip() for p in args.preserve.split(",") if p.strip()]
     shown.stage("saturate")
     progress = _progress if args.trace else saturation_callback(shown)

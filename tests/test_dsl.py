@@ -500,6 +500,8 @@ NEW_ERRORS = [
     ("rule x Conv(x, w){group=c:const} => x", "an attribute pattern is a name that captures it or a literal", 2, 25),
     ("rule x Add(x, c:const) => x if positive(x + c)", "'x' is not a constant", 2, 41),
     ("rule x Add(x, c:const) => x if x == 0.5", "'x' is a value, but a side of == needs an int", 2, 32),
+    ("rule x Add(x, c:const) => HardSigmoid(x){alpha=Relu(c)}", "an op cannot appear in attribute 'alpha'", 2, 48),
+    ("rule x Add(x, c:const) => HardSigmoid(x){alpha=c:const}", "':const' belongs on the left-hand side", 2, 48),
 ]
 
 

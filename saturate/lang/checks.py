@@ -259,7 +259,7 @@ class _Checker:
         """A right-hand attribute: a literal, a captured attribute, or a value computed from
         captured attributes and constants, whose kind must fit the attribute's ONNX type."""
         where = f"attribute '{key}' of {op.op}"
-        if isinstance(v, AttrVar) and v.name in self.attrs:
+        if isinstance(v, (Num, Str, IntList)) or (isinstance(v, AttrVar) and v.name in self.attrs):
             return v
         if isinstance(v, AttrVar) and (v.name in self.vars or v.name in self.lists):
             checked = self.name(Var(v.name, False, v.loc), "const", where)
@@ -271,7 +271,9 @@ class _Checker:
             fn = CONST_FUNCS.get(checked.fn) or QUERIES.get(checked.fn)
             kind = fn.returns if fn else ("int" if checked.fn == "count" else "const")
         else:
-            return v
+            # An op, or a variable written with ':const', says why it cannot stand here.
+            self.term(v, "any", where, op.loc)
+            self.fail(getattr(v, "loc", None) or op.loc, f"{format_term(v)} cannot be {where}")
         allowed = ATTRIBUTE_KINDS.get(attribute_type(op.op, key) or "")
         if allowed is not None and kind not in allowed:
             self.fail(getattr(v, "loc", None) or op.loc,

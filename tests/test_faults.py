@@ -472,10 +472,10 @@ def test_an_interrupted_compile_leaves_the_old_directory_whole(tmp_path, monkeyp
     monkeypatch.undo()
     monkeypatch.setenv("SATURATE_CACHE", str(tmp_path / "cache"))
 
-    def link_interrupted(cmd, what):
+    def link_interrupted(cmd, *rest):
         if "-shared" in cmd:
             raise KeyboardInterrupt
-        return real_run(cmd, what)
+        return real_run(cmd, *rest)
 
     real_run = build._run
     monkeypatch.setattr(build, "_run", link_interrupted)

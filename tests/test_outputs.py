@@ -86,6 +86,15 @@ def test_an_output_that_is_an_included_rules_file_is_refused_and_nothing_changes
     assert _snapshot(files) == before
 
 
+def test_an_output_that_is_a_fifo_is_refused_not_replaced(files, capsys):
+    """A rename would replace the FIFO (or, run as root, /dev/null itself: not tried here, where a
+    regression would break the machine) with a regular file."""
+    os.mkfifo("pipe.npy")
+    assert main(["run", "m.onnx", "-o", "pipe.npy"]) == 2
+    _one_error_line(capsys, "pipe.npy", "not a regular file")
+    assert Path("pipe.npy").is_fifo()
+
+
 def test_an_unwritable_report_is_refused_before_the_model_is_written(files, capsys):
     for flag in ("--report", "--html"):
         assert main(["optimize", "m.onnx", "-o", "o.onnx", flag, "/proc/nowhere.json"]) == 2

@@ -112,8 +112,15 @@ def model_files(spec: str) -> list[str]:
         return files
     folder = Path(spec).resolve().parent
     try:
-        with open(spec, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            locations = _external_locations(data)
+        # Non-blocking: a path swapped for a FIFO since the check above must not hang the open.
+        fd = os.open(spec, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return files
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as data:
+                locations = _external_locations(data)
+        finally:
+            os.close(fd)
     except (OSError, ValueError, IndexError, RecursionError):  # empty, unreadable or no protobuf: the load says so
         return files
     files += [str(folder / loc) for loc in locations if loc and "\0" not in loc]

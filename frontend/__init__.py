@@ -56,8 +56,6 @@ def load_graph(spec: str) -> Graph:
     if not model.HasField("graph") or not model.opset_import:
         raise SaturateError(f"{spec}: not an ONNX model (no graph or opset)")
     try:
-        # Sizes are checked before any weight, external or not, is read or decoded.
-        onnx_io.check_tensors(model)
         _load_external_data(model, path)
         return onnx_io.import_model(model)
     except SaturateError as err:
@@ -153,6 +151,8 @@ def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
             raise SaturateError(f"{what}: offset and length must be integers") from None
         if offset < 0 or (length is not None and length < 0):
             raise SaturateError(f"{what}: negative offset or length")
+        # Its dims against the memory limit first (import_model checks every other tensor).
+        onnx_io.check_tensor(t, f"tensor '{t.name}'")
         needed = onnx_io.raw_size(t, f"tensor '{t.name}'")
         if needed is None:
             raise SaturateError(f"{what}: {onnx_io.dtype_name(t.data_type)} tensors cannot be stored externally")

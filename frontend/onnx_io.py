@@ -14,7 +14,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
-from saturate.core.limits import check_allocation, element_count
+from saturate.core.limits import check_allocation, element_count, max_memory_bytes
 
 # The engine's rules and the interpreter's numpy kernels are written for the forms ops take from
 # opset 14 (Softmax on one axis and Squeeze's axes as an input from 13; the rules match
@@ -396,15 +396,23 @@ def _attr_value(a: AttributeProto, node: Node) -> Any:
 
 
 def _array(t: TensorProto, what: str | None = None) -> np.ndarray:
-    """The tensor's data as an array, after checking that its dims are sane, that it fits the memory
-    limit and that its data holds exactly what its dims and type need (check_tensors)."""
+    """The tensor's data as an array, once check_tensors has passed it: its raw_data must hold
+    exactly the bytes its dims and type need."""
     what = what or f"tensor '{t.name}'"
-    check_tensor(t, what)
-    # Plain little-endian raw data is read straight from one copy of its bytes (the protobuf's
-    # own buffer is not kept); the IR treats constants as immutable, so read-only is fine.
-    dtype = _RAW_DTYPES.get(t.data_type)
-    if dtype is not None and t.HasField("raw_data"):
-        return np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
+    if t.HasField("raw_data"):
+        # Each read of the field copies the bytes out of the protobuf: read it once, check its
+        # length, and (plain little-endian types) keep that one copy as the array's memory; the
+        # IR treats constants as immutable, so read-only is fine.
+        raw = t.raw_data
+        needed = raw_size(t, what)
+        if needed is None:
+            raise SaturateError(f"{what}: string tensors cannot hold raw_data")
+        if len(raw) != needed:
+            raise SaturateError(f"{what}: raw_data holds {len(raw)} bytes; {describe(t)} needs {needed}")
+        dtype = _RAW_DTYPES.get(t.data_type)
+        if dtype is not None:
+            return np.frombuffer(raw, dtype=dtype).reshape(tuple(t.dims))
+        del raw
     try:
         arr = np.array(numpy_helper.to_array(t), copy=True)
     except Exception as err:  # onnx raises ValueError, TypeError, KeyError... for malformed data
@@ -435,10 +443,18 @@ def describe(t: TensorProto) -> str:
 
 
 def _itemsize(t: TensorProto, what: str) -> int:
+    size = _itemsize_of(t.data_type)
+    if size is None:
+        raise SaturateError(f"{what}: unknown element type {t.data_type}")
+    return size
+
+
+@functools.lru_cache(maxsize=None)
+def _itemsize_of(code: int) -> int | None:
     try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        return np.dtype(helper.tensor_dtype_to_np_dtype(code)).itemsize
     except Exception:
-        raise SaturateError(f"{what}: unknown element type {t.data_type}") from None
+        return None
 
 
 def raw_size(t: TensorProto, what: str) -> int | None:
@@ -452,24 +468,20 @@ def raw_size(t: TensorProto, what: str) -> int | None:
     return count * _itemsize(t, what)
 
 
-def check_tensor(t: TensorProto, what: str) -> None:
-    """Refuse a tensor whose dims are negative or too large for the memory limit, or whose data
-    does not hold exactly what its dims and type need: before anything is decoded or allocated,
-    trusting no size the file declares."""
+def check_tensor(t: TensorProto, what: str, limit: int | None = None) -> None:
+    """Refuse a tensor whose dims are negative or too large for the memory limit, or whose typed
+    data fields do not hold exactly what its dims and type need: before anything is decoded or
+    allocated, trusting no size the file declares. (raw_data's length is checked where it is
+    read, _array: reading the field copies it.)"""
     if t.HasField("segment"):
         raise SaturateError(f"{what}: segmented tensors are not supported")
     itemsize = _itemsize(t, what)
-    check_allocation(t.dims, itemsize, f"{what} ({describe(t)})")
-    if t.data_location == TensorProto.EXTERNAL:
-        return  # its bytes are checked against the dims when they are read (load_graph)
+    limit = max_memory_bytes() if limit is None else limit
+    if any(d < 0 for d in t.dims) or math.prod(t.dims) * itemsize > limit:
+        check_allocation(t.dims, itemsize, f"{what} ({describe(t)})")
+    if t.data_location == TensorProto.EXTERNAL or t.HasField("raw_data"):
+        return  # external bytes are checked against the dims when they are read (load_graph)
     count = math.prod(t.dims)
-    if t.HasField("raw_data"):
-        needed = raw_size(t, what)
-        if needed is None:
-            raise SaturateError(f"{what}: string tensors cannot hold raw_data")
-        if len(t.raw_data) != needed:
-            raise SaturateError(f"{what}: raw_data holds {len(t.raw_data)} bytes; {describe(t)} needs {needed}")
-        return
     field, per = _TYPED_FIELDS.get(t.data_type, (None, 1))
     if field is not None and len(getattr(t, field)) != count * per:
         raise SaturateError(f"{what}: {field} holds {len(getattr(t, field))} values; {describe(t)} "
@@ -479,18 +491,22 @@ def check_tensor(t: TensorProto, what: str) -> None:
 def check_tensors(model: onnx.ModelProto) -> None:
     """check_tensor on every initializer and tensor attribute of the model (subgraphs included)."""
     graphs = [model.graph]
+    limit = max_memory_bytes()
     while graphs:
         g = graphs.pop()
         for init in g.initializer:
-            check_tensor(init, f"initializer '{init.name}'")
+            check_tensor(init, f"initializer '{init.name}'", limit)
         if g.sparse_initializer:
             raise SaturateError(f"sparse initializer '{g.sparse_initializer[0].values.name}': "
                                 f"sparse initializers are not supported")
         for on in g.node:
             for a in on.attribute:
+                if a.type in (AttributeProto.FLOAT, AttributeProto.INT, AttributeProto.STRING,
+                              AttributeProto.FLOATS, AttributeProto.INTS, AttributeProto.STRINGS):
+                    continue
                 where = f"node '{on.name or (on.output[0] if on.output else '')}' ({on.op_type}): attribute '{a.name}'"
                 for t in ([a.t] if a.HasField("t") else []) + list(a.tensors):
-                    check_tensor(t, where)
+                    check_tensor(t, where, limit)
                 # A sparse tensor is kept as it is (opaque), but whatever densifies it (onnx's
                 # reference Constant) allocates its dims: those must fit too.
                 for sp in ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + list(a.sparse_tensors):

@@ -166,7 +166,7 @@ BAD_EXTERNAL = {
                             ["external data of tensor 'W'", "8 bytes declared", "needs 16"]),
     "dims-over-the-file": (dict(dims=[100], location="w.bin"), ["external data of tensor 'W'", "400 bytes"]),
     # onnx would read it lazily (or fail after allocating); refused by size before any read.
-    "terabyte": (dict(dims=[TIB], location="w.bin"), ["initializer 'W'", "4.0 TiB"]),
+    "terabyte": (dict(dims=[TIB], location="w.bin"), ["tensor 'W'", "4.0 TiB"]),
     "parent-folder": (dict(dims=[4], location="../../etc/passwd"), ["tensor 'W'", "not a path inside"]),
     "absolute": (dict(dims=[4], location="/etc/passwd"), ["tensor 'W'", "not a path inside"]),
     "no-location": (dict(dims=[4], location=None), ["tensor 'W'", "no file location"]),

@@ -508,7 +508,7 @@ class Planner:
         # A one-element constant of the output's full rank beside an operand with fewer dims
         # (out has leading ones there): Add(x, c) with x (3,) and c (1, 1).
         lead = next((i for i, d in enumerate(out) if d != 1), len(out))
-        if choice == 7 and lead and isinstance(b, Var) and b.const and b in unbound:
+        if choice >= 6 and lead and isinstance(b, Var) and b.const and b in unbound:
             self.bind(b, (1,) * len(out))
             cut = self.draw(st.integers(1, lead))
             inner = out[cut:]
@@ -520,10 +520,14 @@ class Planner:
             return out
         # Both ways: the others broadcast into the output, the main operand has 1 (or no dim)
         # wherever one of them has the full side.
-        if choice in (5, 6) and not shaped_by_guard and all(isinstance(args[k], Var) for k in others):
+        if choice in (3, 4, 5) and not shaped_by_guard and all(isinstance(args[k], Var) for k in others):
             given = [1] * len(out)
             for k in others:
-                shape = self.operand(args[k], out, path + (k,))
+                v = args[k]
+                if v.name not in self.shapes and not self.hints.get(v.name) and self.draw(st.integers(0, 3)):
+                    # Mostly of the output's rank, with a 1 here and there.
+                    self.bind(v, tuple(1 if self.draw(st.booleans()) else d for d in out))
+                shape = self.operand(v, out, path + (k,))
                 padded = (1,) * (len(out) - len(shape)) + tuple(shape)
                 given = [max(g, p) if p != 1 else g for g, p in zip(given, padded)]
             given = tuple(o if g != 1 else 1 for o, g in zip(out, given))
@@ -534,7 +538,7 @@ class Planner:
             return out
         # Now and then an operand other than the main one sets the shape and the main one is
         # broadcast up (x + c where c is larger than x): a rule forgetting that case must fail.
-        if (choice == 4 and isinstance(a, Var) and isinstance(b, Var) and a.name not in self.shapes
+        if (choice in (1, 2) and isinstance(a, Var) and isinstance(b, Var) and a.name not in self.shapes
                 and b in unbound and not shaped_by_guard):
             self.bind(b, out)
             self.operand(a, out, path + (main,))
@@ -543,7 +547,7 @@ class Planner:
             return out
         # ... and the other operand is larger than the main op's output (more dims, or a side
         # where the op has 1): Add(Conv(x, w), c) with c bigger than the conv's output.
-        if choice in (2, 3) and isinstance(a, OpTerm) and isinstance(b, Var) and b in unbound:
+        if choice in (1, 2) and isinstance(a, OpTerm) and isinstance(b, Var) and b in unbound:
             hinted = {"axis", "scalar", "rank"} & set(self.hints.get(b.name, ()))
             if hinted:
                 shape = self.operand(b, out, path + (other,))
@@ -693,9 +697,16 @@ class Planner:
         allowzero = bool(attrs.get("allowzero"))
         empty = 0 in out
         rank = self.draw(st.integers(1, MAX_RANK))
+        zeros = [i for i, d in enumerate(out) if d == 0]
         if empty and not allowzero:
             # A 0 in the output comes from copying the input's 0 at the same index.
             source = tuple(out)
+        elif len(zeros) > 1 and self.draw(st.booleans()):
+            # allowzero=1: a 0 written where the input has another side (one 0 is enough for
+            # the element counts to agree), which a fold reading 0 as "copy" gets wrong.
+            keep = self.draw(st.sampled_from(zeros))
+            source = tuple(self.draw(st.integers(1, MAX_SIDE)) if d == 0 and i != keep else d
+                           for i, d in enumerate(out))
         else:
             source = draw_factorization(self.draw, numel(out), rank)
         self.term(t.args[0], source, path + (0,))

@@ -269,6 +269,11 @@ def _variadic(ufunc) -> Callable:
     return run
 
 
+def _mean(node: Node, *xs: np.ndarray) -> np.ndarray:
+    total = _variadic(np.add)(node, *xs)
+    return (total / len(xs)).astype(total.dtype)
+
+
 _UNARY = {
     "Relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
     "Sigmoid": scipy.special.expit, "Tanh": np.tanh, "Erf": scipy.special.erf,
@@ -286,6 +291,9 @@ register("Pow", 2, 2, lambda node, a, b: np.power(a, b.astype(a.dtype)).astype(a
 register("Dropout", 1, 3, _dropout)
 register("Max", 1, 1 << 30, _variadic(np.maximum))
 register("Min", 1, 1 << 30, _variadic(np.minimum))
+# onnx.reference sums into a copy of the first input: it fails when a later input is larger.
+register("Sum", 1, 1 << 30, _variadic(np.add))
+register("Mean", 1, 1 << 30, _mean)
 register("Clip", 1, 3, _clip)
 register("LeakyRelu", 1, 1, _leaky_relu)
 register("Gelu", 1, 1, _gelu)

@@ -339,8 +339,14 @@ def elem_type(dtype: str) -> int:
             raise SaturateError(f"dtype '{dtype}' has no ONNX equivalent") from None
 
 
+_ELEM_TYPES = frozenset(TensorProto.DataType.values())
+
+
 def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo | None:
-    return type_info(vi.type)
+    try:
+        return type_info(vi.type)
+    except SaturateError as err:
+        raise SaturateError(f"value '{vi.name}': {err}") from None
 
 
 def type_info(tp: onnx.TypeProto) -> ValueInfo | None:
@@ -348,13 +354,17 @@ def type_info(tp: onnx.TypeProto) -> ValueInfo | None:
     if not tp.HasField("tensor_type"):
         return None
     tt = tp.tensor_type
+    if tt.elem_type and tt.elem_type not in _ELEM_TYPES:
+        raise SaturateError(f"unknown tensor element type {tt.elem_type}")
     dtype = dtype_name(tt.elem_type) if tt.elem_type else "unknown"
     if not tt.HasField("shape"):
         return ValueInfo(dtype, None)
     dims: list[Any] = []
     for d in tt.shape.dim:
         if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
+            # A negative dim can only come from inference on an invalid node (an Expand to -3):
+            # unknown here, the node itself fails if it is run. Declared ones are refused on import.
+            dims.append(int(d.dim_value) if d.dim_value >= 0 else None)
         elif d.HasField("dim_param"):
             dims.append(d.dim_param)
         else:

@@ -348,7 +348,7 @@ def test_graph_validation_refuses_impossible_dims(dim):
 
     g = Graph(inputs=["x"], outputs=["y"], nodes=[Node("Relu", ["x"], ["y"])])
     g.values["x"] = ValueInfo("float32", (2, dim))
-    with pytest.raises(SaturateError, match=f"value 'x' is declared with dimension {dim}"):
+    with pytest.raises(SaturateError, match=f"value 'x' has dimension {dim}"):
         g.validate()
 
 
@@ -368,4 +368,17 @@ def test_terabyte_constant_of_shape_in_optimize(tmp_path, capsys):
     """optimize folds the ConstantOfShape (lang/builtins.py checks the constant's size)."""
     model = _save(tmp_path, _constant_of_shape(shape_input=False))
     _refused(capsys, _argv("optimize", model, tmp_path), "constant_of_shape", "4.0 TiB")
+    _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_unknown_element_type(where, command, tmp_path, capsys):
+    x = helper.make_tensor_value_info("x", 999 if where == "input" else TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", 999 if where == "output" else TensorProto.FLOAT, [2])
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], inputs=[x])
+    del model.graph.output[:]
+    model.graph.output.append(y)
+    _refused(capsys, _argv(command, _save(tmp_path, model), tmp_path),
+             f"value '{'x' if where == 'input' else 'y'}'", "unknown tensor element type 999")
     _nothing_written(tmp_path)

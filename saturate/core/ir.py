@@ -194,7 +194,7 @@ class Graph:
         for name, info in self.values.items():
             for d in info.shape or ():
                 if isinstance(d, (int, np.integer)) and not 0 <= d <= _MAX_DIM:
-                    raise SaturateError(f"value '{name}' is declared with dimension {d}, outside 0 to {_MAX_DIM}")
+                    raise SaturateError(f"value '{name}' has dimension {d}, outside 0 to {_MAX_DIM}")
         defined = set(self.inputs) | set(self.constants)
         for n in self.nodes:
             for i in n.inputs:

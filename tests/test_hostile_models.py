@@ -275,7 +275,7 @@ def _refused_without_hanging(capsys, argv, *words) -> None:
 
 
 @pytest.mark.parametrize("suffix", [".onnx", ".sat"])
-@pytest.mark.parametrize("command", ["show", "optimize"])
+@pytest.mark.parametrize("command", COMMANDS)
 def test_fifo_as_model(suffix, command, tmp_path, capsys):
     fifo = tmp_path / f"m{suffix}"
     os.mkfifo(fifo)

@@ -205,8 +205,9 @@ def test_a_cache_entry_that_does_not_match_its_digests_is_rebuilt(tmp_path, name
 
 
 def test_a_compiled_directory_whose_files_changed_is_a_one_line_error(tmp_path):
-    """`saturate run DIR` of a directory whose weights, library or module changed since it was compiled:
-    exit 2 and one line naming the file, not wrong outputs or a traceback."""
+    """`saturate run DIR` of a directory whose weights, library or module changed since it was compiled, or
+    holds a FIFO in a file's place: exit 2 and one line naming the file, not wrong outputs, a traceback or
+    a hang."""
     import shutil
 
     from saturate.backend import compile_graph
@@ -224,6 +225,16 @@ def test_a_compiled_directory_whose_files_changed_is_a_one_line_error(tmp_path):
         assert proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr == (f"saturate: error: {bad}: cannot load {name}: it does not match the sha256 "
                                "build.json records; compile the model again\n"), proc.stderr
+    # A FIFO in a file's place would block a read forever: refused unread.
+    for k, (name, why) in enumerate([("weights.bin", "cannot load weights.bin: it is missing or not a regular file"),
+                                     ("build.json", "no readable build.json")]):
+        bad = tmp_path / f"fifo{k}"
+        shutil.copytree(tmp_path / "good", bad)
+        (bad / name).unlink()
+        os.mkfifo(bad / name)
+        proc = saturate_cli("run", bad, timeout=60)
+        assert proc.returncode == 2 and proc.stderr == f"saturate: error: {bad}: {why}; compile the model again\n", \
+            proc.stderr
 
 
 @pytest.mark.slow

@@ -407,6 +407,23 @@ def file_digest(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+# build.json holds a few kilobytes; anything far larger in its place is not one (and is not read whole).
+FACTS_MAX_BYTES = 1 << 20
+
+
+def read_facts(directory: Path) -> dict | None:
+    """A build's build.json as a dict, or None when it is missing, not a regular file, too large or not
+    a JSON object."""
+    path = Path(directory) / FACTS
+    try:
+        if not regular_file(path) or os.stat(path).st_size > FACTS_MAX_BYTES:
+            return None
+        facts = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return facts if isinstance(facts, dict) else None
+
+
 def digests(directory: Path) -> dict[str, str]:
     """The sha256 of every file of a build but build.json, which records them."""
     return {name: file_digest(Path(directory) / name) for name in BUILD_FILES if name != FACTS}
@@ -416,11 +433,10 @@ def mismatch(directory: Path, key: str | None = None) -> str | None:
     """Why `directory` is not a finished build (of `key`, when given) whose every file matches the sha256
     its build.json recorded when it was built, as "FILE: reason"; None when it is one."""
     directory = Path(directory)
-    try:
-        facts = json.loads((directory / FACTS).read_text(encoding="utf-8"))
-        recorded = facts["files"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
+    facts = read_facts(directory)
+    if facts is None:
         return f"{FACTS}: it is missing or unreadable"
+    recorded = facts.get("files")
     if not isinstance(recorded, dict) or set(recorded) != set(BUILD_FILES) - {FACTS}:
         return f"{FACTS}: it lists no digests of the files of a build"
     if key is not None and facts.get("key") != key:
@@ -449,13 +465,10 @@ def verify(directory: Path) -> None:
 
 def runs_here(directory: Path) -> None:
     """Refuse a build this CPU cannot run: -march=native for another CPU, or AVX-512 where it is missing."""
-    try:
-        facts = json.loads((Path(directory) / FACTS).read_text(encoding="utf-8"))
-        target, cpu = facts["isa"], facts["cpu"]
-        if not isinstance(cpu, str):
-            raise TypeError(cpu)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
-        raise SaturateError(f"{directory}: no readable build.json; compile the model again") from None
+    facts = read_facts(directory) or {}
+    target, cpu = facts.get("isa"), facts.get("cpu")
+    if not isinstance(target, str) or not isinstance(cpu, str):
+        raise SaturateError(f"{directory}: no readable build.json; compile the model again")
     if target == "native" and cpu != cpu_features():
         model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("model name")),
                      "another CPU")

@@ -36,6 +36,10 @@ def _relu_scale(guarded: bool) -> Rule:
 KNOWN_UNSOUND = {
     # builtins._div divides int64 through float64: a / 1 is wrong past 2**53.
     "fold-div": "int64 division past 2**53",
+    # builtins._target writes an empty tensor's 0-sized dim as 0, which Reshape reads as "copy
+    # the input's dim" (x of shape (0, 0) unsqueezed at 1, (1, 0) squeezed at 0).
+    "unsqueeze-reshape": "targets of empty tensors",
+    "squeeze-reshape": "targets of empty tensors",
 }
 
 

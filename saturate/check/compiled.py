@@ -43,8 +43,9 @@ def directions(rule: Rule) -> list[bool]:
     return [cr.direction == "reverse" for cr in _compile(rule)[0]]
 
 
+@lru_cache(maxsize=1024)
 def compiled(rule: Rule, reverse: bool = False) -> CompiledSide:
-    """The compiled form of one direction of `rule`."""
+    """The compiled form of one direction of `rule` (one object per rule and direction)."""
     crs, enc = _compile(rule)
     want = "reverse" if reverse else "forward"
     for cr in crs:

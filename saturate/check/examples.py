@@ -32,6 +32,9 @@ class Example:
     opset: int = BASE_OPSET  # the graphs of both sides run at this opset
     # Variables whose values the planner chose (shapes, axes, pads), not drawn data.
     forced: frozenset[str] = frozenset()
+    # The engine's decision on the example as drawn, and the compiled side that made it.
+    decision: Any = dataclasses.field(default=None, compare=False, repr=False)
+    decided_by: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Example]:
@@ -60,7 +63,9 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
                           planner.node_ops, planner.node_dtypes.get((), "float32"), opset,
                           frozenset(planner.forced))
         # Guards decided as the engine decides them (saturate.engine.guards.decide).
-        assume(decide_example(side, example.values, example.consts, example.node_attrs) is not None)
+        example.decision = decide_example(side, example.values, example.consts, example.node_attrs)
+        example.decided_by = side
+        assume(example.decision is not None)
         return example
 
     return draw()

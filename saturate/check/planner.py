@@ -9,6 +9,7 @@ the other a broadcastable one, ...). Guards steer the drawing so that they hold:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -642,11 +643,42 @@ class Planner:
             return done[0]
 
         keys = ["kernel_shape", "strides", "pads"] + (["dilations"] if t.op == "MaxPool" else [])
-        draws = {k: (lambda a, k=k: geometry(a)[0][k]) for k in keys}
+        draws: dict[str, Callable] = {
+            # Explicit pads and floor mostly, as exporters write; the other modes now and then.
+            "auto_pad": lambda a: self.draw(st.sampled_from(["NOTSET"] * 3 + ["SAME_UPPER", "SAME_LOWER", "VALID"])),
+            "ceil_mode": lambda a: self.draw(st.sampled_from([0, 0, 1]))}
+        draws.update({k: (lambda a, k=k: geometry(a)[0][k]) for k in keys})
+        draws["pads"] = lambda a: None if (a.get("auto_pad") or "NOTSET") != "NOTSET" else geometry(a)[0]["pads"]
         draws.update(extra)
         attrs = self.attributes(t, path, draws)
         _, sides = geometry(attrs)
+        if (attrs.get("auto_pad") or "NOTSET") != "NOTSET" or attrs.get("ceil_mode"):
+            sides = self._window_sides(attrs, out[2:])
         self.term(t.args[0], out[:2] + sides, path + (0,))
+
+    def _window_sides(self, attrs: dict, out: tuple[int, ...]) -> tuple[int, ...]:
+        """Input sides a window of these attributes (any auto_pad, ceil_mode) maps to `out`:
+        found by trying every side up to the widest that can give it."""
+        n = len(out)
+        kernel = list(attrs.get("kernel_shape") or [1] * n)
+        strides = list(attrs.get("strides") or [1] * n)
+        dil = list(attrs.get("dilations") or [1] * n)
+        pads = list(attrs.get("pads") or [0] * (2 * n))
+        sides = []
+        for i in range(n):
+            one = {"auto_pad": attrs.get("auto_pad") or "NOTSET", "strides": [strides[i]], "dilations": [dil[i]],
+                   "pads": [pads[i], pads[n + i]]}
+            fits = []
+            for side in range(1, out[i] * strides[i] + dil[i] * (kernel[i] - 1) + 2):
+                try:
+                    got = window(one, [side], [kernel[i]], bool(attrs.get("ceil_mode"))).out[0]
+                except GeometryError:
+                    continue
+                if got == out[i]:
+                    fits.append(side)
+            assume(fits)
+            sides.append(self.draw(st.sampled_from(fits)))
+        return tuple(sides)
 
     def op_MaxPool(self, t, out, path) -> None:
         self._pool(t, out, path, {})
@@ -893,12 +925,15 @@ class Planner:
         node = Node(t.op, [f"in{k}" for k in range(len(args))], ["out"],
                     {key: v for key, v in attrs.items() if v is not None}, name=t.op)
         try:
-            with np.errstate(all="ignore"):
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # numpy's "mean of empty slice" and the like
                 result = eval_node(node, args, self.opset)
-        except Exception:  # any refusal (onnx.reference raises every kind) rejects the draw
+        except Exception as err:  # any refusal (onnx.reference raises every kind) rejects the draw
+            REFUSALS.setdefault(t.op, str(err).splitlines()[0] if str(err) else type(err).__name__)
             return None
         if not result or result[0] is None:
             return None
+        ACCEPTED.add(t.op)
         return tuple(int(d) for d in np.shape(result[0]))
 
     # ---- shape computations (int64 data about shapes, as exporters emit them) ---------------
@@ -1124,6 +1159,20 @@ class Planner:
         limit = start + (n - 1) * delta + (1 if delta > 0 else -1) * self.draw(st.integers(1, abs(delta)))
         for k, v in enumerate((start, limit, delta)):
             self.index_values(t.args[k], (), 0, 0, "Range's inputs", [v])
+
+
+# Per op of the generic rule, in this process: the first refusal of a drawn node, and whether
+# a draw was ever accepted (a rule whose op is never accepted is reported with the refusal).
+REFUSALS: dict[str, str] = {}
+ACCEPTED: set[str] = set()
+
+
+def refusal(ops: set[str]) -> str | None:
+    """Why no example could be drawn, when an op of the generic rule refused every draw."""
+    for op in sorted(ops):
+        if op in REFUSALS and op not in ACCEPTED:
+            return f"the interpreter refuses every drawn {op} node: {REFUSALS[op]}"
+    return None
 
 
 # Inputs of these names hold shape-like data the generic rule draws values for.

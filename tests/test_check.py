@@ -40,6 +40,7 @@ KNOWN_UNSOUND = {
     # the input's dim" (x of shape (0, 0) unsqueezed at 1, (1, 0) squeezed at 0).
     "unsqueeze-reshape": "targets of empty tensors",
     "squeeze-reshape": "targets of empty tensors",
+    "transpose-reshape": "targets of empty tensors",
 }
 
 

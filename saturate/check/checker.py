@@ -71,10 +71,27 @@ class _Broken(Exception):
 
 # ---- building graphs from terms ---------------------------------------------------------------
 
-def as_float64(example: Example) -> Example:
-    """The example with every float value widened to float64 (integers untouched)."""
-    values = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in example.values.items()}
+def as_float64(example: Example, keep: frozenset[str] = frozenset()) -> Example:
+    """The example with every float value widened to float64 (integers untouched), but those in
+    `keep`: values read for their dtype only (CastLike's second input)."""
+    values = {k: v.astype(np.float64) if v.dtype.kind == "f" and k not in keep else v
+              for k, v in example.values.items()}
     return dataclasses.replace(example, values=values)
+
+
+def _dtype_only(rule: Rule) -> frozenset[str]:
+    """Variables of the rule read for their dtype only: widened, they would change the result."""
+    found: set[str] = set()
+
+    def walk(t: Term) -> None:
+        if isinstance(t, OpTerm):
+            if t.op == "CastLike" and len(t.args) > 1 and isinstance(t.args[1], Var):
+                found.add(t.args[1].name)
+            for a in t.args:
+                walk(a)
+    walk(rule.lhs)
+    walk(rule.rhs)
+    return frozenset(found)
 
 
 def build_graph(term: Term, ex: Example) -> Graph:
@@ -161,7 +178,7 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool) -> tuple[Counter
         decide_example(side, example.values, example.consts, example.node_attrs)
     if decision is None:
         return None, False  # the engine would not fire here (a hand-built example may not match)
-    ex = as_float64(example)
+    ex = as_float64(example, _dtype_only(rule))
     try:
         lhs, scale_l = _run_graph(build_graph(side.cr.lhs, ex), ex)
     except SaturateError as err:

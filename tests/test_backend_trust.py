@@ -76,6 +76,7 @@ def check_against_ort(model, graph) -> None:
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(names=st.lists(hostile, min_size=10, max_size=10), graph_name=hostile)
 @example(names=["*/", "/*", "??/", "\\\n", "#", "v12", "int", "é" * 10_000, "%", "\n"], graph_name="*/ /*")
+@example(names=["a*b", "a%2Ab", "a_b", "a b", "a?b", "a\\b", "a\nb", "pw_0", "WT", "main"], graph_name="??/\n#error x")
 def test_hostile_names_never_become_code(tmp_path, names, graph_name):
     """Names of the graph, its nodes, values, inputs and outputs reach model.c and model.h only escaped:
     the build compiles, nothing of them runs, model.h compiles in a C program, the library and the loaded
@@ -100,6 +101,16 @@ def test_hostile_names_never_become_code(tmp_path, names, graph_name):
     for name in ("model.c", "model.h"):
         text = (out / name).read_text(encoding="ascii")
         assert "*/ __attribute__" not in text and "??/" not in text and "\\\n" not in text
+
+
+@given(st.text(max_size=200))
+def test_escaped_comment_text_cannot_end_a_comment_or_splice_a_line(text):
+    from saturate.backend.emit import comment_text
+
+    for limit in (5, 80, 10_000):
+        out = f"/* {comment_text(text, limit)} */"
+        assert out.isascii() and out.isprintable()
+        assert out.count("*/") == 1 and out.count("/*") == 1 and "??" not in out and "\\" not in out
 
 
 def test_the_issue_payload_in_a_graph_name_does_not_run_during_compile(tmp_path):

@@ -1,10 +1,15 @@
 """Property testing: derive consistent shapes and attributes for a pattern from its ops' semantics.
 
-The planner walks a pattern top-down. The root gets a drawn output shape; every op turns the
-shape asked of it into shapes for its arguments (a Conv's output fixes the input's batch and
-the weight's output channels, a broadcasting Add gives its main argument the full shape and
-the other a broadcastable one, ...). Guards steer the drawing so that they hold: a value under
-`positive` is drawn positive, one under `varies_only_along` along that axis only.
+The planner first draws a dtype for every value as the ops' ONNX type constraints allow
+(`assign_types`), then walks the pattern top-down. The root gets a drawn output shape; every op
+turns the shape asked of it into shapes for its arguments (a Conv's output fixes the input's
+batch and the weight's output channels, a broadcasting Add gives its main argument the full
+shape and the others broadcastable ones, ...). Ops with no such hand-written rule go to the
+generic one (`generic`): candidate input shapes, attributes and shape-like inputs, kept when the
+interpreter runs the node and gives the shape asked (or, for a term drawn from its inputs up,
+any shape). Attributes a pattern leaves free are drawn from the op's schema (schema.py).
+Guards steer the drawing so that they hold: a value under `positive` is drawn positive, one
+under `varies_only_along` along that axis only.
 """
 
 from __future__ import annotations
@@ -318,7 +323,7 @@ class Planner:
         returns the shape planned."""
         if isinstance(t, Var):
             if out is None:
-                out = self.shapes.get(t.name) or self.shape_for(self.template(t))
+                out = self.shapes[t.name] if t.name in self.shapes else self.shape_for(self.template(t))
             self.bind(t, out)
             return out
         if isinstance(t, (Num, Str, IntList, AttrVar)):

@@ -195,6 +195,11 @@ def test_cli_exit_codes(tmp_path, capsys):
     assert "FAIL  sub-wrong-sign" in capsys.readouterr().out
 
 
+def test_cli_jobs_must_be_positive(capsys):
+    assert main(["check", str(BAD_DIR / "sub_wrong_sign.rules"), "--jobs", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "saturate: error: --jobs must be at least 1"
+
+
 def test_cli_file_that_does_not_load_exits_2(tmp_path, capsys):
     broken = tmp_path / "broken.rules"
     broken.write_text("ruleset b level 2\nrule oops  Sub(x, c:const) => Add(x,\n")

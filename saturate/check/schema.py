@@ -29,8 +29,9 @@ DTYPE_WEIGHTS = {"float32": 8, "int64": 4, "float64": 2, "float16": 2, "int32": 
                  "int16": 1, "bool": 1}
 FLOATS = frozenset({"float16", "float32", "float64"})
 
-_ONNX_TYPE = {f"tensor({'double' if d == 'float64' else 'float' if d == 'float32' else 'float16' if d == 'float16' else d})": d
-              for d in DTYPE_WEIGHTS}
+# The schemas' type strings of those dtypes: tensor(float), tensor(double), tensor(int64)...
+_ONNX_NAME = {"float32": "float", "float64": "double"}
+_ONNX_TYPE = {f"tensor({_ONNX_NAME.get(d, d)})": d for d in DTYPE_WEIGHTS}
 
 
 def tensor_type(dtype: str) -> int:

@@ -395,7 +395,7 @@ def test_a_full_disk_during_compile_is_one_line_and_keeps_the_earlier_output(tmp
     import pathlib
     import shutil
 
-    from saturate.backend import build, compile_graph
+    from saturate.backend import compile_graph
 
     monkeypatch.setenv("SATURATE_CACHE", str(own_cache(tmp_path)))
     out = tmp_path / "out"

@@ -37,6 +37,7 @@ def import_model(model: onnx.ModelProto) -> Graph:
     opset, extra = _opsets(model)
     # Before anything reads a weight or a shape (the checker, inference, the converter).
     check_tensors(model)
+    _check_text(model)
     _check_declared_shapes(model.graph)
     skeleton = _without_weights(model)
     _check(skeleton)
@@ -56,7 +57,9 @@ def import_model(model: onnx.ModelProto) -> Graph:
         skeleton, model, weights = _convert(model, skeleton, opset)
         opset = MIN_OPSET
     try:
-        inferred = onnx.shape_inference.infer_shapes(skeleton, data_prop=True).graph
+        # Strict: a node whose inputs contradict its op (an Add of [2, 64] and [64, 128]) is refused
+        # here, naming the node and op, rather than optimized into a model ONNX Runtime refuses.
+        inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=True).graph
     except Exception as err:  # inference failures are the model's fault, not ours
         raise SaturateError(f"invalid ONNX model: shape inference failed: {_first_line(err)}") from None
     og = model.graph
@@ -156,9 +159,42 @@ def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     return skeleton
 
 
+def _check_text(model: onnx.ModelProto) -> None:
+    """Refuse a name that is not UTF-8. Protobuf hands such a string field over as bytes, which
+    every later stage would take for text (printing it, writing it to JSON or C)."""
+    def bad(value) -> bool:
+        return isinstance(value, bytes)
+
+    def graph(g: onnx.GraphProto, where: str) -> None:
+        if bad(g.name):
+            raise SaturateError(f"invalid ONNX model: the name of {where} is not UTF-8")
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            if bad(vi.name):
+                raise SaturateError(f"invalid ONNX model: a value name of {where} is not UTF-8")
+        for t in g.initializer:
+            if bad(t.name):
+                raise SaturateError(f"invalid ONNX model: an initializer name of {where} is not UTF-8")
+        for k, n in enumerate(g.node):
+            node = f"node {k} ({n.op_type if not bad(n.op_type) else '?'}) of {where}"
+            if any(bad(v) for v in (n.name, n.op_type, n.domain, *n.input, *n.output)):
+                raise SaturateError(f"invalid ONNX model: a name of {node} is not UTF-8")
+            for a in n.attribute:
+                if bad(a.name):
+                    raise SaturateError(f"invalid ONNX model: an attribute name of {node} is not UTF-8")
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    graph(sub, f"a subgraph of {node}")
+
+    if any(bad(v) for v in (model.producer_name, model.producer_version, model.domain)):
+        raise SaturateError("invalid ONNX model: the producer or domain is not UTF-8")
+    graph(model.graph, "the graph")
+
+
 def _check_declared_shapes(g: onnx.GraphProto) -> None:
-    """Refuse a graph input, output or value declared with a negative dimension."""
+    """Refuse a graph input, output or value declared with a negative dimension or an element type
+    ONNX does not define (before shape inference, whose message would not name the value)."""
     for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.HasField("tensor_type"):
+            _value_info(vi)
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
             dims = [d.dim_value for d in vi.type.tensor_type.shape.dim if d.HasField("dim_value")]
             if any(d < 0 for d in dims):
@@ -186,14 +222,21 @@ def _check(model: onnx.ModelProto) -> None:
            for vi in list(model.graph.input) + list(model.graph.output)):
         probe = onnx.ModelProto()
         probe.CopyFrom(model)
-        for vi in list(probe.graph.input) + list(probe.graph.output):
-            if vi.type.HasField("tensor_type"):
-                vi.type.tensor_type.shape.SetInParent()
+        _declare_io_rank_free(probe)
     _check_dataflow(model.graph)
     try:
         onnx.checker.check_model(probe)
     except onnx.checker.ValidationError as err:
         raise SaturateError(f"invalid ONNX model: {_first_line(err)}") from None
+    except UnicodeDecodeError as err:  # a name or attribute string that is not UTF-8
+        raise SaturateError(f"invalid ONNX model: a string is not UTF-8 ({err.reason} at byte {err.start})") from None
+
+
+def _declare_io_rank_free(model: onnx.ModelProto) -> None:
+    """Give every graph input and output without a shape an empty (rank-free) one."""
+    for vi in list(model.graph.input) + list(model.graph.output):
+        if vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.shape.SetInParent()
 
 
 def _check_dataflow(g: onnx.GraphProto) -> None:
@@ -571,6 +614,39 @@ def export_model(graph: Graph, weights: bool = True) -> onnx.ModelProto:
     return model
 
 
+def check_exported(graph: Graph, model: onnx.ModelProto) -> None:
+    """Refuse to write a model the ONNX checker would refuse, with types and shapes inferred
+    strictly (what its full check adds). `model` is `export_model(graph, weights=False)`; the
+    check sees small constants whole (shape arithmetic reads them) and large ones as typed
+    inputs, as on import."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    # Inference takes a declared value type over what it would infer (a Tile reading float
+    # repeats passes when its output is declared): infer every value afresh.
+    probe.graph.ClearField("value_info")
+    for name, arr in graph.constants.items():
+        arr = np.asarray(arr)
+        if arr.size <= _SKELETON_ELEMENTS:
+            _fill_tensor(probe.graph.initializer.add(), name, arr)
+        elif name not in graph.inputs:
+            probe.graph.input.append(helper.make_tensor_value_info(name, elem_type(str(arr.dtype)), arr.shape))
+    try:
+        # The full check wants a shape on every graph output: take those inference finds.
+        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=True, data_prop=True)
+        for vi, found in zip(probe.graph.output, inferred.graph.output):
+            if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape"):
+                vi.type.CopyFrom(found.type)
+        if all(vi.type.tensor_type.HasField("shape") for vi in probe.graph.output
+               if vi.type.HasField("tensor_type")):
+            onnx.checker.check_model(probe, full_check=True)     # also each op's type constraints
+        else:
+            _declare_io_rank_free(probe)
+            onnx.checker.check_model(probe)
+    except Exception as err:  # the checker's own error types differ between onnx versions
+        raise SaturateError(f"the result is not a valid ONNX model, so it was not written: "
+                            f"{_first_line(err)}") from None
+
+
 def model_pieces(graph: Graph) -> list[bytes | memoryview]:
     """The ONNX model `export_model` makes of `graph`, serialized, as pieces to write one after
     another: the model's other fields, then its graph, whose initializers follow its other fields,
@@ -578,6 +654,7 @@ def model_pieces(graph: Graph) -> list[bytes | memoryview]:
     so a reader sees exactly the model `export_model` returns. Serializing that model whole copied
     every weight twice more: 0.25-0.6 s and twice the weights' memory for convnext_tiny's 114 MB."""
     model = export_model(graph, weights=False)
+    check_exported(graph, model)
     if _io_without_shapes(model):
         # Inferring those shapes reads the weights (a Reshape's target, say): the whole model.
         return [export_model(graph).SerializeToString()]

@@ -382,3 +382,25 @@ def test_unknown_element_type(where, command, tmp_path, capsys):
     _refused(capsys, _argv(command, _save(tmp_path, model), tmp_path),
              f"value '{'x' if where == 'input' else 'y'}'", "unknown tensor element type 999")
     _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("command", ["show", "optimize"])
+def test_a_node_whose_inputs_contradict_its_op_is_refused_by_name(command, tmp_path, capsys):
+    # An Add of [2, 4] and [4, 3] (a MatMul renamed, say): ONNX Runtime refuses such a model, so
+    # optimize must not write one; the checker alone does not look at shapes.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3], [0.5] * 12)
+    model = _model([helper.make_node("Add", ["x", "w"], ["y"], name="mm")], inputs=[x], initializers=[w])
+    _refused(capsys, _argv(command, _save(tmp_path, model), tmp_path), "Add", "mm", "Incompatible dimensions")
+    _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("command", ["show", "optimize"])
+def test_a_name_that_is_not_utf8_is_refused(command, tmp_path, capsys):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    model = _model([helper.make_node("Relu", ["x"], ["y"], name="relu")], inputs=[x])
+    data = model.SerializeToString().replace(b"relu", b"r\x80lu")
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data)
+    _refused(capsys, _argv(command, str(path), tmp_path), "not UTF-8")
+    _nothing_written(tmp_path)

@@ -291,3 +291,15 @@ def test_local_functions_are_inlined_on_import():
     assert {o.domain for o in exported.opset_import} == {""}
     x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
     np.testing.assert_allclose(run_ort(exported, {"x": x})[0], run_ort(model, {"x": x})[0], rtol=1e-6)
+
+
+def test_a_graph_onnx_would_refuse_is_not_written(tmp_path):
+    # A MatMul turned into a Tile whose repeats are float weights: ONNX Runtime refuses the file,
+    # so saving it is an error naming the node and op, and nothing is left behind.
+    g = build("mlp")
+    node = g.nodes[0]
+    g.nodes[0] = dataclasses.replace(node, op="Tile")
+    out = tmp_path / "m.onnx"
+    with pytest.raises(SaturateError, match="not a valid ONNX model.*Tile.*matmul2"):
+        save_graph(g, str(out))
+    assert list(tmp_path.iterdir()) == []

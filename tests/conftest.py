@@ -32,3 +32,23 @@ def pytest_unconfigure(config):
     base = getattr(config, "_saturate_cache", None)
     if base:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-examples", type=int, default=25, metavar="N",
+                     help="examples per kind in tests/test_fuzz.py (default 25; more to fuzz longer)")
+
+
+import pytest  # noqa: E402  (after the hooks above, which must not need it)
+
+
+@pytest.fixture
+def fuzz_examples(request) -> int:
+    return request.config.getoption("--fuzz-examples")
+
+
+@pytest.fixture(autouse=True)
+def _memory_limit_per_test(monkeypatch):
+    """`--max-memory` sets an environment variable for child processes; a test that passes it to
+    main() in this process must not leave it to the tests after it."""
+    monkeypatch.delenv("SATURATE_MAX_MEMORY", raising=False)

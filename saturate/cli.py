@@ -11,7 +11,7 @@ import sys
 
 import saturate.commands
 from saturate.core import limits
-from saturate.core.errors import SaturateError
+from saturate.core.errors import SaturateError, error_text
 
 
 def command_names() -> list[str]:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         limits.set_max_memory(args.max_memory)
         return int(args._run(args) or 0)
     except SaturateError as err:
-        print(f"saturate: error: {err}", file=sys.stderr)
+        print(f"saturate: error: {error_text(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("saturate: interrupted", file=sys.stderr)

@@ -516,3 +516,16 @@ def test_a_scalar_graph_keeps_its_0d_output_when_constants_regroup():
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     y = sess.run(None, {"x": np.array(2.0, np.float32)})[0]
     assert y.shape == () and float(y) == (2.0 + 1.5 + 2.0) * 1.5
+
+
+def test_a_name_with_line_breaks_stays_on_the_error_line(tmp_path, capsys):
+    # Names are a model's text: a line break in one must not make a second line of output
+    # (a terminal, a log parser or CI reads one line per error).
+    name = "x\nsaturate: done\r"
+    x = helper.make_tensor_value_info(name, 999, [2])
+    node = helper.make_node("Relu", [name], ["y"])
+    graph = helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    assert main(["show", str(path)]) == 2
+    assert "value 'x\\nsaturate: done\\r'" in _one_error_line(capsys)

@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 
-from saturate.core.errors import SaturateError
+from saturate.core.errors import SaturateError, one_line
 from saturate.core.fileio import check_outputs, model_files, write_atomic, written_together
 from saturate.pipeline import MAX_ITERATIONS, MAX_NODES, TIMEOUT
 from saturate.progress import Status, saturation_callback, status
@@ -203,7 +203,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
         print(f"{len(outcomes) - len(failed)} of {len(outcomes)} models optimized in {seconds:.1f} s; "
               f"summary in {summary_path}")
     for o in failed:
-        print(f"saturate: error: {o.source}: {o.error}", file=sys.stderr)
+        print(f"saturate: error: {one_line(f'{o.source}: {o.error}')}", file=sys.stderr)
     return 2 if failed else 0
 
 

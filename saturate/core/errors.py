@@ -18,3 +18,21 @@ class SourceError(SaturateError):
         if source_line is not None:
             text += "\n    " + source_line.rstrip("\n") + "\n    " + " " * max(col - 1, 0) + "^"
         super().__init__(text)
+
+
+def one_line(text: str) -> str:
+    """`text` on one line: line breaks and other control characters (a model's names may hold
+    any) escaped as Python escapes them."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def error_text(err: SaturateError) -> str:
+    """What the CLI prints for `err`: one line, or for an error in a source file, that line, the
+    source line and a caret under the column."""
+    if isinstance(err, SourceError):
+        text = f"{one_line(err.file)}:{err.line}:{err.col}: {one_line(err.message)}"
+        if err.source_line is not None:
+            line = err.source_line.rstrip("\n")
+            text += "\n    " + one_line(line) + "\n    " + " " * len(one_line(line[:max(err.col - 1, 0)])) + "^"
+        return text
+    return one_line(str(err))

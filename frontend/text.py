@@ -9,6 +9,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+import onnx
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
@@ -17,6 +18,8 @@ from saturate.core.errors import SaturateError, SourceError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 from saturate.core.limits import check_allocation
 from saturate.core.ops import op_table
+
+AttrType = onnx.defs.OpSchema.AttrType
 
 # The text form is saturate's own and is read as written, never converted: from opset 13, the first
 # with today's forms of Softmax, Squeeze and Unsqueeze (ONNX models older than 14 are converted).
@@ -294,7 +297,33 @@ class _Reader:
                     node.attrs[str(key)] = self.opaque(*value.children, key=key)
                 else:
                     node.attrs[str(key)] = self.attr_value(value)
+                    if domain in ("", "ai.onnx"):
+                        self.check_attribute_kind(key, op_name, g.opset, node.attrs[str(key)])
         g.nodes.append(node)
+
+    def check_attribute_kind(self, key: Token, op: str, opset: int, value: Any) -> None:
+        """An attribute's value is of the kind the op's schema declares (a float for LeakyRelu's
+        alpha, not a string): every later stage reads it as that kind."""
+        try:
+            schema = onnx.defs.get_schema(op, opset)
+        except onnx.defs.SchemaError:
+            return          # no version of the op at this opset: the checker says so on import
+        spec = schema.attributes.get(str(key))
+        if spec is None:
+            return
+        numbers = (int, float, np.integer, np.floating)
+        kinds = {
+            AttrType.FLOAT: lambda v: isinstance(v, numbers) and not isinstance(v, bool),
+            AttrType.INT: lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, bool),
+            AttrType.STRING: lambda v: isinstance(v, (str, bytes)),
+            AttrType.FLOATS: lambda v: isinstance(v, list) and all(isinstance(x, numbers) for x in v),
+            AttrType.INTS: lambda v: isinstance(v, list) and all(isinstance(x, (int, np.integer)) for x in v),
+            AttrType.STRINGS: lambda v: isinstance(v, list) and all(isinstance(x, (str, bytes)) for x in v),
+            AttrType.TENSOR: lambda v: isinstance(v, np.ndarray),
+        }
+        fits = kinds.get(spec.type)
+        if fits is not None and not fits(value):
+            raise self.error(key, f"attribute '{key}' of {op} must be {spec.type.name}, not {value!r:.40}")
 
     # ---- types, data, attribute values -----------------------------------------------------
     def type(self, t: Tree) -> ValueInfo:

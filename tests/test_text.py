@@ -221,3 +221,11 @@ def test_show_bad_model_is_exit_2(capsys, tmp_path):
     assert f"saturate: error: {bad}:2:13: value '%x' is used before it is defined" in err
     with pytest.raises(SaturateError):
         load_graph(str(tmp_path / "missing.sat"))
+
+
+def test_an_attribute_of_the_wrong_kind_is_refused_where_written(tmp_path):
+    # LeakyRelu's alpha is a FLOAT: a string there reached the C backend's float formatting.
+    text = 'graph g opset 17\n  input %x: float32[1, 4]\n  %y: float32[1, 4] = LeakyRelu(%x){alpha="abc"}\n  output %y\n'
+    with pytest.raises(SourceError, match=r"m.sat:3:.*attribute 'alpha' of LeakyRelu must be FLOAT"):
+        parse_graph(text, file="m.sat")
+    assert parse_graph(text.replace('"abc"', "2"), file="m.sat").nodes[0].attrs["alpha"] == 2

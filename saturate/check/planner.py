@@ -539,6 +539,9 @@ class Planner:
             given = tuple(o if g != 1 else 1 for o, g in zip(out, given))
             if isinstance(a, OpTerm):
                 self.smaller_op(a, out, given, path + (main,))
+            elif isinstance(a, Var) and a.name in self.shapes:
+                have = self.shapes[a.name]
+                assume(_broadcasts(have, out) and np.broadcast_shapes(have, given) == tuple(out))
             elif isinstance(a, Var):
                 self.bind(a, self._complement(out, given))
             return out

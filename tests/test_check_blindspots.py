@@ -88,6 +88,17 @@ def test_rules_over_ops_without_a_shape_rule_are_checked(text):
     _fails(text, examples=100)
 
 
+@pytest.mark.parametrize("pattern", [
+    "Tile(x, r:const)", "Resize(x, roi, sc:const)", "ConvTranspose(x, w:const)", "InstanceNormalization(x, s, b)",
+    "ReduceSum(x, a:const)", "Gelu(x)", "Split(x)", "Greater(x, y)", "Softplus(Elu(x))", "Sum(x)",
+])
+def test_any_op_the_interpreter_runs_is_drawn(pattern):
+    # A rule rewriting a term to itself: it passes once inputs the op accepts are drawn (Gelu's
+    # graphs run at opset 20, the first that defines it).
+    result = check_rule(_rule(f"rule same  {pattern} => {pattern.replace(':const', '')}"), examples=20, seed=0)
+    assert result.status == "PASS" and result.examples == 20, format_result(result)
+
+
 def test_an_op_the_checker_cannot_draw_says_why():
     result = check_rule(_rule("rule loop  If(c) => c"), examples=5, seed=0)
     assert result.status == "NOGEN"

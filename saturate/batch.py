@@ -387,7 +387,9 @@ def _run_on_ray(jobs: list[Job], options: Options, cluster: str, done) -> list[O
     try:
         import ray
     except ImportError:
-        raise SaturateError("--cluster needs Ray: pip install 'saturate[cluster]'") from None
+        from saturate.core.extras import install_hint
+
+        raise SaturateError(f"--cluster needs Ray: {install_hint('cluster')}") from None
     try:
         ray.init(address=None if cluster == "local" else cluster, ignore_reinit_error=True,
                  log_to_driver=False, include_dashboard=False)

@@ -20,12 +20,9 @@ def command_names() -> list[str]:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from saturate.core.extras import version
 
-    try:
-        return version("saturate")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown (not installed)"
+    return version()
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

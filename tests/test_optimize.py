@@ -320,7 +320,7 @@ def test_cli_version_is_the_installed_packages(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0
-    assert capsys.readouterr().out == f"saturate {version('saturate')}\n"
+    assert capsys.readouterr().out == f"saturate {version('saturate-onnx')}\n"
 
 
 def test_cli_bad_input_is_one_clean_error(tmp_path, capsys):

@@ -164,8 +164,9 @@ def ort_session(graph: Graph, threads: int, onnx_bytes: bytes | None = None, spi
     ORT's threads spinning on after a run took a core from the C run that followed (MobileNetV2 at 2
     threads on 2 cores: C 4.6 ms alone, 8.7 ms right after a spinning ORT run, 5.2 ms after a
     non-spinning one), and from ORT's own next run (7.1 ms spinning, 3.5 ms not)."""
-    import onnxruntime as ort
+    from saturate.core.extras import need
 
+    ort = need("onnxruntime", "bench", "saturate bench")
     if onnx_bytes is None:
         from saturate.frontend.onnx_io import export_model
 

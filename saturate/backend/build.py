@@ -17,11 +17,13 @@ import sys
 import sysconfig
 import tempfile
 import time
+from importlib import resources
 from pathlib import Path
 
 from saturate.core.errors import SaturateError
 
-KERNELS_DIR = Path(__file__).resolve().parent
+# The C headers and binding.pyx, package data; a real folder, for the compiler's -I.
+KERNELS_DIR = Path(str(resources.files("saturate.backend"))).resolve()
 SANITIZE_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
 
 
@@ -41,10 +43,9 @@ def cpu_has_avx512() -> bool:
 
 def openblas() -> tuple[str, str, str]:
     """(include dir, library dir, library name) of the scipy-openblas32 wheel."""
-    try:
-        import scipy_openblas32 as ob
-    except ImportError:
-        raise SaturateError("the C backend needs the scipy-openblas32 package (pip install scipy-openblas32)") from None
+    from saturate.core.extras import need
+
+    ob = need("scipy_openblas32", "c", "the C backend", "scipy-openblas32")
     return ob.get_include_dir(), ob.get_lib_dir(), ob.get_library()
 
 
@@ -301,9 +302,11 @@ def build_key(source: str, weights: bytes, sanitize: bool = False, profile: bool
 def binding_key() -> str:
     """The hash of the Cython module's object: its source, Cython's, numpy's and Python's versions, the
     compiler."""
-    import Cython
     import numpy
 
+    from saturate.core.extras import need
+
+    Cython = need("Cython", "c", "the C backend", "cython")
     parts = [(KERNELS_DIR / "binding.pyx").read_text(), (KERNELS_DIR / "binding.h").read_text(),
              (KERNELS_DIR / "sat_api.h").read_text(), Cython.__version__, numpy.__version__, sys.version, EXTENSION,
              compiler_version(compiler()), " ".join(binding_flags())]

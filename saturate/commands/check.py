@@ -24,6 +24,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from saturate.core.extras import need
+
+    need("hypothesis", "check", "saturate check")
     from saturate.check.checker import check_rules, format_result
     from saturate.lang.parser import load_rulesets
 

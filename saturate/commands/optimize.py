@@ -28,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="batch: models optimized at once, in separate processes (default: all cores)")
     parser.add_argument("--cluster", metavar="ADDRESS",
                         help="batch: run on the Ray cluster at ADDRESS ('local' starts one here; needs "
-                             "pip install 'saturate[cluster]')")
+                             "pip install 'saturate-onnx[cluster]')")
     parser.add_argument("--quiet", action="store_true",
                         help="print nothing but errors (progress shows only on a terminal anyway)")
     parser.add_argument("--rules", nargs="+", action="extend", default=[], metavar="FILE_OR_DIR",

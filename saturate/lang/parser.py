@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -17,7 +18,9 @@ from saturate.core.inputs import RefusedFile, read_regular
 from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, RuleSet,
                                Spread, Str, Term, Var)
 
-RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
+# Package data: saturate/rules links to rules/ at the repository's top, and a wheel carries the files
+# there. Resolved, so a checkout's messages name rules/... as before.
+RULES_DIR = Path(str(resources.files("saturate") / "rules")).resolve()
 MAX_LEVEL = 3
 LEVELS = {0: "canonicalize", 1: "constant folding", 2: "batch-norm and add/mul folding",
           3: "scale-axis propagation"}

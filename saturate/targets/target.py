@@ -6,6 +6,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -20,7 +21,8 @@ from saturate.lang.ast import AttrVar, IntList, Loc, Num, OpTerm, Str, Term, Var
 from saturate.targets.composites import composite_cost, egraph_op
 from saturate.targets.composites import rules as composite_rules
 
-TARGETS_DIR = Path(__file__).resolve().parents[2] / "rules" / "targets"
+# Package data, like the standard rules (saturate.lang.parser.RULES_DIR).
+TARGETS_DIR = Path(str(resources.files("saturate") / "rules" / "targets")).resolve()
 DEFAULT_TARGET = "cpu"
 
 # A compiled cost formula: shape facts of one node in, cost out.

@@ -49,6 +49,34 @@ def openblas() -> tuple[str, str, str]:
     return ob.get_include_dir(), ob.get_lib_dir(), ob.get_library()
 
 
+# The OpenBLAS library a build links, under its soname (the name model.so and the module record as
+# needed). Every build holds a copy of it and finds it through an $ORIGIN RUNPATH, so a compiled
+# directory runs wherever it is copied, without the venv it was built in (the wheel ships no static
+# library to link instead).
+BLAS_FILE = "libscipy_openblas.so"
+
+
+def openblas_library() -> Path:
+    """The scipy-openblas32 wheel's shared library, which builds copy beside model.so."""
+    _, libdir, lib = openblas()
+    path = Path(libdir) / f"lib{lib}.so"
+    if path.name != BLAS_FILE or not regular_file(path):
+        raise SaturateError(f"{path}: not the library {BLAS_FILE} the C backend links; reinstall scipy-openblas32")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _stat_digest(path: str, stamp: tuple) -> str:
+    return file_digest(Path(path))
+
+
+def openblas_digest() -> str:
+    """The sha256 of openblas_library(), hashed again whenever the file changes (its inode, size or times)."""
+    path = openblas_library()
+    st = os.stat(path)
+    return _stat_digest(str(path), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+
+
 def openblas_core() -> str:
     """The kernel family OpenBLAS chose (it honours $OPENBLAS_CORETYPE), with a note when the
     CPU could run wider kernels than the ones pinned."""
@@ -138,7 +166,7 @@ EXTENSION = MODULE + importlib.machinery.EXTENSION_SUFFIXES[0]
 # targeted (a library built for another CPU is refused rather than run into SIGILL) and the sha256 of every
 # other file (a file changed since is refused rather than loaded).
 FACTS = "build.json"
-BUILD_FILES = ("model.c", "model.h", "weights.bin", "model.so", EXTENSION, FACTS, "build.key")
+BUILD_FILES = ("model.c", "model.h", "weights.bin", "model.so", EXTENSION, BLAS_FILE, FACTS, "build.key")
 
 
 def compile_flags(sanitize: bool = False, profile: bool = False, large: bool = False) -> list[str]:
@@ -170,11 +198,13 @@ def compile_command(source: Path, target: Path, sanitize: bool = False, profile:
 def link_command(objects: list[Path], target: Path, sanitize: bool = False) -> list[str]:
     """The command linking objects into a shared library against OpenBLAS. -Bsymbolic binds the model's
     own calls inside it, so a library loaded earlier that exports the same sat_* names never intercepts them;
-    the soname is the file's name, so a C program linked with DIR/model.so finds it by its rpath."""
+    the soname is the file's name, so a C program linked with DIR/model.so finds it by its rpath. The only
+    RUNPATH is $ORIGIN, the library's own directory, where the build puts its copy of OpenBLAS: nothing
+    resolves into the venv."""
     _, libdir, lib = openblas()
     return [compiler(), "-shared", "-pthread", *openmp_flags(), *(SANITIZE_FLAGS if sanitize else []), *map(str, objects),
             "-o", str(target), f"-Wl,-soname,{Path(target).name}", "-Wl,-Bsymbolic", f"-L{libdir}", f"-l{lib}",
-            f"-Wl,-rpath,{libdir}", "-lm"]
+            "-Wl,-rpath,$ORIGIN", "-lm"]
 
 
 def cache_root() -> Path:
@@ -207,12 +237,15 @@ def cache_limit_bytes() -> int:
 
 
 def _tree_bytes(directory: Path) -> int:
+    """A build's share of the disk: a file hard-linked from several places (the OpenBLAS copy every build
+    links to the cache's one) counts its size divided among its links."""
     total = 0
     for entry in os.scandir(directory):
         try:
-            total += entry.stat(follow_symlinks=False).st_size
+            st = entry.stat(follow_symlinks=False)
         except OSError:  # removed by another process meanwhile
-            pass
+            continue
+        total += st.st_size // max(st.st_nlink, 1)
     return total
 
 
@@ -252,6 +285,7 @@ def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path
     for entry in os.scandir(root) if root.is_dir() else ():
         stamp = Path(entry.path) / "build.key"
         if not entry.is_dir(follow_symlinks=False):
+            _prune_shared_blas(entry, now)
             continue
         if entry.name.startswith("."):
             try:
@@ -285,14 +319,28 @@ def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path
     return removed
 
 
+def _prune_shared_blas(entry: os.DirEntry, now: float) -> None:
+    """Remove a shared OpenBLAS copy no build links any more (an older OpenBLAS's) once unused for
+    STALE_SECONDS; shared_openblas() touches the one in use."""
+    if not (entry.name.startswith(SHARED_BLAS_PREFIX) and entry.name.endswith(".so")):
+        return
+    try:
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and now - st.st_mtime > STALE_SECONDS:
+            os.unlink(entry.path)
+    except OSError:
+        pass
+
+
 def build_key(source: str, weights: bytes, sanitize: bool = False, profile: bool = False) -> str:
     """The hash naming a build: the program, its weights, the kernels and binding it includes, the compiler
-    and its version, every flag, the CPU's features (-march=native) and the Python the module is for."""
+    and its version, every flag, the CPU's features (-march=native), the Python the module is for and the
+    OpenBLAS library the build holds a copy of."""
     kernels = b"".join(p.read_bytes() for p in sorted(KERNELS_DIR.glob("*.h")))
     large = source.count("SAT_TOC(") > LARGE_STEPS
     flags = " ".join(compile_command(Path("model.c"), Path("model.o"), sanitize, profile, large)
                      + link_command([Path("model.o")], Path("model.so"), sanitize))
-    facts = "\n".join([flags, compiler_version(compiler()), cpu_features(), EXTENSION, binding_key()])
+    facts = "\n".join([flags, compiler_version(compiler()), cpu_features(), EXTENSION, binding_key(), openblas_digest()])
     h = hashlib.sha256()
     for part in (source.encode(), kernels, weights, facts.encode()):
         h.update(hashlib.sha256(part).digest())
@@ -346,6 +394,53 @@ def binding_object() -> Path:
         os.replace(Path(tmp) / "binding.o", target)
         os.replace(Path(tmp) / "binding.sha256", stamp)
     return target
+
+
+# The cache's one copy of OpenBLAS is named SHARED_BLAS_PREFIX + its sha256: builds hard-link it rather than
+# each hold tens of megabytes of their own.
+SHARED_BLAS_PREFIX = "openblas-"
+
+
+def shared_openblas() -> Path:
+    """The cache's copy of openblas_library(), used only when it matches the library's sha256; anything else
+    there is copied again. Touched on use, so _prune_shared_blas keeps it."""
+    digest = openblas_digest()
+    root = cache_root()
+    target = root / f"{SHARED_BLAS_PREFIX}{digest[:24]}.so"
+    try:
+        if regular_file(target) and file_digest(target) == digest:
+            os.utime(target)
+            return target
+    except OSError:
+        pass
+    root.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{SHARED_BLAS_PREFIX}")
+    os.close(fd)
+    try:
+        shutil.copyfile(openblas_library(), tmp)
+        if file_digest(Path(tmp)) != digest:
+            raise SaturateError(f"{openblas_library()} changed while it was copied into the build cache; compile again")
+        os.replace(tmp, target)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def place_openblas(dest: Path) -> None:
+    """Put OpenBLAS at `dest`: a hard link to the cache's shared copy, or a copy where the file system has
+    no hard links; either way checked against the library's sha256."""
+    digest = openblas_digest()
+    try:
+        os.link(shared_openblas(), dest)
+    except OSError:
+        shutil.copyfile(openblas_library(), dest)
+    if file_digest(dest) != digest:  # the shared copy was replaced between its check and the link
+        dest.unlink()
+        shutil.copyfile(openblas_library(), dest)
+        if file_digest(dest) != digest:
+            raise SaturateError(f"{openblas_library()} changed while it was copied into the build cache; "
+                                "compile again")
 
 
 # After SIGTERM a compiler gets this long to remove its own temp files before its group is killed.
@@ -483,7 +578,8 @@ def runs_here(directory: Path) -> None:
 
 def build(source: str, weights: bytes, header: str, sanitize: bool = False, profile: bool = False) -> Path:
     """Compile one emitted model into the cache; returns the directory holding model.c, model.h,
-    weights.bin, model.so (the C library), the Python extension module, build.key and build.json.
+    weights.bin, model.so (the C library), the Python extension module, OpenBLAS (BLAS_FILE, hard-linked to
+    the cache's one copy), build.key and build.json.
 
     The directory is named by build_key, so the same graph on the same machine and toolchain compiles
     once; it is built beside its final name and renamed into place, so no reader sees half of it. A
@@ -531,6 +627,7 @@ def _build_into(root: Path, key: str, source: str, weights: bytes, header: str, 
         _run(link_command([obj], stage / "model.so", sanitize), f"linking {target / 'model.so'} failed", stage)
         _run(link_command([binding, obj], stage / EXTENSION, sanitize), f"linking {target / EXTENSION} failed", stage)
         obj.unlink()
+        place_openblas(stage / BLAS_FILE)
         (stage / "build.key").write_text(key)
         facts = {"key": key, "isa": isa(), "flags": compile_flags(sanitize, profile, large),
                  "compiler": compiler_version(compiler()), "cpu": cpu_features(), "files": digests(stage)}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from saturate.backend.build import BUILD_FILES, EXTENSION, MODULE, build, mismatch, runs_here, verify
+from saturate.backend.build import BLAS_FILE, BUILD_FILES, EXTENSION, MODULE, build, mismatch, runs_here, verify
 from saturate.backend.capi import api_source, header
 from saturate.backend.emit import Emitted, emit
 from saturate.backend.partition import Partition, Piece, partition
@@ -203,8 +203,9 @@ def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = N
     """Partition, emit, compile (cached by hash) and load a graph; returns a callable on numpy arrays.
 
     With `out_dir`, a graph that is one C segment is installed there (model.c, model.h, weights.bin,
-    model.so, the extension module, build.key); a graph cut by interpreter nodes gets segment k in
-    `out_dir`/segK plus manifest.json and graph.onnx (what the interpreter runs). The directory is
+    model.so, the extension module, a copy of OpenBLAS they find beside them, build.key, build.json); a
+    graph cut by interpreter nodes gets segment k in `out_dir`/segK plus manifest.json and graph.onnx (what
+    the interpreter runs). The directory is
     assembled beside its final name and renamed into place, so it never mixes two builds."""
     root = Path(out_dir) if out_dir else None
     if root is not None:
@@ -265,11 +266,17 @@ def _install(root: Path, built: list[Path], whole: bool, part: Partition, graph:
     try:
         mask = os.umask(0)
         os.umask(mask)
+        first_blas = None
         for k, src in enumerate(built):
             dest = stage if whole else stage / f"seg{k}"
             dest.mkdir(exist_ok=True)
             for name in BUILD_FILES:
-                shutil.copyfile(src / name, dest / name)
+                if name == BLAS_FILE and first_blas is not None:
+                    _link_or_copy(first_blas, dest / name)
+                else:
+                    # A real copy, never a link into the cache: the directory is shipped on its own.
+                    shutil.copyfile(src / name, dest / name)
+            first_blas = first_blas or dest / BLAS_FILE
             problem = mismatch(dest)
             if problem is not None:
                 raise SaturateError(f"the cached build {src} changed while it was copied ({problem}); "
@@ -295,6 +302,15 @@ def _install(root: Path, built: list[Path], whole: bool, part: Partition, graph:
         shutil.rmtree(stage, ignore_errors=True)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    """The segments of a cut graph share one OpenBLAS copy inside the output directory (hard links; a copy
+    where the file system has none)."""
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
 
 
 def load(directory: str | Path, threads: int = 1) -> CompiledModel:

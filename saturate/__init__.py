@@ -12,6 +12,14 @@ def optimize(graph: Graph, **options):
     return run_pipeline(graph, **options)
 
 
+def simplify(model, check_n: int = 1, overwrite_input_shapes=None, skip_rules=(), **options):
+    """onnxsim's API on saturate: an onnx.ModelProto or path in, (onnx.ModelProto, ok) out, `ok`
+    False when the result's outputs differ from the input's in ONNX Runtime (saturate.simplify)."""
+    from saturate.simplifier import simplify as run_simplify
+
+    return run_simplify(model, check_n, overwrite_input_shapes, skip_rules, **options)
+
+
 def compile_graph(graph: Graph, **options):
     """Compile a graph to C (saturate.backend); returns a callable on numpy arrays."""
     from saturate.backend import compile_graph
@@ -19,4 +27,4 @@ def compile_graph(graph: Graph, **options):
     return compile_graph(graph, **options)
 
 
-__all__ = ["compile_graph", "optimize", "Graph", "Node", "ValueInfo", "SaturateError", "SourceError"]
+__all__ = ["compile_graph", "optimize", "simplify", "Graph", "Node", "ValueInfo", "SaturateError", "SourceError"]

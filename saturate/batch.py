@@ -63,6 +63,10 @@ class Options:
     max_nodes: int
     timeout: float
     fold_initializer_inputs: bool
+    check: int = 0                                   # random inputs to compare in ONNX Runtime
+    force: bool = False                              # write a result that fails the check
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    skip: tuple[str, ...] = ()                       # rules not to use
 
 
 def expand_models(specs: Iterable[str]) -> list[str]:
@@ -162,14 +166,29 @@ def optimize_job(job: Job, options: Options) -> Outcome:
         from saturate.lang.parser import load_rules
         from saturate.pipeline import optimize
 
+        from saturate import simplifier
+
         graph = load_graph(job.source)
+        if options.input_shapes:
+            graph = simplifier.with_input_shapes(graph, dict(options.input_shapes))
         rules = load_rules(list(options.rule_paths), level=options.level, names=options.only)
+        rules = simplifier.without_rules(rules, options.skip)
         result, report = optimize(graph, rules, level=options.level, target=options.target,
                                   max_iterations=options.max_iterations, max_nodes=options.max_nodes,
                                   timeout=options.timeout, preserve=options.preserve,
                                   fold_initializer_inputs=options.fold_initializer_inputs)
+        failure = None
+        if options.check:
+            try:
+                failure = simplifier.check_outputs(graph, result, options.check)
+            except simplifier.Unchecked:
+                pass  # a model ONNX Runtime cannot run is optimized unchecked, as a single one is
+            if failure is not None and not options.force:
+                raise SaturateError(f"{failure}; not written (--force writes it)")
         with written_together():  # a model and its external data file, both or neither
             save_graph(result, job.output)
+        if failure is not None:
+            raise SaturateError(f"{failure}; written anyway (--force)")
         return Outcome(job.source, job.output, True, time.perf_counter() - start, len(graph.nodes),
                        len(result.nodes), report.run.stop_reason, cpu_seconds=time.process_time() - cpu)
     except BaseException as err:  # one model's failure (even an engine panic) must not stop the batch

@@ -294,7 +294,7 @@ def test_cli_writes_the_same_graph_as_the_api_and_a_report(tmp_path, capsys):
     report = json.loads(rep_path.read_text())
     assert report["stop_reason"] == "saturated"
     assert report["ops_before"]["BatchNormalization"] == 20 and "BatchNormalization" not in report["ops_after"]
-    assert set(report["times"]) == {"import", "encode", "saturate", "extract", "fold", "export"}
+    assert set(report["times"]) == {"import", "encode", "saturate", "extract", "fold", "check", "export"}
     assert len(report["egraph_sizes"]) == report["iterations"] + 1
     fired = {m["rule"]: m for m in report["matches"] if m["matches"]}
     assert "batchnorm" in fired and fired["batchnorm"]["at"].endswith(".rules:" + fired["batchnorm"]["at"].split(":")[-1])

@@ -19,7 +19,7 @@ def test_a_dim_read_from_a_shape_folds_to_a_scalar_constant():
     shape = b.op("Concat", b.const(np.array([-1], I64)), b.op("Unsqueeze", dim, b.const(np.array([0], I64))), axis=0)
     before = b.build(b.op("Reshape", "x", shape))
     after, _ = optimize(before, [RULES["shape-gather"]])
-    folded = [v for k, v in after.constants.items() if k.startswith("c_fold")]
+    folded = [v for k, v in after.constants.items() if k not in before.constants]
     assert [v.shape for v in folded] == [()]
     assert_same(before, after, b.sample())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
 from saturate.core.errors import SaturateError
@@ -16,16 +17,18 @@ HELP = ("emit C for a model and compile it to a shared library with a C header a
 
 
 def parse_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
-    """`name=1x3x224x224` pairs to a dict of shapes."""
+    """`name=1x3x224x224` (or onnxsim's spelling, `name:1,3,224,224`) pairs to a dict of shapes."""
     out = {}
     for spec in specs:
-        name, _, dims = spec.partition("=")
+        # A name may hold ':' (onnx::input_0): the onnxsim form splits at the last one.
+        name, _, dims = spec.partition("=") if "=" in spec else spec.rpartition(":")
         try:
-            out[name] = tuple(int(d) for d in dims.lower().split("x"))
+            out[name] = tuple(int(d) for d in re.split(r"[x,]", dims.lower()))
         except ValueError:
-            raise SaturateError(f"bad --input-shape '{spec}': expected NAME=D1xD2x...") from None
+            raise SaturateError(f"bad --input-shape '{spec}': expected NAME=D1xD2x... or NAME:D1,D2,...") from None
         if not name or any(d < 1 for d in out[name]):
-            raise SaturateError(f"bad --input-shape '{spec}': expected NAME=D1xD2x... with positive sizes")
+            raise SaturateError(f"bad --input-shape '{spec}': expected NAME=D1xD2x... or NAME:D1,D2,... "
+                                f"with positive sizes")
     return out
 
 

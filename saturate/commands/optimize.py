@@ -48,6 +48,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fold-initializer-inputs", action="store_true",
                         help="fold initializers that are also graph inputs as constants (by default they "
                              "stay inputs that a caller may override, as the ONNX spec says)")
+    parser.add_argument("--check", type=int, default=1, metavar="N",
+                        help="run N random inputs through the model and the result in ONNX Runtime and refuse "
+                             "a result whose outputs differ by a relative error over 1e-4 (exit 1; default "
+                             "%(default)s; 0: no check)")
+    parser.add_argument("--force", action="store_true", help="write the result even when --check finds it differs")
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:1,3,224,224",
+                        help="static shape for an input whose shape is symbolic, before optimizing (repeatable; "
+                             "NAME=1x3x224x224 as compile takes it works too)")
+    parser.add_argument("--skip", action="append", default=[], metavar="RULE",
+                        help="do not use this rule (repeatable; a name no loaded rule has is an error)")
     parser.add_argument("--report", metavar="R.json", help="write a JSON report")
     parser.add_argument("--html", metavar="R.html",
                         help="write a self-contained HTML page: the graph before and after, e-graph size "
@@ -68,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
     if is_batch(args.model):
         return run_batch_command(args)
     args.model = args.model[0]
+    _check_suffix(args.output)
+    if args.check < 0:
+        raise SaturateError("--check must be 0 (no check) or more random inputs")
     # Every output is checked before the work, so a bad --report never follows a written model.
     inputs = command_inputs([args.model], args.rules, not args.no_std, args.target)
     outputs = [("-o", args.output), ("-o's external data", data_file(args.output)),
@@ -75,10 +88,14 @@ def run(args: argparse.Namespace) -> int:
     check_outputs(outputs, inputs)
     # The model, report and page are renamed into place together once all are written.
     with status(args.quiet or args.trace, "load") as shown, written_together(inputs) as read:
-        report, functions = _optimize_one(args, shown, read, outputs)
+        report, functions, failure = _optimize_one(args, shown, read, outputs)
     if args.trace:
         print(format_report(report), file=sys.stderr)
-    elif not args.quiet:
+    if failure is not None:
+        kept = "written anyway (--force)" if args.force else "not written (--force writes it)"
+        print(f"saturate: error: {one_line(f'{args.model}: {failure}; {args.output} {kept}')}", file=sys.stderr)
+        return 1
+    if not args.quiet:
         print(summary_line(report, args.output))
     if args.partition and not args.quiet:
         print(f"partitioned into {len(functions)} functions" + "".join(f"\n  {f}" for f in functions))
@@ -95,9 +112,18 @@ def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str], outp
     times = {}
     t = time.perf_counter()
     graph = load_graph(args.model)
+    if args.input_shape:
+        from saturate.commands.compile import parse_shapes
+        from saturate.simplifier import with_input_shapes
+
+        graph = with_input_shapes(graph, parse_shapes(args.input_shape))
     times["import"] = time.perf_counter() - t
     paths = ([] if args.no_std else [RULES_DIR]) + list(args.rules)
     rules = load_rules(paths, level=args.level, names=args.only)
+    if args.skip:
+        from saturate.simplifier import without_rules
+
+        rules = without_rules(rules, args.skip)
     read.extend(sorted({r.loc.file for r in rules}))
     check_outputs(outputs, read)
     preserve = [p.strip() for p in args.preserve.split(",") if p.strip()]
@@ -112,6 +138,14 @@ def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str], outp
                                              keep_constants=args.keep_constants, rules=rules, **limits)
     else:
         result, report = optimize(graph, rules, target=args.target, preserve=preserve, **limits)
+    failure = None
+    if args.check:
+        shown.stage("check")
+        t = time.perf_counter()
+        failure = _check(args, graph, result)
+        report.times["check"] = time.perf_counter() - t
+        if failure is not None and not args.force:
+            return report, [], failure      # nothing is written
     shown.stage("export")
     t = time.perf_counter()
     functions: list[str] = []
@@ -130,7 +164,37 @@ def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str], outp
         from saturate.report.html import write_html
         shown.stage("html")
         write_html(args.html, graph, result, report, title=args.model)
-    return report, functions
+    return report, functions, failure
+
+
+def _check(args: argparse.Namespace, graph, result):
+    """The result against the input in ONNX Runtime on --check random inputs: a CheckFailure or
+    None; a model ONNX Runtime cannot run (or no ONNX Runtime) is a note, not a failure."""
+    from saturate.simplifier import Unchecked, check_outputs
+
+    after_model = None
+    if args.partition:
+        from saturate.partition import to_model
+
+        after_model = to_model(result).SerializeToString()
+    try:
+        return check_outputs(graph, result, args.check, after_model=after_model)
+    except Unchecked as why:
+        if not args.quiet:
+            print(f"saturate: note: {one_line(f'{args.model}: not checked: {why}')}", file=sys.stderr)
+        return None
+
+
+def _check_suffix(output: str) -> None:
+    """-o must say which form to write: a typo (`.onxx`) would otherwise write the text form."""
+    from pathlib import Path
+
+    from saturate.frontend import TEXT_SUFFIXES
+
+    suffix = Path(output).suffix.lower()
+    if suffix != ".onnx" and suffix not in TEXT_SUFFIXES:
+        raise SaturateError(f"-o {output}: unknown suffix '{Path(output).suffix}': write .onnx, or "
+                            f"{' or '.join(TEXT_SUFFIXES)} for the text form")
 
 
 def data_file(output: str) -> str | None:
@@ -162,7 +226,9 @@ def run_batch_command(args: argparse.Namespace) -> int:
     import os
 
     from saturate import batch
+    from saturate.commands.compile import parse_shapes
     from saturate.lang.parser import RULES_DIR, load_rules
+    from saturate.simplifier import without_rules
 
     for flag in ("report", "html", "partition", "trace"):
         if getattr(args, flag):
@@ -173,7 +239,10 @@ def run_batch_command(args: argparse.Namespace) -> int:
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise SaturateError(f"{args.output}: a batch writes into a directory, and this is a file")
     paths = ([] if args.no_std else [str(RULES_DIR)]) + list(args.rules)
-    load_rules(paths, level=args.level, names=args.only)  # a bad rule fails once, here, not per model
+    # A bad rule (or --skip, --input-shape) fails once, here, not per model.
+    without_rules(load_rules(paths, level=args.level, names=args.only), args.skip)
+    if args.check < 0:
+        raise SaturateError("--check must be 0 (no check) or more random inputs")
     inputs = command_inputs(models, args.rules, not args.no_std, args.target)
     os.makedirs(args.output, exist_ok=True)
     jobs = batch.plan_jobs(models, args.output)
@@ -183,7 +252,9 @@ def run_batch_command(args: argparse.Namespace) -> int:
                      for path in (job.output, data_file(job.output))], inputs)
     options = batch.Options(tuple(paths), args.level, tuple(args.only) if args.only else None, args.target,
                             tuple(p.strip() for p in args.preserve.split(",") if p.strip()),
-                            args.max_iterations, args.max_nodes, args.timeout, args.fold_initializer_inputs)
+                            args.max_iterations, args.max_nodes, args.timeout, args.fold_initializer_inputs,
+                            args.check, args.force, tuple(parse_shapes(args.input_shape).items()),
+                            tuple(args.skip))
     start = time.perf_counter()
     finished: dict[batch.Job, batch.Outcome] = {}
     with batch.stopped_by_signals():

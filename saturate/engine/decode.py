@@ -30,6 +30,33 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
         preferred.setdefault(cls, o)
 
     counters: dict[str, int] = {}
+    # Node names: a node keeps the name of the input graph's node whose value it computes (the
+    # matched root's, when a rewrite replaced it); names stay unique among the output's nodes.
+    producer_names = {o: n.name for n in g.nodes for o in n.outputs[:1] if o and n.name}
+    node_names: set[str] = set()
+    node_counters: dict[str, int] = {}
+
+    def node_name(cls: Any, value: str) -> str:
+        base = next((producer_names[v] for v in (value, *facts.names.get(cls, ())) if v in producer_names), value)
+        k = node_counters.get(base, 0)
+        name = base if k == 0 else f"{base}_{k}"
+        while name in node_names:
+            k += 1
+            name = f"{base}_{k}"
+        node_counters[base] = k + 1
+        node_names.add(name)
+        return name
+
+    def folded_name(cls: Any) -> str:
+        # A folded value that had a name in the input graph keeps it; else it is named after the
+        # first weight it was computed from (conv.weight_folded for a weight with a batch norm
+        # folded in), which is the one it usually replaces.
+        for n in facts.names.get(cls, ()):
+            if n not in used and n not in g.inputs and n not in g.constants and n not in g.outputs:
+                used.add(n)
+                return n
+        leaf = _first_weight(facts, cls)
+        return fresh(f"{leaf}_folded" if leaf else "folded")
 
     def fresh(base: str) -> str:
         # A counter per base keeps naming linear in the number of new values.
@@ -72,7 +99,7 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
             # A bare number from a rule becomes a float32 (or int64) tensor; folded expressions
             # keep the dtype numpy computed from the graph's own constants.
             arr = np.asarray(val, np.float32) if isinstance(val, float) else np.asarray(val)
-            name = fresh("c_fold")
+            name = folded_name(cls)
             # Shared read-only like the input's weights (a folded value may be a view of one: a
             # reshape), and copied only to lay it out in C order (not with np.ascontiguousarray:
             # it turns a 0-d value, a dim, into 1-d). Copying every folded weight was most of
@@ -85,6 +112,7 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
             src = enc.opaque_nodes[opq.key]
             if opq.key not in emitted_opaque:
                 emitted_opaque.add(opq.key)
+                node_names.add(src.name)
                 out.nodes.append(Node(src.op, [named[c] for c in opq.children], list(src.outputs),
                                       dict(src.attrs), src.name, src.domain))
                 used.update(o for o in src.outputs if o)
@@ -97,7 +125,7 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
         op, attrs = enc.attr_sets[node.key]
         name = name_for(cls)
         outputs = [name] + [fresh(f"{name}_{extra}") for extra in unread_outputs(op, attrs)]
-        out.nodes.append(Node(op, ins, outputs, dict(attrs), name=name, domain=domains.get(op, "")))
+        out.nodes.append(Node(op, ins, outputs, dict(attrs), name=node_name(cls, name), domain=domains.get(op, "")))
         out.values[name] = facts.info(cls)
         return name
 
@@ -119,12 +147,27 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
     for o, cls in zip(g.outputs, roots):
         src = named[cls]
         if src != o:
-            out.nodes.append(Node("Identity", [src], [o], name=fresh(o + "_id")))
+            out.nodes.append(Node("Identity", [src], [o], name=node_name(None, fresh(o + "_id"))))
             out.values[o] = g.info(o)
         out.outputs.append(o)
     out.remove_dead()
     out.validate()
     return out
+
+
+def _first_weight(facts: Facts, cls: Any, limit: int = 64) -> str | None:
+    """The name of the first input-graph constant a constant expression reads (breadth first,
+    looking at no more than `limit` e-classes), or None."""
+    seen, queue = {cls}, [cls]
+    while queue and len(seen) <= limit:
+        for node in facts.view.classes.get(queue.pop(0), ()):
+            if node.kind == "const" and isinstance(node.key, str):
+                return node.key
+            for c in node.children:
+                if c not in seen:
+                    seen.add(c)
+                    queue.append(c)
+    return None
 
 
 def unread_outputs(op: str, attrs: dict[str, Any]) -> tuple[str, ...]:

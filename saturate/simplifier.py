@@ -1,0 +1,189 @@
+"""An onnxsim-style API, `simplify(model) -> (model, ok)`, and what it shares with `saturate optimize`:
+input shapes overridden before optimizing, rules skipped by name, and the check of a result
+against ONNX Runtime on random inputs."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Graph, ValueInfo
+
+# The largest relative error (max |got - want| over max |want|, per output) a check allows: the
+# tolerance the project's other comparisons with ONNX Runtime use (tests/test_corpus.py).
+CHECK_TOLERANCE = 1e-4
+
+
+class Unchecked(Exception):
+    """The check could not run: ONNX Runtime is missing or cannot run the input model."""
+
+
+@dataclass
+class CheckFailure:
+    """A result that differs from its input: the output, its error, on which random input."""
+
+    output: str
+    error: float
+    sample: int
+    samples: int
+    detail: str = ""
+
+    def __str__(self) -> str:
+        if self.detail:
+            return f"check against ONNX Runtime failed: {self.detail}"
+        return (f"check against ONNX Runtime failed: output '{self.output}' differs by a relative error of "
+                f"{self.error:.3g} (allowed {CHECK_TOLERANCE:g}) on random input {self.sample} of {self.samples}")
+
+
+def simplify(model: Any, check_n: int = 1, overwrite_input_shapes: Mapping[str, Sequence[int]] | None = None,
+             skip_rules: Iterable[str] = (), *, rules: Iterable[str | os.PathLike] | None = None, level: int = 3,
+             target: str = "cpu", preserve: Iterable[str] = (), **options: Any):
+    """Optimize an ONNX model as `saturate optimize` does; returns (onnx.ModelProto, ok).
+
+    `model` is an onnx.ModelProto (left unchanged) or a path (.onnx, a text graph, example:NAME).
+    `check_n` random inputs are run through the input and the result in ONNX Runtime: `ok` is
+    False when an output differs by a relative error over CHECK_TOLERANCE (True with check_n=0,
+    and, with a warning, when ONNX Runtime is missing or cannot run the input model).
+    `overwrite_input_shapes` maps input names to static shapes; `skip_rules` names rules not to
+    use; `rules` are more rules files or directories, loaded beside the standard library.
+    Further keywords go to saturate.pipeline.optimize (timeout, max_nodes, ...)."""
+    import onnx
+
+    from saturate.frontend import load_graph
+    from saturate.frontend.onnx_io import import_model
+    from saturate.lang.parser import RULES_DIR, load_rules
+    from saturate.pipeline import optimize
+
+    if check_n < 0:
+        raise SaturateError(f"check_n must be 0 or more, not {check_n}")
+    if isinstance(model, onnx.ModelProto):
+        graph = import_model(model)
+    elif isinstance(model, (str, os.PathLike)):
+        graph = load_graph(os.fspath(model))
+    else:
+        raise SaturateError(f"simplify takes an onnx.ModelProto or a path, not {type(model).__name__}")
+    if overwrite_input_shapes:
+        graph = with_input_shapes(graph, {k: tuple(int(d) for d in v) for k, v in overwrite_input_shapes.items()})
+    chosen = without_rules(load_rules([RULES_DIR, *map(os.fspath, rules or ())], level=level), skip_rules)
+    result, _ = optimize(graph, chosen, level=level, target=target, preserve=tuple(preserve), **options)
+    ok = True
+    if check_n:
+        try:
+            ok = check_outputs(graph, result, check_n) is None
+        except Unchecked as why:
+            warnings.warn(f"saturate.simplify: not checked against ONNX Runtime: {why}", stacklevel=2)
+    return to_model(result), ok
+
+
+def to_model(graph: Graph):
+    """The ONNX model saturate would write for `graph`, checked as a written one is."""
+    import onnx
+
+    from saturate.frontend.onnx_io import model_pieces
+
+    return onnx.load_from_string(b"".join(bytes(p) for p in model_pieces(graph)))
+
+
+def without_rules(rules: list, names: Iterable[str]) -> list:
+    """`rules` but those named in `names`; a name no loaded rule has is an error (a typo would
+    otherwise skip nothing)."""
+    skip = set(names)
+    unknown = sorted(skip - {r.name for r in rules})
+    if unknown:
+        raise SaturateError(f"no rule named '{unknown[0]}' to skip among the rules loaded")
+    return [r for r in rules if r.name not in skip]
+
+
+def with_input_shapes(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> Graph:
+    """`graph` with these inputs given static shapes, every other shape inferred again from them
+    (the model is exported and imported once more: ONNX's inference does the work)."""
+    from saturate.commands.compile import check_shapes
+    from saturate.frontend.onnx_io import export_model, import_model, type_proto
+
+    check_shapes(graph, shapes)
+    model = export_model(graph)
+    for vi in model.graph.input:
+        if vi.name in shapes:
+            info = graph.info(vi.name)
+            vi.type.CopyFrom(type_proto(ValueInfo(info.dtype, tuple(shapes[vi.name]))))
+    # Values typed under the old shapes would contradict the new ones: inference starts afresh.
+    model.graph.ClearField("value_info")
+    try:
+        return import_model(model)
+    except SaturateError as err:
+        raise SaturateError(f"--input-shape: {err}") from None
+
+
+def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
+                  after_model: bytes | None = None) -> CheckFailure | None:
+    """Run both graphs in ONNX Runtime on `samples` random inputs (a symbolic dim taken as 1) and
+    compare every output: the first difference over CHECK_TOLERANCE, or None. `after_model` is
+    `after` serialized, when it is not what export_model makes of it (a partitioned graph's
+    functions). Raises Unchecked when ONNX Runtime is missing or cannot run `before`."""
+    try:
+        import onnxruntime  # noqa: F401  (only to know it is there)
+    except ImportError:
+        from saturate.core.extras import install_hint
+
+        raise Unchecked(f"onnxruntime is not installed ({install_hint('bench')}; --check 0 skips "
+                        f"the check)") from None
+    from saturate.backend.bench import ort_session, random_input
+
+    try:
+        want_session = ort_session(before, threads=0)
+    except Exception as err:
+        raise Unchecked(f"ONNX Runtime cannot load the input model: {_first_line(err)}") from None
+    try:
+        got_session = ort_session(after, threads=0, onnx_bytes=after_model)
+    except Exception as err:
+        return CheckFailure("", 0.0, 1, samples, f"ONNX Runtime cannot load the result: {_first_line(err)}")
+    feeds_of = [i for i in before.inputs if i not in before.constants]
+    names = [o.name for o in want_session.get_outputs()]
+    for k in range(samples):
+        rng = np.random.default_rng(seed + k)
+        feed = {}
+        for name in feeds_of:
+            info = before.info(name)
+            shape = tuple(d if isinstance(d, int) else 1 for d in (info.shape or ()))
+            feed[name] = random_input(rng, shape, info.dtype)
+        try:
+            want = dict(zip(names, want_session.run(names, feed)))
+        except Exception as err:
+            raise Unchecked(f"ONNX Runtime cannot run the input model on a random input: {_first_line(err)}") from None
+        try:
+            got = dict(zip(names, got_session.run(names, feed)))
+        except Exception as err:
+            return CheckFailure("", 0.0, k + 1, samples, f"ONNX Runtime cannot run the result: {_first_line(err)}")
+        for name in names:
+            error = _relative_error(got[name], want[name])
+            if not error <= CHECK_TOLERANCE:        # `not <=`: NaN fails
+                return CheckFailure(name, error, k + 1, samples)
+    return None
+
+
+def _relative_error(got: Any, want: Any) -> float:
+    """max |got - want| over max |want| (its finite values); the same NaN or infinity on both
+    sides is no difference, a NaN on one side is an infinite one."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return float("inf")
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    if same.all():
+        return 0.0
+    finite = np.isfinite(want)
+    scale = max(float(np.abs(want[finite]).max()), 1e-12) if finite.any() else 1.0
+    worst = float(np.where(same, 0.0, np.abs(got - want)).max())
+    return float("inf") if np.isnan(worst) else worst / scale
+
+
+def _first_line(err: BaseException) -> str:
+    from saturate.core.errors import one_line
+
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return one_line(lines[0] if lines else type(err).__name__)

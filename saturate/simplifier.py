@@ -84,9 +84,14 @@ def to_model(graph: Graph):
     """The ONNX model saturate would write for `graph`, checked as a written one is."""
     import onnx
 
+    return onnx.load_from_string(to_bytes(graph))
+
+
+def to_bytes(graph: Graph) -> bytes:
+    """`graph` as the .onnx bytes saturate writes (serialized piece by piece: no weight copied twice)."""
     from saturate.frontend.onnx_io import model_pieces
 
-    return onnx.load_from_string(b"".join(bytes(p) for p in model_pieces(graph)))
+    return b"".join(model_pieces(graph))
 
 
 def without_rules(rules: list, names: Iterable[str]) -> list:
@@ -132,14 +137,12 @@ def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
 
         raise Unchecked(f"onnxruntime is not installed ({install_hint('bench')}; --check 0 skips "
                         f"the check)") from None
-    from saturate.backend.bench import ort_session, random_input
-
     try:
-        want_session = ort_session(before, threads=0)
+        want_session = _session(before)
     except Exception as err:
         raise Unchecked(f"ONNX Runtime cannot load the input model: {_first_line(err)}") from None
     try:
-        got_session = ort_session(after, threads=0, onnx_bytes=after_model)
+        got_session = _session(after, after_model)
     except Exception as err:
         return CheckFailure("", 0.0, 1, samples, f"ONNX Runtime cannot load the result: {_first_line(err)}")
     feeds_of = [i for i in before.inputs if i not in before.constants]
@@ -150,7 +153,7 @@ def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
         for name in feeds_of:
             info = before.info(name)
             shape = tuple(d if isinstance(d, int) else 1 for d in (info.shape or ()))
-            feed[name] = random_input(rng, shape, info.dtype)
+            feed[name] = _random_input(rng, shape, info.dtype)
         try:
             want = dict(zip(names, want_session.run(names, feed)))
         except Exception as err:
@@ -164,6 +167,57 @@ def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
             if not error <= CHECK_TOLERANCE:        # `not <=`: NaN fails
                 return CheckFailure(name, error, k + 1, samples)
     return None
+
+
+# Weights of at least this many elements go to ONNX Runtime as arrays, not serialized in the model.
+_SHARED_ELEMENTS = 64
+
+
+def _session(graph: Graph, model: bytes | None = None):
+    """An ONNX Runtime session that runs `graph` (or `model`, its serialized form) as it is.
+
+    The weights are handed over as the graph's own arrays (external initializers): serializing
+    them and ONNX Runtime parsing them back cost most of a check. ORT's own graph rewrites are off:
+    they would cost more time than running a small model, and could hide a difference."""
+    import onnx
+    import onnxruntime as ort
+
+    from saturate.frontend.onnx_io import _fill_tensor, export_model
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3          # its warnings would interleave with saturate's one line
+    arrays: list = []
+    if model is None:
+        proto = export_model(graph, weights=False)
+        names = []
+        for name, value in graph.constants.items():
+            arr = np.asarray(value)
+            if arr.size < _SHARED_ELEMENTS or arr.dtype.kind not in "fiub":
+                _fill_tensor(proto.graph.initializer.add(), name, arr)
+                continue
+            tensor = proto.graph.initializer.add()
+            tensor.name, tensor.data_type = name, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
+            tensor.dims.extend(arr.shape)
+            # Never read: every such tensor's data is given below, and ORT takes it from there.
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            tensor.external_data.add(key="location", value="weights-given-by-saturate")
+            names.append(name)
+            arrays.append(ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr, arr.dtype.newbyteorder("="))))
+        opts.add_external_initializers(names, arrays)
+        model = proto.SerializeToString()
+    session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    session.saturate_weights = (opts, arrays)   # the arrays must live as long as the session
+    return session
+
+
+def _random_input(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Standard normal floats; 0 and 1 for integers (index-like inputs: token ids) and booleans.
+    (saturate.backend.bench.random_input draws alike; importing the backend costs more than a check.)"""
+    kind = np.dtype(dtype).kind if dtype != "unknown" else "f"
+    if kind in "iub":
+        return rng.integers(0, 2, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype if dtype != "unknown" else np.float32)
 
 
 def _relative_error(got: Any, want: Any) -> float:

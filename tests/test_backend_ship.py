@@ -220,7 +220,9 @@ def test_the_segments_of_a_cut_graph_each_find_openblas_in_their_own_folder(tmp_
     feed = {"a": w(3, 4)}
     want = compile_graph(g, out_dir=tmp_path / "m")(feed)["y"]
     segs = sorted((tmp_path / "m").glob("seg*"))
-    assert len(segs) == 2
+    assert len(segs) == 2  # one copy of OpenBLAS in the directory, which both segments hold
+    assert os.path.samefile(segs[0] / b.BLAS_FILE, segs[1] / b.BLAS_FILE)
+    assert (segs[0] / b.BLAS_FILE).stat().st_nlink == 2
     shutil.copytree(tmp_path / "m", tmp_path / "moved")
     shutil.rmtree(tmp_path / "m")
     for seg in sorted((tmp_path / "moved").glob("seg*")):
@@ -246,3 +248,26 @@ def test_an_unused_shared_openblas_is_pruned_and_one_in_use_is_kept(tmp_path, mo
         os.utime(p, (now - 2 * b.STALE_SECONDS, now - 2 * b.STALE_SECONDS))
     b.prune_cache(now=now)
     assert not old.exists() and linked.exists() and fresh.exists() and (root / "entry").is_dir()
+
+
+def test_openblas_is_linked_from_the_cache_copied_without_hard_links_and_a_changed_copy_replaced(tmp_path,
+                                                                                                 monkeypatch):
+    from saturate.backend import build as b
+
+    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    digest = b.openblas_digest()
+    assert b.place_openblas(tmp_path / "one") == digest
+    shared, = (tmp_path / "cache").glob(b.SHARED_BLAS_PREFIX + "*.so")
+    assert os.path.samefile(tmp_path / "one", shared) and b.file_digest(shared) == digest
+    with open(shared, "r+b") as f:  # changed in the cache: the next build gets a fresh copy, the old inode stays
+        f.write(b"\0" * 64)
+    assert b.place_openblas(tmp_path / "two") == digest and b.file_digest(tmp_path / "two") == digest
+    assert os.path.samefile(tmp_path / "two", shared) and not os.path.samefile(tmp_path / "one", shared)
+
+    def no_links(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    assert b.place_openblas(tmp_path / "three") == digest
+    assert (tmp_path / "three").stat().st_nlink == 1 and b.file_digest(tmp_path / "three") == digest

@@ -320,8 +320,8 @@ def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path
 
 
 def _prune_shared_blas(entry: os.DirEntry, now: float) -> None:
-    """Remove a shared OpenBLAS copy no build links any more (an older OpenBLAS's) once unused for
-    STALE_SECONDS; shared_openblas() touches the one in use."""
+    """Remove a shared OpenBLAS copy no build links any more (an older OpenBLAS's, or one all of whose builds
+    were evicted) once STALE_SECONDS old; a build that finds it gone meanwhile copies it again."""
     if not (entry.name.startswith(SHARED_BLAS_PREFIX) and entry.name.endswith(".so")):
         return
     try:
@@ -401,46 +401,43 @@ def binding_object() -> Path:
 SHARED_BLAS_PREFIX = "openblas-"
 
 
-def shared_openblas() -> Path:
-    """The cache's copy of openblas_library(), used only when it matches the library's sha256; anything else
-    there is copied again. Touched on use, so _prune_shared_blas keeps it."""
+def place_openblas(dest: Path) -> str:
+    """Put OpenBLAS at `dest`, a hard link to the cache's one copy (a copy where the file system has no hard
+    links), and return its sha256. The shared copy is used only when what `dest` then holds matches the
+    wheel's library; anything else there (missing, changed) is copied from the wheel again."""
     digest = openblas_digest()
-    root = cache_root()
-    target = root / f"{SHARED_BLAS_PREFIX}{digest[:24]}.so"
-    try:
-        if regular_file(target) and file_digest(target) == digest:
-            os.utime(target)
-            return target
-    except OSError:
-        pass
-    root.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{SHARED_BLAS_PREFIX}")
+    shared = cache_root() / f"{SHARED_BLAS_PREFIX}{digest[:24]}.so"
+    if _link_or_copy(shared, dest) and file_digest(dest) == digest:
+        return digest
+    if os.path.lexists(dest):
+        dest.unlink()
+    fd, tmp = tempfile.mkstemp(dir=shared.parent, prefix=f".{SHARED_BLAS_PREFIX}")
     os.close(fd)
     try:
         shutil.copyfile(openblas_library(), tmp)
-        if file_digest(Path(tmp)) != digest:
-            raise SaturateError(f"{openblas_library()} changed while it was copied into the build cache; compile again")
-        os.replace(tmp, target)
+        os.replace(tmp, shared)
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
-    return target
+    _link_or_copy(shared, dest)
+    if file_digest(dest) != digest:
+        raise SaturateError(f"{openblas_library()} changed while it was copied into the build cache {shared.parent}; "
+                            "compile again")
+    return digest
 
 
-def place_openblas(dest: Path) -> None:
-    """Put OpenBLAS at `dest`: a hard link to the cache's shared copy, or a copy where the file system has
-    no hard links; either way checked against the library's sha256."""
-    digest = openblas_digest()
+def _link_or_copy(shared: Path, dest: Path) -> bool:
+    """Hard-link `dest` to `shared`, or copy it where the file system has no hard links; False when `shared`
+    is missing or not a regular file."""
+    if not regular_file(shared):
+        return False
     try:
-        os.link(shared_openblas(), dest)
+        os.link(shared, dest)
+    except FileNotFoundError:  # removed by another process meanwhile
+        return False
     except OSError:
-        shutil.copyfile(openblas_library(), dest)
-    if file_digest(dest) != digest:  # the shared copy was replaced between its check and the link
-        dest.unlink()
-        shutil.copyfile(openblas_library(), dest)
-        if file_digest(dest) != digest:
-            raise SaturateError(f"{openblas_library()} changed while it was copied into the build cache; "
-                                "compile again")
+        shutil.copyfile(shared, dest)
+    return True
 
 
 # After SIGTERM a compiler gets this long to remove its own temp files before its group is killed.
@@ -522,9 +519,11 @@ def read_facts(directory: Path) -> dict | None:
     return facts if isinstance(facts, dict) else None
 
 
-def digests(directory: Path) -> dict[str, str]:
-    """The sha256 of every file of a build but build.json, which records them."""
-    return {name: file_digest(Path(directory) / name) for name in BUILD_FILES if name != FACTS}
+def digests(directory: Path, known: dict[str, str] | None = None) -> dict[str, str]:
+    """The sha256 of every file of a build but build.json, which records them; `known` gives the ones
+    just checked (OpenBLAS, tens of megabytes)."""
+    known = known or {}
+    return {name: known.get(name) or file_digest(Path(directory) / name) for name in BUILD_FILES if name != FACTS}
 
 
 def mismatch(directory: Path, key: str | None = None) -> str | None:
@@ -627,10 +626,11 @@ def _build_into(root: Path, key: str, source: str, weights: bytes, header: str, 
         _run(link_command([obj], stage / "model.so", sanitize), f"linking {target / 'model.so'} failed", stage)
         _run(link_command([binding, obj], stage / EXTENSION, sanitize), f"linking {target / EXTENSION} failed", stage)
         obj.unlink()
-        place_openblas(stage / BLAS_FILE)
+        blas = place_openblas(stage / BLAS_FILE)
         (stage / "build.key").write_text(key)
         facts = {"key": key, "isa": isa(), "flags": compile_flags(sanitize, profile, large),
-                 "compiler": compiler_version(compiler()), "cpu": cpu_features(), "files": digests(stage)}
+                 "compiler": compiler_version(compiler()), "cpu": cpu_features(),
+                 "files": digests(stage, {BLAS_FILE: blas})}
         (stage / FACTS).write_text(json.dumps(facts, indent=1) + "\n", encoding="utf-8")
         if os.path.lexists(target):  # a build that failed its digests, or a foreign entry under this name
             doomed = root / f".evicted.{key}.{os.getpid()}"

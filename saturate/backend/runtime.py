@@ -41,6 +41,8 @@ def load_module(directory: Path):
     with tempfile.TemporaryDirectory(prefix="saturate-module-") as tmp:
         source = path
         if real in _MODULES:
+            # The copy finds OpenBLAS without it beside it: the loader matches the needed name to the
+            # library of that soname the first load of this path brought in.
             source = Path(tmp) / EXTENSION
             shutil.copyfile(path, source)
         spec = importlib.util.spec_from_file_location(MODULE, source)
@@ -205,8 +207,8 @@ def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = N
     With `out_dir`, a graph that is one C segment is installed there (model.c, model.h, weights.bin,
     model.so, the extension module, a copy of OpenBLAS they find beside them, build.key, build.json); a
     graph cut by interpreter nodes gets segment k in `out_dir`/segK plus manifest.json and graph.onnx (what
-    the interpreter runs). The directory is
-    assembled beside its final name and renamed into place, so it never mixes two builds."""
+    the interpreter runs). The directory is assembled beside its final name and renamed into place, so it
+    never mixes two builds."""
     root = Path(out_dir) if out_dir else None
     if root is not None:
         check_output_dir(root)

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 from engine_util import Builder, assert_same, assert_same_ort, ops
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -678,3 +679,112 @@ def test_a_partitioned_batch_norm_in_training_mode_keeps_its_outputs_in_the_func
     bns = [n for f in model.functions for n in f.node if n.op_type == "BatchNormalization"]
     bns += [n for n in model.graph.node if n.op_type == "BatchNormalization"]
     assert len(bns) == 1 and len(bns[0].output) == 3
+
+
+# ---- --check, --input-shape, --skip, and outputs faithful to the input ---------------------
+def _named_model(tmp_path, batch="N") -> str:
+    """Conv -> BatchNormalization -> Relu with node names, a producer, IR version 13 (when onnx
+    knows it), doc strings and metadata: what an exporter writes."""
+    rng = np.random.default_rng(0)
+    weights = {"conv.weight": rng.standard_normal((4, 3, 3, 3)), "bn.scale": rng.random(4) + 0.5,
+               "bn.bias": rng.standard_normal(4), "bn.mean": rng.standard_normal(4), "bn.var": rng.random(4) + 0.5}
+    nodes = [helper.make_node("Conv", ["x", "conv.weight"], ["c"], name="/conv/Conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "bn.scale", "bn.bias", "bn.mean", "bn.var"], ["b"],
+                              name="/bn/BatchNormalization"),
+             helper.make_node("Relu", ["b"], ["y"], name="/relu/Relu", doc_string="a relu")]
+    graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 5, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4, 5, 5])],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+                              doc_string="graph doc")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="exporter",
+                              producer_version="2.1", doc_string="model doc")
+    model.ir_version = min(onnx.IR_VERSION, 13)
+    helper.set_model_props(model, {"author": "someone"})
+    path = tmp_path / "named.onnx"
+    onnx.save(model, path)
+    return str(path)
+
+
+def test_cli_check_refuses_a_rule_that_changes_outputs_unless_forced(tmp_path, capsys):
+    source = _named_model(tmp_path)
+    rules = tmp_path / "bad.rules"
+    rules.write_text("ruleset bad level 1\nrule drop-relu Relu(x) => x\n")
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    before = open(source, "rb").read()
+    assert main(["optimize", source, "-o", str(out), "--rules", str(rules), "--report", str(report)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("saturate: error: ")
+    assert "output 'y'" in err and "relative error of" in err and "not written (--force writes it)" in err
+    assert not out.exists() and not report.exists() and open(source, "rb").read() == before
+    assert main(["optimize", source, "-o", str(out), "--rules", str(rules), "--force"]) == 1
+    assert out.exists() and "written anyway" in capsys.readouterr().err
+    out.unlink()
+    assert main(["optimize", source, "-o", str(out), "--rules", str(rules), "--check", "0"]) == 0
+    assert out.exists()
+    assert main(["optimize", source, "-o", str(out), "--check", "-1"]) == 2
+
+
+def test_cli_check_passes_a_correct_result_and_a_batch_takes_it_too(tmp_path, capsys):
+    source = _named_model(tmp_path)
+    assert main(["optimize", source, "-o", str(tmp_path / "ok.onnx"), "--check", "3"]) == 0
+    rules = tmp_path / "bad.rules"
+    rules.write_text("ruleset bad level 1\nrule drop-relu Relu(x) => x\n")
+    out = tmp_path / "outs"
+    assert main(["optimize", source, "example:mlp", "-o", str(out), "--rules", str(rules), "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "check against ONNX Runtime failed" in err
+    assert not list(out.glob("*.onnx"))
+    assert main(["optimize", source, "example:mlp", "-o", str(out), "--rules", str(rules), "--jobs", "1",
+                 "--check", "0", "--skip", "drop-relu", "--input-shape", "x:1,3,5,5", "--quiet"]) == 2
+    assert "input 'x' has rank 2" in capsys.readouterr().err      # example:mlp's x: that job fails
+    assert [p.name for p in out.glob("*.onnx")] == ["named.onnx"]
+
+
+def test_cli_skip_leaves_a_rule_out_and_an_unknown_one_is_an_error(tmp_path, capsys):
+    source, out = _named_model(tmp_path), tmp_path / "out.onnx"
+    assert main(["optimize", source, "-o", str(out), "--skip", "batchnorm", "--quiet"]) == 0
+    assert "BatchNormalization" in [n.op_type for n in onnx.load(out).graph.node]
+    assert main(["optimize", source, "-o", str(out), "--skip", "batchnrom"]) == 2
+    assert capsys.readouterr().err == "saturate: error: no rule named 'batchnrom' to skip among the rules loaded\n"
+
+
+def test_cli_input_shape_makes_a_dynamic_input_static_in_either_spelling(tmp_path, capsys):
+    source, out = _named_model(tmp_path), tmp_path / "out.onnx"
+    for spec in ("x:2,3,5,5", "x=2x3x5x5"):
+        assert main(["optimize", source, "-o", str(out), "--input-shape", spec, "--quiet"]) == 0
+        model = onnx.load(out)
+        for vi in (model.graph.input[0], model.graph.output[0]):
+            assert [d.dim_value for d in vi.type.tensor_type.shape.dim][:2] == [2, 3 if vi.name == "x" else 4]
+    assert main(["optimize", source, "-o", str(out), "--input-shape", "x:2,3,6,5"]) == 2
+    assert "dim 2 of input 'x' is static, 5, not 6" in capsys.readouterr().err
+    assert main(["optimize", source, "-o", str(out), "--input-shape", "x:2,a"]) == 2
+    assert "bad --input-shape 'x:2,a'" in capsys.readouterr().err
+
+
+def test_cli_output_keeps_names_producer_ir_version_docs_and_metadata(tmp_path):
+    source, out = _named_model(tmp_path), tmp_path / "out.onnx"
+    assert main(["optimize", source, "-o", str(out), "--quiet"]) == 0
+    model, original = onnx.load(out), onnx.load(source)
+    onnx.checker.check_model(model, full_check=True)
+    assert (model.producer_name, model.producer_version, model.ir_version) == \
+        ("exporter", "2.1", original.ir_version)
+    assert (model.doc_string, model.graph.doc_string) == ("model doc", "graph doc")
+    assert [(p.key, p.value) for p in model.metadata_props] == [("author", "someone")]
+    assert [(n.op_type, n.name, n.doc_string) for n in model.graph.node] == \
+        [("Conv", "/bn/BatchNormalization", ""), ("Relu", "/relu/Relu", "a relu")]
+    assert sorted(t.name for t in model.graph.initializer) == ["bn.bias_folded", "conv.weight_folded"]
+    # Through the text form too.
+    text = tmp_path / "out.sat"
+    assert main(["optimize", source, "-o", str(text), "--quiet"]) == 0
+    assert main(["optimize", str(text), "-o", str(out), "--quiet"]) == 0
+    assert (onnx.load(out).producer_name, onnx.load(out).ir_version) == ("exporter", original.ir_version)
+
+
+def test_cli_refuses_an_unknown_output_suffix_and_trace_says_what_it_wrote(tmp_path, capsys):
+    source = _named_model(tmp_path)
+    assert main(["optimize", source, "-o", str(tmp_path / "out.onxx")]) == 2
+    assert capsys.readouterr().err.startswith("saturate: error: -o ")
+    assert not list(tmp_path.glob("out*"))
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", source, "-o", str(out), "--trace"]) == 0
+    assert f"wrote {out}: " in capsys.readouterr().out

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
+from saturate.lang import builtins
 from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES, broadcast_shape
 
 F = CONST_FUNCS
@@ -385,3 +386,16 @@ def test_pow_keeps_the_base_dtype_as_onnx_does():
     assert out.dtype == np.float32
     close(out, run_onnx("Pow", [base, np.array([2, -1, 0], np.int64)]))
     assert F["pow"].impl(np.array([2, 3], np.int64), 2).dtype == np.int64
+
+
+def test_integer_division_is_exact_and_truncates():
+    # Through float64 a quotient past 2**53 is rounded: INT64_MAX / 1 came back as INT64_MIN.
+    a = np.array([np.iinfo(np.int64).max, -7, 7, -7, 7], np.int64)
+    b = np.array([1, 2, -2, -2, 2], np.int64)
+    assert builtins._div(a, b).tolist() == [np.iinfo(np.int64).max, -3, -3, 3, 3]
+
+
+def test_reshape_targets_of_empty_tensors_say_zero_only_where_the_input_has_it():
+    # A 0 in a Reshape target copies the input's dim: (1, 0) squeezed at 0 is not Reshape(x, [0]).
+    assert builtins._target((1, 0), (0,)) is None
+    assert builtins._target((0, 3), (0, 1, 3)).tolist() == [0, 1, 3]

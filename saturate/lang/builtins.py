@@ -152,7 +152,11 @@ def _elementwise(fn: Callable[..., Any]) -> Callable[..., np.ndarray]:
 def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # ONNX integer division truncates toward zero; numpy's // floors.
     if np.issubdtype(np.result_type(a, b), np.integer):
-        return np.trunc(np.true_divide(a, b))
+        # Exactly, in the integers: through float64 a quotient past 2**53 is rounded.
+        a, b = np.asarray(a), np.asarray(b)
+        with np.errstate(divide="ignore", over="ignore"):
+            q, r = np.divmod(a, b)
+        return q + ((r != 0) & ((a < 0) != (b < 0))).astype(q.dtype)
     return np.true_divide(a, b)
 
 
@@ -612,6 +616,10 @@ def _target(dims: Shape, out: tuple) -> np.ndarray | None:
     got: list[int | None] = []
     for j, e in enumerate(out):
         if isinstance(e, (int, np.integer)):
+            # A 0 in a Reshape target copies the input's dim there: it says 0 only where the
+            # input has a 0 at that index (an empty tensor's other sides cannot be written).
+            if e == 0 and not (j < len(dims) and dims[j] == 0):
+                return None
             got.append(int(e))
         elif j < len(dims) and dims[j] == e:
             got.append(0)

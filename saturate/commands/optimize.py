@@ -78,7 +78,6 @@ def run(args: argparse.Namespace) -> int:
     if is_batch(args.model):
         return run_batch_command(args)
     args.model = args.model[0]
-    _check_suffix(args.output)
     if args.check < 0:
         raise SaturateError("--check must be 0 (no check) or more random inputs")
     # Every output is checked before the work, so a bad --report never follows a written model.
@@ -86,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     outputs = [("-o", args.output), ("-o's external data", data_file(args.output)),
                ("--report", args.report), ("--html", args.html)]
     check_outputs(outputs, inputs)
+    _check_suffix(args.output)
     # The model, report and page are renamed into place together once all are written.
     with status(args.quiet or args.trace, "load") as shown, written_together(inputs) as read:
         report, functions, failure = _optimize_one(args, shown, read, outputs)

@@ -421,15 +421,7 @@ class Planner:
         """The op's attributes: literals as written, captures reused once bound, the rest drawn.
         `draws` maps a key to a function of the attributes fixed so far that draws a value."""
         written = dict(t.attrs)
-        fixed: dict[str, Any] = {}
-        for key, value in written.items():
-            if isinstance(value, AttrVar):
-                if value.name in self.attrs:
-                    fixed[key] = self.attrs[value.name]
-            elif isinstance(value, (Num, Str)):
-                fixed[key] = value.value
-            elif isinstance(value, IntList):
-                fixed[key] = list(value.values)
+        fixed = self.written_attrs(t)
         result = dict(fixed)
         for key, fn in draws.items():
             if key not in result:

@@ -788,3 +788,13 @@ def test_cli_refuses_an_unknown_output_suffix_and_trace_says_what_it_wrote(tmp_p
     out = tmp_path / "out.onnx"
     assert main(["optimize", source, "-o", str(out), "--trace"]) == 0
     assert f"wrote {out}: " in capsys.readouterr().out
+
+
+def test_a_node_for_a_value_the_input_had_no_node_for_is_named_after_its_reader():
+    # Attention's projections: MatMul + Add on 3-d values become Reshape -> Gemm -> Reshape.
+    graph = load_graph("corpus:encoder-ts")
+    out, _ = optimize(graph, RULES)
+    names = [n.name for n in out.nodes]
+    assert len(set(names)) == len(names)
+    gemms = [n for n in out.nodes if n.op == "Gemm" and n.name not in {m.name for m in graph.nodes}]
+    assert gemms and all(n.name.endswith("/Gemm") and n.name.startswith("/encoder/") for n in gemms)

@@ -35,9 +35,15 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
     producer_names = {o: n.name for n in g.nodes for o in n.outputs[:1] if o and n.name}
     node_names: set[str] = set()
     node_counters: dict[str, int] = {}
+    invented_names: set[str] = set()
+
+    invented: list[Node] = []      # op nodes computing a value the input graph had no node for
 
     def node_name(cls: Any, value: str) -> str:
-        base = next((producer_names[v] for v in (value, *facts.names.get(cls, ())) if v in producer_names), value)
+        base = next((producer_names[v] for v in (value, *facts.names.get(cls, ())) if v in producer_names), None)
+        if base is None:
+            invented_names.add(value)
+            base = value
         k = node_counters.get(base, 0)
         name = base if k == 0 else f"{base}_{k}"
         while name in node_names:
@@ -126,6 +132,8 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
         name = name_for(cls)
         outputs = [name] + [fresh(f"{name}_{extra}") for extra in unread_outputs(op, attrs)]
         out.nodes.append(Node(op, ins, outputs, dict(attrs), name=node_name(cls, name), domain=domains.get(op, "")))
+        if name in invented_names:
+            invented.append(out.nodes[-1])
         out.values[name] = facts.info(cls)
         return name
 
@@ -151,8 +159,33 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
             out.values[o] = g.info(o)
         out.outputs.append(o)
     out.remove_dead()
+    _name_after_readers(out, invented, node_names)
     out.validate()
     return out
+
+
+def _name_after_readers(graph: Graph, invented: list[Node], taken: set[str]) -> None:
+    """Name each node of `invented` (its value had no node in the input graph) after the node that
+    reads it: `<reader's name>/Reshape` for a Reshape a rewrite put before a Gemm. Readers come
+    after their operands' nodes, so going backwards a chain of such nodes takes its end's name."""
+    ids = {id(n) for n in invented}
+    if not ids:
+        return
+    reader: dict[str, Node] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            reader.setdefault(i, n)
+    for n in reversed(graph.nodes):
+        r = reader.get(n.outputs[0]) if id(n) in ids else None
+        if r is None:
+            continue
+        base = name = f"{r.name}/{n.op}"
+        k = 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.discard(n.name)
+        taken.add(name)
+        n.name = name
 
 
 def _first_weight(facts: Facts, cls: Any, limit: int = 64) -> str | None:

@@ -187,6 +187,9 @@ def _session(graph: Graph, model: bytes | None = None):
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3          # its warnings would interleave with saturate's one line
+    # One thread: starting a pool of them cost more than it saved on one run (a third of a check
+    # of MobileNetV2 went to it, more on a busy machine).
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
     arrays: list = []
     if model is None:
         proto = export_model(graph, weights=False)

@@ -68,7 +68,7 @@ def simplify(model: Any, check_n: int = 1, overwrite_input_shapes: Mapping[str, 
     else:
         raise SaturateError(f"simplify takes an onnx.ModelProto or a path, not {type(model).__name__}")
     if overwrite_input_shapes:
-        graph = with_input_shapes(graph, {k: tuple(int(d) for d in v) for k, v in overwrite_input_shapes.items()})
+        graph = with_input_shapes(graph, {k: _dims(k, v) for k, v in overwrite_input_shapes.items()})
     chosen = without_rules(load_rules([RULES_DIR, *map(os.fspath, rules or ())], level=level), skip_rules)
     result, _ = optimize(graph, chosen, level=level, target=target, preserve=tuple(preserve), **options)
     ok = True
@@ -78,6 +78,16 @@ def simplify(model: Any, check_n: int = 1, overwrite_input_shapes: Mapping[str, 
         except Unchecked as why:
             warnings.warn(f"saturate.simplify: not checked against ONNX Runtime: {why}", stacklevel=2)
     return to_model(result), ok
+
+
+def _dims(name: str, dims: Any) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(d) for d in dims)
+    except (TypeError, ValueError):
+        shape = ()
+    if not shape or any(d < 1 for d in shape):
+        raise SaturateError(f"overwrite_input_shapes['{name}']: expected positive sizes, not {dims!r}")
+    return shape
 
 
 def to_model(graph: Graph):
@@ -119,9 +129,12 @@ def with_input_shapes(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> Gr
     # Values typed under the old shapes would contradict the new ones: inference starts afresh.
     model.graph.ClearField("value_info")
     try:
-        return import_model(model)
+        shaped = import_model(model)
     except SaturateError as err:
         raise SaturateError(f"--input-shape: {err}") from None
+    # What import read beside the model's fields (the nodes it marks as preserved) is kept.
+    shaped.meta = {**graph.meta, **shaped.meta}
+    return shaped
 
 
 def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,

@@ -112,3 +112,19 @@ def test_an_old_ir_version_stays_and_one_the_opset_needs_is_raised_to():
 def test_not_a_model_is_one_error():
     with pytest.raises(SaturateError, match="onnx.ModelProto or a path"):
         saturate.simplify(b"\x08\x07")
+
+
+def test_bad_input_shapes_are_one_error():
+    for dims in (["a"], [0, 3, 5, 5], 5):
+        with pytest.raises(SaturateError, match="expected positive sizes"):
+            saturate.simplify(conv_bn_relu(batch="N"), overwrite_input_shapes={"x": dims})
+
+
+def test_a_model_onnx_runtime_cannot_run_is_optimized_with_a_warning():
+    node = helper.make_node("Foo", ["x"], ["y"], domain="com.example", name="foo")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    with pytest.warns(UserWarning, match="not checked against ONNX Runtime.*com.example:Foo"):
+        out, ok = saturate.simplify(model)
+    assert ok and [n.name for n in out.graph.node] == ["foo"]

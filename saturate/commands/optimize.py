@@ -241,6 +241,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
     paths = ([] if args.no_std else [str(RULES_DIR)]) + list(args.rules)
     # A bad rule (or --skip, --input-shape) fails once, here, not per model.
     without_rules(load_rules(paths, level=args.level, names=args.only), args.skip)
+    shapes = tuple(parse_shapes(args.input_shape).items())
     if args.check < 0:
         raise SaturateError("--check must be 0 (no check) or more random inputs")
     inputs = command_inputs(models, args.rules, not args.no_std, args.target)
@@ -253,7 +254,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
     options = batch.Options(tuple(paths), args.level, tuple(args.only) if args.only else None, args.target,
                             tuple(p.strip() for p in args.preserve.split(",") if p.strip()),
                             args.max_iterations, args.max_nodes, args.timeout, args.fold_initializer_inputs,
-                            args.check, args.force, tuple(parse_shapes(args.input_shape).items()),
+                            args.check, args.force, shapes,
                             tuple(args.skip))
     start = time.perf_counter()
     finished: dict[batch.Job, batch.Outcome] = {}

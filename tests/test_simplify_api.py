@@ -92,7 +92,7 @@ def test_the_result_keeps_names_producer_ir_version_docs_and_metadata():
     assert (out.doc_string, out.graph.doc_string, out.model_version, out.domain) == \
         ("the model's doc", "the graph's doc", 3, "org.example")
     assert {p.key: p.value for p in out.metadata_props} == {"author": "someone", "license": "MIT"}
-    assert [i.opset_import for i in [out]][0][0].version == 17
+    assert [(o.domain, o.version) for o in out.opset_import] == [("", 17)]
     names = {n.op_type: n.name for n in out.graph.node}
     # The Conv that computes what the batch norm did is named after the node it replaced.
     assert names == {"Conv": "/bn/BatchNormalization", "Relu": "/relu/Relu", "Flatten": "/flatten/Flatten"}

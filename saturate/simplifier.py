@@ -146,9 +146,7 @@ def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
     try:
         import onnxruntime  # noqa: F401  (only to know it is there)
     except ImportError:
-        from saturate.core.extras import install_hint
-
-        raise Unchecked(f"onnxruntime is not installed ({install_hint('bench')}; --check 0 skips "
+        raise Unchecked(f"onnxruntime is not installed (pip install onnxruntime; --check 0 skips "
                         f"the check)") from None
     try:
         want_session = _session(before)

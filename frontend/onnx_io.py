@@ -59,7 +59,7 @@ def import_model(model: onnx.ModelProto) -> Graph:
     try:
         # Strict: a node whose inputs contradict its op (an Add of [2, 64] and [64, 128]) is refused
         # here, naming the node and op, rather than optimized into a model ONNX Runtime refuses.
-        inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=True, data_prop=True).graph
+        inferred = infer_strictly(skeleton)[0].graph
     except Exception as err:  # inference failures are the model's fault, not ours
         raise SaturateError(f"invalid ONNX model: shape inference failed: {_first_line(err)}") from None
     og = model.graph
@@ -679,6 +679,29 @@ def export_model(graph: Graph, weights: bool = True) -> onnx.ModelProto:
     return model
 
 
+def infer_strictly(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
+    """`model` with its value types inferred in ONNX's strict mode, which refuses a node whose
+    inputs contradict its op; and whether strict mode held. ONNX's strict inference fails on some
+    valid ops defined by a function body (MeanVarianceNormalization at every opset): a failure
+    whose first node is such an op falls back to ordinary inference."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True), True
+    except onnx.shape_inference.InferenceError as err:
+        op = re.search(r"\(op_type:([A-Za-z0-9_]+)", str(err))
+        if op is None or not _defined_by_function(op.group(1), model):
+            raise
+    return onnx.shape_inference.infer_shapes(model, data_prop=True), False
+
+
+def _defined_by_function(op: str, model: onnx.ModelProto) -> bool:
+    opset = next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), None)
+    try:
+        schema = onnx.defs.get_schema(op, opset) if opset else onnx.defs.get_schema(op)
+    except onnx.defs.SchemaError:
+        return False
+    return schema.has_function or schema.has_context_dependent_function
+
+
 def check_exported(graph: Graph, model: onnx.ModelProto) -> None:
     """Refuse to write a model the ONNX checker would refuse, with types and shapes inferred
     strictly (what its full check adds). `model` is `export_model(graph, weights=False)`; the
@@ -697,12 +720,12 @@ def check_exported(graph: Graph, model: onnx.ModelProto) -> None:
             probe.graph.input.append(helper.make_tensor_value_info(name, elem_type(str(arr.dtype)), arr.shape))
     try:
         # The full check wants a shape on every graph output: take those inference finds.
-        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=True, data_prop=True)
+        inferred, strict = infer_strictly(probe)
         for vi, found in zip(probe.graph.output, inferred.graph.output):
             if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape"):
                 vi.type.CopyFrom(found.type)
-        if all(vi.type.tensor_type.HasField("shape") for vi in probe.graph.output
-               if vi.type.HasField("tensor_type")):
+        if strict and all(vi.type.tensor_type.HasField("shape") for vi in probe.graph.output
+                          if vi.type.HasField("tensor_type")):
             onnx.checker.check_model(probe, full_check=True)     # also each op's type constraints
         else:
             _declare_io_rank_free(probe)

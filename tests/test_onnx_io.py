@@ -303,3 +303,15 @@ def test_a_graph_onnx_would_refuse_is_not_written(tmp_path):
     with pytest.raises(SaturateError, match="not a valid ONNX model.*Tile.*matmul2"):
         save_graph(g, str(out))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_op_onnx_cannot_infer_strictly_still_imports_and_saves(tmp_path):
+    # ONNX's strict inference fails inside MeanVarianceNormalization's function body on any
+    # model: such an op falls back to ordinary inference instead of refusing a valid model.
+    x = tensor_in("x", [3, 3, 3, 1])
+    node = helper.make_node("MeanVarianceNormalization", ["x"], ["y"])
+    model = helper.make_model(helper.make_graph([node], "g", [x], [tensor_in("y", [3, 3, 3, 1])]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    out = tmp_path / "m.onnx"
+    save_graph(import_model(model), str(out))
+    assert onnx.load(str(out)).graph.node[0].op_type == "MeanVarianceNormalization"

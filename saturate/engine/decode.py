@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -44,12 +44,7 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
         if base is None:
             invented_names.add(value)
             base = value
-        k = node_counters.get(base, 0)
-        name = base if k == 0 else f"{base}_{k}"
-        while name in node_names:
-            k += 1
-            name = f"{base}_{k}"
-        node_counters[base] = k + 1
+        name = _unique(base, node_counters, node_names.__contains__)
         node_names.add(name)
         return name
 
@@ -65,13 +60,7 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
         return fresh(f"{leaf}_folded" if leaf else "folded")
 
     def fresh(base: str) -> str:
-        # A counter per base keeps naming linear in the number of new values.
-        k = counters.get(base, 0)
-        name = base if k == 0 else f"{base}_{k}"
-        while name in used or name in g.constants or name in g.values:
-            k += 1
-            name = f"{base}_{k}"
-        counters[base] = k + 1
+        name = _unique(base, counters, lambda n: n in used or n in g.constants or n in g.values)
         used.add(name)
         return name
 
@@ -221,3 +210,15 @@ def _read_only(value: Any) -> Any:
     view = value.view()
     view.flags.writeable = False
     return view
+
+
+def _unique(base: str, counters: dict[str, int], taken: Callable[[str], bool]) -> str:
+    """`base`, or `base_k` for the first k not taken. A counter per base keeps naming linear in
+    the number of names made."""
+    k = counters.get(base, 0)
+    name = base if k == 0 else f"{base}_{k}"
+    while taken(name):
+        k += 1
+        name = f"{base}_{k}"
+    counters[base] = k + 1
+    return name

@@ -143,11 +143,14 @@ def test_a_compiled_directory_copied_elsewhere_runs_from_c_and_python_without_th
 
 
 @pytest.mark.compiler
-def test_builds_share_one_cached_openblas_and_an_output_directory_holds_its_own(tmp_path):
+def test_builds_share_one_cached_openblas_and_an_output_directory_holds_its_own(tmp_path, monkeypatch):
     """Two cache entries hard-link the cache's one OpenBLAS copy, which their digests cover and the cache's
     size counts once; -o DIR gets a copy of its own; the build key names the library."""
     from saturate.backend import compile_graph
     from saturate.backend import build as b
+
+    # A cache of its own: the run's shared cache gains other tests' builds meanwhile.
+    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path / "cache"))
 
     def cached() -> set[Path]:
         return {p for p in b.cache_root().iterdir() if (p / "build.key").is_file()} if b.cache_root().is_dir() else set()

@@ -25,7 +25,9 @@ def test_examples_match_reference_and_ort(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["vgg11bn", "resnet50", "chain-2000"])
+# chain-450 passes LARGE_STEPS (400), so the large-program flags are built and run; chain-2000
+# took gcc ten minutes on an empty cache.
+@pytest.mark.parametrize("name", ["vgg11bn", "resnet50", "chain-450"])
 def test_large_examples_match_reference_and_ort(name):
     from saturate.frontend import load_graph
 

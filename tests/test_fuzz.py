@@ -214,23 +214,29 @@ def _check_written_model(out: Path) -> None:
     onnx.checker.check_model(model, full_check=True)
 
 
+def _show_and_optimize(model: Path, data: bytes, tmp_path: Path) -> None:
+    """`show` and `optimize` of the model file holding `data`: each a clean outcome, the input
+    unchanged, a valid output on success and none (nor a temp file) on failure."""
+    out = tmp_path / "out.onnx"
+    out.unlink(missing_ok=True)
+    assert_clean_outcome(*run_cli(["show", str(model), "--quiet"]))
+    code, err = run_cli(["optimize", str(model), "-o", str(out), "--max-memory", "256M"])
+    assert_clean_outcome(code, err)
+    assert model.read_bytes() == data, "the input model changed"
+    if code == 0:
+        _check_written_model(out)
+    else:
+        assert not out.exists(), "an output was written by a failing command"
+    assert not list(tmp_path.glob(".*.tmp")), "temp files left behind"
+
+
 def test_mutated_models_give_a_valid_model_or_one_line(tmp_path, fuzz_examples):
     @fuzz_settings(fuzz_examples)
     @given(data=mutated_model())
     def check(data):
         model = tmp_path / "m.onnx"
         model.write_bytes(data)
-        out = tmp_path / "out.onnx"
-        out.unlink(missing_ok=True)
-        assert_clean_outcome(*run_cli(["show", str(model), "--quiet"]))
-        code, err = run_cli(["optimize", str(model), "-o", str(out), "--max-memory", "256M"])
-        assert_clean_outcome(code, err)
-        assert model.read_bytes() == data, "the input model changed"
-        if code == 0:
-            _check_written_model(out)
-        else:
-            assert not out.exists(), "an output was written by a failing command"
-        assert not list(tmp_path.glob(".*.tmp")), "temp files left behind"
+        _show_and_optimize(model, data, tmp_path)
 
     check()
 
@@ -241,14 +247,7 @@ def test_mutated_text_graphs_give_a_valid_model_or_one_line(tmp_path, fuzz_examp
     def check(text):
         model = tmp_path / "m.sat"
         model.write_text(text)
-        out = tmp_path / "out.onnx"
-        out.unlink(missing_ok=True)
-        assert_clean_outcome(*run_cli(["show", str(model), "--quiet"]))
-        code, err = run_cli(["optimize", str(model), "-o", str(out), "--max-memory", "256M"])
-        assert_clean_outcome(code, err)
-        assert model.read_text() == text
-        if code == 0:
-            _check_written_model(out)
+        _show_and_optimize(model, model.read_bytes(), tmp_path)
 
     check()
 

@@ -70,8 +70,10 @@ def runtime_input_shapes(graph: Graph, overrides: dict | None = None) -> list[tu
     return out
 
 
-def _lower_swish(nodes: list[Node], outputs: set[str]) -> list[Node]:
-    """Mul(x, Sigmoid(x)) -> Swish(x): one pointwise op, so it fuses into x's producer."""
+def _lower_swish(nodes: list[Node], outputs: set[str], origins: dict) -> list[Node]:
+    """Mul(x, Sigmoid(x)) -> Swish(x): one pointwise op, so it fuses into x's producer. Swish is a C kernel
+    only (ONNX has it from opset 24): `origins` maps each new node to the nodes it replaces, which run
+    instead wherever it would fall back to the interpreter."""
     users: dict[str, list[Node]] = {}
     for n in nodes:
         for i in n.inputs:
@@ -86,13 +88,15 @@ def _lower_swish(nodes: list[Node], outputs: set[str]) -> list[Node]:
             if src is not None and src.inputs[0] == x and len(users[s]) == 1 and s not in outputs:
                 drop.add(id(src))
                 swap[id(n)] = Node("Swish", [x], list(n.outputs), {"alpha": 1.0}, n.name)
+                origins[id(swap[id(n)])] = [src, n]
                 break
     return [swap.get(id(n), n) for n in nodes if id(n) not in drop]
 
 
-def _lower_gelu(nodes: list[Node], outputs: set[str], constants: dict) -> list[Node]:
+def _lower_gelu(nodes: list[Node], outputs: set[str], constants: dict, origins: dict) -> list[Node]:
     """x * 0.5 * (1 + Erf(x / sqrt 2)), as both torch exporters spell nn.GELU, -> Gelu(x): one pointwise op
-    instead of five, so it fuses into the MatMul that makes x."""
+    instead of five, so it fuses into the MatMul that makes x (`origins` as for _lower_swish: ONNX has Gelu
+    from opset 20)."""
     users: dict[str, list[Node]] = {}
     for n in nodes:
         for i in n.inputs:
@@ -134,6 +138,7 @@ def _lower_gelu(nodes: list[Node], outputs: set[str], constants: dict) -> list[N
             continue
         drop.update({id(div), id(erf), id(add), id(mul)})
         swap[id(last)] = Node("Gelu", [x], list(last.outputs), {}, last.name)
+        origins[id(swap[id(last)])] = [div, erf, add, mul, last]
     return [swap.get(id(n), n) for n in nodes if id(n) not in drop]
 
 
@@ -221,7 +226,8 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
     for name, shape, dtype in inputs:
         shapes[name], dtypes[name] = shape, dtype
     graph_outputs = set(graph.outputs)
-    nodes = _lower_gelu(_lower_swish(list(graph.nodes), graph_outputs), graph_outputs, g.constants)
+    origins: dict[int, list[Node]] = {}  # a lowered node -> the nodes it stands for
+    nodes = _lower_gelu(_lower_swish(list(graph.nodes), graph_outputs, origins), graph_outputs, g.constants, origins)
     read = {i for n in nodes for i in n.inputs if i} | graph_outputs
     kinds: list[str] = []
     fallback: list[tuple[Node, str]] = []
@@ -272,6 +278,9 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
                 continue
             except SaturateError as err:
                 why = str(err).split("the C backend ", 1)[-1]
+        if id(node) in origins:  # the interpreter runs what the model wrote, never a C-only lowering
+            pending[:0] = origins.pop(id(node))
+            continue
         if not _interpreter_can_run(node, g.opset):
             raise unsupported(node, f"has no kernel for op '{node.op}' and the interpreter cannot run it either")
         g.nodes.append(node)

@@ -221,13 +221,14 @@ static void sat_layernorm_item(void *ctx, int64_t item, int tid) {
         /* Eight partial sums: vectorizable without -ffast-math and more accurate than one. */
         float s[8] = {0}, q[8] = {0};
         int64_t i = 0;
-        for (; i + 8 <= L; i += 8)
+        const int64_t body = L - L % 8;  /* explicit bound: see sat_reduce */
+        for (; i < body; i += 8)
             for (int k = 0; k < 8; k++) s[k] += x[i + k];
         double sum = 0.0;
         for (int k = 0; k < 8; k++) sum += s[k];
         for (; i < L; i++) sum += x[i];
         const float mean = (float)(sum / (double)L);
-        for (i = 0; i + 8 <= L; i += 8)
+        for (i = 0; i < body; i += 8)
             for (int k = 0; k < 8; k++) {
                 const float d = x[i + k] - mean;
                 q[k] += d * d;
@@ -353,7 +354,11 @@ static void sat_reduce(const float *x, float *y, int rank, const int64_t *shape,
             for (int k = 0; k < 8; k++) acc[k] = init;
             int64_t i = 0;
             if (mode < 2) {
-                for (; i + 8 <= inner; i += 8)
+                /* The 8-wide part ends at an explicit bound: with `i + 8 <= inner` as the test, gcc (12, once
+                   the shape is a constant) cannot bound where the tail loop starts and warns that its
+                   iteration 2^62 would overflow the pointer (-Werror=aggressive-loop-optimizations). */
+                const int64_t body = inner - inner % 8;
+                for (; i < body; i += 8)
                     for (int k = 0; k < 8; k++) acc[k] += xr[i + k];
                 float t = 0.0f;
                 for (int k = 0; k < 8; k++) t += acc[k];

@@ -20,6 +20,14 @@ def simplify(model, check_n: int = 1, overwrite_input_shapes=None, skip_rules=()
     return run_simplify(model, check_n, overwrite_input_shapes, skip_rules, **options)
 
 
+def model_summary(model):
+    """Nodes per op type, parameters, size in bytes and MACs of an onnx.ModelProto, a path or a
+    Graph (saturate.report.summary.ModelSummary; MACs None where shapes are symbolic)."""
+    from saturate.report.summary import model_summary as summary
+
+    return summary(model)
+
+
 def compile_graph(graph: Graph, **options):
     """Compile a graph to C (saturate.backend); returns a callable on numpy arrays."""
     from saturate.backend import compile_graph
@@ -27,4 +35,4 @@ def compile_graph(graph: Graph, **options):
     return compile_graph(graph, **options)
 
 
-__all__ = ["compile_graph", "optimize", "simplify", "Graph", "Node", "ValueInfo", "SaturateError", "SourceError"]
+__all__ = ["compile_graph", "model_summary", "optimize", "simplify", "Graph", "Node", "ValueInfo", "SaturateError", "SourceError"]

@@ -13,6 +13,7 @@ from saturate.core.errors import SaturateError, one_line
 from saturate.core.fileio import check_outputs, model_files, write_atomic, written_together
 from saturate.pipeline import MAX_ITERATIONS, MAX_NODES, TIMEOUT
 from saturate.progress import Status, saturation_callback, status
+from saturate.report.summary import format_summary, summarize
 
 NAME = "optimize"
 HELP = "fold a model by equality saturation: batch-norm into conv, merged constants, scale propagation"
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     _check_suffix(args.output)
     # The model, report and page are renamed into place together once all are written.
     with status(args.quiet or args.trace, "load") as shown, written_together(inputs) as read:
-        report, functions, failure = _optimize_one(args, shown, read, outputs)
+        report, functions, failure, sizes = _optimize_one(args, shown, read, outputs)
     if args.trace:
         print(format_report(report), file=sys.stderr)
     if failure is not None:
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if not args.quiet:
         print(summary_line(report, args.output))
+        print(format_summary(*sizes))
     if args.partition and not args.quiet:
         print(f"partitioned into {len(functions)} functions" + "".join(f"\n  {f}" for f in functions))
     return 0
@@ -104,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str], outputs: list):
     """Load, optimize and write one model, naming each stage on the progress line; `read` gets
-    every rules file the load read (an include too), checked against the `outputs` at once."""
+    every rules file the load read (an include too), checked against the `outputs` at once.
+    Returns the report, the partition's functions, a failed check (or None) and the model
+    summaries before and after (None with --quiet and no --report: nothing shows them)."""
     from saturate.frontend import load_graph, save_graph
     from saturate.lang.parser import RULES_DIR, load_rules
     from saturate.pipeline import optimize
@@ -145,7 +149,7 @@ def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str], outp
         failure = _check(args, graph, result)
         report.times["check"] = time.perf_counter() - t
         if failure is not None and not args.force:
-            return report, [], failure      # nothing is written
+            return report, [], failure, None      # nothing is written
     shown.stage("export")
     t = time.perf_counter()
     functions: list[str] = []
@@ -157,14 +161,24 @@ def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str], outp
         save_graph(result, args.output)
     times["export"] = time.perf_counter() - t
     report.times = {"import": times["import"], **report.times, "export": times["export"]}
+    sizes = None
+    if not args.quiet or args.report:
+        # A partitioned result's size is that of the model with its functions, as written.
+        size = None
+        if args.partition:
+            from saturate.partition import to_model
+
+            size = to_model(result).ByteSize()
+        sizes = summarize(graph), summarize(result, size)
     if args.report:
-        text = json.dumps(report.to_json(), indent=2).encode("utf-8")
+        data = {**report.to_json(), "summary": {"before": sizes[0].to_json(), "after": sizes[1].to_json()}}
+        text = json.dumps(data, indent=2).encode("utf-8")
         write_atomic(args.report, lambda f: f.write(text))
     if args.html:
         from saturate.report.html import write_html
         shown.stage("html")
         write_html(args.html, graph, result, report, title=args.model)
-    return report, functions, failure
+    return report, functions, failure, sizes
 
 
 def _check(args: argparse.Namespace, graph, result):

@@ -17,13 +17,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=10, help="timed runs per runtime (default 10)")
     parser.add_argument("--optimize", action="store_true", help="run saturate.optimize first (fold BN etc.)")
     parser.add_argument("--no-reference", action="store_true", help="skip the (slow) numpy reference")
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:1,3,224,224",
+                        help="static shape for an input whose shape is symbolic (repeatable; NAME=1x3x224x224 "
+                             "as compile takes it works too)")
     add_quiet_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from saturate.backend.bench import all_cores, format_table
+    from saturate.commands.compile import parse_shapes
     from saturate.core.errors import SaturateError
 
+    args.input_shape = parse_shapes(args.input_shape)     # a bad one is refused before any work
     if args.threads is None:
         args.threads = all_cores()
     if args.threads < 1:
@@ -44,6 +49,11 @@ def _bench(args: argparse.Namespace, shown):
     from saturate.backend.bench import benchmark
 
     graph = load_graph(args.model)
+    if args.input_shape:
+        from saturate.simplifier import with_input_shapes
+
+        graph = with_input_shapes(graph, args.input_shape)
+    _check_static(graph)
     onnx_bytes = None
     if args.model.endswith(".onnx") and not args.optimize:
         onnx_bytes = Path(args.model).read_bytes()
@@ -61,3 +71,17 @@ def _bench(args: argparse.Namespace, shown):
     rows = benchmark(graph, threads=args.threads, runs=args.runs, onnx_bytes=onnx_bytes,
                      reference=not args.no_reference, progress=shown.stage)
     return graph, rows
+
+
+def _check_static(graph) -> None:
+    """The compiled C needs every input's shape: a symbolic one is refused naming the option
+    that fixes it (ONNX Runtime, given the file, takes the fed shapes as they come)."""
+    from saturate.core.errors import SaturateError
+
+    for name in graph.inputs:
+        shape = graph.info(name).shape
+        if name in graph.constants or shape is None or all(isinstance(d, int) for d in shape):
+            continue
+        example = ",".join(str(d) if isinstance(d, int) else "1" for d in shape)
+        raise SaturateError(f"input '{name}' has shape ({', '.join(map(str, shape))}); saturate bench needs "
+                            f"a static one: --input-shape {name}:{example}")

@@ -38,6 +38,30 @@ def test_check_without_hypothesis_names_the_check_extra(tmp_path, capsys, monkey
     assert re.fullmatch(r"saturate: error: saturate check needs hypothesis" + _hint("check") + r"\n", err), err
 
 
+def test_import_saturate_check_without_hypothesis_is_one_import_error_naming_the_extra():
+    """In a fresh interpreter where hypothesis cannot be found, as on a plain install."""
+    code = """if True:
+        import sys
+
+        class NoHypothesis:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "hypothesis":
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+        sys.meta_path.insert(0, NoHypothesis())
+        from saturate.core.errors import SaturateError
+        for statement in ("import saturate.check", "from saturate import check", "import saturate.check.checker"):
+            try:
+                exec(statement)
+            except ImportError as err:
+                print(type(err).__name__, isinstance(err, SaturateError), err.name, err)
+        """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    line = f"MissingExtra True hypothesis saturate.check needs hypothesis: pip install '{DISTRIBUTION}[check]'"
+    assert done.stdout.splitlines() == [line] * 3
+
+
 @pytest.mark.parametrize("module,package", [("Cython", "cython"), ("scipy_openblas32", "scipy-openblas32")])
 def test_the_c_backend_without_its_build_needs_names_the_c_extra(tmp_path, capsys, monkeypatch, module, package):
     from saturate.backend import build

@@ -10,6 +10,11 @@ Users write their own soundness tests with these, e.g.::
         assert check.run_example(my_rule, example) is None
 """
 
+from saturate.core.extras import need
+
+# Every module here draws with hypothesis: without the extra, one ImportError naming it.
+need("hypothesis", "check", "saturate.check")
+
 from saturate.check.checker import RuleResult, check_rule, check_rules, format_result, run_example
 from saturate.check.examples import Example, rule_examples
 from saturate.check.strategies import (broadcastable_shapes, constants, conv_cases, per_axis_constants,

@@ -30,12 +30,17 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+class MissingExtra(SaturateError, ImportError):
+    """An optional part used without its extra installed: one line for the command line (a
+    SaturateError), an ImportError to Python code that imports it (`import saturate.check`)."""
+
+
 def need(module: str, extra: str, what: str, package: str | None = None) -> ModuleType:
-    """Import `module`, which `extra` installs; without it, one line: `what` needs `package`, and how to
-    install it. A module that is there but fails to import raises as it does."""
+    """Import `module`, which `extra` installs; without it, MissingExtra, one line: `what` needs
+    `package`, and how to install it. A module that is there but fails to import raises as it does."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
         if err.name is None or err.name.split(".")[0] != module.split(".")[0]:
             raise
-        raise SaturateError(f"{what} needs {package or module}: {install_hint(extra)}") from None
+        raise MissingExtra(f"{what} needs {package or module}: {install_hint(extra)}", name=module) from None

@@ -26,6 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from saturate.core.extras import need
 
+    _hypothesis_storage_beside_our_caches()
     need("hypothesis", "check", "saturate check")
     from saturate.check.checker import check_rules, format_result
     from saturate.lang.parser import load_rulesets
@@ -48,3 +49,27 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     print(f"{len(results) - len(failed)} of {len(results)} rules pass ({seconds:.1f}s)")
     return 1 if failed else 0
+
+
+def _hypothesis_storage_beside_our_caches() -> None:
+    """hypothesis keeps a cache of its own, by default in a .hypothesis folder of the working
+    directory: run in a user's folder, the command would leave one there. It goes beside saturate's
+    caches instead (a HYPOTHESIS_STORAGE_DIRECTORY the user set stays), or without a home into a
+    temporary folder removed at exit. The checking processes inherit the variable."""
+    import os
+
+    from saturate.lang.rule_cache import cache_dir
+
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        return
+    rules = cache_dir()
+    if rules is not None:
+        where = str(rules.parent / "hypothesis")
+    else:
+        import atexit
+        import shutil
+        import tempfile
+
+        where = tempfile.mkdtemp(prefix="saturate-hypothesis-")
+        atexit.register(shutil.rmtree, where, True)
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = where

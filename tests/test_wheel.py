@@ -62,6 +62,35 @@ def test_import_saturate_check_without_hypothesis_is_one_import_error_naming_the
     assert done.stdout.splitlines() == [line] * 3
 
 
+def test_optimize_run_show_and_the_api_need_no_extra(tmp_path):
+    """The runtime is what optimize, run and show need: with every extra's modules unfindable (a plain
+    install), they work, and so do `import saturate` and saturate.simplify."""
+    code = """if True:
+        import sys
+
+        EXTRAS = {"hypothesis", "Cython", "scipy_openblas32", "ray", "PIL", "onnxsim", "torch", "pytest"}
+
+        class NoExtras:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in EXTRAS:
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+        sys.meta_path.insert(0, NoExtras())
+        from saturate.cli import main
+        import saturate
+        codes = [main(["optimize", "example:mlp", "-o", "mlp.onnx", "--quiet"]),
+                 main(["run", "mlp.onnx", "-o", "y.npy"]), main(["show", "mlp.onnx", "--svg", "mlp.svg"])]
+        _, ok = saturate.simplify("mlp.onnx")
+        print(codes, ok, sorted(m for m in sys.modules if m.split(".")[0] in EXTRAS))
+        """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[0, 0, 0] True []", done.stdout
+    assert {"mlp.onnx", "y.npy", "mlp.svg"} <= {p.name for p in tmp_path.iterdir()}
+
+
 @pytest.mark.parametrize("module,package", [("Cython", "cython"), ("scipy_openblas32", "scipy-openblas32")])
 def test_the_c_backend_without_its_build_needs_names_the_c_extra(tmp_path, capsys, monkeypatch, module, package):
     from saturate.backend import build

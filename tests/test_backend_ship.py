@@ -64,8 +64,8 @@ def assert_outside(paths, places: set[str], where: str) -> None:
 @pytest.mark.compiler
 @pytest.mark.slow
 def test_a_compiled_directory_copied_elsewhere_runs_from_c_and_python_without_the_venv(tmp_path):
-    """example:mlp compiled by the README's lines, its directory copied elsewhere and the original removed;
-    there the README's main.c builds and runs with no venv on PATH or LD_LIBRARY_PATH, every library it
+    """example:mlp compiled by docs/c-backend.md's lines, its directory copied elsewhere and the original removed;
+    there the page's main.c builds and runs with no venv on PATH or LD_LIBRARY_PATH, every library it
     and the module load resolves outside the venv, and the module imports with numpy alone."""
     from saturate.backend.build import BLAS_FILE, EXTENSION
     from saturate.frontend import load_graph
@@ -85,7 +85,7 @@ def test_a_compiled_directory_copied_elsewhere_runs_from_c_and_python_without_th
     lib_dir = ship / "mlp_c"
     assert (lib_dir / BLAS_FILE).stat().st_nlink == 1  # a real copy, not a link into the cache
 
-    # The README's C program, built and run in the new place by the README's own lines.
+    # The page's C program, built and run in the new place by the page's own lines.
     (ship / "main.c").write_text(readme_block("c", "main.c: run a model"), encoding="utf-8")
     rest = "\n".join(line for line in script.splitlines() if not line.startswith("saturate "))
     env = bare_env(tmp_path)

@@ -111,7 +111,7 @@ def canonical_order(rules: Iterable[Rule]) -> list[Rule]:
 @functools.lru_cache(maxsize=4096)
 def _order_key(r: Rule) -> tuple:
     # Printing a rule's terms costs more than sorting them: one key per rule and process.
-    return r.name, repr(r.lhs), repr(r.rhs), repr(r.guards)
+    return r.name, repr(r.lhs), repr(r.rhs), repr(r.guards), repr(r.more_lhs), repr(r.more_rhs)
 
 
 _frozen = {"depth": 0, "lock": threading.Lock()}

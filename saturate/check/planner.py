@@ -120,7 +120,10 @@ class Planner:
                     self.hints.setdefault(first.args[0].name, {})["rank"] = int(args[1].value)
             return
         hint = self.hints.setdefault(first.name, {})
-        if g.fn in _SIGN_GUARDS:
+        if g.fn == "same_shape" and isinstance(args[1], Var):
+            # The second value drawn with the first's shape, where its op leaves the shape free.
+            self.hints.setdefault(args[1].name, {})["same_shape"] = first.name
+        elif g.fn in _SIGN_GUARDS:
             hint["sign"] = _SIGN_GUARDS[g.fn]
         elif g.fn in ("ones", "zeros"):
             hint["fill"] = 1.0 if g.fn == "ones" else 0.0
@@ -950,7 +953,12 @@ class Planner:
 
     def op_Shape(self, t, out, path) -> None:
         n = out[0]
-        rank = self.draw(st.integers(n, max(n, MAX_RANK)))
+        arg = t.args[0]
+        partner = self.shapes.get(self.hints.get(getattr(arg, "name", ""), {}).get("same_shape", ""))
+        if partner is not None and len(partner) >= n and getattr(arg, "name", "") not in self.shapes:
+            rank = len(partner)
+        else:
+            partner, rank = None, self.draw(st.integers(n, max(n, MAX_RANK)))
 
         def start(_: dict) -> int:
             s = self.draw(st.integers(0, rank - n))
@@ -962,7 +970,7 @@ class Planner:
             return None if e == rank and self.draw(st.booleans()) else e
         attrs = self.attributes(t, path, {"start": start, "end": end})
         assume(len(range(rank)[attrs["start"] or 0:attrs["end"]]) == n)
-        self.term(t.args[0], self.shape_for(Template(rank=rank)), path + (0,))
+        self.term(arg, partner if partner is not None else self.shape_for(Template(rank=rank)), path + (0,))
 
     def op_Gather(self, t, out, path) -> None:
         r = len(out)

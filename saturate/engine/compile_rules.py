@@ -265,7 +265,8 @@ def rule_ops(rules: list[Rule]) -> set[str]:
     """Every op a rule names on either side."""
     found: set[str] = set()
     for r in rules:
-        found |= _ops_of(r.lhs) | _ops_of(r.rhs)
+        for lhs, rhs in r.roots:
+            found |= _ops_of(lhs) | _ops_of(rhs)
     return found
 
 
@@ -274,7 +275,8 @@ def applicable_rules(rules: list[Rule], graph_ops: set[str]) -> list[Rule]:
     ops the graph has or an applicable rule's right side builds (a `<=>` rule from either side).
     The others would only cost egglog the time to compile them."""
     ops = set(graph_ops)
-    sides = [(r, _ops_of(r.lhs), _ops_of(r.rhs)) for r in rules]
+    sides = [(r, set().union(*(_ops_of(t) for t, _ in r.roots)), set().union(*(_ops_of(t) for _, t in r.roots)))
+             for r in rules]
     live: set[int] = set()
     grew = True
     while grew:
@@ -313,7 +315,8 @@ def plain_rules(rules: list[Rule], enc: Encoding) -> list[Rule]:
     for node in enc.graph.nodes:
         counts.setdefault(node.op, set()).add(len(node.inputs))
     for r in rules:
-        _input_counts(r.rhs, counts)
+        for t in (r.rhs, *r.more_rhs):
+            _input_counts(t, counts)
         if r.bidirectional:
             _input_counts(r.lhs, counts)
     while True:
@@ -350,11 +353,20 @@ def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
     rule = cr.rule
     c = _Compiler(enc, cr)
     c.pattern(cr.lhs, "root")
+    # Further roots bind variables of their own (`_root1`...), each a different e-class from the
+    # roots before it: a root matched twice would only rewrite a node in terms of itself.
+    more = []
+    for k, lhs in enumerate(rule.more_lhs if cr.direction == "forward" else (), start=1):
+        cr.vars.append(f"_root{k}")
+        c.pattern(lhs, f"v__root{k}")
+        c.atoms.extend(f"(!= {r} v__root{k})" for r in ["root"] + [f"v__root{j}" for j in range(1, k)])
+        more.append(f"v__root{k}")
     for g in rule.guards:
         if g.fn not in GUARDS:
             raise SaturateError(f"{_where(rule)}: rule '{rule.name}': unknown guard '{g.fn}'")
         c.python = True
     body = c.rhs(cr.rhs)
+    unions = " ".join([f"(union root {body})"] + [f"(union {v} {c.rhs(t)})" for v, t in zip(more, rule.more_rhs)])
     declare = f"(ruleset {cr.group})\n"
     captures = [v.name for _, t in c.attr_terms for _, v in t.attrs if isinstance(v, AttrVar)]
     if len(captures) != len(set(captures)) or any(getattr(t, "name", None) not in captures for _, t in cr.extras):
@@ -375,7 +387,7 @@ def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
     query = " ".join(c.atoms)
     # The rule's own ruleset is declared in the same text as its matching rule.
     if not cr.checked:
-        cr.text.append(f'{declare}(rule ({query}) ((union root {body})) :ruleset {cr.group} :name "{cr.name}")')
+        cr.text.append(f'{declare}(rule ({query}) ({unions}) :ruleset {cr.group} :name "{cr.name}")')
         return
     cand = " ".join(cr.cand_columns())
     sorts = ["T"] * (1 + len(cr.vars)) + ["i64"] * len(cr.lhs_ops)
@@ -388,5 +400,5 @@ def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
     classes = 1 + len(cr.vars)
     bind = [f"(let {c} (Ref k_{c}))" for c in ok[:classes]] + [f"(let {c} (Lit k_{c}))" for c, _ in cr.extras]
     heads = [f"k_{c}" for c in ok[:classes]] + ok[classes:len(ok) - len(cr.extras)] + [f"k_{c}" for c, _ in cr.extras]
-    cr.apply_text.append(f'(rule ((Ok_{cr.index} {" ".join(heads)})) ({" ".join(bind)} (union root {body})) '
+    cr.apply_text.append(f'(rule ((Ok_{cr.index} {" ".join(heads)})) ({" ".join(bind)} {unions}) '
                          f':ruleset apply :name "{cr.name}")')

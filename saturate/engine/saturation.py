@@ -103,7 +103,7 @@ class _Group:
 
     def __post_init__(self) -> None:
         if not self.rule.checked:
-            self.bound = rhs_nodes(self.rule.rhs)
+            self.bound = rhs_nodes(self.rule.rhs) + sum(rhs_nodes(t) for t in self.rule.rule.more_rhs)
 
     def forecast(self, size: int = 0) -> int:
         """Matches of its next step on an e-graph of `size` e-nodes: the last count, grown as it

@@ -121,6 +121,15 @@ class Rule:
     level: int
     loc: Loc
     bidirectional: bool = False
+    # A rule of several roots (`MatMul(x, a:const) & MatMul(x, b:const) => ... & ...`): the
+    # patterns after the first, sharing its variables, and what each of them becomes.
+    more_lhs: tuple[Term, ...] = ()
+    more_rhs: tuple[Term, ...] = ()
+
+    @property
+    def roots(self) -> tuple[tuple[Term, Term], ...]:
+        """Every (pattern, replacement) pair, the first root's first."""
+        return ((self.lhs, self.rhs),) + tuple(zip(self.more_lhs, self.more_rhs))
 
 
 @dataclass(frozen=True)

@@ -349,6 +349,15 @@ def mod(a: Any, b: Any, fmod: int) -> np.ndarray:
     return np.fmod(a, b)
 
 
+def sum_taps(c: Any) -> np.ndarray:
+    """`c` summed over every axis but the first: per output channel of conv weights, the sum over
+    its input channels and kernel taps (a constant shift of the input moves the bias by this)."""
+    a = np.asarray(c)
+    if a.ndim < 1:
+        raise ValueError("sum_taps: a scalar has no output axis")
+    return a.reshape(a.shape[0], -1).sum(axis=1, dtype=a.dtype)
+
+
 def pad_kernel(w: Any, like: Any) -> np.ndarray:
     """Conv weights `w` zero-padded on every spatial axis, centred, to the spatial size of `like`
     (a kernel k grows by (K - k) / 2 on each side, so the sizes must differ by an even number)."""
@@ -494,6 +503,7 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "constant_of_shape": _const(constant_of_shape, "sc", constant_of_shape.__doc__),
     "range": _const(range_, "ccc", range_.__doc__),
     "pad_kernel": _const(pad_kernel, "cc", pad_kernel.__doc__),
+    "sum_taps": _const(sum_taps, "c", sum_taps.__doc__),
     "identity_kernel": _const(identity_kernel, "cc", identity_kernel.__doc__),
     "compose_perm": ConstFn(3, compose_perm, compose_perm.__doc__, ("ints", "ints", "int"), "ints"),
     "inverse_perm": ConstFn(2, inverse_perm, inverse_perm.__doc__, ("ints", "int"), "ints"),
@@ -765,6 +775,12 @@ def centred_identity(kernel: Shape, pads: Any, strides: Any, dilations: Any) -> 
                for k, (p0, p1), d, st in zip(w[0], w[1], w[2], s)) and len(s) == len(w[0])
 
 
+def unpadded(pads: Any) -> bool:
+    """A conv's or pool's `pads` add nothing: omitted, or every begin and end 0."""
+    p = _ints(pads)
+    return p is None or all(x == 0 for x in p)
+
+
 def unit_window(kernel: Any, strides: Any, pads: Any) -> bool:
     """A pooling window of one element moved one element at a time over the unpadded input
     (omitted strides are 1s, omitted pads 0s): each output is the input element at its place."""
@@ -885,6 +901,7 @@ GUARDS: dict[str, GuardFn] = {
     "centred_identity": _shape(centred_identity, ("value", "ints", "ints", "ints")),
     "whole_slice": _shape(whole_slice, ("value", "ints", "ints", "ints", "ints")),
     "unit_window": _shape(unit_window, ("ints", "ints", "ints")),
+    "unpadded": _shape(unpadded, ("ints",)),
     "same_dims": _shape(same_dims, ("dims", "ints")),
     "fits_along": _shape(fits_along, ("value", "int", "int", "int")),
     "positive": _value(_all(lambda a: a > 0), "every element > 0"),

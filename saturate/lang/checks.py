@@ -311,9 +311,12 @@ class _Checker:
 
     def check(self) -> Rule:
         r = self.rule
-        if not isinstance(r.lhs, OpTerm):
-            self.fail(getattr(r.lhs, "loc", None), "the left-hand side must be an op pattern such as Add(x, c:const)")
-        self.pattern(r.lhs, r.loc)
+        for lhs in (r.lhs, *r.more_lhs):
+            if not isinstance(lhs, OpTerm):
+                self.fail(getattr(lhs, "loc", None), "the left-hand side must be an op pattern such as Add(x, c:const)")
+            self.pattern(lhs, r.loc)
+        if r.more_lhs and self.lists:
+            self.fail(r.loc, "a rule of several roots cannot match a list of inputs (xs...)")
         if r.bidirectional:
             left = (dict(self.vars), set(self.attrs), dict(self.lists))
             if not isinstance(r.rhs, OpTerm):
@@ -329,8 +332,9 @@ class _Checker:
             rhs = r.rhs
         else:
             rhs = self.term(r.rhs, "tensor", "the right-hand side", r.loc)
+        more = tuple(self.term(t, "tensor", "the right-hand side", r.loc) for t in r.more_rhs)
         guards = tuple(self.guard(g) for g in r.guards)
-        return Rule(r.name, r.lhs, rhs, guards, r.ruleset, r.level, r.loc, r.bidirectional)
+        return Rule(r.name, r.lhs, rhs, guards, r.ruleset, r.level, r.loc, r.bidirectional, r.more_lhs, more)
 
 
 def kind_word(kind: str) -> str:
@@ -391,7 +395,9 @@ def format_term(t: Any, pattern: bool = False) -> str:
 
 def format_rule(r: Rule) -> str:
     """`lhs => rhs if guards` of a rule, on one line."""
-    text = f"{format_term(r.lhs, True)} {'<=>' if r.bidirectional else '=>'} {format_term(r.rhs, r.bidirectional)}"
+    lhs = " & ".join(format_term(t, True) for t, _ in r.roots)
+    rhs = " & ".join(format_term(t, r.bidirectional) for _, t in r.roots)
+    text = f"{lhs} {'<=>' if r.bidirectional else '=>'} {rhs}"
     if r.guards:
         text += " if " + ", ".join(format_term(g) for g in r.guards)
     return text

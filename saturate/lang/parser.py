@@ -90,7 +90,18 @@ class _ToAst(Transformer):
     def rule(self, meta, items):
         name, lhs, arrow, rhs, *guards = items
         guards = tuple(g for g in guards if g is not None)
-        return Rule(str(name), lhs, rhs, guards, "", -1, self._loc(meta), str(arrow) == "<=>")
+        if len(lhs) != len(rhs):
+            raise SourceError(self.file, meta.line, meta.column,
+                              f"{len(lhs)} pattern{'s' * (len(lhs) != 1)} joined by & on the left, "
+                              f"{len(rhs)} on the right: each root needs its replacement")
+        if len(lhs) > 1 and str(arrow) == "<=>":
+            raise SourceError(self.file, meta.line, meta.column, "a rule of several roots is written with =>")
+        return Rule(str(name), lhs[0], rhs[0], guards, "", -1, self._loc(meta), str(arrow) == "<=>",
+                    tuple(lhs[1:]), tuple(rhs[1:]))
+
+    def roots(self, meta, items):
+        return list(items)
+
 
     def guard(self, meta, items):
         lhs, cmp, rhs = items
@@ -369,7 +380,8 @@ class _Loader:
                     names[st.name] = st.loc
                     checked = checks.check_rule(st, ops, self.fail)
                     rules.append(Rule(checked.name, checked.lhs, checked.rhs, checked.guards,
-                                      header.name, header.level, checked.loc, checked.bidirectional))
+                                      header.name, header.level, checked.loc, checked.bidirectional,
+                                      checked.more_lhs, checked.more_rhs))
         return out
 
     def _check_header(self, h: Header, levels: dict[str, Header]) -> None:

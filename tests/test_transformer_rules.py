@@ -1,0 +1,128 @@
+"""rules/transformer.rules and the rule form of several roots: small graphs as exporters write them."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from saturate.core.errors import SaturateError
+from saturate.lang.parser import parse_statements
+from saturate.simplifier import simplify
+
+
+def _model(nodes, inputs, outputs, inits, opset=17):
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                                               for o in outputs],
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _ort(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _optimized_agrees(model, feeds):
+    out, ok = simplify(model, check_n=0)
+    assert ok
+    for a, b in zip(_ort(model, feeds), _ort(out, feeds)):
+        assert a.shape == b.shape
+        assert np.max(np.abs(a - b)) <= 1e-4 * max(1.0, float(np.max(np.abs(a))))
+    return Counter(n.op_type for n in out.graph.node)
+
+
+def _shape_chains():
+    """x of shape [B, S, 8], y = x + 1 and z = Relu(x): each flattened to [B*S, 8] by its own
+    Shape -> Gather, Gather -> Mul -> Unsqueeze -> Concat chain, as torch.onnx exports x.view."""
+    inits = {"one": np.ones(8, np.float32), "i0": np.array(0, np.int64), "i1": np.array(1, np.int64),
+             "minus": np.array([-1], np.int64), "ax": np.array([0], np.int64)}
+    nodes = [helper.make_node("Add", ["x", "one"], ["y"]), helper.make_node("Relu", ["x"], ["z"])]
+    for v in "xyz":
+        nodes += [helper.make_node("Shape", [v], [f"s{v}"]),
+                  helper.make_node("Gather", [f"s{v}", "i0"], [f"g{v}"], axis=0),
+                  helper.make_node("Gather", [f"s{v}", "i1"], [f"h{v}"], axis=0),
+                  helper.make_node("Mul", [f"g{v}", f"h{v}"], [f"n{v}"]),
+                  helper.make_node("Unsqueeze", [f"n{v}", "ax"], [f"u{v}"]),
+                  helper.make_node("Concat", [f"u{v}", "minus"], [f"t{v}"], axis=0),
+                  helper.make_node("Reshape", [v, f"t{v}"], [f"r{v}"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", 8])
+    return _model(nodes, [x], ["rx", "ry", "rz"], inits)
+
+
+def test_shape_chains_of_same_shaped_values_merge_into_one():
+    model = _shape_chains()
+    feeds = {"x": np.random.default_rng(0).standard_normal((3, 5, 8)).astype(np.float32)}
+    ops = _optimized_agrees(model, feeds)
+    assert len(model.graph.node) == 23
+    # One Shape, two Gathers, Mul, Unsqueeze, Concat serve all three Reshapes.
+    assert ops == Counter({"Reshape": 3, "Shape": 1, "Gather": 2, "Mul": 1, "Unsqueeze": 1, "Concat": 1,
+                           "Add": 1, "Relu": 1})
+
+
+def test_shapes_of_values_whose_dims_differ_stay_apart():
+    # y = x[:, :2] has a different dim 1: its chain must keep reading its own Shape.
+    inits = {"i1": np.array(1, np.int64), "s": np.array([0], np.int64), "e": np.array([2], np.int64),
+             "ax": np.array([1], np.int64)}
+    nodes = [helper.make_node("Slice", ["x", "s", "e", "ax"], ["y"]),
+             helper.make_node("Shape", ["x"], ["sx"]), helper.make_node("Shape", ["y"], ["sy"]),
+             helper.make_node("Gather", ["sx", "i1"], ["gx"], axis=0),
+             helper.make_node("Gather", ["sy", "i1"], ["gy"], axis=0),
+             helper.make_node("Cast", ["gx"], ["fx"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["gy"], ["fy"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["x", "fx"], ["ox"]), helper.make_node("Mul", ["y", "fy"], ["oy"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S"])
+    model = _model(nodes, [x], ["ox", "oy"], inits)
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 6)).astype(np.float32)}
+    assert _optimized_agrees(model, feeds)["Shape"] == 2
+
+
+def _affine_conv(pads, bias=True):
+    """PoolFormer's GroupNorm tail: a per-channel scale and shift, then a 1x1 (or 3x3) conv."""
+    rng = np.random.default_rng(2)
+    inits = {"s": rng.standard_normal((6, 1, 1)).astype(np.float32),
+             "t": rng.standard_normal((6, 1, 1)).astype(np.float32),
+             "w": rng.standard_normal((4, 6, 2 * pads + 1, 2 * pads + 1)).astype(np.float32)}
+    conv_in = ["a", "w"]
+    if bias:
+        inits["b"] = rng.standard_normal(4).astype(np.float32)
+        conv_in.append("b")
+    nodes = [helper.make_node("Mul", ["x", "s"], ["m"]), helper.make_node("Add", ["m", "t"], ["a"]),
+             helper.make_node("Conv", conv_in, ["y"], pads=[pads] * 4)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 5, 5])
+    feeds = {"x": rng.standard_normal((1, 6, 5, 5)).astype(np.float32)}
+    return _model(nodes, [x], ["y"], inits), feeds
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_per_channel_affine_before_an_unpadded_conv_folds_into_it(bias):
+    model, feeds = _affine_conv(0, bias)
+    assert _optimized_agrees(model, feeds) == Counter({"Conv": 1})
+
+
+def test_a_shift_before_a_padded_conv_stays():
+    # The border taps read zero padding, not the shift.
+    model, feeds = _affine_conv(1)
+    assert _optimized_agrees(model, feeds) == Counter({"Mul": 1, "Add": 1, "Conv": 1})
+
+
+def test_a_rule_of_several_roots_parses_and_a_missing_replacement_is_one_error():
+    rule = parse_statements("rule r Shape(x) & Shape(y) => Shape(x) & Shape(x) if same_shape(x, y)")[0]
+    assert len(rule.roots) == 2 and rule.more_lhs[0].args[0].name == "y"
+    with pytest.raises(SaturateError, match=r"<string>:1:1: 2 patterns joined by & on the left, 1 on the right"):
+        parse_statements("rule r Shape(x) & Shape(y) => Shape(x)")
+
+
+@pytest.mark.slow
+def test_the_checker_draws_both_roots_and_refuses_an_unguarded_merge(tmp_path):
+    from saturate.check.checker import check_rule
+    from saturate.lang.parser import load_rules
+
+    path = tmp_path / "bad.rules"
+    path.write_text("ruleset t level 1\n"
+                    "rule merge-any Shape(x){start=s, end=e} & Shape(y){start=s2, end=e2}\n"
+                    "  => Shape(x){start=s, end=e} & Shape(x){start=s2, end=e2}\n")
+    (rule,) = load_rules([path], names=["merge-any"])
+    assert check_rule(rule, examples=50, seed=0).status == "FAIL"

@@ -134,6 +134,16 @@ def test_install_hints_name_the_distribution_not_the_unrelated_saturate():
     assert f'\nname = "{DISTRIBUTION}"\n' in pyproject
 
 
+def test_the_readme_states_the_python_and_build_requirements_pyproject_sets():
+    """Issue 32, item 8: the Python version pyproject.toml requires, and the C backend's compiler and headers."""
+    minimum = re.search(r'\nrequires-python = ">=(3\.\d+)"\n', (ROOT / "pyproject.toml").read_text()).group(1)
+    requirements = (ROOT / "README.md").read_text().split("## Requirements", 1)[1].split("\n## ", 1)[0]
+    assert f"Python {minimum} or newer" in requirements
+    assert "C compiler" in " ".join(requirements.split()) and "headers" in requirements
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+    assert "## Unreleased" in (ROOT / "CHANGELOG.md").read_text()
+
+
 def test_the_package_data_is_found_through_the_package():
     """Rules, targets, grammars and headers are read from inside the saturate package (a wheel has no
     rules/ beside site-packages); in a checkout saturate/rules links to rules/ at the top."""
@@ -177,6 +187,12 @@ def test_the_wheel_installed_outside_the_checkout_optimizes_checks_runs_and_comp
                    check=True, cwd=tmp_path, timeout=600)
     (wheel,) = dist.glob("*.whl")
     assert wheel.name.startswith(DISTRIBUTION.replace("-", "_") + "-")
+    import zipfile
+
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"saturate/py.typed", "saturate/rules/batchnorm.rules", "saturate/rules/targets/cpu.target",
+            "saturate/report/summary.py", "saturate/frontend/text.lark"} <= names
+    assert any(re.fullmatch(r"saturate_onnx-[^/]+\.dist-info/(licenses/)?LICENSE", n) for n in names), sorted(names)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"

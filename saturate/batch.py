@@ -67,6 +67,7 @@ class Options:
     force: bool = False                              # write a result that fails the check
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     skip: tuple[str, ...] = ()                       # rules not to use
+    max_fold_bytes: int | None = None                # fold-any's size limit (None: the default)
 
 
 def expand_models(specs: Iterable[str]) -> list[str]:
@@ -176,7 +177,8 @@ def optimize_job(job: Job, options: Options) -> Outcome:
         result, report = optimize(graph, rules, level=options.level, target=options.target,
                                   max_iterations=options.max_iterations, max_nodes=options.max_nodes,
                                   timeout=options.timeout, preserve=options.preserve,
-                                  fold_initializer_inputs=options.fold_initializer_inputs)
+                                  fold_initializer_inputs=options.fold_initializer_inputs,
+                                  max_fold_bytes=options.max_fold_bytes)
         failure = None
         if options.check:
             try:

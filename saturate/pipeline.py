@@ -21,6 +21,7 @@ from saturate.engine.extract import Prices, extract
 from saturate.engine.decode import decode
 from saturate.core.ir import Graph
 from saturate.lang.ast import Rule
+from saturate.lang.fold import check_fold_bytes
 from saturate.engine.saturation import RunReport, saturate
 
 MAX_ITERATIONS = 30
@@ -141,13 +142,16 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
              level: int = 3, target: Any = "cpu", max_iterations: int = MAX_ITERATIONS,
              max_nodes: int = MAX_NODES, timeout: float = TIMEOUT, preserve: Iterable[str] = (),
              progress: Callable[[int, int, float, dict[str, int]], None] | None = None,
-             fold_initializer_inputs: bool = False, composites: bool = False) -> tuple[Graph, Report]:
+             fold_initializer_inputs: bool = False, composites: bool = False,
+             max_fold_bytes: int | None = None) -> tuple[Graph, Report]:
     """Rewrite `graph` with `rules` (default: the standard library at `level`) to the cheapest
     equivalent graph for `target`; returns the new graph and a Report. Inputs with a default
     value (an initializer listed as an input) stay overridable inputs unless
     `fold_initializer_inputs`, which folds them as constants. With `composites`, the target's
     composites join the rules and extraction weighs each against the ops it replaces: a chosen
-    one is a node in the target's domain (saturate.partition writes it as an ONNX function)."""
+    one is a node in the target's domain (saturate.partition writes it as an ONNX function).
+    `max_fold_bytes` bounds what the rule of any op folds (default DEFAULT_MAX_FOLD_BYTES): a
+    larger result stays a node unless its constant inputs were as large."""
     report = Report(ops_before=dict(graph.op_counts()))
     model = resolve_target(target)
     graph, defaults = _input_defaults(graph, fold_initializer_inputs)
@@ -162,6 +166,7 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
     t = time.perf_counter()
     live = applicable_rules(rule_list, {n.op for n in graph.nodes})
     enc = encode_graph(graph, keep, rule_ops(live))
+    enc.max_fold_bytes = check_fold_bytes(max_fold_bytes)
     compiled = compile_rules(live, enc)
     eg, program = loaded_egraph(enc, [line for cr in compiled for line in cr.text],
                                 [line for cr in compiled for line in cr.apply_text])

@@ -11,6 +11,7 @@ import time
 
 from saturate.core.errors import SaturateError, one_line
 from saturate.core.fileio import check_outputs, model_files, write_atomic, written_together
+from saturate.lang.fold import check_fold_bytes
 from saturate.pipeline import MAX_ITERATIONS, MAX_NODES, TIMEOUT
 from saturate.progress import Status, saturation_callback, status
 from saturate.report.summary import format_summary, summarize
@@ -64,6 +65,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="write a self-contained HTML page: the graph before and after, e-graph size "
                              "per iteration, the rules that fired, stage times, op counts")
     parser.add_argument("--trace", action="store_true", help="print progress and a table of what happened")
+    parser.add_argument("--max-fold-bytes", metavar="SIZE", default=None,
+                        help="largest constant fold-any makes of a node whose inputs are constants (4096, "
+                             "512K, 16M; default 1M); a result no larger than its inputs always folds")
     parser.add_argument("--max-iterations", type=int, default=MAX_ITERATIONS)
     parser.add_argument("--max-nodes", type=int, default=MAX_NODES,
                         help="e-nodes the e-graph may grow to (default %(default)s)")
@@ -76,6 +80,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.max_iterations < 0 or args.max_nodes < 1 or not args.timeout > 0:  # `not >`: NaN too
         raise SaturateError("--max-iterations, --max-nodes and --timeout must be positive")
+    args.max_fold_bytes = check_fold_bytes(args.max_fold_bytes)
     if is_batch(args.model):
         return run_batch_command(args)
     args.model = args.model[0]
@@ -134,7 +139,8 @@ def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str], outp
     shown.stage("saturate")
     progress = _progress if args.trace else saturation_callback(shown)
     limits = dict(level=args.level, max_iterations=args.max_iterations, max_nodes=args.max_nodes,
-                  timeout=args.timeout, progress=progress, fold_initializer_inputs=args.fold_initializer_inputs)
+                  timeout=args.timeout, progress=progress, fold_initializer_inputs=args.fold_initializer_inputs,
+                  max_fold_bytes=args.max_fold_bytes)
     if args.partition:
         # The target's composites join the rules: extraction chooses fused kernels by cost.
         from saturate.partition import optimize_for_target
@@ -269,7 +275,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
                             tuple(p.strip() for p in args.preserve.split(",") if p.strip()),
                             args.max_iterations, args.max_nodes, args.timeout, args.fold_initializer_inputs,
                             args.check, args.force, shapes,
-                            tuple(args.skip))
+                            tuple(args.skip), args.max_fold_bytes)
     start = time.perf_counter()
     finished: dict[batch.Job, batch.Outcome] = {}
     with batch.stopped_by_signals():

@@ -20,6 +20,7 @@ from typing import Any
 from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES
 from saturate.engine.encode import Encoding, k_ctor, op_ctor
 from saturate.core.errors import SaturateError
+from saturate.lang import fold
 from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Spread, Str, Term, Var
 from saturate.lang.variadic import MAX_INPUTS, instances
 
@@ -68,6 +69,7 @@ class CompiledRule:
     # guarded rules never fire on a given graph, and each declaration costs egglog about 1 ms).
     apply_text: list[str] = field(default_factory=list)
     attr_tests: list[AttrTest] = field(default_factory=list)      # decided by relations in egglog
+    fold: str = ""       # an instance of the rule of any op: "op" or "opaque" (saturate.engine.fold_any)
 
     @property
     def group(self) -> str:
@@ -145,7 +147,7 @@ class _Compiler:
             enc.declare(ctor, len(args))
             return f"({ctor} {self.rhs_attrs(term)} {' '.join(args)})"
         if isinstance(term, Call):
-            if term.fn in QUERY_FNS:
+            if term.fn in QUERY_FNS or term.fn == fold.SPEC:
                 return self.extra(term)
             args = [self.rhs(a) for a in term.args]
             ctor = k_ctor(term.fn, len(args))
@@ -336,6 +338,8 @@ def compile_rules(rules: list[Rule], enc: Encoding) -> list[CompiledRule]:
     """Compile rules (both directions of `<=>` rules) to egglog text kept in each CompiledRule;
     a variadic rule compiles as its instances (plain_rules)."""
     out: list[CompiledRule] = []
+    schemas = [r for r in rules if fold.is_schema(r)]
+    rules = [r for r in rules if not fold.is_schema(r)]
     for i, rule in enumerate(plain_rules(rules, enc)):
         dirs = [("forward", rule.lhs, rule.rhs)]
         if rule.bidirectional and isinstance(rule.rhs, OpTerm) and _is_pattern(rule.rhs):
@@ -346,6 +350,19 @@ def compile_rules(rules: list[Rule], enc: Encoding) -> list[CompiledRule]:
             cr = CompiledRule(rule, len(out), f"r{len(out)}", direction, lhs, rhs)
             _compile_one(cr, enc)
             out.append(cr)
+    if schemas:
+        from saturate.engine import fold_any
+
+        first = True
+        for schema in schemas:
+            for kind, rule in fold_any.instances_for(schema, enc, rules):
+                cr = CompiledRule(rule, len(out), f"r{len(out)}", "forward", rule.lhs, rule.rhs, fold=kind)
+                if kind == "opaque":
+                    fold_any.compile_opaque(cr, enc, first)
+                    first = False
+                else:
+                    _compile_one(cr, enc)
+                out.append(cr)
     return out
 
 

@@ -150,6 +150,8 @@ class Encoding:
     # name -> egglog text; `declared` holds those the e-graph kept for this program has already.
     late: dict[str, str] = field(default_factory=dict)
     declared: dict[str, str] = field(default_factory=dict)
+    # The largest result the rule of any op folds to, unless its inputs were as large (--max-fold-bytes).
+    max_fold_bytes: int = 1 << 20
 
     def attr_id(self, op: str, attrs: dict[str, Any]) -> int:
         """Id of an attribute set of `op`, registering it on first sight."""

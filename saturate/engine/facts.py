@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from saturate.lang import fold
 from saturate.lang.builtins import CONST_FUNCS, broadcast_shape
 from saturate.engine.egraph import EGraphView, ENode
 from saturate.engine.encode import Encoding
@@ -17,6 +18,7 @@ from saturate.core.geometry import conv_output_shape
 from saturate.core.ops import ELEMENTWISE, SAME_SHAPE
 
 FAILED = object()  # a constant expression numpy could not evaluate
+_ABSENT = ("absent",)   # the structural key of an omitted input, valued None
 
 
 class Facts:
@@ -29,6 +31,7 @@ class Facts:
     def __init__(self, view: EGraphView, enc: Encoding, cache: dict | None = None):
         self.view, self.enc = view, enc
         self.cache = {} if cache is None else cache
+        self.cache.setdefault(_ABSENT, None)
         self.keys: dict[Any, Any] = {}
         self.infos: dict[Any, ValueInfo] = {}
         self.names: dict[Any, list[str]] = {}      # e-class -> original value names in it
@@ -124,7 +127,9 @@ class Facts:
             return key
         if node.kind != "call":
             return None
-        kids = [self.key(c) for c in node.children]
+        # An omitted input of a folded node (Clip without its min) reads as None.
+        absent = self.view.absent
+        kids = [_ABSENT if c in absent else self.key(c) for c in node.children]
         if any(k is None for k in kids):
             return None
         key = (node.head, *kids)
@@ -570,6 +575,11 @@ def _leaf_first(node: ENode) -> tuple:
 
 def evaluate_fn(fn: str, args: list[Any]) -> Any:
     """Apply the constant function `fn` to concrete arguments; FAILED if numpy refuses."""
+    if fn == fold.EVALUATE:
+        try:
+            return fold.evaluate(args[0], args[1:])
+        except (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError):
+            return FAILED
     spec_ = CONST_FUNCS.get(fn)
     if spec_ is None:
         return FAILED

@@ -10,10 +10,12 @@ import numpy as np
 from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES, attribute_type, to_attribute
 from saturate.engine.egraph import EGraphView
 from saturate.engine.encode import Encoding, Rows
+from saturate.engine import fold_any
 from saturate.engine.compile_rules import CompiledRule
 from saturate.engine.facts import FAILED, Facts, evaluate_fn
 from saturate.core.errors import SaturateError
 from saturate.core.ops import spec
+from saturate.lang import fold
 from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Str, Term, Var
 
 
@@ -80,8 +82,12 @@ class Checker:
 
     # ---- deciding one match -------------------------------------------------------------
     def _decide(self, cr: CompiledRule, bindings: _FactsBindings, attr_ids: list[int]) -> list[int] | None:
-        attrs = [self.enc.attr_sets[a][1] for a in attr_ids]
-        got = decide(cr, bindings, attrs, self.enc.graph.opset)
+        node = None
+        if cr.fold:
+            node, attrs = fold_any.matched(cr, self.enc, attr_ids)
+        else:
+            attrs = [self.enc.attr_sets[a][1] for a in attr_ids]
+        got = decide(cr, bindings, attrs, self.enc.graph.opset, node)
         if got is None:
             return None
         computed, extras = got
@@ -170,6 +176,10 @@ class _FactsBindings:
     def is_const(self, var: str) -> bool:
         return self._read("is_const", var, self.env[var] in self.view.consts, False)
 
+    def absent(self, var: str) -> bool:
+        """Whether the variable is an omitted optional input (an opaque node's)."""
+        return self.env[var] in self.view.absent
+
     def dims(self, var: str) -> tuple | None:
         got = self.facts.dims(self.env[var])
         return self._read("dims", var, got, not _all_known(got))
@@ -188,17 +198,24 @@ class _FactsBindings:
         return True
 
 
-def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int
-           ) -> tuple[list[dict], list[Any]] | None:
+def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int,
+           node: fold.Matched | None = None) -> tuple[list[dict], list[Any]] | None:
     """Whether a match of `cr`'s pattern fires, and what its right side is built with.
 
     `attrs` are the attribute sets of the matched nodes, in `cr.lhs_ops` order. None when an
     attribute the pattern writes differs, a guard fails, or one cannot be decided; otherwise the
     attribute set of every right-hand op with a computed column (`cr.rhs_ops` order) and the
     value of every extra column (`cr.extras` order). The engine and `saturate check` both decide
-    matches here, so a rule is checked exactly as it fires."""
+    matches here, so a rule is checked exactly as it fires. An instance of the rule of any op
+    reads its matched `node` (saturate.engine.fold_any; by default the op of its pattern)."""
     ev = _Evaluator(bindings)
     try:
+        if node is None and fold_any.is_instance(cr.rhs):
+            node = fold.Matched(cr.lhs_ops[0].op, dict(attrs[0]), opset=opset)
+        if node is not None:
+            absent = getattr(bindings, "absent", None)
+            node.inputs = [None if absent is not None and absent(v) else ev.eval(Var(v)) for v in cr.vars]
+            ev.matched = node
         for term, a in zip(cr.lhs_ops, attrs):
             if not _attrs_match(term, a, ev.captured, opset):
                 return None
@@ -286,8 +303,13 @@ class _Evaluator:
     def __init__(self, bindings: Bindings):
         self.b = bindings
         self.captured: dict[str, Any] = {}
+        self.matched: fold.Matched | None = None     # the node an instance of fold-any matched
 
     def arg(self, term: Term, kind: str) -> Any:
+        if kind in ("op", "list"):
+            if self.matched is None:
+                raise _Undecided
+            return self.matched if kind == "op" else self.matched.inputs
         if kind == "value":
             return self.shape(term)
         if kind in ("dims", "data"):
@@ -335,6 +357,8 @@ class _Evaluator:
             return _plain(_literal(term))
         if isinstance(term, AttrVar):
             return self.captured.get(term.name)
+        if isinstance(term, Call) and term.fn == fold.SPEC and self.matched is not None:
+            return self.matched.spec
         if isinstance(term, Call) and term.fn in QUERIES:
             q = QUERIES[term.fn]
             out = q.impl(*[self.arg(t, k) for t, k in zip(term.args, q.params)])

@@ -932,6 +932,22 @@ COMPARISONS: dict[str, GuardFn] = {
 GUARDS.update(COMPARISONS)
 
 
+def _fold_guard(name: str) -> Callable[..., bool]:
+    """A guard of the rule of any op (saturate.lang.fold), imported on first use: it reads the
+    interpreter and ONNX's shape inference."""
+    def impl(*args: Any) -> bool:
+        from saturate.lang import fold
+        return getattr(fold, name)(*args)
+    return impl
+
+
+# Guards of a rule over any op (`op(xs:const...)`): "op" is the matched node, "list" its inputs.
+GUARDS["foldable"] = GuardFn(1, _fold_guard("foldable"), "the op is deterministic, standard, "
+                             "not preserved, and the interpreter runs it", False, ("op",))
+GUARDS["fold_fits"] = GuardFn(2, _fold_guard("fold_fits"), "the result, sized by shape inference, is "
+                              "within --max-fold-bytes or no larger than the inputs", True, ("op", "list"))
+
+
 # ---- computed attributes -------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)

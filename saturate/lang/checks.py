@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable, NoReturn
 
+from saturate.lang import fold
 from saturate.lang.builtins import (ATTRIBUTE_KINDS, CONST_FUNCS, GUARDS, INFIX, LIST_FUNCS, QUERIES,
                                     attribute_type)
 from saturate.core.ops import is_rewritable_op, op_table
@@ -232,6 +233,7 @@ class _Checker:
         return Call(c.fn, (inner,), c.loc)
 
     def call(self, c: Call, want: str, where: str) -> Call:
+        self.no_spread(c)
         fn = CONST_FUNCS.get(c.fn) or QUERIES.get(c.fn)
         if fn is None:
             known = sorted({*CONST_FUNCS, *QUERIES})
@@ -280,8 +282,17 @@ class _Checker:
                       f"{where} is {attribute_type(op.op, key)}, and {format_term(checked)} gives {kind_word(kind)}")
         return checked
 
+    def no_spread(self, c: Call | Guard) -> None:
+        spread = next((a for a in c.args if isinstance(a, Spread)), None)
+        if spread is not None:
+            self.fail(spread.loc or c.loc, f"'...' in the arguments of {c.fn}: only a rule of any op "
+                                           "reads a list so, op(xs:const...) => evaluate(op, xs...)")
+
     def guard(self, g: Guard) -> Guard:
+        self.no_spread(g)
         spec = GUARDS.get(g.fn)
+        if spec is not None and set(spec.params) & {"op", "list"}:
+            self.fail(g.loc, f"guard {g.fn} reads the node of a rule of any op, op(xs:const...)")
         if spec is None:
             extra = (f" ('{g.fn}' is a function: compare it, e.g. {g.fn}(...) == 1)"
                      if g.fn in CONST_FUNCS or g.fn in QUERIES else
@@ -345,6 +356,8 @@ def kind_word(kind: str) -> str:
 
 def check_rule(rule: Rule, ops: OpTable, fail: Fail) -> Rule:
     """Check one parsed rule; the result names attributes as AttrVar and marks constant variables."""
+    if fold.is_schema(rule):
+        return fold.check_schema(rule, fail)
     return _Checker(rule, ops, fail).check()
 
 

@@ -1,0 +1,213 @@
+"""Folding any op: the rule schema `op(xs:const...) => evaluate(op, xs...)`, its guards and its
+constant function.
+
+A rule whose left side is an op variable applied to a list of constants matches a node of every
+op whose inputs are all constants (saturate.engine.fold_any compiles it once per op and input
+count the e-graph holds). Its right side evaluates the node with the interpreter's kernel for
+that op and opset (saturate.interp.eval_node), in the fold stage like every constant expression.
+Its guards read the matched node: `foldable(op)` (an op whose value is a function of its inputs,
+in the standard domain, that the interpreter runs) and `fold_fits(op, xs)` (a result whose size,
+known from shape inference before anything is computed, is within the run's --max-fold-bytes or
+no larger than the constant inputs it replaces).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, NoReturn
+
+import numpy as np
+
+from saturate.lang.ast import Call, Guard, Rule, Spread, Var
+
+# What a fold may add to the model unless its inputs were as large: a result larger than this and
+# than the constants it reads stays a node. onnxsim's own threshold (--no-large-tensor, 1.5 GB
+# unless given, only for Tile, ConstantOfShape and Expand) would let one Expand grow a model by
+# gigabytes; this one lets a relative-position table (a few hundred KiB) fold and keeps an
+# Expand to a whole activation's size.
+DEFAULT_MAX_FOLD_BYTES = 1 << 20
+
+# Ops whose value is not a function of their inputs: never folded.
+NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+                              "Bernoulli", "Multinomial", "Dropout"})
+
+EVALUATE = "evaluate"       # the constant function of the schema's right side
+SPEC = "matched_node"       # its first argument: the matched node, computed per match
+_PLAIN = (bool, int, float, str, bytes, np.ndarray)
+
+
+def check_fold_bytes(value: Any) -> int:
+    """A --max-fold-bytes value (bytes as an int, or a size such as 512K, 16M) as bytes; None is
+    the default. A SaturateError names a value that is no size."""
+    import re
+
+    from saturate.core.errors import SaturateError
+    from saturate.core.limits import _UNITS
+
+    if value is None:
+        return DEFAULT_MAX_FOLD_BYTES
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", value) if isinstance(value, str) else None
+    if m is not None and m.group(2).lower() in _UNITS:
+        size = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        if math.isfinite(size):
+            return int(size)
+    raise SaturateError(f"--max-fold-bytes {str(value)[:40]!r}: expected a size in bytes such as 0, 4096, 512K or 16M")
+
+
+@dataclass
+class Matched:
+    """The node a schema rule matched, as its guards and its right side read it."""
+
+    op: str
+    attrs: dict[str, Any]
+    output: int = 0             # which output of the node the match's root is
+    outputs: int = 1            # how many outputs the node lists
+    opset: int = 0
+    domain: str = ""
+    preserved: bool = False     # named by --preserve: the user keeps it as it is
+    max_bytes: int = DEFAULT_MAX_FOLD_BYTES
+    inputs: list[Any] = field(default_factory=list)   # constant values (None: an omitted input)
+
+    @property
+    def spec(self) -> tuple:
+        """What `evaluate` needs of the node, as a literal (hashable, compared by value)."""
+        return (self.op, tuple(sorted((k, _literal(v)) for k, v in self.attrs.items())),
+                self.output, self.outputs, self.opset, self.domain)
+
+
+def _literal(v: Any) -> Any:
+    return tuple(_literal(x) for x in v) if isinstance(v, list) else v
+
+
+def _plain_attr(v: Any) -> bool:
+    if isinstance(v, (list, tuple)):
+        return all(_plain_attr(x) for x in v)
+    return isinstance(v, _PLAIN) or v is None
+
+
+# ---- guards -------------------------------------------------------------------------------------
+
+def foldable(m: Matched) -> bool:
+    """The op is deterministic, in the standard domain, not kept by --preserve, with plain
+    attributes (no subgraph: no If, Loop or Scan) and tensors only (no sequence or optional
+    values), and the interpreter runs it at the model's opset."""
+    from saturate.core.ops import spec
+    from saturate.interp.kernels import OP_IMPLS
+    from saturate.interp.reference import unsupported_reason
+
+    if m.domain not in ("", "ai.onnx") or m.preserved or m.op in NONDETERMINISTIC:
+        return False
+    if not all(_plain_attr(v) for v in m.attrs.values()):
+        return False
+    if spec(m.op, m.opset) is None:
+        return False
+    return unsupported_reason(m.op, m.opset) is None or m.op in OP_IMPLS
+
+
+def fold_fits(m: Matched, inputs: list[Any]) -> bool:
+    """The folded result is at most the run's --max-fold-bytes, or no larger than the constant
+    inputs it replaces. Its size comes from ONNX shape inference on the node with its constant
+    inputs as data, before anything is computed; a size inference cannot tell is too large."""
+    from saturate.core.ir import ValueInfo
+    from saturate.engine.facts import onnx_infer
+
+    arrays = [None if v is None else np.asarray(v) for v in inputs]
+    ins = [None if a is None else ValueInfo(a.dtype.name, tuple(a.shape)) for a in arrays]
+    data = {k: a for k, a in enumerate(arrays) if a is not None}
+    info = onnx_infer(m.op, m.attrs, ins, data, m.output, m.opset, m.outputs)
+    if info is None or info.shape is None or info.dtype == "unknown":
+        return False
+    if not all(isinstance(d, int) and d >= 0 for d in info.shape):
+        return False
+    try:
+        itemsize = np.dtype(info.dtype).itemsize
+    except TypeError:
+        return False
+    size = math.prod(info.shape) * itemsize
+    return size <= max(m.max_bytes, sum(a.nbytes for a in arrays if a is not None))
+
+
+# ---- the constant function ----------------------------------------------------------------------
+
+def evaluate(spec: tuple, inputs: list[Any]) -> Any:
+    """The value of output `output` of the node `spec` describes, on constant `inputs`, with the
+    interpreter's kernel for its op at its opset. Raises ValueError when the node cannot run."""
+    from saturate.core.errors import SaturateError
+    from saturate.core.ir import Node
+    from saturate.interp.interpreter import eval_node
+
+    op, attrs, output, outputs, opset, domain = spec
+    names = ["" if v is None else f"i{k}" for k, v in enumerate(inputs)]
+    node = Node(op, names, [f"o{k}" for k in range(outputs)],
+                {k: list(v) if isinstance(v, tuple) else v for k, v in attrs}, name=f"fold/{op}", domain=domain)
+    try:
+        results = eval_node(node, [None if v is None else np.asarray(v) for v in inputs], opset)
+    except SaturateError as err:
+        raise ValueError(str(err)) from None
+    if output >= len(results) or results[output] is None:
+        raise ValueError(f"{op} gave no output {output}")
+    return results[output]
+
+
+# ---- load-time checks of a schema rule --------------------------------------------------------------
+
+def is_schema(rule: Rule) -> bool:
+    """Whether the rule's left side is an op variable applied to inputs (`op(xs:const...)`)."""
+    return isinstance(rule.lhs, Call)
+
+
+def check_schema(rule: Rule, fail: Callable[[Any, str], Exception]) -> Rule:
+    """Check a rule of any op: `op(xs:const...) => evaluate(op, xs...)`, guards reading only the op
+    and the list. Returns the rule with its guards' arguments as plain variables."""
+    from saturate.lang.builtins import CONST_FUNCS, GUARDS
+
+    def error(loc: Any, message: str) -> NoReturn:
+        raise fail(loc or rule.loc, message)
+
+    lhs = rule.lhs
+    args = lhs.args
+    spread = args[0] if len(args) == 1 and isinstance(args[0], Spread) else None
+    if spread is None or not isinstance(spread.term, Var):
+        if lhs.fn in CONST_FUNCS:
+            error(lhs.loc, "a constant expression cannot be matched; capture the constant as c:const")
+        error(lhs.loc, f"a pattern over any op is written {lhs.fn}(xs:const...): one list of constant inputs")
+    xs = spread.term
+    if not xs.const:
+        error(xs.loc, f"a pattern over any op folds constants: write {lhs.fn}({xs.name}:const...)")
+    if xs.name == lhs.fn:
+        error(xs.loc, f"'{xs.name}' names both the op and its inputs")
+    if rule.bidirectional or getattr(rule, "more_lhs", ()):
+        error(rule.loc, "a rule of any op is written with => and one root")
+    rhs = rule.rhs
+    want = f"{EVALUATE}({lhs.fn}, {xs.name}...)"
+    if not (isinstance(rhs, Call) and rhs.fn == EVALUATE and len(rhs.args) == 2
+            and isinstance(rhs.args[0], Var) and rhs.args[0].name == lhs.fn and not rhs.args[0].const
+            and isinstance(rhs.args[1], Spread) and isinstance(rhs.args[1].term, Var)
+            and rhs.args[1].term.name == xs.name):
+        error(getattr(rhs, "loc", None), f"a rule of any op has the right side {want}")
+    guards = []
+    for g in rule.guards:
+        spec = GUARDS.get(g.fn)
+        if spec is None or not set(spec.params) <= {"op", "list"}:
+            error(g.loc, f"a rule of any op takes the guards {', '.join(schema_guards())}, not '{g.fn}'")
+        if len(g.args) != spec.arity:
+            error(g.loc, f"guard {g.fn} takes {spec.arity} argument{'s' * (spec.arity != 1)}, not {len(g.args)}")
+        out = []
+        for a, kind in zip(g.args, spec.params):
+            name = lhs.fn if kind == "op" else xs.name
+            if not (isinstance(a, Var) and a.name == name and not a.const):
+                error(getattr(a, "loc", None) or g.loc, f"{g.fn} reads the {'op' if kind == 'op' else 'list'} '{name}' here")
+            out.append(Var(name, kind == "list", a.loc))
+        guards.append(Guard(g.fn, tuple(out), g.loc))
+    return Rule(rule.name, Call(lhs.fn, (Spread(Var(xs.name, True, xs.loc), spread.loc),), lhs.loc),
+                Call(EVALUATE, (Var(lhs.fn, False, rhs.args[0].loc), Spread(Var(xs.name, True, xs.loc), rhs.args[1].loc)),
+                     rhs.loc), tuple(guards), rule.ruleset, rule.level, rule.loc)
+
+
+def schema_guards() -> list[str]:
+    from saturate.lang.builtins import GUARDS
+
+    return sorted(k for k, g in GUARDS.items() if set(g.params) <= {"op", "list"} and g.params)

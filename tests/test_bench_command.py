@@ -1,4 +1,5 @@
-"""`saturate bench --input-shape`: a model with a symbolic input is timed at the shape given."""
+"""`saturate bench --input-shape`: a model with a symbolic input is timed at the shape given; without
+it, bench and compile name that option (not the Python keyword input_shapes)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,14 @@ def test_a_symbolic_input_is_refused_naming_the_option_that_fixes_it(tmp_path, c
     assert main(["bench", model, "--runs", "1"]) == 2
     assert capsys.readouterr().err == ("saturate: error: input 'x' has shape (N, 8); saturate bench needs a static "
                                        "one: --input-shape x:1,8\n")
+
+
+def test_compile_refuses_a_symbolic_input_naming_input_shape(tmp_path, capsys):
+    model = dynamic_matmul(tmp_path / "dyn.onnx")
+    assert main(["compile", model, "-o", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == ("saturate: error: input 'x' has shape (N, 8); saturate compile needs a "
+                                       "static one: --input-shape x:1,8\n")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("spec,error", [

@@ -45,15 +45,16 @@ def _bench(args: argparse.Namespace, shown):
     """Load (and optimize) the model, then time it, naming each stage on the progress line."""
     from pathlib import Path
 
-    from saturate.frontend import load_graph
     from saturate.backend.bench import benchmark
+    from saturate.commands.compile import check_static
+    from saturate.frontend import load_graph
 
     graph = load_graph(args.model)
     if args.input_shape:
         from saturate.simplifier import with_input_shapes
 
         graph = with_input_shapes(graph, args.input_shape)
-    _check_static(graph)
+    check_static(graph, {}, "saturate bench")
     onnx_bytes = None
     if args.model.endswith(".onnx") and not args.optimize:
         onnx_bytes = Path(args.model).read_bytes()
@@ -72,16 +73,3 @@ def _bench(args: argparse.Namespace, shown):
                      reference=not args.no_reference, progress=shown.stage)
     return graph, rows
 
-
-def _check_static(graph) -> None:
-    """The compiled C needs every input's shape: a symbolic one is refused naming the option
-    that fixes it (ONNX Runtime, given the file, takes the fed shapes as they come)."""
-    from saturate.core.errors import SaturateError
-
-    for name in graph.inputs:
-        shape = graph.info(name).shape
-        if name in graph.constants or shape is None or all(isinstance(d, int) for d in shape):
-            continue
-        example = ",".join(str(d) if isinstance(d, int) else "1" for d in shape)
-        raise SaturateError(f"input '{name}' has shape ({', '.join(map(str, shape))}); saturate bench needs "
-                            f"a static one: --input-shape {name}:{example}")

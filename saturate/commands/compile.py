@@ -51,6 +51,18 @@ def check_shapes(graph, shapes: dict[str, tuple[int, ...]]) -> None:
                                     f"not {given}")
 
 
+def check_static(graph, shapes: dict[str, tuple[int, ...]], command: str) -> None:
+    """Every input fed at run time has a static shape, its own or from --input-shape: a symbolic
+    one is refused naming the option that fixes it."""
+    for name in graph.inputs:
+        shape = graph.info(name).shape
+        if name in graph.constants or name in shapes or shape is None or all(isinstance(d, int) for d in shape):
+            continue
+        example = ",".join(str(d) if isinstance(d, int) else "1" for d in shape)
+        raise SaturateError(f"input '{name}' has shape ({', '.join(map(str, shape))}); {command} needs a static "
+                            f"one: --input-shape {name}:{example}")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="a .onnx file, a text graph (.sat) or example:NAME")
     parser.add_argument("-o", "--output", required=True, metavar="DIR",
@@ -73,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         graph = load_graph(args.model)
         shapes = parse_shapes(args.input_shape)
         check_shapes(graph, shapes)
+        check_static(graph, shapes, "saturate compile")
         shown.stage("compile")
         model = compile_graph(graph, out_dir=args.output, input_shapes=shapes)
     from saturate.backend.build import BLAS_FILE, EXTENSION

@@ -113,6 +113,13 @@ def test_bench_without_onnxruntime_names_the_bench_extra(monkeypatch):
         ort_session(examples.build("mlp"), threads=1)
 
 
+def test_a_batch_on_a_cluster_without_ray_names_the_cluster_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    assert main(["optimize", "example:mlp", "example:chain-3", "-o", str(tmp_path / "out"), "--cluster", "local"]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"saturate: error: --cluster needs Ray" + _hint("cluster") + r"\n", err), err
+
+
 def test_a_module_that_fails_inside_is_not_called_missing(tmp_path, monkeypatch):
     """Only the extra's own module missing is the extra's message; a broken install raises as it is."""
     from saturate.core.extras import need

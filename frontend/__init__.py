@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
@@ -14,6 +15,7 @@ from saturate.core.fileio import check_writable, write_atomic
 from saturate.core.ir import Graph
 from saturate.core.inputs import open_regular
 from saturate.core.limits import check_bytes, max_memory_bytes
+from saturate.core.mapped import write_pieces
 
 TEXT_SUFFIXES = (".sat", ".txt")
 
@@ -56,8 +58,8 @@ def load_graph(spec: str) -> Graph:
     if not model.HasField("graph") or not model.opset_import:
         raise SaturateError(f"{spec}: not an ONNX model (no graph or opset)")
     try:
-        _load_external_data(model, path)
-        return onnx_io.import_model(model)
+        mapped = _load_external_data(model, path)
+        return onnx_io.import_model(model, mapped)
     except SaturateError as err:
         raise SaturateError(f"{spec}: {err}") from None
 
@@ -102,38 +104,42 @@ def save_graph(graph: Graph, path: str) -> None:
 
         if sum(a.nbytes for a in graph.constants.values()) > EXTERNAL_DATA_BYTES:
             # Protobuf cannot hold 2 GB: the weights go to a file beside the model, written first.
-            model = onnx_io.export_model(graph)
             data_name = f"{target.name}.data"
-            chunks = _externalize(model, data_name)
+            pieces, chunks = onnx_io.external_pieces(graph, data_name)
             check_writable(target)
-            write_atomic(target.parent / data_name, lambda f: [f.write(c) for c in chunks])
-            pieces = [model.SerializeToString()]
+            write_atomic(target.parent / data_name, lambda f: write_pieces(f, chunks))
         else:
             pieces = onnx_io.model_pieces(graph)
-    write_atomic(target, lambda f: [f.write(p) for p in pieces])
+    write_atomic(target, lambda f: write_pieces(f, pieces))
 
 
 # Weights beyond this many bytes are saved as external data (protobuf's limit is 2 GB).
 EXTERNAL_DATA_BYTES = 2**31 - 2**27
 
 
-def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
-    """Read tensors stored beside the model (ONNX spec: a location relative to the model's folder).
+def _load_external_data(model: onnx.ModelProto, path: Path) -> dict[str, np.ndarray]:
+    """Tensors stored beside the model (ONNX spec: a location relative to the model's folder).
 
     Every location must stay inside that folder once symbolic links are resolved, name a regular
     file, and hold exactly the bytes the tensor's dims and type need; the size is checked before
     anything is read. onnx's own loader is not used: it opens whatever the location names.
+    A large initializer is not read: it is returned (by name) as a read-only view of its file's
+    mapping, and stays external in `model`; any other tensor's bytes are read into the model.
     """
     from onnx import external_data_helper
 
+    from saturate.core.mapped import DataFiles
     from saturate.frontend import onnx_io
 
-    tensors = [t for t in external_data_helper._get_all_tensors(model)
+    # The graph's own initializers come first (then those of subgraphs, then attributes).
+    top = len(model.graph.initializer)
+    tensors = [(k < top, t) for k, t in enumerate(external_data_helper._get_all_tensors(model))
                if t.data_location == onnx.TensorProto.EXTERNAL]
     if not tensors:
-        return
+        return {}
+    files, arrays = DataFiles(), {}
     folder = path.resolve().parent
-    for t in tensors:
+    for initializer, t in tensors:
         what = f"external data of tensor '{t.name}'"
         keys = {e.key: e.value for e in t.external_data}
         location = keys.get("location", "")
@@ -159,29 +165,17 @@ def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
         if length is not None and length != needed:
             raise SaturateError(f"{what}: {length} bytes declared; {onnx_io.describe(t)} needs {needed}")
         try:
+            # Only initializers the skeleton (onnx_io._without_weights) leaves out: no checker
+            # or inference ever sees a tensor without its data.
+            if initializer and onnx_io.mappable(t) and t.name not in arrays:
+                arrays[t.name] = files.array(source, offset, needed, onnx_io.raw_dtype(t), tuple(t.dims))
+                continue
             t.raw_data = read_regular_file(source, "external data file", offset, needed)
         except SaturateError as err:
             raise SaturateError(f"{what}: {err}") from None
         t.data_location = onnx.TensorProto.DEFAULT
         del t.external_data[:]
-
-
-def _externalize(model: onnx.ModelProto, data_name: str) -> list[bytes]:
-    """Move large initializers' bytes out of `model` into chunks of one data file named `data_name`."""
-    chunks: list[bytes] = []
-    offset = 0
-    for tensor in model.graph.initializer:
-        if not tensor.HasField("raw_data") or len(tensor.raw_data) < 1024:
-            continue
-        raw = tensor.raw_data
-        tensor.ClearField("raw_data")
-        tensor.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, value
-        chunks.append(raw)
-        offset += len(raw)
-    return chunks
+    return arrays
 
 
 __all__ = ["load_graph", "save_graph"]

@@ -29,11 +29,13 @@ _OPAQUE_KINDS = {AttributeProto.GRAPH: "GRAPH", AttributeProto.GRAPHS: "GRAPHS",
 
 
 # ---- import ---------------------------------------------------------------------------------
-def import_model(model: onnx.ModelProto) -> Graph:
+def import_model(model: onnx.ModelProto, mapped: dict[str, np.ndarray] | None = None) -> Graph:
     """Convert an ONNX model into a Graph: constants, inferred value types, typed attributes.
 
     A model older than MIN_OPSET is first converted to it with the ONNX version converter.
+    `mapped` holds the arrays of initializers left external in `model` (see `mappable`), by name.
     """
+    mapped = mapped or {}
     opset, extra = _opsets(model)
     # Before anything reads a weight or a shape (the checker, inference, the converter).
     check_tensors(model)
@@ -71,7 +73,10 @@ def import_model(model: onnx.ModelProto) -> Graph:
         g.meta["preserve"] = sorted(marks)
 
     for init in list(og.initializer) + weights:
-        g.constants[init.name] = _array(init, f"initializer '{init.name}'")
+        if init.name in mapped and init.data_location == TensorProto.EXTERNAL:
+            g.constants[init.name] = mapped[init.name]
+        else:
+            g.constants[init.name] = _array(init, f"initializer '{init.name}'")
     if og.sparse_initializer:
         raise SaturateError("sparse initializers are not supported")
     for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
@@ -197,6 +202,18 @@ def mark_nodes(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
 # Initializers up to this many elements keep their data for checking and shape inference
 # (Reshape's target shape, Clip's bounds); larger ones only need their types.
 _SKELETON_ELEMENTS = 4096
+
+
+def mappable(t: TensorProto) -> bool:
+    """Whether an initializer can stay in its external data file, imported as a view of the
+    file's mapping: one the skeleton leaves out (`_without_weights`, so no checker or inference
+    sees it without its data) whose raw bytes are a plain little-endian array."""
+    return math.prod(t.dims) > _SKELETON_ELEMENTS and t.data_type in _RAW_DTYPES
+
+
+def raw_dtype(t: TensorProto) -> np.dtype:
+    """The numpy dtype of a `mappable` tensor's raw bytes."""
+    return _RAW_DTYPES[t.data_type]
 
 
 def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -707,17 +724,10 @@ def check_exported(graph: Graph, model: onnx.ModelProto) -> None:
     strictly (what its full check adds). `model` is `export_model(graph, weights=False)`; the
     check sees small constants whole (shape arithmetic reads them) and large ones as typed
     inputs, as on import."""
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
+    probe = _light(graph, model)
     # Inference takes a declared value type over what it would infer (a Tile reading float
     # repeats passes when its output is declared): infer every value afresh.
     probe.graph.ClearField("value_info")
-    for name, arr in graph.constants.items():
-        arr = np.asarray(arr)
-        if arr.size <= _SKELETON_ELEMENTS:
-            _fill_tensor(probe.graph.initializer.add(), name, arr)
-        elif name not in graph.inputs:
-            probe.graph.input.append(helper.make_tensor_value_info(name, elem_type(str(arr.dtype)), arr.shape))
     try:
         # The full check wants a shape on every graph output: take those inference finds.
         inferred, strict = infer_strictly(probe)
@@ -735,7 +745,70 @@ def check_exported(graph: Graph, model: onnx.ModelProto) -> None:
                             f"{_first_line(err)}") from None
 
 
-def model_pieces(graph: Graph) -> list[bytes | memoryview]:
+def _light(graph: Graph, model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` (made without weights) with the graph's small constants as initializers
+    and its large ones as typed inputs, as the skeleton on import: what checks and inference need."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for name, arr in graph.constants.items():
+        arr = np.asarray(arr)
+        if arr.size <= _SKELETON_ELEMENTS:
+            _fill_tensor(probe.graph.initializer.add(), name, arr)
+        elif name not in graph.inputs:
+            probe.graph.input.append(helper.make_tensor_value_info(name, elem_type(str(arr.dtype)), arr.shape))
+    return probe
+
+
+# Weights of at least this many bytes go to the data file of a model saved with external data
+# (as onnx's own writer does), each at an offset a multiple of _DATA_ALIGN (a page: a reader can
+# map each weight on its own, and a copy between files can share their blocks).
+_EXTERNAL_MIN_BYTES = 1024
+_DATA_ALIGN = 4096
+
+
+def external_pieces(graph: Graph, data_name: str) -> tuple[list[bytes], list[bytes | np.ndarray]]:
+    """The ONNX model `export_model` makes of `graph` with its weights in a data file named
+    `data_name` beside it (for a model past protobuf's 2 GB): the model's bytes, and the data
+    file's pieces to write one after another, each weight the array itself (a weight still in
+    its input file is copied file to file when written: `core.mapped.write_pieces`)."""
+    model = export_model(graph, weights=False)
+    check_exported(graph, model)
+    io = _io_without_shapes(model)
+    if io:
+        # The shapes inference finds on the light probe (large weights as typed inputs), not by
+        # handing it every weight.
+        try:
+            inferred = onnx.shape_inference.infer_shapes(_light(graph, model)).graph
+        except Exception:
+            inferred = onnx.GraphProto()
+        known = {vi.name: vi for vi in list(inferred.value_info) + list(inferred.output)}
+        for vi in io:
+            if vi.name in known and known[vi.name].type.tensor_type.HasField("shape"):
+                vi.type.CopyFrom(known[vi.name].type)
+    data: list[bytes | np.ndarray] = []
+    offset = 0
+    for name, arr in graph.constants.items():
+        arr = np.asarray(arr)
+        proto = model.graph.initializer.add()
+        dtype = _fill_tensor_head(proto, name, arr)
+        if dtype is None:
+            continue
+        if arr.nbytes < _EXTERNAL_MIN_BYTES:
+            proto.raw_data = _raw_bytes(arr, dtype)
+            continue
+        if offset % _DATA_ALIGN:
+            data.append(bytes(_DATA_ALIGN - offset % _DATA_ALIGN))
+            offset += len(data[-1])
+        raw = np.asarray(arr, dtype=dtype, order="C").reshape(-1).view(np.uint8)
+        proto.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(raw.nbytes))):
+            proto.external_data.add(key=key, value=value)
+        data.append(raw)
+        offset += raw.nbytes
+    return [model.SerializeToString()], data
+
+
+def model_pieces(graph: Graph) -> list[bytes | memoryview | np.ndarray]:
     """The ONNX model `export_model` makes of `graph`, serialized, as pieces to write one after
     another: the model's other fields, then its graph, whose initializers follow its other fields,
     each weight's bytes read from the array itself. Fields may come in any order in the encoding,
@@ -748,18 +821,19 @@ def model_pieces(graph: Graph) -> list[bytes | memoryview]:
         return [export_model(graph).SerializeToString()]
     body = model.graph.SerializeToString()
     model.ClearField("graph")
-    weights: list[bytes | memoryview] = []
+    weights: list[bytes | np.ndarray] = []
     for name, arr in graph.constants.items():
         arr = np.asarray(arr)
         proto = TensorProto()
         dtype = _fill_tensor_head(proto, name, arr)
-        head, data = proto.SerializeToString(), memoryview(b"")
+        head, data = proto.SerializeToString(), b""
         if dtype is not None:
-            # Little-endian and C order as raw_data wants; the array's own memory when it is so.
-            data = memoryview(np.asarray(arr, dtype=dtype, order="C").reshape(-1).view(np.uint8))
+            # Little-endian and C order as raw_data wants; the array's own memory (or mapped
+            # file: core.mapped.write_pieces copies that file to file) when it is so.
+            data = np.asarray(arr, dtype=dtype, order="C").reshape(-1).view(np.uint8)
             head += _RAW_DATA_TAG + _varint(len(data))
         weights += [_INITIALIZER_TAG + _varint(len(head) + len(data)) + head, data]
-    size = len(body) + sum(len(w) for w in weights)        # bytes, and memoryviews of bytes
+    size = len(body) + sum(len(w) for w in weights)        # bytes, and arrays of bytes
     return [model.SerializeToString(), _GRAPH_TAG + _varint(size) + body, *weights]
 
 

@@ -13,7 +13,7 @@ from saturate.lang.builtins import CONST_FUNCS, broadcast_shape
 from saturate.engine.egraph import EGraphView, ENode
 from saturate.engine.encode import Encoding
 from saturate.core.ir import ValueInfo
-from saturate.core import geometry
+from saturate.core import geometry, mapped
 from saturate.core.geometry import conv_output_shape
 from saturate.core.ops import ELEMENTWISE, SAME_SHAPE
 
@@ -593,7 +593,12 @@ def evaluate_fn(fn: str, args: list[Any]) -> Any:
             else:
                 conv.append(a)
         with np.errstate(all="ignore"):
-            out = spec_.impl(*conv)
+            # A large weight is folded block by block into a temp file, and any other large
+            # result moves to one: folded weights do not pile up in memory before export.
+            out = mapped.elementwise_blocks(spec_.impl, conv) if spec_.broadcasts and mapped.large(conv) else None
+            out = spec_.impl(*conv) if out is None else out
+        if isinstance(out, np.ndarray) and out.nbytes >= mapped.SPILL_BYTES and not mapped.is_mapped(out):
+            out = mapped.spill(out)
     except (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError):
         return FAILED
     return tuple(out) if spec_.returns == "ints" else out

@@ -1,0 +1,223 @@
+"""Weights that stay in files: read-only mappings of ONNX external data, arrays that are views of
+them, large folded weights computed block by block into unlinked temp files, and writing such an
+array out by copying its bytes file to file.
+
+A page of a mapping counts in the process's memory only while the process has it mapped in:
+folding and writing give pages back (madvise) once they are past them, so memory stays at a few
+blocks however large the weights are. The mapped files must not change while they are mapped
+(as for any program that maps its inputs); they are the command's inputs, which it never writes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterable
+
+import numpy as np
+
+from saturate.core.errors import SaturateError
+from saturate.core.inputs import open_regular
+
+# A folded weight at least this large is computed into a temp file, not kept in memory.
+SPILL_BYTES = 32 << 20
+# Bytes computed, copied or written per step.
+BLOCK_BYTES = 16 << 20
+
+
+class _Mapping(mmap.mmap):
+    """A read-only mapping of a whole file, the open file beside it (copies read from it)."""
+
+    file: BinaryIO
+    address: int
+
+
+def _map(f: BinaryIO) -> _Mapping:
+    m = _Mapping(f.fileno(), 0, access=mmap.ACCESS_READ)
+    m.file = f
+    m.address = np.frombuffer(m, np.uint8, count=1).ctypes.data
+    return m
+
+
+class DataFiles:
+    """The external data files of one model, each mapped once when a tensor first reads it."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, _Mapping | None] = {}
+
+    def array(self, path: Path, offset: int, length: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """A read-only array of `length` bytes at `offset` of `path`, a view of its mapping: the
+        file's size is checked first (offset and length within it), nothing is read."""
+        key = str(path)
+        if key not in self._maps:
+            f = open_regular(path, sys.maxsize, "external data file")
+            try:
+                size = os.fstat(f.fileno()).st_size
+                self._maps[key] = _map(f) if size else None
+            except (OSError, ValueError) as err:
+                f.close()
+                raise SaturateError(f"{path}: cannot map: {getattr(err, 'strerror', None) or err}") from None
+            if not size:
+                f.close()
+        m = self._maps[key]
+        size = len(m) if m is not None else 0
+        if offset > size or length > size - offset:
+            raise SaturateError(f"{path}: {length} bytes at offset {offset} asked for, but the file "
+                                f"holds {size} bytes")
+        if length == 0:
+            return np.zeros(shape, dtype)
+        arr = np.frombuffer(m, dtype=dtype, count=length // dtype.itemsize, offset=offset)
+        return arr.reshape(shape)
+
+
+def _mapping_of(arr: np.ndarray) -> _Mapping | None:
+    base: Any = arr
+    while isinstance(base, (np.ndarray, memoryview)):
+        base = base.base if isinstance(base, np.ndarray) else base.obj
+    return base if isinstance(base, _Mapping) else None
+
+
+def file_slice(arr: np.ndarray) -> tuple[BinaryIO, int, int] | None:
+    """(open file, offset, length) of the bytes of `arr` when it is a C-ordered view of a mapped
+    file (an imported or spilled weight); None for an array in memory."""
+    m = _mapping_of(arr)
+    if m is None or not arr.flags.c_contiguous or m.closed:
+        return None
+    return m.file, arr.ctypes.data - m.address, arr.nbytes
+
+
+def is_mapped(arr: np.ndarray) -> bool:
+    """Whether `arr` is a view of a mapped file (its bytes are not in the process's memory)."""
+    return _mapping_of(np.asarray(arr)) is not None
+
+
+def release(arr: np.ndarray) -> None:
+    """Give back the pages of a mapped array the process has read (they stay in the file and
+    the page cache, and are read again if touched); nothing for an array in memory."""
+    m = _mapping_of(arr)
+    if m is None or m.closed or not arr.flags.c_contiguous or not arr.nbytes or not hasattr(m, "madvise"):
+        return
+    start = arr.ctypes.data - m.address
+    first = start - start % mmap.PAGESIZE
+    end = min(len(m), start + arr.nbytes)
+    try:
+        m.madvise(mmap.MADV_DONTNEED, first, end - first)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _temp_file() -> BinaryIO:
+    try:
+        return tempfile.TemporaryFile(prefix="saturate-weight-")
+    except OSError as err:
+        raise SaturateError(f"cannot make a temp file for a folded weight: {err.strerror or err}") from None
+
+
+def _finish(f: BinaryIO, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    f.flush()
+    m = _map(f)
+    return np.frombuffer(m, dtype=dtype).reshape(shape)
+
+
+def spill(arr: np.ndarray) -> np.ndarray:
+    """`arr` moved to an unlinked temp file: a read-only view of its mapping, equal to it."""
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.hasobject or not arr.nbytes:
+        return arr
+    f = _temp_file()
+    try:
+        flat = arr.reshape(-1).view(np.uint8)
+        for k in range(0, flat.size, BLOCK_BYTES):
+            f.write(memoryview(flat[k:k + BLOCK_BYTES]))
+        return _finish(f, arr.dtype, arr.shape)
+    except OSError as err:
+        f.close()
+        raise SaturateError(f"cannot write a folded weight to a temp file: {err.strerror or err}") from None
+
+
+def large(args: Iterable[Any]) -> bool:
+    """Whether any argument is an array of at least SPILL_BYTES."""
+    return any(isinstance(a, np.ndarray) and a.nbytes >= SPILL_BYTES for a in args)
+
+
+def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray | None:
+    """`impl(*args)` for an elementwise function over broadcast arguments, computed in blocks of
+    rows into a temp file: the arguments as large as the result are read a block at a time (their
+    pages given back after each), and the result never sits in memory whole. None when the
+    result is small or its first axis does not split (the caller computes it as usual)."""
+    arrays = [a for a in args if isinstance(a, np.ndarray)]
+    try:
+        shape = np.broadcast_shapes(*(np.shape(a) for a in args))
+    except ValueError:
+        return None
+    if not arrays or not shape or shape[0] < 2:
+        return None
+    row = max(1, int(np.prod(shape[1:], dtype=np.int64))) * max(a.dtype.itemsize for a in arrays)
+    if row * shape[0] < SPILL_BYTES:
+        return None
+    split = [isinstance(a, np.ndarray) and a.ndim == len(shape) and a.shape[0] == shape[0] for a in args]
+    step = max(1, BLOCK_BYTES // row)
+    f = _temp_file()
+    dtype = None
+    try:
+        for i in range(0, shape[0], step):
+            parts = [a[i:i + step] if s else a for a, s in zip(args, split)]
+            block = np.asarray(impl(*parts))
+            if block.shape != (min(step, shape[0] - i), *shape[1:]) or (dtype is not None and block.dtype != dtype):
+                f.close()
+                return None
+            dtype = block.dtype
+            if dtype.hasobject:
+                f.close()
+                return None
+            f.write(memoryview(np.ascontiguousarray(block).reshape(-1).view(np.uint8)))
+            for part, s in zip(parts, split):
+                if s:
+                    release(part)
+        return _finish(f, dtype, shape)
+    except OSError as err:
+        f.close()
+        raise SaturateError(f"cannot write a folded weight to a temp file: {err.strerror or err}") from None
+    except BaseException:
+        f.close()
+        raise
+
+
+def copy_to(out: BinaryIO, arr: np.ndarray) -> bool:
+    """Write the bytes of a mapped `arr` to `out` by copying them file to file (no pass through
+    this process's memory where the system allows); False, writing nothing, for an array in memory."""
+    where = file_slice(arr)
+    if where is None:
+        return False
+    src, offset, length = where
+    out.flush()
+    dst = out.fileno()
+    done = 0
+    try:
+        while done < length:
+            n = os.copy_file_range(src.fileno(), dst, length - done, offset + done)
+            if n <= 0:
+                break
+            done += n
+    except OSError:
+        pass   # a file system or kernel without it: the rest goes through memory
+    out.seek(0, os.SEEK_END)
+    flat = arr.reshape(-1).view(np.uint8)
+    for k in range(done, length, BLOCK_BYTES):
+        piece = flat[k:k + BLOCK_BYTES]
+        out.write(memoryview(piece))
+        release(piece)
+    return True
+
+
+def write_pieces(out: BinaryIO, pieces: Iterable[Any]) -> None:
+    """Write bytes, memoryviews and arrays one after another; a mapped array file to file."""
+    for piece in pieces:
+        if isinstance(piece, np.ndarray):
+            if not copy_to(out, piece):
+                out.write(memoryview(np.ascontiguousarray(piece).reshape(-1).view(np.uint8)))
+        else:
+            out.write(piece)

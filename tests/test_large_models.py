@@ -1,0 +1,156 @@
+"""Models with external data: weights mapped from their file on import (never read into memory),
+large folded weights computed block by block into files, weights written back file to file."""
+
+from __future__ import annotations
+
+import hashlib
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from saturate import frontend
+from saturate.cli import main
+from saturate.core import mapped
+from saturate.engine.facts import evaluate_fn
+from saturate.frontend import load_graph, save_graph
+
+DIM = 512          # a 1 MiB weight per block: past the skeleton's size, so it is mapped
+
+
+def _external(name: str, arr: np.ndarray, location: str, offset: int) -> TensorProto:
+    t = TensorProto()
+    t.name, t.data_type = name, helper.np_dtype_to_tensor_dtype(arr.dtype)
+    t.dims.extend(arr.shape)
+    t.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(arr.nbytes))):
+        t.external_data.add(key=key, value=value)
+    return t
+
+
+def _mlp(folder: Path, blocks: int = 3, dim: int = DIM, pad: int = 0) -> Path:
+    """blocks x (MatMul, per-column Mul, Add, Relu), weights in mlp.onnx.data after `pad` bytes."""
+    rng = np.random.default_rng(0)
+    inits, nodes, x, offset = [], [], "x", pad
+    with open(folder / "mlp.onnx.data", "wb") as f:
+        f.write(b"\7" * pad)
+        for b in range(blocks):
+            for name, arr in ((f"w{b}", rng.standard_normal((dim, dim), np.float32) / np.float32(dim ** 0.5)),
+                              (f"s{b}", rng.uniform(0.5, 2, dim).astype(np.float32)),
+                              (f"c{b}", rng.standard_normal(dim).astype(np.float32))):
+                f.write(arr.tobytes())
+                inits.append(_external(name, arr, "mlp.onnx.data", offset))
+                offset += arr.nbytes
+            nodes += [helper.make_node("MatMul", [x, f"w{b}"], [f"m{b}"]),
+                      helper.make_node("Mul", [f"m{b}", f"s{b}"], [f"s{b}o"]),
+                      helper.make_node("Add", [f"s{b}o", f"c{b}"], [f"a{b}"]),
+                      helper.make_node("Relu", [f"a{b}"], [f"r{b}"])]
+            x = f"r{b}"
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, dim])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [2, dim])], initializer=inits)
+    path = folder / "mlp.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def _run(path: Path, feeds: dict) -> list[np.ndarray]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def test_import_maps_external_weights_instead_of_reading_them(tmp_path):
+    path = _mlp(tmp_path, blocks=4)
+    data_bytes = (tmp_path / "mlp.onnx.data").stat().st_size
+    load_graph(str(path))      # modules imported and caches filled before memory is counted
+    tracemalloc.start()
+    try:
+        graph = load_graph(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < data_bytes / 4, (peak, data_bytes)
+    for b in range(4):
+        w = graph.constants[f"w{b}"]
+        assert mapped.is_mapped(w) and not w.flags.writeable
+    # The bytes are the file's, at each weight's offset.
+    want = np.fromfile(tmp_path / "mlp.onnx.data", np.float32, count=DIM * DIM).reshape(DIM, DIM)
+    np.testing.assert_array_equal(graph.constants["w0"], want)
+
+
+@pytest.mark.parametrize("pad", [0, 12])      # 12: weights off the page boundaries
+def test_an_optimized_external_model_reads_back_equal(tmp_path, monkeypatch, pad):
+    monkeypatch.setattr(frontend, "EXTERNAL_DATA_BYTES", 1000)
+    monkeypatch.setattr(mapped, "SPILL_BYTES", 64 << 10)    # the folded weights go through files
+    monkeypatch.setattr(mapped, "BLOCK_BYTES", 100 << 10)   # in blocks of rows
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _mlp(src, pad=pad)
+    before = _digests(src)
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", str(path), "-o", str(out), "--quiet"]) == 0
+    assert _digests(src) == before                                   # inputs untouched
+    skeleton = onnx.load(str(out), load_external_data=False)
+    assert {n.op_type for n in skeleton.graph.node} == {"Gemm", "Relu"}
+    weights = [t for t in skeleton.graph.initializer if len(t.dims) == 2]
+    assert len(weights) == 3 and all(t.data_location == TensorProto.EXTERNAL for t in weights)
+    model = onnx.load(str(out))                                      # with its data, as onnx reads it
+    onnx.checker.check_model(model, full_check=True)
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, DIM)).astype(np.float32)}
+    np.testing.assert_allclose(_run(out, feeds)[0], _run(path, feeds)[0], rtol=1e-4, atol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out.onnx", "out.onnx.data"]
+
+
+def test_unchanged_mapped_weights_are_written_back_as_they_are(tmp_path):
+    path = _mlp(tmp_path, blocks=1, pad=12)
+    graph = load_graph(str(path))
+    save_graph(graph, str(tmp_path / "copy.onnx"))
+    again = onnx.load(str(tmp_path / "copy.onnx"))
+    w = next(t for t in again.graph.initializer if t.name == "w0")
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(w), graph.constants["w0"])
+
+
+def test_a_large_elementwise_fold_is_computed_in_blocks_into_a_file(monkeypatch):
+    monkeypatch.setattr(mapped, "SPILL_BYTES", 64 << 10)
+    monkeypatch.setattr(mapped, "BLOCK_BYTES", 10 << 10)
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((300, 200)).astype(np.float32)
+    for s in (rng.standard_normal(200).astype(np.float32), rng.standard_normal((300, 1)).astype(np.float32),
+              np.float32(3)):
+        got = evaluate_fn("mul", [w, s])
+        assert mapped.is_mapped(got)
+        np.testing.assert_array_equal(got, w * s)
+    # Any other large result is computed whole, then moved to a file; a view of a mapped weight
+    # (a reshape) stays the view.
+    got = evaluate_fn("transpose", [w, (1, 0)])
+    assert mapped.is_mapped(got)
+    np.testing.assert_array_equal(got, w.T)
+    assert np.shares_memory(evaluate_fn("reshape", [got, (-1,)]), got)
+
+
+@pytest.mark.parametrize("case,words", [
+    ("truncated", ["external data of tensor 'w0'", "holds"]),
+    ("offset-past-the-end", ["external data of tensor 'w0'", "offset 99999999", "holds"]),
+])
+def test_a_mapped_weight_past_its_file_is_one_line(case, words, tmp_path, capsys):
+    path = _mlp(tmp_path, blocks=1, dim=128)
+    data = tmp_path / "mlp.onnx.data"
+    if case == "truncated":
+        data.write_bytes(data.read_bytes()[:1000])
+    else:
+        model = onnx.load(str(path), load_external_data=False)
+        w0 = next(t for t in model.graph.initializer if t.name == "w0")
+        next(e for e in w0.external_data if e.key == "offset").value = "99999999"
+        onnx.save_model(model, str(path))
+    assert main(["optimize", str(path), "-o", str(tmp_path / "o.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert all(w in err for w in words), err
+    assert not (tmp_path / "o.onnx").exists()

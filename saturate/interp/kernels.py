@@ -315,3 +315,8 @@ register("Cast", 1, 1, _cast)
 register("Constant", 0, 0, _constant)
 register("Shape", 1, 1, _shape)
 register("Gather", 2, 2, _gather)
+
+from saturate.interp.quant import QUANT_KERNELS  # noqa: E402  (quant.py imports window, not this module)
+
+for _name, (_lo, _hi, _fn) in QUANT_KERNELS.items():
+    register(_name, _lo, _hi, _fn)

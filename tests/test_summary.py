@@ -127,3 +127,18 @@ def test_the_summary_as_json_holds_every_count():
     summary = ModelSummary({"Relu": 2, "Conv": 1}, 10, None, None)
     assert summary.to_json() == {"nodes": 3, "ops": {"Conv": 1, "Relu": 2}, "parameters": 10,
                                  "size_bytes": None, "macs": None}
+
+
+def test_a_partitioned_result_counts_what_its_functions_do(tmp_path):
+    """Composites called as ONNX functions: their bodies' Conv and (with --keep-constants) weights count."""
+    import onnx
+
+    onnx.save(conv_bn_relu(), tmp_path / "m.onnx")
+    for keep in ([], ["--keep-constants"]):
+        out, report = tmp_path / "p.onnx", tmp_path / "r.json"
+        assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(out), "--partition", "--target", "fused",
+                     "--report", str(report), "--quiet", *keep]) == 0
+        after = json.loads(report.read_text())["summary"]["after"]
+        assert after["ops"] == {"Flatten": 1, "conv_bias_relu": 1}
+        assert (after["macs"], after["parameters"], after["size_bytes"]) == (2700, 112, os.path.getsize(out))
+        assert saturate.model_summary(str(out)).macs == 2700

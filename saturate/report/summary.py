@@ -25,10 +25,11 @@ COUNTED_OPS = (*_CONV, "ConvTranspose", *_MATMUL)
 class ModelSummary:
     """What a model holds: nodes per op type, parameters (elements of its constants), the bytes of
     the .onnx file saturate writes for it (None when it cannot be written), and the multiply-
-    accumulates of one inference in COUNTED_OPS (None where a shape they need is symbolic or unknown)."""
+    accumulates of one inference in COUNTED_OPS (None where a shape they need is symbolic or unknown;
+    both None for a partitioned graph that cannot be inlined)."""
 
     ops: dict[str, int] = field(default_factory=dict)
-    parameters: int = 0
+    parameters: int | None = 0
     size: int | None = None
     macs: int | None = None
 
@@ -46,8 +47,12 @@ def summarize(graph: Graph, size: int | None = None) -> ModelSummary:
     bytes of the .onnx saturate would write, measured without writing it)."""
     if size is None:
         size = serialized_size(graph)
-    return ModelSummary(dict(sorted(graph.op_counts().items())),
-                        sum(int(np.asarray(a).size) for a in graph.constants.values()), size, graph_macs(graph))
+    # A partitioned graph's nodes are counted as they are (calls of its composites), its
+    # parameters and MACs in the inlined model: a function body may hold constants.
+    flat = inlined(graph)
+    parameters = None if flat is None else sum(int(np.asarray(a).size) for a in flat.constants.values())
+    return ModelSummary(dict(sorted(graph.op_counts().items())), parameters, size,
+                        None if flat is None else graph_macs(flat))
 
 
 def model_summary(model: Any) -> ModelSummary:
@@ -72,16 +77,40 @@ def model_summary(model: Any) -> ModelSummary:
 def serialized_size(graph: Graph) -> int | None:
     """Bytes of the .onnx saturate writes for `graph` (None when it would refuse to write it)."""
     from saturate.frontend.onnx_io import model_pieces
+    from saturate.partition import FUNCTIONS_KEY, to_model
 
     try:
+        if graph.meta.get(FUNCTIONS_KEY):
+            return to_model(graph).ByteSize()
         return sum(len(piece) for piece in model_pieces(graph))
+    except SaturateError:
+        return None
+
+
+def inlined(graph: Graph) -> Graph | None:
+    """`graph`, or for a partitioned one (its composites called as ONNX functions) the model as
+    written imported again: import inlines each call, typed at its own shapes, constants kept in
+    a body among them. None if that fails."""
+    from saturate.partition import FUNCTIONS_KEY
+
+    if not graph.meta.get(FUNCTIONS_KEY):
+        return graph
+    from saturate.frontend.onnx_io import import_model
+    from saturate.partition import to_model
+
+    try:
+        return import_model(to_model(graph))
     except SaturateError:
         return None
 
 
 def graph_macs(graph: Graph) -> int | None:
     """Multiply-accumulates of one inference in COUNTED_OPS, from the static shapes the graph's
-    values carry; None if one of those nodes has a symbolic or unknown shape."""
+    values carry; None if one of those nodes has a symbolic or unknown shape. The calls of a
+    partitioned graph's functions count what their bodies do."""
+    graph = inlined(graph)
+    if graph is None:
+        return None
     total = 0
     for node in graph.nodes:
         if node.domain not in ("", "ai.onnx") or node.op not in COUNTED_OPS:

@@ -265,6 +265,29 @@ def test_the_node_count_table_gives_onnxsims_recorded_counts():
         assert int(ours) <= int(onnxsim)
 
 
+def test_every_benchmark_table_is_dated_and_names_its_machine_and_command():
+    """A figure without its date, CPU and command cannot be reproduced or told stale."""
+    sections = re.split(r"^## ", text(ROOT / "docs" / "benchmarks.md"), flags=re.M)[1:]
+    with_tables = [s for s in sections if re.search(r"^\|.*\|$", s, re.M)]
+    assert len(with_tables) >= 4
+    for section in with_tables:
+        title = section.splitlines()[0]
+        if title == "Node counts":  # counts, not timings: the same on any machine
+            assert re.search(r"\d{4}-\d\d-\d\d", section), title
+            continue
+        assert re.search(r"\d{4}-\d\d-\d\d", section), f"{title}: no date"
+        assert re.search(r"AMD|Intel|Apple|ARM|Graviton", section), f"{title}: no CPU"
+        assert re.search(r"`(python bench/|saturate )", section), f"{title}: no command"
+
+
+def test_timings_and_cpus_are_named_only_in_benchmarks():
+    for page in PAGES:
+        if page.name == "benchmarks.md":
+            continue
+        found = re.findall(r"\d\s?(?:ms|µs)\b|GFLOP/s|\bZen \d|\bEPYC\b|\bat load\b", text(page))
+        assert found == [], f"{page.name}: {found}: figures belong in docs/benchmarks.md"
+
+
 def test_no_page_installs_the_unrelated_saturate_distribution():
     wrong = [line for page in PAGES for line in text(page).splitlines()
              if re.search(r"pip install\W+saturate\b(?!-onnx)", line)]

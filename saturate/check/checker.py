@@ -135,18 +135,19 @@ def _run_graph(g: Graph, ex: Example) -> tuple[np.ndarray, float]:
     return values[g.outputs[0]], scale
 
 
-def compare(lhs: np.ndarray, rhs: np.ndarray, scale: float) -> str | None:
+def compare(lhs: np.ndarray, rhs: np.ndarray, scale: float, steps: int = 0) -> str | None:
     """Why the right side does not refine the left (None when it does). Where the left side is
     not finite (a division by zero, say), any right-side value is acceptable; +0 and -0 are
-    equal. An integer result must stay integer and match exactly; a float one must be finite
-    and within the tolerance above wherever the left side is finite."""
+    equal. An integer result must stay integer and match exactly (within `steps`, for a rule
+    that declares `rounding_steps(n)`); a float one must be finite and within the tolerance
+    above wherever the left side is finite."""
     if lhs.shape != rhs.shape:
         return f"shapes differ: left {lhs.shape}, right {rhs.shape}"
     integral = [a.dtype.kind in "iu" for a in (lhs, rhs)]
     if integral[0] != integral[1]:
         return f"element types differ: left {lhs.dtype}, right {rhs.dtype}"
     if all(integral):
-        bad = lhs != rhs
+        bad = (lhs != rhs) if not steps else np.abs(lhs.astype(np.int64) - rhs.astype(np.int64)) > steps
     else:
         lhs, rhs = lhs.astype(np.float64), rhs.astype(np.float64)
         defined = np.isfinite(lhs)
@@ -158,6 +159,13 @@ def compare(lhs: np.ndarray, rhs: np.ndarray, scale: float) -> str | None:
         return None
     idx = tuple(int(i) for i in np.argwhere(bad)[0])
     return f"outputs differ at index {list(idx)}: left {lhs[idx]:.7g}, right {rhs[idx]:.7g}"
+
+
+def _rounding_steps(rule: Rule) -> int:
+    """The integer tolerance a rule declares with the guard `rounding_steps(n)` (0 without)."""
+    return max((int(g.args[0].value) for g in rule.guards
+                if g.fn == "rounding_steps" and g.args and isinstance(getattr(g.args[0], "value", None), int)),
+               default=0)
 
 
 def run_example(rule: Rule, example: Example, reverse: bool = False) -> Counterexample | None:
@@ -196,7 +204,7 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool) -> tuple[Counter
     except (SaturateError, RightSideError, ValueError, TypeError, IndexError) as err:
         reason = f"the right side fails: {_first_line(err)}"
         return Counterexample(_plain(example), reverse, reason, lhs), True
-    reason = compare(lhs, np.asarray(rhs), max(scale_l, scale_r))
+    reason = compare(lhs, np.asarray(rhs), max(scale_l, scale_r), _rounding_steps(rule))
     return (None if reason is None else Counterexample(_plain(example), reverse, reason, lhs, np.asarray(rhs))), True
 
 

@@ -27,6 +27,7 @@ from saturate.core.geometry import GeometryError, window
 from saturate.core.ir import Node
 from saturate.core.ops import op_table, spec
 from saturate.lang.ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Term, Var
+from saturate.check.quant_planner import QuantPlanning
 from saturate.check.schema import (BASE_OPSET, DTYPE_WEIGHTS, FLOATS, attribute_drawer, draw_dtype,
                                    dtype_of_tensor_type, input_slot, schema, slot_types, tensor_type)
 from saturate.check.strategies import (MAX_RANK, MAX_SIDE, conv_cases, conv_cases_over, conv_geometry,
@@ -78,7 +79,7 @@ def _num(term: Term) -> Any:
     return term.value if isinstance(term, Num) else None
 
 
-class Planner:
+class Planner(QuantPlanning):
     """Draws shapes for every variable of a pattern, attributes of every op, and sign classes."""
 
     def __init__(self, draw: Callable, guards: tuple[Guard, ...] = (), opset: int = BASE_OPSET):
@@ -120,9 +121,15 @@ class Planner:
                     self.hints.setdefault(first.args[0].name, {})["rank"] = int(args[1].value)
             return
         hint = self.hints.setdefault(first.name, {})
-        if g.fn == "same_shape" and isinstance(args[1], Var):
+        if g.fn == "same_quant" and all(isinstance(a, Var) for a in args):
+            # The second (scale, zero point) drawn mostly as a copy of the first.
+            self.hints.setdefault(args[2].name, {})["same_as"] = first.name
+            self.hints.setdefault(args[3].name, {})["same_as"] = args[1].name
+        elif g.fn == "same_shape" and isinstance(args[1], Var):
             # The second value drawn with the first's shape, where its op leaves the shape free.
             self.hints.setdefault(args[1].name, {})["same_shape"] = first.name
+        elif g.fn == "zero_point_at_min":
+            hint["lowest"] = True
         elif g.fn in _SIGN_GUARDS:
             hint["sign"] = _SIGN_GUARDS[g.fn]
         elif g.fn in ("ones", "zeros"):

@@ -37,6 +37,9 @@ SAME_SHAPE = frozenset({
 SHAPE_OPS = frozenset({"Concat", "Shape", "Gather", "Unsqueeze", "Squeeze", "Cast", "CastLike",
                        "Add", "Sub", "Mul", "Div", "Neg", "Slice", "Expand", "Range",
                        "ConstantOfShape", "Reshape", "Identity", "Mod", "Pad", "Transpose"})
+# Quantization makes integer tensors: rules over these ops (rules/quant.rules) see int8/uint8 values.
+QUANT_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
+                       "ConvInteger", "MatMulInteger"})
 # The ops the engine encodes as rewritable terms even when no rule names them.
 ENGINE_OPS = frozenset({
     "Conv", "BatchNormalization", "Add", "Sub", "Mul", "Div", "Relu", "Clip", "LeakyRelu", "Sigmoid",
@@ -80,7 +83,7 @@ def _default(attr: onnx.defs.OpSchema.Attribute) -> Any:
 def _from_schema(s: onnx.defs.OpSchema) -> OpSpec:
     hi = VARIADIC if s.max_input >= 2**31 - 1 else s.max_input
     return OpSpec(s.name, s.min_input, hi, {k: _default(a) for k, a in s.attributes.items()},
-                  s.since_version, s.name in ELEMENTWISE, s.name in SHAPE_OPS)
+                  s.since_version, s.name in ELEMENTWISE, s.name in SHAPE_OPS | QUANT_OPS)
 
 
 @functools.lru_cache(maxsize=None)

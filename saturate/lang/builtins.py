@@ -1003,3 +1003,10 @@ def to_attribute(kind: str | None, value: Any) -> Any:
         return ints if kind == "INTS" else ints[0]
     floats = [float(np.float32(x)) for x in a.ravel()]   # attributes hold float32
     return floats if kind == "FLOATS" else floats[0]
+
+
+# Quantization (rules/quant.rules): defined beside the interpreter's QuantizeLinear.
+from saturate.lang.quant_builtins import QUANT_FUNCS, QUANT_GUARDS  # noqa: E402  (needs the classes above)
+
+CONST_FUNCS.update(QUANT_FUNCS)
+GUARDS.update(QUANT_GUARDS)

@@ -110,10 +110,16 @@ def nbytes(info: ValueInfo | None) -> int:
 def flops(op: str, attrs: dict[str, Any], input_infos: Sequence[ValueInfo], output_info: ValueInfo) -> int:
     """Arithmetic operations of one node, from shapes alone."""
     out = numel(output_info)
-    if op == "Conv" and len(input_infos) > 1 and input_infos[1].shape is not None:
+    # The integer forms (QLinearConv's weight is input 3) do the same multiply-adds on 8-bit values.
+    weight = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3}.get(op)
+    if weight is not None and len(input_infos) > weight and input_infos[weight].shape is not None:
         # Each output element is a dot product over (C_in / group) * kernel window.
-        window = math.prod(d if isinstance(d, int) else 1 for d in input_infos[1].shape[1:])
-        return 2 * out * window + (out if len(input_infos) > 2 and input_infos[2] else 0)
+        window = math.prod(d if isinstance(d, int) else 1 for d in input_infos[weight].shape[1:])
+        bias = {"Conv": 2, "QLinearConv": 8}.get(op, len(input_infos))
+        return 2 * out * window + (out if len(input_infos) > bias and input_infos[bias] else 0)
+    if op in ("QLinearMatMul", "MatMulInteger") and input_infos and input_infos[0].shape:
+        k = input_infos[0].shape[-1]
+        return 2 * out * (k if isinstance(k, int) else 1)
     if op in ("Gemm", "MatMul") and input_infos and input_infos[0].shape:
         shape = input_infos[0].shape
         k = shape[0] if op == "Gemm" and attrs.get("transA", 0) else shape[-1]

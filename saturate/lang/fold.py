@@ -107,6 +107,26 @@ def foldable(m: Matched) -> bool:
     return unsupported_reason(m.op, m.opset) is None or m.op in OP_IMPLS
 
 
+def plausible(op: str, opset: int) -> bool:
+    """What `foldable` says of an op from its schema alone (no interpreter loaded): whether a rule
+    instance for it is worth compiling."""
+    import onnx
+    from onnx import AttributeProto
+
+    if op in NONDETERMINISTIC:
+        return False
+    try:
+        schema = onnx.defs.get_schema(op, opset, "")
+    except onnx.defs.SchemaError:
+        return False
+    if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in schema.attributes.values()):
+        return False
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    return not any(all(t.startswith(("seq(", "optional(", "map(", "sparse_tensor("))
+                       for t in allowed.get(p.type_str, [p.type_str]))
+                   for p in [*schema.inputs, *schema.outputs])
+
+
 def fold_fits(m: Matched, inputs: list[Any]) -> bool:
     """The folded result is at most the run's --max-fold-bytes, or no larger than the constant
     inputs it replaces. Its size comes from ONNX shape inference on the node with its constant

@@ -11,11 +11,11 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from saturate.core.errors import SaturateError
-from saturate.core.fileio import check_writable, write_atomic
+from saturate.core.fileio import check_writable, same_file, write_atomic
 from saturate.core.ir import Graph
 from saturate.core.inputs import open_regular
 from saturate.core.limits import check_bytes, max_memory_bytes
-from saturate.core.mapped import write_pieces
+from saturate.core.mapped import current_arena, write_pieces
 
 TEXT_SUFFIXES = (".sat", ".txt")
 
@@ -104,10 +104,15 @@ def save_graph(graph: Graph, path: str) -> None:
 
         if sum(a.nbytes for a in graph.constants.values()) > EXTERNAL_DATA_BYTES:
             # Protobuf cannot hold 2 GB: the weights go to a file beside the model, written first.
+            # Weights folded beside it (core.mapped.folds_beside) are already in place there.
             data_name = f"{target.name}.data"
-            pieces, chunks = onnx_io.external_pieces(graph, data_name)
+            arena = current_arena()
+            if arena is not None and (arena.name != data_name or not same_file(arena.folder, target.parent or ".")):
+                arena = None
+            pieces, chunks, adopted = onnx_io.external_pieces(graph, data_name, arena)
             check_writable(target)
-            write_atomic(target.parent / data_name, lambda f: write_pieces(f, chunks))
+            write_atomic(target.parent / data_name, lambda f: write_pieces(f, chunks),
+                         adopt=arena.adopt() if adopted else None)
         else:
             pieces = onnx_io.model_pieces(graph)
     write_atomic(target, lambda f: write_pieces(f, pieces))

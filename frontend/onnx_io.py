@@ -15,6 +15,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 from saturate.core.limits import check_allocation, element_count, max_memory_bytes
+from saturate.core.mapped import Arena, file_slice
 
 # The engine's rules and the interpreter's numpy kernels are written for the forms ops take from
 # opset 14 (Softmax on one axis and Squeeze's axes as an input from 13; the rules match
@@ -766,11 +767,14 @@ _EXTERNAL_MIN_BYTES = 1024
 _DATA_ALIGN = 4096
 
 
-def external_pieces(graph: Graph, data_name: str) -> tuple[list[bytes], list[bytes | np.ndarray]]:
+def external_pieces(graph: Graph, data_name: str,
+                    arena: Arena | None = None) -> tuple[list[bytes], list[bytes | np.ndarray], bool]:
     """The ONNX model `export_model` makes of `graph` with its weights in a data file named
-    `data_name` beside it (for a model past protobuf's 2 GB): the model's bytes, and the data
-    file's pieces to write one after another, each weight the array itself (a weight still in
-    its input file is copied file to file when written: `core.mapped.write_pieces`)."""
+    `data_name` beside it (for a model past protobuf's 2 GB): the model's bytes, the data file's
+    pieces to write one after another, each weight the array itself (a weight still in its input
+    file is copied file to file when written: `core.mapped.write_pieces`), and whether the data
+    file is `arena`'s, the pieces to be appended to it: when each weight folded into the arena
+    is one of the graph's, those stay where they are."""
     model = export_model(graph, weights=False)
     check_exported(graph, model)
     io = _io_without_shapes(model)
@@ -785,27 +789,48 @@ def external_pieces(graph: Graph, data_name: str) -> tuple[list[bytes], list[byt
         for vi in io:
             if vi.name in known and known[vi.name].type.tensor_type.HasField("shape"):
                 vi.type.CopyFrom(known[vi.name].type)
+    placed = _placed_in(graph, arena)
     data: list[bytes | np.ndarray] = []
-    offset = 0
+    offset = arena.size() if placed else 0
     for name, arr in graph.constants.items():
         arr = np.asarray(arr)
         proto = model.graph.initializer.add()
         dtype = _fill_tensor_head(proto, name, arr)
         if dtype is None:
             continue
-        if arr.nbytes < _EXTERNAL_MIN_BYTES:
+        if arr.nbytes < _EXTERNAL_MIN_BYTES and name not in placed:
             proto.raw_data = _raw_bytes(arr, dtype)
             continue
-        if offset % _DATA_ALIGN:
-            data.append(bytes(_DATA_ALIGN - offset % _DATA_ALIGN))
-            offset += len(data[-1])
         raw = np.asarray(arr, dtype=dtype, order="C").reshape(-1).view(np.uint8)
+        where = placed.get(name)
+        if where is None:
+            if offset % _DATA_ALIGN:
+                data.append(bytes(_DATA_ALIGN - offset % _DATA_ALIGN))
+                offset += len(data[-1])
+            where = offset
+            data.append(raw)
+            offset += raw.nbytes
         proto.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(raw.nbytes))):
+        for key, value in (("location", data_name), ("offset", str(where)), ("length", str(raw.nbytes))):
             proto.external_data.add(key=key, value=value)
-        data.append(raw)
-        offset += raw.nbytes
-    return [model.SerializeToString()], data
+    return [model.SerializeToString()], data, bool(placed)
+
+
+def _placed_in(graph: Graph, arena: Arena | None) -> dict[str, int]:
+    """Offsets in `arena`'s file of the constants folded into it, when every weight the arena
+    holds is (exactly) one of them, in the byte order raw_data wants; else nothing (a weight no
+    constant uses would be dead bytes in the data file)."""
+    if arena is None or not arena.regions:
+        return {}
+    placed, used = {}, set()
+    for name, arr in graph.constants.items():
+        where = file_slice(np.asarray(arr))
+        if where is not None and where[0] is arena.file:
+            if np.asarray(arr).dtype != np.asarray(arr).dtype.newbyteorder("<"):
+                return {}
+            placed[name] = where[1]
+            used.add(where[1:])
+    return placed if used == set(arena.regions) else {}
 
 
 def model_pieces(graph: Graph) -> list[bytes | memoryview | np.ndarray]:

@@ -11,6 +11,7 @@ import time
 
 from saturate.core.errors import SaturateError, one_line
 from saturate.core.fileio import check_outputs, model_files, write_atomic, written_together
+from saturate.core.mapped import folds_beside
 from saturate.lang.fold import check_fold_bytes
 from saturate.pipeline import MAX_ITERATIONS, MAX_NODES, TIMEOUT
 from saturate.progress import Status, saturation_callback, status
@@ -92,8 +93,10 @@ def run(args: argparse.Namespace) -> int:
                ("--report", args.report), ("--html", args.html)]
     check_outputs(outputs, inputs)
     _check_suffix(args.output)
-    # The model, report and page are renamed into place together once all are written.
-    with status(args.quiet or args.trace, "load") as shown, written_together(inputs) as read:
+    # The model, report and page are renamed into place together once all are written; large
+    # folded weights are computed beside the output, where its data file can take them over.
+    with status(args.quiet or args.trace, "load") as shown, written_together(inputs) as read, \
+            folds_beside(args.output):
         report, functions, failure, sizes = _optimize_one(args, shown, read, outputs)
     if args.trace:
         print(format_report(report), file=sys.stderr)

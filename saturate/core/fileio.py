@@ -286,9 +286,11 @@ def _remove(path: str) -> None:
         pass
 
 
-def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], adopt: str | None = None) -> None:
     """Call `write` on a temp file in the target's folder, then rename it over the target (at the
-    end of the enclosing `written_together` block, if any).
+    end of the enclosing `written_together` block, if any). With `adopt`, the temp file is that
+    one, already begun (by core.mapped.Arena, named as ours are, in the target's folder), and
+    `write` appends to it.
 
     A failure (or an interrupt) anywhere leaves no half-written output and no temp file. The
     file gets the permissions the umask gives a new file (a temp file starts private). Stale temp
@@ -298,11 +300,19 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     directory = target.parent if str(target.parent) else Path(".")
     sweep_stale_temps(directory)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=directory)
+        if adopt is not None:
+            tmp = adopt
+            fd = os.open(tmp, os.O_RDWR | os.O_CLOEXEC)
+            os.lseek(fd, 0, os.SEEK_END)
+        else:
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=directory)
     except OSError as err:
+        if adopt is not None:
+            _remove(adopt)
         raise SaturateError(f"{path}: cannot write: {err.strerror}") from None
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "r+b" if adopt is not None else "wb") as f:
+            f.seek(0, os.SEEK_END)
             write(f)
             f.flush()
             os.fsync(f.fileno())

@@ -10,12 +10,14 @@ blocks however large the weights are. The mapped files must not change while the
 
 from __future__ import annotations
 
+import contextvars
 import mmap
 import os
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -29,17 +31,88 @@ BLOCK_BYTES = 16 << 20
 
 
 class _Mapping(mmap.mmap):
-    """A read-only mapping of a whole file, the open file beside it (copies read from it)."""
+    """A read-only mapping of a file from `offset` on, the open file beside it (copies read
+    from it)."""
 
     file: BinaryIO
     address: int
+    offset: int
 
 
-def _map(f: BinaryIO) -> _Mapping:
-    m = _Mapping(f.fileno(), 0, access=mmap.ACCESS_READ)
-    m.file = f
+def _map(f: BinaryIO, offset: int = 0, length: int = 0) -> _Mapping:
+    m = _Mapping(f.fileno(), length, access=mmap.ACCESS_READ, offset=offset)
+    m.file, m.offset = f, offset
     m.address = np.frombuffer(m, np.uint8, count=1).ctypes.data
     return m
+
+
+class Arena:
+    """A temp file in an output's folder that large folded weights are written into, each at a
+    page boundary and mapped from there: saving the result can take the file over as its data
+    file (`adopt`), so those weights are written once, where they end up."""
+
+    def __init__(self, folder: Path, name: str):
+        self.folder, self.name = folder, name
+        self.file: BinaryIO | None = None
+        self.path = ""
+        self.regions: list[tuple[int, int]] = []      # (offset, length) of each weight written
+        self.adopted = False
+
+    def begin(self) -> tuple[BinaryIO, int]:
+        """The file and the offset the next weight starts at (the file's end, page-aligned)."""
+        if self.file is None:
+            try:
+                fd, self.path = tempfile.mkstemp(prefix=f".{self.name}.{os.getpid()}.", suffix=".tmp",
+                                                 dir=self.folder)
+            except OSError as err:
+                raise SaturateError(f"cannot make a temp file for folded weights in {self.folder}: "
+                                    f"{err.strerror or err}") from None
+            self.file = os.fdopen(fd, "r+b")
+        end = self.file.seek(0, os.SEEK_END)
+        start = -(-end // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
+        if start > end:
+            self.file.write(bytes(start - end))
+        return self.file, start
+
+    def size(self) -> int:
+        return 0 if self.file is None else os.fstat(self.file.fileno()).st_size
+
+    def adopt(self) -> str:
+        """Hand the file over (to be renamed into place): it is not removed when the block ends."""
+        self.adopted = True
+        return self.path
+
+    def close(self) -> None:
+        if self.file is not None and not self.adopted:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
+_ARENA: contextvars.ContextVar[Arena | None] = contextvars.ContextVar("arena", default=None)
+
+
+@contextmanager
+def folds_beside(output: str | os.PathLike | None) -> Iterator[Arena | None]:
+    """Within the block, large folded weights go to an Arena beside `output` (see save_graph),
+    not to temp files elsewhere; the arena's file is removed at the end unless it was adopted."""
+    if output is None:
+        yield None
+        return
+    target = Path(output)
+    arena = Arena(target.parent if str(target.parent) else Path("."), f"{target.name}.data")
+    token = _ARENA.set(arena)
+    try:
+        yield arena
+    finally:
+        _ARENA.reset(token)
+        arena.close()
+
+
+def current_arena() -> Arena | None:
+    """The Arena of the enclosing `folds_beside` block, if any."""
+    return _ARENA.get()
 
 
 class DataFiles:
@@ -86,7 +159,7 @@ def file_slice(arr: np.ndarray) -> tuple[BinaryIO, int, int] | None:
     m = _mapping_of(arr)
     if m is None or not arr.flags.c_contiguous or m.closed:
         return None
-    return m.file, arr.ctypes.data - m.address, arr.nbytes
+    return m.file, arr.ctypes.data - m.address + m.offset, arr.nbytes
 
 
 def is_mapped(arr: np.ndarray) -> bool:
@@ -109,17 +182,34 @@ def release(arr: np.ndarray) -> None:
         pass
 
 
-def _temp_file() -> BinaryIO:
+def _sink() -> tuple[BinaryIO, int]:
+    """Where the next large weight is written: the enclosing Arena, else an unlinked temp file."""
+    arena = _ARENA.get()
+    if arena is not None:
+        return arena.begin()
     try:
-        return tempfile.TemporaryFile(prefix="saturate-weight-")
+        return tempfile.TemporaryFile(prefix="saturate-weight-"), 0
     except OSError as err:
         raise SaturateError(f"cannot make a temp file for a folded weight: {err.strerror or err}") from None
 
 
-def _finish(f: BinaryIO, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _finish(f: BinaryIO, start: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     f.flush()
-    m = _map(f)
-    return np.frombuffer(m, dtype=dtype).reshape(shape)
+    length = f.tell() - start
+    arena = _ARENA.get()
+    if arena is not None and f is arena.file:
+        arena.regions.append((start, length))
+    return np.frombuffer(_map(f, start, length), dtype=dtype).reshape(shape)
+
+
+def _abandon(f: BinaryIO, start: int) -> None:
+    """Drop what was written of a weight that is not finished."""
+    arena = _ARENA.get()
+    if arena is not None and f is arena.file:
+        f.truncate(start)
+        f.seek(start)
+    else:
+        f.close()
 
 
 def spill(arr: np.ndarray) -> np.ndarray:
@@ -127,14 +217,14 @@ def spill(arr: np.ndarray) -> np.ndarray:
     arr = np.ascontiguousarray(arr)
     if arr.dtype.hasobject or not arr.nbytes:
         return arr
-    f = _temp_file()
+    f, start = _sink()
     try:
         flat = arr.reshape(-1).view(np.uint8)
         for k in range(0, flat.size, BLOCK_BYTES):
             f.write(memoryview(flat[k:k + BLOCK_BYTES]))
-        return _finish(f, arr.dtype, arr.shape)
+        return _finish(f, start, arr.dtype, arr.shape)
     except OSError as err:
-        f.close()
+        _abandon(f, start)
         raise SaturateError(f"cannot write a folded weight to a temp file: {err.strerror or err}") from None
 
 
@@ -160,29 +250,27 @@ def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray 
         return None
     split = [isinstance(a, np.ndarray) and a.ndim == len(shape) and a.shape[0] == shape[0] for a in args]
     step = max(1, BLOCK_BYTES // row)
-    f = _temp_file()
+    f, start = _sink()
     dtype = None
     try:
         for i in range(0, shape[0], step):
             parts = [a[i:i + step] if s else a for a, s in zip(args, split)]
             block = np.asarray(impl(*parts))
-            if block.shape != (min(step, shape[0] - i), *shape[1:]) or (dtype is not None and block.dtype != dtype):
-                f.close()
+            if (block.shape != (min(step, shape[0] - i), *shape[1:]) or block.dtype.hasobject
+                    or (dtype is not None and block.dtype != dtype)):
+                _abandon(f, start)
                 return None
             dtype = block.dtype
-            if dtype.hasobject:
-                f.close()
-                return None
             f.write(memoryview(np.ascontiguousarray(block).reshape(-1).view(np.uint8)))
             for part, s in zip(parts, split):
                 if s:
                     release(part)
-        return _finish(f, dtype, shape)
+        return _finish(f, start, dtype, shape)
     except OSError as err:
-        f.close()
+        _abandon(f, start)
         raise SaturateError(f"cannot write a folded weight to a temp file: {err.strerror or err}") from None
     except BaseException:
-        f.close()
+        _abandon(f, start)
         raise
 
 

@@ -8,6 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import saturate
 from saturate.cli import main
 from saturate.frontend.onnx_io import import_model
 from saturate.pipeline import optimize
@@ -121,6 +122,8 @@ def test_the_size_limit_keeps_a_fold_that_would_grow_the_model():
     assert kept.op_counts() == {"Expand": 1, "Add": 1}
     _, folded, _ = _optimized(_expand_model(), max_fold_bytes=4 << 20)
     assert folded.op_counts() == {"Add": 1}
+    model, ok = saturate.simplify(_expand_model(), check_n=0, max_fold_bytes="4M")
+    assert ok and [n.op_type for n in model.graph.node] == ["Add"]
 
 
 def test_a_fold_no_larger_than_its_inputs_needs_no_allowance():

@@ -13,6 +13,7 @@ from saturate.backend.build import avx512_build
 from saturate.backend import plan as plan_module
 from saturate.backend.plan import (DOT_MAXP, PN, PR, TILE_BYTES, Plan, Step, conv_layout, plan, runs_direct, runs_packed,
                                    runs_stream, runs_wino, tile_rows)
+from saturate.backend.quant import axis_operand, emit_qlinear
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides, vec_expr
 from saturate.backend.shapes import (ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, gather_view, infer_shapes,
                                      pad_params, pool_window, reduce_axes, resize_tables, slice_params, unsupported)
@@ -295,6 +296,8 @@ class Emitter:
         if not isinstance(key, tuple):
             return key
         tag, node = key
+        if tag in ("q_scale", "q_zero"):
+            return axis_operand(self.g, node, tag, self.shapes[node.inputs[0]])
         if any(i not in self.g.constants for i in node.inputs[1:5]):
             raise unsupported(node, "needs constant BatchNormalization statistics")
         scale, bias, mean, var = (np.asarray(self.g.constants[i], np.float64) for i in node.inputs[1:5])
@@ -551,6 +554,12 @@ class Emitter:
         st = ", ".join(str(t) for _, t in merged)
         self.body.append(f"    {{ static const int64_t s[] = {{{shp}}}, t[] = {{{st}}};\n"
                          f"      sat_strided({src} + {base}, {out}, {len(merged)}, s, t); }}\n")
+
+    def emit_QLinearConv(self, step, chain, out, oshape):
+        emit_qlinear(self, step, chain, out, oshape)
+
+    def emit_QLinearMatMul(self, step, chain, out, oshape):
+        emit_qlinear(self, step, chain, out, oshape)
 
     def emit_Transpose(self, step, chain, out, oshape):
         node = step.anchor

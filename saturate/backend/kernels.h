@@ -515,6 +515,7 @@ static void sat_copy_blocks(const float *x, float *y, int64_t outer, int64_t inn
 #include "pgemm.h"
 #include "wino.h"
 #include "tensor.h"
+#include "qgemm.h"
 
 /* Read the whole weights file into a 64-byte aligned buffer; it must hold exactly `nfloats` floats. */
 static float *sat_read_weights(const char *path, int64_t nfloats) {

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from saturate.backend.shapes import SUPPORTED, _out_shape, unsupported
+from saturate.backend import quant
+from saturate.backend.quant import QUANT_OPS
+from saturate.backend.shapes import INT_CODED, SUPPORTED, _out_shape, unsupported
 from saturate.core import geometry
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, ValueInfo
@@ -18,6 +20,8 @@ NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
 # Ops whose inputs after the first are parameters the emitter reads at compile time.
 PARAM_INPUTS = {"Reshape", "Expand", "Slice", "Pad", "Squeeze", "Unsqueeze", "Resize", "ReduceMean", "ReduceSum",
                 "ReduceMax", "ReduceMin", "Split", "Clip", "BatchNormalization", "Gather"}
+# Views that also take integers C holds as floats (shapes.INT_CODED): their output keeps the dtype.
+INT_VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 # Extra outputs a C kernel may drop when nothing reads them (LayerNorm's statistics, Dropout's mask).
 DROPPABLE_OUTPUTS = {"LayerNormalization", "Dropout"}
 
@@ -248,9 +252,14 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
         why = None
         if not standard or node.op not in SUPPORTED | {"Split"}:
             why = f"has no kernel for op '{node.op}'"
+        elif node.op in QUANT_OPS:
+            x = node.inputs[0]
+            why = (f"needs a static shape for '{x}'" if x not in g.constants and shapes.get(x) is None
+                   else quant.check_node(g, node, dtypes))
         else:
             data = present[:1] if node.op in PARAM_INPUTS else present
-            bad = [i for i in data if i not in g.constants and (shapes.get(i) is None or dtypes.get(i) != "float32")]
+            held = ("float32", *INT_CODED) if node.op in INT_VIEWS | {"Cast"} else ("float32",)
+            bad = [i for i in data if i not in g.constants and (shapes.get(i) is None or dtypes.get(i) not in held)]
             if bad:
                 why = (f"needs a static shape for '{bad[0]}'" if shapes.get(bad[0]) is None
                        else f"runs float32 only ('{bad[0]}' is {dtypes.get(bad[0])})")
@@ -274,7 +283,9 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
                 out = _out_shape(g, node, ins)
                 g.nodes.append(node)
                 kinds.append("c")
-                shapes[node.outputs[0]], dtypes[node.outputs[0]] = tuple(int(d) for d in out), "float32"
+                shapes[node.outputs[0]] = tuple(int(d) for d in out)
+                dtypes[node.outputs[0]] = (quant.out_dtype(g, node) if node.op in QUANT_OPS
+                                           else dtypes.get(node.inputs[0]) if node.op in INT_VIEWS else "float32")
                 continue
             except SaturateError as err:
                 why = str(err).split("the C backend ", 1)[-1]

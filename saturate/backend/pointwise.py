@@ -214,6 +214,10 @@ def step_expr(node: Node, chain_input: str, operand, graph) -> str:
         return "1.0f / v"
     if op == "BatchNormalization":
         return f"v * {operand(('bn_scale', node))} + {operand(('bn_shift', node))}"
+    if op in ("QuantizeLinear", "DequantizeLinear"):
+        from saturate.backend.quant import q_expr
+
+        return q_expr(node, operand, graph)
     if op == "Identity":
         return "v"
     raise unsupported(node, f"cannot apply op '{op}' pointwise")
@@ -224,6 +228,10 @@ def vec_expr(node: Node, chain_input: str, operand, graph) -> str | None:
     calls vec.h's sat_exp8 and sat_rcp8 (AVX2 and AVX-512 builds; the 16-lane forms of AVX-512 kernels
     rename them, with every _mm256_ call, to their 512-bit versions)."""
     op = node.op
+    if op in ("QuantizeLinear", "DequantizeLinear"):
+        from saturate.backend.quant import q_vec_expr
+
+        return q_vec_expr(node, operand, graph)
     if op == "Swish":
         a = c_float(node.attr("alpha", 1.0))
         return (f"_mm256_mul_ps(v, sat_rcp8(_mm256_add_ps(_mm256_set1_ps(1.0f), "

@@ -16,6 +16,7 @@ from saturate.backend.build import BLAS_FILE, BUILD_FILES, EXTENSION, MODULE, bu
 from saturate.backend.capi import api_source, header
 from saturate.backend.emit import Emitted, emit
 from saturate.backend.partition import Partition, Piece, partition
+from saturate.backend.shapes import INT_CODED
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph
 from saturate.core.limits import check_allocation, check_bytes
@@ -121,7 +122,8 @@ class CompiledModel:
         # model's terms.
         whole = len(segments) == 1 and len(part.pieces) == 1 and part.pieces[0].kind == "c"
         direct = whole and [n for n, _ in segments[0].inputs] == [n for n, _ in self.inputs] \
-            and [n for n, _ in segments[0].outputs] == [o for o, _ in self.outputs]
+            and [n for n, _ in segments[0].outputs] == [o for o, _ in self.outputs] \
+            and all(part.dtypes.get(n) == "float32" for n, _ in [*self.inputs, *self.outputs])
         self._direct_call = segments[0].model.call if direct else None
 
     def _arrays(self, args, kwargs) -> list[np.ndarray]:
@@ -173,7 +175,9 @@ class CompiledModel:
             if piece.kind == "c":
                 seg = next(segments)
                 outs = seg.run([self._c_input(env[i], i, shape) for i, (_, shape) in zip(piece.inputs, seg.inputs)], n)
-                env.update(zip(piece.outputs, outs))
+                # integers come out of C as floats of their values (shapes.INT_CODED)
+                env.update((o, v if self.partition.dtypes.get(o) in (None, "float32")
+                            else v.astype(self.partition.dtypes[o])) for o, v in zip(piece.outputs, outs))
                 continue
             for node in piece.nodes:
                 args = [None if not i else env[i] if i in env else g.constants[i] for i in node.inputs]
@@ -184,6 +188,8 @@ class CompiledModel:
     def _c_input(value: np.ndarray, name: str, shape: tuple) -> np.ndarray:
         """An interpreter result handed to a C segment: it must have the shape the segment was planned for."""
         a = np.asarray(value)
+        if a.dtype.name in INT_CODED:  # quantized values enter C as floats of the same values
+            a = a.astype(np.float32)
         if a.dtype != np.float32 or tuple(a.shape) != tuple(shape):
             raise SaturateError(f"value '{name}' came out of the interpreter as {a.dtype}{list(a.shape)}; the next C "
                                 f"segment was compiled for float32{list(shape)}")

@@ -14,11 +14,16 @@ from saturate.core.ops import SAME_SHAPE
 
 ELEMENTWISE_UNARY = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal",
                      "HardSwish", "HardSigmoid", "Swish", "Gelu", "Exp", "Log", "Abs", "Floor", "Ceil", "Elu",
-                     "Softplus", "Selu"}
+                     "Softplus", "Selu", "QuantizeLinear", "DequantizeLinear"}
+# Integer dtypes C segments hold as float32 numbers of exactly those values (a quantized activation is the
+# integer QuantizeLinear rounded to, in a float: every 16-bit integer is one); their bounds.
+INT_CODED = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
+# ONNX TensorProto element types of INT_CODED.
+INT_CODED_TYPES = {3: "int8", 2: "uint8", 5: "int16", 4: "uint16"}
 ELEMENTWISE_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
 # Ops whose output shares its input's storage (a view): no kernel runs.
 ALIASES = {"Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Cast", "CastLike", "Dropout"}
-KERNELS = {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Gemm", "MatMul",
+KERNELS = {"QLinearConv", "QLinearMatMul", "Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Gemm", "MatMul",
            "Transpose", "Concat", "Softmax", "Slice", "Expand", "Pad", "LayerNormalization", "ReduceMean",
            "ReduceSum", "ReduceMax", "ReduceMin", "Resize", "Gather"}
 SUPPORTED = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | ALIASES | KERNELS
@@ -311,8 +316,10 @@ def _out_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
             return tuple(np.broadcast_shapes(ins[0], ins[1]))
         except ValueError:
             raise unsupported(node, f"cannot broadcast shapes {ins[0]} and {ins[1]}") from None
-    if op == "Conv":
-        w = ins[1]
+    if op == "QLinearMatMul":
+        return _out_shape(graph, Node("MatMul", node.inputs[::3], node.outputs, {}, node.name), ins[::3])
+    if op in ("Conv", "QLinearConv"):
+        w = ins[1] if op == "Conv" else ins[3]
         win = conv_window(node, x, w)
         if x[1] != w[1] * int(node.attr("group", 1)):
             raise unsupported(node, f"got input channels {x[1]} for weights {w}")

@@ -1,0 +1,152 @@
+/* Quantized kernels: QLinearConv and QLinearMatMul on 8-bit integers with int32 accumulation and a
+ * requantizing epilogue, included by kernels.h.
+ *
+ * Quantized activations live in the workspace as float32 numbers holding their integer values exactly (see
+ * INT_CODED in shapes.py); a work item gathers its pixels' taps into unsigned bytes (x + xoff, so int8
+ * inputs become x + 128) and multiplies them with the signed weight bytes (w - woff, uint8 weights become
+ * w - 128), packed here in 16-channel panels [K4][16][4]. With a = x_zero_point + xoff and b[m] the weights'
+ * zero point in the same offset, sum (x - zx)(w - zw) = dot - b[m] * rowsum - a * wsum[m] + K a b[m]; the
+ * terms that do not depend on the pixel are folded into corr[m] (int64, bias included) at compile time.
+ * The result is requantized as ONNX Runtime does: float(sum) * (x_scale * w_scale / y_scale), rounded half
+ * to even, plus y_zero_point, saturated. AVX-512 VNNI builds multiply with vpdpbusd (4 bytes per lane); the
+ * portable loop keeps the same packing and int32 sums. */
+#ifndef SATURATE_QGEMM_H
+#define SATURATE_QGEMM_H
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define SAT_HAVE_VNNI 1
+#endif
+
+#define SAT_QROWS 6    /* pixels per register tile */
+#define SAT_QTILE 96   /* pixels per work item (a multiple of SAT_QROWS) */
+
+typedef struct {
+    const float *x;
+    const int8_t *w;
+    const int64_t *corr;
+    const int32_t *bz;
+    const float *scale;
+    float *y;
+    int64_t images, C, H, W, M, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, group, K, K4, tiles;
+    int xoff, xpad, matmul;
+    float zy, lo, hi;
+} sat_qconv_args;
+
+/* Gather pixel p's K taps as bytes into row a (K4 * 4 bytes, zero past K); returns their sum. */
+static int32_t sat_qgather(const sat_qconv_args *q, int64_t n, int64_t g, int64_t p, uint8_t *a) {
+    int32_t sum = 0;
+    if (q->matmul) {
+        const float *xr = q->x + p * q->K;
+        for (int64_t k = 0; k < q->K; k++) {
+            const int v = (int)xr[k] + q->xoff;
+            a[k] = (uint8_t)v;
+            sum += v;
+        }
+    } else {
+        const int64_t Cg = q->C / q->group, oy = p / q->ow, ox = p % q->ow;
+        const int64_t iy0 = oy * q->sh - q->ph, ix0 = ox * q->sw - q->pw;
+        int64_t k = 0;
+        for (int64_t c = 0; c < Cg; c++) {
+            const float *xc = q->x + ((n * q->C + g * Cg + c) * q->H) * q->W;
+            for (int64_t ky = 0; ky < q->kh; ky++) {
+                const int64_t iy = iy0 + ky * q->dh;
+                for (int64_t kx = 0; kx < q->kw; kx++, k++) {
+                    const int64_t ix = ix0 + kx * q->dw;
+                    const int v = (iy >= 0 && iy < q->H && ix >= 0 && ix < q->W) ? (int)xc[iy * q->W + ix] + q->xoff
+                                                                                : q->xpad;
+                    a[k] = (uint8_t)v;
+                    sum += v;
+                }
+            }
+        }
+    }
+    for (int64_t k = q->K; k < 4 * q->K4; k++) a[k] = 0;
+    return sum;
+}
+
+/* int32 sums of SAT_QROWS byte rows (stride lda) with one 16-channel weight panel. */
+static void sat_qdot_panel(const uint8_t *a, int64_t lda, const int8_t *w, int64_t K4, int32_t acc[SAT_QROWS][16]) {
+#ifdef SAT_HAVE_VNNI
+    __m512i s[SAT_QROWS];
+    for (int r = 0; r < SAT_QROWS; r++) s[r] = _mm512_setzero_si512();
+    for (int64_t k = 0; k < K4; k++) {
+        const __m512i b = _mm512_loadu_si512((const void *)(w + k * 64));
+        for (int r = 0; r < SAT_QROWS; r++) {
+            int32_t four;
+            memcpy(&four, a + r * lda + 4 * k, 4);
+            s[r] = _mm512_dpbusd_epi32(s[r], _mm512_set1_epi32(four), b);
+        }
+    }
+    for (int r = 0; r < SAT_QROWS; r++) _mm512_storeu_si512((void *)acc[r], s[r]);
+#else
+    for (int r = 0; r < SAT_QROWS; r++)
+        for (int c = 0; c < 16; c++) acc[r][c] = 0;
+    for (int64_t k = 0; k < K4; k++) {
+        const int8_t *b = w + k * 64;
+        for (int r = 0; r < SAT_QROWS; r++) {
+            const uint8_t *ar = a + r * lda + 4 * k;
+            const int32_t a0 = ar[0], a1 = ar[1], a2 = ar[2], a3 = ar[3];
+            for (int c = 0; c < 16; c++)
+                acc[r][c] += a0 * b[4 * c] + a1 * b[4 * c + 1] + a2 * b[4 * c + 2] + a3 * b[4 * c + 3];
+        }
+    }
+#endif
+}
+
+static void sat_qconv_item(void *ctx, int64_t item, int tid) {
+    const sat_qconv_args *q = ctx;
+    (void)tid;
+    const int64_t P = q->matmul ? q->images : q->oh * q->ow, Mg = q->M / q->group, panels = (Mg + 15) / 16;
+    const int64_t t = item % q->tiles, g = (item / q->tiles) % q->group, n = item / (q->tiles * q->group);
+    const int64_t p0 = t * SAT_QTILE, p1 = p0 + SAT_QTILE < P ? p0 + SAT_QTILE : P, lda = 4 * q->K4;
+    uint8_t *a = malloc((size_t)(SAT_QTILE * lda));
+    int32_t rowsum[SAT_QTILE];
+    if (!a) {
+        fprintf(stderr, "saturate: out of memory in a quantized conv\n");
+        abort();
+    }
+    for (int64_t p = p0; p < p0 + SAT_QTILE; p++) {
+        if (p < p1) {
+            rowsum[p - p0] = sat_qgather(q, n, g, p, a + (p - p0) * lda);
+        } else {  /* rows past the last pixel are computed and dropped */
+            memset(a + (p - p0) * lda, 0, (size_t)lda);
+            rowsum[p - p0] = 0;
+        }
+    }
+    const int8_t *wg = q->w + g * panels * q->K4 * 64;
+    int32_t acc[SAT_QROWS][16];
+    for (int64_t j = 0; j < panels; j++) {
+        const int64_t m0 = g * Mg + j * 16, mc = Mg - j * 16 < 16 ? Mg - j * 16 : 16;
+        for (int64_t r0 = 0; r0 < p1 - p0; r0 += SAT_QROWS) {
+            sat_qdot_panel(a + r0 * lda, lda, wg + j * q->K4 * 64, q->K4, acc);
+            for (int64_t r = 0; r < SAT_QROWS && p0 + r0 + r < p1; r++) {
+                const int64_t p = p0 + r0 + r;
+                for (int64_t c = 0; c < mc; c++) {
+                    const int64_t m = m0 + c;
+                    const int64_t sum = (int64_t)acc[r][c] + q->corr[m] - (int64_t)q->bz[m] * rowsum[r0 + r];
+                    float v = rintf((float)sum * q->scale[m]) + q->zy;
+                    v = v < q->lo ? q->lo : (v > q->hi ? q->hi : v);
+                    q->y[q->matmul ? p * q->M + m : (n * q->M + m) * P + p] = v;
+                }
+            }
+        }
+    }
+    free(a);
+}
+
+/* QLinearConv (matmul = 0: x is images x C x H x W, y images x M x oh x ow) or QLinearMatMul (matmul = 1:
+ * x is `images` rows of K, y those rows of M; one group, a 1 x 1 window). */
+static void sat_qconv(const float *x, const void *w, const void *corr, const void *bz, const float *scale, float *y,
+                      int64_t images, int64_t C, int64_t H, int64_t W, int64_t M, int64_t kh, int64_t kw, int64_t oh,
+                      int64_t ow, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t group,
+                      int64_t K, int xoff, int xpad, float zy, float lo, float hi, int matmul) {
+    sat_qconv_args q = {x, w, corr, bz, scale, y, images, C, H, W, M, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw,
+                        group, K, (K + 3) / 4, 0, xoff, xpad, matmul, zy, lo, hi};
+    const int64_t P = matmul ? images : oh * ow;
+    q.tiles = (P + SAT_QTILE - 1) / SAT_QTILE;
+    if (P == 0 || M == 0) return;
+    sat_parallel((matmul ? 1 : images) * group * q.tiles, sat_qconv_item, &q);
+}
+
+#endif

@@ -1,0 +1,135 @@
+"""C backend: int8 models. QDQ graphs (QuantizeLinear/DequantizeLinear around float ops) and the QLinearConv /
+QLinearMatMul forms compiled to C and compared with ONNX Runtime with its graph rewrites off (the graph as
+written). Quantized outputs are compared as integers: equal, or one step apart where a float sum lands
+within rounding of a half (ORT's own kernels differ from its reference by as much); dequantized outputs
+within one quantization step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backend_util import make
+from saturate.core.ir import Node, ValueInfo
+
+pytestmark = pytest.mark.compiler
+
+
+def arr(seed: int, shape) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def ints(seed: int, shape, dtype) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return np.random.default_rng(seed).integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def ort_plain(graph, feed) -> dict:
+    import onnxruntime as ort
+
+    from saturate.frontend.onnx_io import export_model
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(export_model(graph).SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
+
+
+def run_c(graph, feed, all_c: bool = True) -> dict:
+    from saturate.backend import compile_graph
+
+    model = compile_graph(graph)
+    if all_c:
+        assert model.fallback_ops == [], model.fallback_ops
+    return model(feed)
+
+
+def assert_steps(got: np.ndarray, want: np.ndarray, step: float, exact_share: float = 0.99) -> None:
+    """Within one step everywhere, and equal almost everywhere (integers: `step` 1)."""
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    assert diff.max() <= step * 1.0001, diff.max()
+    assert np.mean(diff <= step * 1e-3) >= exact_share, np.mean(diff <= step * 1e-3)
+
+
+def qdq_cnn(dtype: str, per_channel: bool, opset: int):
+    """x -> Q/DQ -> Conv(DQ(w), bias) -> Relu -> Q/DQ -> depthwise Conv -> Q/DQ -> Flatten... -> MatMul(DQ(w))
+    -> Q/DQ: the shape of quantize_static's QDQ output, weights quantized symmetric per tensor or per channel."""
+    zp_dtype = np.dtype(dtype)
+    zp = np.array(128 if dtype == "uint8" else 3, zp_dtype)
+    w1, w2, w3 = arr(1, (8, 3, 3, 3)), arr(2, (8, 1, 3, 3)), arr(3, (8 * 4 * 4, 10))
+    consts = {"sa": np.float32(0.05), "za": zp, "sb": np.float32(0.04), "zb": zp, "sc": np.float32(0.03),
+              "zc": zp, "sd": np.float32(0.2), "zd": zp, "b1": arr(4, (8,)), "b2": arr(5, (8,))}
+    nodes = [Node("QuantizeLinear", ["x", "sa", "za"], ["xq"]), Node("DequantizeLinear", ["xq", "sa", "za"], ["xd"])]
+    for k, (w, axis) in enumerate(((w1, 0), (w2, 0), (w3, 1))):
+        ax = tuple(d for d in range(w.ndim) if d != axis)
+        s = (np.abs(w).max(axis=ax) / 127).astype(np.float32) if per_channel else np.float32(np.abs(w).max() / 127)
+        shape = [1] * w.ndim
+        shape[axis] = -1
+        consts[f"w{k}"] = np.clip(np.rint(w / np.reshape(s, shape) if per_channel else w / s), -127, 127).astype(np.int8)
+        consts[f"ws{k}"] = s
+        consts[f"wz{k}"] = np.zeros(np.shape(s), np.int8)
+        nodes.append(Node("DequantizeLinear", [f"w{k}", f"ws{k}", f"wz{k}"], [f"wd{k}"], {"axis": axis}))
+    nodes += [Node("Conv", ["xd", "wd0", "b1"], ["c1"], {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+              Node("Relu", ["c1"], ["r1"]),
+              Node("QuantizeLinear", ["r1", "sb", "zb"], ["r1q"]), Node("DequantizeLinear", ["r1q", "sb", "zb"], ["r1d"]),
+              Node("Conv", ["r1d", "wd1", "b2"], ["c2"], {"pads": [1, 1, 1, 1], "group": 8}),
+              Node("QuantizeLinear", ["c2", "sc", "zc"], ["c2q"]), Node("DequantizeLinear", ["c2q", "sc", "zc"], ["c2d"]),
+              Node("Flatten", ["c2d"], ["f"]), Node("MatMul", ["f", "wd2"], ["m"]),
+              Node("QuantizeLinear", ["m", "sd", "zd"], ["mq"]), Node("DequantizeLinear", ["mq", "sd", "zd"], ["y"])]
+    g = make(nodes, {"x": (1, 3, 8, 8)}, consts, outputs=["y", "c2q"], opset=opset)
+    g.values["c2q"] = ValueInfo(dtype, (1, 8, 4, 4))
+    return g, float(consts["sd"])
+
+
+@pytest.mark.parametrize("dtype,per_channel,opset", [("uint8", False, 13), ("int8", True, 19)])
+def test_qdq_cnn_runs_in_c_like_ort(dtype, per_channel, opset):
+    graph, step = qdq_cnn(dtype, per_channel, opset)
+    feed = {"x": arr(0, (1, 3, 8, 8)) * 2}
+    got, want = run_c(graph, feed), ort_plain(graph, feed)
+    assert_steps(got["c2q"], want["c2q"], 1)
+    assert_steps(got["y"], want["y"], step)
+
+
+def qlinear_conv(xdtype, wdtype, cin, cout, hw, kernel, attrs, bias=True, per_channel=True):
+    x_zp = np.array(120 if xdtype == np.uint8 else -5, xdtype)
+    w = ints(1, (cout, cin // attrs.get("group", 1), kernel, kernel), wdtype)
+    w_zp = (np.full(cout, 7, wdtype) if per_channel else np.array(7, wdtype)) if wdtype == np.uint8 \
+        else (np.zeros(cout, wdtype) if per_channel else np.array(0, wdtype))
+    w_s = (np.linspace(0.002, 0.01, cout).astype(np.float32) if per_channel else np.float32(0.004))
+    consts = {"xs": np.float32(0.05), "xz": x_zp, "w": w, "ws": w_s, "wz": w_zp, "ys": np.float32(0.7),
+              "yz": np.array(100 if xdtype == np.uint8 else 10, xdtype)}
+    ins = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
+    if bias:
+        consts["b"] = np.random.default_rng(2).integers(-3000, 3000, cout).astype(np.int32)
+        ins.append("b")
+    g = make([Node("QLinearConv", ins, ["y"], attrs)], {"x": (2, cin, hw, hw)}, consts)
+    g.values["x"] = ValueInfo(np.dtype(xdtype).name, (2, cin, hw, hw))
+    g.values["y"] = ValueInfo(np.dtype(xdtype).name, None)
+    return g, {"x": ints(0, (2, cin, hw, hw), xdtype)}
+
+
+@pytest.mark.parametrize("xdtype,wdtype,cin,cout,hw,kernel,attrs,bias,per_channel", [
+    (np.uint8, np.int8, 16, 20, 9, 3, {"pads": [1, 1, 1, 1]}, True, True),
+    (np.int8, np.int8, 8, 8, 10, 3, {"group": 8, "strides": [2, 2], "pads": [1, 0, 1, 1]}, True, False),
+    (np.uint8, np.uint8, 12, 34, 7, 1, {"group": 2}, False, True),
+    (np.int8, np.int8, 3, 5, 11, 5, {"strides": [2, 1], "dilations": [1, 2], "pads": [2, 2, 2, 2]}, True, True),
+])
+def test_qlinearconv_matches_ort(xdtype, wdtype, cin, cout, hw, kernel, attrs, bias, per_channel):
+    graph, feed = qlinear_conv(xdtype, wdtype, cin, cout, hw, kernel, attrs, bias, per_channel)
+    assert_steps(run_c(graph, feed)["y"], ort_plain(graph, feed)["y"], 1)
+
+
+@pytest.mark.parametrize("ashape,k,n,adtype,bdtype", [((7, 40), 40, 24, np.uint8, np.int8),
+                                                       ((2, 3, 5, 33), 33, 17, np.int8, np.int8),
+                                                       ((4, 16), 16, 9, np.uint8, np.uint8)])
+def test_qlinearmatmul_matches_ort(ashape, k, n, adtype, bdtype):
+    consts = {"as": np.float32(0.03), "az": np.array(7, adtype), "b": ints(3, (k, n), bdtype),
+              "bs": np.linspace(0.01, 0.02, n).astype(np.float32) if bdtype == np.int8 else np.float32(0.01),
+              "bz": np.zeros(n, bdtype) if bdtype == np.int8 else np.array(130, bdtype),
+              "ys": np.float32(0.9), "yz": np.array(3, adtype)}
+    g = make([Node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])], {"a": ashape}, consts)
+    g.values["a"] = ValueInfo(np.dtype(adtype).name, ashape)
+    g.values["y"] = ValueInfo(np.dtype(adtype).name, None)
+    feed = {"a": ints(4, ashape, adtype)}
+    assert_steps(run_c(g, feed)["y"], ort_plain(g, feed)["y"], 1)

@@ -12,7 +12,13 @@ the tensor, so a deep network stays numerically sane:
   BatchNormalization mean, variance    N(0, 0.2), U(0.5, 2.0)   (non-trivial, variance positive)
   Layer/Group/InstanceNormalization    scale U(0.8, 1.2), bias N(0, 0.05)
   anything else (biases, embeddings)   N(0, 0.02)
+  DequantizeLinear int8/uint8 input    zero point + N(0, (qmax - qmin) / 8), rounded, clipped to the type's range
+  DequantizeLinear int32 input (bias)  zero point + N(0, 0.05) / scale, rounded (the bias it stands for is N(0, 0.05))
 
+Quantized (QDQ) models keep every QuantizeLinear/DequantizeLinear scale and zero point as
+calibration wrote them (export_corpus.py stores them whatever their size), so the integer
+weights refilled around them make a valid quantized model: the zero point and scale a payload
+is read with are those of the DequantizeLinear that reads it, per tensor or per channel (axis).
 A tensor the exporter made of one repeated value (`corpus:const=V`) is refilled with V.
 `saturate.frontend.load_graph("corpus:NAME")` imports one, so `saturate optimize corpus:NAME`.
 """
@@ -35,7 +41,7 @@ _TAG = "corpus:"
 # Ops that hand a weight on unchanged in meaning: the consumer that decides its role is
 # further down. Transposes are tracked, since they swap which dim is the fan-in.
 _PASS_THROUGH = {"Identity", "Cast", "CastLike", "Transpose", "Reshape", "Flatten", "Unsqueeze",
-                 "Squeeze", "Expand"}
+                 "Squeeze", "Expand", "QuantizeLinear", "DequantizeLinear"}
 _NORMS = {"LayerNormalization", "GroupNormalization", "InstanceNormalization",
           "SimplifiedLayerNormalization"}
 
@@ -70,6 +76,7 @@ def load_model(name: str) -> onnx.ModelProto:
     for node in g.node:
         for k, value in enumerate(node.input):
             consumers.setdefault(value, []).append((node, k))
+    stored = {t.name: t for t in g.initializer if not t.doc_string.startswith(_TAG)}
     for init in g.initializer:
         if not init.doc_string.startswith(_TAG):
             continue
@@ -80,7 +87,11 @@ def load_model(name: str) -> onnx.ModelProto:
             arr = np.full(dims, float(recipe[len("const="):]), dtype=dtype)
         elif recipe == "random":
             rng = np.random.default_rng(zlib.crc32(f"{name}/{init.name}".encode()))
-            arr = _fill(rng, dims, _role(init.name, dims, consumers)).astype(dtype, copy=False)
+            role = _role(init.name, dims, consumers)
+            if role[0] == "dequant":
+                arr = _fill_quantized(rng, dims, dtype, role[1], stored)
+            else:
+                arr = _fill(rng, dims, role).astype(dtype, copy=False)
         else:
             raise SaturateError(f"corpus:{name}: initializer {init.name}: unknown recipe {recipe!r}")
         # Straight into raw_data (ONNX stores it little-endian): VGG's 130 M weights are
@@ -108,6 +119,20 @@ def inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
+def output_steps(name: str) -> dict[str, float]:
+    """The quantization step (largest scale) of each graph output a DequantizeLinear writes.
+
+    A quantized model's outputs move in these steps: two correct runs that round one value
+    either side of a .5 differ by one step there, which is how close QDQ outputs are compared.
+    """
+    g = skeleton(name).graph
+    stored = {t.name: t for t in g.initializer if not t.doc_string.startswith(_TAG)}
+    outputs = {o.name for o in g.output}
+    return {node.output[0]: float(np.max(np.abs(onnx.numpy_helper.to_array(stored[node.input[1]]))))
+            for node in g.node
+            if node.op_type == "DequantizeLinear" and node.output[0] in outputs and node.input[1] in stored}
+
+
 # ---- roles and fills ----------------------------------------------------------------------------
 def _role(value: str, dims: tuple[int, ...], consumers) -> tuple:
     """(kind, parameter) for an initializer, from the first consumer that gives it a role."""
@@ -120,7 +145,9 @@ def _role(value: str, dims: tuple[int, ...], consumers) -> tuple:
         seen.add(v)
         for node, k in consumers.get(v, ()):
             role = _consumer_role(node, k, dims, transposed, reshaped)
-            if role is not None:
+            # A float weight quantized in the graph (QuantizeLinear, DequantizeLinear, Conv) takes
+            # the role of the op behind them; only a stored integer payload is the dequantizer's.
+            if role is not None and (role[0] != "dequant" or v == value):
                 return role
             if node.op_type in _PASS_THROUGH and k == 0:
                 swap = transposed ^ (node.op_type == "Transpose" and _swaps_last_two(node, len(dims)))
@@ -142,6 +169,8 @@ def _attr(node: onnx.NodeProto, key: str, default: int = 0) -> int:
 
 def _consumer_role(node, k, dims, transposed, reshaped):
     op = node.op_type
+    if op == "DequantizeLinear" and k == 0:
+        return ("dequant", node)
     if op == "BatchNormalization" and 1 <= k <= 4:
         return (("bn_scale", "bn_bias", "bn_mean", "bn_var")[k - 1],)
     if op in _NORMS and k in (1, 2):
@@ -188,4 +217,28 @@ def _fill(rng: np.random.Generator, dims: tuple[int, ...], role: tuple) -> np.nd
     return rng.standard_normal(dims, dtype=np.float32) * np.float32(0.02)
 
 
-__all__ = ["CORPUS_DIR", "info", "inputs", "load_model", "names", "skeleton"]
+def _fill_quantized(rng: np.random.Generator, dims: tuple[int, ...], dtype: np.dtype,
+                    node: onnx.NodeProto, stored: dict[str, onnx.TensorProto]) -> np.ndarray:
+    """The integer input of DequantizeLinear `node`, centred on the node's zero point and in range."""
+    def param(k: int, default: float) -> np.ndarray:
+        if len(node.input) > k and node.input[k] in stored:
+            value = onnx.numpy_helper.to_array(stored[node.input[k]]).astype(np.float64)
+            if value.ndim == 1 and len(dims) > 1:  # per channel: one value along `axis`
+                shape = [1] * len(dims)
+                shape[_attr(node, "axis", 1) % len(dims)] = value.size
+                value = value.reshape(shape)
+            return value
+        return np.float64(default)
+
+    zero = param(2, 0.0)
+    info = np.iinfo(dtype)
+    if info.bits >= 32:
+        # A bias: its float value N(0, 0.05), in units of its scale (input scale x weight scale).
+        spread = 0.05 / np.maximum(np.abs(param(1, 1.0)), np.finfo(np.float32).tiny)
+    else:
+        spread = np.float64((int(info.max) - int(info.min)) / 8)
+    q = np.rint(zero + rng.standard_normal(dims) * spread)
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+__all__ = ["CORPUS_DIR", "info", "inputs", "load_model", "names", "output_steps", "skeleton"]

@@ -1,11 +1,14 @@
-"""Benchmark of folding on the model corpus: node counts after saturate, onnx-simplifier and ONNX Runtime's basic level.
+"""Benchmark of folding on the model corpus: node counts after saturate, onnx-simplifier and ONNX Runtime's basic and extended levels.
 
     python bench/corpus_folding.py [--runs 3] [--only NAME ...] [--ops]
 
 For each corpus model (frontend/corpus, weights refilled by saturate.frontend.corpus): nodes
 before; after `saturate.optimize` (level 3, cpu, exported to ONNX as `saturate optimize` writes
 it); after onnxsim's `simplify` (the `bench` extra); and in the model ONNX Runtime writes at
-ORT_ENABLE_BASIC (constant folding and redundancy elimination, ORT's portable level). Times are
+ORT_ENABLE_BASIC (constant folding and redundancy elimination, ORT's portable level) and at
+ORT_ENABLE_EXTENDED (basic plus ORT's fusions: QDQ groups into QLinearConv/QLinearMatMul, Gelu,
+LayerNormalization, attention; some of them into com.microsoft contrib ops that only ORT runs,
+so that column is what ORT itself executes, not a portable model). Times are
 medians over --runs of saturate's import+optimize+export and of onnxsim's simplify, both in this
 process (bench/corpus_commands.py times the commands a user runs, start-up included); a last line
 counts the models saturate took no longer on and gives both totals and the median ratio. `--ops`
@@ -56,14 +59,16 @@ def run_onnxsim(model: onnx.ModelProto) -> onnx.ModelProto:
     return simplified
 
 
-def run_ort_basic(model: onnx.ModelProto, workdir: Path) -> onnx.ModelProto:
-    out = workdir / "ort_basic.onnx"
+def run_ort(model: onnx.ModelProto, workdir: Path, level: str = "basic") -> onnx.ModelProto:
+    """The model ONNX Runtime writes (`optimized_model_filepath`) at level "basic" or "extended"."""
+    out = workdir / f"ort_{level}.onnx"
     opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                                     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}[level]
     opts.optimized_model_filepath = str(out)
     # Weights past 1 KiB go to a side file: VGG's would not fit protobuf's 2 GB limit twice over.
     opts.add_session_config_entry("session.optimized_model_external_initializers_file_name",
-                                  "ort_basic.data")
+                                  f"ort_{level}.data")
     ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return onnx.load(out, load_external_data=False)
 
@@ -95,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = corpus_parser(__doc__, runs=3)
     parser.add_argument("--ops", action="store_true", help="op counts where saturate and onnxsim differ")
     args, names = parse_corpus_args(parser, argv)
-    print_header(("model", "nodes before", "saturate", "onnxsim", "ORT basic", "optimize s", "onnxsim s"))
+    print_header(("model", "nodes before", "saturate", "onnxsim", "ORT basic", "ORT extended", "optimize s",
+                  "onnxsim s"))
     diffs = []
     times: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as err:  # one model onnxsim cannot take must not end the table
                 sim, t_sim = None, float("nan")
                 row.append(f"error ({type(err).__name__})")
-            row.append(str(len(run_ort_basic(model, Path(tmp)).graph.node)))
+            row.append(str(len(run_ort(model, Path(tmp), "basic").graph.node)))
+            row.append(str(len(run_ort(model, Path(tmp), "extended").graph.node)))
             row += [f"{t_sat:.3f}", f"{t_sim:.3f}"]
             if sim is not None:
                 times.append((t_sat, t_sim))

@@ -51,7 +51,7 @@ def test_every_builtin_declares_one_kind_per_parameter():
 def test_value_guards_are_the_ones_reading_data():
     reading = {n for n, g in GUARDS.items() if g.needs_values}
     assert reading == {"positive", "nonnegative", "nonzero", "ones", "zeros", "not_ones", "not_zeros", "floating",
-                       "all_equal"}
+                       "all_equal", "same_quant", "zero_point_at_min", "clip_saturates", "fine_accumulator"}
     assert all(GUARDS[n].params[0] == "const" for n in reading)
     assert {n for n, g in GUARDS.items() if g.termination} == {"not_ones", "not_zeros", "not_const"}
 

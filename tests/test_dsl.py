@@ -313,7 +313,7 @@ def test_standard_library_is_every_rules_file_and_levels_match_the_files():
     assert [p.name for p in dsl.rule_files()] == files
     sets = {s.name: s.level for s in dsl.load_rulesets()}
     assert sets == {"canonicalize": 0, "constant-fold": 1, "arith": 2, "batchnorm": 2, "bias": 2,
-                    "scale-axis": 3, "branches": 3, "transformer": 3}
+                    "scale-axis": 3, "branches": 3, "transformer": 3, "quant": 2}
     for r in dsl.load_rules():
         assert Path(r.loc.file).name in files
         line = Path(dsl.RULES_DIR / Path(r.loc.file).name).read_text().splitlines()[r.loc.line - 1]

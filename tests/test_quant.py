@@ -160,8 +160,8 @@ def test_optimize_folds_qdq_into_qlinear(tmp_path, opset, per_channel):
 
 
 def test_check_quant_rules_pass():
-    done = subprocess.run([sys.executable, "-m", "saturate", "check", "rules/quant.rules", "--examples", "15",
+    done = subprocess.run([sys.executable, "-m", "saturate", "check", "rules/quant.rules", "--examples", "5",
                            "--seed", "0"], capture_output=True, text=True,
                           cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "12 of 12 rules pass" in done.stdout
+    assert "13 of 13 rules pass" in done.stdout

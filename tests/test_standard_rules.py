@@ -70,6 +70,75 @@ def _branches(identity):
     return build
 
 
+def _qdq(b, x, scale, zero_point, **attrs):
+    """x quantized and dequantized again with one (scale, zero point)."""
+    s, z = b.const(np.asarray(scale, np.float32)), b.const(zero_point)
+    return b.op("DequantizeLinear", b.op("QuantizeLinear", x, s, z, **attrs), s, z, **attrs)
+
+
+def _quant_case(op, *, per_channel=False, bias=None):
+    """quantize_static's pattern Q(op(DQ(x), DQ(w), bias)) -> DQ. Power-of-two scales make the
+    integer form exact: the accumulator's products are the float ones."""
+    def build(b):
+        x = _qdq(b, "x", 2.0 ** -4, np.uint8(128))
+        n = 4
+        shape = (n, 4, 3, 3) if op == "Conv" else (3, n)
+        w = b.const(b.rng.integers(-128, 128, shape).astype(np.int8))
+        axis = 0 if op == "Conv" else 1
+        ws = b.const((2.0 ** -6 * (1 + np.arange(n) % 2)).astype(np.float32) if per_channel
+                     else np.float32(2.0 ** -6))
+        wz = b.const(np.zeros(n, np.int8) if per_channel else np.int8(0))
+        ins = [x, b.op("DequantizeLinear", w, ws, wz, axis=axis)]
+        bias_q = b.rng.integers(-300, 300, n)
+        if bias == "int32":
+            ins.append(b.op("DequantizeLinear", b.const(bias_q.astype(np.int32)),
+                            b.const(np.float32(2.0 ** -10)), b.const(np.int32(0))))
+        elif bias == "float":
+            ins.append(b.const((bias_q * 2.0 ** -9).astype(np.float32)))   # whole steps of every xs * ws
+        y = b.op(op, *ins, **({"pads": [1, 1, 1, 1]} if op == "Conv" else {}))
+        s, z = b.const(np.float32(2.0 ** -2)), b.const(np.uint8(128))
+        return b.op("DequantizeLinear", b.op("QuantizeLinear", y, s, z), s, z)
+    return build
+
+
+def _quant_moves(op, *args, **attrs):
+    """DQ -> op -> Q with one quantization on both sides, dequantized after."""
+    def build(b):
+        s, z = b.const(np.float32(0.25)), b.const(np.uint8(100))
+        moved = b.op(op, b.op("DequantizeLinear", b.op("QuantizeLinear", "x", s, z), s, z),
+                     *[a(b) for a in args], **attrs)
+        return b.op("DequantizeLinear", b.op("QuantizeLinear", moved, s, z), s, z)
+    return build
+
+
+QUANT_CASES = {
+    "qdq-conv": (_img(_quant_case("Conv")), ["QuantizeLinear", "QLinearConv", "DequantizeLinear"], ()),
+    "qdq-conv-bias": (_img(_quant_case("Conv", per_channel=True, bias="float")),
+                      ["QuantizeLinear", "QLinearConv", "DequantizeLinear"], ()),
+    "qdq-conv-qbias": (_img(_quant_case("Conv", bias="int32")),
+                       ["QuantizeLinear", "QLinearConv", "DequantizeLinear"], ()),
+    "qdq-matmul": (_mat(_quant_case("MatMul")), ["QuantizeLinear", "QLinearMatMul", "DequantizeLinear"], ()),
+    "qdq-matmul-per-column": (_mat(_quant_case("MatMul", per_channel=True)),
+                              ["QuantizeLinear", "QLinearMatMul", "DequantizeLinear"], ()),
+    "q-relu": (_img(lambda b: _qdq(b, b.op("Relu", "x"), 0.25, np.uint8(0))),
+               ["QuantizeLinear", "DequantizeLinear"], ()),
+    "q-clip": (_img(lambda b: _qdq(b, b.op("Clip", "x", b.const(np.float32(0)), b.const(np.float32(64))),
+                                   0.25, np.uint8(0))), ["QuantizeLinear", "DequantizeLinear"], ()),
+    "dq-q": (_img(lambda b: _qdq(b, _qdq(b, "x", 0.25, np.int8(3)), 0.25, np.int8(3))),
+             ["QuantizeLinear", "DequantizeLinear"], ()),
+    "dq-q-axis": (_img(lambda b: _qdq(b, _qdq(b, "x", [0.25, 0.5, 1, 2], np.arange(4, dtype=np.int8), axis=1),
+                                      [0.25, 0.5, 1, 2], np.arange(4, dtype=np.int8), axis=1)),
+                  ["QuantizeLinear", "DequantizeLinear"], ()),
+    "dq-flatten-q": (_img(_quant_moves("Flatten", axis=1)), ["QuantizeLinear", "Flatten", "DequantizeLinear"], ()),
+    "dq-reshape-q": (_img(_quant_moves("Reshape", _i64(4, -1))), ["QuantizeLinear", "Reshape", "DequantizeLinear"],
+                     ()),
+    "dq-transpose-q": (_img(_quant_moves("Transpose", perm=[0, 2, 3, 1])),
+                       ["QuantizeLinear", "Transpose", "DequantizeLinear"], ()),
+    "fold-quantize": (_img(lambda b: b.op("Add", "x", _qdq(b, b.rand(1, 4, 1, 1), 0.1, np.int8(0)))),
+                      ["DequantizeLinear", "Add"], ()),
+}
+
+
 # rule -> (Before graph, Expected ops after, other rules the case needs to show the effect).
 # A rewrite to a form of equal cost (x - c into x + -c) shows only once another rule uses it.
 CASES = {
@@ -233,6 +302,9 @@ CASES = {
     "reshape-same-allowzero": (_mat(lambda b: b.op("Relu", b.op("Reshape", "x", _i64(-1, 3)(b), allowzero=1))),
                                ["Relu"], ()),
 }
+
+
+CASES.update(QUANT_CASES)
 
 
 def test_every_standard_rule_has_a_case():

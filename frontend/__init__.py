@@ -92,8 +92,12 @@ def read_regular_file(path: Path, what: str, offset: int = 0, length: int | None
     return data
 
 
-def save_graph(graph: Graph, path: str) -> None:
-    """Write `graph` as ONNX or text (by extension), atomically: temp file, then rename."""
+def save_graph(graph: Graph, path: str, keep_data_file: bool = False) -> None:
+    """Write `graph` as ONNX or text (by extension), atomically: temp file, then rename.
+
+    With `keep_data_file`, an ONNX output keeps referring to the weights that are still in an
+    input's external data file in the output's folder (nothing of them is copied); the others
+    go to the output's own data file."""
     target = Path(path)
     if target.suffix.lower() in TEXT_SUFFIXES:
         from saturate.frontend import text
@@ -102,17 +106,19 @@ def save_graph(graph: Graph, path: str) -> None:
     else:
         from saturate.frontend import onnx_io
 
-        if sum(a.nbytes for a in graph.constants.values()) > EXTERNAL_DATA_BYTES:
+        if keep_data_file or sum(a.nbytes for a in graph.constants.values()) > EXTERNAL_DATA_BYTES:
             # Protobuf cannot hold 2 GB: the weights go to a file beside the model, written first.
             # Weights folded beside it (core.mapped.folds_beside) are already in place there.
             data_name = f"{target.name}.data"
             arena = current_arena()
             if arena is not None and (arena.name != data_name or not same_file(arena.folder, target.parent or ".")):
                 arena = None
-            pieces, chunks, adopted = onnx_io.external_pieces(graph, data_name, arena)
+            folder = target.resolve().parent if keep_data_file else None
+            pieces, chunks, adopted = onnx_io.external_pieces(graph, data_name, arena, folder)
             check_writable(target)
-            write_atomic(target.parent / data_name, lambda f: write_pieces(f, chunks),
-                         adopt=arena.adopt() if adopted else None)
+            if chunks or adopted:      # every weight kept where it was: no data file of its own
+                write_atomic(target.parent / data_name, lambda f: write_pieces(f, chunks),
+                             adopt=arena.adopt() if adopted else None)
         else:
             pieces = onnx_io.model_pieces(graph)
     write_atomic(target, lambda f: write_pieces(f, pieces))

@@ -15,7 +15,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 from saturate.core.limits import check_allocation, element_count, max_memory_bytes
-from saturate.core.mapped import Arena, file_slice
+from saturate.core.mapped import Arena, file_slice, input_slice
 
 # The engine's rules and the interpreter's numpy kernels are written for the forms ops take from
 # opset 14 (Softmax on one axis and Squeeze's axes as an input from 13; the rules match
@@ -767,14 +767,16 @@ _EXTERNAL_MIN_BYTES = 1024
 _DATA_ALIGN = 4096
 
 
-def external_pieces(graph: Graph, data_name: str,
-                    arena: Arena | None = None) -> tuple[list[bytes], list[bytes | np.ndarray], bool]:
+def external_pieces(graph: Graph, data_name: str, arena: Arena | None = None,
+                    keep_in: Path | None = None) -> tuple[list[bytes], list[bytes | np.ndarray], bool]:
     """The ONNX model `export_model` makes of `graph` with its weights in a data file named
     `data_name` beside it (for a model past protobuf's 2 GB): the model's bytes, the data file's
     pieces to write one after another, each weight the array itself (a weight still in its input
     file is copied file to file when written: `core.mapped.write_pieces`), and whether the data
     file is `arena`'s, the pieces to be appended to it: when each weight folded into the arena
-    is one of the graph's, those stay where they are."""
+    is one of the graph's, those stay where they are. With `keep_in` (the output's folder), a
+    weight still in an input's data file in that folder is not copied: the model refers to it
+    there."""
     model = export_model(graph, weights=False)
     check_exported(graph, model)
     io = _io_without_shapes(model)
@@ -802,8 +804,11 @@ def external_pieces(graph: Graph, data_name: str,
             proto.raw_data = _raw_bytes(arr, dtype)
             continue
         raw = np.asarray(arr, dtype=dtype, order="C").reshape(-1).view(np.uint8)
-        where = placed.get(name)
-        if where is None:
+        where, location = placed.get(name), data_name
+        kept = input_slice(raw) if keep_in is not None and where is None else None
+        if kept is not None and kept[0].parent == keep_in:
+            location, where = kept[0].name, kept[1]
+        elif where is None:
             if offset % _DATA_ALIGN:
                 data.append(bytes(_DATA_ALIGN - offset % _DATA_ALIGN))
                 offset += len(data[-1])
@@ -811,7 +816,7 @@ def external_pieces(graph: Graph, data_name: str,
             data.append(raw)
             offset += raw.nbytes
         proto.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", data_name), ("offset", str(where)), ("length", str(raw.nbytes))):
+        for key, value in (("location", location), ("offset", str(where)), ("length", str(raw.nbytes))):
             proto.external_data.add(key=key, value=value)
     return [model.SerializeToString()], data, bool(placed)
 

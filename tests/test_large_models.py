@@ -159,3 +159,20 @@ def test_a_mapped_weight_past_its_file_is_one_line(case, words, tmp_path, capsys
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert all(w in err for w in words), err
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_keep_data_file_refers_to_the_input_weights_no_rule_changed(tmp_path):
+    path = _mlp(tmp_path, blocks=2, pad=12)
+    before = _digests(tmp_path)
+    out = tmp_path / "out.onnx"
+    # Without the scale fold each weight reaches the result unchanged (as Gemm's B).
+    assert main(["optimize", str(path), "-o", str(out), "--keep-data-file", "--skip", "matmul-scale-out",
+                 "--quiet"]) == 0
+    assert {k: v for k, v in _digests(tmp_path).items() if k in before} == before
+    skeleton = onnx.load(str(out), load_external_data=False)
+    where = {t.name: {e.key: e.value for e in t.external_data} for t in skeleton.graph.initializer}
+    assert where["w0"] == {"location": "mlp.onnx.data", "offset": "12", "length": str(DIM * DIM * 4)}
+    assert where["w1"]["location"] == "mlp.onnx.data"
+    assert (tmp_path / "out.onnx.data").stat().st_size < DIM * DIM * 4     # the small weights only
+    feeds = {"x": np.random.default_rng(3).standard_normal((2, DIM)).astype(np.float32)}
+    np.testing.assert_allclose(_run(out, feeds)[0], _run(path, feeds)[0], rtol=1e-4, atol=1e-5)

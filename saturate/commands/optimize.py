@@ -48,6 +48,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="then group each match of the target's composites into an ONNX local function")
     parser.add_argument("--keep-constants", action="store_true",
                         help="with --partition: keep constants inside function bodies, not as arguments")
+    parser.add_argument("--keep-data-file", action="store_true",
+                        help="the output (an .onnx beside the input) refers to the weights no rule changed in "
+                             "the input's external data file instead of copying them: that file must stay")
     parser.add_argument("--fold-initializer-inputs", action="store_true",
                         help="fold initializers that are also graph inputs as constants (by default they "
                              "stay inputs that a caller may override, as the ONNX spec says)")
@@ -167,7 +170,7 @@ def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str], outp
         save_model(result, args.output)
         functions = summary(result)
     else:
-        save_graph(result, args.output)
+        save_graph(result, args.output, keep_data_file=args.keep_data_file)
     times["export"] = time.perf_counter() - t
     report.times = {"import": times["import"], **report.times, "export": times["export"]}
     sizes = None

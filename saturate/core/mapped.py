@@ -37,11 +37,12 @@ class _Mapping(mmap.mmap):
     file: BinaryIO
     address: int
     offset: int
+    path: Path | None      # an input's data file (a temp file of folded weights: None)
 
 
-def _map(f: BinaryIO, offset: int = 0, length: int = 0) -> _Mapping:
+def _map(f: BinaryIO, offset: int = 0, length: int = 0, path: Path | None = None) -> _Mapping:
     m = _Mapping(f.fileno(), length, access=mmap.ACCESS_READ, offset=offset)
-    m.file, m.offset = f, offset
+    m.file, m.offset, m.path = f, offset, path
     m.address = np.frombuffer(m, np.uint8, count=1).ctypes.data
     return m
 
@@ -129,7 +130,7 @@ class DataFiles:
             f = open_regular(path, sys.maxsize, "external data file")
             try:
                 size = os.fstat(f.fileno()).st_size
-                self._maps[key] = _map(f) if size else None
+                self._maps[key] = _map(f, path=Path(path)) if size else None
             except (OSError, ValueError) as err:
                 f.close()
                 raise SaturateError(f"{path}: cannot map: {getattr(err, 'strerror', None) or err}") from None
@@ -160,6 +161,13 @@ def file_slice(arr: np.ndarray) -> tuple[BinaryIO, int, int] | None:
     if m is None or not arr.flags.c_contiguous or m.closed:
         return None
     return m.file, arr.ctypes.data - m.address + m.offset, arr.nbytes
+
+
+def input_slice(arr: np.ndarray) -> tuple[Path, int] | None:
+    """(data file, offset) of a C-ordered view of an input's external data file; else None."""
+    m = _mapping_of(arr)
+    where = file_slice(arr)
+    return None if m is None or m.path is None or where is None else (m.path, where[1])
 
 
 def is_mapped(arr: np.ndarray) -> bool:

@@ -133,3 +133,28 @@ def test_qlinearmatmul_matches_ort(ashape, k, n, adtype, bdtype):
     g.values["y"] = ValueInfo(np.dtype(adtype).name, None)
     feed = {"a": ints(4, ashape, adtype)}
     assert_steps(run_c(g, feed)["y"], ort_plain(g, feed)["y"], 1)
+
+
+def test_portable_int8_loop_matches_ort(tmp_path):
+    """An AVX2 build (no VNNI: qgemm.h's portable loop) of a QLinearConv and a QLinearMatMul, in a process of
+    its own (the ISA is read when the backend is imported)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    script = (
+        "import numpy as np\n"
+        "import test_backend_quant as t\n"
+        "g, feed = t.qlinear_conv(np.int8, np.int8, 8, 20, 6, 3, {'pads': [1, 1, 1, 1], 'group': 2})\n"
+        "t.assert_steps(t.run_c(g, feed)['y'], t.ort_plain(g, feed)['y'], 1)\n"
+        "t.test_qlinearmatmul_matches_ort((5, 37), 37, 18, np.uint8, np.int8)\n"
+        "from saturate.backend.build import compile_flags\n"
+        "assert '-march=x86-64-v3' in compile_flags()\n"
+        "print('portable ok')\n")
+    env = dict(os.environ, SATURATE_ISA="avx2",
+               PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and "portable ok" in proc.stdout, proc.stderr[-3000:]

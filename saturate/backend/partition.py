@@ -255,7 +255,7 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
         elif node.op in QUANT_OPS:
             x = node.inputs[0]
             why = (f"needs a static shape for '{x}'" if x not in g.constants and shapes.get(x) is None
-                   else quant.check_node(g, node, dtypes))
+                   else quant.check_node(g, node, dtypes, shapes))
         else:
             data = present[:1] if node.op in PARAM_INPUTS else present
             held = ("float32", *INT_CODED) if node.op in INT_VIEWS | {"Cast"} else ("float32",)

@@ -113,17 +113,18 @@ def q_vec_expr(node: Node, operand, graph: Graph) -> str | None:
     return f"_mm256_add_ps(_mm256_sub_ps(_mm256_add_ps({t}, {magic}), {magic}), {z})"
 
 
-def check_node(graph: Graph, node: Node, dtypes: dict) -> str | None:
+def check_node(graph: Graph, node: Node, dtypes: dict, shapes: dict) -> str | None:
     """Why a quantized op cannot run in C (None when it can): its parameters must be constants of the kinds
     the kernels read, its data of the dtypes they hold."""
     x = dtypes.get(node.inputs[0])
     try:
+        if node.op in ("QuantizeLinear", "DequantizeLinear"):
+            for tag in ("q_scale", "q_zero"):
+                axis_operand(graph, node, tag, shapes[node.inputs[0]])
         if node.op == "QuantizeLinear":
             quant_dtype(graph, node)
-            axis_params(graph, node, 1)
             return None if x == "float32" else f"quantizes float32 only ('{node.inputs[0]}' is {x})"
         if node.op == "DequantizeLinear":
-            axis_params(graph, node, 1)
             if x not in INT_CODED:
                 return f"dequantizes 8- and 16-bit integers only ('{node.inputs[0]}' is {x})"
             zp = _const(graph, node, 2, "zero point")
@@ -164,6 +165,9 @@ def qlinear_params(graph: Graph, node: Node) -> dict:
         m, wk = w.shape[1], w.T.reshape(w.shape[1], -1)
     else:
         m, wk = w.shape[0], w.reshape(w.shape[0], -1)
+        group = int(node.attr("group", 1))
+        if w.ndim < 3 or group < 1 or m % group:
+            raise unsupported(node, f"got weights {w.shape} for {group} groups")
     zwv = np.zeros(1, np.int64) if zw is None else zw.reshape(-1).astype(np.int64)
     if sw.size not in (1, m) or zwv.size not in (1, m):
         raise unsupported(node, f"got {sw.size} weight scales for {m} output channels")

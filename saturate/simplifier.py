@@ -32,10 +32,15 @@ class CheckFailure:
     sample: int
     samples: int
     detail: str = ""
+    step: float = 0.0   # a quantized output's step: `error` is then absolute
 
     def __str__(self) -> str:
         if self.detail:
             return f"check against ONNX Runtime failed: {self.detail}"
+        if self.step:
+            return (f"check against ONNX Runtime failed: output '{self.output}' differs by "
+                    f"{self.error / self.step:.3g} quantization steps of {self.step:.3g} (allowed 1) "
+                    f"on random input {self.sample} of {self.samples}")
         return (f"check against ONNX Runtime failed: output '{self.output}' differs by a relative error of "
                 f"{self.error:.3g} (allowed {CHECK_TOLERANCE:g}) on random input {self.sample} of {self.samples}")
 
@@ -140,7 +145,8 @@ def with_input_shapes(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> Gr
 def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
                   after_model: bytes | None = None) -> CheckFailure | None:
     """Run both graphs in ONNX Runtime on `samples` random inputs (a symbolic dim taken as 1) and
-    compare every output: the first difference over CHECK_TOLERANCE, or None. `after_model` is
+    compare every output: the first difference over CHECK_TOLERANCE (one quantization step for
+    an output a DequantizeLinear writes, see quantization_steps), or None. `after_model` is
     `after` serialized, when it is not what export_model makes of it (a partitioned graph's
     functions). Raises Unchecked when ONNX Runtime is missing or cannot run `before`."""
     try:
@@ -157,6 +163,7 @@ def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
     except Exception as err:
         return CheckFailure("", 0.0, 1, samples, f"ONNX Runtime cannot load the result: {_first_line(err)}")
     feeds_of = [i for i in before.inputs if i not in before.constants]
+    steps = quantization_steps(before)
     names = [o.name for o in want_session.get_outputs()]
     for k in range(samples):
         rng = np.random.default_rng(seed + k)
@@ -176,8 +183,35 @@ def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
         for name in names:
             error = _relative_error(got[name], want[name])
             if not error <= CHECK_TOLERANCE:        # `not <=`: NaN fails
-                return CheckFailure(name, error, k + 1, samples)
+                step = steps.get(name)
+                if step is None:
+                    return CheckFailure(name, error, k + 1, samples)
+                off = _absolute_error(got[name], want[name])
+                if not off <= step * (1 + 1e-6):
+                    return CheckFailure(name, off, k + 1, samples, step=step)
     return None
+
+
+def quantization_steps(graph: Graph) -> dict[str, float]:
+    """The step (largest scale) of each graph output a DequantizeLinear writes. Integer ops round
+    once where the float ops of a QDQ graph round twice (and ONNX Runtime's own QDQ fusions do the
+    same): two correct runs may put a value one step apart, so such an output is compared within
+    one step."""
+    steps = {}
+    for node in graph.nodes:
+        if (node.op == "DequantizeLinear" and node.outputs and node.outputs[0] in graph.outputs
+                and len(node.inputs) > 1 and node.inputs[1] in graph.constants):
+            scale = np.abs(np.asarray(graph.constants[node.inputs[1]], np.float64))
+            if scale.size and np.isfinite(scale).all():
+                steps[node.outputs[0]] = float(scale.max())
+    return steps
+
+
+def _absolute_error(got: Any, want: Any) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    worst = float(np.where(same, 0.0, np.abs(got - want)).max()) if got.size else 0.0
+    return float("inf") if np.isnan(worst) else worst
 
 
 # Weights of at least this many elements go to ONNX Runtime as arrays, not serialized in the model.

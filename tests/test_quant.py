@@ -134,14 +134,14 @@ def _quantized(tmp_path, opset, per_channel):
     return out
 
 
-@pytest.mark.parametrize("opset,per_channel", [(13, False), (13, True), (21, True)])
-def test_optimize_folds_qdq_into_qlinear(tmp_path, opset, per_channel):
+@pytest.mark.parametrize("opset,per_channel,check", [(13, False, "0"), (13, True, "1"), (21, True, "1")])
+def test_optimize_folds_qdq_into_qlinear(tmp_path, opset, per_channel, check):
     from saturate.frontend.onnx_io import import_model
     from saturate.interp import run_graph
 
     src = _quantized(tmp_path, opset, per_channel)
     dst = tmp_path / "opt.onnx"
-    subprocess.run([sys.executable, "-m", "saturate", "optimize", str(src), "-o", str(dst), "--check", "0"],
+    subprocess.run([sys.executable, "-m", "saturate", "optimize", str(src), "-o", str(dst), "--check", check],
                    check=True, capture_output=True)
     ops = [n.op_type for n in onnx.load(dst).graph.node]
     assert ops.count("QLinearConv") == 2 and ops.count("QLinearMatMul") == 1
@@ -165,3 +165,24 @@ def test_check_quant_rules_pass():
                           cwd=__import__("pathlib").Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stdout + done.stderr
     assert "13 of 13 rules pass" in done.stdout
+
+
+def _shifted(shift):
+    """x -> Q -> DQ, the quantized values moved by `shift` steps (Q's zero point against DQ's)."""
+    from saturate.core.ir import Graph, ValueInfo
+
+    g = Graph(name="q", opset=13, inputs=["x"], outputs=["y"])
+    g.values["x"] = ValueInfo("float32", (2, 3))
+    g.constants.update({"s": np.float32(0.5), "zq": np.int8(shift), "z": np.int8(0)})
+    g.nodes += [Node("QuantizeLinear", ["x", "s", "zq"], ["q"], {}, name="quant"),
+                Node("DequantizeLinear", ["q", "s", "z"], ["y"], {}, name="dequant")]
+    return g
+
+
+def test_optimize_check_allows_one_quantization_step_on_dequantized_outputs():
+    from saturate.simplifier import check_outputs
+
+    assert check_outputs(_shifted(0), _shifted(1), samples=2) is None
+    failure = check_outputs(_shifted(0), _shifted(2), samples=2)
+    assert failure is not None and failure.step == 0.5
+    assert "differs by 2 quantization steps of 0.5 (allowed 1)" in str(failure)

@@ -33,13 +33,17 @@ typedef struct {
     float zy, lo, hi;
 } sat_qconv_args;
 
-/* Gather pixel p's K taps as bytes into row a (K4 * 4 bytes, zero past K); returns their sum. */
-static int32_t sat_qgather(const sat_qconv_args *q, int64_t n, int64_t g, int64_t p, uint8_t *a) {
+/* Gather pixel p's K taps as bytes into row a (K4 * 4 bytes, zero past K); returns their sum. The fields are
+ * read into locals first: stores through a byte pointer may alias anything, so the compiler would reload
+ * them after every byte. */
+static int32_t sat_qgather(const sat_qconv_args *q, int64_t n, int64_t g, int64_t p, uint8_t *restrict a) {
+    const int64_t K = q->K, K4 = q->K4, H = q->H, W = q->W, kh = q->kh, kw = q->kw, dh = q->dh, dw = q->dw;
+    const int xoff = q->xoff, xpad = q->xpad;
     int32_t sum = 0;
     if (q->matmul) {
-        const float *xr = q->x + p * q->K;
-        for (int64_t k = 0; k < q->K; k++) {
-            const int v = (int)xr[k] + q->xoff;
+        const float *restrict xr = q->x + p * K;
+        for (int64_t k = 0; k < K; k++) {
+            const int v = (int)xr[k] + xoff;
             a[k] = (uint8_t)v;
             sum += v;
         }
@@ -48,21 +52,58 @@ static int32_t sat_qgather(const sat_qconv_args *q, int64_t n, int64_t g, int64_
         const int64_t iy0 = oy * q->sh - q->ph, ix0 = ox * q->sw - q->pw;
         int64_t k = 0;
         for (int64_t c = 0; c < Cg; c++) {
-            const float *xc = q->x + ((n * q->C + g * Cg + c) * q->H) * q->W;
-            for (int64_t ky = 0; ky < q->kh; ky++) {
-                const int64_t iy = iy0 + ky * q->dh;
-                for (int64_t kx = 0; kx < q->kw; kx++, k++) {
-                    const int64_t ix = ix0 + kx * q->dw;
-                    const int v = (iy >= 0 && iy < q->H && ix >= 0 && ix < q->W) ? (int)xc[iy * q->W + ix] + q->xoff
-                                                                                : q->xpad;
+            const float *restrict xc = q->x + ((n * q->C + g * Cg + c) * H) * W;
+            for (int64_t ky = 0; ky < kh; ky++) {
+                const int64_t iy = iy0 + ky * dh;
+                if (iy < 0 || iy >= H) {
+                    for (int64_t kx = 0; kx < kw; kx++) a[k++] = (uint8_t)xpad;
+                    sum += (int32_t)(xpad * kw);
+                    continue;
+                }
+                const float *restrict row = xc + iy * W;
+                for (int64_t kx = 0; kx < kw; kx++, k++) {
+                    const int64_t ix = ix0 + kx * dw;
+                    const int v = (ix >= 0 && ix < W) ? (int)row[ix] + xoff : xpad;
                     a[k] = (uint8_t)v;
                     sum += v;
                 }
             }
         }
     }
-    for (int64_t k = q->K; k < 4 * q->K4; k++) a[k] = 0;
+    for (int64_t k = K; k < 4 * K4; k++) a[k] = 0;
     return sum;
+}
+
+/* Depthwise (one input and one output channel per group): int32 sums over the window straight from the
+ * input, per (image, channel) plane; no byte panels, whose 16 lanes would hold one channel. */
+static void sat_qdw_plane(void *ctx, int64_t item, int tid) {
+    const sat_qconv_args *q = ctx;
+    (void)tid;
+    const int64_t m = item % q->M, H = q->H, W = q->W, kh = q->kh, kw = q->kw, oh = q->oh, ow = q->ow;
+    const int64_t taps = kh * kw;
+    const float *restrict x = q->x + item * H * W;
+    float *restrict y = q->y + item * oh * ow;
+    const int8_t *w = q->w + m * q->K4 * 64;  /* the plane's panel: tap k is byte 4 * 16 * (k / 4) + k % 4 */
+    int32_t wk[64];
+    for (int64_t k = 0; k < taps; k++) wk[k] = w[64 * (k / 4) + k % 4];
+    const int xoff = q->xoff, xpad = q->xpad;
+    const int64_t corr = q->corr[m], bz = q->bz[m];
+    const float scale = q->scale[m], zy = q->zy, lo = q->lo, hi = q->hi;
+    for (int64_t oy = 0; oy < oh; oy++)
+        for (int64_t ox = 0; ox < ow; ox++) {
+            int32_t dot = 0, rs = 0;
+            for (int64_t ky = 0; ky < kh; ky++) {
+                const int64_t iy = oy * q->sh - q->ph + ky * q->dh;
+                for (int64_t kx = 0; kx < kw; kx++) {
+                    const int64_t ix = ox * q->sw - q->pw + kx * q->dw;
+                    const int v = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? (int)x[iy * W + ix] + xoff : xpad;
+                    dot += v * wk[ky * kw + kx];
+                    rs += v;
+                }
+            }
+            float v = rintf((float)((int64_t)dot + corr - bz * rs) * scale) + zy;
+            y[oy * ow + ox] = v < lo ? lo : (v > hi ? hi : v);
+        }
 }
 
 /* int32 sums of SAT_QROWS byte rows (stride lda) with one 16-channel weight panel. */
@@ -146,6 +187,10 @@ static void sat_qconv(const float *x, const void *w, const void *corr, const voi
     const int64_t P = matmul ? images : oh * ow;
     q.tiles = (P + SAT_QTILE - 1) / SAT_QTILE;
     if (P == 0 || M == 0) return;
+    if (!matmul && group == C && group == M && kh * kw <= 64) {
+        sat_parallel(images * M, sat_qdw_plane, &q);
+        return;
+    }
     sat_parallel((matmul ? 1 : images) * group * q.tiles, sat_qconv_item, &q);
 }
 

@@ -158,3 +158,33 @@ def test_portable_int8_loop_matches_ort(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0 and "portable ok" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("case,reason", [
+    ("runtime scale", "to be a constant"), ("zero scale", "positive, finite scales"),
+    ("axis mismatch", "3 scales for axis 1"), ("runtime weights", "'b' to be a constant"),
+])
+def test_quantized_nodes_c_cannot_run_fall_back_with_a_reason(case, reason):
+    """Parameters from a model are checked before C takes a node: what C cannot run goes to the interpreter
+    with the reason the partition reports (never an error at emit or a wrong kernel)."""
+    from saturate.backend.partition import partition
+
+    consts = {"s": np.float32(0.1), "z": np.array(0, np.uint8)}
+    inputs = {"x": (2, 4)}
+    if case == "runtime weights":
+        consts.update({"ys": np.float32(0.5)})
+        g = make([Node("QLinearMatMul", ["xq", "s", "z", "b", "s", "z", "ys", "z"], ["y"])],
+                 {"xq": (2, 4), "b": (4, 3)}, consts)
+        g.values["xq"], g.values["b"] = ValueInfo("uint8", (2, 4)), ValueInfo("uint8", (4, 3))
+    else:
+        if case == "zero scale":
+            consts["s"] = np.float32(0.0)
+        if case == "axis mismatch":
+            consts["s"], consts["z"] = np.full(3, 0.1, np.float32), np.zeros(3, np.uint8)
+        if case == "runtime scale":
+            del consts["s"]
+            inputs["s"] = ()
+        g = make([Node("QuantizeLinear", ["x", "s", "z"], ["y"], {"axis": 1})], inputs, consts)
+    part = partition(g)
+    assert [n.op for n, _ in part.fallback] == [g.nodes[0].op]
+    assert reason in part.fallback[0][1], part.fallback[0][1]

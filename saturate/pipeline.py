@@ -20,7 +20,7 @@ from saturate.core.errors import SaturateError
 from saturate.engine.extract import Prices, extract
 from saturate.engine.decode import decode
 from saturate.core.ir import Graph
-from saturate.lang.ast import Rule
+from saturate.lang.ast import OpTerm, Rule
 from saturate.lang.fold import check_fold_bytes
 from saturate.engine.saturation import RunReport, saturate
 
@@ -182,7 +182,8 @@ def optimize(graph: Graph, rules: Sequence[Rule] | Sequence[str | Path] | None =
 
     t = time.perf_counter()
     roots = [facts.view.lets[enc.value_names[o]] for o in graph.outputs]
-    ext = _extract_evaluable(facts, roots, model, t + extract_budget(timeout))
+    shared = any(report.run.matches.get(r.name) for r in rule_list if _builds_shared(r))
+    ext = _extract_evaluable(facts, roots, model, t + extract_budget(timeout), shared)
     report.times["extract"] = time.perf_counter() - t
     if ext is not None and ext.cut:
         budget = extract_budget(timeout)
@@ -223,7 +224,13 @@ def _typed_as_known(graph: Graph, enc, facts) -> Graph:
     return dataclasses.replace(graph, values=values)
 
 
-def _extract_evaluable(facts, roots, model, deadline: float | None = None):
+def _builds_shared(r: Rule) -> bool:
+    """A rule of several roots that builds a node their replacements share (a merged MatMul)."""
+    return bool(r.more_rhs) and any(isinstance(t, OpTerm) and any(isinstance(a, OpTerm) for a in t.args)
+                                    for _, t in r.roots)
+
+
+def _extract_evaluable(facts, roots, model, deadline: float | None = None, exact: bool = False):
     """The cheapest extraction whose constant expressions all evaluate, or None if there is none.
 
     A chosen constant expression that fails to evaluate is banned and extraction runs again (on the
@@ -232,7 +239,7 @@ def _extract_evaluable(facts, roots, model, deadline: float | None = None):
     banned: set = set()
     prices = Prices(facts, model.node_cost)
     for _ in range(8):
-        ext = extract(facts, roots, model.node_cost, banned, deadline=deadline, prices=prices)
+        ext = extract(facts, roots, model.node_cost, banned, deadline=deadline, prices=prices, exact=exact)
         if ext.choice is None:
             return ext
         bad = {(c, n) for c, n in ext.choice.items() if n.kind == "call" and facts.node_key(n) is None}
@@ -242,7 +249,7 @@ def _extract_evaluable(facts, roots, model, deadline: float | None = None):
     banned |= {(c, n) for c, nodes in facts.view.classes.items() for n in nodes
                if n.kind == "call" and facts.node_key(n) is None}
     try:
-        ext = extract(facts, roots, model.node_cost, banned, deadline=deadline, prices=prices)
+        ext = extract(facts, roots, model.node_cost, banned, deadline=deadline, prices=prices, exact=exact)
     except SaturateError:
         return None
     if ext.choice is None:

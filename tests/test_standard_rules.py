@@ -255,6 +255,19 @@ CASES = {
     "conv-shift-in": (_img(lambda b: b.conv(b.op("Add", "x", _per_channel(b)), 4, 4, k=1)), ["Conv"], ()),
     "conv-bias-shift-in": (_img(lambda b: b.conv(b.op("Add", "x", _per_channel(b)), 4, 4, k=1, bias=True)),
                            ["Conv"], ()),
+    # On cpu a Slice is a copy: the merged MatMul matches but costs more, so the graph stays.
+    "matmul-merge-2": (_mat(lambda b: b.op("Add", b.op("MatMul", "x", b.rand(3, 4)), b.op("MatMul", "x", b.rand(3, 4)))),
+                       ["MatMul", "MatMul", "Add"], ()),
+    "matmul-merge-3": (_mat(lambda b: b.op("Add", b.op("Add", *[b.op("MatMul", "x", b.rand(3, 4)) for _ in range(2)]),
+                                           b.op("MatMul", "x", b.rand(3, 4)))),
+                       ["MatMul", "MatMul", "Add", "MatMul", "Add"], ()),
+    "matmul-bias-merge-2": (_mat(lambda b: b.op("Mul", *[b.op("Add", b.op("MatMul", "x", b.rand(3, 4)), b.rand(4))
+                                                         for _ in range(2)])),
+                            ["MatMul", "Add", "MatMul", "Add", "Mul"], ()),
+    "matmul-bias-merge-3": (_mat(lambda b: b.op("Mul", b.op("Mul", *[b.op("Add", b.op("MatMul", "x", b.rand(3, 4)), b.rand(4))
+                                                                     for _ in range(2)]),
+                                                b.op("Add", b.op("MatMul", "x", b.rand(3, 4)), b.rand(4)))),
+                            ["MatMul", "Add", "MatMul", "Add", "Mul", "MatMul", "Add", "Mul"], ()),
     "shape-same-shape": (_img(lambda b: b.op("Concat", b.op("Shape", "x"), b.op("Shape", b.op("Relu", "x")), axis=0)),
                          ["Shape", "Concat"], ()),
     "conv-bias-scale-in": (_img(lambda b: b.conv(b.op("Mul", "x", _per_channel(b)), 4, 4, bias=True)),

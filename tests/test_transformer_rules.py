@@ -79,6 +79,49 @@ def test_shapes_of_values_whose_dims_differ_stay_apart():
     assert _optimized_agrees(model, feeds)["Shape"] == 2
 
 
+def _projections(n, bias, d=16):
+    """n projections of one input x [2, 5, d] by stored weights (q, k, v; gate and up), each with
+    its bias when `bias`, each read by its own Relu."""
+    rng = np.random.default_rng(3)
+    nodes, inits, outs = [], {}, []
+    for k in range(n):
+        inits[f"w{k}"] = rng.standard_normal((d, d)).astype(np.float32)
+        nodes.append(helper.make_node("MatMul", ["x", f"w{k}"], [f"m{k}"]))
+        last = f"m{k}"
+        if bias:
+            inits[f"b{k}"] = rng.standard_normal(d).astype(np.float32)
+            nodes.append(helper.make_node("Add", [last, f"b{k}"], [f"a{k}"]))
+            last = f"a{k}"
+        nodes.append(helper.make_node("Relu", [last], [f"y{k}"]))
+        outs.append(f"y{k}")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, d])
+    feeds = {"x": rng.standard_normal((2, 5, d)).astype(np.float32)}
+    return _model(nodes, [x], outs, inits), feeds
+
+
+# A code generator that slices by views: a Slice costs nothing, so reading x once wins.
+VIEWS = "target views \"slices are views\"\ndefault flops + bytes\nop Slice = 0\n"
+
+
+@pytest.mark.parametrize("n, bias", [(3, True), (3, False), (2, False)])
+def test_projections_of_one_input_merge_into_one_matmul_where_slices_are_free(n, bias):
+    from saturate.targets.target import parse_target
+
+    model, feeds = _projections(n, bias)
+    out, ok = simplify(model, check_n=0, target=parse_target(VIEWS))
+    ops = Counter(node.op_type for node in out.graph.node)
+    assert ok and ops["MatMul"] == 1 and ops["Slice"] == n
+    for a, b in zip(_ort(model, feeds), _ort(out, feeds)):
+        assert np.max(np.abs(a - b)) <= 1e-4 * max(1.0, float(np.max(np.abs(a))))
+    weights = [i for i in out.graph.initializer if list(i.dims) == [16, 16 * n]]
+    assert len(weights) == 1
+
+
+def test_projections_stay_apart_on_cpu_where_a_slice_is_a_copy():
+    model, feeds = _projections(3, True)
+    assert _optimized_agrees(model, feeds) == Counter({"MatMul": 3, "Add": 3, "Relu": 3})
+
+
 def _affine_conv(pads, bias=True):
     """PoolFormer's GroupNorm tail: a per-channel scale and shift, then a 1x1 (or 3x3) conv."""
     rng = np.random.default_rng(2)
@@ -115,14 +158,23 @@ def test_a_rule_of_several_roots_parses_and_a_missing_replacement_is_one_error()
         parse_statements("rule r Shape(x) & Shape(y) => Shape(x)")
 
 
+# Each wrong: Shapes of any two values merged; projections given each other's columns.
+WRONG = {"merge-any": """Shape(x){start=s, end=e} & Shape(y){start=s2, end=e2}
+  => Shape(x){start=s, end=e} & Shape(x){start=s2, end=e2}""",
+         "merge-swapped": """MatMul(x, w1:const) & MatMul(x, w2:const)
+  => Slice(MatMul(x, concat(w2, w1, 1)), cast(reshape(0, [1]), 7), cast(reshape(dim(w1, 1), [1]), 7),
+           cast(reshape(-1, [1]), 7))
+   & Slice(MatMul(x, concat(w2, w1, 1)), cast(reshape(dim(w1, 1), [1]), 7),
+           cast(reshape(dim(w1, 1) + dim(w2, 1), [1]), 7), cast(reshape(-1, [1]), 7))"""}
+
+
 @pytest.mark.slow
-def test_the_checker_draws_both_roots_and_refuses_an_unguarded_merge(tmp_path):
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_the_checker_draws_every_root_and_refuses_a_wrong_merge(tmp_path, name):
     from saturate.check.checker import check_rule
     from saturate.lang.parser import load_rules
 
     path = tmp_path / "bad.rules"
-    path.write_text("ruleset t level 1\n"
-                    "rule merge-any Shape(x){start=s, end=e} & Shape(y){start=s2, end=e2}\n"
-                    "  => Shape(x){start=s, end=e} & Shape(x){start=s2, end=e2}\n")
-    (rule,) = load_rules([path], names=["merge-any"])
+    path.write_text(f"ruleset t level 1\nrule {name} {WRONG[name]}\n")
+    (rule,) = load_rules([path], names=[name])
     assert check_rule(rule, examples=50, seed=0).status == "FAIL"

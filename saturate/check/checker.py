@@ -240,10 +240,13 @@ def _property(rule: Rule, reverse: bool, count: list[int], nonempty: bool = Fals
 VARIADIC_INPUTS = 5
 
 
-def joined(rule: Rule) -> Rule:
-    """A rule of several roots as one of a single root: every root flattened to a row and the
-    rows concatenated, on both sides, so that one drawn graph checks every root's replacement."""
+def joined(rule: Rule, flat: bool = False) -> Rule:
+    """A rule of several roots as one of a single root: the roots concatenated along their last
+    axis (or, `flat`, each flattened to a row first), on both sides, so that one drawn graph
+    checks every root's replacement."""
     def join(terms: list[Term]) -> Term:
+        if not flat:
+            return OpTerm("Concat", tuple(terms), (("axis", Num(-1)),))
         rows = tuple(OpTerm("Flatten", (t,), (("axis", Num(0)),)) for t in terms)
         return OpTerm("Concat", rows, (("axis", Num(1)),))
 
@@ -256,8 +259,14 @@ def check_rule(rule: Rule, examples: int = 200, seed: int | None = None) -> Rule
     if fold.is_schema(rule):
         return _check_schema(rule, examples, seed)
     if rule.more_lhs:
+        # Roots of one shape but the last axis (projections of one input) join as they are;
+        # others only once flattened, which draws fewer examples.
         got = check_rule(joined(rule), examples, seed)
-        return dataclasses.replace(got, notes=[*got.notes, "roots checked together, each flattened into one row"])
+        note = "roots checked together, concatenated along their last axis"
+        if got.status == "NOGEN":
+            got = check_rule(joined(rule, flat=True), examples, seed)
+            note = "roots checked together, each flattened into one row"
+        return dataclasses.replace(got, notes=[*got.notes, note])
     if is_variadic(rule):
         return _check_instances(rule, examples, seed)
     start = time.perf_counter()

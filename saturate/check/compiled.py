@@ -116,6 +116,9 @@ class ExampleBindings:
     def is_const(self, var: str) -> bool:
         return var in self.consts
 
+    def stored(self, var: str) -> bool:
+        return var in self.consts
+
     def dims(self, var: str) -> tuple | None:
         return self.shape(var)
 

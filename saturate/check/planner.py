@@ -723,7 +723,9 @@ class Planner(QuantPlanning):
 
     def op_MatMul(self, t, out, path) -> None:
         self.attributes(t, path, {})
-        k = self.draw(st.integers(1, MAX_SIDE))
+        # An input another root of the rule has bound already (q, k and v of one x) keeps its side.
+        bound = self.shapes.get(t.args[0].name) if isinstance(t.args[0], Var) else None
+        k = bound[-1] if bound else self.draw(st.integers(1, MAX_SIDE))
         batch, (m, n) = out[:-2], out[-2:]
         self.term(t.args[0], batch + (m, k), path + (0,))
         b_rank = self.template(t.args[1]).rank

@@ -260,11 +260,12 @@ def _tie(cls: Any, node: ENode, k: int, original: dict, ckey: dict) -> tuple:
 
 
 def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozenset(),
-            budget: float = 2.0, deadline: float | None = None, prices: Prices | None = None
-            ) -> Extraction:
+            budget: float = 2.0, deadline: float | None = None, prices: Prices | None = None,
+            exact: bool = False) -> Extraction:
     """Choose one e-node per needed e-class; `budget` bounds the local search and the exact
     program in seconds, `deadline` (a time.perf_counter() value) the whole extraction. `prices`
-    carries the e-nodes' costs from an earlier extraction of the same e-graph."""
+    carries the e-nodes' costs from an earlier extraction of the same e-graph. `exact` runs the
+    exact program whatever the local answer costs (a node several e-classes could share)."""
     prices = prices if prices is not None else Prices(facts, cost)
     nodes = sum(len(v) for v in facts.view.classes.values())
     # Pricing stops halfway to the deadline: the bottom-up pass over what it priced needs about
@@ -297,7 +298,9 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
     # more than the input graph did (a conv feeding two batch norms, folded into both). Where the
     # local search only had to move, the program never found better on the 46 corpus models and
     # cost up to 1.2 s each.
-    needed = total > _original_cost(facts, prices.of)
+    # A node that several e-classes could read at once (one MatMul for q, k and v) pays off only
+    # when they all switch to it together, a move the local search never makes.
+    needed = exact or total > _original_cost(facts, prices.of)
     seconds = left(budget / 2)
     exact = solve(classes, best, prices.of, bans, roots, facts.view.consts, ckey, seconds) \
         if needed and seconds > 0 else None

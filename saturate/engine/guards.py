@@ -140,6 +140,9 @@ class Bindings(Protocol):
     def is_const(self, var: str) -> bool:
         """Whether it is a constant or a constant expression."""
 
+    def stored(self, var: str) -> bool:
+        """Whether it is a constant the model stores (not one a rule computed)."""
+
     def dims(self, var: str) -> tuple | None:
         """Its shape, unknown dims as symbols (see saturate.lang.builtins; None: rank unknown)."""
 
@@ -175,6 +178,10 @@ class _FactsBindings:
 
     def is_const(self, var: str) -> bool:
         return self._read("is_const", var, self.env[var] in self.view.consts, False)
+
+    def stored(self, var: str) -> bool:
+        stored = self.facts.enc.graph.constants
+        return self._read("stored", var, any(n in stored for n in self.facts.names.get(self.env[var], ())), False)
 
     def absent(self, var: str) -> bool:
         """Whether the variable is an omitted optional input (an opaque node's)."""
@@ -323,6 +330,10 @@ class _Evaluator:
             if not isinstance(term, Var):
                 raise _Undecided
             return self.b.is_const(term.name)
+        if kind == "stored":
+            if not isinstance(term, Var):
+                raise _Undecided
+            return self.b.stored(term.name)
         if kind == "type":
             if not isinstance(term, Var):
                 raise _Undecided

@@ -7,6 +7,7 @@ Calling convention (what the engine, the folder and the checker pass to an `impl
 - "int" gets a Python int; "ints" gets a tuple of ints (a list or an integer ndarray is accepted);
   either may be None for an attribute the node omits and ONNX gives no fixed default (perm);
 - "isconst" gets whether the value is a constant (or a constant expression);
+- "stored" gets whether the value is a constant the model stores (not one computed by a rule);
 - "type" (queries) gets the value's dtype name ("float32", "int64"), None when unknown;
 - "value" (queries and shape guards) gets the value's static shape as a tuple whose dims are ints,
   or symbolic names / None when unknown. Shape guards answer False when unknown dims leave the
@@ -781,6 +782,15 @@ def unpadded(pads: Any) -> bool:
     return p is None or all(x == 0 for x in p)
 
 
+def precedes(a: Any, b: Any) -> bool:
+    """Matrices with as many rows: `a`'s first column comes before `b`'s (as tuples of numbers).
+    Weights read by one input in this order merge in this order only."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0] or not a.size or not b.size:
+        return False
+    return tuple(a[:, 0].tolist()) < tuple(b[:, 0].tolist())
+
+
 def unit_window(kernel: Any, strides: Any, pads: Any) -> bool:
     """A pooling window of one element moved one element at a time over the unpadded input
     (omitted strides are 1s, omitted pads 0s): each output is the input element at its place."""
@@ -909,6 +919,9 @@ GUARDS: dict[str, GuardFn] = {
     "nonzero": _value(_all(lambda a: a != 0), "every element != 0"),
     "ones": _value(_all(lambda a: a == 1), "every element == 1"),
     "zeros": _value(_all(lambda a: a == 0), "every element == 0"),
+    "precedes": GuardFn(2, precedes, precedes.__doc__, True, ("const", "const")),
+    "stored": GuardFn(1, lambda stored: stored, "the value is a constant the model stores, not one a rule "
+                      "computed (merged weights, say)", False, ("stored",)),
     "floating": _value(lambda c: bool(np.issubdtype(np.asarray(c).dtype, np.floating)),
                        "the constant has a floating-point dtype"),
     "all_equal": GuardFn(2, lambda c, v: _compare_values(operator.eq, np.asarray(c), v),

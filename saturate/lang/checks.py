@@ -314,11 +314,11 @@ class _Checker:
             # The shape of a constant expression (a part of a constant, say) is known too, and
             # a value guard reads an expression's values (positive(dim(a, 0) - i)).
             return self.term(a, "tensor" if kind == "value" else "const", where, g.loc)
-        if kind in ("value", "dims", "data", "const", "isconst") and not isinstance(a, Var):
+        if kind in ("value", "dims", "data", "const", "isconst", "stored") and not isinstance(a, Var):
             self.fail(getattr(a, "loc", None) or g.loc, f"{where} must be a variable bound on the left")
         if kind == "const" and isinstance(a, Var) and not self.is_const(a.name):
             self.fail(a.loc, f"guard {g.fn} reads constant values: capture '{a.name}' as {a.name}:const")
-        return self.term(a, "value" if kind in ("const", "isconst", "dims", "data") else kind, where, g.loc)
+        return self.term(a, "value" if kind in ("const", "isconst", "stored", "dims", "data") else kind, where, g.loc)
 
     def check(self) -> Rule:
         r = self.rule

@@ -31,6 +31,10 @@ DEFAULT_MAX_FOLD_BYTES = 1 << 20
 # Ops whose value is not a function of their inputs: never folded.
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
                               "Bernoulli", "Multinomial", "Dropout"})
+# A quantized model stores its weights as DequantizeLinear of 8-bit integers: folded, each would
+# be stored four times as large in float, which is what quantizing it was to avoid (ONNX Runtime's
+# constant folding leaves it too). rules/quant.rules turns the weight's readers into integer ops.
+KEPT_QUANTIZED = frozenset({"DequantizeLinear"})
 
 EVALUATE = "evaluate"       # the constant function of the schema's right side
 SPEC = "matched_node"       # its first argument: the matched node, computed per match
@@ -98,7 +102,7 @@ def foldable(m: Matched) -> bool:
     from saturate.interp.kernels import OP_IMPLS
     from saturate.interp.reference import unsupported_reason
 
-    if m.domain not in ("", "ai.onnx") or m.preserved or m.op in NONDETERMINISTIC:
+    if m.domain not in ("", "ai.onnx") or m.preserved or m.op in NONDETERMINISTIC or m.op in KEPT_QUANTIZED:
         return False
     if not all(_plain_attr(v) for v in m.attrs.values()):
         return False
@@ -113,7 +117,7 @@ def plausible(op: str, opset: int) -> bool:
     import onnx
     from onnx import AttributeProto
 
-    if op in NONDETERMINISTIC:
+    if op in NONDETERMINISTIC or op in KEPT_QUANTIZED:
         return False
     try:
         schema = onnx.defs.get_schema(op, opset, "")

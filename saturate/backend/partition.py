@@ -187,8 +187,14 @@ def _infer_fallback(graph: Graph, node: Node, shapes: dict, dtypes: dict) -> lis
             mini.values[i] = ValueInfo(dtypes.get(i) or "float32", shapes.get(i))
     mini.nodes = [node]
     unknown = [(None, None)] * len(node.outputs)
+    proto = export_model(mini)
+    # The outputs go in untyped: a declared type (float32 when the graph has none for the value) would
+    # win over the inferred one and leave the shape unknown (IsNaN's bool output).
+    names = [vi.name for vi in proto.graph.output]
+    del proto.graph.output[:]
+    proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
     try:
-        model = onnx.shape_inference.infer_shapes(export_model(mini), strict_mode=False, data_prop=True)
+        model = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception:  # inference is advisory: no answer only means the shape is not static
         return unknown
     from saturate.frontend.onnx_io import dtype_name

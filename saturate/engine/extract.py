@@ -300,7 +300,8 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
     # cost up to 1.2 s each.
     # A node that several e-classes could read at once (one MatMul for q, k and v) pays off only
     # when they all switch to it together, a move the local search never makes.
-    needed = exact or total > _original_cost(facts, prices.of)
+    needed = (exact and _sharing_pays(classes, search.chosen, prices.of, best)) \
+        or total > _original_cost(facts, prices.of)
     seconds = left(budget / 2)
     exact = solve(classes, best, prices.of, bans, roots, facts.view.consts, ckey, seconds) \
         if needed and seconds > 0 else None
@@ -309,6 +310,28 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
         if exact_total < total:
             choice, total = {c: classes[c][k] for c, k in exact.items()}, exact_total
     return Extraction(choice, total, start, moves, cut, prices.count, nodes)
+
+
+def _sharing_pays(classes: dict, chosen: dict, prices: dict, best: dict) -> bool:
+    """Whether some e-class outside the chosen graph could pay for itself if every chosen e-class
+    with a cheaper e-node reading it switched to that e-node: what each saves, summed, above the
+    e-node it would be computed by. Not exact (an e-node's other new inputs are not counted), it
+    tells where the exact program may find better from where it cannot."""
+    saving: dict[Any, int] = {}
+    for c, k in chosen.items():
+        own = prices[c][k]
+        for j, node in enumerate(classes[c]):
+            p = prices[c][j]
+            if j != k and _usable(p) and p < own:
+                for ch in set(node.children):
+                    if ch not in chosen:
+                        saving[ch] = saving.get(ch, 0) + own - p
+    for ch, s in saving.items():
+        got = best.get(ch)
+        # A free input (a constant, a leaf) needs no sharing: the local search takes it alone.
+        if got is not None and _usable(prices[ch][got[1]]) and s > prices[ch][got[1]] > 0:
+            return True
+    return False
 
 
 def _original_cost(facts: Facts, prices: dict) -> int | float:

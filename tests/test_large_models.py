@@ -132,6 +132,7 @@ def test_a_large_elementwise_fold_is_computed_in_blocks_into_a_file(monkeypatch)
         got = evaluate_fn("mul", [w, s])
         assert mapped.is_mapped(got)
         np.testing.assert_array_equal(got, w * s)
+        np.testing.assert_array_equal(evaluate_fn("div", [w, s]), w / s)     # not a ufunc: blocks alone
     # Any other large result is computed whole, then moved to a file; a view of a mapped weight
     # (a reshape) stays the view.
     got = evaluate_fn("transpose", [w, (1, 0)])

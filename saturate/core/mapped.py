@@ -27,7 +27,7 @@ from saturate.core.inputs import open_regular
 # A folded weight at least this large is computed into a temp file, not kept in memory.
 SPILL_BYTES = 32 << 20
 # Bytes computed, copied or written per step.
-BLOCK_BYTES = 16 << 20
+BLOCK_BYTES = 4 << 20
 
 
 class _Mapping(mmap.mmap):
@@ -259,16 +259,23 @@ def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray 
     split = [isinstance(a, np.ndarray) and a.ndim == len(shape) and a.shape[0] == shape[0] for a in args]
     step = max(1, BLOCK_BYTES // row)
     f, start = _sink()
-    dtype = None
+    dtype, buffer = None, None
     try:
         for i in range(0, shape[0], step):
             parts = [a[i:i + step] if s else a for a, s in zip(args, split)]
-            block = np.asarray(impl(*parts))
-            if (block.shape != (min(step, shape[0] - i), *shape[1:]) or block.dtype.hasobject
-                    or (dtype is not None and block.dtype != dtype)):
-                _abandon(f, start)
-                return None
-            dtype = block.dtype
+            if buffer is not None:
+                block = buffer[:min(step, shape[0] - i)]
+                ufunc(*_typed(parts, dtype), out=block)
+            else:
+                block = np.asarray(impl(*parts))
+                if (block.shape != (min(step, shape[0] - i), *shape[1:]) or block.dtype.hasobject
+                        or (dtype is not None and block.dtype != dtype)):
+                    _abandon(f, start)
+                    return None
+                dtype = block.dtype
+                ufunc = getattr(np, getattr(impl, "__name__", ""), None)
+                if i == 0 and isinstance(ufunc, np.ufunc):
+                    buffer = _reusable(ufunc, parts, block)
             f.write(memoryview(np.ascontiguousarray(block).reshape(-1).view(np.uint8)))
             for part, s in zip(parts, split):
                 if s:
@@ -280,6 +287,28 @@ def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray 
     except BaseException:
         _abandon(f, start)
         raise
+
+
+def _typed(parts: list[Any], dtype: np.dtype) -> list[Any]:
+    # As builtins._elementwise passes them: numbers in the arrays' dtype.
+    return [p if isinstance(p, np.ndarray) else np.asarray(p, dtype) for p in parts]
+
+
+def _reusable(ufunc: np.ufunc, parts: list[Any], block: np.ndarray) -> np.ndarray | None:
+    """A buffer for the next blocks when `ufunc` writing into it gives exactly the bytes the
+    function gave for the first `block` (the function is that ufunc with its result cast to the
+    arrays' dtype); None when it does not, or cannot say. A fresh result per block cost more than
+    computing it (the pages of new memory, on a busy machine)."""
+    if ufunc.nout != 1 or ufunc.nin != len(parts):
+        return None
+    trial = np.empty_like(block)
+    try:
+        with np.errstate(all="ignore"):
+            ufunc(*_typed(parts, block.dtype), out=trial)
+    except (TypeError, ValueError):
+        return None
+    same = trial.shape == block.shape and trial.tobytes() == np.ascontiguousarray(block).tobytes()
+    return trial if same else None
 
 
 def copy_to(out: BinaryIO, arr: np.ndarray) -> bool:

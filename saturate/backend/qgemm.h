@@ -23,6 +23,8 @@
 
 typedef struct {
     const float *x;
+    const uint8_t *xb;  /* convs: the input as bytes (x + xoff), channels last, padded with xpad to Hp x Wp */
+    int64_t Hp, Wp;
     const int8_t *w;
     const int64_t *corr;
     const int32_t *bz;
@@ -37,8 +39,8 @@ typedef struct {
  * read into locals first: stores through a byte pointer may alias anything, so the compiler would reload
  * them after every byte. */
 static int32_t sat_qgather(const sat_qconv_args *q, int64_t n, int64_t g, int64_t p, uint8_t *restrict a) {
-    const int64_t K = q->K, K4 = q->K4, H = q->H, W = q->W, kh = q->kh, kw = q->kw, dh = q->dh, dw = q->dw;
-    const int xoff = q->xoff, xpad = q->xpad;
+    const int64_t K = q->K, K4 = q->K4, kh = q->kh, kw = q->kw, dh = q->dh, dw = q->dw;
+    const int xoff = q->xoff;
     int32_t sum = 0;
     if (q->matmul) {
         const float *restrict xr = q->x + p * K;
@@ -48,27 +50,13 @@ static int32_t sat_qgather(const sat_qconv_args *q, int64_t n, int64_t g, int64_
             sum += v;
         }
     } else {
-        const int64_t Cg = q->C / q->group, oy = p / q->ow, ox = p % q->ow;
-        const int64_t iy0 = oy * q->sh - q->ph, ix0 = ox * q->sw - q->pw;
+        /* Taps in (ky, kx, channel) order: each is one run of the group's channels. */
+        const int64_t C = q->C, Cg = C / q->group, oy = p / q->ow, ox = p % q->ow, Wp = q->Wp;
+        const uint8_t *base = q->xb + ((n * q->Hp + oy * q->sh) * Wp + ox * q->sw) * C + g * Cg;
         int64_t k = 0;
-        for (int64_t c = 0; c < Cg; c++) {
-            const float *restrict xc = q->x + ((n * q->C + g * Cg + c) * H) * W;
-            for (int64_t ky = 0; ky < kh; ky++) {
-                const int64_t iy = iy0 + ky * dh;
-                if (iy < 0 || iy >= H) {
-                    for (int64_t kx = 0; kx < kw; kx++) a[k++] = (uint8_t)xpad;
-                    sum += (int32_t)(xpad * kw);
-                    continue;
-                }
-                const float *restrict row = xc + iy * W;
-                for (int64_t kx = 0; kx < kw; kx++, k++) {
-                    const int64_t ix = ix0 + kx * dw;
-                    const int v = (ix >= 0 && ix < W) ? (int)row[ix] + xoff : xpad;
-                    a[k] = (uint8_t)v;
-                    sum += v;
-                }
-            }
-        }
+        for (int64_t ky = 0; ky < kh; ky++)
+            for (int64_t kx = 0; kx < kw; kx++, k += Cg) memcpy(a + k, base + (ky * dh * Wp + kx * dw) * C, (size_t)Cg);
+        for (int64_t j = 0; j < K; j++) sum += a[j];
     }
     for (int64_t k = K; k < 4 * K4; k++) a[k] = 0;
     return sum;
@@ -182,7 +170,7 @@ static void sat_qconv(const float *x, const void *w, const void *corr, const voi
                       int64_t images, int64_t C, int64_t H, int64_t W, int64_t M, int64_t kh, int64_t kw, int64_t oh,
                       int64_t ow, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t group,
                       int64_t K, int xoff, int xpad, float zy, float lo, float hi, int matmul) {
-    sat_qconv_args q = {x, w, corr, bz, scale, y, images, C, H, W, M, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw,
+    sat_qconv_args q = {x, NULL, 0, 0, w, corr, bz, scale, y, images, C, H, W, M, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw,
                         group, K, (K + 3) / 4, 0, xoff, xpad, matmul, zy, lo, hi};
     const int64_t P = matmul ? images : oh * ow;
     q.tiles = (P + SAT_QTILE - 1) / SAT_QTILE;
@@ -191,7 +179,30 @@ static void sat_qconv(const float *x, const void *w, const void *corr, const voi
         sat_parallel(images * M, sat_qdw_plane, &q);
         return;
     }
+    uint8_t *xb = NULL;
+    if (!matmul) {
+        /* Taps past the input's end (bottom and right pads) land in the padded planes too. */
+        const int64_t hs = (oh - 1) * sh + (kh - 1) * dh + 1, ws = (ow - 1) * sw + (kw - 1) * dw + 1;
+        q.Hp = hs > ph + H ? hs : ph + H;
+        q.Wp = ws > pw + W ? ws : pw + W;
+        const size_t bytes = (size_t)(images * q.Hp * q.Wp * C);
+        xb = malloc(bytes);
+        if (!xb) {
+            fprintf(stderr, "saturate: out of memory in a quantized conv\n");
+            abort();
+        }
+        memset(xb, xpad, bytes);
+        for (int64_t n = 0; n < images; n++)
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t iy = 0; iy < H; iy++) {
+                    const float *restrict src = x + ((n * C + c) * H + iy) * W;
+                    uint8_t *restrict dst = xb + ((n * q.Hp + ph + iy) * q.Wp + pw) * C + c;
+                    for (int64_t ix = 0; ix < W; ix++) dst[ix * C] = (uint8_t)((int)src[ix] + xoff);
+                }
+        q.xb = xb;
+    }
     sat_parallel((matmul ? 1 : images) * group * q.tiles, sat_qconv_item, &q);
+    free(xb);
 }
 
 #endif

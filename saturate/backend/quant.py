@@ -164,7 +164,8 @@ def qlinear_params(graph: Graph, node: Node) -> dict:
             raise unsupported(node, "runs a 2-D constant B only")
         m, wk = w.shape[1], w.T.reshape(w.shape[1], -1)
     else:
-        m, wk = w.shape[0], w.reshape(w.shape[0], -1)
+        # taps in (ky, kx, channel) order, as qgemm.h gathers them from its channels-last bytes
+        m, wk = w.shape[0], np.moveaxis(w, 1, -1).reshape(w.shape[0], -1)
         group = int(node.attr("group", 1))
         if w.ndim < 3 or group < 1 or m % group:
             raise unsupported(node, f"got weights {w.shape} for {group} groups")
@@ -223,6 +224,9 @@ def emit_qlinear(em, step, chain, out, oshape) -> None:
         rows, group, c, mo = x[0], int(node.attr("group", 1)), x[1], w[0]
         h, wd = (x[2], x[3]) if len(x) == 4 else (1, x[2])
         geo = f"{win.kh}, {win.kw}, {win.oh}, {win.ow}, {win.sh}, {win.sw}, {win.ph}, {win.pw}, {win.dh}, {win.dw}"
+        hp = max((win.oh - 1) * win.sh + (win.kh - 1) * win.dh + 1, win.ph + h)
+        wp = max((win.ow - 1) * win.sw + (win.kw - 1) * win.dw + 1, win.pw + wd)
+        check_bytes(rows * c * hp * wp, f"the padded input bytes of node {node.name!r} ({node.op})")
     pw, corr, bz, scale, k, xoff, xpad = packed(params, group)
     check_bytes(QTILE * 4 * (-(-k // 4)), f"the gathered taps of node {node.name!r} ({node.op})")
     if math.prod(oshape) == 0:

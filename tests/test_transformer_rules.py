@@ -145,6 +145,17 @@ def test_a_per_channel_affine_before_an_unpadded_conv_folds_into_it(bias):
     assert _optimized_agrees(model, feeds) == Counter({"Conv": 1})
 
 
+def test_a_zero_shift_before_a_conv_does_not_feed_the_rule_forever():
+    # x + 0 is x: without its not_zeros guard the rule rebuilt b + 0 + 0 ... on every iteration.
+    from saturate.frontend.onnx_io import import_model
+    from saturate.pipeline import optimize
+
+    model, feeds = _affine_conv(0)
+    model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.zeros((6, 1, 1), np.float32), "t"))
+    _, report = optimize(import_model(model))
+    assert report.run.matches["conv-bias-shift-in"] <= 1 and _optimized_agrees(model, feeds) == Counter({"Conv": 1})
+
+
 def test_a_shift_before_a_padded_conv_stays():
     # The border taps read zero padding, not the shift.
     model, feeds = _affine_conv(1)

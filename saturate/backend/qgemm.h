@@ -94,30 +94,54 @@ static void sat_qdw_plane(void *ctx, int64_t item, int tid) {
         }
 }
 
-/* int32 sums of SAT_QROWS byte rows (stride lda) with one 16-channel weight panel. */
-static void sat_qdot_panel(const uint8_t *a, int64_t lda, const int8_t *w, int64_t K4, int32_t acc[SAT_QROWS][16]) {
+/* int32 sums of SAT_QROWS byte rows (stride lda) with `np` (1 or 2) consecutive 16-channel weight panels:
+ * two give 12 independent accumulators, enough to hide vpdpbusd's latency. */
+static void sat_qdot_panels(const uint8_t *a, int64_t lda, const int8_t *w, int64_t K4, int np,
+                            int32_t acc[SAT_QROWS][32]) {
 #ifdef SAT_HAVE_VNNI
-    __m512i s[SAT_QROWS];
-    for (int r = 0; r < SAT_QROWS; r++) s[r] = _mm512_setzero_si512();
-    for (int64_t k = 0; k < K4; k++) {
-        const __m512i b = _mm512_loadu_si512((const void *)(w + k * 64));
-        for (int r = 0; r < SAT_QROWS; r++) {
-            int32_t four;
-            memcpy(&four, a + r * lda + 4 * k, 4);
-            s[r] = _mm512_dpbusd_epi32(s[r], _mm512_set1_epi32(four), b);
+    __m512i s[SAT_QROWS], t[SAT_QROWS];
+    for (int r = 0; r < SAT_QROWS; r++) s[r] = t[r] = _mm512_setzero_si512();
+    if (np == 2) {
+        const int8_t *w2 = w + K4 * 64;
+        for (int64_t k = 0; k < K4; k++) {
+            const __m512i b = _mm512_loadu_si512((const void *)(w + k * 64));
+            const __m512i b2 = _mm512_loadu_si512((const void *)(w2 + k * 64));
+            for (int r = 0; r < SAT_QROWS; r++) {
+                int32_t four;
+                memcpy(&four, a + r * lda + 4 * k, 4);
+                const __m512i x = _mm512_set1_epi32(four);
+                s[r] = _mm512_dpbusd_epi32(s[r], x, b);
+                t[r] = _mm512_dpbusd_epi32(t[r], x, b2);
+            }
+        }
+    } else {
+        for (int64_t k = 0; k < K4; k++) {
+            const __m512i b = _mm512_loadu_si512((const void *)(w + k * 64));
+            for (int r = 0; r < SAT_QROWS; r++) {
+                int32_t four;
+                memcpy(&four, a + r * lda + 4 * k, 4);
+                s[r] = _mm512_dpbusd_epi32(s[r], _mm512_set1_epi32(four), b);
+            }
         }
     }
-    for (int r = 0; r < SAT_QROWS; r++) _mm512_storeu_si512((void *)acc[r], s[r]);
+    for (int r = 0; r < SAT_QROWS; r++) {
+        _mm512_storeu_si512((void *)acc[r], s[r]);
+        _mm512_storeu_si512((void *)(acc[r] + 16), t[r]);
+    }
 #else
     for (int r = 0; r < SAT_QROWS; r++)
-        for (int c = 0; c < 16; c++) acc[r][c] = 0;
-    for (int64_t k = 0; k < K4; k++) {
-        const int8_t *b = w + k * 64;
-        for (int r = 0; r < SAT_QROWS; r++) {
-            const uint8_t *ar = a + r * lda + 4 * k;
-            const int32_t a0 = ar[0], a1 = ar[1], a2 = ar[2], a3 = ar[3];
-            for (int c = 0; c < 16; c++)
-                acc[r][c] += a0 * b[4 * c] + a1 * b[4 * c + 1] + a2 * b[4 * c + 2] + a3 * b[4 * c + 3];
+        for (int c = 0; c < 32; c++) acc[r][c] = 0;
+    for (int h = 0; h < np; h++) {
+        const int8_t *wh = w + h * K4 * 64;
+        for (int64_t k = 0; k < K4; k++) {
+            const int8_t *b = wh + k * 64;
+            for (int r = 0; r < SAT_QROWS; r++) {
+                const uint8_t *ar = a + r * lda + 4 * k;
+                const int32_t a0 = ar[0], a1 = ar[1], a2 = ar[2], a3 = ar[3];
+                int32_t *o = acc[r] + 16 * h;
+                for (int c = 0; c < 16; c++)
+                    o[c] += a0 * b[4 * c] + a1 * b[4 * c + 1] + a2 * b[4 * c + 2] + a3 * b[4 * c + 3];
+            }
         }
     }
 #endif
@@ -144,11 +168,12 @@ static void sat_qconv_item(void *ctx, int64_t item, int tid) {
         }
     }
     const int8_t *wg = q->w + g * panels * q->K4 * 64;
-    int32_t acc[SAT_QROWS][16];
-    for (int64_t j = 0; j < panels; j++) {
-        const int64_t m0 = g * Mg + j * 16, mc = Mg - j * 16 < 16 ? Mg - j * 16 : 16;
+    int32_t acc[SAT_QROWS][32];
+    for (int64_t j = 0; j < panels; j += 2) {
+        const int np = panels - j >= 2 ? 2 : 1;
+        const int64_t m0 = g * Mg + j * 16, mc = Mg - j * 16 < 16 * np ? Mg - j * 16 : 16 * np;
         for (int64_t r0 = 0; r0 < p1 - p0; r0 += SAT_QROWS) {
-            sat_qdot_panel(a + r0 * lda, lda, wg + j * q->K4 * 64, q->K4, acc);
+            sat_qdot_panels(a + r0 * lda, lda, wg + j * q->K4 * 64, q->K4, np, acc);
             for (int64_t r = 0; r < SAT_QROWS && p0 + r0 + r < p1; r++) {
                 const int64_t p = p0 + r0 + r;
                 for (int64_t c = 0; c < mc; c++) {

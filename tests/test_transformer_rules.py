@@ -167,6 +167,8 @@ def test_a_rule_of_several_roots_parses_and_a_missing_replacement_is_one_error()
     assert len(rule.roots) == 2 and rule.more_lhs[0].args[0].name == "y"
     with pytest.raises(SaturateError, match=r"<string>:1:1: 2 patterns joined by & on the left, 1 on the right"):
         parse_statements("rule r Shape(x) & Shape(y) => Shape(x)")
+    with pytest.raises(SaturateError, match="several roots is written with =>"):
+        parse_statements("rule r Shape(x) & Shape(y) <=> Shape(y) & Shape(x)")
 
 
 # Each wrong: Shapes of any two values merged; projections given each other's columns.

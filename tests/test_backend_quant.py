@@ -113,6 +113,7 @@ def qlinear_conv(xdtype, wdtype, cin, cout, hw, kernel, attrs, bias=True, per_ch
     (np.uint8, np.int8, 16, 20, 9, 3, {"pads": [1, 1, 1, 1]}, True, True),
     (np.int8, np.int8, 8, 8, 10, 3, {"group": 8, "strides": [2, 2], "pads": [1, 0, 1, 1]}, True, False),
     (np.uint8, np.uint8, 12, 34, 7, 1, {"group": 2}, False, True),
+    (np.uint8, np.uint8, 6, 6, 9, 3, {"group": 6, "dilations": [2, 2], "pads": [2, 1, 2, 3]}, True, True),
     (np.int8, np.int8, 3, 5, 11, 5, {"strides": [2, 1], "dilations": [1, 2], "pads": [2, 2, 2, 2]}, True, True),
 ])
 def test_qlinearconv_matches_ort(xdtype, wdtype, cin, cout, hw, kernel, attrs, bias, per_channel):

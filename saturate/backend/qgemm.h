@@ -62,36 +62,59 @@ static int32_t sat_qgather(const sat_qconv_args *q, int64_t n, int64_t g, int64_
     return sum;
 }
 
-/* Depthwise (one input and one output channel per group): int32 sums over the window straight from the
- * input, per (image, channel) plane; no byte panels, whose 16 lanes would hold one channel. */
+/* Depthwise (one input and one output channel per group), per (image, channel) plane: its window sums
+ * (x + xoff) * w over at most 64 taps, each product under 2^15 in size, so float32 sums of them are exact
+ * integers (under 2^24) and the loop over a row of outputs vectorizes. No byte panels: their 16 lanes would
+ * hold one channel. */
 static void sat_qdw_plane(void *ctx, int64_t item, int tid) {
     const sat_qconv_args *q = ctx;
     (void)tid;
     const int64_t m = item % q->M, H = q->H, W = q->W, kh = q->kh, kw = q->kw, oh = q->oh, ow = q->ow;
-    const int64_t taps = kh * kw;
+    const int64_t sh = q->sh, sw = q->sw, dh = q->dh, dw = q->dw;
+    const int64_t hs = (oh - 1) * sh + (kh - 1) * dh + 1, ws = (ow - 1) * sw + (kw - 1) * dw + 1;
+    const int64_t Hp = hs > q->ph + H ? hs : q->ph + H, Wp = ws > q->pw + W ? ws : q->pw + W;
     const float *restrict x = q->x + item * H * W;
     float *restrict y = q->y + item * oh * ow;
     const int8_t *w = q->w + m * q->K4 * 64;  /* the plane's panel: tap k is byte 4 * 16 * (k / 4) + k % 4 */
-    int32_t wk[64];
-    for (int64_t k = 0; k < taps; k++) wk[k] = w[64 * (k / 4) + k % 4];
-    const int xoff = q->xoff, xpad = q->xpad;
+    float wk[64];
+    for (int64_t k = 0; k < kh * kw; k++) wk[k] = (float)w[64 * (k / 4) + k % 4];
+    /* the plane as (x + xoff), padded with xpad; then one row of sums at a time */
+    float *buf = malloc(sizeof(float) * (size_t)(Hp * Wp + 2 * ow));
+    if (!buf) {
+        fprintf(stderr, "saturate: out of memory in a quantized conv\n");
+        abort();
+    }
+    float *restrict pad = buf, *restrict acc = buf + Hp * Wp, *restrict rs = acc + ow;
+    const float xoff = (float)q->xoff, xpad = (float)q->xpad;
+    for (int64_t i = 0; i < Hp * Wp; i++) pad[i] = xpad;
+    for (int64_t iy = 0; iy < H; iy++)
+        for (int64_t ix = 0; ix < W; ix++) pad[(q->ph + iy) * Wp + q->pw + ix] = x[iy * W + ix] + xoff;
     const int64_t corr = q->corr[m], bz = q->bz[m];
     const float scale = q->scale[m], zy = q->zy, lo = q->lo, hi = q->hi;
-    for (int64_t oy = 0; oy < oh; oy++)
-        for (int64_t ox = 0; ox < ow; ox++) {
-            int32_t dot = 0, rs = 0;
-            for (int64_t ky = 0; ky < kh; ky++) {
-                const int64_t iy = oy * q->sh - q->ph + ky * q->dh;
-                for (int64_t kx = 0; kx < kw; kx++) {
-                    const int64_t ix = ox * q->sw - q->pw + kx * q->dw;
-                    const int v = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? (int)x[iy * W + ix] + xoff : xpad;
-                    dot += v * wk[ky * kw + kx];
-                    rs += v;
-                }
+    for (int64_t oy = 0; oy < oh; oy++) {
+        for (int64_t ox = 0; ox < ow; ox++) acc[ox] = rs[ox] = 0.0f;
+        for (int64_t ky = 0; ky < kh; ky++)
+            for (int64_t kx = 0; kx < kw; kx++) {
+                const float *restrict src = pad + (oy * sh + ky * dh) * Wp + kx * dw;
+                const float wv = wk[ky * kw + kx];
+                if (sw == 1)
+                    for (int64_t ox = 0; ox < ow; ox++) {
+                        acc[ox] += wv * src[ox];
+                        rs[ox] += src[ox];
+                    }
+                else
+                    for (int64_t ox = 0; ox < ow; ox++) {
+                        acc[ox] += wv * src[ox * sw];
+                        rs[ox] += src[ox * sw];
+                    }
             }
-            float v = rintf((float)((int64_t)dot + corr - bz * rs) * scale) + zy;
+        for (int64_t ox = 0; ox < ow; ox++) {
+            const int64_t sum = (int64_t)acc[ox] + corr - bz * (int64_t)rs[ox];
+            const float v = rintf((float)sum * scale) + zy;
             y[oy * ow + ox] = v < lo ? lo : (v > hi ? hi : v);
         }
+    }
+    free(buf);
 }
 
 /* int32 sums of SAT_QROWS byte rows (stride lda) with `np` (1 or 2) consecutive 16-channel weight panels:

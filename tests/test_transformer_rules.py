@@ -122,6 +122,22 @@ def test_projections_stay_apart_on_cpu_where_a_slice_is_a_copy():
     assert _optimized_agrees(model, feeds) == Counter({"MatMul": 3, "Add": 3, "Relu": 3})
 
 
+def test_merged_weights_are_not_computed_when_the_merge_is_not_chosen(monkeypatch):
+    # Typing a merged MatMul reads its weights' shapes only: a large model's q, k and v weights
+    # are not concatenated for every pair and triple the rules offer.
+    import dataclasses
+
+    from saturate.lang.builtins import CONST_FUNCS
+
+    calls = []
+    concat = CONST_FUNCS["concat"]
+    monkeypatch.setitem(CONST_FUNCS, "concat", dataclasses.replace(
+        concat, impl=lambda *a: calls.append(np.shape(a[0])) or concat.impl(*a)))
+    model, feeds = _projections(3, False)
+    assert _optimized_agrees(model, feeds) == Counter({"MatMul": 3, "Relu": 3})
+    assert calls == []
+
+
 def _affine_conv(pads, bias=True):
     """PoolFormer's GroupNorm tail: a per-channel scale and shift, then a 1x1 (or 3x3) conv."""
     rng = np.random.default_rng(2)

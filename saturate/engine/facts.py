@@ -209,8 +209,13 @@ class Facts:
         """The type of a constant computed by an elementwise function (a + b, sqrt(c)...), from
         its arguments' types as the function's numpy implementation combines them, without
         computing it: pricing and shape guards ask the types of many weight expressions that
-        extraction never chooses. None when no e-node of `cls` is one."""
+        extraction never chooses. A concatenation of weights (projections merged side by side)
+        is typed the same way. None when no e-node of `cls` is one."""
         for node in self.view.classes.get(cls, ()):
+            if node.kind == "call" and node.head == "concat" and len(node.children) == 3:
+                got = self._concat_info(node)
+                if got is not None:
+                    return got
             fn = CONST_FUNCS.get(node.head) if node.kind == "call" else None
             if fn is None or not fn.broadcasts:
                 continue
@@ -225,6 +230,21 @@ class Facts:
                 continue
             return ValueInfo(dtype.name, tuple(shape))
         return None
+
+    def _concat_info(self, node: ENode) -> ValueInfo | None:
+        """concat(a, b, axis) of two arrays of one dtype and rank, typed without computing it."""
+        a, b = (self._argument_type(c) for c in node.children[:2])
+        axis = next((self.enc.lits[n.key] for n in self.view.classes.get(node.children[2], ()) if n.kind == "lit"),
+                    None)
+        if a is None or b is None or a[0] is None or a[0] != b[0] or len(a[1]) != len(b[1]) or not a[1] \
+                or not isinstance(axis, int) or not -len(a[1]) <= axis < len(a[1]):
+            return None
+        axis %= len(a[1])
+        if any(x != y for k, (x, y) in enumerate(zip(a[1], b[1])) if k != axis):
+            return None
+        shape = list(a[1])
+        shape[axis] += b[1][axis]
+        return ValueInfo(a[0].name, tuple(shape))
 
     def _argument_type(self, cls: Any) -> tuple[np.dtype | None, tuple] | None:
         """(dtype, shape) of a constant argument, dtype None for a plain Python number (which

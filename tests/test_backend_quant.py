@@ -189,3 +189,17 @@ def test_quantized_nodes_c_cannot_run_fall_back_with_a_reason(case, reason):
     part = partition(g)
     assert [n.op for n, _ in part.fallback] == [g.nodes[0].op]
     assert reason in part.fallback[0][1], part.fallback[0][1]
+
+
+def test_compiled_directory_of_an_int8_model_takes_and_gives_integers(tmp_path):
+    """A directory `saturate compile` writes for a model with uint8 input and output loads and runs on
+    uint8 arrays (its graph.onnx keeps the dtypes the C segment's float interface drops)."""
+    from saturate.backend import compile_graph
+    from saturate.backend.runtime import load
+
+    graph, feed = qlinear_conv(np.uint8, np.uint8, 12, 34, 7, 1, {"group": 2}, False, True)
+    compile_graph(graph, out_dir=tmp_path / "m")
+    model = load(tmp_path / "m")
+    assert model.fallback_ops == []
+    got = model(feed)["y"]
+    assert_steps(got, ort_plain(graph, feed)["y"], 1)

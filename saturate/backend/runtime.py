@@ -210,7 +210,7 @@ def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = N
                   input_shapes: dict | None = None, sanitize: bool = False, profile: bool = False) -> CompiledModel:
     """Partition, emit, compile (cached by hash) and load a graph; returns a callable on numpy arrays.
 
-    With `out_dir`, a graph that is one C segment is installed there (model.c, model.h, weights.bin,
+    With `out_dir`, a graph that is one C segment on float32 inputs and outputs is installed there (model.c, model.h, weights.bin,
     model.so, the extension module, a copy of OpenBLAS they find beside them, build.key, build.json); a
     graph cut by interpreter nodes gets segment k in `out_dir`/segK plus manifest.json and graph.onnx (what
     the interpreter runs). The directory is assembled beside its final name and renamed into place, so it
@@ -220,7 +220,10 @@ def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = N
         check_output_dir(root)
     part = partition(graph, input_shapes)
     c_pieces = [p for p in part.pieces if p.kind == "c"]
-    whole = len(part.pieces) == 1 and len(c_pieces) == 1
+    # One C segment is installed alone only when it takes and gives float32: integers (quantized values)
+    # cross C as floats of their values, and the cut layout's graph.onnx keeps their dtypes for load().
+    floats = all(part.dtypes.get(n) == "float32" for n in [*(i for i, _, _ in part.inputs), *part.graph.outputs])
+    whole = len(part.pieces) == 1 and len(c_pieces) == 1 and floats
     built = []
     for piece in c_pieces:
         emitted = emit(piece.graph, None, sanitize)

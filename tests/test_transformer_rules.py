@@ -117,6 +117,17 @@ def test_projections_of_one_input_merge_into_one_matmul_where_slices_are_free(n,
     assert len(weights) == 1
 
 
+def test_the_local_search_moves_every_projection_to_the_merged_matmul_at_once(monkeypatch):
+    # Without the exact program (out of time on a large graph) the merge is still found.
+    from saturate.engine import extract
+    from saturate.targets.target import parse_target
+
+    monkeypatch.setattr(extract, "solve", lambda *a: None)
+    model, feeds = _projections(3, False)
+    out, ok = simplify(model, check_n=0, target=parse_target(VIEWS))
+    assert Counter(node.op_type for node in out.graph.node) == Counter({"MatMul": 1, "Slice": 3, "Relu": 3})
+
+
 def test_projections_stay_apart_on_cpu_where_a_slice_is_a_copy():
     model, feeds = _projections(3, True)
     assert _optimized_agrees(model, feeds) == Counter({"MatMul": 3, "Add": 3, "Relu": 3})

@@ -290,6 +290,12 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
         return max(0.0, min(share, deadline - time.perf_counter()))
 
     moves = search.improve(left(budget / 2))
+    # A node that several e-classes could read at once (one MatMul for q, k and v) pays off only
+    # when they all switch to it together, a move the one-class search never makes: tried here
+    # as one move per such node, and left to the exact program below where it is not enough.
+    shared = _shared_candidates(classes, search.chosen, prices.of, best, ckey, bans) if exact else []
+    for moves_together in shared:
+        moves += search.group(moves_together)
     if deadline is not None and time.perf_counter() > deadline:
         cut = cut or "local search"
     choice = {c: classes[c][k] for c, k in search.chosen.items()}
@@ -298,9 +304,7 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
     # more than the input graph did (a conv feeding two batch norms, folded into both). Where the
     # local search only had to move, the program never found better on the 46 corpus models and
     # cost up to 1.2 s each.
-    # A node that several e-classes could read at once (one MatMul for q, k and v) pays off only
-    # when they all switch to it together, a move the local search never makes.
-    needed = (exact and _sharing_pays(classes, search.chosen, prices.of, best)) \
+    needed = (exact and bool(_shared_candidates(classes, search.chosen, prices.of, best, ckey, bans))) \
         or total > _original_cost(facts, prices.of)
     seconds = left(budget / 2)
     exact = solve(classes, best, prices.of, bans, roots, facts.view.consts, ckey, seconds) \
@@ -312,26 +316,34 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
     return Extraction(choice, total, start, moves, cut, prices.count, nodes)
 
 
-def _sharing_pays(classes: dict, chosen: dict, prices: dict, best: dict) -> bool:
-    """Whether some e-class outside the chosen graph could pay for itself if every chosen e-class
-    with a cheaper e-node reading it switched to that e-node: what each saves, summed, above the
-    e-node it would be computed by. Not exact (an e-node's other new inputs are not counted), it
-    tells where the exact program may find better from where it cannot."""
+def _shared_candidates(classes: dict, chosen: dict, prices: dict, best: dict, ckey: dict,
+                       banned: dict) -> list[dict]:
+    """E-classes outside the chosen graph that could pay for themselves if every chosen e-class
+    with a cheaper e-node reading one switched to that e-node: what each saves, summed, above the
+    e-node it would be computed by. For each, those switches (e-class -> e-node position), in a
+    fixed order. Not exact (an e-node's other new inputs are not counted): it tells where sharing
+    may pay from where it cannot."""
     saving: dict[Any, int] = {}
+    moves: dict[Any, dict[Any, int]] = {}
     for c, k in chosen.items():
         own = prices[c][k]
         for j, node in enumerate(classes[c]):
             p = prices[c][j]
-            if j != k and _usable(p) and p < own:
+            if j != k and _usable(p) and p < own and j not in banned.get(c, ()) \
+                    and all(ch in best for ch in node.children):
                 for ch in set(node.children):
                     if ch not in chosen:
                         saving[ch] = saving.get(ch, 0) + own - p
-    for ch, s in saving.items():
+                        mine = moves.setdefault(ch, {})
+                        if c not in mine or p < prices[c][mine[c]]:
+                            mine[c] = j
+    out = []
+    for ch in sorted(saving, key=lambda c: ckey[c]):
         got = best.get(ch)
         # A free input (a constant, a leaf) needs no sharing: the local search takes it alone.
-        if got is not None and _usable(prices[ch][got[1]]) and s > prices[ch][got[1]] > 0:
-            return True
-    return False
+        if got is not None and _usable(prices[ch][got[1]]) and saving[ch] > prices[ch][got[1]] > 0:
+            out.append(moves[ch])
+    return out
 
 
 def _original_cost(facts: Facts, prices: dict) -> int | float:
@@ -390,18 +402,57 @@ class _DagSearch:
     def _kids(self, cls: Any, k: int) -> tuple:
         return self.classes[cls][k].children
 
-    def _add(self, root: Any) -> None:
+    def _add(self, root: Any, pick: dict | None = None) -> None:
         stack = [root]
         while stack:
             cls = stack.pop()
             self.refs[cls] = self.refs.get(cls, 0) + 1
             if self.refs[cls] == 1:
-                k = self.best[cls][1]
+                k = pick[cls] if pick is not None and cls in pick else self.best[cls][1]
                 self.chosen[cls] = k
                 stack.extend(self._kids(cls, k))
 
     def total(self) -> int:
         return sum(self.prices[c][k] for c, k in self.chosen.items())
+
+    def group(self, moves: dict[Any, int]) -> int:
+        """Switch these e-classes to these e-nodes at once if that lowers the DAG cost and keeps
+        the graph acyclic (e-classes newly needed take their bottom-up choice); 1 if it did."""
+        pick = {**self.chosen, **moves}
+        new: dict[Any, int] = {}
+        stack = list(self.roots)
+        while stack:
+            c = stack.pop()
+            if c not in new:
+                new[c] = pick.get(c, self.best[c][1])
+                stack.extend(self._kids(c, new[c]))
+        if sum(self.prices[c][k] for c, k in new.items()) >= self.total() or not self._acyclic(new):
+            return 0
+        self.chosen, self.refs = {}, {}
+        for r in self.roots:
+            self._add(r, new)
+        return 1
+
+    def _acyclic(self, choice: dict[Any, int]) -> bool:
+        state: dict[Any, int] = {}        # 1: on the current path, 2: done
+        for root in self.roots:
+            stack = [(root, iter(self._kids(root, choice[root])))]
+            if state.get(root) == 2:
+                continue
+            state[root] = 1
+            while stack:
+                cls, kids = stack[-1]
+                for ch in kids:
+                    if state.get(ch) == 1:
+                        return False
+                    if ch not in state:
+                        state[ch] = 1
+                        stack.append((ch, iter(self._kids(ch, choice[ch]))))
+                        break
+                else:
+                    state[cls] = 2
+                    stack.pop()
+        return True
 
     def order(self) -> dict[Any, int]:
         """Position of each chosen e-class in a topological order (children first)."""

@@ -262,8 +262,9 @@ def _tie(cls: Any, node: ENode, k: int, original: dict, ckey: dict) -> tuple:
 def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozenset(),
             budget: float = 2.0, deadline: float | None = None, prices: Prices | None = None,
             exact: bool = False) -> Extraction:
-    """Choose one e-node per needed e-class; `budget` bounds the local search and the exact
-    program in seconds, `deadline` (a time.perf_counter() value) the whole extraction. `prices`
+    """Choose one e-node per needed e-class; `deadline` (a time.perf_counter() value) bounds the
+    whole extraction, the local search taking at most half of what pricing left and the exact
+    program the rest; without a deadline, `budget` seconds are shared that way. `prices`
     carries the e-nodes' costs from an earlier extraction of the same e-graph. `exact` runs the
     exact program whatever the local answer costs (a node several e-classes could share)."""
     prices = prices if prices is not None else Prices(facts, cost)
@@ -285,11 +286,14 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
     start = search.total()
 
     def left(share: float) -> float:
+        """Seconds for the next step: `share` of the remaining time (of `budget` without a
+        deadline). Not a fixed number of seconds under a deadline: on a loaded machine the same
+        search takes longer, and a cut search returns a different graph."""
         if deadline is None:
-            return share
-        return max(0.0, min(share, deadline - time.perf_counter()))
+            return share * budget
+        return max(0.0, share * (deadline - time.perf_counter()))
 
-    moves = search.improve(left(budget / 2))
+    moves = search.improve(left(0.5))
     # A node that several e-classes could read at once (one MatMul for q, k and v) pays off only
     # when they all switch to it together, a move the one-class search never makes: tried here
     # as one move per such node, and left to the exact program below where it is not enough.
@@ -306,7 +310,7 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
     # cost up to 1.2 s each.
     needed = (exact and bool(_shared_candidates(classes, search.chosen, prices.of, best, ckey, bans))) \
         or total > _original_cost(facts, prices.of)
-    seconds = left(budget / 2)
+    seconds = left(1.0) if deadline is not None else left(0.5)
     exact = solve(classes, best, prices.of, bans, roots, facts.view.consts, ckey, seconds) \
         if needed and seconds > 0 else None
     if exact is not None:

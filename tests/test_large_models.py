@@ -177,3 +177,21 @@ def test_keep_data_file_refers_to_the_input_weights_no_rule_changed(tmp_path):
     assert (tmp_path / "out.onnx.data").stat().st_size < DIM * DIM * 4     # the small weights only
     feeds = {"x": np.random.default_rng(3).standard_normal((2, DIM)).astype(np.float32)}
     np.testing.assert_allclose(_run(out, feeds)[0], _run(path, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_weights_folded_beside_a_result_never_written_leave_no_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(mapped, "SPILL_BYTES", 64 << 10)
+    path = _mlp(tmp_path, blocks=1)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    folded = []
+
+    def refuse(graph, output, **_):
+        folded.extend(name for name, arr in graph.constants.items() if mapped.file_slice(arr) is not None
+                      and mapped.input_slice(arr) is None)
+        folded.extend(p.name for p in tmp_path.iterdir() if p.name.startswith(".o.onnx.data."))
+        raise frontend.SaturateError("disk full")
+
+    monkeypatch.setattr(frontend, "save_graph", refuse)
+    assert main(["optimize", str(path), "-o", str(tmp_path / "o.onnx"), "--quiet"]) == 2
+    assert len(folded) == 2               # a weight was folded into a temp file beside the output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

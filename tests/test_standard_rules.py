@@ -252,9 +252,6 @@ CASES = {
     "conv-bias-scale-out": (_img(lambda b: b.op("Mul", b.conv("x", 4, 4, bias=True), _per_channel(b))),
                             ["Conv"], ()),
     "conv-scale-in": (_img(lambda b: b.conv(b.op("Mul", "x", _per_channel(b)), 4, 4)), ["Conv"], ()),
-    "conv-shift-in": (_img(lambda b: b.conv(b.op("Add", "x", _per_channel(b)), 4, 4, k=1)), ["Conv"], ()),
-    "conv-bias-shift-in": (_img(lambda b: b.conv(b.op("Add", "x", _per_channel(b)), 4, 4, k=1, bias=True)),
-                           ["Conv"], ()),
     # On cpu a Slice is a copy: the merged MatMul matches but costs more, so the graph stays.
     "matmul-merge-2": (_mat(lambda b: b.op("Add", b.op("MatMul", "x", b.rand(3, 4)), b.op("MatMul", "x", b.rand(3, 4)))),
                        ["MatMul", "MatMul", "Add"], ()),

@@ -149,46 +149,6 @@ def test_merged_weights_are_not_computed_when_the_merge_is_not_chosen(monkeypatc
     assert calls == []
 
 
-def _affine_conv(pads, bias=True):
-    """PoolFormer's GroupNorm tail: a per-channel scale and shift, then a 1x1 (or 3x3) conv."""
-    rng = np.random.default_rng(2)
-    inits = {"s": rng.standard_normal((6, 1, 1)).astype(np.float32),
-             "t": rng.standard_normal((6, 1, 1)).astype(np.float32),
-             "w": rng.standard_normal((4, 6, 2 * pads + 1, 2 * pads + 1)).astype(np.float32)}
-    conv_in = ["a", "w"]
-    if bias:
-        inits["b"] = rng.standard_normal(4).astype(np.float32)
-        conv_in.append("b")
-    nodes = [helper.make_node("Mul", ["x", "s"], ["m"]), helper.make_node("Add", ["m", "t"], ["a"]),
-             helper.make_node("Conv", conv_in, ["y"], pads=[pads] * 4)]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 5, 5])
-    feeds = {"x": rng.standard_normal((1, 6, 5, 5)).astype(np.float32)}
-    return _model(nodes, [x], ["y"], inits), feeds
-
-
-@pytest.mark.parametrize("bias", [True, False])
-def test_a_per_channel_affine_before_an_unpadded_conv_folds_into_it(bias):
-    model, feeds = _affine_conv(0, bias)
-    assert _optimized_agrees(model, feeds) == Counter({"Conv": 1})
-
-
-def test_a_zero_shift_before_a_conv_does_not_feed_the_rule_forever():
-    # x + 0 is x: without its not_zeros guard the rule rebuilt b + 0 + 0 ... on every iteration.
-    from saturate.frontend.onnx_io import import_model
-    from saturate.pipeline import optimize
-
-    model, feeds = _affine_conv(0)
-    model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.zeros((6, 1, 1), np.float32), "t"))
-    _, report = optimize(import_model(model))
-    assert report.run.matches["conv-bias-shift-in"] <= 1 and _optimized_agrees(model, feeds) == Counter({"Conv": 1})
-
-
-def test_a_shift_before_a_padded_conv_stays():
-    # The border taps read zero padding, not the shift.
-    model, feeds = _affine_conv(1)
-    assert _optimized_agrees(model, feeds) == Counter({"Mul": 1, "Add": 1, "Conv": 1})
-
-
 def test_a_rule_of_several_roots_parses_and_a_missing_replacement_is_one_error():
     rule = parse_statements("rule r Shape(x) & Shape(y) => Shape(x) & Shape(x) if same_shape(x, y)")[0]
     assert len(rule.roots) == 2 and rule.more_lhs[0].args[0].name == "y"

@@ -350,15 +350,6 @@ def mod(a: Any, b: Any, fmod: int) -> np.ndarray:
     return np.fmod(a, b)
 
 
-def sum_taps(c: Any) -> np.ndarray:
-    """`c` summed over every axis but the first: per output channel of conv weights, the sum over
-    its input channels and kernel taps (a constant shift of the input moves the bias by this)."""
-    a = np.asarray(c)
-    if a.ndim < 1:
-        raise ValueError("sum_taps: a scalar has no output axis")
-    return a.reshape(a.shape[0], -1).sum(axis=1, dtype=a.dtype)
-
-
 def pad_kernel(w: Any, like: Any) -> np.ndarray:
     """Conv weights `w` zero-padded on every spatial axis, centred, to the spatial size of `like`
     (a kernel k grows by (K - k) / 2 on each side, so the sizes must differ by an even number)."""
@@ -504,7 +495,6 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "constant_of_shape": _const(constant_of_shape, "sc", constant_of_shape.__doc__),
     "range": _const(range_, "ccc", range_.__doc__),
     "pad_kernel": _const(pad_kernel, "cc", pad_kernel.__doc__),
-    "sum_taps": _const(sum_taps, "c", sum_taps.__doc__),
     "identity_kernel": _const(identity_kernel, "cc", identity_kernel.__doc__),
     "compose_perm": ConstFn(3, compose_perm, compose_perm.__doc__, ("ints", "ints", "int"), "ints"),
     "inverse_perm": ConstFn(2, inverse_perm, inverse_perm.__doc__, ("ints", "int"), "ints"),

@@ -41,8 +41,9 @@ def close(a, b):
 # ---- tables are consistent ----------------------------------------------------------------------
 
 def test_every_builtin_declares_one_kind_per_parameter():
-    # "op" and "list": the node a rule of any op matched, and its inputs (fold-any's guards).
-    kinds = {"const", "int", "ints", "value", "type", "isconst", "any", "dims", "data", "op", "list"}
+    # "op" and "list": the node a rule of any op matched, and its inputs (fold-any's guards);
+    # "stored": whether a constant is one the model stores (the projection merges' guard).
+    kinds = {"const", "int", "ints", "value", "type", "isconst", "any", "dims", "data", "op", "list", "stored"}
     for table in (CONST_FUNCS, QUERIES, GUARDS):
         for name, fn in table.items():
             assert len(fn.params) == fn.arity, name
@@ -53,7 +54,7 @@ def test_value_guards_are_the_ones_reading_data():
     reading = {n for n, g in GUARDS.items() if g.needs_values}
     assert reading == {"positive", "nonnegative", "nonzero", "ones", "zeros", "not_ones", "not_zeros", "floating",
                        "all_equal", "same_quant", "zero_point_at_min", "clip_saturates", "fine_accumulator",
-                       "fold_fits"}
+                       "fold_fits", "precedes"}
     assert all(GUARDS[n].params[0] == "const" for n in reading - {"fold_fits"})
     assert {n for n, g in GUARDS.items() if g.termination} == {"not_ones", "not_zeros", "not_const"}
 

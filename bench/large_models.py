@@ -16,6 +16,7 @@ available is under 2.5 times its weights (the machine may be shared).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -197,14 +198,16 @@ def _tools(model: Path, out: Path) -> dict[str, list[list[str]]]:
         "cp + sync": [["cp", str(model), str(data), str(out)],
                       ["sync", str(out / model.name), str(out / data.name)]],
         "saturate": [[sys.executable, "-m", "saturate", "optimize", str(model), "-o", str(out / "sat.onnx"),
-                      "--check", "0", "--quiet"]],
+                      "--check", "0", "--quiet", "--report", str(out / "report.json")]],
         "onnxsim": [["onnxsim", str(model), str(out / "sim.onnx"), "--save-as-external-data"]],
     }
 
 
-def run_tools(model: Path, runs: int, tools: list[str]) -> dict[str, tuple[float, float, int]]:
+def run_tools(model: Path, runs: int, tools: list[str], stages: dict[str, list[float]] | None = None
+              ) -> dict[str, tuple[float, float, int]]:
     """Median wall seconds, median peak RSS and failures of each tool on `model`, the tools
-    interleaved run by run (the machine is shared: its load drifts); outputs removed each time."""
+    interleaved run by run (the machine is shared: its load drifts); outputs removed each time.
+    `stages` gets saturate's time per stage of each run (its --report)."""
     results: dict[str, list[tuple[float, int, int]]] = {t: [] for t in tools}
     for _ in range(runs):
         for tool in tools:
@@ -215,6 +218,10 @@ def run_tools(model: Path, runs: int, tools: list[str]) -> dict[str, tuple[float
                     w, p, code = measure(cmd, model.parent)
                     wall, peak, failed = wall + w, max(peak, p), failed or code
                 results[tool].append((wall, peak, failed))
+                report = out / "report.json"
+                if stages is not None and report.is_file():
+                    for stage, seconds in json.loads(report.read_text())["times"].items():
+                        stages.setdefault(stage, []).append(seconds)
             finally:
                 shutil.rmtree(out, ignore_errors=True)
     return {t: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs),
@@ -228,7 +235,7 @@ def _weights(model: Path) -> tuple[int, int]:
     return sum(sizes), max(sizes, default=0)
 
 
-def print_table(name: str, model: Path, results: dict, runs: int) -> None:
+def print_table(name: str, model: Path, results: dict, runs: int, stages: dict | None = None) -> None:
     total, largest = _weights(model)
     print(f"\n{name}: {total / 2**30:.2f} GiB of weights, largest {largest / 2**20:.0f} MiB "
           f"(median of {runs} run{'s' if runs > 1 else ''})")
@@ -237,6 +244,9 @@ def print_table(name: str, model: Path, results: dict, runs: int) -> None:
     for tool, (wall, peak, failed) in results.items():
         print(f"  {tool:<12}{wall:>9.2f}{peak / 2**20:>14.0f}{wall / cp if cp else 0:>7.2f}"
               f"{wall / synced if synced else 0:>11.2f}  {failed or ''}")
+    if stages:
+        print("  saturate's stages, median s: "
+              + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in stages.items()))
     sat, sim = results.get("saturate"), results.get("onnxsim")
     if sat and sim and sim[0]:
         print(f"  saturate / onnxsim: {sat[0] / sim[0]:.2f}x time, {sat[1] / max(sim[1], 1):.2f}x peak RSS")
@@ -271,8 +281,9 @@ def main() -> int:
         start = time.perf_counter()
         model = build_mlp(folder, args.dim, args.blocks)
         print(f"built the MLP in {time.perf_counter() - start:.1f} s")
+        stages: dict[str, list[float]] = {}
         print_table(f"MLP {args.blocks} x MatMul {args.dim}x{args.dim} float32", model,
-                    run_tools(model, args.runs, tools), args.runs)
+                    run_tools(model, args.runs, tools, stages), args.runs, stages)
         for f in folder.iterdir():
             f.unlink()
         if not args.skip_decoder:
@@ -285,8 +296,9 @@ def main() -> int:
                 print(f"  onnxsim left out: {_available() / 2**30:.1f} GiB available, it needs about "
                       f"{2.5 * weights / 2**30:.0f}")
                 tools.remove("onnxsim")
+            stages = {}
             print_table(f"decoder {args.decoder_layers} layers, hidden 4096, float16", model,
-                        run_tools(model, 1, tools), 1)
+                        run_tools(model, 1, tools, stages), 1, stages)
     return 0
 
 

@@ -70,6 +70,17 @@ def test_quantize_dequantize_per_axis_match_ort(opset):
     assert_same("DequantizeLinear", [bias, CHANNEL_SCALES], {"axis": 0}, opset)
 
 
+def test_blocked_quantization_matches_ort():
+    # Opset 21: one scale and zero point per block of 3 along axis 1.
+    x = (RNG.standard_normal((4, 6)) * 3).astype(np.float32)
+    scale = RNG.uniform(0.05, 0.2, (4, 2)).astype(np.float32)
+    zp = RNG.integers(-5, 5, (4, 2)).astype(np.int8)
+    attrs = {"axis": 1, "block_size": 3}
+    assert_same("QuantizeLinear", [x, scale, zp], attrs, 21)
+    q = ours("QuantizeLinear", [x, scale, zp], attrs, 21)[0]
+    assert_same("DequantizeLinear", [q, scale, zp], attrs, 21)
+
+
 @pytest.mark.parametrize("opset", [10, 21])
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_integer_ops_match_ort(opset, per_channel):

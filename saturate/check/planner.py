@@ -130,6 +130,12 @@ class Planner(QuantPlanning):
             self.hints.setdefault(args[1].name, {})["same_shape"] = first.name
         elif g.fn == "zero_point_at_min":
             hint["lowest"] = True
+        elif g.fn == "quantized":
+            hint["dtypes"] = frozenset({"int8", "uint8"})
+        elif g.fn == "clip_saturates" and isinstance(args[1], Var):
+            # Bounds that quantize past the type's ends: a low one below 0, a high one above.
+            hint.setdefault("sign", "negative")
+            self.hints.setdefault(args[1].name, {}).setdefault("sign", "positive")
         elif g.fn in _SIGN_GUARDS:
             hint["sign"] = _SIGN_GUARDS[g.fn]
         elif g.fn in ("ones", "zeros"):
@@ -288,7 +294,8 @@ class Planner(QuantPlanning):
                 assume(have in options)
                 return have
             assume(options)
-            self.dtypes[t.name] = draw_dtype(self.draw, options)
+            wanted = options & self.hints.get(t.name, {}).get("dtypes", options)
+            self.dtypes[t.name] = draw_dtype(self.draw, wanted or options)
             return self.dtypes[t.name]
         if not isinstance(t, OpTerm):
             return None

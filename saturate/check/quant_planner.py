@@ -42,6 +42,12 @@ class QuantPlanning:
         axis = 1 if axis is None else int(axis)
         per_axis = self.opset >= 13 and rank and -rank <= axis < rank and self.draw(st.integers(0, 2)) == 2
         shape = (out[axis % rank],) if per_axis else self.draw(st.sampled_from([(), (1,)]))
+        # A scale drawn as a copy of another (same_quant) takes its shape too, where it fits here.
+        same = self.hints.get(getattr(t.args[1], "name", None), {}).get("same_as") if len(t.args) > 1 else None
+        if same in self.forced and self.forced[same].size in (1, out[axis % rank] if rank else 1):
+            copied = self.forced[same].shape
+            if copied in ((), (1,)) or (rank and copied == (out[axis % rank],)):
+                shape = copied
         if len(t.args) > 1:
             self.quant_param(t.args[1], shape, "scale")
         if len(t.args) > 2:

@@ -17,13 +17,7 @@ RTOL = 1e-4
 
 # What fails today, by (entry, check): each is an xfail(strict=True), so a fix flips it to a
 # failure that asks for the line to go. Checks: "interp" (the numpy interpreter), "c" (compiled C).
-_GATHER_ELEMENTS = ("onnx.reference's GatherElements fails on BERT's token-type ids (data (1, 64), indices "
-                    "(1, 16), axis 1: np.choose takes at most 64 choices, and its fallback reshapes wrongly); "
-                    "the interpreter needs a kernel of its own (np.take_along_axis)")
-XFAIL: dict[tuple[str, str], str] = {
-    ("bert-ts", "interp"): _GATHER_ELEMENTS, ("bert-dynamo", "interp"): _GATHER_ELEMENTS,
-    ("bert-ts-dyn", "interp"): _GATHER_ELEMENTS, ("bert-ts", "c"): _GATHER_ELEMENTS,
-}
+XFAIL: dict[tuple[str, str], str] = {}
 
 # Models built through one export only: another export of the same model is one more C build,
 # the dearest step of the suite, for a graph the interpreter test already runs.

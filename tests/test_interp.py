@@ -583,3 +583,29 @@ def test_a_declared_output_over_the_limit_is_refused_before_its_node_runs(monkey
     with pytest.raises(SaturateError, match=r"node 'relu' \(Relu\): output 'y' float32\[1048576, 1048576\] "
                                             r"would take 4.0 TiB"):
         run_graph(g, {"x": np.zeros(4, np.float32)})
+
+
+@pytest.mark.parametrize("data_shape, idx_shape, axis", [((1, 512), (1, 16), 1), ((3, 200, 4), (2, 7, 4), 1),
+                                                         ((70, 3), (5, 2), 0), ((4, 5), (4, 5), -1)])
+def test_gather_elements_matches_ort_past_64_choices(data_shape, idx_shape, axis):
+    # onnx.reference's GatherElements (np.choose) fails past 64 choices along the axis: BERT's
+    # token-type table.
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal(data_shape).astype(np.float32)
+    n = data_shape[axis]
+    idx = rng.integers(-n, n, idx_shape).astype(np.int64)
+    node = helper.make_node("GatherElements", ["d", "i"], ["y"], axis=axis)
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("d", onnx.TensorProto.FLOAT, data_shape),
+                      helper.make_tensor_value_info("i", onnx.TensorProto.INT64, idx_shape)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 17)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"d": data, "i": idx})[0]
+    got = run_graph(import_model(model), {"d": data, "i": idx})["y"]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_gather_elements_index_out_of_range_is_one_line():
+    node = Node("GatherElements", ["d", "i"], ["y"], {"axis": 0}, name="ge")
+    with pytest.raises(SaturateError, match="ge.*out of range"):
+        eval_node(node, [np.zeros((3, 2), np.float32), np.array([[3, 0]], np.int64)])

@@ -259,6 +259,21 @@ def _gather(node: Node, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return np.take(x, np.where(indices < 0, indices + n, indices), axis=axis)
 
 
+def _gather_elements(node: Node, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    # onnx.reference's goes through np.choose, which takes at most 64 choices along the axis
+    # (BERT's token-type table is read along an axis of 512).
+    axis = _axis(node, int(node.attrs.get("axis", 0)), x.ndim)
+    n = x.shape[axis]
+    if not np.issubdtype(indices.dtype, np.integer) or indices.ndim != x.ndim:
+        raise fail(node, f"indices must be integers of rank {x.ndim}")
+    if any(i > d for k, (i, d) in enumerate(zip(indices.shape, x.shape)) if k != axis):
+        raise fail(node, f"indices of shape {indices.shape} reach past data of shape {x.shape}")
+    if np.any((indices < -n) | (indices >= n)):
+        raise fail(node, f"indices out of range for axis {axis} of size {n}")
+    region = tuple(slice(0, i) if k != axis else slice(None) for k, i in enumerate(indices.shape))
+    return np.take_along_axis(x[region], np.where(indices < 0, indices + n, indices), axis=axis)
+
+
 def _variadic(ufunc) -> Callable:
     def run(node: Node, *xs: np.ndarray) -> np.ndarray:
         _same_dtype(node, *xs)
@@ -315,6 +330,7 @@ register("Cast", 1, 1, _cast)
 register("Constant", 0, 0, _constant)
 register("Shape", 1, 1, _shape)
 register("Gather", 2, 2, _gather)
+register("GatherElements", 2, 2, _gather_elements)
 
 from saturate.interp.quant import QUANT_KERNELS  # noqa: E402  (quant.py imports window, not this module)
 

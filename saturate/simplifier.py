@@ -154,6 +154,8 @@ def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
     except ImportError:
         raise Unchecked(f"onnxruntime is not installed (pip install onnxruntime; --check 0 skips "
                         f"the check)") from None
+    for graph in (before, after):
+        _check_value_sizes(graph)
     try:
         want_session = _session(before)
     except Exception as err:
@@ -190,6 +192,27 @@ def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
                 if not off <= step * (1 + 1e-6):
                     return CheckFailure(name, off, k + 1, samples, step=step)
     return None
+
+
+def _check_value_sizes(graph: Graph) -> None:
+    """One line naming the node and op when a value the check would have ONNX Runtime compute is
+    larger than --max-memory (a symbolic dim taken as 1, as the check's inputs do). Sizes are
+    known from shape inference; an untrusted model's ConstantOfShape or Expand of terabytes is
+    refused here instead of left to ONNX Runtime's allocator."""
+    import numpy as np
+    from saturate.core.limits import check_allocation
+
+    for node in graph.nodes:
+        for out in node.outputs:
+            info = graph.info(out) if out else None
+            if info is None or info.shape is None:
+                continue
+            shape = tuple(d if isinstance(d, int) else 1 for d in info.shape)
+            try:
+                itemsize = np.dtype(info.dtype).itemsize
+            except TypeError:
+                itemsize = 1
+            check_allocation(shape, itemsize, f"node '{node.name}' ({node.op}): output '{out}', run by --check,")
 
 
 def quantization_steps(graph: Graph) -> dict[str, float]:

@@ -365,9 +365,11 @@ def test_sparse_tensors_declaring_terabytes(tmp_path, capsys):
 
 
 def test_terabyte_constant_of_shape_in_optimize(tmp_path, capsys):
-    """optimize folds the ConstantOfShape (lang/builtins.py checks the constant's size)."""
+    """fold-any leaves a ConstantOfShape of 4 TiB (--max-fold-bytes), and the check against ONNX
+    Runtime refuses to run it: every value's size is checked before ONNX Runtime computes it."""
     model = _save(tmp_path, _constant_of_shape(shape_input=False))
-    _refused(capsys, _argv("optimize", model, tmp_path), "constant_of_shape", "4.0 TiB")
+    _refused(capsys, _argv("optimize", model, tmp_path), "node 'fill' (ConstantOfShape)", "4.0 TiB",
+             "--check")
     _nothing_written(tmp_path)
 
 

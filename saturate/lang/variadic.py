@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from saturate.core.errors import SaturateError
 from saturate.lang.ast import Call, Guard, Num, OpTerm, Rule, Spread, Term, Var
-from saturate.lang.builtins import LIST_FUNCS
+from saturate.lang.builtins import COMPARISONS, LIST_FUNCS
 
 # An instance's size grows with its inputs (sum_before spells every element before one), and a
 # rule's instances multiply with its lists: past these, an op is left to the plain rules.
@@ -71,6 +71,14 @@ def instances(rule: Rule, arities: dict[str, Iterable[int]]) -> list[Rule]:
     return out
 
 
+def _literal(g: Guard) -> bool:
+    return g.fn in COMPARISONS and all(isinstance(a, Num) for a in g.args)
+
+
+def _holds(g: Guard) -> bool:
+    return bool(COMPARISONS[g.fn].impl(*(a.value for a in g.args)))
+
+
 class _Mismatch(Exception):
     """One term repeats over lists of different lengths: that instance cannot fire."""
 
@@ -85,6 +93,11 @@ def instantiate(rule: Rule, lengths: dict[str, int]) -> Rule | None:
         guards = tuple(g for guard in rule.guards for g in ex.guard(guard))
     except _Mismatch:
         return None
+    # A comparison of numbers alone (`count(xs) >= 2` once xs has a length) is decided here: a
+    # false one leaves no instance to compile or check, a true one no guard to decide per match.
+    if any(not _holds(g) for g in guards if _literal(g)):
+        return None
+    guards = tuple(g for g in guards if not _literal(g))
     return Rule(rule.name, lhs, rhs, guards, rule.ruleset, rule.level, rule.loc, rule.bidirectional)
 
 

@@ -609,3 +609,19 @@ def test_gather_elements_index_out_of_range_is_one_line():
     node = Node("GatherElements", ["d", "i"], ["y"], {"axis": 0}, name="ge")
     with pytest.raises(SaturateError, match="ge.*out of range"):
         eval_node(node, [np.zeros((3, 2), np.float32), np.array([[3, 0]], np.int64)])
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int8])
+def test_integer_div_truncates_at_the_most_negative_integer(dtype):
+    info = np.iinfo(dtype)
+    a = np.array([info.min, info.min, -7, 7, -7, info.max], dtype)
+    b = np.array([2, 3, 2, -2, -2, -3], dtype)
+    node = helper.make_node("Div", ["a", "b"], ["y"])
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), [6])
+                      for n in "ab"],
+        [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), [6])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"a": a, "b": b})[0]
+    np.testing.assert_array_equal(run_graph(import_model(model), {"a": a, "b": b})["y"], want)

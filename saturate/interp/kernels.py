@@ -50,8 +50,10 @@ def _div(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         # ONNX integer division truncates toward zero; numpy's // floors.
         if np.any(b == 0):
             raise fail(node, "integer division by zero")
-        q = np.abs(a) // np.abs(b)
-        return np.where((a < 0) != (b < 0), -q, q).astype(a.dtype)
+        # Through divmod, not |a| // |b|: the most negative integer has no absolute value.
+        with np.errstate(over="ignore"):
+            q, r = np.divmod(a, b)
+        return (q + ((r != 0) & ((a < 0) != (b < 0))).astype(q.dtype)).astype(a.dtype)
     return np.divide(a, b)
 
 

@@ -19,10 +19,7 @@ from saturate.partition import partition, to_model
 # failure that asks for the line to go. Checks: "runs" (rebuild, checker, ORT), "outputs"
 # (optimize keeps the outputs), "folds" (no BatchNormalization left behind a Conv/Gemm/MatMul),
 # "nodes" (no more nodes than onnxsim and ORT basic; QDQ models: ORT extended too).
-XFAIL: dict[tuple[str, str], str] = {
-    ("gpt2-dynamo", "nodes"): "the Reshape pair around each MLP's elementwise GELU (Gemm, Reshape to 3-D, "
-                              "GELU, Reshape back to 2-D, Gemm) stays: onnxsim cancels it (90 nodes, onnxsim 85)",
-}
+XFAIL: dict[tuple[str, str], str] = {}
 
 # Entries whose rebuild, ORT runs and optimize take over 5 s together on the 2-core machine.
 SLOW = {"vgg11_bn-ts", "convnext_tiny-ts", "convnext_tiny-dynamo", "swin_tiny-ts", "swin_tiny-dynamo",

@@ -31,6 +31,14 @@ def _fold(op, *consts, **attrs):
     return lambda b: b.op("Add", "x", b.op(op, *[c(b) for c in consts], **attrs))
 
 
+def _around_reshapes(body):
+    """Reshape x (2, 3) to (6,), apply `body` to it, Reshape back to (2, 3)."""
+    return lambda b: b.op("Reshape", body(b, b.op("Reshape", "x", _i64(6)(b))), _i64(2, 3)(b))
+
+
+_MEET = ("reshape-reshape", "reshape-same")
+
+
 def _c(*shape, low=None):
     return lambda b: b.rand(*shape, low=low)
 
@@ -311,6 +319,14 @@ CASES = {
     "reshape-same": (_mat(lambda b: b.op("Relu", b.op("Reshape", "x", _i64(2, -1)(b)))), ["Relu"], ()),
     "reshape-same-allowzero": (_mat(lambda b: b.op("Relu", b.op("Reshape", "x", _i64(-1, 3)(b), allowzero=1))),
                                ["Relu"], ()),
+    # GPT-2's MLP: a Reshape to rows, an elementwise op, a Reshape back: only the op stays.
+    **{f"reshape-in-{op.lower()}": (_mat(_around_reshapes(lambda b, r, op=op: b.op(op, r))), [op], _MEET)
+       for op in ("Tanh", "Erf", "Sigmoid", "Relu")},
+    "reshape-in-mul": (_mat(_around_reshapes(lambda b, r: b.op("Mul", r, r))), ["Mul"], _MEET),
+    "reshape-in-add": (_mat(_around_reshapes(lambda b, r: b.op("Add", r, r))), ["Add"], _MEET),
+    **{f"reshape-in-{op.lower()}-scalar": (_mat(_around_reshapes(
+        lambda b, r, op=op: b.op(op, r, b.const(np.array(2.0, np.float32))))), [op], _MEET)
+       for op in ("Mul", "Add", "Pow")},
 }
 
 

@@ -102,7 +102,6 @@ class _ToAst(Transformer):
     def roots(self, meta, items):
         return list(items)
 
-
     def guard(self, meta, items):
         lhs, cmp, rhs = items
         if cmp is not None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import onnx
 import onnxruntime as ort
+
+from machine import cpu_name
 
 MODELS = {"swinv2_cr_tiny_ns_224": (1, 3, 224, 224), "nf_resnet26": (1, 3, 64, 64),
           "edgenext_xx_small": (1, 3, 64, 64)}
@@ -45,16 +46,6 @@ def export(folder: Path) -> None:
         torch.onnx.export(model, (torch.randn(*shape),), str(folder / f"{name}.onnx"), opset_version=17,
                           dynamo=False, input_names=["input"], output_names=["output"])
         print(f"exported {folder / name}.onnx")
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {len(os.sched_getaffinity(0))} cores"
-    except (OSError, AttributeError):
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _median_time(fn, runs: int):
@@ -108,7 +99,7 @@ def main() -> None:
     head = ["model", "before", "saturate", "onnxsim", "ort-basic", "saturate s", "onnxsim s"]
     rows = [measure(p, args.runs, args.max_fold_bytes) for p in args.models]
     widths = [max(len(r[k]) for r in [head, *rows]) for k in range(len(head))]
-    print(f"CPU: {_cpu()}; medians of {args.runs} runs")
+    print(f"CPU: {cpu_name()}; medians of {args.runs} runs")
     for r in [head, *rows]:
         print("  ".join(c.rjust(w) if k else c.ljust(w) for k, (c, w) in enumerate(zip(r, widths))))
 

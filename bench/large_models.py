@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -31,17 +30,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from machine import cpu_name
+
 _BLOCK_ROWS = 1024     # rows of a weight generated at a time
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 class DataWriter:
@@ -274,7 +265,7 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="where to build the models (default: a temp dir)")
     args = parser.parse_args()
     tools = ["cp", "cp + sync", "saturate"] + ([] if args.skip_onnxsim or not shutil.which("onnxsim") else ["onnxsim"])
-    print(f"CPU: {_cpu()}, {os.cpu_count()} cores; {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} "
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} "
           f"GiB RAM; saturate optimize --check 0")
     with tempfile.TemporaryDirectory(prefix="large-models-", dir=args.dir) as tmp:
         folder = Path(tmp)

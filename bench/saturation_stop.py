@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -22,18 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_name
+
 DEFAULT_MODELS = ("densenet121-ts,densenet121-dynamo,mixnet_s-ts,mixnet_s-dynamo,"
                   "googlenet-ts,shufflenet_v2_x1_0-ts,swin_tiny-ts")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def run_once(model: str, workdir: Path, pythonpath: str | None) -> dict:

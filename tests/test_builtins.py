@@ -402,3 +402,12 @@ def test_reshape_targets_of_empty_tensors_say_zero_only_where_the_input_has_it()
     # A 0 in a Reshape target copies the input's dim: (1, 0) squeezed at 0 is not Reshape(x, [0]).
     assert builtins._target((1, 0), (0,)) is None
     assert builtins._target((0, 3), (0, 1, 3)).tolist() == [0, 1, 3]
+
+
+def test_precedes_orders_weights_by_their_first_row():
+    # A row is contiguous: a mapped weight is read one page, where a column read every row's.
+    from saturate.lang.builtins import precedes
+
+    a = np.array([[0.0, 5.0], [9.0, 9.0]])
+    b = np.array([[1.0, 0.0], [-9.0, -9.0]])
+    assert precedes(a, b) and not precedes(b, a) and not precedes(a, a)

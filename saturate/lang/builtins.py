@@ -773,12 +773,14 @@ def unpadded(pads: Any) -> bool:
 
 
 def precedes(a: Any, b: Any) -> bool:
-    """Matrices with as many rows: `a`'s first column comes before `b`'s (as tuples of numbers).
-    Weights read by one input in this order merge in this order only."""
+    """Matrices with as many rows: `a`'s first row comes before `b`'s (as tuples of numbers).
+    Weights read by one input in this order merge in this order only. The first row, not the
+    first column: a row is contiguous, so a mapped weight of gigabytes is read one page, not
+    one page per row."""
     a, b = np.asarray(a), np.asarray(b)
     if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0] or not a.size or not b.size:
         return False
-    return tuple(a[:, 0].tolist()) < tuple(b[:, 0].tolist())
+    return tuple(a[0].tolist()) < tuple(b[0].tolist())
 
 
 def unit_window(kernel: Any, strides: Any, pads: Any) -> bool:

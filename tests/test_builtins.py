@@ -408,6 +408,6 @@ def test_precedes_orders_weights_by_their_first_row():
     # A row is contiguous: a mapped weight is read one page, where a column read every row's.
     from saturate.lang.builtins import precedes
 
-    a = np.array([[0.0, 5.0], [9.0, 9.0]])
-    b = np.array([[1.0, 0.0], [-9.0, -9.0]])
+    a = np.array([[0.0, 5.0], [9.0, 9.0]])      # by first columns, b would come first
+    b = np.array([[0.0, 6.0], [-9.0, -9.0]])
     assert precedes(a, b) and not precedes(b, a) and not precedes(a, a)

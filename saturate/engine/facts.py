@@ -16,6 +16,7 @@ from saturate.core.ir import ValueInfo
 from saturate.core import geometry, mapped
 from saturate.core.geometry import conv_output_shape
 from saturate.core.ops import ELEMENTWISE, SAME_SHAPE
+from saturate.frontend.infer import DATA_ELEMENTS, onnx_infer
 
 FAILED = object()  # a constant expression numpy could not evaluate
 _ABSENT = ("absent",)   # the structural key of an omitted input, valued None
@@ -456,7 +457,7 @@ class Facts:
         v = self.value(cls) if cls in self.view.consts else None
         if v is not None:
             a = np.asarray(v)
-            if (np.issubdtype(a.dtype, np.integer) or a.dtype == bool) and a.size <= _DATA_ELEMENTS:
+            if (np.issubdtype(a.dtype, np.integer) or a.dtype == bool) and a.size <= DATA_ELEMENTS:
                 result = (tuple(a.shape), tuple(int(x) for x in a.ravel()))
         else:
             info = self.info(cls)
@@ -586,7 +587,7 @@ def _encoded_ops(enc: Encoding) -> list[tuple[Any, int]]:
 def _small_ints(info: ValueInfo) -> bool:
     """Whether a value of this type is a small integer tensor of known shape (rank 0 or 1)."""
     return (info.shape is not None and len(info.shape) <= 1 and all(isinstance(d, int) for d in info.shape)
-            and info.dtype.startswith(("int", "uint")) and math.prod(info.shape) <= _DATA_ELEMENTS)
+            and info.dtype.startswith(("int", "uint")) and math.prod(info.shape) <= DATA_ELEMENTS)
 
 
 def _leaf_first(node: ENode) -> tuple:
@@ -687,47 +688,6 @@ def refine(known: ValueInfo | None, other: ValueInfo | None, stable: frozenset =
 
 # Ops whose output shape their constant inputs decide (Facts._constant_shaped).
 _CONSTANT_SHAPED = frozenset({"Slice", "Squeeze", "Unsqueeze", "Split", "Pad"})
-
-# Constant inputs larger than this are passed to shape inference by type only: the inputs whose
-# values decide a shape (shapes, pads, axes, bounds) are small.
-_DATA_ELEMENTS = 4096
-
-
-def onnx_infer(op: str, attrs: dict, ins: list[ValueInfo | None], data: dict[int, Any],
-               output: int, opset: int, outputs: int = 1) -> ValueInfo | None:
-    """Output `output`'s type as ONNX's shape inference for `op` at `opset` derives it, for a
-    node with `outputs` outputs (Split's inference checks their number)."""
-    import onnx
-    import onnx.defs
-    from onnx import numpy_helper
-    from saturate.core.ir import Node
-    from saturate.frontend.onnx_io import node_proto, type_info, type_proto
-
-    if any(i is not None and i.dtype == "unknown" for i in ins):
-        return None
-    try:
-        schema = onnx.defs.get_schema(op, opset, "")
-        names = [f"i{k}" if i is not None else "" for k, i in enumerate(ins)]
-        node = node_proto(Node(op, names, [f"o{k}" for k in range(max(outputs, output + 1))], dict(attrs)), opset)
-        types = {n: type_proto(i) for n, i in zip(names, ins) if i is not None}
-        tensors = {}
-        for k, v in data.items():
-            a = np.asarray(v)
-            if names[k] and a.size <= _DATA_ELEMENTS and a.dtype != object:
-                tensors[names[k]] = numpy_helper.from_array(a, names[k])
-        out = onnx.shape_inference.infer_node_outputs(
-            schema, node, types, tensors, opset_imports=[onnx.helper.make_opsetid("", opset)])
-    except Exception:  # noqa: BLE001 - what ONNX cannot infer stays unknown
-        return None
-    tp = out.get(f"o{output}")
-    info = None if tp is None else type_info(tp)
-    if info is None or info.shape is None:
-        return info
-    # Each call names the dims it cannot tell afresh (unk__0, unk__1...): such a name says
-    # nothing, and two calls' names must never read as one dim.
-    return ValueInfo(info.dtype, tuple(None if isinstance(d, str) and d.startswith("unk__") else d
-                                       for d in info.shape))
-
 
 def _pick(elements: tuple, index: Any) -> tuple[tuple[int, ...], tuple] | None:
     """Shape and elements of an array of positions into `elements` (negative ones count from

@@ -136,7 +136,7 @@ def fold_fits(m: Matched, inputs: list[Any]) -> bool:
     inputs it replaces. Its size comes from ONNX shape inference on the node with its constant
     inputs as data, before anything is computed; a size inference cannot tell is too large."""
     from saturate.core.ir import ValueInfo
-    from saturate.engine.facts import onnx_infer
+    from saturate.frontend.infer import onnx_infer
 
     arrays = [None if v is None else np.asarray(v) for v in inputs]
     ins = [None if a is None else ValueInfo(a.dtype.name, tuple(a.shape)) for a in arrays]

@@ -22,8 +22,8 @@ def simplify(model, check_n: int = 1, overwrite_input_shapes=None, skip_rules=()
 
 def model_summary(model):
     """Nodes per op type, parameters, size in bytes and MACs of an onnx.ModelProto, a path or a
-    Graph (saturate.report.summary.ModelSummary; MACs None where shapes are symbolic)."""
-    from saturate.report.summary import model_summary as summary
+    Graph (saturate.summary.ModelSummary; MACs None where shapes are symbolic)."""
+    from saturate.summary import model_summary as summary
 
     return summary(model)
 

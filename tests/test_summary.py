@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import saturate
 from saturate.cli import main
 from saturate.core.errors import SaturateError
-from saturate.report.summary import ModelSummary, format_summary, summarize
+from saturate.summary import ModelSummary, format_summary, summarize
 from test_simplify_api import conv_bn_relu
 
 

@@ -198,7 +198,7 @@ def test_the_wheel_installed_outside_the_checkout_optimizes_checks_runs_and_comp
 
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"saturate/py.typed", "saturate/rules/batchnorm.rules", "saturate/rules/targets/cpu.target",
-            "saturate/report/summary.py", "saturate/frontend/text.lark"} <= names
+            "saturate/summary.py", "saturate/frontend/text.lark"} <= names
     assert any(re.fullmatch(r"saturate_onnx-[^/]+\.dist-info/(licenses/)?LICENSE", n) for n in names), sorted(names)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)

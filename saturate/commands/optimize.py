@@ -15,7 +15,7 @@ from saturate.core.mapped import folds_beside
 from saturate.lang.fold import check_fold_bytes
 from saturate.pipeline import MAX_ITERATIONS, MAX_NODES, TIMEOUT
 from saturate.progress import Status, saturation_callback, status
-from saturate.report.summary import format_summary, summarize
+from saturate.summary import format_summary, summarize
 
 NAME = "optimize"
 HELP = "fold a model by equality saturation: batch-norm into conv, merged constants, scale propagation"

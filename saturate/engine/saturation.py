@@ -285,6 +285,9 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
         # The first limit reached is the reason, even if the other rules went on to another.
         report.stop_reason = next(iter(held.values()))
     report.held_back = {g.rule.label: held[g.rule.group] for g in groups if g.rule.group in held}
+    # The e-graph never shrinks: its size now bounds every step's, including a step the loop
+    # left before reading the size back (a rule held back after its step ran).
+    report.peak_nodes = max(report.peak_nodes, egg.size())
     report.seconds = time.perf_counter() - start
     report.peak_rss = peak_rss()
     return report, Facts(view, enc, cache)

@@ -40,14 +40,15 @@ def test_standard_rules_pass_quickly():
 
 
 @pytest.mark.slow
-def test_check_of_rules_dir_at_default_examples_is_sound(capsys):
-    # Its speed is measured by `saturate check` itself (seconds per rule), not asserted here:
-    # a timed test fails on a busy shared machine.
-    code = main(["check", str(RULES_DIR), "--seed", "0"])
+def test_check_of_rules_dir_is_sound(capsys):
+    # The command a user runs on the whole directory, at 50 examples a rule: the default 200
+    # made this one test most of the suite's time on 2 cores (the quantization and three-root
+    # rules are the dearest to draw); every rule also passes at 200 when run by hand.
+    code = main(["check", str(RULES_DIR), "--seed", "0", "--examples", "50"])
     out = capsys.readouterr().out
     failing = [line for line in out.splitlines() if line[:5] in ("FAIL ", "ERROR", "NOGEN")]
     assert not failing and code == 0, out
-    assert "200 examples" in out
+    assert "50 examples" in out
 
 
 # ---- deliberately wrong rules ---------------------------------------------------------------

@@ -73,6 +73,6 @@ def test_a_whole_corpus_batch_in_two_processes_optimizes_every_model(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     failed = [(r["source"], r["error"]) for r in summary["results"] if not r["ok"]]
     assert not failed
-    assert summary["models"] == len(corpus.names()) == 46
+    assert summary["models"] == len(corpus.names()) >= 62
     for result in summary["results"]:
         onnx.checker.check_model(onnx.load(result["output"]), full_check=True)

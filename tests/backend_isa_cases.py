@@ -18,7 +18,7 @@ from saturate.backend import compile_graph
 from saturate.backend.build import avx512_build, build, cpu_has_avx512, isa
 from saturate.backend.capi import api_source, header
 from saturate.backend.emit import emit
-from saturate.backend.partition import partition
+from saturate.backend.segments import partition
 from saturate.interp.interpreter import run_graph
 
 # Registers an instruction set may not use: AVX-512's zmm and mask registers, and AVX's ymm for the baseline.

@@ -168,7 +168,7 @@ def test_portable_int8_loop_matches_ort(tmp_path):
 def test_quantized_nodes_c_cannot_run_fall_back_with_a_reason(case, reason):
     """Parameters from a model are checked before C takes a node: what C cannot run goes to the interpreter
     with the reason the partition reports (never an error at emit or a wrong kernel)."""
-    from saturate.backend.partition import partition
+    from saturate.backend.segments import partition
 
     consts = {"s": np.float32(0.1), "z": np.array(0, np.uint8)}
     inputs = {"x": (2, 4)}

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from saturate.backend.partition import partition
+from saturate.backend.segments import partition
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, ValueInfo
 

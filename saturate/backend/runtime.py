@@ -15,7 +15,7 @@ import numpy as np
 from saturate.backend.build import BLAS_FILE, BUILD_FILES, EXTENSION, MODULE, build, mismatch, runs_here, verify
 from saturate.backend.capi import api_source, header
 from saturate.backend.emit import Emitted, emit
-from saturate.backend.partition import Partition, Piece, partition
+from saturate.backend.segments import Partition, Piece, partition
 from saturate.backend.shapes import INT_CODED
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph

@@ -1,4 +1,4 @@
-"""C backend, partition stage: fold compile-time values, lower ops, and cut the graph into C segments and
+"""C backend, segmenting stage: fold compile-time values, lower ops, and cut the graph into C segments and
 interpreter pieces."""
 
 from __future__ import annotations

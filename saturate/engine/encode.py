@@ -338,7 +338,7 @@ def encode_graph(graph: Graph, preserve: Iterable[str] = (), rule_ops: Iterable[
 def _memory_dir() -> str | None:
     """A directory in memory for the row files when the system has one (Linux's /dev/shm), else
     None (the default temporary directory): on a busy disk, writing and removing a few small
-    files took 2 ms each, longer than egglog takes to read them."""
+    files takes longer than egglog takes to read them."""
     shm = "/dev/shm"
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
@@ -412,8 +412,8 @@ def release(eg: Any, key: bytes, enc: Encoding) -> None:
     left is dropped.
 
     The relations and rules `enc` declared on first need are declared again below the (push): each
-    costs egglog 0.1-0.3 ms (7 ms a run of shufflenet_v2), and the next run of the program, which
-    declares mostly the same ones, then finds them there."""
+    declaration costs egglog time, and the next run of the program, which declares mostly the same
+    ones, then finds them there."""
     if threading.current_thread() is not threading.main_thread():
         return
     eg.run_program(*eg.parse_program("(pop)"))

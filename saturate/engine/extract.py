@@ -306,8 +306,8 @@ def extract(facts: Facts, roots: list[Any], cost: Callable, banned: set = frozen
     total = search.total()
     # The exact program only runs where sharing is known to matter: the local answer still costs
     # more than the input graph did (a conv feeding two batch norms, folded into both). Where the
-    # local search only had to move, the program never found better on the 46 corpus models and
-    # cost up to 1.2 s each.
+    # local search only had to move, the program never found better on the corpus models and cost
+    # more than the rest of extraction.
     needed = (exact and bool(_shared_candidates(classes, search.chosen, prices.of, best, ckey, bans))) \
         or total > _original_cost(facts, prices.of)
     seconds = left(1.0) if deadline is not None else left(0.5)

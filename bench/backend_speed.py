@@ -1,7 +1,11 @@
 """Benchmark of the C backend against ONNX Runtime on the corpus models, at 1 thread and at all cores.
 
-Run: python bench/backend_speed.py [--runs 15] [--models resnet18-ts,...] [--threads 1,all] [--json out.json]
-                                   [--overhead | --no-overhead] [--batches 41]
+Run: python bench/backend_speed.py [--runs 15] [--models resnet18-ts,bert-128,...] [--threads 1,all] [--load]
+                                   [--json out.json] [--overhead | --no-overhead] [--batches 41]
+
+The header names the CPU, the instruction set the C kernels were built for ($SATURATE_ISA: an "avx2 build on
+an AVX-512 CPU" is the AVX2 kernels measured on a machine that has wider ones, not an AVX2 machine's figure),
+OpenBLAS's kernel family and the micro-kernel's measured peak.
 
 First comes the per-call overhead table (alone with --overhead): what a call from Python costs beyond
 the kernels, on an identity model (one Identity node on a 1x3x32x32 input: the call copies 12 KB and
@@ -17,7 +21,8 @@ which time slices lost to other processes do not inflate (every kernel runs on t
 threads it is wall time, and only meaningful when the load is below the spare cores. ORT is
 session.run on the same graph and dict, for reference. See saturate.backend.bench.call_overhead.
 
-Each model is optimized (saturate.optimize), then compiled C and ONNX Runtime (every graph optimization, the
+Models are corpus entries (frontend/corpus) or KIND-SEQ transformers built without torch at sequence
+length SEQ (bench/transformer_models.py: bert, gpt2, llama). Each model is optimized (saturate.optimize), then compiled C and ONNX Runtime (every graph optimization, the
 same intra-op thread count, its threads not spinning between runs: see saturate.backend.bench.ort_session)
 run on the same input, interleaved run by run in one process; the table gives
 their medians and C/ORT. The load average is printed with each row: the machine may be shared, and
@@ -25,6 +30,9 @@ multi-thread figures only mean something when the load is below the spare cores.
 micro-kernel's measured peak (saturate.backend.bench.peak_gflops) times the threads, counting each conv's
 direct-convolution FLOPs: Winograd convs do 2.25x fewer multiplies, so a model of mostly 3x3 convs
 (vgg11_bn) can read above 100%.
+
+--load runs a process spinning on one core beside both runtimes for the whole table: the pool's loss under
+load reads off as C/ORT against the same row without --load.
 """
 
 from __future__ import annotations
@@ -37,11 +45,23 @@ from dataclasses import asdict
 
 from saturate import optimize
 from saturate.backend.bench import all_cores, benchmark, call_overhead, format_overhead, identity_graph, peak_gflops
-from saturate.backend.build import isa, openblas_core
+from saturate.backend.build import openblas_core
 from saturate.frontend import load_graph
 
-# The issue's list: ResNet-18, ResNet-50, MobileNetV2, EfficientNet-B0, VGG-11-BN and a ViT.
-MODELS = "resnet18-ts,resnet50-ts,mobilenet_v2-ts,efficientnet_b0-ts,vgg11_bn-ts,deit_tiny-ts"
+import transformer_models
+from machine import Spinner, build_label, cpu_name
+
+# ResNet-18, ResNet-50, MobileNetV2, EfficientNet-B0, VGG-11-BN, a ViT, the corpus's transformer encoder, and
+# BERT-, GPT-2- and Llama-style models at sequence lengths 128 and 512.
+MODELS = ("resnet18-ts,resnet50-ts,mobilenet_v2-ts,efficientnet_b0-ts,vgg11_bn-ts,deit_tiny-ts,encoder-ts,"
+          "bert-128,bert-512,gpt2-128,gpt2-512,llama-128,llama-512")
+
+
+def load(name: str):
+    """A bench model by name: KIND-SEQ from transformer_models, else a corpus entry."""
+    if transformer_models.is_spec(name):
+        return transformer_models.graph(name)
+    return load_graph(f"corpus:{name}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=15, help="interleaved runs per runtime (default 15)")
     parser.add_argument("--models", default=MODELS, help="corpus entries, comma-separated")
     parser.add_argument("--threads", default="1,all", help="thread counts, comma-separated; 'all' is every core")
+    parser.add_argument("--load", action="store_true", help="a process spinning on one core beside every run")
     parser.add_argument("--json", help="also write every row as JSON")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--overhead", action="store_true", help="only the per-call overhead table")
@@ -75,23 +96,28 @@ def main(argv: list[str] | None = None) -> int:
                     json.dump({"overhead": overhead}, f, indent=2)
             return 0
     peak = peak_gflops()
-    print(f"cores {all_cores()}, build {isa()}, OpenBLAS {openblas_core()}, measured peak {peak:.1f} GFLOP/s "
-          f"per core; median of {args.runs} interleaved runs")
+    label = build_label()
+    print(f"{cpu_name()}, {all_cores()} cores; {label}; OpenBLAS {openblas_core()}; measured peak {peak:.1f} "
+          f"GFLOP/s per core")
+    print(f"median of {args.runs} interleaved runs"
+          f"{'; a process spinning on one core beside every run (--load)' if args.load else ''}")
     print(f"{'model':<20} {'threads':>7} {'C ms':>9} {'ORT ms':>9} {'C/ORT':>6} {'C % peak':>8} {'load':>5}")
     results = []
-    for name in args.models.split(","):
-        graph, _ = optimize(load_graph(f"corpus:{name}"))
-        for threads in counts:
-            load = os.getloadavg()[0]
-            rows = {r.name: r for r in benchmark(graph, threads=threads, runs=args.runs, reference=False)}
-            c, ort = rows["compiled C"], rows["onnxruntime"]
-            print(f"{name:<20} {threads:>7} {c.median_ms:>9.2f} {ort.median_ms:>9.2f} {c.ratio_to_ort:>6.2f} "
-                  f"{100 * c.gflops / (peak * threads):>7.1f}% {load:>5.2f}")
-            sys.stdout.flush()
-            results += [dict(model=name, load=load, **asdict(r)) for r in rows.values()]
+    with Spinner(args.load):
+        for name in args.models.split(","):
+            graph, _ = optimize(load(name))
+            for threads in counts:
+                load_avg = os.getloadavg()[0]
+                rows = {r.name: r for r in benchmark(graph, threads=threads, runs=args.runs, reference=False)}
+                c, ort = rows["compiled C"], rows["onnxruntime"]
+                print(f"{name:<20} {threads:>7} {c.median_ms:>9.2f} {ort.median_ms:>9.2f} {c.ratio_to_ort:>6.2f} "
+                      f"{100 * c.gflops / (peak * threads):>7.1f}% {load_avg:>5.2f}")
+                sys.stdout.flush()
+                results += [dict(model=name, load=load_avg, **asdict(r)) for r in rows.values()]
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"peak_gflops": peak, "rows": results, "overhead": overhead}, f, indent=2)
+            json.dump({"cpu": cpu_name(), "build": label, "spinning_load": args.load, "peak_gflops": peak,
+                       "rows": results, "overhead": overhead}, f, indent=2)
     return 0
 
 

@@ -135,6 +135,12 @@ def test_a_large_elementwise_fold_is_computed_in_blocks_into_a_file(monkeypatch)
         np.testing.assert_array_equal(evaluate_fn("div", [w, s]), w / s)     # not a ufunc: blocks alone
     # Any other large result is computed whole, then moved to a file; a view of a mapped weight
     # (a reshape) stays the view.
+    # Half floats are computed in float32 and rounded once: the same bytes as numpy's float16 loops.
+    h = w.astype(np.float16)
+    for s in (rng.standard_normal((300, 1)).astype(np.float16), np.float16(0.1)):
+        got = evaluate_fn("mul", [h, s])
+        assert mapped.is_mapped(got) and got.dtype == np.float16
+        np.testing.assert_array_equal(got.view(np.uint16), (h * s).view(np.uint16))
     got = evaluate_fn("transpose", [w, (1, 0)])
     assert mapped.is_mapped(got)
     np.testing.assert_array_equal(got, w.T)

@@ -15,6 +15,7 @@ import mmap
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
@@ -201,9 +202,9 @@ def _sink() -> tuple[BinaryIO, int]:
         raise SaturateError(f"cannot make a temp file for a folded weight: {err.strerror or err}") from None
 
 
-def _finish(f: BinaryIO, start: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _finish(f: BinaryIO, start: int, dtype: np.dtype, shape: tuple[int, ...], length: int | None = None) -> np.ndarray:
     f.flush()
-    length = f.tell() - start
+    length = f.tell() - start if length is None else length
     arena = _ARENA.get()
     if arena is not None and f is arena.file:
         arena.regions.append((start, length))
@@ -241,10 +242,15 @@ def large(args: Iterable[Any]) -> bool:
     return any(isinstance(a, np.ndarray) and a.nbytes >= SPILL_BYTES for a in args)
 
 
+class _Refused(Exception):
+    """A block came out of another shape or dtype than the first: the fold is not elementwise."""
+
+
 def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray | None:
     """`impl(*args)` for an elementwise function over broadcast arguments, computed in blocks of
-    rows into a temp file: the arguments as large as the result are read a block at a time (their
-    pages given back after each), and the result never sits in memory whole. None when the
+    rows straight into a writable mapping of a temp file, the blocks shared among the cores: the
+    arguments as large as the result are read a block at a time and their pages, and those of
+    the result, given back after each, so the result never sits in memory whole. None when the
     result is small or its first axis does not split (the caller computes it as usual)."""
     arrays = [a for a in args if isinstance(a, np.ndarray)]
     try:
@@ -258,29 +264,25 @@ def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray 
         return None
     split = [isinstance(a, np.ndarray) and a.ndim == len(shape) and a.shape[0] == shape[0] for a in args]
     step = max(1, BLOCK_BYTES // row)
+
+    def parts(i: int) -> list[Any]:
+        return [a[i:i + step] if s else a for a, s in zip(args, split)]
+
+    first = np.asarray(impl(*parts(0)))
+    if first.shape != (min(step, shape[0]), *shape[1:]) or first.dtype.hasobject:
+        return None
+    dtype = first.dtype
+    length = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     f, start = _sink()
-    dtype, buffer = None, None
     try:
-        for i in range(0, shape[0], step):
-            parts = [a[i:i + step] if s else a for a, s in zip(args, split)]
-            if buffer is not None:
-                block = buffer[:min(step, shape[0] - i)]
-                ufunc(*_typed(parts, dtype), out=block)
-            else:
-                block = np.asarray(impl(*parts))
-                if (block.shape != (min(step, shape[0] - i), *shape[1:]) or block.dtype.hasobject
-                        or (dtype is not None and block.dtype != dtype)):
-                    _abandon(f, start)
-                    return None
-                dtype = block.dtype
-                ufunc = getattr(np, getattr(impl, "__name__", ""), None)
-                if i == 0 and isinstance(ufunc, np.ufunc):
-                    buffer = _reusable(ufunc, parts, block)
-            f.write(memoryview(np.ascontiguousarray(block).reshape(-1).view(np.uint8)))
-            for part, s in zip(parts, split):
-                if s:
-                    release(part)
-        return _finish(f, start, dtype, shape)
+        f.flush()
+        os.ftruncate(f.fileno(), start + length)
+        _fill(f, start, length, dtype, shape, step, first, impl, parts, split)
+        f.seek(start + length)
+        return _finish(f, start, dtype, shape, length)
+    except _Refused:
+        _abandon(f, start)
+        return None
     except OSError as err:
         _abandon(f, start)
         raise SaturateError(f"cannot write a folded weight to a temp file: {err.strerror or err}") from None
@@ -289,26 +291,100 @@ def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray 
         raise
 
 
+def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[int, ...], step: int,
+          first: np.ndarray, impl: Callable[..., Any], parts: Callable[[int], list[Any]], split: list[bool]) -> None:
+    """Compute the blocks of elementwise_blocks into `length` bytes of `f` at `start`, `first`
+    being the first block as `impl` made it. The mapping is closed before returning (a read-only
+    one takes its place); the views of it live only in this frame."""
+    m = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_WRITE, offset=start)
+    try:
+        out = np.frombuffer(m, dtype=dtype).reshape(shape)
+        base = out.ctypes.data
+        out[:step] = first
+        ufunc = getattr(np, getattr(impl, "__name__", ""), None)
+        compute = _through_ufunc(ufunc, parts(0), out[:step], first) if isinstance(ufunc, np.ufunc) else None
+
+        def block(i: int) -> None:
+            dst = out[i:i + step]
+            src = parts(i)
+            # A worker thread has numpy's default error state; the folds ignore over- and underflow.
+            with np.errstate(all="ignore"):
+                if compute is not None:
+                    compute(src, dst)
+                else:
+                    got = np.asarray(impl(*src))
+                    if got.shape != dst.shape or got.dtype != dtype:
+                        raise _Refused()
+                    dst[...] = got
+            for part, s in zip(src, split):
+                if s:
+                    release(part)
+            _give_back(m, dst.ctypes.data - base, dst.nbytes)
+
+        _give_back(m, 0, out[:step].nbytes)
+        steps = range(step, shape[0], step)
+        workers = min(_cores(), len(steps))
+        if workers > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix="saturate-fold") as pool:
+                for done in [pool.submit(block, i) for i in steps]:
+                    done.result()
+        else:
+            for i in steps:
+                block(i)
+        del out, block
+    finally:
+        try:
+            m.close()
+        except BufferError:
+            pass     # views held by an exception's frames: the mapping goes with them
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _give_back(m: mmap.mmap, start: int, length: int) -> None:
+    """Unmap the pages of a finished stretch of a writable file mapping: they stay in the page
+    cache, dirty, and are written with the file; the process no longer counts them."""
+    first = start - start % mmap.PAGESIZE
+    try:
+        m.madvise(mmap.MADV_DONTNEED, first, start + length - first)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def _typed(parts: list[Any], dtype: np.dtype) -> list[Any]:
     # As builtins._elementwise passes them: numbers in the arrays' dtype.
     return [p if isinstance(p, np.ndarray) else np.asarray(p, dtype) for p in parts]
 
 
-def _reusable(ufunc: np.ufunc, parts: list[Any], block: np.ndarray) -> np.ndarray | None:
-    """A buffer for the next blocks when `ufunc` writing into it gives exactly the bytes the
-    function gave for the first `block` (the function is that ufunc with its result cast to the
-    arrays' dtype); None when it does not, or cannot say. A fresh result per block cost more than
-    computing it (the pages of new memory, on a busy machine)."""
+def _through_ufunc(ufunc: np.ufunc, parts: list[Any], dst: np.ndarray, block: np.ndarray
+                   ) -> Callable[[list[Any], np.ndarray], None] | None:
+    """How to compute a block straight into its place with `ufunc`, when doing so for the first
+    block gives exactly the bytes the function gave (the function is that ufunc with its result
+    cast to the arrays' dtype); None when it does not, or cannot say. Half floats are computed
+    in float32 and rounded once: numpy's float16 loops convert each element on its own, which
+    costs more than the fold; for one operation the result is the same."""
     if ufunc.nout != 1 or ufunc.nin != len(parts):
         return None
-    trial = np.empty_like(block)
+    via = {"dtype": np.float32, "casting": "unsafe"} if block.dtype == np.float16 else {}
+
+    def compute(src: list[Any], out: np.ndarray) -> None:
+        ufunc(*_typed(src, block.dtype), out=out, **via)
+
     try:
         with np.errstate(all="ignore"):
-            ufunc(*_typed(parts, block.dtype), out=trial)
+            compute(parts, dst)
     except (TypeError, ValueError):
+        dst[...] = block
         return None
-    same = trial.shape == block.shape and trial.tobytes() == np.ascontiguousarray(block).tobytes()
-    return trial if same else None
+    if dst.tobytes() != np.ascontiguousarray(block).tobytes():
+        dst[...] = block
+        return None
+    return compute
 
 
 def copy_to(out: BinaryIO, arr: np.ndarray) -> bool:

@@ -201,3 +201,28 @@ def test_weights_folded_beside_a_result_never_written_leave_no_file(tmp_path, mo
     assert main(["optimize", str(path), "-o", str(tmp_path / "o.onnx"), "--quiet"]) == 2
     assert len(folded) == 2               # a weight was folded into a temp file beside the output
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def _anon_bytes() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(next(ln for ln in status.splitlines() if ln.startswith("RssAnon:")).split()[1]) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the process's memory from /proc")
+def test_the_check_runs_onnx_runtime_on_mapped_weights_without_copying_them(tmp_path):
+    from saturate import simplifier
+
+    small = load_graph(str(_mlp(tmp_path, blocks=1, dim=128)))
+    assert simplifier.check_outputs(small, small, 1) is None          # ONNX Runtime loaded
+    (tmp_path / "big").mkdir()
+    path = _mlp(tmp_path / "big", blocks=4, dim=2048)          # 4 x 16 MiB of weights
+    graph = load_graph(str(path))
+    before = _anon_bytes()
+    session = simplifier._session(graph)
+    assert set(session.saturate_feed) == {f"w{b}" for b in range(4)}
+    feed = {"x": np.ones((2, 2048), np.float32), **session.saturate_feed}
+    got = session.run(None, feed)[0]
+    # ONNX Runtime runs on the mapped pages: no copy of the 64 MiB in the process's own memory.
+    assert _anon_bytes() - before < 16 << 20
+    want = _run(path, {"x": feed["x"]})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

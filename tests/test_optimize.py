@@ -740,6 +740,32 @@ def test_cli_check_passes_a_correct_result_and_a_batch_takes_it_too(tmp_path, ca
     assert [p.name for p in out.glob("*.onnx")] == ["named.onnx"]
 
 
+def _scaled(dtype: str, factor: float):
+    """y = x * c for a 4 x 64 constant c of `dtype` (random), times `factor`."""
+    from saturate.core.ir import Graph, Node, ValueInfo
+
+    g = Graph(name="s", opset=17, inputs=["x"], outputs=["y"])
+    g.values["x"] = g.values["y"] = ValueInfo(dtype, (4, 64))
+    c = np.random.default_rng(0).uniform(0.5, 2.0, (4, 64)) * factor
+    g.constants["c"] = c.astype(dtype)
+    g.nodes.append(Node("Mul", ["x", "c"], ["y"], {}, name="scale"))
+    return g
+
+
+def test_check_tolerance_follows_the_outputs_dtype():
+    from saturate.simplifier import CHECK_TOLERANCE, check_outputs, tolerance
+
+    assert tolerance(np.float32) == tolerance(np.float64) == tolerance(np.int64) == CHECK_TOLERANCE
+    assert tolerance(np.float16) == 4 * float(np.finfo(np.float16).eps)
+    # One rounding of half precision moves a weight by up to 2**-11 relative: allowed in float16,
+    # not in float32, where the same change is refused with the tolerance it had.
+    assert check_outputs(_scaled("float16", 1), _scaled("float16", 1 + 1e-3), samples=2) is None
+    failure = check_outputs(_scaled("float32", 1), _scaled("float32", 1 + 1e-3), samples=2)
+    assert failure is not None and "(allowed 0.0001)" in str(failure)
+    failure = check_outputs(_scaled("float16", 1), _scaled("float16", 1.01), samples=2)
+    assert failure is not None and "(allowed 0.0039)" in str(failure)
+
+
 def test_cli_skip_leaves_a_rule_out_and_an_unknown_one_is_an_error(tmp_path, capsys):
     source, out = _named_model(tmp_path), tmp_path / "out.onnx"
     assert main(["optimize", source, "-o", str(out), "--skip", "batchnorm", "--quiet"]) == 0

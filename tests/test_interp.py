@@ -13,8 +13,8 @@ from onnx import helper
 from saturate.frontend.onnx_io import export_model, import_model
 from saturate.core.errors import SaturateError
 from saturate.interp.interpreter import eval_node, run_graph
-from saturate.interp.kernels import ARITY, OP_IMPLS, register
 from saturate.core.ir import Graph, Node, ValueInfo
+from saturate.ops import OpDef, registered
 
 CASES = settings(max_examples=25, deadline=None)
 OPSET = 19  # AveragePool dilations need 19; every other op here has opset-13+ semantics
@@ -414,18 +414,13 @@ def test_intermediates_are_freed_after_last_use():
         seen["alive"] = seen["a"]() is not None
         return x.copy()
 
-    register("TestRemember", 1, 1, remember)
-    register("TestProbe", 1, 1, probe)
-    try:
+    with registered(OpDef("TestRemember", evaluate=remember, arity=(1, 1)),
+                    OpDef("TestProbe", evaluate=probe, arity=(1, 1))):
         g = Graph(inputs=["x"], outputs=["y"], nodes=[
             Node("Relu", ["x"], ["a"], name="r"),
             Node("TestRemember", ["a"], ["b"], name="k"),
             Node("TestProbe", ["b"], ["y"], name="p")])
         run_graph(g, {"x": np.ones(4, np.float32)})
-    finally:
-        for name in ("TestRemember", "TestProbe"):
-            OP_IMPLS.pop(name)
-            ARITY.pop(name)
     assert seen["alive"] is False
 
 

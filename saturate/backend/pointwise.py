@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from saturate.backend.shapes import unsupported
 from saturate.core.ir import Node
+from saturate.ops.ctext import c_float, clip_bounds
+from saturate.ops.registry import lookup
 
-
-def c_float(x: float) -> str:
-    """A C float literal for x (inf and nan spelled with math.h macros)."""
-    x = float(np.float32(x))
-    if math.isnan(x):
-        return "NAN"
-    if math.isinf(x):
-        return "INFINITY" if x > 0 else "(-INFINITY)"
-    return f"{x!r}f"
+__all__ = ["Operand", "c_float", "clip_bounds", "run_axis", "step_expr", "strides", "vec_expr"]
 
 
 def strides(shape: tuple[int, ...]) -> list[int]:
@@ -121,156 +113,51 @@ class Operand:
         return None
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+class PointwiseArgs:
+    """C text of a pointwise op's inputs for its registry hooks: `v` for the chain value, any
+    other input of a binary op loaded by `operand` when first read (a load adds an operand to
+    the loop); a unary op reads the chain value alone (its other inputs are parameters)."""
 
+    def __init__(self, node: Node, chain_input: str, operand):
+        d = lookup(node.op, node.domain)
+        self.inputs = list(node.inputs) if d is not None and d.c == "binary" else [chain_input]
+        self.chain_input, self.operand, self.loaded = chain_input, operand, {}
 
-def _const_scalar(graph, node: Node, value: str, default: float) -> float:
-    if not value:
-        return default
-    if value not in graph.constants:
-        raise unsupported(node, f"needs '{value}' to be a constant")
-    return float(np.asarray(graph.constants[value]).reshape(-1)[0])
+    def chain(self, k: int) -> bool:
+        """Whether input k is the chain value."""
+        return self.inputs[k] == self.chain_input
 
+    def __getitem__(self, k: int) -> str | None:
+        if self.chain(k):
+            return "v"
+        if k not in self.loaded:
+            self.loaded[k] = self.operand(self.inputs[k])
+        return self.loaded[k]
 
-def clip_bounds(node: Node, graph) -> tuple[float, float]:
-    """Clip's (min, max): constant inputs from opset 11 on, attributes before; absent = unbounded."""
-    if len(node.inputs) > 1 or "min" not in node.attrs:
-        lo = _const_scalar(graph, node, node.inputs[1] if len(node.inputs) > 1 else "", -math.inf)
-        hi = _const_scalar(graph, node, node.inputs[2] if len(node.inputs) > 2 else "", math.inf)
-        return lo, hi
-    return node.attr("min", -math.inf), node.attr("max", math.inf)
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self.inputs)))
 
 
 def step_expr(node: Node, chain_input: str, operand, graph) -> str:
-    """C expression for one node applied to the chain value `v`; `operand(value)` loads the other side."""
-    op = node.op
-    if op in ("Add", "Sub", "Mul", "Div"):
-        sym = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}[op]
-        a, b = node.inputs
-        if a == chain_input and b == chain_input:
-            return f"v {sym} v"
-        if a == chain_input:
-            return f"v {sym} {operand(b)}"
-        return f"{operand(a)} {sym} v"
-    if op in ("Pow", "Max", "Min"):
-        a, b = node.inputs
-        if op == "Pow" and a == chain_input and b != chain_input:
-            # Constant exponents of real models (LayerNorm's square, RMS roots) need no powf call.
-            special = {"2.0f": "v * v", "1.0f": "v", "0.5f": "sqrtf(v)", "3.0f": "v * v * v", "-1.0f": "1.0f / v"}
-            exp = operand(b)
-            return special.get(exp, f"powf(v, {exp})")
-        fn = {"Pow": "powf", "Max": "fmaxf", "Min": "fminf"}[op]
-        lhs = "v" if a == chain_input else operand(a)
-        rhs = "v" if b == chain_input else operand(b)
-        return f"{fn}({lhs}, {rhs})"
-    if op == "HardSwish":
-        return "v * sat_clampf(v * (1.0f / 6.0f) + 0.5f, 0.0f, 1.0f)"
-    if op == "HardSigmoid":
-        alpha, beta = c_float(node.attr("alpha", 0.2)), c_float(node.attr("beta", 0.5))
-        return f"sat_clampf(v * {alpha} + {beta}, 0.0f, 1.0f)"
-    if op == "Swish":
-        return f"v * sat_rcpf(1.0f + sat_expf(-{c_float(node.attr('alpha', 1.0))} * v))"
-    if op == "Gelu":
-        if _text(node.attr("approximate", "none")) == "tanh":
-            return "0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))"
-        return "0.5f * v * (1.0f + sat_erff(v * 0.7071067811865476f))"
-    if op == "Exp":
-        return "expf(v)"  # libm's: the full range (overflow to inf) matters when Exp stands alone
-    if op == "Log":
-        return "logf(v)"
-    if op == "Abs":
-        return "fabsf(v)"
-    if op == "Floor":
-        return "floorf(v)"
-    if op == "Ceil":
-        return "ceilf(v)"
-    if op == "Elu":
-        return f"v >= 0.0f ? v : {c_float(node.attr('alpha', 1.0))} * (sat_expf(v) - 1.0f)"
-    if op == "Selu":
-        alpha, gamma = c_float(node.attr("alpha", 1.67326319217681884765625)), c_float(node.attr("gamma", 1.05070102214813232421875))
-        return f"{gamma} * (v > 0.0f ? v : {alpha} * (sat_expf(v) - 1.0f))"
-    if op == "Softplus":
-        # log1p(exp(v)) overflows for large v, where softplus is v itself.
-        return "v > 20.0f ? v : log1pf(expf(v))"
-    if op == "Relu":
-        return "v > 0.0f ? v : 0.0f"
-    if op == "Clip":
-        lo, hi = clip_bounds(node, graph)
-        return f"sat_clampf(v, {c_float(lo)}, {c_float(hi)})"
-    if op == "LeakyRelu":
-        return f"v >= 0.0f ? v : {c_float(node.attr('alpha', 0.01))} * v"
-    if op == "Sigmoid":
-        return "sat_rcpf(1.0f + sat_expf(-v))"
-    if op == "Tanh":
-        return "tanhf(v)"
-    if op == "Erf":
-        return "sat_erff(v)"
-    if op == "Neg":
-        return "-v"
-    if op == "Sqrt":
-        return "sqrtf(v)"
-    if op == "Reciprocal":
-        return "1.0f / v"
-    if op == "BatchNormalization":
-        return f"v * {operand(('bn_scale', node))} + {operand(('bn_shift', node))}"
-    if op in ("QuantizeLinear", "DequantizeLinear"):
-        from saturate.backend.quant import q_expr
-
-        return q_expr(node, operand, graph)
-    if op == "Identity":
-        return "v"
-    raise unsupported(node, f"cannot apply op '{op}' pointwise")
+    """C expression for one node applied to the chain value `v` (its registry entry's `c_expr`);
+    `operand(value)` loads the other side."""
+    d = lookup(node.op, node.domain)
+    if d is None or d.c_expr is None:
+        raise unsupported(node, f"cannot apply op '{node.op}' pointwise")
+    return d.c_expr(node, PointwiseArgs(node, chain_input, operand), operand, graph)
 
 
 def vec_expr(node: Node, chain_input: str, operand, graph) -> str | None:
-    """AVX vector form of step_expr on `v` (8 lanes), or None when the op has no vector form here. A Swish
-    calls vec.h's sat_exp8 and sat_rcp8 (AVX2 and AVX-512 builds; the 16-lane forms of AVX-512 kernels
-    rename them, with every _mm256_ call, to their 512-bit versions)."""
-    op = node.op
-    if op in ("QuantizeLinear", "DequantizeLinear"):
-        from saturate.backend.quant import q_vec_expr
-
-        return q_vec_expr(node, operand, graph)
-    if op == "Swish":
-        a = c_float(node.attr("alpha", 1.0))
-        return (f"_mm256_mul_ps(v, sat_rcp8(_mm256_add_ps(_mm256_set1_ps(1.0f), "
-                f"sat_exp8(_mm256_mul_ps(_mm256_set1_ps(-{a}), v)))))")
-    if op in ("Add", "Sub", "Mul", "Div"):
-        fn = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[op]
-        a, b = node.inputs
-        if a == chain_input and b == chain_input:
-            return f"_mm256_{fn}_ps(v, v)"
-        if a == chain_input:
-            rhs = operand(b)
-            return None if rhs is None else f"_mm256_{fn}_ps(v, {rhs})"
-        lhs = operand(a)
-        return None if lhs is None else f"_mm256_{fn}_ps({lhs}, v)"
-    if op in ("Max", "Min") and node.inputs[0] != node.inputs[1]:
-        other = operand(node.inputs[1] if node.inputs[0] == chain_input else node.inputs[0])
-        return None if other is None else f"_mm256_{op.lower()}_ps(v, {other})"
-    if op == "Pow" and node.inputs[0] == chain_input and node.inputs[1] != chain_input:
-        return "_mm256_mul_ps(v, v)" if operand(node.inputs[1]) == "_mm256_set1_ps(2.0f)" else None
-    if op in ("HardSwish", "HardSigmoid"):
-        alpha, beta = (1.0 / 6.0, 0.5) if op == "HardSwish" else (node.attr("alpha", 0.2), node.attr("beta", 0.5))
-        hs = (f"_mm256_min_ps(_mm256_max_ps(_mm256_add_ps(_mm256_mul_ps(v, _mm256_set1_ps({c_float(alpha)})), "
-              f"_mm256_set1_ps({c_float(beta)})), _mm256_setzero_ps()), _mm256_set1_ps(1.0f))")
-        return f"_mm256_mul_ps(v, {hs})" if op == "HardSwish" else hs
-    if op == "Abs":
-        return "_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v)"
-    if op == "Neg":
-        return "_mm256_xor_ps(_mm256_set1_ps(-0.0f), v)"
-    if op == "Relu":
-        return "_mm256_max_ps(v, _mm256_setzero_ps())"  # NaN -> 0, as the scalar form
-    if op == "Clip":
-        lo, hi = clip_bounds(node, graph)
-        return f"_mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps({c_float(lo)})), _mm256_set1_ps({c_float(hi)}))"
-    if op == "BatchNormalization":
-        a, b = operand(("bn_scale", node)), operand(("bn_shift", node))
-        return None if a is None or b is None else f"_mm256_add_ps(_mm256_mul_ps(v, {a}), {b})"
-    if op == "Identity":
-        return "v"
-    return None
+    """AVX vector form of step_expr on `v` (8 lanes; the entry's `c_vec`), or None when the op has
+    no vector form here. The 16-lane forms of AVX-512 kernels rename every _mm256_ call to its
+    512-bit version."""
+    d = lookup(node.op, node.domain)
+    if d is None or d.c_vec is None:
+        return None
+    return d.c_vec(node, PointwiseArgs(node, chain_input, operand), operand, graph)
 
 
 def run_axis(oshape: tuple[int, ...], shapes: list[tuple[int, ...]]) -> int:

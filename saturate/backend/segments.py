@@ -8,22 +8,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from saturate.backend import quant
-from saturate.backend.quant import QUANT_OPS
-from saturate.backend.shapes import INT_CODED, SUPPORTED, _out_shape, unsupported
+from saturate.backend.shapes import INT_CODED, _out_shape, runs_in_c, unsupported
 from saturate.core import geometry
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, ValueInfo
+from saturate.ops.registry import lookup
 
-# Ops whose value is not a function of their inputs: never folded at compile time.
-NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                    "Bernoulli"}
-# Ops whose inputs after the first are parameters the emitter reads at compile time.
-PARAM_INPUTS = {"Reshape", "Expand", "Slice", "Pad", "Squeeze", "Unsqueeze", "Resize", "ReduceMean", "ReduceSum",
-                "ReduceMax", "ReduceMin", "Split", "Clip", "BatchNormalization", "Gather"}
-# Views that also take integers C holds as floats (shapes.INT_CODED): their output keeps the dtype.
-INT_VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
-# Extra outputs a C kernel may drop when nothing reads them (LayerNorm's statistics, Dropout's mask).
-DROPPABLE_OUTPUTS = {"LayerNormalization", "Dropout"}
+
+def _has(node: Node, flag: str) -> bool:
+    """The op registry entry's flag for this node's op."""
+    d = lookup(node.op, node.domain)
+    return d is not None and bool(getattr(d, flag))
 
 
 @dataclass
@@ -247,7 +242,7 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
         standard = node.domain in ("", "ai.onnx")
         present = [i for i in node.inputs if i]
         # Compile-time values: constant inputs (shape arithmetic of exports), or the shape of a static value.
-        if standard and node.op not in NONDETERMINISTIC and (node.inputs or node.op == "Constant") and (
+        if standard and not _has(node, "nondeterministic") and (node.inputs or node.op == "Constant") and (
                 all(i in g.constants for i in present)
                 or (node.op in ("Shape", "Size") and shapes.get(node.inputs[0]) is not None)
                 or (node.op == "CastLike" and node.inputs[0] in g.constants and dtypes.get(node.inputs[1]))):
@@ -256,20 +251,21 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
                 continue
         ins = [shapes.get(i) if i else None for i in node.inputs]
         why = None
-        if not standard or node.op not in SUPPORTED | {"Split"}:
+        quantized = _has(node, "quant")
+        if not runs_in_c(node) and not (standard and node.op == "Split"):
             why = f"has no kernel for op '{node.op}'"
-        elif node.op in QUANT_OPS:
+        elif quantized:
             x = node.inputs[0]
             why = (f"needs a static shape for '{x}'" if x not in g.constants and shapes.get(x) is None
                    else quant.check_node(g, node, dtypes, shapes))
         else:
-            data = present[:1] if node.op in PARAM_INPUTS else present
-            held = ("float32", *INT_CODED) if node.op in INT_VIEWS | {"Cast"} else ("float32",)
+            data = present[:1] if _has(node, "param_inputs") else present
+            held = ("float32", *INT_CODED) if _has(node, "int_view") or node.op == "Cast" else ("float32",)
             bad = [i for i in data if i not in g.constants and (shapes.get(i) is None or dtypes.get(i) not in held)]
             if bad:
                 why = (f"needs a static shape for '{bad[0]}'" if shapes.get(bad[0]) is None
                        else f"runs float32 only ('{bad[0]}' is {dtypes.get(bad[0])})")
-            elif node.op in PARAM_INPUTS and any(i not in g.constants for i in present[1:]):
+            elif _has(node, "param_inputs") and any(i not in g.constants for i in present[1:]):
                 why = f"needs the parameter inputs of '{node.op}' to be constants"
         if why is None and node.op == "CastLike" and dtypes.get(node.inputs[1]) != "float32":
             why = "casts to float32 only"
@@ -280,7 +276,7 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
             except SaturateError as err:
                 why = str(err).split("the C backend ", 1)[-1]
         if why is None and any(o for o in node.outputs[1:]):
-            if node.op in DROPPABLE_OUTPUTS and not any(o in read for o in node.outputs[1:]):
+            if _has(node, "droppable_outputs") and not any(o in read for o in node.outputs[1:]):
                 node = Node(node.op, list(node.inputs), node.outputs[:1], dict(node.attrs), node.name, node.domain)
             else:
                 why = f"computes only the first output of '{node.op}'"
@@ -290,8 +286,8 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
                 g.nodes.append(node)
                 kinds.append("c")
                 shapes[node.outputs[0]] = tuple(int(d) for d in out)
-                dtypes[node.outputs[0]] = (quant.out_dtype(g, node) if node.op in QUANT_OPS
-                                           else dtypes.get(node.inputs[0]) if node.op in INT_VIEWS else "float32")
+                dtypes[node.outputs[0]] = (quant.out_dtype(g, node) if quantized
+                                           else dtypes.get(node.inputs[0]) if _has(node, "int_view") else "float32")
                 continue
             except SaturateError as err:
                 why = str(err).split("the C backend ", 1)[-1]

@@ -10,23 +10,24 @@ import numpy as np
 from saturate.core import geometry
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
-from saturate.core.ops import SAME_SHAPE
+from saturate.ops.registry import lookup, ops_with
 
-ELEMENTWISE_UNARY = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal",
-                     "HardSwish", "HardSigmoid", "Swish", "Gelu", "Exp", "Log", "Abs", "Floor", "Ceil", "Elu",
-                     "Softplus", "Selu", "QuantizeLinear", "DequantizeLinear"}
+# The op registry's C hooks (OpDef.c): live sets, current after later registrations.
+ELEMENTWISE_UNARY = ops_with("c", "unary")
+ELEMENTWISE_BINARY = ops_with("c", "binary")
+# Ops whose output shares its input's storage (a view): no kernel runs.
+ALIASES = ops_with("c", "view")
 # Integer dtypes C segments hold as float32 numbers of exactly those values (a quantized activation is the
 # integer QuantizeLinear rounded to, in a float: every 16-bit integer is one); their bounds.
 INT_CODED = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
 # ONNX TensorProto element types of INT_CODED.
 INT_CODED_TYPES = {3: "int8", 2: "uint8", 5: "int16", 4: "uint16"}
-ELEMENTWISE_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
-# Ops whose output shares its input's storage (a view): no kernel runs.
-ALIASES = {"Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze", "Cast", "CastLike", "Dropout"}
-KERNELS = {"QLinearConv", "QLinearMatMul", "Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Gemm", "MatMul",
-           "Transpose", "Concat", "Softmax", "Slice", "Expand", "Pad", "LayerNormalization", "ReduceMean",
-           "ReduceSum", "ReduceMax", "ReduceMin", "Resize", "Gather"}
-SUPPORTED = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | ALIASES | KERNELS
+
+
+def runs_in_c(node: Node) -> bool:
+    """Whether the op's registry entry has a C hook (pointwise, view or kernel)."""
+    d = lookup(node.op, node.domain)
+    return d is not None and d.c is not None
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,7 @@ def infer_shapes(graph: Graph, input_shapes: dict[str, tuple[int, ...]]) -> dict
     shapes: dict[str, tuple[int, ...]] = {k: tuple(int(d) for d in v.shape) for k, v in graph.constants.items()}
     shapes.update(input_shapes)
     for node in graph.nodes:
-        if node.op not in SUPPORTED or node.domain not in ("", "ai.onnx"):
+        if not runs_in_c(node):
             raise unsupported(node, f"has no kernel for op '{node.op}'")
         ins = [shapes[i] if i else None for i in node.inputs]
         shapes[node.outputs[0]] = _out_shape(graph, node, ins)
@@ -287,7 +288,8 @@ def _out_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
         for p, v in zip(ins[1:], node.inputs[1:]):
             if v and v not in graph.constants and p != norm:
                 raise unsupported(node, f"needs scale and bias of shape {norm}, got {p}")
-    if op in ELEMENTWISE_UNARY or op in SAME_SHAPE or op in ("Identity", "Cast", "CastLike"):
+    entry = lookup(op, node.domain)
+    if op in ELEMENTWISE_UNARY or (entry is not None and entry.same_shape) or op in ("Identity", "Cast", "CastLike"):
         return x
     if op in ("Squeeze", "Unsqueeze"):
         return squeeze_shape(graph, node, x)

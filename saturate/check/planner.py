@@ -30,28 +30,21 @@ from saturate.lang.ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, T
 from saturate.check.quant_planner import QuantPlanning
 from saturate.check.schema import (BASE_OPSET, DTYPE_WEIGHTS, FLOATS, attribute_drawer, draw_dtype,
                                    dtype_of_tensor_type, input_slot, schema, slot_types, tensor_type)
+from saturate.ops.registry import find, ops_with
 from saturate.check.strategies import (MAX_RANK, MAX_SIDE, conv_cases, conv_cases_over, conv_geometry,
                                        draw_broadcastable, draw_factorization, draw_per_axis, numel)
 
 _SIGN_GUARDS = {"positive": "positive", "nonnegative": "nonnegative", "nonzero": "nonzero"}
-_UNARY = {"Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "Identity", "Exp", "Log",
-          "Abs", "Dropout", "LeakyRelu", "Clip", "Softmax"}
-_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Mod"}
-# Broadcasting ops of any number of inputs (multidirectional, as Add).
-_VARIADIC = {"Max", "Min", "Sum", "Mean"}
-_BROADCAST = _BINARY | _VARIADIC | {"Where", "And", "Or", "Xor", "Equal", "Greater", "Less", "GreaterOrEqual",
-                                    "LessOrEqual", "BitShift"}
+# How the op registry says to draw an op (OpDef.draw); these broadcast multidirectionally, as Add.
+_BROADCASTING = ("binary", "variadic", "broadcast")
 # Attributes the hand-written shape rules below draw themselves (or keep at their default);
 # every other attribute of those ops is drawn from the schema.
 _SHAPING = {"axis", "axes", "perm", "kernel_shape", "strides", "pads", "dilations", "group", "auto_pad",
             "ceil_mode", "transA", "transB", "start", "end", "keepdims", "storage_order"}
 # Tries of the generic shape rule before an example is given up.
 _GENERIC_TRIES = 12
-_WINDOW = {"Conv", "MaxPool", "AveragePool"}
 # Window ops over 1, 2 and 3 spatial axes; 2-D first, as models mostly hold.
 _WINDOW_RANKS = (4, 3, 5)
-# Inputs an op only defines on part of the reals: drawn inside it when they are pattern leaves.
-_DOMAINS = {("BatchNormalization", 4): "nonnegative", ("Sqrt", 0): "nonnegative", ("Log", 0): "positive"}
 
 
 @dataclass(frozen=True)
@@ -161,7 +154,7 @@ class Planner(QuantPlanning):
         if not isinstance(t, OpTerm):
             return Template()
         op, args = t.op, t.args
-        if op in _WINDOW:
+        if _drawn(op) == "window":
             return Template(min_rank=3, ranks=_WINDOW_RANKS)
         if op == "GlobalAveragePool":
             return Template(min_rank=3, ranks=_WINDOW_RANKS, unit_spatial=True)
@@ -200,10 +193,10 @@ class Planner(QuantPlanning):
             return replace(a, min_rank=max(a.min_rank, 1))
         if op in ("Gather", "Squeeze", "Unsqueeze"):
             return Template()
-        if op in _UNARY:
+        if _drawn(op) == "unary":
             a = self.template(args[0])
             return replace(a, min_rank=max(a.min_rank, 1 if op == "Softmax" else 0))
-        if op in _BROADCAST:
+        if _broadcasting(op):
             main_k = self.main_index(t)
             main = self.template(args[main_k])
             others = [self.template(a) for k, a in enumerate(args) if k != main_k]
@@ -218,8 +211,7 @@ class Planner(QuantPlanning):
         """Raise, saying why, when the generic shape rule cannot draw `op` (not run by the
         interpreter at the checker's opset, or not an ONNX op)."""
         from saturate.interp.reference import unsupported_reason
-        from saturate.interp.kernels import OP_IMPLS
-        if op in OP_IMPLS and spec(op, self.opset) is not None:
+        if op in ops_with("evaluates") and spec(op, self.opset) is not None:
             return
         reason = unsupported_reason(op, self.opset)
         if reason is not None:
@@ -227,7 +219,7 @@ class Planner(QuantPlanning):
 
     def handled(self, op: str) -> bool:
         """Whether a hand-written shape rule draws `op` (else the generic one does)."""
-        return op in _BROADCAST or op in _UNARY or hasattr(self, "op_" + op)
+        return _broadcasting(op) or _drawn(op) == "unary" or hasattr(self, "op_" + op)
 
     def main_index(self, t: OpTerm) -> int:
         """The argument of a broadcasting op that takes the full output shape: an op first, then
@@ -261,7 +253,7 @@ class Planner(QuantPlanning):
         """Plan the whole pattern; returns the output shape drawn for it (0-d included, where
         the pattern allows it: a scalar stands wherever a tensor may)."""
         self.assign_types(pattern, None, ())
-        self.empty_ok = all(op in _EMPTY_SAFE or not self.handled(op) for op in _ops(pattern))
+        self.empty_ok = all(_empty_safe(op) or not self.handled(op) for op in _ops(pattern))
         if self.flexible(pattern):
             return self.term(pattern, None, ())
         out = self.shape_for(self.template(pattern))
@@ -275,9 +267,9 @@ class Planner(QuantPlanning):
             return False
         if not self.handled(t.op):
             return True
-        if t.op in _UNARY and t.args:
+        if _drawn(t.op) == "unary" and t.args:
             return self.flexible(t.args[0])
-        if t.op in _BROADCAST and t.args:
+        if _broadcasting(t.op) and t.args:
             return self.flexible(t.args[self.main_index(t)])
         return False
 
@@ -350,23 +342,23 @@ class Planner(QuantPlanning):
         op = t.op
         if not self.handled(op):
             return self.generic(t, out, path)
-        if out is None and op in _UNARY:
+        if out is None and _drawn(op) == "unary":
             return self.unary(t, None, path)
-        if out is None and op in _BROADCAST:
+        if out is None and _broadcasting(op):
             return self.broadcast(t, None, path)
         if out is None:
             out = self.shape_for(self.template(t))
         assume(self.template(t).allows(out))
-        if op in _BROADCAST:
+        if _broadcasting(op):
             return self.broadcast(t, out, path)
-        if op in _UNARY:
+        if _drawn(op) == "unary":
             return self.unary(t, out, path)
         getattr(self, "op_" + op)(t, out, path)
         return out
 
     def leaf_sign(self, t: OpTerm, k: int) -> None:
         """Record the domain an op needs of argument k when that argument is a variable."""
-        sign = _DOMAINS.get((t.op, k))
+        sign = _input_domain(t.op, k)
         if sign and k < len(t.args) and isinstance(t.args[k], Var):
             self.signs.setdefault(t.args[k].name, sign)
 
@@ -1201,9 +1193,27 @@ def refusal(ops: set[str]) -> str | None:
 
 # Inputs of these names hold shape-like data the generic rule draws values for.
 _PARAMS = frozenset({"axes", "repeats", "sizes", "scales", "roi", "pads", "indices", "k", "split"})
-# Ops whose shape rules draw empty tensors soundly (the generic rule checks its draws itself).
-_EMPTY_SAFE = _UNARY | _BROADCAST | {"Transpose", "Concat", "Reshape", "Cast", "CastLike", "Flatten", "Expand",
-                                     "Unsqueeze", "Squeeze"}
+def _drawn(op: str) -> str | None:
+    """How the op's registry entry says to draw it (None: the generic rule or a method op_<name>)."""
+    d = find(op)
+    return None if d is None else d.draw
+
+
+def _broadcasting(op: str) -> bool:
+    return _drawn(op) in _BROADCASTING
+
+
+def _input_domain(op: str, k: int) -> str | None:
+    """The part of the reals an op defines input k on, when a pattern leaf must be drawn inside it."""
+    d = find(op)
+    return None if d is None else d.domains.get(k)
+
+
+def _empty_safe(op: str) -> bool:
+    """Whether the op's shape rule draws empty tensors soundly (the generic rule checks its draws itself)."""
+    d = find(op)
+    return d is not None and (d.draw in ("unary", *_BROADCASTING) or d.empty_safe)
+
 
 
 def _ops(t: Term) -> set[str]:

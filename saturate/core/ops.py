@@ -1,9 +1,9 @@
 """Op facts: arity, attribute names and defaults from the ONNX schemas (`onnx.defs`), per opset.
 
-The schemas are the one source of what an op takes. The project adds two facts of its own that
-no schema states: which ops are elementwise (the output is the broadcast of the inputs, which the
-engine's shape facts rely on) and which ops carry integer shape data often enough to be open to
-rules whatever their dtype.
+The schemas are the one source of what a standard op takes; an op of another domain states it in
+its op registry entry (saturate/ops), as it does the project's own facts that no schema states:
+which ops are elementwise and which carry integer shape data often enough to be open to rules
+whatever their dtype.
 """
 
 from __future__ import annotations
@@ -16,38 +16,10 @@ import numpy as np
 import onnx
 import onnx.defs
 
+from saturate.ops.registry import entries, lookup, ops_with
+
 # Variadic inputs (Concat, Sum, Max...) have no upper bound; this stands for "any number".
 VARIADIC = 1 << 30
-
-# The output shape is the multidirectional broadcast of the inputs (unary ops: the input's shape).
-ELEMENTWISE = frozenset({
-    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Relu", "Clip", "LeakyRelu", "Sigmoid",
-    "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "Identity", "Exp", "Log", "Abs", "HardSigmoid",
-    "HardSwish", "Softplus", "Elu", "Selu", "Gelu", "Floor", "Ceil", "Sign", "PRelu",
-})
-# The first output has the first input's shape and dtype (normalizations, softmaxes, Dropout's
-# output), whatever the other inputs are.
-SAME_SHAPE = frozenset({
-    "BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization",
-    "LpNormalization", "MeanVarianceNormalization", "Softmax", "LogSoftmax", "Hardmax", "Dropout",
-})
-# Shape computations (Shape -> Gather -> Concat -> Reshape, and the int64 arithmetic exporters put
-# between: Add/Sub/Mul/Div of dims feeding Slice and Reshape) carry int64 data as often as floats.
-# Rules over these ops see integers too: a rule sound only on floats carries the `floating` guard.
-SHAPE_OPS = frozenset({"Concat", "Shape", "Gather", "Unsqueeze", "Squeeze", "Cast", "CastLike",
-                       "Add", "Sub", "Mul", "Div", "Neg", "Slice", "Expand", "Range",
-                       "ConstantOfShape", "Reshape", "Identity", "Mod", "Pad", "Transpose"})
-# Quantization makes integer tensors: rules over these ops (rules/quant.rules) see int8/uint8 values.
-QUANT_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
-                       "ConvInteger", "MatMulInteger"})
-# The ops the engine encodes as rewritable terms even when no rule names them.
-ENGINE_OPS = frozenset({
-    "Conv", "BatchNormalization", "Add", "Sub", "Mul", "Div", "Relu", "Clip", "LeakyRelu", "Sigmoid",
-    "Tanh", "Erf", "Neg", "Sqrt", "Reciprocal", "MaxPool", "AveragePool", "GlobalAveragePool", "Gemm",
-    "MatMul", "Reshape", "Flatten", "Transpose", "Concat", "Shape", "Gather", "Unsqueeze", "Squeeze",
-    "Cast", "Softmax", "Identity",
-})
-
 
 @dataclass(frozen=True)
 class OpSpec:
@@ -80,25 +52,48 @@ def _default(attr: onnx.defs.OpSchema.Attribute) -> Any:
     return value
 
 
+def _flags(op: str, domain: str = "") -> tuple[bool, bool]:
+    d = lookup(op, domain)
+    return (False, False) if d is None else (d.elementwise, d.shape_arith or d.quant)
+
+
 def _from_schema(s: onnx.defs.OpSchema) -> OpSpec:
     hi = VARIADIC if s.max_input >= 2**31 - 1 else s.max_input
     return OpSpec(s.name, s.min_input, hi, {k: _default(a) for k, a in s.attributes.items()},
-                  s.since_version, s.name in ELEMENTWISE, s.name in SHAPE_OPS | QUANT_OPS)
+                  s.since_version, *_flags(s.name))
+
+
+def _from_entry(d: Any) -> OpSpec:
+    return OpSpec(d.name, d.inputs[0], d.inputs[1], dict(d.attrs), 1, d.elementwise, d.shape_arith or d.quant)
+
+
+def spec(op: str, opset: int | None = None, domain: str = "") -> OpSpec | None:
+    """The spec of an op at `opset` (default: the newest): a default-domain op's from its ONNX
+    schema, another domain's from its registry entry; None if neither has one."""
+    if domain not in ("", "ai.onnx"):
+        d = lookup(op, domain)
+        return None if d is None else _from_entry(d)
+    return _standard_spec(op, opset)
 
 
 @functools.lru_cache(maxsize=None)
-def spec(op: str, opset: int | None = None, domain: str = "") -> OpSpec | None:
-    """The spec of a default-domain op at `opset` (default: the newest), or None if ONNX has none."""
-    if domain not in ("", "ai.onnx"):
-        return None
+def _standard_spec(op: str, opset: int | None) -> OpSpec | None:
     try:
         return _from_schema(onnx.defs.get_schema(op, opset or newest_opset(), ""))
     except onnx.defs.SchemaError:
         return None
 
 
-@functools.lru_cache(maxsize=None)
 def op_table() -> dict[str, OpSpec]:
+    """Every op rules may name: the default domain's (_onnx_table) and the registry's ops of
+    other domains."""
+    table = dict(_onnx_table())
+    table.update((d.name, _from_entry(d)) for d in entries() if not d.standard and d.name not in table)
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def _onnx_table() -> dict[str, OpSpec]:
     """Every default-domain op of every version, merged: the widest input range and the union of
     attribute names (defaults from the newest version), which rules are checked against, since a
     rule may match the attribute form of an older opset (Squeeze's `axes` before 13)."""
@@ -120,4 +115,4 @@ def op_table() -> dict[str, OpSpec]:
 
 def is_rewritable_op(op: str) -> bool:
     """Whether the engine encodes this op as a term rules can rewrite even when no rule names it."""
-    return op in ENGINE_OPS
+    return op in ops_with("engine")

@@ -14,9 +14,8 @@ from saturate.engine.egraph import EGraphView, ENode
 from saturate.engine.encode import Encoding
 from saturate.core.ir import ValueInfo
 from saturate.core import geometry, mapped
-from saturate.core.geometry import conv_output_shape
-from saturate.core.ops import ELEMENTWISE, SAME_SHAPE
 from saturate.frontend.infer import DATA_ELEMENTS, onnx_infer
+from saturate.ops import infer_type
 
 FAILED = object()  # a constant expression numpy could not evaluate
 _ABSENT = ("absent",)   # the structural key of an omitted input, valued None
@@ -626,47 +625,10 @@ def evaluate_fn(fn: str, args: list[Any]) -> Any:
 
 
 def infer(op: str, attrs: dict[str, Any], ins: list[ValueInfo]) -> ValueInfo:
-    """Output type of a new node from its inputs' types (elementwise, the ops of SAME_SHAPE, Conv,
-    MatMul, Gemm, Concat, Transpose, Cast)."""
+    """Output type of a new node from its inputs' types, as its op registry entry derives it
+    (shape None when the entry cannot tell)."""
     dtype = ins[0].dtype if ins else "float32"
-    if op in SAME_SHAPE and ins:
-        return ValueInfo(dtype, ins[0].shape)
-    shapes = [i.shape for i in ins]
-    if any(sh is None for sh in shapes):
-        return ValueInfo(dtype, None)
-    if op in ELEMENTWISE:
-        out = shapes[0]
-        for sh in shapes[1:]:
-            out = broadcast_shape(out, sh) if out is not None else None
-        return ValueInfo(dtype, out)
-    if op == "Conv" and len(shapes[0]) >= 3 and len(shapes[1]) == len(shapes[0]):
-        return ValueInfo(dtype, conv_output_shape(attrs, shapes[0], shapes[1]))
-    if op == "MatMul" and len(shapes[0]) >= 2 and len(shapes[1]) >= 2:
-        batch = broadcast_shape(shapes[0][:-2], shapes[1][:-2])
-        return ValueInfo(dtype, None if batch is None else (*batch, shapes[0][-2], shapes[1][-1]))
-    if op == "Concat" and len({len(sh) for sh in shapes}) == 1 and shapes[0]:
-        rank = len(shapes[0])
-        axis = int(attrs.get("axis", 0))
-        axis = axis + rank if axis < 0 else axis
-        if not 0 <= axis < rank or any(not isinstance(sh[axis], int) for sh in shapes):
-            return ValueInfo(dtype, None)
-        return ValueInfo(dtype, (*shapes[0][:axis], sum(sh[axis] for sh in shapes), *shapes[0][axis + 1:]))
-    if op == "Transpose":
-        perm = attrs.get("perm")
-        perm = list(range(len(shapes[0])))[::-1] if perm is None else [int(p) for p in perm]
-        if sorted(perm) != list(range(len(shapes[0]))):
-            return ValueInfo(dtype, None)
-        return ValueInfo(dtype, tuple(shapes[0][p] for p in perm))
-    if op in ("Cast", "CastLike"):
-        from onnx.helper import tensor_dtype_to_np_dtype
-
-        to = ins[1].dtype if op == "CastLike" else np.dtype(tensor_dtype_to_np_dtype(int(attrs["to"]))).name
-        return ValueInfo(to, shapes[0])
-    if op == "Gemm" and len(shapes[0]) == 2 and len(shapes[1]) == 2:
-        m = shapes[0][1] if attrs.get("transA") else shapes[0][0]
-        n = shapes[1][0] if attrs.get("transB") else shapes[1][1]
-        return ValueInfo(dtype, (m, n))
-    return ValueInfo(dtype, None)
+    return infer_type(op, attrs, ins) or ValueInfo(dtype, None)
 
 
 def refine(known: ValueInfo | None, other: ValueInfo | None, stable: frozenset = frozenset()) -> ValueInfo | None:

@@ -10,11 +10,12 @@ from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
 from saturate.core.limits import check_allocation, check_bytes
 from saturate.core.ops import newest_opset, spec
-from saturate.interp.kernels import ARITY, OP_IMPLS, Unhandled
+from saturate.interp.kernels import Unhandled
 from saturate.interp.reference import reference_ops, run_reference
 from saturate.interp.sizes import check_output_sizes
+from saturate.ops.registry import lookup, ops_with
 
-__all__ = ["run_graph", "eval_node", "check_inputs", "supported_ops", "OP_IMPLS"]
+__all__ = ["run_graph", "eval_node", "check_inputs", "supported_ops"]
 
 # Errors numpy raises on shapes/values the op cannot take; reported as the node's error.
 _NUMPY_ERRORS = (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError, MemoryError)
@@ -23,18 +24,19 @@ _NUMPY_ERRORS = (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowE
 def supported_ops(opset: int | None = None) -> list[str]:
     """Names of the standard ops the interpreter can evaluate at `opset` (default: the newest)."""
     version = opset or newest_opset()
-    return sorted({op for op in OP_IMPLS if spec(op, version) is not None} | reference_ops(version))
+    return sorted({op for op in ops_with("evaluates") if spec(op, version) is not None} | reference_ops(version))
 
 
 def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None = None) -> list[np.ndarray]:
     """Evaluate one node on concrete inputs (None: omitted optional input); one array per output.
 
-    Ops with a numpy kernel (kernels.py, window.py) run on it; every other default-domain op runs
+    Ops whose registry entry has a numpy kernel (saturate/ops) run on it; every other default-domain op runs
     on onnx.reference at `opset` (pass the graph's; default: the newest ONNX defines).
     Results may be views of the inputs (Reshape, Transpose, Identity): copy before writing to them.
     """
     standard = node.domain in ("", "ai.onnx")
-    impl = OP_IMPLS.get(node.op) if standard else None
+    entry = lookup(node.op, node.domain)
+    impl = None if entry is None else entry.evaluate
     if impl is None:
         version = opset or newest_opset()
         # Any op ONNX defines goes there, so that one it cannot run says why (control flow...).
@@ -44,7 +46,7 @@ def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None
             return _checked(node, run_reference(node, args, version))
         shown = f"{node.domain}::{node.op}" if node.domain else node.op
         raise SaturateError(f"no reference implementation for op '{shown}' (node '{node.name or node.outputs[0]}')")
-    lo, hi = ARITY[node.op]
+    lo, hi = entry.arity
     # Trailing omitted optional inputs are the same as absent ones.
     args = list(inputs)
     while args and args[-1] is None and len(args) > lo:

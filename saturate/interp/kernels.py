@@ -1,4 +1,5 @@
-"""Reference interpreter, op table: one numpy function per ONNX op, `f(node, *inputs)`."""
+"""Reference interpreter, kernels: numpy functions `f(node, *inputs)` that the op registry
+(saturate/ops) names as its entries' evaluation."""
 
 from __future__ import annotations
 
@@ -8,19 +9,8 @@ from typing import Callable
 import numpy as np
 import scipy.special
 
-from saturate.interp.window import Unhandled, average_pool, conv, fail, global_average_pool, max_pool
+from saturate.interp.window import Unhandled, fail
 from saturate.core.ir import Node
-
-# op name -> function(node, *inputs) returning one array or a tuple (one per output).
-OP_IMPLS: dict[str, Callable] = {}
-# op name -> (required inputs, most inputs); omitted optional inputs arrive as None.
-ARITY: dict[str, tuple[int, int]] = {}
-
-
-def register(name: str, lo: int, hi: int, fn: Callable) -> None:
-    """Add (or replace) the implementation of one op."""
-    OP_IMPLS[name] = fn
-    ARITY[name] = (lo, hi)
 
 
 def _same_dtype(node: Node, *arrays: np.ndarray | None) -> None:
@@ -37,14 +27,14 @@ def _axis(node: Node, axis: int, rank: int) -> int:
 
 # ---- elementwise --------------------------------------------------------------------------
 
-def _binary(ufunc) -> Callable:
+def binary(ufunc) -> Callable:
     def run(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         _same_dtype(node, a, b)
         return ufunc(a, b)
     return run
 
 
-def _div(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def div(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     _same_dtype(node, a, b)
     if a.dtype.kind in "iu":
         # ONNX integer division truncates toward zero; numpy's // floors.
@@ -57,11 +47,11 @@ def _div(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.divide(a, b)
 
 
-def _unary(fn) -> Callable:
+def unary(fn) -> Callable:
     return lambda node, x: fn(x)
 
 
-def _clip(node: Node, x: np.ndarray, lo: np.ndarray | None = None, hi: np.ndarray | None = None):
+def clip(node: Node, x: np.ndarray, lo: np.ndarray | None = None, hi: np.ndarray | None = None):
     # Before opset 11 the bounds were attributes; an input, when given, wins.
     if lo is None and "min" in node.attrs:
         lo = np.asarray(node.attrs["min"], x.dtype)
@@ -76,12 +66,12 @@ def _clip(node: Node, x: np.ndarray, lo: np.ndarray | None = None, hi: np.ndarra
     return y if y is not x else x.copy()
 
 
-def _leaky_relu(node: Node, x: np.ndarray) -> np.ndarray:
+def leaky_relu(node: Node, x: np.ndarray) -> np.ndarray:
     alpha = float(node.attrs.get("alpha", 0.01))
     return np.where(x >= 0, x, x * np.asarray(alpha, x.dtype))
 
 
-def _gelu(node: Node, x: np.ndarray) -> np.ndarray:
+def gelu(node: Node, x: np.ndarray) -> np.ndarray:
     # Opset 20 (the first with Gelu): exact by default, or the tanh approximation.
     approximate = node.attrs.get("approximate", "none")
     half = np.asarray(0.5, x.dtype)
@@ -93,7 +83,7 @@ def _gelu(node: Node, x: np.ndarray) -> np.ndarray:
     return (half * x * (1 + scipy.special.erf(x / np.asarray(math.sqrt(2), x.dtype)))).astype(x.dtype, copy=False)
 
 
-def _batch_norm(node: Node, x, scale, bias, mean, var) -> np.ndarray:
+def batch_norm(node: Node, x, scale, bias, mean, var) -> np.ndarray:
     if int(node.attrs.get("training_mode", 0)) or any(node.outputs[1:]):
         raise Unhandled  # batch statistics and running-mean outputs
     if x.ndim < 2:
@@ -109,7 +99,7 @@ def _batch_norm(node: Node, x, scale, bias, mean, var) -> np.ndarray:
     return (x - mean.reshape(shape)) * factor + bias.reshape(shape)
 
 
-def _softmax(node: Node, x: np.ndarray) -> np.ndarray:
+def softmax(node: Node, x: np.ndarray) -> np.ndarray:
     # Opset 13 semantics: normalize along one axis (the frontend accepts opset >= 13 only).
     axis = _axis(node, int(node.attrs.get("axis", -1)), x.ndim)
     if x.size == 0:  # nothing to normalize (max has no identity on an empty axis)
@@ -120,7 +110,7 @@ def _softmax(node: Node, x: np.ndarray) -> np.ndarray:
 
 # ---- linear algebra -----------------------------------------------------------------------
 
-def _gemm(node: Node, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
+def gemm(node: Node, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
     if a.ndim != 2 or b.ndim != 2:
         raise fail(node, f"A and B must be matrices, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
     _same_dtype(node, a, b, c)
@@ -140,7 +130,7 @@ def _gemm(node: Node, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None)
     return y
 
 
-def _matmul(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def matmul(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     _same_dtype(node, a, b)
     if a.ndim == 0 or b.ndim == 0:
         raise fail(node, "MatMul inputs must have rank >= 1")
@@ -150,7 +140,7 @@ def _matmul(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # ---- shape ops ----------------------------------------------------------------------------
 
-def _reshape(node: Node, x: np.ndarray, shape: np.ndarray) -> np.ndarray:
+def reshape(node: Node, x: np.ndarray, shape: np.ndarray) -> np.ndarray:
     if shape.ndim != 1 or shape.dtype.kind not in "iu":
         raise fail(node, f"shape must be a 1-D integer tensor, got {shape.dtype}{list(shape.shape)}")
     dims = [int(d) for d in shape]
@@ -168,7 +158,7 @@ def _reshape(node: Node, x: np.ndarray, shape: np.ndarray) -> np.ndarray:
     return x.reshape(dims)
 
 
-def _flatten(node: Node, x: np.ndarray) -> np.ndarray:
+def flatten(node: Node, x: np.ndarray) -> np.ndarray:
     axis = int(node.attrs.get("axis", 1))
     if not -x.ndim <= axis <= x.ndim:
         raise fail(node, f"axis {axis} is out of range for rank {x.ndim}")
@@ -176,7 +166,7 @@ def _flatten(node: Node, x: np.ndarray) -> np.ndarray:
     return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
-def _transpose(node: Node, x: np.ndarray) -> np.ndarray:
+def transpose(node: Node, x: np.ndarray) -> np.ndarray:
     perm = node.attrs.get("perm")
     perm = list(range(x.ndim))[::-1] if perm is None else [int(p) for p in perm]
     if sorted(perm) != list(range(x.ndim)):
@@ -184,7 +174,7 @@ def _transpose(node: Node, x: np.ndarray) -> np.ndarray:
     return x.transpose(perm)
 
 
-def _concat(node: Node, *xs: np.ndarray) -> np.ndarray:
+def concat(node: Node, *xs: np.ndarray) -> np.ndarray:
     if "axis" not in node.attrs:
         raise fail(node, "missing required attribute 'axis'")
     _same_dtype(node, *xs)
@@ -198,7 +188,7 @@ def _axes_of(node: Node, axes: np.ndarray | None) -> list[int] | None:
     return None if node.attrs.get("axes") is None else [int(a) for a in node.attrs["axes"]]
 
 
-def _squeeze(node: Node, x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
+def squeeze(node: Node, x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
     chosen = _axes_of(node, axes)
     if chosen is None:
         return x.reshape([d for d in x.shape if d != 1])
@@ -208,7 +198,7 @@ def _squeeze(node: Node, x: np.ndarray, axes: np.ndarray | None = None) -> np.nd
     return np.squeeze(x, axis=tuple(chosen))
 
 
-def _unsqueeze(node: Node, x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
+def unsqueeze(node: Node, x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
     chosen = _axes_of(node, axes)
     if chosen is None:
         raise fail(node, "missing axes")
@@ -219,14 +209,14 @@ def _unsqueeze(node: Node, x: np.ndarray, axes: np.ndarray | None = None) -> np.
     return np.expand_dims(x, tuple(chosen))
 
 
-def _dropout(node: Node, x: np.ndarray, ratio: np.ndarray | None = None, training: np.ndarray | None = None):
+def dropout(node: Node, x: np.ndarray, ratio: np.ndarray | None = None, training: np.ndarray | None = None):
     # Inference: the identity (a view, copied only if it becomes a graph output).
     if (training is not None and bool(training)) or any(node.outputs[1:]):
         raise Unhandled  # random masks and the mask output
     return x.view()
 
 
-def _cast(node: Node, x: np.ndarray) -> np.ndarray:
+def cast(node: Node, x: np.ndarray) -> np.ndarray:
     from onnx.helper import tensor_dtype_to_np_dtype
     to = np.dtype(tensor_dtype_to_np_dtype(int(node.attrs["to"])))
     # numpy's own types only: float8/int4/bfloat16 (saturation, rounding) and strings (number
@@ -241,7 +231,7 @@ def _plain(dtype: np.dtype) -> bool:
     return dtype.isbuiltin == 1 and dtype.kind in "biuf"
 
 
-def _constant(node: Node) -> np.ndarray:
+def constant(node: Node) -> np.ndarray:
     for key, dtype in (("value", None), ("value_float", np.float32), ("value_floats", np.float32),
                        ("value_int", np.int64), ("value_ints", np.int64)):
         if key in node.attrs:
@@ -249,11 +239,11 @@ def _constant(node: Node) -> np.ndarray:
     raise fail(node, "needs one of the attributes value, value_float(s), value_int(s)")
 
 
-def _shape(node: Node, x: np.ndarray) -> np.ndarray:
+def shape(node: Node, x: np.ndarray) -> np.ndarray:
     return np.array(x.shape, np.int64)[node.attrs.get("start"):node.attrs.get("end")]
 
 
-def _gather(node: Node, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
+def gather(node: Node, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
     axis = _axis(node, int(node.attrs.get("axis", 0)), x.ndim)
     n = x.shape[axis]
     if not np.issubdtype(indices.dtype, np.integer) or np.any((indices < -n) | (indices >= n)):
@@ -261,7 +251,7 @@ def _gather(node: Node, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return np.take(x, np.where(indices < 0, indices + n, indices), axis=axis)
 
 
-def _gather_elements(node: Node, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
+def gather_elements(node: Node, x: np.ndarray, indices: np.ndarray) -> np.ndarray:
     # onnx.reference's goes through np.choose, which takes at most 64 choices along the axis
     # (BERT's token-type table is read along an axis of 512).
     axis = _axis(node, int(node.attrs.get("axis", 0)), x.ndim)
@@ -276,7 +266,7 @@ def _gather_elements(node: Node, x: np.ndarray, indices: np.ndarray) -> np.ndarr
     return np.take_along_axis(x[region], np.where(indices < 0, indices + n, indices), axis=axis)
 
 
-def _variadic(ufunc) -> Callable:
+def variadic(ufunc) -> Callable:
     def run(node: Node, *xs: np.ndarray) -> np.ndarray:
         _same_dtype(node, *xs)
         y = xs[0]
@@ -286,55 +276,19 @@ def _variadic(ufunc) -> Callable:
     return run
 
 
-def _mean(node: Node, *xs: np.ndarray) -> np.ndarray:
-    total = _variadic(np.add)(node, *xs)
+def mean(node: Node, *xs: np.ndarray) -> np.ndarray:
+    total = variadic(np.add)(node, *xs)
     return (total / len(xs)).astype(total.dtype)
 
 
-_UNARY = {
-    "Relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
-    "Sigmoid": scipy.special.expit, "Tanh": np.tanh, "Erf": scipy.special.erf,
-    "Neg": np.negative, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal,
-    "Exp": np.exp, "Log": np.log, "Abs": np.abs,
-    # Views, so the interpreter copies them only if they become graph outputs.
-    "Identity": lambda x: x.view(),
-}
-for _name, _fn in _UNARY.items():
-    register(_name, 1, 1, _unary(_fn))
-for _name, _fn in {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}.items():
-    register(_name, 2, 2, _binary(_fn))
-register("Div", 2, 2, _div)
-register("Pow", 2, 2, lambda node, a, b: np.power(a, b.astype(a.dtype)).astype(a.dtype, copy=False))
-register("Dropout", 1, 3, _dropout)
-register("Max", 1, 1 << 30, _variadic(np.maximum))
-register("Min", 1, 1 << 30, _variadic(np.minimum))
-# onnx.reference sums into a copy of the first input: it fails when a later input is larger.
-register("Sum", 1, 1 << 30, _variadic(np.add))
-register("Mean", 1, 1 << 30, _mean)
-register("Clip", 1, 3, _clip)
-register("LeakyRelu", 1, 1, _leaky_relu)
-register("Gelu", 1, 1, _gelu)
-register("BatchNormalization", 5, 5, _batch_norm)
-register("Softmax", 1, 1, _softmax)
-register("Conv", 2, 3, conv)
-register("MaxPool", 1, 1, max_pool)
-register("AveragePool", 1, 1, average_pool)
-register("GlobalAveragePool", 1, 1, global_average_pool)
-register("Gemm", 2, 3, _gemm)
-register("MatMul", 2, 2, _matmul)
-register("Reshape", 2, 2, _reshape)
-register("Flatten", 1, 1, _flatten)
-register("Transpose", 1, 1, _transpose)
-register("Concat", 1, 1 << 30, _concat)
-register("Squeeze", 1, 2, _squeeze)
-register("Unsqueeze", 1, 2, _unsqueeze)
-register("Cast", 1, 1, _cast)
-register("Constant", 0, 0, _constant)
-register("Shape", 1, 1, _shape)
-register("Gather", 2, 2, _gather)
-register("GatherElements", 2, 2, _gather_elements)
+def pow_(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.power(a, b.astype(a.dtype)).astype(a.dtype, copy=False)
 
-from saturate.interp.quant import QUANT_KERNELS  # noqa: E402  (quant.py imports window, not this module)
 
-for _name, (_lo, _hi, _fn) in QUANT_KERNELS.items():
-    register(_name, _lo, _hi, _fn)
+def relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, np.zeros((), x.dtype))
+
+
+def view(x: np.ndarray) -> np.ndarray:
+    # A view, so the interpreter copies it only if it becomes a graph output.
+    return x.view()

@@ -99,8 +99,8 @@ def foldable(m: Matched) -> bool:
     attributes (no subgraph: no If, Loop or Scan) and tensors only (no sequence or optional
     values), and the interpreter runs it at the model's opset."""
     from saturate.core.ops import spec
-    from saturate.interp.kernels import OP_IMPLS
     from saturate.interp.reference import unsupported_reason
+    from saturate.ops.registry import ops_with
 
     if m.domain not in ("", "ai.onnx") or m.preserved or m.op in NONDETERMINISTIC or m.op in KEPT_QUANTIZED:
         return False
@@ -108,7 +108,7 @@ def foldable(m: Matched) -> bool:
         return False
     if spec(m.op, m.opset) is None:
         return False
-    return unsupported_reason(m.op, m.opset) is None or m.op in OP_IMPLS
+    return unsupported_reason(m.op, m.opset) is None or m.op in ops_with("evaluates")
 
 
 def plausible(op: str, opset: int) -> bool:

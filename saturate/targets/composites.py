@@ -18,13 +18,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from saturate.core.geometry import conv_output_shape
 from saturate.core.ir import ValueInfo
-from saturate.core.ops import ELEMENTWISE, spec
+from saturate.core.ops import newest_opset, spec
+from saturate.frontend.infer import onnx_infer
 from saturate.lang.ast import AttrVar, IntList, Num, OpTerm, Rule, Str, Term, Var
-from saturate.lang.builtins import broadcast_shape
+from saturate.ops import find, infer_type as registry_type, nbytes
 
-COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum"})
 PREFIX = "Composite"
 
 
@@ -100,7 +99,7 @@ def _orders(term: Term, where: dict[int, int]) -> Iterator[Term]:
         arg_lists = [done + (o,) for done in arg_lists for o in options]
     for args in arg_lists:
         yield OpTerm(term.op, args, attrs, term.loc)
-        if term.op in COMMUTATIVE and len(args) == 2 and args[0] != args[1]:
+        if _commutative(term.op) and len(args) == 2 and args[0] != args[1]:
             yield OpTerm(term.op, args[::-1], attrs, term.loc)
 
 
@@ -125,28 +124,25 @@ def interior_types(pattern: OpTerm, attrs: dict[str, Any], inputs: Sequence[Valu
 
 
 def infer_type(op: str, attrs: dict[str, Any], ins: Sequence[ValueInfo | None]) -> ValueInfo:
-    """Output type of one interior op: elementwise ops broadcast, a Conv by its window, and any
-    other op by ONNX's shape inference of that one node."""
+    """Output type of one interior op: its registry entry's, else ONNX's shape inference of that
+    one node."""
     dtype = ins[0].dtype if ins and ins[0] is not None else "float32"
-    shapes = [None if i is None else i.shape for i in ins]
-    if shapes and all(sh is not None for sh in shapes):
-        if op in ELEMENTWISE:
-            out = tuple(shapes[0])
-            for sh in shapes[1:]:
-                out = broadcast_shape(out, tuple(sh)) if out is not None else None
-            if out is not None:
-                return ValueInfo(dtype, tuple(out))
-        if op == "Conv" and len(shapes) > 1 and len(shapes[0]) >= 3 and len(shapes[0]) == len(shapes[1]):
-            out = conv_output_shape(attrs, shapes[0], shapes[1])
-            if out is not None:
-                return ValueInfo(dtype, tuple(out))
+    own = registry_type(op, attrs, ins)
+    if own is not None and own.shape is not None:
+        return own
     key = (op, _attrs_key(attrs),
            tuple(None if i is None else (i.dtype, None if i.shape is None else tuple(i.shape)) for i in ins))
     if key not in _INFERRED:
         if len(_INFERRED) >= 4096:      # a bound, not a policy: one graph's distinct types fit
             _INFERRED.clear()
-        _INFERRED[key] = _onnx_type(op, attrs, ins)
+        known = not any(i is None for i in ins)
+        _INFERRED[key] = onnx_infer(op, attrs, list(ins), {}, 0, newest_opset()) if known else None
     return _INFERRED[key] or ValueInfo(dtype, None)
+
+
+def _commutative(op: str) -> bool:
+    d = find(op)
+    return d is not None and d.commutative
 
 
 def _attrs_key(attrs: dict[str, Any]) -> str:
@@ -158,26 +154,6 @@ def _attrs_key(attrs: dict[str, Any]) -> str:
 # ONNX's inference of one node takes about a millisecond; pricing a graph asks it once per
 # composite node, and a deep chain repeats a few types thousands of times.
 _INFERRED: dict[tuple, ValueInfo | None] = {}
-
-
-def _onnx_type(op: str, attrs: dict[str, Any], ins: Sequence[ValueInfo | None]) -> ValueInfo | None:
-    import onnx
-    from saturate.core.ir import Node
-    from saturate.core.ops import newest_opset
-    from saturate.frontend.onnx_io import node_proto, type_info, type_proto
-
-    if any(i is None or i.dtype == "unknown" for i in ins):
-        return None
-    try:
-        opset = newest_opset()
-        names = [f"i{k}" for k in range(len(ins))]
-        node = node_proto(Node(op, names, ["o"], dict(attrs)), opset)
-        out = onnx.shape_inference.infer_node_outputs(
-            onnx.defs.get_schema(op, opset, ""), node, {n: type_proto(i) for n, i in zip(names, ins)},
-            opset_imports=[onnx.helper.make_opsetid("", opset)])
-    except Exception:  # noqa: BLE001 - what ONNX cannot infer stays unknown
-        return None
-    return type_info(out["o"]) if "o" in out else None
 
 
 def composite_cost(target: Any, pattern: OpTerm, attrs: dict[str, Any], inputs: Sequence[ValueInfo | None],
@@ -200,8 +176,6 @@ def composite_cost(target: Any, pattern: OpTerm, attrs: dict[str, Any], inputs: 
     wins that tie over the separate ops. None (the target cannot run it) when the target cannot
     run one of the pattern's ops.
     """
-    from saturate.targets.target import nbytes
-
     ins_at, out_at = interior_types(pattern, attrs, inputs, output)
     costs = []
     order = positions(pattern)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import functools
-import math
 import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 
@@ -18,6 +16,7 @@ from saturate.core.errors import SaturateError, SourceError
 from saturate.core.inputs import read_regular
 from saturate.core.ir import ValueInfo
 from saturate.lang.ast import AttrVar, IntList, Loc, Num, OpTerm, Str, Term, Var
+from saturate.ops import flops, nbytes, numel
 from saturate.targets.composites import composite_cost, egraph_op
 from saturate.targets.composites import rules as composite_rules
 
@@ -90,50 +89,6 @@ class Target:
 
 
 # ---- shape facts ---------------------------------------------------------------------------
-
-def numel(info: ValueInfo | None) -> int:
-    """Element count; unknown or symbolic dimensions count as 1 (a batch of one)."""
-    if info is None or info.shape is None:
-        return 1
-    return math.prod(d if isinstance(d, int) and d > 0 else 1 for d in info.shape)
-
-
-def nbytes(info: ValueInfo | None) -> int:
-    """Bytes of a value of this type."""
-    try:
-        size = np.dtype(info.dtype).itemsize if info is not None else 4
-    except TypeError:
-        size = 4
-    return numel(info) * size
-
-
-def flops(op: str, attrs: dict[str, Any], input_infos: Sequence[ValueInfo], output_info: ValueInfo) -> int:
-    """Arithmetic operations of one node, from shapes alone."""
-    out = numel(output_info)
-    # The integer forms (QLinearConv's weight is input 3) do the same multiply-adds on 8-bit values.
-    weight = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3}.get(op)
-    if weight is not None and len(input_infos) > weight and input_infos[weight].shape is not None:
-        # Each output element is a dot product over (C_in / group) * kernel window.
-        window = math.prod(d if isinstance(d, int) else 1 for d in input_infos[weight].shape[1:])
-        bias = {"Conv": 2, "QLinearConv": 8}.get(op, len(input_infos))
-        return 2 * out * window + (out if len(input_infos) > bias and input_infos[bias] else 0)
-    if op in ("QLinearMatMul", "MatMulInteger") and input_infos and input_infos[0].shape:
-        k = input_infos[0].shape[-1]
-        return 2 * out * (k if isinstance(k, int) else 1)
-    if op in ("Gemm", "MatMul") and input_infos and input_infos[0].shape:
-        shape = input_infos[0].shape
-        k = shape[0] if op == "Gemm" and attrs.get("transA", 0) else shape[-1]
-        return 2 * out * (k if isinstance(k, int) else 1)
-    if op in ("MaxPool", "AveragePool"):
-        return out * math.prod(attrs.get("kernel_shape") or [1])
-    if op == "GlobalAveragePool":
-        return numel(input_infos[0]) if input_infos else out
-    if op == "BatchNormalization":
-        return 2 * out
-    if op in ("Reshape", "Flatten", "Transpose", "Identity", "Concat", "Constant", "Squeeze", "Unsqueeze"):
-        return 0
-    return out
-
 
 class _Facts:
     """The shape facts a cost formula may read, computed on demand."""

@@ -1,0 +1,69 @@
+"""Op registry, data movement family: reshapes, transposes, concatenation, gathers, casts."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx.helper import tensor_dtype_to_np_dtype
+
+from saturate.core.ir import ValueInfo
+from saturate.core.ops import VARIADIC
+from saturate.interp import kernels as k
+from saturate.ops.cost import no_flops
+from saturate.ops.registry import define
+
+_MOVE = dict(flops=no_flops)
+# Views of their input in C, whose shape and values pass through; they also take integers.
+_VIEW = dict(c="view", int_view=True, empty_safe=True, flops=no_flops)
+
+
+def _concat_shape(attrs: dict, ins: list) -> ValueInfo | None:
+    shapes = [i.shape for i in ins]
+    if len({len(sh) for sh in shapes}) != 1 or not shapes[0]:
+        return None
+    rank = len(shapes[0])
+    axis = int(attrs.get("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank or any(not isinstance(sh[axis], int) for sh in shapes):
+        return None
+    return ValueInfo(ins[0].dtype, (*shapes[0][:axis], sum(sh[axis] for sh in shapes), *shapes[0][axis + 1:]))
+
+
+def _transpose_shape(attrs: dict, ins: list) -> ValueInfo | None:
+    shape = ins[0].shape
+    perm = attrs.get("perm")
+    perm = list(range(len(shape)))[::-1] if perm is None else [int(p) for p in perm]
+    if sorted(perm) != list(range(len(shape))):
+        return None
+    return ValueInfo(ins[0].dtype, tuple(shape[p] for p in perm))
+
+
+def _cast_shape(attrs: dict, ins: list) -> ValueInfo | None:
+    return ValueInfo(np.dtype(tensor_dtype_to_np_dtype(int(attrs["to"]))).name, ins[0].shape)
+
+
+def _cast_like_shape(attrs: dict, ins: list) -> ValueInfo | None:
+    return ValueInfo(ins[1].dtype, ins[0].shape) if len(ins) > 1 else None
+
+
+define("Reshape", shape_arith=True, engine=True, evaluate=k.reshape, arity=(2, 2), param_inputs=True, **_VIEW)
+define("Flatten", engine=True, evaluate=k.flatten, arity=(1, 1), **_VIEW)
+define("Squeeze", shape_arith=True, engine=True, evaluate=k.squeeze, arity=(1, 2), param_inputs=True, **_VIEW)
+define("Unsqueeze", shape_arith=True, engine=True, evaluate=k.unsqueeze, arity=(1, 2), param_inputs=True, **_VIEW)
+define("Cast", shape_arith=True, engine=True, evaluate=k.cast, arity=(1, 1), shape=_cast_shape, c="view",
+       empty_safe=True)
+define("CastLike", shape_arith=True, shape=_cast_like_shape, c="view", empty_safe=True)
+define("Transpose", shape_arith=True, engine=True, evaluate=k.transpose, arity=(1, 1), shape=_transpose_shape,
+       c="kernel", empty_safe=True, **_MOVE)
+define("Concat", shape_arith=True, engine=True, evaluate=k.concat, arity=(1, VARIADIC), shape=_concat_shape,
+       c="kernel", empty_safe=True, **_MOVE)
+define("Expand", shape_arith=True, c="kernel", param_inputs=True, empty_safe=True)
+define("Slice", shape_arith=True, c="kernel", param_inputs=True)
+define("Pad", shape_arith=True, c="kernel", param_inputs=True)
+define("Gather", shape_arith=True, engine=True, evaluate=k.gather, arity=(2, 2), c="kernel", param_inputs=True)
+define("GatherElements", evaluate=k.gather_elements, arity=(2, 2))
+define("Shape", shape_arith=True, engine=True, evaluate=k.shape, arity=(1, 1))
+define("Range", shape_arith=True)
+define("ConstantOfShape", shape_arith=True)
+define("Constant", evaluate=k.constant, arity=(0, 0), **_MOVE)
+define("Split", param_inputs=True)
+define("Resize", c="kernel", param_inputs=True)

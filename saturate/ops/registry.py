@@ -1,0 +1,183 @@
+"""Op registry: one `OpDef` per op, which every stage reads for what the op means.
+
+An entry holds the op's flags (elementwise, commutative, ...), its shape function, its numpy
+kernel, its cost, how `saturate check` draws it and the C backend's hooks. Schema facts of a
+standard op (inputs, attributes, defaults) come from `onnx.defs` (saturate.core.ops); an op of
+another domain states them in its entry. The families (saturate/ops/elementwise.py, ...) define
+the entries and load on the first lookup, so that importing the registry imports no stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+STANDARD_DOMAINS = ("", "ai.onnx")
+# The modules that define entries, one per op family.
+FAMILIES = ("elementwise", "movement", "nn", "linalg", "reduce", "quant", "random")
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """What the project knows of one op beyond its ONNX schema."""
+
+    name: str
+    domain: str = ""
+    # Schema facts of an op outside ONNX's default domain: (min, max) inputs, attribute defaults.
+    inputs: tuple[int, int] | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    # The output is the multidirectional broadcast of the inputs (unary ops: the input's shape).
+    elementwise: bool = False
+    # The first output has the first input's shape and dtype, whatever the other inputs are.
+    same_shape: bool = False
+    # Shape arithmetic (Shape -> Gather -> Concat -> Reshape) carries int64 data as often as
+    # floats: rules over the op see integers too.
+    shape_arith: bool = False
+    # Makes or reads quantized integer tensors: rules over the op see int8/uint8 values.
+    quant: bool = False
+    # The engine encodes the op as a rewritable term even when no rule names it.
+    engine: bool = False
+    # Binary and its two inputs may swap (composite patterns match both orders).
+    commutative: bool = False
+    # Its value is not a function of its inputs: never folded.
+    nondeterministic: bool = False
+    # Output type from the input types and attributes: (attrs, ins) -> ValueInfo | None.
+    shape: Callable[[dict, list], Any] | None = None
+    # Numpy kernel, f(node, *inputs) -> array or tuple; `arity` the (required, most) inputs it takes.
+    evaluate: Callable[..., Any] | None = None
+    arity: tuple[int, int] | None = None
+    # Arithmetic operations of one node: (attrs, ins, out) -> int; None: one per output element.
+    flops: Callable[[dict, list, Any], int] | None = None
+    # How `saturate check` draws the op: "unary", "binary", "variadic", "broadcast", "window".
+    draw: str | None = None
+    # Inputs the op defines on part of the reals only: input index -> "positive" / "nonnegative".
+    domains: dict[int, str] = field(default_factory=dict)
+    # Its drawing rule makes empty tensors soundly.
+    empty_safe: bool = False
+    # How the C backend runs it: "unary" or "binary" (pointwise, `c_expr`), "view" (shares
+    # its input's storage), "kernel" (a kernel of the C library).
+    c: str | None = None
+    # Scalar C expression: (node, args, operand, graph) -> str, `args` the C expressions of the
+    # inputs (the chain value is `v`), `operand(key)` loads a named side input.
+    c_expr: Callable[..., str] | None = None
+    # Vector (8-lane AVX) form of c_expr, same arguments; None when the op has none.
+    c_vec: Callable[..., str | None] | None = None
+    # Inputs after the first are parameters the C emitter reads at compile time.
+    param_inputs: bool = False
+    # A view that also takes integers the C backend holds as floats: keeps its input's dtype.
+    int_view: bool = False
+    # Extra outputs a C kernel may drop when nothing reads them.
+    droppable_outputs: bool = False
+
+    @property
+    def standard(self) -> bool:
+        return self.domain in STANDARD_DOMAINS
+
+
+_DEFS: dict[tuple[str, str], OpDef] = {}
+# Flag or field value -> names of the standard-domain ops that have it, kept up to date by
+# register/unregister so that a set handed out once stays current.
+_INDEX: dict[tuple[str, Any], set[str]] = {}
+_INDEXED = ("elementwise", "same_shape", "shape_arith", "quant", "engine", "commutative",
+            "nondeterministic", "param_inputs", "int_view", "droppable_outputs", "empty_safe")
+_loaded = False
+
+
+def _key(domain: str) -> str:
+    return "" if domain in STANDARD_DOMAINS else domain
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for family in FAMILIES:
+            importlib.import_module(f"saturate.ops.{family}")
+
+
+def _labels(d: OpDef) -> list[tuple[str, Any]]:
+    labels = [(f, True) for f in _INDEXED if getattr(d, f)]
+    labels += [("draw", d.draw), ("c", d.c)] + [("evaluates", True)] * (d.evaluate is not None)
+    return labels
+
+
+def register(d: OpDef) -> OpDef:
+    """Add an op (an op of that name and domain already there is an error: unregister it first)."""
+    if d.evaluate is not None and d.arity is None:
+        raise ValueError(f"op {d.name}: a kernel needs its arity")
+    if not d.standard and d.inputs is None:
+        raise ValueError(f"op {d.domain}::{d.name}: an op outside ONNX states its inputs")
+    key = (_key(d.domain), d.name)
+    if key in _DEFS:
+        raise ValueError(f"op {d.domain + '::' if d.domain else ''}{d.name} is already registered")
+    _DEFS[key] = d
+    for label in _labels(d):
+        _INDEX.setdefault(label, set()).add(d.name)
+    return d
+
+
+def define(name: str, **fields: Any) -> OpDef:
+    """Register the standard-domain op `name` with these fields (the families' shorthand)."""
+    return register(OpDef(name, **fields))
+
+
+def unregister(name: str, domain: str = "") -> OpDef:
+    """Remove an op; returns its entry."""
+    d = _DEFS.pop((_key(domain), name))
+    others = {x.name for (dom, _), x in _DEFS.items() if x.name == name}
+    for label in _labels(d):
+        if name not in others:
+            _INDEX.get(label, set()).discard(name)
+    return d
+
+
+@contextlib.contextmanager
+def registered(*defs: OpDef) -> Iterator[tuple[OpDef, ...]]:
+    """Register ops for the length of a `with` block (tests, experiments)."""
+    _load()
+    done = []
+    try:
+        for d in defs:
+            done.append(register(d))
+        yield tuple(done)
+    finally:
+        for d in reversed(done):
+            unregister(d.name, d.domain)
+
+
+def lookup(op: str, domain: str = "") -> OpDef | None:
+    """The entry of an op, or None when the project knows nothing of it beyond ONNX's schema."""
+    _load()
+    return _DEFS.get((_key(domain), op))
+
+
+def entries() -> list[OpDef]:
+    """Every registered op."""
+    _load()
+    return list(_DEFS.values())
+
+
+def ops_with(flag: str, value: Any = True) -> set[str]:
+    """Names of the ops whose `flag` is `value`: a live set, current after later registrations."""
+    _load()
+    return _INDEX.setdefault((flag, value), set())
+
+
+def find(op: str) -> OpDef | None:
+    """The entry rules mean by the op name `op`: the default domain's, else another domain's."""
+    _load()
+    d = _DEFS.get(("", op))
+    if d is None:
+        d = next((x for (domain, name), x in _DEFS.items() if name == op), None)
+    return d
+
+
+def domain_of(op: str) -> str:
+    """The domain of a registered op outside ONNX's default one, "" for every other op."""
+    _load()
+    for (domain, name), d in _DEFS.items():
+        if name == op and domain:
+            return domain
+    return ""

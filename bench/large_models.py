@@ -8,7 +8,10 @@ bias Add and Relu (float32, 3.2 GB at the defaults), and (2) a float16 decoder-s
 defaults), each built block by block without holding it in memory. Then runs, each in its own
 process, the tools interleaved: `cp` of the model and its data file, `cp` then `sync` of the
 copies (saturate syncs what it writes), `saturate optimize --check 0` (onnxsim's command checks
-nothing either) and `onnxsim`; prints medians of wall time and peak RSS (/usr/bin/time's). The
+nothing either), `saturate optimize --check 1` (its default: the result against the input in ONNX
+Runtime on one random input) and `onnxsim`; prints medians of wall time and peak RSS
+(/usr/bin/time's: it counts the pages of mapped files the process touched, which the system can
+drop at any time, as well as its own memory). The
 decoder runs once, as it takes most of the machine's disk, and without onnxsim when the memory
 available is under 2.5 times its weights (the machine may be shared).
 """
@@ -190,6 +193,8 @@ def _tools(model: Path, out: Path) -> dict[str, list[list[str]]]:
                       ["sync", str(out / model.name), str(out / data.name)]],
         "saturate": [[sys.executable, "-m", "saturate", "optimize", str(model), "-o", str(out / "sat.onnx"),
                       "--check", "0", "--quiet", "--report", str(out / "report.json")]],
+        "sat --check": [[sys.executable, "-m", "saturate", "optimize", str(model), "-o", str(out / "sat.onnx"),
+                         "--check", "1", "--quiet"]],
         "onnxsim": [["onnxsim", str(model), str(out / "sim.onnx"), "--save-as-external-data"]],
     }
 
@@ -238,6 +243,7 @@ def print_table(name: str, model: Path, results: dict, runs: int, stages: dict |
     if stages:
         print("  saturate's stages, median s: "
               + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in stages.items()))
+    print(f"  load average after the runs: {os.getloadavg()[0]:.1f}")
     sat, sim = results.get("saturate"), results.get("onnxsim")
     if sat and sim and sim[0]:
         print(f"  saturate / onnxsim: {sat[0] / sim[0]:.2f}x time, {sat[1] / max(sim[1], 1):.2f}x peak RSS")
@@ -264,9 +270,9 @@ def main() -> int:
     parser.add_argument("--skip-onnxsim", action="store_true")
     parser.add_argument("--dir", default=None, help="where to build the models (default: a temp dir)")
     args = parser.parse_args()
-    tools = ["cp", "cp + sync", "saturate"] + ([] if args.skip_onnxsim or not shutil.which("onnxsim") else ["onnxsim"])
+    tools = ["cp", "cp + sync", "saturate", "sat --check"] + ([] if args.skip_onnxsim or not shutil.which("onnxsim") else ["onnxsim"])
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} "
-          f"GiB RAM; saturate optimize --check 0")
+          f"GiB RAM; load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="large-models-", dir=args.dir) as tmp:
         folder = Path(tmp)
         start = time.perf_counter()

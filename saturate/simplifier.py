@@ -312,6 +312,8 @@ def _session(graph: Graph, model: bytes | None = None):
     opts.intra_op_num_threads = opts.inter_op_num_threads = 1
     # Prepacking copies every MatMul's weight into ONNX Runtime's layout: the model twice over.
     opts.add_session_config_entry("session.disable_prepacking", "1")
+    # An arena keeps the largest buffers a run needed (a float16 weight cast to float32) to the end.
+    opts.enable_cpu_mem_arena = True
     arrays: list = []
     feed: dict[str, np.ndarray] = {}
     if model is None:

@@ -23,6 +23,7 @@ from saturate.lang.ast import Num, OpTerm, Rule, Term, Var
 from saturate.lang import fold
 from saturate.lang.variadic import instantiate, is_variadic, list_vars
 from saturate.core.ops import op_table
+from saturate.ops.registry import domain_of
 from saturate.check.compiled import RightSideError, build_rhs, compiled, decide_example, directions
 from saturate.check.examples import Example, rule_examples
 
@@ -117,7 +118,7 @@ def build_graph(term: Term, ex: Example) -> Graph:
         attrs = {k: v for k, v in ex.node_attrs.get(path, {}).items() if v is not None}
         counter[0] += 1
         out = f"t{counter[0]}"
-        g.nodes.append(Node(t.op, inputs, [out], attrs, name=f"{t.op}{list(path)}"))
+        g.nodes.append(Node(t.op, inputs, [out], attrs, name=f"{t.op}{list(path)}", domain=domain_of(t.op)))
         return out
 
     root = visit(term, ())

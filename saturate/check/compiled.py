@@ -23,6 +23,7 @@ from saturate.engine.encode import Encoding
 from saturate.engine.facts import FAILED, evaluate_fn
 from saturate.engine.guards import decide
 from saturate.lang.ast import OpTerm, Rule, Term
+from saturate.ops.registry import domain_of
 
 # Attribute defaults are read at the opset the checker's graphs carry.
 OPSET = Graph().opset
@@ -209,7 +210,7 @@ def build_rhs(side: CompiledSide, decision: tuple[list[dict], list[Any]], values
             op = t[0][3:].rsplit("_", 1)[0]
             inputs = [visit(a) for a in t[2:]]
             out = fresh("t")
-            g.nodes.append(Node(op, inputs, [out], attrs_of(t[1]), name=f"{op}{counter[0]}"))
+            g.nodes.append(Node(op, inputs, [out], attrs_of(t[1]), name=f"{op}{counter[0]}", domain=domain_of(op)))
             return out
         v = value(t)
         return constant(np.asarray(v) if not isinstance(v, tuple) else np.asarray(v, np.int64))

@@ -30,7 +30,7 @@ from saturate.lang.ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, T
 from saturate.check.quant_planner import QuantPlanning
 from saturate.check.schema import (BASE_OPSET, DTYPE_WEIGHTS, FLOATS, attribute_drawer, draw_dtype,
                                    dtype_of_tensor_type, input_slot, schema, slot_types, tensor_type)
-from saturate.ops.registry import find, ops_with
+from saturate.ops.registry import domain_of, find, ops_with
 from saturate.check.strategies import (MAX_RANK, MAX_SIDE, conv_cases, conv_cases_over, conv_geometry,
                                        draw_broadcastable, draw_factorization, draw_per_axis, numel)
 
@@ -934,7 +934,7 @@ class Planner(QuantPlanning):
             dtype = self.dtypes.get(a.name) if isinstance(a, Var) else self.node_dtypes.get(path + (k,))
             args.append(np.zeros(shapes[k], dtype or "float32"))
         node = Node(t.op, [f"in{k}" for k in range(len(args))], ["out"],
-                    {key: v for key, v in attrs.items() if v is not None}, name=t.op)
+                    {key: v for key, v in attrs.items() if v is not None}, name=t.op, domain=domain_of(t.op))
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # numpy's "mean of empty slice" and the like

@@ -10,6 +10,7 @@ from saturate.engine.egraph import ENode
 from saturate.core.errors import SaturateError
 from saturate.engine.facts import Facts
 from saturate.core.ir import Graph, Node
+from saturate.ops.registry import domain_of
 
 
 def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: dict[str, str] | None = None) -> Graph:
@@ -120,7 +121,7 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
         op, attrs = enc.attr_sets[node.key]
         name = name_for(cls)
         outputs = [name] + [fresh(f"{name}_{extra}") for extra in unread_outputs(op, attrs)]
-        out.nodes.append(Node(op, ins, outputs, dict(attrs), name=node_name(cls, name), domain=domains.get(op, "")))
+        out.nodes.append(Node(op, ins, outputs, dict(attrs), name=node_name(cls, name), domain=domains.get(op) or domain_of(op)))
         if name in invented_names:
             invented.append(out.nodes[-1])
         out.values[name] = facts.info(cls)

@@ -80,6 +80,8 @@ _DEFS: dict[tuple[str, str], OpDef] = {}
 # Flag or field value -> names of the standard-domain ops that have it, kept up to date by
 # register/unregister so that a set handed out once stays current.
 _INDEX: dict[tuple[str, Any], set[str]] = {}
+# Op name -> its domain, for the ops outside ONNX's default one.
+_OTHER_DOMAIN: dict[str, str] = {}
 _INDEXED = ("elementwise", "same_shape", "shape_arith", "quant", "engine", "commutative",
             "nondeterministic", "param_inputs", "int_view", "droppable_outputs", "empty_safe")
 _loaded = False
@@ -113,6 +115,8 @@ def register(d: OpDef) -> OpDef:
     if key in _DEFS:
         raise ValueError(f"op {d.domain + '::' if d.domain else ''}{d.name} is already registered")
     _DEFS[key] = d
+    if not d.standard:
+        _OTHER_DOMAIN.setdefault(d.name, d.domain)
     for label in _labels(d):
         _INDEX.setdefault(label, set()).add(d.name)
     return d
@@ -126,9 +130,11 @@ def define(name: str, **fields: Any) -> OpDef:
 def unregister(name: str, domain: str = "") -> OpDef:
     """Remove an op; returns its entry."""
     d = _DEFS.pop((_key(domain), name))
-    others = {x.name for (dom, _), x in _DEFS.items() if x.name == name}
-    for label in _labels(d):
-        if name not in others:
+    if _OTHER_DOMAIN.get(name) == d.domain:
+        del _OTHER_DOMAIN[name]
+        _OTHER_DOMAIN.update((x.name, x.domain) for x in _DEFS.values() if x.name == name and not x.standard)
+    if not any(x.name == name for x in _DEFS.values()):
+        for label in _labels(d):
             _INDEX.get(label, set()).discard(name)
     return d
 
@@ -169,15 +175,12 @@ def find(op: str) -> OpDef | None:
     """The entry rules mean by the op name `op`: the default domain's, else another domain's."""
     _load()
     d = _DEFS.get(("", op))
-    if d is None:
-        d = next((x for (domain, name), x in _DEFS.items() if name == op), None)
+    if d is None and op in _OTHER_DOMAIN:
+        d = _DEFS.get((_OTHER_DOMAIN[op], op))
     return d
 
 
 def domain_of(op: str) -> str:
     """The domain of a registered op outside ONNX's default one, "" for every other op."""
     _load()
-    for (domain, name), d in _DEFS.items():
-        if name == op and domain:
-            return domain
-    return ""
+    return "" if ("", op) in _DEFS else _OTHER_DOMAIN.get(op, "")

@@ -1,0 +1,142 @@
+"""Tests for the op registry (saturate.ops): its entries agree with the stages that read them,
+and a toy op added as one entry is rewritten to, checked, optimized, interpreted and compiled."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx.defs
+import pytest
+
+from saturate.core.ir import Graph, Node, ValueInfo
+from saturate.core.ops import op_table, spec
+from saturate.interp.interpreter import run_graph
+from saturate.ops import OpDef, entries, find, flops, infer_type, lookup, numel, ops_with, registered
+
+TOY = "ai.saturate.toy"
+CUBE_RULE = "ruleset toy level 1\nrule cube Mul(x, Mul(x, x)) => Cube(x)\n"
+
+
+def cube(evaluate=lambda node, x: x * x * x) -> OpDef:
+    """The toy op: x cubed, elementwise, in a domain of its own."""
+    return OpDef("Cube", domain=TOY, inputs=(1, 1), elementwise=True,
+                 evaluate=evaluate, arity=(1, 1),
+                 flops=lambda attrs, ins, out: 2 * numel(out),
+                 draw="unary", c="unary",
+                 c_expr=lambda node, args, operand, graph: f"{args[0]} * {args[0]} * {args[0]}")
+
+
+def cube_graph() -> Graph:
+    return Graph(inputs=["x"], outputs=["y"], values={"x": ValueInfo("float32", (2, 8)), "y": ValueInfo("float32", (2, 8))},
+                 nodes=[Node("Mul", ["x", "x"], ["sq"], name="square"), Node("Mul", ["x", "sq"], ["y"], name="cube")])
+
+
+def feed() -> dict[str, np.ndarray]:
+    return {"x": np.linspace(-2, 2, 16, dtype=np.float32).reshape(2, 8)}
+
+
+@pytest.fixture
+def rules_file(tmp_path):
+    path = tmp_path / "toy.rules"
+    path.write_text(CUBE_RULE)
+    return path
+
+
+# ---- the entries --------------------------------------------------------------------------
+
+def test_every_standard_entry_names_an_onnx_op():
+    onnx_ops = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain in ("", "ai.onnx")}
+    assert {d.name for d in entries() if d.standard} <= onnx_ops
+
+
+def test_kernel_arity_lies_within_the_schema():
+    for d in entries():
+        if d.evaluate is None or not d.standard:
+            continue
+        s = op_table()[d.name]
+        assert s.min_inputs <= d.arity[0] and d.arity[1] <= s.max_inputs, d.name
+
+
+def test_flags_reach_the_schema_facts():
+    assert spec("Add").elementwise and spec("Add").any_dtype
+    assert not spec("Conv").elementwise
+    assert "Add" in ops_with("commutative") and "Sub" not in ops_with("commutative")
+
+
+def test_shape_and_cost_come_from_the_entry():
+    x, w = ValueInfo("float32", (1, 3, 8, 8)), ValueInfo("float32", (4, 3, 3, 3))
+    out = infer_type("Conv", {"pads": [1, 1, 1, 1]}, [x, w])
+    assert out == ValueInfo("float32", (1, 4, 8, 8))
+    assert flops("Conv", {}, [x, w], out) == 2 * numel(out) * 27
+    assert flops("Reshape", {}, [x], x) == 0
+    assert infer_type("Add", {}, [ValueInfo("float32", (2, 1)), ValueInfo("float32", (3,))]).shape == (2, 3)
+    assert infer_type("NoSuchOp", {}, [x]) is None
+
+
+def test_registration_is_undone_after_the_block():
+    with registered(cube()) as (entry,):
+        assert lookup("Cube", TOY) is entry and find("Cube") is entry
+        assert spec("Cube", domain=TOY).elementwise
+        assert "Cube" in op_table() and "Cube" in ops_with("c", "unary")
+    assert lookup("Cube", TOY) is None and "Cube" not in op_table() and "Cube" not in ops_with("c", "unary")
+
+
+def test_a_second_entry_for_one_op_is_refused():
+    with registered(cube()):
+        with pytest.raises(ValueError, match="already registered"):
+            with registered(cube()):
+                pass
+    assert lookup("Cube", TOY) is None
+
+
+def test_an_op_outside_onnx_states_its_inputs():
+    with pytest.raises(ValueError, match="states its inputs"):
+        with registered(OpDef("Cube", domain=TOY)):
+            pass
+
+
+# ---- a toy op through every stage --------------------------------------------------------
+
+def test_rule_rewrites_to_the_toy_op_and_the_interpreter_runs_it(rules_file):
+    from saturate.pipeline import optimize
+
+    with registered(cube()):
+        out, report = optimize(cube_graph(), rules=[rules_file])
+        assert [(n.op, n.domain) for n in out.nodes] == [("Cube", TOY)]
+        assert report.run.matches["cube"] >= 1
+        got = run_graph(out, feed())["y"]
+    x = feed()["x"]
+    np.testing.assert_allclose(got, x * x * x, rtol=1e-6)
+
+
+def test_check_passes_the_rule_and_catches_a_wrong_kernel(rules_file):
+    from saturate.check import check_rules
+    from saturate.lang.parser import load_rules
+
+    with registered(cube()):
+        [ok] = check_rules(load_rules([str(rules_file)]), examples=30, seed=1, jobs=1)
+    assert ok.status == "PASS", ok
+    with registered(cube(evaluate=lambda node, x: x * x)):
+        [bad] = check_rules(load_rules([str(rules_file)]), examples=30, seed=1, jobs=1)
+    assert bad.status == "FAIL", bad
+
+
+def test_rules_without_the_entry_do_not_know_the_op(rules_file):
+    from saturate.core.errors import SaturateError
+    from saturate.lang.parser import load_rules
+
+    with pytest.raises(SaturateError, match="unknown op 'Cube'"):
+        load_rules([str(rules_file)])
+
+
+@pytest.mark.compiler
+def test_the_c_backend_compiles_the_toy_op(rules_file):
+    from saturate import compile_graph
+    from saturate.pipeline import optimize
+
+    with registered(cube()):
+        out, _ = optimize(cube_graph(), rules=[rules_file])
+        model = compile_graph(out)
+        assert [p.kind for p in model.partition.pieces] == ["c"]
+        got = model(feed())["y"]
+    x = feed()["x"]
+    np.testing.assert_allclose(got, x * x * x, rtol=1e-6)

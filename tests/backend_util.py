@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from saturate.core.ir import Graph, Node, ValueInfo
@@ -73,3 +75,19 @@ def corpus_reference(name: str):
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
     optimized, _ = saturate.optimize(import_model(model))
     return feeds, want, optimized
+
+
+def own_cache(tmp_path: Path) -> Path:
+    """A cache folder of the test's own, holding the run's shared binding object and kernel library (linked by
+    every build; compiling them takes seconds), so what the test leaves in the cache is its own."""
+    import shutil
+
+    from saturate.backend.build import binding_object, kernel_library
+
+    obj, lib = binding_object(), kernel_library()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for path in (obj, obj.with_suffix(".sha256"), lib, lib.with_suffix(".sha256")):
+        if path.exists():
+            shutil.copyfile(path, cache / path.name)
+    return cache

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend_util import feed_for, make, rel_error
+from backend_util import feed_for, make, own_cache, rel_error
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Node
 
@@ -362,12 +362,13 @@ def test_builds_are_warning_free_and_keyed_by_compiler_flags_and_cpu(monkeypatch
 def test_a_failed_build_names_the_source_it_keeps_and_leaves_no_partial_build(tmp_path, monkeypatch):
     from saturate.backend import build
 
-    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path))
+    cache = own_cache(tmp_path)
+    monkeypatch.setenv("SATURATE_CACHE", str(cache))
     with pytest.raises(SaturateError, match=r"C compiler failed on .*failed-\w+\.c: failed-\w+\.c:1:\d+: error: .*nope") as err:
         build.build("int f(void) { return nope; }\n", b"", "")
     kept = Path(str(err.value).split(" on ")[1].split(": ")[0])
     assert "return nope" in kept.read_text()
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("binding-")) == [kept.name]
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(("binding-", "libsat-"))) == [kept.name]
 
 
 def _fake_build(root: Path, name: str, megabytes: float, used: float) -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend_util import make, rel_error
+from backend_util import make, own_cache, rel_error
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Node
 from test_backend_binding import readme_block
@@ -150,7 +150,7 @@ def test_builds_share_one_cached_openblas_and_an_output_directory_holds_its_own(
     from saturate.backend import build as b
 
     # A cache of its own: the run's shared cache gains other tests' builds meanwhile.
-    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SATURATE_CACHE", str(own_cache(tmp_path)))
 
     def cached() -> set[Path]:
         return {p for p in b.cache_root().iterdir() if (p / "build.key").is_file()} if b.cache_root().is_dir() else set()

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from backend_util import TOL, feed_for, make, rel_error
+from backend_util import TOL, feed_for, make, own_cache, rel_error
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Node
 
@@ -155,22 +155,6 @@ def corrupt(path: Path, how: str) -> None:
         facts = json.loads(data)
         del facts["files"]
         path.write_text(json.dumps(facts))
-
-
-def own_cache(tmp_path: Path) -> Path:
-    """A cache folder of the test's own, holding the run's shared binding object (linked by every build;
-    compiling it takes seconds), so what the test leaves in the cache is its own."""
-    import shutil
-
-    from saturate.backend.build import binding_object
-
-    obj = binding_object()
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    for path in (obj, obj.with_suffix(".sha256")):
-        if path.exists():
-            shutil.copyfile(path, cache / path.name)
-    return cache
 
 
 def expected(graph, feed):

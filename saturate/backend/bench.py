@@ -88,7 +88,8 @@ def peak_gflops() -> float:
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = Path(tmp) / "probe.c", Path(tmp) / "probe"
         src.write_text(PROBE_SOURCE)
-        cmd = [cc, *flags, f"-I{build.KERNELS_DIR}", f"-I{inc}", str(src), "-o", str(exe), f"-L{libdir}", f"-l{lib}",
+        cmd = [cc, *flags, f"-I{build.KERNELS_DIR}", f"-I{inc}", str(src), str(build.kernel_library()), "-o", str(exe),
+               f"-L{libdir}", f"-l{lib}",
                f"-Wl,-rpath,{libdir}", "-lm"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

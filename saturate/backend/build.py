@@ -195,6 +195,61 @@ def compile_command(source: Path, target: Path, sanitize: bool = False, profile:
             "-o", str(target)]
 
 
+# The kernels' bodies (the .c beside their headers), compiled into one static archive per compiler, flags and
+# instruction set (library_key) and linked into every model: a model's compile is its own glue and the
+# work-item templates its epilogues are inlined into. SAT_LIBRARY leaves out what each model defines itself.
+LIBRARY_SOURCES = ("dconv.c", "gemm.c", "kernels.c", "pgemm.c", "pool.c", "qgemm.c", "sat_heap.c", "tensor.c", "vec.c",
+                   "wino.c")
+
+
+def library_flags(sanitize: bool = False) -> list[str]:
+    """Flags compiling the kernel library's sources: a model's, at -O3, with nothing exported."""
+    return [*compile_flags(sanitize), "-fvisibility=hidden", "-DSAT_LIBRARY"]
+
+
+def library_key(sanitize: bool = False) -> str:
+    """The hash naming a kernel library: its sources and headers, the compiler and its version, the flags, the
+    CPU's features (-march=native) and the OpenBLAS whose cblas.h it includes."""
+    h = hashlib.sha256()
+    for path in sorted([*KERNELS_DIR.glob("*.h"), *(KERNELS_DIR / name for name in LIBRARY_SOURCES)]):
+        h.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    inc, _, _ = openblas()
+    facts = [" ".join(library_flags(sanitize)), compiler_version(compiler()), cpu_features(), openblas_digest(), inc]
+    h.update("\n".join(facts).encode())
+    return h.hexdigest()[:24]
+
+
+# Library objects compiled at once: the sources take seconds each, and a machine's cores share them.
+LIBRARY_JOBS = max(1, min(len(LIBRARY_SOURCES), os.cpu_count() or 1))
+
+
+def kernel_library(sanitize: bool = False) -> Path:
+    """The kernel library (libsat-KEY.a in the cache), built on first use. Used only when it matches the
+    sha256 recorded beside it (libsat-KEY.sha256, written after it); anything else is built again."""
+    target = cache_root() / f"libsat-{library_key(sanitize)}.a"
+    stamp = target.with_suffix(".sha256")
+    try:
+        if regular_file(target) and regular_file(stamp) and stamp.read_text().strip() == file_digest(target):
+            return target
+    except (OSError, ValueError):
+        pass
+    if os.path.lexists(target):
+        print(f"saturate: cache entry {target.name} did not match its digest; rebuilding", file=sys.stderr)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    inc, _, _ = openblas()
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".libsat.") as tmp:
+        objects = [Path(tmp) / (name[:-2] + ".o") for name in LIBRARY_SOURCES]
+        _run_all([([compiler(), *library_flags(sanitize), f"-I{KERNELS_DIR}", f"-I{inc}", "-c", str(KERNELS_DIR / name),
+                    "-o", str(obj)], f"C compiler failed on the kernel library's {name}")
+                  for name, obj in zip(LIBRARY_SOURCES, objects)], Path(tmp))
+        archive = Path(tmp) / "libsat.a"
+        _run(["ar", "rcs", str(archive), *map(str, objects)], "ar failed on the kernel library", Path(tmp))
+        (Path(tmp) / "libsat.sha256").write_text(file_digest(archive) + "\n")
+        os.replace(archive, target)
+        os.replace(Path(tmp) / "libsat.sha256", stamp)
+    return target
+
+
 def link_command(objects: list[Path], target: Path, sanitize: bool = False) -> list[str]:
     """The command linking objects into a shared library against OpenBLAS. -Bsymbolic binds the model's
     own calls inside it, so a library loaded earlier that exports the same sat_* names never intercepts them;
@@ -340,7 +395,8 @@ def build_key(source: str, weights: bytes, sanitize: bool = False, profile: bool
     large = source.count("SAT_TOC(") > LARGE_STEPS
     flags = " ".join(compile_command(Path("model.c"), Path("model.o"), sanitize, profile, large)
                      + link_command([Path("model.o")], Path("model.so"), sanitize))
-    facts = "\n".join([flags, compiler_version(compiler()), cpu_features(), EXTENSION, binding_key(), openblas_digest()])
+    facts = "\n".join([flags, compiler_version(compiler()), cpu_features(), EXTENSION, binding_key(), openblas_digest(),
+                       library_key(sanitize)])
     h = hashlib.sha256()
     for part in (source.encode(), kernels, weights, facts.encode()):
         h.update(hashlib.sha256(part).digest())
@@ -461,6 +517,34 @@ def _run(cmd: list[str], what: str, tmpdir: Path | None = None) -> None:
         lines = [line for line in (stderr + stdout).strip().splitlines() if line.strip()]
         first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "(no output)")
         raise SaturateError(f"{what}: {first.strip()}")
+
+
+def _run_all(steps: list[tuple[list[str], str]], tmpdir: Path) -> None:
+    """Run compiler steps (command, what) LIBRARY_JOBS at a time, as _run does one; the first failure is one line
+    naming its `what`, after every step started has ended."""
+    env = dict(os.environ, TMPDIR=str(tmpdir))
+    pending, running, failure = list(steps), [], None
+    try:
+        while pending or running:
+            while pending and len(running) < LIBRARY_JOBS and failure is None:
+                cmd, what = pending.pop(0)
+                running.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                 env=env, start_new_session=True), what))
+            if not running:
+                break
+            proc, what = running[0]
+            output, _ = proc.communicate()
+            running.pop(0)
+            if proc.returncode != 0 and failure is None:
+                lines = [line for line in output.strip().splitlines() if line.strip()]
+                first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "(no output)")
+                failure = f"{what}: {first.strip()}"
+    except BaseException:
+        for proc, _ in running:
+            _end_group(proc)
+        raise
+    if failure is not None:
+        raise SaturateError(failure)
 
 
 def _end_group(proc: subprocess.Popen) -> None:
@@ -610,6 +694,7 @@ def _build_into(root: Path, key: str, source: str, weights: bytes, header: str, 
     """Build `key` in a staging directory of `root` and rename it to root/key (replacing what is there)."""
     target = root / key
     binding = binding_object()
+    library = kernel_library(sanitize)
     stage = Path(tempfile.mkdtemp(dir=root, prefix=f".{key}."))
     try:
         for name, data in (("model.c", source.encode()), ("model.h", header.encode()), ("weights.bin", weights)):
@@ -623,8 +708,9 @@ def _build_into(root: Path, key: str, source: str, weights: bytes, header: str, 
             os.replace(stage / "model.c", kept)
             first = str(err).removeprefix("C compiler failed: ").replace(str(stage / "model.c"), kept.name)
             raise SaturateError(f"C compiler failed on {kept}: {first}") from None
-        _run(link_command([obj], stage / "model.so", sanitize), f"linking {target / 'model.so'} failed", stage)
-        _run(link_command([binding, obj], stage / EXTENSION, sanitize), f"linking {target / EXTENSION} failed", stage)
+        _run(link_command([obj, library], stage / "model.so", sanitize), f"linking {target / 'model.so'} failed", stage)
+        _run(link_command([binding, obj, library], stage / EXTENSION, sanitize), f"linking {target / EXTENSION} failed",
+             stage)
         obj.unlink()
         blas = place_openblas(stage / BLAS_FILE)
         (stage / "build.key").write_text(key)

@@ -174,8 +174,8 @@ static inline __attribute__((always_inline)) void sat_dconv_tile(int rows, int K
 
 /* Rows a tile runs for `mr` pixels: all of a full panel's `R`, else the next of 1, 2, 4, 7. */
 static inline int sat_dconv_run_rows(int mr, int R) { return mr == R ? R : mr <= 1 ? 1 : mr <= 2 ? 2 : mr <= 4 ? 4 : 7; }
-static float sat_dconv_acc[SAT_MAX_THREADS][SAT_DCHUNK * 256] __attribute__((aligned(64)));
-static float sat_dconv_stage[SAT_MAX_THREADS][32 * 16] __attribute__((aligned(64)));
+extern float sat_dconv_acc[SAT_MAX_THREADS][SAT_DCHUNK * 256] __attribute__((aligned(64)));
+extern float sat_dconv_stage[SAT_MAX_THREADS][32 * 16] __attribute__((aligned(64)));
 
 /* Output planes whose size is a multiple of 2 KB (a 224x224 map's is 196 KB) start at addresses equal modulo
  * 4 KB, so a tile's 32 channel stores all fall in one or two sets of L1 (12 ways): each line, written half
@@ -256,21 +256,7 @@ typedef struct {
     int H, W, Hq, Wp, ph, pw;
 } sat_dconv_pad_args;
 
-static void sat_pad_plane(void *ctx, int64_t c, int tid) {
-    const sat_dconv_pad_args *a = ctx;
-    const int H = a->H, W = a->W, Hq = a->Hq, Wp = a->Wp, ph = a->ph, pw = a->pw;
-    (void)tid;
-    const int len = W + pw <= Wp ? W : (Wp > pw ? Wp - pw : 0), rend = ph + H < Hq ? ph + H : Hq;
-    float *pc = a->xpad + c * Hq * Wp;
-    memset(pc, 0, sizeof(float) * (size_t)(ph < Hq ? ph : Hq) * Wp);
-    for (int r = ph; r < rend; r++) {
-        float *d = pc + (int64_t)r * Wp;
-        memset(d, 0, sizeof(float) * (size_t)(pw < Wp ? pw : Wp));
-        memcpy(d + pw, a->x + (c * H + r - ph) * W, sizeof(float) * (size_t)len);
-        memset(d + pw + len, 0, sizeof(float) * (size_t)(Wp - pw - len > 0 ? Wp - pw - len : 0));
-    }
-    if (rend < Hq) memset(pc + (int64_t)rend * Wp, 0, sizeof(float) * (size_t)(Hq - rend) * Wp);
-}
+void sat_pad_plane(void *ctx, int64_t c, int tid);
 
 /* The pixels a strided 1x1 conv reads, one channel, gathered into a dense OH x OW plane (zero where a pad
  * falls): the tiles then run it at unit stride. In place, a stride-2 conv's reduction block of 256 channels
@@ -283,27 +269,7 @@ typedef struct {
     int H, W, OH, OW, sh, sw, ph, pw;
 } sat_dconv_gather_args;
 
-static void sat_gather_plane(void *ctx, int64_t c, int tid) {
-    const sat_dconv_gather_args *a = ctx;
-    (void)tid;
-    const float *xc = a->x + c * a->H * a->W;
-    float *d = a->xs + c * a->OH * a->OW;
-    if (a->ph == 0 && a->pw == 0 && (a->OH - 1) * a->sh < a->H && (a->OW - 1) * a->sw < a->W) {
-        for (int oh = 0; oh < a->OH; oh++) {
-            const float *row = xc + oh * a->sh * a->W;
-            for (int ow = 0; ow < a->OW; ow++) d[ow] = row[ow * a->sw];
-            d += a->OW;
-        }
-        return;
-    }
-    for (int oh = 0; oh < a->OH; oh++) {
-        const int ih = oh * a->sh - a->ph;
-        for (int ow = 0; ow < a->OW; ow++) {
-            const int iw = ow * a->sw - a->pw;
-            *d++ = ih >= 0 && ih < a->H && iw >= 0 && iw < a->W ? xc[ih * a->W + iw] : 0.0f;
-        }
-    }
-}
+void sat_gather_plane(void *ctx, int64_t c, int tid);
 
 /* Pixels per kernel tile: 7 when its panels run fewer rows in all than 8-row panels would (8 on a tie:
  * the wider tile loads each weight vector for more rows). */
@@ -313,61 +279,9 @@ static inline int sat_dconv_rows(int64_t P) {
     return by7 < by8 ? 7 : 8;
 }
 
-/* Grouped 2-D convolution by direct tiles; `scratch` holds the padded input and the offset table
- * (sat_dconv_scratch floats); `unit` is the emitter's instantiation of sat_dconv_unit. */
-static void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y, float *scratch, int N,
+void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y, float *scratch, int N,
                             int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
-                            int pw, int dh, int dw, int G, sat_epi epi, sat_body unit) {
-    const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
-    /* A strided 1x1 conv onto a small map runs on its gathered pixels (sat_gather_plane) at unit stride.
-     * ResNet-50's downsampling convs at 1 thread: onto 3x3 maps 0.41 -> 0.37 ms, 6x6 0.235 -> 0.225; onto
-     * 12x12 the copy costs more than it saves (0.165 -> 0.177: in place or not, a block's input is in L2). */
-    const int gather = KH == 1 && KW == 1 && (sh > 1 || sw > 1) && (int64_t)OH * OW <= SAT_GATHER_MAXP;
-    const int Hp = (OH - 1) * sh + (KH - 1) * dh + 1, Wq = (OW - 1) * sw + (KW - 1) * dw + 1;
-    /* Without pads the input is read in place (pitch W); else copied into a zero-padded plane. */
-    const int inplace = !gather && ph == 0 && pw == 0 && Hp <= H && Wq <= W;
-    const int Wp = gather ? OW : inplace ? W : Wq, Hq = gather ? OH : inplace ? H : Hp;
-    const int xsh = gather ? 1 : sh, xsw = gather ? 1 : sw;
-    int32_t *koff = (int32_t *)scratch;
-    float *xpad = scratch + (K + 15) / 16 * 16;
-    for (int k = 0; k < K; k++) {
-        const int c = k / (KH * KW), kh = (k / KW) % KH, kw = k % KW;
-        koff[k] = (int32_t)((int64_t)c * Hq * Wp + kh * dh * Wp + kw * dw);
-    }
-    const int64_t P = (int64_t)OH * OW;
-    const int R = sat_dconv_rows(P);
-    const int panels = (int)((P + R - 1) / R), jpanels = (Mg + 31) / 32;
-    /* A unit is a run of panels (about 256 pixels, so its input rows stay in cache) over one weight
-     * panel; smaller runs when there are too few units to share between threads. */
-    int chunk = (256 + R - 1) / R;
-    const int want = 4 * sat_threads;
-    if (sat_threads > 1 && (int64_t)((panels + chunk - 1) / chunk) * jpanels < want) {
-        const int per = (want + jpanels - 1) / jpanels;
-        chunk = (panels + per - 1) / per;
-    }
-    if (chunk > panels) chunk = panels;
-    if (chunk > SAT_DCHUNK) chunk = SAT_DCHUNK;
-    if (chunk < 1) chunk = 1;
-    /* (see sat_dconv_flush; an even chunk keeps each staged pair on one 64-byte line) */
-    const int stage = R == 8 && P * 4 % 2048 == 0;
-    if (stage && chunk > 1 && chunk % 2) chunk++;
-    const int chunks = (panels + chunk - 1) / chunk;
-    for (int n = 0; n < N; n++)
-        for (int g = 0; g < G; g++) {
-            const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
-            if (gather) {
-                sat_dconv_gather_args ga = {xg, xpad, H, W, OH, OW, sh, sw, ph, pw};
-                sat_parallel(Cg, sat_gather_plane, &ga);
-            } else if (!inplace) {
-                sat_dconv_pad_args pa = {xg, xpad, H, W, Hq, Wp, ph, pw};
-                sat_parallel(Cg, sat_pad_plane, &pa);
-            }
-            sat_dconv_args a = {inplace ? xg : xpad, wp + g * wp_group, koff, y,
-                                ((int64_t)n * M + (int64_t)g * Mg) * P, P, K, Mg, OW, Wp, xsh, xsw, R, chunk,
-                                panels, jpanels, stage, epi};
-            sat_parallel((int64_t)chunks * jpanels, unit, &a);
-        }
-}
+                            int pw, int dh, int dw, int G, sat_epi epi, sat_body unit);
 
 #endif
 

@@ -99,6 +99,46 @@ DW_KERNEL = "sat_conv_depthwise" if os.environ.get("SATURATE_DW", "lanes") == "r
 EPC8 = os.environ.get("SATURATE_EPC8", "1") != "0"
 
 
+# The signatures of a conv kernel's inlined vector epilogues (dconv.h, vec.h, pgemm.h): on 16 channels of one
+# pixel (q the first channel's plane), on 8 consecutive outputs of one channel, and on 8 channels (AVX2).
+EPC_FORM = ("__m512 {name}(__m512 v, int64_t q, __mmask16 mc)", "mc")
+EPV_FORM = ("__m256 {name}(__m256 v, int64_t off, __mmask8 mk)", "mk")
+EPC8_FORM = ("__m256 {name}(__m256 v, int64_t q, __m256i mc)", "mc")
+# An integer literal of generated C (not part of a name, a float literal or a hexadecimal one).
+_INT = re.compile(r"(?<![\w.])\d+(?![\w.])")
+_POINTER = re.compile(r"\((W[TS]) \+ (\d+)\)")
+
+
+@dataclass
+class Lifted:
+    """A vector epilogue's body with its integer constants lifted out: EK[@k] stands for consts[k]."""
+
+    kind: str
+    body: str
+    consts: list[int]
+
+    def at(self, base: int) -> str:
+        """The body reading its constants from EK[base ...]."""
+        return re.sub(r"EK\[@(\d+)\]", lambda m: f"EK[{base + int(m.group(1))}]", self.body)
+
+
+def lift(form: tuple[str, str], text: str, pointers_only: bool = False) -> Lifted:
+    """A vector epilogue's statements as a Lifted of signature `form`. Per-channel forms run once per tile,
+    so every integer becomes a constant read (a channel count among them: one division per tile);
+    per-pixel forms run once per 8 outputs and keep their divisors, lifting only weight and arena offsets."""
+    consts: list[int] = []
+
+    def take(value: str) -> str:
+        consts.append(int(value))
+        return f"EK[@{len(consts) - 1}]"
+
+    if pointers_only:
+        body = _POINTER.sub(lambda m: f"({m.group(1)} + {take(m.group(2))})", text)
+    else:
+        body = _INT.sub(lambda m: take(m.group(0)), text)
+    return Lifted(form[0], f"    (void){form[1]};\n{body}", consts)
+
+
 def pack_weights(w: np.ndarray, group: int, panel: int = PANEL, kc: int = KC) -> np.ndarray:
     """Conv weights in gemm.h's packed order: per group and per block of KC columns, `panel`-row panels
     stored k-major (rows zero-padded to a multiple of `panel`): 8 for the kernel's A side, 32 for
@@ -155,8 +195,9 @@ class Emitter:
         self.nweights = 0
         self.funcs: list[str] = []
         self.body: list[str] = []
-        self.vector: dict[str, str] = {}  # scalar epilogue name -> its vector form
-        self.vector8: dict[str, str] = {}  # scalar epilogue name -> its 8-channel form (every step per channel)
+        self.vector: dict[str, tuple] = {}  # scalar epilogue name -> its vector forms (per channel, per pixel)
+        self.vector8: dict[str, Lifted] = {}  # scalar epilogue name -> its 8-channel form (every step per channel)
+        self.units: dict[tuple, str] = {}  # (runner, guard, epilogue templates) -> its work-item function
 
     # ---- storage ----------------------------------------------------------------------------
     def weight(self, key, array: np.ndarray) -> str:
@@ -260,10 +301,7 @@ class Emitter:
             text = "".join(f"    v = {e};\n" for e in lanes8)
             decl = "".join(f"    const float *restrict p{k} = {o.ptr};\n" for k, o in enumerate(ops)
                            if o.ptr and re.search(rf"\bp{k}\b", text))
-            name8 = "pwc8" + name[2:]
-            self.funcs.append(f"#ifdef SAT_HAVE_DWT\nstatic inline __m256 {name8}(__m256 v, int64_t q, __m256i mc) {{\n"
-                              f"    (void)mc;\n{decl}{text}    return v;\n}}\n#endif\n")
-            self.vector8[name] = name8
+            self.vector8[name] = lift(EPC8_FORM, decl + text)
         per_channel, rest = [], []
         widen = {"_mm256_": "_mm512_", "sat_exp8(": "sat_exp16(", "sat_rcp8(": "sat_rcp16("}
         for st in steps:
@@ -280,16 +318,8 @@ class Emitter:
         ptrs = "".join(f"    const float *restrict p{k} = {o.ptr};\n" for k, o in enumerate(ops)
                        if o.ptr and re.search(rf"\bp{k}\b", chan_text))
         setup = "".join(o.setup(k) for k, o in enumerate(ops) if re.search(rf"\b[pb]{k}\b", vec_text))
-        cname, vname = "pwc" + name[2:], "pwv" + name[2:]
-        if per_channel:
-            self.funcs.append(
-                f"#ifdef SAT_HAVE_PACKED_GEMM\nstatic inline __m512 {cname}(__m512 v, int64_t q, __mmask16 mc) {{\n"
-                f"    (void)mc;\n{ptrs}{''.join(per_channel)}    return v;\n}}\n#endif\n")
-        if rest:
-            self.funcs.append(
-                f"#ifdef SAT_HAVE_PACKED_GEMM\nstatic inline __m256 {vname}(__m256 v, int64_t off, __mmask8 mk) {{\n"
-                f"    (void)mk;\n{setup}{''.join(rest)}    return v;\n}}\n#endif\n")
-        self.vector[name] = (cname if per_channel else "NULL", vname if rest else "NULL")
+        self.vector[name] = (lift(EPC_FORM, ptrs + chan_text) if per_channel else None,
+                             lift(EPV_FORM, setup + vec_text, pointers_only=True) if rest else None)
 
     def bn_key(self, key):
         """BatchNormalization's folded per-channel scale and shift, as (tag, node, shape, node) keys."""
@@ -353,11 +383,36 @@ class Emitter:
     def _unit8(self, prefix: str, runner: str, epi: str) -> str:
         """A work-item function running a conv kernel's `runner` with epilogue `epi` in its 8-channel
         form, inlined (AVX2 builds; NULL where the kernel has no such form)."""
-        name = f"{prefix}_{len(self.funcs)}"
-        self.funcs.append(f"#ifdef SAT_HAVE_DWT\nstatic void {name}(void *ctx, int64_t i, int tid) "
-                          f"{{ {runner}(ctx, i, tid, {self.vector8[epi]}); }}\n#else\n"
-                          f"#define {name} NULL\n#endif\n")
-        return name
+        return self.unit(prefix, runner, "defined(SAT_HAVE_DWT)", [self.vector8[epi]])
+
+    def unit(self, prefix: str, runner: str, guard: str, forms: list) -> str:
+        """A work-item function running a kernel's inline `runner` with vector epilogue `forms` (Lifted or None)
+        inlined into its stores, where `guard` (a preprocessor condition) holds, else NULL. Instances are shared:
+        epilogues that differ only in their integer constants (weight offsets, channel counts) run one compiled
+        unit, which reads those constants from EK, pointed at this step's table before its kernel runs. Each
+        instance costs the compiler a whole tile kernel, so this is most of what a model's compile takes."""
+        texts, consts = [], []
+        for form in forms:
+            texts.append(None if form is None else form.at(len(consts)))
+            consts += [] if form is None else form.consts
+        key = (runner, guard, tuple(texts))
+        if key not in self.units:
+            name = f"{prefix}_{len(self.units)}"
+            args = []
+            for k, (form, text) in enumerate(zip(forms, texts)):
+                if form is None:
+                    args.append("NULL")
+                    continue
+                args.append(f"{name}_e{k}")
+                self.funcs.append(f"#if {guard}\nstatic inline {form.kind.format(name=args[-1])} {{\n{text}    return v;\n}}\n"
+                                  f"#endif\n")
+            self.funcs.append(f"#if {guard}\nstatic void {name}(void *ctx, int64_t i, int tid) "
+                              f"{{ {runner}(ctx, i, tid, {', '.join(args)}); }}\n#else\n#define {name} NULL\n#endif\n")
+            self.units[key] = name
+        table = f"ek_{len(self.funcs)}"
+        self.funcs.append(f"static const int64_t {table}[] = {{{c_ints(consts)}}};\n")
+        self.body.append(f"    EK = {table};\n")
+        return self.units[key]
 
     def emit_Conv(self, step, chain, out, oshape):
         node, sh = step.anchor, self.shapes
@@ -383,10 +438,8 @@ class Emitter:
             arr = pack_weights(self.g.constants[node.inputs[1]], group, NR, kc=k)
             packed = self.weight(("direct", node.inputs[1], group), arr)
             self.needs_packed = True
-            unit = f"dconv_{len(self.funcs)}"
-            epc, epv = self.vector.get(epi, ("NULL", "NULL"))
-            self.funcs.append(f"#ifdef SAT_HAVE_PACKED_GEMM\nstatic void {unit}(void *ctx, int64_t u, int tid) "
-                              f"{{ sat_dconv_unit(ctx, u, tid, {epc}, {epv}); }}\n#endif\n")
+            unit = self.unit("dconv", "sat_dconv_unit", "defined(SAT_HAVE_PACKED_GEMM)",
+                             list(self.vector.get(epi, (None, None))))
             scalar = epi if epi not in self.vector else "NULL"
             self.body.append(f"    sat_conv_direct({xp}, {packed}, {arr.size // group}, {out}, COL, {x[0]}, {x[1]}, "
                              f"{H}, {W}, {w[0]}, {geo}, {group}, {scalar}, {unit});\n")
@@ -416,11 +469,7 @@ class Emitter:
                     item = f", {self._unit8('dwt', 'sat_dwt_run', epi)}"
                 wide = "NULL"
                 if epi in self.vector:
-                    wide = f"dwz_{len(self.funcs)}"
-                    epc, epv = self.vector[epi]
-                    self.funcs.append(f"#if defined(__AVX512F__)\nstatic void {wide}(void *ctx, int64_t i, int tid) "
-                                      f"{{ sat_dwz_run(ctx, i, tid, {epc}, {epv}); }}\n#else\n"
-                                      f"#define {wide} NULL\n#endif\n")
+                    wide = self.unit("dwz", "sat_dwz_run", "defined(__AVX512F__)", list(self.vector[epi]))
                 item += f", {wide}"
             self.body.append(f"    {DW_KERNEL}({xp}, {self.ptr(node.inputs[1])}, {out}, {x[0]}, {x[1]}, {H}, {W}, "
                              f"{w[0]}, {geo}, {epi}{item});\n")
@@ -708,7 +757,9 @@ class Emitter:
                 + f"#if SAT_PN != {PN}\n#error \"weights packed for {PN}-wide panels (the build's vector width changed)\"\n#endif\n"
                 + ("#ifndef SAT_HAVE_PACKED_GEMM\n#error \"packed conv weights need an AVX-512 build (-march=native)\"\n"
                    "#endif\n" if self.needs_packed else "") + "\n"
-                f"static const float *WT;\nstatic float *WS, *COL;\nstatic const float *const *IN;\n\n")
+                f"static const float *WT;\nstatic float *WS, *COL;\nstatic const float *const *IN;\n"
+                f"/* The integer constants of the running step's epilogue (see Emitter.unit). */\n"
+                f"static const int64_t *EK __attribute__((unused));\n\n")
         api = (f"\nint sat_init(const char *path) {{\n    if (!WT) {{\n        WT = sat_read_weights(path, {self.nweights});\n"
                f"{poison_init}    }}\n"
                f"    return WT ? 0 : 1;\n}}\n\n"

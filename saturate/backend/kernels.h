@@ -1,4 +1,7 @@
-/* C backend kernels: conv, pooling, gemm and layout ops, included once by every emitted model. */
+/* C backend kernels: conv, pooling, gemm and layout ops. Each header declares its kernels and holds what a
+ * model's own translation unit inlines (vector helpers, and the work-item templates its fused epilogues are
+ * instantiated into); the kernels' bodies are in the .c file of the same name, compiled once per compiler,
+ * flags and instruction set into a static library (build.py) that every model links. */
 #ifndef SATURATE_KERNELS_H
 #define SATURATE_KERNELS_H
 
@@ -8,8 +11,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <cblas.h>
+
+/* Nothing of the library is exported from a model's shared library: each model.so holds its own copy, with
+ * its own pool and buffers, whatever else the process loads. (The system headers come first, above: their
+ * functions are the C library's, not hidden ones.) */
+#pragma GCC visibility push(hidden)
 
 #include "gemm.h"
 #include "pool.h"
@@ -24,7 +38,6 @@
  * one thread the caller's CPU time, which time slices lost to other processes on a shared machine do not
  * inflate. */
 #ifdef SAT_PROFILE
-#include <time.h>
 static double sat_step_seconds[1 << 16];
 static inline double sat_now(void) {
     struct timespec t;
@@ -58,184 +71,30 @@ static inline void sat_valid_cols_s(int iw0, int sw, int W, int OW, int *lo, int
 
 static inline void sat_valid_cols(int iw0, int W, int OW, int *lo, int *hi) { sat_valid_cols_s(iw0, 1, W, OW, lo, hi); }
 
-/* Unfold output rows [oh0, oh1) of one image (C x H x W) into the (C*KH*KW) x ((oh1-oh0)*OW) column
- * matrix, pads read as zero. Row-major when `packed` is 0; else written straight into the micro-kernel's
- * panels `packed` columns wide (block k0 at col + k0*panels*packed, panel q at + q*kc*packed, zero-padded):
- * B panels (SAT_NR) for the usual product, A panels (SAT_MR) for the transposed one. */
-static void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, int KW, int oh0, int oh1, int OW,
-                       int sh, int sw, int ph, int pw, int dh, int dw, int packed) {
-    const int K = C * KH * KW;
-    const int64_t cols = (int64_t)(oh1 - oh0) * OW;
-    /* The staging row is padded with zeros to whole panels, so each panel is one fixed-width copy. */
-    const int64_t padded = packed ? (cols + packed - 1) / packed * packed : 0;
-    float *tmp = packed ? calloc((size_t)padded, sizeof(float)) : NULL;
-    for (int r = 0; r < K; r++) {
-        const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
-        float *dst = packed ? tmp : col + (int64_t)r * cols;
-        const float *src = x + (int64_t)c * H * W;
-        const int iw0 = kw * dw - pw;
-        int lo, hi;
-        sat_valid_cols_s(iw0, sw, W, OW, &lo, &hi);
-        for (int oh = oh0; oh < oh1; oh++) {
-            const int ih = oh * sh - ph + kh * dh;
-            float *d = dst + (int64_t)(oh - oh0) * OW;
-            if (ih < 0 || ih >= H) {
-                memset(d, 0, sizeof(float) * OW);
-                continue;
-            }
-            const float *s = src + (int64_t)ih * W + iw0;
-            for (int ow = 0; ow < lo; ow++) d[ow] = 0.0f;
-            if (sw == 1) {
-                if (hi > lo) memcpy(d + lo, s + lo, sizeof(float) * (hi - lo));
-            } else {
-                for (int ow = lo; ow < hi; ow++) d[ow] = s[ow * sw];
-            }
-            for (int ow = hi; ow < OW; ow++) d[ow] = 0.0f;
-        }
-#ifdef SAT_HAVE_PACKED_GEMM
-        if (packed) {
-            const int pw_ = packed;
-            const int64_t panels = (cols + pw_ - 1) / pw_;
-            const int k0 = r / SAT_KC * SAT_KC, kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
-            float *blk = col + (int64_t)k0 * panels * pw_ + (int64_t)(r - k0) * pw_;
-            if (pw_ == 32)
-                for (int64_t q = 0; q < panels; q++) {
-                    _mm512_storeu_ps(blk + q * kc * 32, _mm512_loadu_ps(tmp + q * 32));
-                    _mm512_storeu_ps(blk + q * kc * 32 + 16, _mm512_loadu_ps(tmp + q * 32 + 16));
-                }
-            else if (pw_ == 8)
-                for (int64_t q = 0; q < panels; q++) _mm256_storeu_ps(blk + q * kc * 8, _mm256_loadu_ps(tmp + q * 8));
-            else
-                for (int64_t q = 0; q < panels; q++) memcpy(blk + q * kc * pw_, tmp + q * pw_, sizeof(float) * pw_);
-        }
-#endif
-    }
-    free(tmp);
-}
+void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, int KW, int oh0, int oh1, int OW,
+                       int sh, int sw, int ph, int pw, int dh, int dw, int packed);
 
 /* Output rows per im2col tile: the column tile stays near `sat_tile_bytes` so it is still in
  * cache when sgemm packs it and the output tile is still in cache for the epilogue. */
-static int64_t sat_tile_bytes = 192 * 1024;
+extern int64_t sat_tile_bytes;
 
-static int sat_tile_rows(int K, int OH, int OW) {
-    int64_t rows = sat_tile_bytes / ((int64_t)K * OW * 4);
-    if (rows * OW < 256) rows = (256 + OW - 1) / OW; /* keep sgemm's N wide enough to run at speed */
-    return (int)sat_clamp(rows, 1, OH);
-}
+int sat_tile_rows(int K, int OH, int OW);
 
-/* Floats per unfolded row: packed columns are padded to whole NR-wide panels. */
-static int64_t sat_col_width(int64_t cols, int packed) {
-#ifdef SAT_HAVE_PACKED_GEMM
-    if (packed) return (cols + SAT_NR - 1) / SAT_NR * SAT_NR;
-#endif
-    (void)packed;
-    return cols;
-}
+int64_t sat_col_width(int64_t cols, int packed);
 
 #ifdef SAT_HAVE_PACKED_GEMM
 /* Per-thread buffer for a transposed product (pixels x channels), grown on demand and kept. */
-static float *sat_trans_buf[SAT_MAX_THREADS];
-static size_t sat_trans_cap[SAT_MAX_THREADS];
+extern float *sat_trans_buf[SAT_MAX_THREADS];
+extern size_t sat_trans_cap[SAT_MAX_THREADS];
 
-/* Output channels [m0, m1) of a tile of `cols` pixels computed as Y^T = X^T W^T, for small outputs whose
- * pixel count wastes much of a 32-wide panel: pixels take the kernel's 8 rows (A panels, unfolded by
- * sat_im2col at width SAT_MR) and channels its 32 columns (weights packed in 32-channel panels by the
- * emitter, `Mg` rounded up to 32 per k-block); the result is transposed into y (pitch P). */
-static void sat_conv_trans(const float *wg, const float *ap, float *yt, int64_t P, int K, int cols, int Mg,
-                           int m0, int m1, int tid) {
-    const int64_t Mq = (Mg + SAT_NR - 1) / SAT_NR * SAT_NR, Pp = (cols + SAT_MR - 1) / SAT_MR * SAT_MR;
-    const int ldt = (m1 - m0 + SAT_NR - 1) / SAT_NR * SAT_NR;
-    const size_t need = sizeof(float) * (size_t)Pp * ldt;
-    if (sat_trans_cap[tid] < need) {
-        free(sat_trans_buf[tid]);
-        sat_trans_buf[tid] = aligned_alloc(64, (need + 63) / 64 * 64);
-        sat_trans_cap[tid] = need;
-    }
-    float *t = sat_trans_buf[tid];
-    for (int k0 = 0; k0 < K; k0 += SAT_KC) {
-        const int kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
-        for (int j = m0; j < m1; j += SAT_NR) {
-            const int nr = m1 - j < SAT_NR ? m1 - j : SAT_NR;
-            const float *b = wg + (int64_t)k0 * Mq + (int64_t)j * kc;
-            for (int i = 0; i < cols; i += SAT_MR) {
-                const int mr = cols - i < SAT_MR ? cols - i : SAT_MR;
-                sat_kernel_8x32(kc, ap + (int64_t)k0 * Pp + (int64_t)i * kc, b, t + (int64_t)i * ldt + (j - m0), ldt,
-                                k0 > 0, mr, nr);
-            }
-        }
-    }
-    /* Transpose 16 x 16 blocks so both sides stay in cache lines. */
-    for (int m = 0; m < m1 - m0; m += 16)
-        for (int p = 0; p < cols; p += 16) {
-            const int me = m + 16 < m1 - m0 ? m + 16 : m1 - m0, pe = p + 16 < cols ? p + 16 : cols;
-            for (int mm = m; mm < me; mm++)
-                for (int pp = p; pp < pe; pp++) yt[(int64_t)mm * P + pp] = t[(int64_t)pp * ldt + mm];
-        }
-}
+void sat_conv_trans(const float *wg, const float *ap, float *yt, int64_t P, int K, int cols, int Mg,
+                           int m0, int m1, int tid);
 #endif
 
-/* One tile of a grouped 2-D convolution: output rows [oh0, oh1) and channels [m0, m1) of group g of
- * image n, as W_g[m0:m1] (K wide) times the tile's columns, then the epilogue on those rows. */
-static void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
+void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                           int n, int g, int oh0, int oh1, int m0, int m1, int C, int H, int W, int M, int KH, int KW,
                           int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int G, int direct,
-                          int trans, int tid, sat_epi epi) {
-    const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
-    const int64_t P = (int64_t)OH * OW, cols = (int64_t)(oh1 - oh0) * OW;
-    const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
-    float *yt = y + ((int64_t)n * M + (int64_t)g * Mg + m0) * P + (int64_t)oh0 * OW;
-#ifdef SAT_HAVE_PACKED_GEMM
-    if (trans) {
-        sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw, SAT_MR);
-        sat_conv_trans(wp + g * wp_group, col, yt, P, K, (int)cols, Mg, m0, m1, tid);
-        if (epi)
-            for (int m = 0; m < m1 - m0; m++) epi(y, (yt - y) + (int64_t)m * P, cols);
-        return;
-    }
-#endif
-    (void)trans;
-    (void)tid;
-    const float *b = xg + (int64_t)oh0 * OW;
-    int64_t ldb = P;
-    if (!direct) {
-        sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw, wp != NULL ? SAT_NR : 0);
-        b = col;
-        ldb = cols;
-    }
-#ifdef SAT_HAVE_PACKED_GEMM
-    if (wp) {
-        /* Packed blocks are Mp x kc; a channel range starting at a multiple of 8 is a contiguous slice. */
-        const int64_t Mp = (Mg + SAT_MR - 1) / SAT_MR * SAT_MR;
-        const float *wg = wp + g * wp_group;
-        /* Unfolded columns arrive packed; a direct conv's input is packed here, block by block. */
-        const int64_t panels = (cols + SAT_NR - 1) / SAT_NR;
-        float *bp = direct ? aligned_alloc(64, sizeof(float) * (size_t)SAT_KC * SAT_NR * panels + 64) : NULL;
-        for (int k0 = 0; k0 < K; k0 += SAT_KC) {
-            const int kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
-            if (direct)
-                sat_pack_b(b, ldb, k0, kc, 0, (int)cols, bp);
-            else
-                bp = col + (int64_t)k0 * panels * SAT_NR;
-            for (int q = 0; q * SAT_NR < cols; q++) {
-                const int nr = cols - q * SAT_NR < SAT_NR ? (int)cols - q * SAT_NR : SAT_NR;
-                for (int i = m0; i < m1; i += SAT_MR) {
-                    const int mr = m1 - i < SAT_MR ? m1 - i : SAT_MR;
-                    sat_kernel_8x32(kc, wg + (int64_t)k0 * Mp + (int64_t)i * kc, bp + (int64_t)q * kc * SAT_NR,
-                                    yt + (int64_t)(i - m0) * P + q * SAT_NR, P, k0 > 0, mr, nr);
-                }
-            }
-        }
-        if (direct) free(bp);
-    } else
-#endif
-    if (K <= SAT_SHORT_K)
-        sat_gemm_nn(m1 - m0, (int)cols, K, w + ((int64_t)g * Mg + m0) * K, K, b, ldb, yt, P);
-    else
-        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m1 - m0, (int)cols, K, 1.0f,
-                          w + ((int64_t)g * Mg + m0) * K, K, b, (int)ldb, 0.0f, yt, (int)P);
-    if (epi)
-        for (int m = 0; m < m1 - m0; m++) epi(y, (yt - y) + (int64_t)m * P, cols);
-}
+                          int trans, int tid, sat_epi epi);
 
 typedef struct {
     const float *x, *w, *wp;
@@ -245,59 +104,11 @@ typedef struct {
     sat_epi epi;
 } sat_conv_args;
 
-/* One work unit of a threaded conv: a (image, group, row tile, channel chunk), on its thread's columns. */
-static void sat_conv_unit(void *ctx, int64_t u, int tid) {
-    const sat_conv_args *a = ctx;
-    const int s = (int)(u % a->split), t = (int)(u / a->split % a->tiles);
-    const int g = (int)(u / a->split / a->tiles % a->G), n = (int)(u / a->split / a->tiles / a->G);
-    const int Mg = a->M / a->G, m0 = s * a->chunk, m1 = m0 + a->chunk < Mg ? m0 + a->chunk : Mg;
-    const int oh0 = t * a->tile, oh1 = oh0 + a->tile < a->OH ? oh0 + a->tile : a->OH;
-    sat_conv_tile(a->x, a->w, a->wp, a->wp_group, a->y, a->cols[tid], n, g, oh0, oh1, m0, m1, a->C, a->H, a->W,
-                  a->M, a->KH, a->KW, a->OH, a->OW, a->sh, a->sw, a->ph, a->pw, a->dh, a->dw, a->G, a->direct,
-                  a->trans, tid, a->epi);
-}
+void sat_conv_unit(void *ctx, int64_t u, int tid);
 
-/* Grouped 2-D convolution. With `wp` (weights packed by the emitter, `wp_group` floats per group) the
- * AVX-512 micro-kernel runs the products and threads take whole tiles (split by channels when there
- * are too few tiles), so one parallel region covers the conv; else OpenBLAS sgemm, tile by tile. */
-static void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
+void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                        int N, int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
-                       int pw, int dh, int dw, int G, int trans, sat_epi epi) {
-    const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
-    const int direct = !trans && KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
-    const int tile = sat_tile_rows(K, OH, OW);
-    const int tiles = (OH + tile - 1) / tile;
-    const int64_t col_floats = direct ? 0 : (int64_t)K * sat_col_width((int64_t)tile * OW, wp != NULL);
-#ifndef SAT_HAVE_PACKED_GEMM
-    wp = NULL;
-#endif
-    if (!wp && (int64_t)OH * OW <= SAT_DOT_MAXP && K >= SAT_DOT_MINK) {
-        sat_conv_dot(x, w, y, col, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, epi);
-        return;
-    }
-    if (sat_threads == 1) {
-        for (int n = 0; n < N; n++)
-            for (int g = 0; g < G; g++)
-                for (int t = 0; t < tiles; t++)
-                    sat_conv_tile(x, w, wp, wp_group, y, col, n, g, t * tile, (t + 1) * tile < OH ? (t + 1) * tile : OH,
-                                  0, Mg, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, trans, 0, epi);
-        return;
-    }
-    /* Channel chunks are multiples of 8 so each starts a packed panel. */
-    const int64_t units = (int64_t)N * G * tiles;
-    int split = units >= 2 * sat_threads ? 1 : sat_threads;
-    /* A transposed product's chunks start a 32-channel panel instead. */
-    const int unit = trans ? SAT_NR : SAT_MR;
-    int chunk = ((Mg + split - 1) / split + unit - 1) / unit * unit;
-    if (chunk < unit) chunk = unit;
-    split = (Mg + chunk - 1) / chunk;
-    float *cols[SAT_MAX_THREADS] = {col};
-    for (int t = 1; t < sat_threads && col_floats; t++) cols[t] = aligned_alloc(64, sizeof(float) * (size_t)col_floats + 64);
-    sat_conv_args a = {x, w, wp, wp_group, y, cols, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G,
-                       direct, trans, tile, tiles, split, chunk, epi};
-    sat_parallel(units * split, sat_conv_unit, &a);
-    for (int t = 1; t < sat_threads && col_floats; t++) free(cols[t]);
-}
+                       int pw, int dh, int dw, int G, int trans, sat_epi epi);
 
 /* Columns [j0, j0 + per) of an sgemm, one work item of a threaded product (OpenBLAS runs on one thread
  * inside the model, so threads split the product between them). */
@@ -308,33 +119,10 @@ typedef struct {
     float alpha;
 } sat_gemm_args;
 
-static void sat_gemm_cols(void *ctx, int64_t item, int tid) {
-    const sat_gemm_args *a = ctx;
-    const int j0 = (int)item * a->per, nj = a->N - j0 < a->per ? a->N - j0 : a->per;
-    (void)tid;
-    scipy_cblas_sgemm(CblasRowMajor, a->ta ? CblasTrans : CblasNoTrans, a->tb ? CblasTrans : CblasNoTrans, a->M, nj,
-                      a->K, a->alpha, a->A, a->lda, a->tb ? a->B + (int64_t)j0 * a->ldb : a->B + j0, a->ldb, 0.0f,
-                      a->Y + j0, a->N);
-}
+void sat_gemm_cols(void *ctx, int64_t item, int tid);
 
-/* C[yoff ..] (M x N) = alpha * op(A) op(B), then the epilogue row by row. */
-static void sat_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                     int ldb, float *Y, int64_t yoff, sat_epi epi) {
-    if (!ta && tb && M <= SAT_DOT_MAXP && K >= SAT_DOT_MINK)
-        sat_dot(A, lda, M, B, ldb, N, K, Y + yoff, N, 1, alpha, NULL, NULL, 0);
-    else if (!ta && !tb && M <= SAT_SKINNY)
-        sat_skinny_nn(M, N, K, alpha, A, lda, B, ldb, Y + yoff);
-    else if (sat_threads > 1 && !sat_in_parallel && N >= 64 && (int64_t)M * N * K >= (1 << 18)) {
-        /* column blocks of 16, two items per thread so a late thread does not hold the others up */
-        const int per = ((N + 2 * sat_threads - 1) / (2 * sat_threads) + 15) / 16 * 16;
-        sat_gemm_args a = {A, B, Y + yoff, ta, tb, M, N, K, lda, ldb, per, alpha};
-        sat_parallel((N + per - 1) / per, sat_gemm_cols, &a);
-    } else
-        scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
-                          alpha, A, lda, B, ldb, 0.0f, Y + yoff, N);
-    if (epi)
-        for (int m = 0; m < M; m++) epi(Y, yoff + (int64_t)m * N, N);
-}
+void sat_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                     int ldb, float *Y, int64_t yoff, sat_epi epi);
 
 typedef struct {
     const float *x;
@@ -344,8 +132,8 @@ typedef struct {
     sat_epi epi;
 } sat_pool_args;
 
-static float *sat_poolrow_buf[SAT_MAX_THREADS];
-static size_t sat_poolrow_cap[SAT_MAX_THREADS];
+extern float *sat_poolrow_buf[SAT_MAX_THREADS];
+extern size_t sat_poolrow_cap[SAT_MAX_THREADS];
 
 #if defined(__AVX512F__)
 /* Max over windows of KW adjacent columns at stride 2 of the row pr (its pw pad columns and the row between
@@ -365,115 +153,10 @@ static inline void sat_pool_max_s2(const float *pr, int KW, int OW, float *row) 
 }
 #endif
 
-/* One plane, an output row at a time: the window's input rows are first reduced into one row (max or
- * sum, contiguous and vectorized), then the window's columns are taken from that row once, instead of
- * from every input row (a 3x3 window then reads 3 rows and makes one column pass, not three). */
-static void sat_pool_plane(void *ctx, int64_t p, int tid) {
-    const sat_pool_args *a = ctx;
-    const int H = a->H, W = a->W, OH = a->OH, OW = a->OW, KH = a->KH, KW = a->KW, sh = a->sh, sw = a->sw;
-    const int ph = a->ph, pw = a->pw, pe_h = a->pe_h, dh = a->dh, dw = a->dw, mode = a->mode;
-    const int *wcount = a->wcount;
-    const float *x = a->x;
-    float *y = a->y;
-    const int64_t P = (int64_t)OH * OW;
-    sat_epi epi = a->epi;
-    const float *xi = x + p * H * W;
-    float *yo = y + p * P;
-    float *vrow = sat_thread_buf(&sat_poolrow_buf[tid], &sat_poolrow_cap[tid],
-                                 (size_t)3 * W + 2 * (size_t)OW + KW + pw + 40);
-    if (!vrow) abort();
-    float *eo = vrow + W; /* the row split in even and odd columns */
-#if defined(__AVX512F__)
-    const int max_s2 = mode == 0 && sw == 2 && dw == 1;
-    if (max_s2) {
-        /* the rows reduce straight into the middle of their padded copy (see sat_pool_max_s2) */
-        const int need = 2 * OW + KW + 32;
-        for (int i = 0; i < pw; i++) eo[i] = -INFINITY;
-        for (int i = pw + W; i < need; i++) eo[i] = -INFINITY;
-        vrow = eo + pw;
-    }
-#endif
-    for (int oh = 0; oh < OH; oh++) {
-        float *row = yo + (int64_t)oh * OW;
-        int hvalid = 0, hpad = 0;
-        for (int kh = 0; kh < KH; kh++) {
-            const int ih = oh * sh - ph + kh * dh;
-            hpad += ih >= -ph && ih < H + pe_h;
-            if (ih < 0 || ih >= H) continue;
-            const float *xr = xi + (int64_t)ih * W;
-            if (!hvalid++)
-                memcpy(vrow, xr, sizeof(float) * (size_t)W);
-            else if (mode == 0)
-                for (int iw = 0; iw < W; iw++) vrow[iw] = xr[iw] > vrow[iw] ? xr[iw] : vrow[iw];
-            else
-                for (int iw = 0; iw < W; iw++) vrow[iw] += xr[iw];
-        }
-#if defined(__AVX512F__)
-        if (hvalid && max_s2) {
-            sat_pool_max_s2(eo, KW, OW, row);
-            continue;
-        }
-#endif
-        const float init = mode == 0 ? -INFINITY : 0.0f;
-        for (int ow = 0; ow < OW; ow++) row[ow] = init;
-        if (hvalid) {
-            const float *xr = vrow;
-            if (sw == 2) {
-                /* Split the row into even and odd columns once, so every kernel column reads a
-                 * contiguous run (vector code) instead of a stride-2 one. */
-                const int half = (W + 1) / 2;
-                for (int i = 0; i < W / 2; i++) {
-                    eo[i] = xr[2 * i];
-                    eo[half + i] = xr[2 * i + 1];
-                }
-                if (W & 1) eo[half - 1] = xr[W - 1];
-            }
-            for (int kw = 0; kw < KW; kw++) {
-                const int iw0 = kw * dw - pw;
-                int lo, hi;
-                sat_valid_cols_s(iw0, sw, W, OW, &lo, &hi);
-                if (sw == 2) {
-                    /* Column iw0 + 2 ow: even columns at eo[(iw0 >> 1) + ow], odd ones after the evens. */
-                    const float *s = eo + (iw0 & 1) * ((W + 1) / 2) + (iw0 >> 1);
-                    if (mode == 0)
-                        for (int ow = lo; ow < hi; ow++) row[ow] = s[ow] > row[ow] ? s[ow] : row[ow];
-                    else
-                        for (int ow = lo; ow < hi; ow++) row[ow] += s[ow];
-                    continue;
-                }
-                const float *s = xr + iw0;
-                if (mode == 0)
-                    for (int ow = lo; ow < hi; ow++) row[ow] = s[ow * sw] > row[ow] ? s[ow * sw] : row[ow];
-                else
-                    for (int ow = lo; ow < hi; ow++) row[ow] += s[ow * sw];
-            }
-        }
-        if (mode == 1)
-            for (int ow = 0; ow < OW; ow++) row[ow] = hvalid * wcount[ow] != 0 ? row[ow] / (hvalid * wcount[ow]) : 0.0f;
-        if (mode == 2)
-            for (int ow = 0; ow < OW; ow++) row[ow] = hpad * wcount[OW + ow] != 0 ? row[ow] / (hpad * wcount[OW + ow]) : 0.0f;
-    }
-    if (epi) epi(y, p * P, P);
-}
+void sat_pool_plane(void *ctx, int64_t p, int tid);
 
-/* Max or average pooling over (N*C) planes, a row of outputs at a time so the inner loops are
- * branch-free; `mode` 0 max, 1 average over real pixels, 2 average counting pads. */
-static void sat_pool2d(const float *x, float *y, int64_t NC, int H, int W, int OH, int OW, int KH, int KW,
-                       int sh, int sw, int ph, int pw, int pe_h, int pe_w, int dh, int dw, int mode, sat_epi epi) {
-    /* Per output column: how many kernel columns fall on real pixels, and on pixels or pads. */
-    int *wcount = malloc(sizeof(int) * 2 * (size_t)OW);
-    for (int ow = 0; ow < OW; ow++) {
-        wcount[ow] = wcount[OW + ow] = 0;
-        for (int kw = 0; kw < KW; kw++) {
-            const int iw = ow * sw - pw + kw * dw;
-            wcount[ow] += iw >= 0 && iw < W;
-            wcount[OW + ow] += iw >= -pw && iw < W + pe_w;
-        }
-    }
-    sat_pool_args a = {x, y, H, W, OH, OW, KH, KW, sh, sw, ph, pw, pe_h, pe_w, dh, dw, mode, wcount, epi};
-    sat_parallel(NC, sat_pool_plane, &a);
-    free(wcount);
-}
+void sat_pool2d(const float *x, float *y, int64_t NC, int H, int W, int OH, int OW, int KH, int KW,
+                       int sh, int sw, int ph, int pw, int pe_h, int pe_w, int dh, int dw, int mode, sat_epi epi);
 
 typedef struct {
     const float *x;
@@ -481,55 +164,19 @@ typedef struct {
     int64_t planes, P, per;
 } sat_gap_args;
 
-/* Planes [i per, (i + 1) per): each summed in SAT_VL float lanes, the lanes added in double. */
-static void sat_gap_item(void *ctx, int64_t item, int tid) {
-    const sat_gap_args *a = ctx;
-    const int64_t P = a->P, p1 = (item + 1) * a->per < a->planes ? (item + 1) * a->per : a->planes;
-    (void)tid;
-    for (int64_t p = item * a->per; p < p1; p++) {
-        const float *xi = a->x + p * P;
-        sat_vf acc = {0};
-        int64_t i = 0;
-        for (; i + SAT_VL <= P; i += SAT_VL) acc += sat_vload(xi + i);
-        double s = 0.0;
-        for (int l = 0; l < SAT_VL; l++) s += (double)acc[l];
-        for (; i < P; i++) s += xi[i];
-        a->y[p] = (float)(s / (double)P);
-    }
-}
+void sat_gap_item(void *ctx, int64_t item, int tid);
 
-/* Mean over each of N*C planes of P elements; the epilogue runs over the C channels of one image. */
-static void sat_global_avgpool(const float *x, float *y, int64_t N, int64_t C, int64_t P, sat_epi epi) {
-    const int64_t per = P >= 4096 ? 1 : 4096 / (P > 0 ? P : 1);
-    sat_gap_args a = {x, y, N * C, P, per};
-    sat_parallel((N * C + per - 1) / per, sat_gap_item, &a);
-    if (epi)
-        for (int64_t n = 0; n < N; n++) epi(y, n * C, C);
-}
+void sat_global_avgpool(const float *x, float *y, int64_t N, int64_t C, int64_t P, sat_epi epi);
 
-/* Copy `outer` blocks of `inner` floats from x into y with row pitch `pitch` (one Concat input). */
-static void sat_copy_blocks(const float *x, float *y, int64_t outer, int64_t inner, int64_t pitch) {
-    for (int64_t o = 0; o < outer; o++) memcpy(y + o * pitch, x + o * inner, sizeof(float) * inner);
-}
+void sat_copy_blocks(const float *x, float *y, int64_t outer, int64_t inner, int64_t pitch);
 
 #include "pgemm.h"
 #include "wino.h"
 #include "tensor.h"
 #include "qgemm.h"
 
-/* Read the whole weights file into a 64-byte aligned buffer; it must hold exactly `nfloats` floats. */
-static float *sat_read_weights(const char *path, int64_t nfloats) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    float *buf = aligned_alloc(64, (size_t)((nfloats * 4 + 63) / 64 * 64 + 64));
-    size_t got = buf ? fread(buf, sizeof(float), (size_t)nfloats, f) : 0;
-    int extra = fgetc(f);
-    fclose(f);
-    if (!buf || (int64_t)got != nfloats || extra != EOF) {
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
+float *sat_read_weights(const char *path, int64_t nfloats);
+
+#pragma GCC visibility pop
 
 #endif

@@ -100,34 +100,11 @@ typedef struct {
     sat_epi epi;
 } sat_pconv_args;
 
-static float *sat_pk_buf[SAT_MAX_THREADS];
-static size_t sat_pk_cap[SAT_MAX_THREADS];
+extern float *sat_pk_buf[SAT_MAX_THREADS];
+extern size_t sat_pk_cap[SAT_MAX_THREADS];
 
-/* Row r = (c, kh, kw) of the column matrix of output rows [oh0, oh1) (image plane x of C x H x W) into
- * d[0 .. (oh1-oh0) OW), pads read as zero. */
-static void sat_im2col_row(const float *x, float *d, int r, int H, int W, int KH, int KW, int oh0, int oh1, int OW,
-                           int sh, int sw, int ph, int pw, int dh, int dw) {
-    const int c = r / (KH * KW), kh = (r / KW) % KH, kw = r % KW;
-    const float *src = x + (int64_t)c * H * W;
-    const int iw0 = kw * dw - pw;
-    int lo, hi;
-    sat_valid_cols_s(iw0, sw, W, OW, &lo, &hi);
-    for (int oh = oh0; oh < oh1; oh++, d += OW) {
-        const int ih = oh * sh - ph + kh * dh;
-        if (ih < 0 || ih >= H) {
-            memset(d, 0, sizeof(float) * (size_t)OW);
-            continue;
-        }
-        const float *s = src + (int64_t)ih * W + iw0;
-        for (int ow = 0; ow < lo; ow++) d[ow] = 0.0f;
-        if (sw == 1) {
-            if (hi > lo) memcpy(d + lo, s + lo, sizeof(float) * (size_t)(hi - lo));
-        } else {
-            for (int ow = lo; ow < hi; ow++) d[ow] = s[ow * sw];
-        }
-        for (int ow = hi; ow < OW; ow++) d[ow] = 0.0f;
-    }
-}
+void sat_im2col_row(const float *x, float *d, int r, int H, int W, int KH, int KW, int oh0, int oh1, int OW,
+                           int sh, int sw, int ph, int pw, int dh, int dw);
 
 #ifndef SAT_HAVE_DWT
 typedef void *sat_epc8; /* (no 8-channel epilogues without AVX2) */
@@ -211,27 +188,11 @@ static inline __attribute__((always_inline)) void sat_pconv_run(void *ctx, int64
         for (int m = m0; m < m1; m++) a->epi(a->y, (yb - a->y) + (int64_t)m * P, cols);
 }
 
-static void sat_pconv_unit(void *ctx, int64_t u, int tid) { sat_pconv_run(ctx, u, tid, NULL); }
+void sat_pconv_unit(void *ctx, int64_t u, int tid);
 
-/* Grouped 2-D convolution on weights packed by the emitter (`wp_group` floats per group). Work units are
- * (image, group, row tile); when they are too few to share evenly, each is split by channel chunks whose
- * starts are panel starts, so every thread gets as much work as the others. `body` is the emitter's
- * instantiation of sat_pconv_run with its 8-channel epilogue, or NULL. */
-static void sat_conv_packed(const float *x, const float *wp, int64_t wp_group, float *y, int N, int C, int H, int W,
+void sat_conv_packed(const float *x, const float *wp, int64_t wp_group, float *y, int N, int C, int H, int W,
                             int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,
-                            int G, int trans, sat_epi epi, sat_body body) {
-    const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
-    if ((int64_t)OH * OW <= 0 || Mg <= 0) return;
-    const int tile = sat_tile_rows(K, OH, OW), tiles = (OH + tile - 1) / tile;
-    const int64_t units = (int64_t)N * G * tiles;
-    int split = sat_threads > 1 && units % sat_threads != 0 && units < 8 * sat_threads ? sat_threads : 1;
-    const int unit = trans ? SAT_PN : SAT_PR;
-    int chunk = ((Mg + split - 1) / split + unit - 1) / unit * unit;
-    split = (Mg + chunk - 1) / chunk;
-    sat_pconv_args a = {x, wp, wp_group, y, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, trans, tile,
-                        tiles, split, chunk, epi};
-    sat_parallel(units * split, body ? body : sat_pconv_unit, &a);
-}
+                            int G, int trans, sat_epi epi, sat_body body);
 
 /* ---- convolution of few output pixels on streamed weights ------------------------------------------
  * A conv whose output has at most SAT_SP pixels (the 3x3 maps ending ResNets and MobileNets) reads each
@@ -313,37 +274,14 @@ static inline __attribute__((always_inline)) void sat_sconv_run(void *ctx, int64
         }
 }
 
-static void sat_sconv_item(void *ctx, int64_t item, int tid) { sat_sconv_run(ctx, item, tid, NULL); }
+void sat_sconv_item(void *ctx, int64_t item, int tid);
 
-static float *sat_sconv_buf;
-static size_t sat_sconv_cap;
+extern float *sat_sconv_buf;
+extern size_t sat_sconv_cap;
 
-/* 2-D convolution (one group) of at most SAT_SP output pixels on weights packed by the emitter in
- * SAT_VL-channel panels; `body` is the emitter's instantiation of sat_sconv_run with its 8-channel
- * epilogue, or NULL (then `epi` runs on each plane). Threads take runs of channel panels, about four per
- * thread so one descheduled thread holds up little. */
-static void sat_conv_stream(const float *x, const float *wp, float *y, int N, int C, int H, int W, int M, int KH,
+void sat_conv_stream(const float *x, const float *wp, float *y, int N, int C, int H, int W, int M, int KH,
                             int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi,
-                            sat_body body) {
-    const int K = C * KH * KW, R = OH * OW, panels = (M + SAT_VL - 1) / SAT_VL;
-    if (R <= 0 || M <= 0) return;
-    const int unfold = !(KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W);
-    float *xt = NULL;
-    if (unfold) {
-        xt = sat_thread_buf(&sat_sconv_buf, &sat_sconv_cap, (size_t)K * R);
-        if (!xt) abort();
-    }
-    int per = (panels + 4 * sat_threads - 1) / (4 * sat_threads);
-    if (sat_threads == 1 || sat_in_parallel) per = panels;
-    for (int n = 0; n < N; n++) {
-        const float *xn = x + (int64_t)n * C * H * W;
-        if (unfold)
-            for (int r = 0; r < K; r++)
-                sat_im2col_row(xn, xt + (int64_t)r * R, r, H, W, KH, KW, 0, OH, OW, sh, sw, ph, pw, dh, dw);
-        sat_sconv_args a = {unfold ? xt : xn, wp, y + (int64_t)n * M * R, (int64_t)n * M, K, M, R, per, epi};
-        sat_parallel((panels + per - 1) / per, body ? body : sat_sconv_item, &a);
-    }
-}
+                            sat_body body);
 
 /* ---- stride-1 convolution without im2col ------------------------------------------------------------
  * With unit strides, output pixel (oh, ow) of tap (c, kh, kw) reads padded input (c, oh + kh dh, ow + kw dw).
@@ -374,48 +312,7 @@ static inline void sat_ukr_x(int kc, const float *restrict a, const float *restr
     SAT_TILE_STORE(t, SAT_PN, acc);
 }
 
-/* One work unit: output rows [oh0, oh1) of one (image, group), channels of one chunk. */
-static void sat_xconv_unit(void *ctx, int64_t u, int tid) {
-    const sat_xconv_args *a = ctx;
-    const int s = (int)(u % a->split), tr = (int)(u / a->split % a->tiles);
-    const int64_t pair = u / a->split / a->tiles; /* n * G + g */
-    const int g = (int)(pair % a->G), Mg = a->M / a->G, OW = a->OW, Wp = a->Wp;
-    const int m0 = s * a->chunk, m1 = m0 + a->chunk < Mg ? m0 + a->chunk : Mg;
-    const int oh0 = tr * a->rows, oh1 = oh0 + a->rows < a->OH ? oh0 + a->rows : a->OH;
-    const int64_t P = (int64_t)a->OH * OW;
-    const int v0 = oh0 * Wp, v1 = (oh1 - 1) * Wp + OW; /* virtual pixels covering the rows */
-    const float *xb = a->xp + pair * a->xp_pair, *wg = a->wp + g * a->wp_group;
-    float *yb = a->y + (pair / a->G * a->M + (int64_t)g * Mg) * P;
-    /* per run of SAT_PN virtual pixels, the whole reduction of each channel panel in registers: the run's
-     * input lines stay in cache across the chunk's panels, and the emitter takes this layout only where the
-     * group's weights fit in L2 (emit.conv_layout), since every run passes all of them */
-    float t[SAT_PR * SAT_PN];
-    (void)tid;
-    for (int v = v0; v < v1; v += SAT_PN) {
-        const int oh = v / Wp, ow = v % Wp;
-        for (int i = m0; i < m1; i += SAT_PR) {
-            const int mr = m1 - i < SAT_PR ? m1 - i : SAT_PR;
-            sat_ukr_x(a->K, wg + (int64_t)i * a->K, xb + v, a->koff, t, 0);
-            for (int r = 0; r < mr; r++) {
-                const float *tr = t + r * SAT_PN;
-                float *yc = yb + (int64_t)(i + r) * P;
-                /* a run inside one output row, or any whole run where no column is padding (1x1 convs):
-                 * the outputs are contiguous */
-                if (ow + SAT_PN <= OW || (Wp == OW && v + SAT_PN <= v1)) {
-                    memcpy(yc + (int64_t)oh * OW + ow, tr, sizeof(float) * SAT_PN);
-                    continue;
-                }
-                int h = oh, w = ow;
-                for (int p = 0; p < SAT_PN && h < oh1; p++) {
-                    if (w < OW) yc[(int64_t)h * OW + w] = tr[p];
-                    if (++w == Wp) w = 0, h++;
-                }
-            }
-        }
-    }
-    if (a->epi)
-        for (int m = m0; m < m1; m++) a->epi(a->y, (yb - a->y) + (int64_t)m * P + (int64_t)oh0 * OW, (int64_t)(oh1 - oh0) * OW);
-}
+void sat_xconv_unit(void *ctx, int64_t u, int tid);
 
 typedef struct {
     const float *x;
@@ -424,57 +321,14 @@ typedef struct {
     int64_t pair;
 } sat_xpad_args;
 
-/* Padded copy of one input channel: item (n G + g) Cg + c. */
-static void sat_xpad_plane(void *ctx, int64_t item, int tid) {
-    const sat_xpad_args *a = ctx;
-    const int64_t pair = item / a->Cg, c = item % a->Cg;
-    const float *xi = a->x + (pair * a->Cg + c) * a->H * a->W; /* (n, g) pairs are consecutive Cg-channel runs */
-    float *d = a->xp + pair * a->pair + c * a->Hp * a->Wp;
-    (void)tid;
-    memset(d, 0, sizeof(float) * (size_t)a->ph * a->Wp);
-    for (int r = 0; r < a->H && r + a->ph < a->Hp; r++) {
-        float *dr = d + (int64_t)(r + a->ph) * a->Wp;
-        const int n = a->W < a->Wp - a->pw ? a->W : a->Wp - a->pw;
-        memset(dr, 0, sizeof(float) * (size_t)a->pw);
-        memcpy(dr + a->pw, xi + (int64_t)r * a->W, sizeof(float) * (size_t)n);
-        memset(dr + a->pw + n, 0, sizeof(float) * (size_t)(a->Wp - a->pw - n));
-    }
-    const int done = a->H + a->ph < a->Hp ? a->H + a->ph : a->Hp;
-    memset(d + (int64_t)done * a->Wp, 0, sizeof(float) * (size_t)(a->Hp - done) * a->Wp);
-}
+void sat_xpad_plane(void *ctx, int64_t item, int tid);
 
-static float *sat_xp_buf;
-static size_t sat_xp_cap;
+extern float *sat_xp_buf;
+extern size_t sat_xp_cap;
 
-/* Grouped 2-D convolution with unit strides on weights packed in SAT_PR-channel panels (as the usual
- * product's), on the padded grid (see above). */
-static void sat_conv_xdirect(const float *x, const float *wp, int64_t wp_group, float *y, int N, int C, int H, int W,
+void sat_conv_xdirect(const float *x, const float *wp, int64_t wp_group, float *y, int N, int C, int H, int W,
                              int M, int KH, int KW, int OH, int OW, int ph, int pw, int dh, int dw, int G,
-                             sat_epi epi) {
-    const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
-    if ((int64_t)OH * OW <= 0 || Mg <= 0) return;
-    const int Hp = OH + (KH - 1) * dh, Wp = OW + (KW - 1) * dw;
-    /* each pair's copy is followed by 2 SAT_PN spare floats: a run's loads may pass its last row's end */
-    const int64_t pair = (int64_t)Cg * Hp * Wp + 2 * SAT_PN, pairs = (int64_t)N * G;
-    float *xp = sat_thread_buf(&sat_xp_buf, &sat_xp_cap, (size_t)(pair * pairs + K));
-    if (!xp) abort();
-    int32_t *koff = (int32_t *)(xp + pair * pairs);
-    for (int k = 0; k < K; k++) {
-        const int c = k / (KH * KW), kh = k / KW % KH, kw = k % KW;
-        koff[k] = (int32_t)(((int64_t)c * Hp + (int64_t)kh * dh) * Wp + (int64_t)kw * dw);
-    }
-    sat_xpad_args pa = {x, xp, C, Cg, G, H, W, Hp, Wp, ph, pw, pair};
-    sat_parallel(pairs * Cg, sat_xpad_plane, &pa);
-    for (int64_t q = 0; q < pairs; q++) memset(xp + q * pair + pair - 2 * SAT_PN, 0, sizeof(float) * 2 * SAT_PN);
-    /* row tiles of about 256 virtual pixels: a tile's input rows stay in cache across its channel panels */
-    const int rows = (int)sat_clamp((256 + Wp - 1) / Wp, 1, OH), tiles = (OH + rows - 1) / rows;
-    const int64_t units = pairs * tiles;
-    int split = sat_threads > 1 && units % sat_threads != 0 && units < 8 * sat_threads ? sat_threads : 1;
-    int chunk = ((Mg + split - 1) / split + SAT_PR - 1) / SAT_PR * SAT_PR;
-    split = (Mg + chunk - 1) / chunk;
-    sat_xconv_args a = {xp, wp, koff, wp_group, pair, y, M, G, OH, OW, Wp, K, rows, tiles, split, chunk, epi};
-    sat_parallel(units * split, sat_xconv_unit, &a);
-}
+                             sat_epi epi);
 
 /* ---- products on constant weights -----------------------------------------------------------------
  * Gemm and MatMul whose B is a constant (a transformer's projections: 37 tokens x 768 times 768 x 192):
@@ -488,53 +342,12 @@ typedef struct {
     int M, N, K, per;
 } sat_pmm_args;
 
-static void sat_pmm_item(void *ctx, int64_t item, int tid) {
-    const sat_pmm_args *a = ctx;
-    const int N = a->N, K = a->K, M = a->M, j0 = (int)item * a->per, j1 = j0 + a->per < N ? j0 + a->per : N;
-    (void)tid;
-    for (int j = j0; j < j1; j += SAT_PN) {
-        const int nr = N - j < SAT_PN ? N - j : SAT_PN;
-        for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
-            const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
-            const float *bj = a->bp + (int64_t)j * K + (int64_t)k0 * SAT_PN;
-            for (int i = 0; i < M; i += SAT_PR)
-                sat_ukr(kc, a->ap + (int64_t)i * K + (int64_t)k0 * SAT_PR, bj, a->Y + (int64_t)i * N + j, N,
-                        M - i < SAT_PR ? M - i : SAT_PR, nr, k0 > 0);
-        }
-    }
-}
+void sat_pmm_item(void *ctx, int64_t item, int tid);
 
-static float *sat_pmm_buf[SAT_MAX_THREADS];
-static size_t sat_pmm_cap[SAT_MAX_THREADS];
+extern float *sat_pmm_buf[SAT_MAX_THREADS];
+extern size_t sat_pmm_cap[SAT_MAX_THREADS];
 
-/* Y[yoff ..] (M x N) = alpha * op(A) B, B packed by the emitter (above), then the epilogue row by row. */
-static void sat_gemm_packed(int ta, int M, int N, int K, float alpha, const float *A, int lda, const float *bp,
-                            float *Y, int64_t yoff, sat_epi epi) {
-    if (M <= 0 || N <= 0) return;
-    const int panels = (M + SAT_PR - 1) / SAT_PR;
-    float *ap = sat_thread_buf(&sat_pmm_buf[sat_pool_tid], &sat_pmm_cap[sat_pool_tid], (size_t)panels * SAT_PR * K);
-    if (!ap) abort();
-    for (int p = 0; p < panels; p++)
-        for (int r = 0; r < SAT_PR; r++) {
-            const int i = p * SAT_PR + r;
-            float *d = ap + (int64_t)p * K * SAT_PR + r;
-            if (i >= M)
-                for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = 0.0f;
-            else if (ta)
-                for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = alpha * A[(int64_t)k * lda + i];
-            else
-                for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = alpha * A[(int64_t)i * lda + k];
-        }
-    /* whole panels per item, about two items per thread */
-    int per = N;
-    if (sat_threads > 1 && !sat_in_parallel) {
-        per = (N + 2 * sat_threads - 1) / (2 * sat_threads);
-        per = (per + SAT_PN - 1) / SAT_PN * SAT_PN;
-    }
-    sat_pmm_args a = {ap, bp, Y + yoff, M, N, K, per};
-    sat_parallel((N + per - 1) / per, sat_pmm_item, &a);
-    if (epi)
-        for (int m = 0; m < M; m++) epi(Y, yoff + (int64_t)m * N, N);
-}
+void sat_gemm_packed(int ta, int M, int N, int K, float alpha, const float *A, int lda, const float *bp,
+                            float *Y, int64_t yoff, sat_epi epi);
 
 #endif

@@ -15,35 +15,21 @@ int64_t sat_heap_bytes(void);
 int64_t sat_heap_peak_bytes(void);
 void sat_heap_reset_peak(void);
 
-static _Atomic int64_t sat_heap_live, sat_heap_peak;
+#pragma GCC visibility push(hidden)
+extern _Atomic int64_t sat_heap_live, sat_heap_peak;
+void *sat_heap_alloc(size_t bytes, int zero);
+void sat_heap_free(void *q);
+#pragma GCC visibility pop
 
+/* The C API's view of the counters, defined in each model (the library exports nothing). */
+#ifndef SAT_LIBRARY
 int64_t sat_heap_bytes(void) { return atomic_load(&sat_heap_live); }
 int64_t sat_heap_peak_bytes(void) { return atomic_load(&sat_heap_peak); }
 void sat_heap_reset_peak(void) { atomic_store(&sat_heap_peak, atomic_load(&sat_heap_live)); }
+#endif
 
 /* Each block carries its size in a 64-byte header, so blocks stay 64-byte aligned for aligned_alloc. */
 #define SAT_HEAP_HEAD 64
-
-static void *sat_heap_alloc(size_t bytes, int zero) {
-    char *p = aligned_alloc(SAT_HEAP_HEAD, (bytes + 2 * SAT_HEAP_HEAD - 1) / SAT_HEAP_HEAD * SAT_HEAP_HEAD);
-    if (!p) return NULL;
-    if (zero) memset(p + SAT_HEAP_HEAD, 0, bytes);
-    memcpy(p, &bytes, sizeof bytes);
-    const int64_t now = atomic_fetch_add(&sat_heap_live, (int64_t)bytes) + (int64_t)bytes;
-    int64_t peak = atomic_load(&sat_heap_peak);
-    while (now > peak && !atomic_compare_exchange_weak(&sat_heap_peak, &peak, now)) {
-    }
-    return p + SAT_HEAP_HEAD;
-}
-
-static void sat_heap_free(void *q) {
-    if (!q) return;
-    char *p = (char *)q - SAT_HEAP_HEAD;
-    size_t bytes;
-    memcpy(&bytes, p, sizeof bytes);
-    atomic_fetch_sub(&sat_heap_live, (int64_t)bytes);
-    free(p);
-}
 
 static inline void *sat_heap_calloc(size_t n, size_t size) { return sat_heap_alloc(n * size, 1); }
 

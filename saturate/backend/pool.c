@@ -1,0 +1,105 @@
+/* The kernel library's half of pool.h: compiled once per instruction set (build.py), linked into every model. */
+#include "pool.h"
+
+int sat_threads = 1;
+
+_Atomic int sat_pool_active;
+
+__thread int sat_in_parallel;
+
+__thread int sat_pool_tid;
+
+sat_pool_state sat_pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+/* Claim and run items of the job published as generation `gen` until none are left. */
+void sat_pool_drain(uint32_t gen, int tid) {
+    for (;;) {
+        uint64_t t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
+        if ((uint32_t)(t >> 32) != gen || (int64_t)(uint32_t)t >= sat_pool.n) return;
+        sat_body fn = sat_pool.fn;
+        void *ctx = sat_pool.ctx;
+        /* A successful claim proves the job was still running, so fn and ctx read above are its own. */
+        if (!atomic_compare_exchange_weak_explicit(&sat_pool.ticket, &t, t + 1, memory_order_acq_rel,
+                                                   memory_order_relaxed))
+            continue;
+        fn(ctx, (int64_t)(uint32_t)t, tid);
+        atomic_fetch_add_explicit(&sat_pool.done, 1, memory_order_release);
+    }
+}
+
+void *sat_pool_worker(void *arg) {
+    const int tid = (int)(intptr_t)arg;
+    uint32_t seen = 0;
+    sat_in_parallel = 1; /* a worker only ever runs items */
+    sat_pool_tid = tid;
+    for (;;) {
+        uint64_t t = 0;
+        /* Spin for the next job while a run lasts (jobs come in bursts within one inference), and briefly
+         * after it; then sleep until a job or the next run. */
+        for (int spin = 0; spin < 20000 || sat_pool_wanted(tid); spin++) {
+            t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
+            if ((uint32_t)(t >> 32) != seen) break;
+        }
+        if ((uint32_t)(t >> 32) == seen) {
+            pthread_mutex_lock(&sat_pool.mu);
+            while ((uint32_t)(atomic_load(&sat_pool.ticket) >> 32) == seen && !sat_pool_wanted(tid))
+                pthread_cond_wait(&sat_pool.cv, &sat_pool.mu);
+            pthread_mutex_unlock(&sat_pool.mu);
+            t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
+            if ((uint32_t)(t >> 32) == seen) continue; /* woken for a run: spin for its first job */
+        }
+        seen = (uint32_t)(t >> 32);
+        if (tid < sat_threads) sat_pool_drain(seen, tid);
+    }
+    return NULL;
+}
+
+/* A run begins: sleeping workers wake now, so their wake-up overlaps the caller's first work instead of
+ * leaving the first jobs to the caller alone. */
+void sat_pool_begin(void) {
+    if (sat_threads <= 1 || sat_in_parallel) return;
+    pthread_mutex_lock(&sat_pool.mu);
+    atomic_store(&sat_pool_active, 1);
+    pthread_cond_broadcast(&sat_pool.cv);
+    pthread_mutex_unlock(&sat_pool.mu);
+}
+
+void sat_pool_end(void) { atomic_store(&sat_pool_active, 0); }
+
+/* Run fn(ctx, i, tid) for i in [0, n) on up to sat_threads threads; returns when all have run. */
+void sat_parallel(int64_t n, sat_body fn, void *ctx) {
+    if (sat_threads <= 1 || n <= 1 || sat_in_parallel) {
+        /* serial: on the calling thread, under its own id when nested in another loop's item */
+        const int tid = sat_in_parallel ? sat_pool_tid : 0;
+        for (int64_t i = 0; i < n; i++) fn(ctx, i, tid);
+        return;
+    }
+    while (sat_pool.started < sat_threads - 1 && sat_pool.started < SAT_MAX_THREADS - 1) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, sat_pool_worker, (void *)(intptr_t)(sat_pool.started + 1)) != 0) break;
+        pthread_detach(th);
+        sat_pool.started++;
+    }
+    /* Close the last job's ticket before its fields are reused: a worker that read the ticket while that
+     * job ran may reach its claim only now, and must not claim an item of the job written below under the
+     * old numbering (its compare-exchange now fails), nor count it into the new job's `done`. */
+    atomic_store(&sat_pool.ticket, atomic_load(&sat_pool.ticket) | 0xFFFFFFFFu);
+    atomic_thread_fence(memory_order_seq_cst);
+    sat_pool.fn = fn;
+    sat_pool.ctx = ctx;
+    sat_pool.n = n;
+    atomic_store(&sat_pool.done, 0);
+    pthread_mutex_lock(&sat_pool.mu);
+    const uint32_t gen = (uint32_t)(atomic_load(&sat_pool.ticket) >> 32) + 1;
+    atomic_store_explicit(&sat_pool.ticket, (uint64_t)gen << 32, memory_order_release);
+    pthread_cond_broadcast(&sat_pool.cv);
+    pthread_mutex_unlock(&sat_pool.mu);
+    sat_in_parallel = 1;
+    sat_pool_drain(gen, 0);
+    sat_in_parallel = 0;
+    while (atomic_load_explicit(&sat_pool.done, memory_order_acquire) < n) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+    }
+}

@@ -1,0 +1,292 @@
+/* The kernel library's half of tensor.h: compiled once per instruction set (build.py), linked into every model. */
+#include "kernels.h"
+
+/* Rows of ~4K floats per work item: big enough to amortize the pool, small enough to balance. */
+int64_t sat_rows_per_item(int64_t rows, int64_t row_len) {
+    int64_t per = 4096 / (row_len > 0 ? row_len : 1);
+    return per < 1 ? 1 : (per > rows ? (rows > 0 ? rows : 1) : per);
+}
+
+/* Rows [r0, r1) of y (row = last axis), reading x at sum(idx[d] * istride[d]). */
+void sat_strided_item(void *ctx, int64_t item, int tid) {
+    const sat_strided_args *a = ctx;
+    const int rank = a->rank;
+    const int64_t inner = a->oshape[rank - 1], is = a->istride[rank - 1];
+    const int64_t r0 = item * a->per, r1 = r0 + a->per < a->rows ? r0 + a->per : a->rows;
+    int64_t idx[SAT_MAX_RANK] = {0};
+    int64_t rest = r0;
+    for (int d = rank - 2; d >= 0; d--) {
+        idx[d] = rest % a->oshape[d];
+        rest /= a->oshape[d];
+    }
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t base = 0;
+        for (int d = 0; d < rank - 1; d++) base += idx[d] * a->istride[d];
+        float *y = a->y + r * inner;
+        const float *x = a->x + base;
+        if (is == 1)
+            memcpy(y, x, sizeof(float) * (size_t)inner);
+        else if (is == 0)
+            for (int64_t i = 0; i < inner; i++) y[i] = x[0];
+        else
+            for (int64_t i = 0; i < inner; i++) y[i] = x[i * is];
+        for (int d = rank - 2; d >= 0; d--) {
+            if (++idx[d] < a->oshape[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+/* y (row-major, shape oshape) = x at sum(idx[d] * istride[d]); strides may be 0 (broadcast) or
+ * negative (reversed slices), x may point into the middle of a buffer. */
+void sat_strided(const float *x, float *y, int rank, const int64_t *oshape, const int64_t *istride) {
+    int64_t rows = 1;
+    for (int d = 0; d < rank - 1; d++) rows *= oshape[d];
+    if (rank < 1 || oshape[rank - 1] == 0 || rows == 0) return;
+    sat_strided_args a = {x, y, rank, oshape, istride, rows, sat_rows_per_item(rows, oshape[rank - 1])};
+    sat_parallel((rows + a.per - 1) / a.per, sat_strided_item, &a);
+}
+
+void sat_pad_item(void *ctx, int64_t item, int tid) {
+    const sat_pad_args *a = ctx;
+    const int rank = a->rank, mode = a->mode;
+    const int64_t on = a->oshape[rank - 1], in = a->ishape[rank - 1], b = a->begin[rank - 1];
+    const int64_t r0 = item * a->per, r1 = r0 + a->per < a->rows ? r0 + a->per : a->rows;
+    (void)tid;
+    /* The run of output columns that copy the input row straight. */
+    const int64_t lo = b < 0 ? 0 : (b < on ? b : on), hi = b + in < lo ? lo : (b + in < on ? b + in : on);
+    for (int64_t r = r0; r < r1; r++) {
+        float *y = a->y + r * on;
+        int64_t rest = r, base = 0, stride = in, fill = 0;
+        for (int d = rank - 2; d >= 0; d--) {
+            const int64_t o = rest % a->oshape[d];
+            rest /= a->oshape[d];
+            const int64_t s = sat_pad_src(o, a->begin[d], a->ishape[d], mode);
+            if (s < 0) fill = 1;
+            base += s * stride;
+            stride *= a->ishape[d];
+        }
+        if (fill) {
+            for (int64_t i = 0; i < on; i++) y[i] = a->value;
+            continue;
+        }
+        const float *x = a->x + base;
+        for (int64_t i = 0; i < lo; i++) {
+            const int64_t s = sat_pad_src(i, b, in, mode);
+            y[i] = s < 0 ? a->value : x[s];
+        }
+        if (hi > lo) memcpy(y + lo, x + (lo - b), sizeof(float) * (size_t)(hi - lo));
+        for (int64_t i = hi; i < on; i++) {
+            const int64_t s = sat_pad_src(i, b, in, mode);
+            y[i] = s < 0 ? a->value : x[s];
+        }
+    }
+}
+
+/* Pad (or crop, for negative pads) x into y; every axis may pad, in constant, reflect or edge mode. */
+void sat_pad(const float *x, float *y, int rank, const int64_t *ishape, const int64_t *oshape,
+                    const int64_t *begin, int mode, float value) {
+    int64_t rows = 1;
+    for (int d = 0; d < rank - 1; d++) rows *= oshape[d];
+    if (rows == 0 || oshape[rank - 1] == 0) return;
+    sat_pad_args a = {x, y, rank, mode, ishape, oshape, begin, value, rows, sat_rows_per_item(rows, oshape[rank - 1])};
+    sat_parallel((rows + a.per - 1) / a.per, sat_pad_item, &a);
+}
+
+void sat_layernorm_item(void *ctx, int64_t item, int tid) {
+    const sat_norm_args *a = ctx;
+    const int64_t L = a->L, r0 = item * a->per, r1 = r0 + a->per < a->rows ? r0 + a->per : a->rows;
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = a->x + r * L;
+        float *y = a->y + r * L;
+        /* Eight partial sums: vectorizable without -ffast-math and more accurate than one. */
+        float s[8] = {0}, q[8] = {0};
+        int64_t i = 0;
+        const int64_t body = L - L % 8;  /* explicit bound: see sat_reduce */
+        for (; i < body; i += 8)
+            for (int k = 0; k < 8; k++) s[k] += x[i + k];
+        double sum = 0.0;
+        for (int k = 0; k < 8; k++) sum += s[k];
+        for (; i < L; i++) sum += x[i];
+        const float mean = (float)(sum / (double)L);
+        for (i = 0; i < body; i += 8)
+            for (int k = 0; k < 8; k++) {
+                const float d = x[i + k] - mean;
+                q[k] += d * d;
+            }
+        double var = 0.0;
+        for (int k = 0; k < 8; k++) var += q[k];
+        for (; i < L; i++) var += (double)(x[i] - mean) * (x[i] - mean);
+        const float inv = (float)(1.0 / sqrt(var / (double)L + (double)a->eps));
+        if (a->bias)
+            for (i = 0; i < L; i++) y[i] = (x[i] - mean) * inv * a->scale[i] + a->bias[i];
+        else
+            for (i = 0; i < L; i++) y[i] = (x[i] - mean) * inv * a->scale[i];
+        if (a->epi) a->epi(a->y, r * L, L);
+    }
+}
+
+/* LayerNormalization over the trailing L elements of each of `rows` rows; scale and bias hold L. */
+void sat_layernorm(const float *x, const float *scale, const float *bias, float *y, int64_t rows, int64_t L,
+                          float eps, sat_epi epi) {
+    sat_norm_args a = {x, scale, bias, y, rows, L, sat_rows_per_item(rows, L), eps, epi};
+    if (rows > 0) sat_parallel((rows + a.per - 1) / a.per, sat_layernorm_item, &a);
+}
+
+#if (defined(__AVX512F__))
+/* Softmax of one contiguous row of L floats, 16 lanes at a time. */
+void sat_softmax_row512(const float *x, float *y, int64_t L) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < L; i += 16) {
+        const __mmask16 m = L - i >= 16 ? 0xFFFF : (__mmask16)((1u << (L - i)) - 1);
+        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, x + i));
+    }
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < L; i += 16) {
+        const __mmask16 m = L - i >= 16 ? 0xFFFF : (__mmask16)((1u << (L - i)) - 1);
+        const __m512 e = sat_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), top));
+        _mm512_mask_storeu_ps(y + i, m, e);
+        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    for (int64_t i = 0; i < L; i += 16) {
+        const __mmask16 m = L - i >= 16 ? 0xFFFF : (__mmask16)((1u << (L - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + i), inv));
+    }
+}
+
+#endif
+
+/* One outer block: every (inner) lane of it along the axis. */
+void sat_softmax_item(void *ctx, int64_t o, int tid) {
+    const sat_softmax_args *a = ctx;
+    const int64_t L = a->L, inner = a->inner;
+    (void)tid;
+#if defined(__AVX512F__)
+    if (inner == 1) {
+        sat_softmax_row512(a->x + o * L, a->y + o * L, L);
+        return;
+    }
+#endif
+    for (int64_t j = 0; j < inner; j++) {
+        const float *xi = a->x + o * L * inner + j;
+        float *yo = a->y + o * L * inner + j;
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < L; i++) mx = xi[i * inner] > mx ? xi[i * inner] : mx;
+        double sum = 0.0;
+        for (int64_t i = 0; i < L; i++) {
+            const float e = expf(xi[i * inner] - mx);
+            yo[i * inner] = e;
+            sum += e;
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int64_t i = 0; i < L; i++) yo[i * inner] *= inv;
+    }
+}
+
+/* Numerically stable softmax along an axis of length L, between `outer` and `inner` blocks. */
+void sat_softmax(const float *x, float *y, int64_t outer, int64_t L, int64_t inner) {
+    sat_softmax_args a = {x, y, outer, L, inner};
+    sat_parallel(outer, sat_softmax_item, &a);
+}
+
+/* Reduce x (shape `shape`) into y: ystride[d] is y's stride along kept axes and 0 along reduced ones.
+ * mode 0 sum, 1 mean (sum times `scale`), 2 max, 3 min. One pass over x, in order. */
+void sat_reduce(const float *x, float *y, int rank, const int64_t *shape, const int64_t *ystride,
+                       int64_t ysize, int mode, float scale) {
+    const float init = mode == 2 ? -INFINITY : (mode == 3 ? INFINITY : 0.0f);
+    for (int64_t i = 0; i < ysize; i++) y[i] = init;
+    const int64_t inner = shape[rank - 1], ys = ystride[rank - 1];
+    int64_t rows = 1;
+    for (int d = 0; d < rank - 1; d++) rows *= shape[d];
+    int64_t idx[SAT_MAX_RANK] = {0};
+    for (int64_t r = 0; r < rows && inner > 0; r++) {
+        int64_t o = 0;
+        for (int d = 0; d < rank - 1; d++) o += idx[d] * ystride[d];
+        const float *xr = x + r * inner;
+        if (ys == 0) {
+            float acc[8];
+            for (int k = 0; k < 8; k++) acc[k] = init;
+            int64_t i = 0;
+            if (mode < 2) {
+                /* The 8-wide part ends at an explicit bound: with `i + 8 <= inner` as the test, gcc (12, once
+                   the shape is a constant) cannot bound where the tail loop starts and warns that its
+                   iteration 2^62 would overflow the pointer (-Werror=aggressive-loop-optimizations). */
+                const int64_t body = inner - inner % 8;
+                for (; i < body; i += 8)
+                    for (int k = 0; k < 8; k++) acc[k] += xr[i + k];
+                float t = 0.0f;
+                for (int k = 0; k < 8; k++) t += acc[k];
+                for (; i < inner; i++) t += xr[i];
+                y[o] += t;
+            } else {
+                float t = y[o];
+                for (; i < inner; i++) t = mode == 2 ? (xr[i] > t ? xr[i] : t) : (xr[i] < t ? xr[i] : t);
+                y[o] = t;
+            }
+        } else {
+            float *yr = y + o;
+            if (mode < 2)
+                for (int64_t i = 0; i < inner; i++) yr[i] += xr[i];
+            else if (mode == 2)
+                for (int64_t i = 0; i < inner; i++) yr[i] = xr[i] > yr[i] ? xr[i] : yr[i];
+            else
+                for (int64_t i = 0; i < inner; i++) yr[i] = xr[i] < yr[i] ? xr[i] : yr[i];
+        }
+        for (int d = rank - 2; d >= 0; d--) {
+            if (++idx[d] < shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+    if (mode == 1)
+        for (int64_t i = 0; i < ysize; i++) y[i] *= scale;
+}
+
+/* One plane: bilinear blend of the tabled source pixels, or a gather for nearest. */
+void sat_resize_plane(void *ctx, int64_t p, int tid) {
+    const sat_resize_args *a = ctx;
+    const float *x = a->x + p * a->H * a->W;
+    float *y = a->y + p * a->OH * a->OW;
+    (void)tid;
+    for (int64_t oh = 0; oh < a->OH; oh++) {
+        const float *r0 = x + a->h0[oh] * a->W, *r1 = x + a->h1[oh] * a->W;
+        float *yr = y + oh * a->OW;
+        if (a->nearest) {
+            for (int64_t ow = 0; ow < a->OW; ow++) yr[ow] = r0[a->w0[ow]];
+            continue;
+        }
+        const float fh = a->hw[oh];
+        for (int64_t ow = 0; ow < a->OW; ow++) {
+            const float fw = a->ww[ow];
+            const float top = r0[a->w0[ow]] + fw * (r0[a->w1[ow]] - r0[a->w0[ow]]);
+            const float bot = r1[a->w0[ow]] + fw * (r1[a->w1[ow]] - r1[a->w0[ow]]);
+            yr[ow] = top + fh * (bot - top);
+        }
+    }
+}
+
+/* Resize the last two axes of `planes` H x W planes to OH x OW from per-axis source tables. */
+void sat_resize2d(const float *x, float *y, int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                         const int32_t *h0, const int32_t *h1, const float *hw, const int32_t *w0,
+                         const int32_t *w1, const float *ww, int nearest) {
+    sat_resize_args a = {x, y, H, W, OH, OW, h0, h1, w0, w1, hw, ww, nearest};
+    sat_parallel(planes, sat_resize_plane, &a);
+}
+
+void sat_bmm_item(void *ctx, int64_t bi, int tid) {
+    const sat_bmm_args *a = ctx;
+    (void)tid;
+    sat_gemm(0, 0, a->M, a->N, a->K, 1.0f, a->A + a->offs[bi][0], a->K, a->B + a->offs[bi][1], a->N, a->Y,
+             bi * (int64_t)a->M * a->N, a->epi);
+}
+
+/* `batch` products Y[bi] = A[offs[bi][0]..] B[offs[bi][1]..] (broadcast batch dims resolved in the
+ * offsets table), one product per work item on single-threaded OpenBLAS. */
+void sat_matmul_batched(const float *A, const float *B, float *Y, int64_t batch, const int64_t (*offs)[2],
+                               int M, int N, int K, sat_epi epi) {
+    sat_bmm_args a = {A, B, Y, offs, M, N, K, epi};
+    sat_parallel(batch, sat_bmm_item, &a);
+}

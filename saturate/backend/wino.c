@@ -1,0 +1,98 @@
+/* The kernel library's half of wino.h: compiled once per instruction set (build.py), linked into every model. */
+#include "kernels.h"
+
+float *sat_wino_buf[SAT_MAX_THREADS];
+
+size_t sat_wino_cap[SAT_MAX_THREADS];
+
+/* Tiles [t0, t0 + nt) of one image, channel c, into the 16 slices of v (`vs` floats apart): element
+ * (c, t) of tile panel q at [q ps + c SAT_PR + t % SAT_PR], ps = C SAT_PR + SAT_VL. Per tile row the 4
+ * input rows are combined first (B^T d, whole rows at once), then split into even and odd columns, so the
+ * column step (d B) of every tile reads contiguous runs the compiler vectorizes. Channels go in
+ * increasing order (the vector stores below rely on it). */
+void sat_wino_in(const sat_wino_args *a, const float *xc, float *v, int64_t vs, int64_t ps, int c, int t0,
+                        int nt, float *tmp) {
+    const int TW = a->TW, H = a->H, W = a->W;
+    float *d = tmp, *e = d + 4 * (2 * TW + 2), *o = e + 4 * (TW + 1), *out = o + 4 * (TW + 1);
+    const int th0 = t0 / TW, th1 = (t0 + nt - 1) / TW;
+    for (int th = th0; th <= th1; th++) {
+        const int tw0 = th == th0 ? t0 % TW : 0, tw1 = th == th1 ? (t0 + nt - 1) % TW + 1 : TW, len = tw1 - tw0;
+        const int n = 2 * len + 2, iw0 = 2 * tw0 - a->pw;
+        int lo, hi;
+        sat_valid_cols(iw0, W, n, &lo, &hi);
+        for (int r = 0; r < 4; r++) {
+            const int ih = 2 * th - a->ph + r;
+            float *dr = d + r * n;
+            if (ih < 0 || ih >= H) {
+                memset(dr, 0, sizeof(float) * (size_t)n);
+                continue;
+            }
+            memset(dr, 0, sizeof(float) * (size_t)lo);
+            memcpy(dr + lo, xc + (int64_t)ih * W + iw0 + lo, sizeof(float) * (size_t)(hi - lo));
+            memset(dr + hi, 0, sizeof(float) * (size_t)(n - hi));
+        }
+        const float *d0 = d, *d1 = d + n, *d2 = d + 2 * n, *d3 = d + 3 * n;
+        float *e0 = e, *e1 = e + (TW + 1), *e2 = e + 2 * (TW + 1), *e3 = e + 3 * (TW + 1);
+        float *o0 = o, *o1 = o + (TW + 1), *o2 = o + 2 * (TW + 1), *o3 = o + 3 * (TW + 1);
+        for (int s = 0; s <= len; s++) {
+            e0[s] = d0[2 * s] - d2[2 * s], e1[s] = d1[2 * s] + d2[2 * s];
+            e2[s] = d2[2 * s] - d1[2 * s], e3[s] = d1[2 * s] - d3[2 * s];
+            o0[s] = d0[2 * s + 1] - d2[2 * s + 1], o1[s] = d1[2 * s + 1] + d2[2 * s + 1];
+            o2[s] = d2[2 * s + 1] - d1[2 * s + 1], o3[s] = d1[2 * s + 1] - d3[2 * s + 1];
+        }
+        for (int i = 0; i < 4; i++) {
+            const float *ei = e + i * (TW + 1), *oi = o + i * (TW + 1);
+            float *r0 = out + (4 * i) * (TW + SAT_VL), *r1 = r0 + TW + SAT_VL, *r2 = r1 + TW + SAT_VL,
+                  *r3 = r2 + TW + SAT_VL;
+            for (int s = 0; s < len; s++) {
+                r0[s] = ei[s] - ei[s + 1];
+                r1[s] = oi[s] + ei[s + 1];
+                r2[s] = ei[s + 1] - oi[s];
+                r3[s] = oi[s] - oi[s + 1];
+            }
+        }
+        /* each run of the row's tiles inside one panel goes to all 16 slices as one vector of SAT_VL
+         * floats: the lanes past the run land on positions a later run or channel writes again (or on
+         * the panel's SAT_VL spare floats), zeros past the row's end (the slack cleared here) on the
+         * last panel's padding tiles, whose sums are never read */
+        for (int xi = 0; xi < 16; xi++) memset(out + xi * (TW + SAT_VL) + len, 0, sizeof(float) * SAT_VL);
+        const int base = th * TW + tw0 - t0; /* block index of the row's first tile */
+        for (int s = 0; s < len;) {
+            const int t = base + s, r = t % SAT_PR, run = SAT_PR - r < len - s ? SAT_PR - r : len - s;
+            float *dst = v + (int64_t)(t / SAT_PR) * ps + (int64_t)c * SAT_PR + r;
+            for (int xi = 0; xi < 16; xi++) sat_vstore(dst + xi * vs, sat_vload(out + xi * (TW + SAT_VL) + s));
+            s += run;
+        }
+    }
+}
+
+void sat_wino_unit(void *ctx, int64_t u, int tid) { sat_wino_run(ctx, u, tid, NULL); }
+
+/* 3x3 convolution, unit strides and dilations, one group, begin pads ph, pw (any end pads: OH, OW say
+ * where the output ends), on weights transformed and packed by the emitter (emit.wino_weights: 16 slices
+ * of Mp x C, Mp = M rounded up to SAT_PN). `body` is the emitter's instantiation of sat_wino_run with
+ * its 8-channel epilogue, or NULL (then `epi` runs on the output rows). Blocks hold about
+ * SAT_WINO_VFLOATS floats of transformed input, evened out over an image's tiles; when the units are too
+ * few to share evenly, each is split by channel chunks (each chunk transforms its block's input again,
+ * a small cost beside its products). */
+void sat_conv_wino(const float *x, const float *u, float *y, int N, int C, int H, int W, int M, int OH,
+                          int OW, int ph, int pw, sat_epi epi, sat_body body) {
+    if ((int64_t)OH * OW <= 0 || M <= 0) return;
+    const int TH = (OH + 1) / 2, TW = (OW + 1) / 2, tiles = TH * TW;
+    int tb = SAT_WINO_VFLOATS / (16 * C) / SAT_PR * SAT_PR;
+    if (tb < SAT_PR) tb = SAT_PR;
+    int blocks = (tiles + tb - 1) / tb;
+    /* as many blocks as a multiple of the threads where that leaves blocks of at least 2 panels: smaller
+     * blocks cost less than channel chunks, each of which transforms its block's input again */
+    const int even = (blocks + sat_threads - 1) / sat_threads * sat_threads;
+    if (sat_threads > 1 && !sat_in_parallel && N % sat_threads != 0 && tiles / even >= 2 * SAT_PR) blocks = even;
+    tb = (tiles + blocks - 1) / blocks;
+    blocks = (tiles + tb - 1) / tb;
+    const int64_t units = (int64_t)N * blocks;
+    int split = sat_threads > 1 && units % sat_threads != 0 && units < 8 * sat_threads ? sat_threads : 1;
+    int chunk = ((M + split - 1) / split + SAT_PN - 1) / SAT_PN * SAT_PN;
+    split = (M + chunk - 1) / chunk;
+    const int Mp = (M + SAT_PN - 1) / SAT_PN * SAT_PN;
+    sat_wino_args a = {x, u, y, C, H, W, M, Mp, OH, OW, ph, pw, TW, tiles, tb, blocks, split, chunk, epi};
+    sat_parallel(units * split, body ? body : sat_wino_unit, &a);
+}

@@ -17,7 +17,7 @@ from saturate.frontend.onnx_io import MAX_OPSET
 from saturate.core.errors import SaturateError, SourceError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 from saturate.core.limits import check_allocation
-from saturate.core.ops import op_table
+from saturate.ops.schema import op_table
 
 AttrType = onnx.defs.OpSchema.AttrType
 

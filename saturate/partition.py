@@ -17,7 +17,7 @@ from onnx import helper
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, unique_name
-from saturate.core.ops import op_table
+from saturate.ops.schema import op_table
 from saturate.engine.decode import unread_outputs
 from saturate.lang.ast import Var
 from saturate.targets.composites import body_attrs, interior_types, positions, position_attrs, variables

@@ -87,7 +87,7 @@ def _load(rules: Any, level: int) -> list[Rule]:
 def _preserved(graph: Graph, model: Any, preserve: Iterable[str]) -> tuple[Graph, set[str]]:
     """Node names no rewrite may touch: `preserve` lists op names and node names; nodes the
     model itself marks (graph.meta["preserve"], read on import) are added."""
-    from saturate.core.ops import op_table
+    from saturate.ops.schema import op_table
     from saturate.targets.preserve import preserved
     from saturate.targets.target import Target
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Lower layers never import higher ones: commands -> pipeline/partition -> stages -> core.
-LAYERS = {"core": 0, "lang": 1, "interp": 1, "frontend": 1, "targets": 2, "engine": 3, "check": 3,
+LAYERS = {"core": 0, "lang": 1, "interp": 1, "frontend": 1, "ops": 1, "targets": 2, "engine": 3, "check": 3,
           "backend": 3, "report": 3, "pipeline": 4, "partition": 5, "batch": 5, "summary": 5, "commands": 6,
           "cli": 7}
 

@@ -8,7 +8,7 @@ import onnx.defs
 import pytest
 
 from saturate.core.ir import Graph, Node, ValueInfo
-from saturate.core.ops import op_table, spec
+from saturate.ops.schema import op_table, spec
 from saturate.interp.interpreter import run_graph
 from saturate.ops import OpDef, entries, find, flops, infer_type, lookup, numel, ops_with, registered
 

@@ -1,4 +1,4 @@
-"""Tests for the op facts (saturate.core.ops) and window geometry (saturate.core.geometry)."""
+"""Tests for the op facts (saturate.ops.schema) and window geometry (saturate.core.geometry)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from saturate.core import geometry
-from saturate.core.ops import op_table, spec
+from saturate.ops.schema import op_table, spec
 from saturate.lang.parser import parse_rules
 
 

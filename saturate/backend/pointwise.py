@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from saturate.backend.quant import q_expr, q_vec_expr
 from saturate.backend.shapes import unsupported
 from saturate.core.ir import Node
 from saturate.ops.ctext import c_float, clip_bounds
-from saturate.ops.registry import lookup
+from saturate.ops.registry import attach, lookup
 
 __all__ = ["Operand", "c_float", "clip_bounds", "run_axis", "step_expr", "strides", "vec_expr"]
 
@@ -158,6 +159,13 @@ def vec_expr(node: Node, chain_input: str, operand, graph) -> str | None:
     if d is None or d.c_vec is None:
         return None
     return d.c_vec(node, PointwiseArgs(node, chain_input, operand), operand, graph)
+
+
+# The C of quantizing and dequantizing lives with the backend's quant kernels: hooks of the
+# registry's entries that need the backend's own code are attached here.
+for _op in ("QuantizeLinear", "DequantizeLinear"):
+    attach(_op, c_expr=lambda node, a, operand, graph: q_expr(node, operand, graph),
+           c_vec=lambda node, a, operand, graph: q_vec_expr(node, operand, graph))
 
 
 def run_axis(oshape: tuple[int, ...], shapes: list[tuple[int, ...]]) -> int:

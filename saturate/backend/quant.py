@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from saturate.backend.pointwise import c_float
+from saturate.ops.ctext import c_float
 from saturate.backend.shapes import INT_CODED, INT_CODED_TYPES, conv_window, unsupported
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node

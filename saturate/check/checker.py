@@ -22,7 +22,7 @@ from saturate.core.ir import Graph, Node
 from saturate.lang.ast import Num, OpTerm, Rule, Term, Var
 from saturate.lang import fold
 from saturate.lang.variadic import instantiate, is_variadic, list_vars
-from saturate.core.ops import op_table
+from saturate.ops.schema import op_table
 from saturate.ops.registry import domain_of
 from saturate.check.compiled import RightSideError, build_rhs, compiled, decide_example, directions
 from saturate.check.examples import Example, rule_examples

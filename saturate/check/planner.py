@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from saturate.core.errors import SaturateError
 from saturate.core.geometry import GeometryError, window
 from saturate.core.ir import Node
-from saturate.core.ops import op_table, spec
+from saturate.ops.schema import op_table, spec
 from saturate.lang.ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Term, Var
 from saturate.check.quant_planner import QuantPlanning
 from saturate.check.schema import (BASE_OPSET, DTYPE_WEIGHTS, FLOATS, attribute_drawer, draw_dtype,
@@ -277,7 +277,7 @@ class Planner(QuantPlanning):
     def assign_types(self, t: Term, allowed: frozenset[str] | None, path: tuple[int, ...]) -> str | None:
         """Draw the dtype of `t`'s value among `allowed` (None: any drawn dtype) as its op's type
         constraints allow; returns it. An op the engine rewrites only on floats (every op but
-        the shape-arithmetic ones, see saturate.core.ops.SHAPE_OPS) is drawn on floats where
+        the shape-arithmetic ones, see the op registry's shape_arith flag) is drawn on floats where
         its schema allows one."""
         options = frozenset(DTYPE_WEIGHTS) if allowed is None else allowed
         if isinstance(t, Var):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from onnx import AttributeProto
 
 from saturate.core.ir import Graph
-from saturate.core.ops import spec
+from saturate.ops.schema import spec
 
 # The opset the checker's graphs carry unless a pattern's op is newer (Gelu: 20).
 BASE_OPSET = Graph().opset

@@ -1,1 +1,1 @@
-"""Core: the graph IR, errors, op facts and atomic file writes that every stage shares."""
+"""Core: the graph IR, errors, window geometry and atomic file writes that every stage shares."""

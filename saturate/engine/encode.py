@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from saturate.core.ir import Graph, Node, ValueInfo
-from saturate.core.ops import is_rewritable_op, op_table, spec
+from saturate.ops.schema import is_rewritable_op, op_table, spec
 
 # Leaves and the constructors every program has. T is the one sort of tensors. IsConst maps a
 # constant e-class to itself: reading a row's output costs a tenth of reading its inputs. `(Ref k)` is a

@@ -14,7 +14,7 @@ from saturate.engine import fold_any
 from saturate.engine.compile_rules import CompiledRule
 from saturate.engine.facts import FAILED, Facts, evaluate_fn
 from saturate.core.errors import SaturateError
-from saturate.core.ops import spec
+from saturate.ops.schema import spec
 from saturate.lang import fold
 from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Str, Term, Var
 

@@ -9,7 +9,7 @@ import numpy as np
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
 from saturate.core.limits import check_allocation, check_bytes
-from saturate.core.ops import newest_opset, spec
+from saturate.ops.schema import newest_opset, spec
 from saturate.interp.kernels import Unhandled
 from saturate.interp.reference import reference_ops, run_reference
 from saturate.interp.sizes import check_output_sizes

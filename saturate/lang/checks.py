@@ -8,7 +8,7 @@ from typing import Any, Callable, NoReturn
 from saturate.lang import fold
 from saturate.lang.builtins import (ATTRIBUTE_KINDS, CONST_FUNCS, GUARDS, INFIX, LIST_FUNCS, QUERIES,
                                     attribute_type)
-from saturate.core.ops import is_rewritable_op, op_table
+from saturate.ops.schema import is_rewritable_op, op_table
 from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, Spread, Str,
                                Term, Var)
 
@@ -19,7 +19,7 @@ OpTable = dict[str, tuple[int, int, frozenset[str] | None]]
 
 
 def declared_ops(decls: list[Any], fail: Fail) -> OpTable:
-    """The op table of one load: every ONNX op (saturate.core.ops) plus the file's `op Name/N` declarations."""
+    """The op table of one load: every ONNX op (saturate.ops.schema) plus the file's `op Name/N` declarations."""
     known = op_table()
     table: OpTable = {n: (s.min_inputs, s.max_inputs, frozenset(s.attrs)) for n, s in known.items()}
     declared: dict[str, Any] = {}

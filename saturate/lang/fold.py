@@ -98,7 +98,7 @@ def foldable(m: Matched) -> bool:
     """The op is deterministic, in the standard domain, not kept by --preserve, with plain
     attributes (no subgraph: no If, Loop or Scan) and tensors only (no sequence or optional
     values), and the interpreter runs it at the model's opset."""
-    from saturate.core.ops import spec
+    from saturate.ops.schema import spec
     from saturate.interp.reference import unsupported_reason
     from saturate.ops.registry import ops_with
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.special
 
-from saturate.core.ops import VARIADIC
+from saturate.ops.schema import VARIADIC
 from saturate.interp import kernels as k
 from saturate.ops.cost import no_flops
 from saturate.ops.ctext import c_float, clip_bounds, text

@@ -6,7 +6,7 @@ import numpy as np
 from onnx.helper import tensor_dtype_to_np_dtype
 
 from saturate.core.ir import ValueInfo
-from saturate.core.ops import VARIADIC
+from saturate.ops.schema import VARIADIC
 from saturate.interp import kernels as k
 from saturate.ops.cost import no_flops
 from saturate.ops.registry import define

@@ -7,22 +7,9 @@ from saturate.ops.cost import conv_flops, dot_flops
 from saturate.ops.registry import define
 
 
-def _q_expr(node, a, operand, graph) -> str:
-    from saturate.backend.quant import q_expr
-
-    return q_expr(node, operand, graph)
-
-
-def _q_vec(node, a, operand, graph) -> str | None:
-    from saturate.backend.quant import q_vec_expr
-
-    return q_vec_expr(node, operand, graph)
-
-
-define("QuantizeLinear", quant=True, evaluate=q.quantize_linear, arity=(2, 3), c="unary", c_expr=_q_expr,
-       c_vec=_q_vec)
-define("DequantizeLinear", quant=True, evaluate=q.dequantize_linear, arity=(2, 3), c="unary", c_expr=_q_expr,
-       c_vec=_q_vec)
+# Pointwise in C; their C expressions are the backend's (backend/pointwise.py attaches them).
+define("QuantizeLinear", quant=True, evaluate=q.quantize_linear, arity=(2, 3), c="unary")
+define("DequantizeLinear", quant=True, evaluate=q.dequantize_linear, arity=(2, 3), c="unary")
 # The integer forms do the same multiply-adds as Conv and MatMul on 8-bit values.
 define("QLinearConv", quant=True, evaluate=q.qlinear_conv, arity=(8, 9), flops=conv_flops(3, 8), c="kernel")
 define("QLinearMatMul", quant=True, evaluate=q.qlinear_matmul, arity=(8, 8), flops=dot_flops(lambda attrs, a: a[-1]),

@@ -2,7 +2,7 @@
 
 An entry holds the op's flags (elementwise, commutative, ...), its shape function, its numpy
 kernel, its cost, how `saturate check` draws it and the C backend's hooks. Schema facts of a
-standard op (inputs, attributes, defaults) come from `onnx.defs` (saturate.core.ops); an op of
+standard op (inputs, attributes, defaults) come from `onnx.defs` (saturate.ops.schema); an op of
 another domain states them in its entry. The families (saturate/ops/elementwise.py, ...) define
 the entries and load on the first lookup, so that importing the registry imports no stage.
 """
@@ -10,6 +10,7 @@ the entries and load on the first lookup, so that importing the registry imports
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -125,6 +126,14 @@ def register(d: OpDef) -> OpDef:
 def define(name: str, **fields: Any) -> OpDef:
     """Register the standard-domain op `name` with these fields (the families' shorthand)."""
     return register(OpDef(name, **fields))
+
+
+def attach(op: str, domain: str = "", **hooks: Any) -> OpDef:
+    """Set fields of a registered op: how a stage above the registry (the C backend) registers
+    the hooks that need its own code."""
+    _load()
+    d = unregister(op, domain)
+    return register(dataclasses.replace(d, **hooks))
 
 
 def unregister(name: str, domain: str = "") -> OpDef:

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from saturate.core.ir import ValueInfo
-from saturate.core.ops import newest_opset, spec
+from saturate.ops.schema import newest_opset, spec
 from saturate.frontend.infer import onnx_infer
 from saturate.lang.ast import AttrVar, IntList, Num, OpTerm, Rule, Str, Term, Var
 from saturate.ops import find, infer_type as registry_type, nbytes

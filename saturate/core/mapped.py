@@ -11,6 +11,7 @@ blocks however large the weights are. The mapped files must not change while the
 from __future__ import annotations
 
 import contextvars
+import errno
 import mmap
 import os
 import sys
@@ -277,6 +278,7 @@ def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray 
     try:
         f.flush()
         os.ftruncate(f.fileno(), start + length)
+        _reserve(f, start, length)
         _fill(f, start, length, dtype, shape, step, first, impl, parts, split)
         f.seek(start + length)
         return _finish(f, start, dtype, shape, length)
@@ -337,6 +339,17 @@ def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[in
             m.close()
         except BufferError:
             pass     # views held by an exception's frames: the mapping goes with them
+
+
+def _reserve(f: BinaryIO, start: int, length: int) -> None:
+    """Allocate the file's blocks for a weight before it is written through a mapping: a full
+    disk is then an error here, not a SIGBUS at some page, and the pages need no allocation one
+    by one as they are first written (which took longer than computing them)."""
+    try:
+        os.posix_fallocate(f.fileno(), start, length)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
 
 
 def _cores() -> int:

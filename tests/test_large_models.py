@@ -227,3 +227,22 @@ def test_the_check_runs_onnx_runtime_on_mapped_weights_without_copying_them(tmp_
     assert _anon_bytes() - before < 16 << 20
     want = _run(path, {"x": feed["x"]})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_full_disk_while_folding_is_one_line_and_leaves_no_file(tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    monkeypatch.setattr(mapped, "SPILL_BYTES", 64 << 10)
+    path = _mlp(tmp_path, blocks=1)
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(mapped.os, "posix_fallocate", full)
+    assert main(["optimize", str(path), "-o", str(tmp_path / "o.onnx"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert os.strerror(errno.ENOSPC) in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from onnx import AttributeProto
 
 from saturate.core.ir import Graph
+from saturate.ops.registry import find
 from saturate.ops.schema import spec
 
 # The opset the checker's graphs carry unless a pattern's op is newer (Gelu: 20).
@@ -112,26 +113,9 @@ def draw_dtype(draw: Callable, allowed: frozenset[str] | set[str]) -> str:
 
 # ---- attributes ---------------------------------------------------------------------------------
 
-# Allowed strings of enum attributes (the spec's text), the default first.
-ENUMS: dict[str, tuple[str, ...]] = {
-    "auto_pad": ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"),
-    "Pad.mode": ("constant", "reflect", "edge", "wrap"),
-    "Resize.mode": ("nearest", "linear", "cubic"),
-    "Resize.nearest_mode": ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"),
-    "Resize.coordinate_transformation_mode": ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
-                                              "align_corners", "asymmetric", "tf_crop_and_resize"),
-    "Resize.keep_aspect_ratio_policy": ("stretch", "not_larger", "not_smaller"),
-    "Upsample.mode": ("nearest", "linear"),
-    "DepthToSpace.mode": ("DCR", "CRD"),
-    "GridSample.mode": ("linear", "nearest", "cubic"),
-    "GridSample.padding_mode": ("zeros", "border", "reflection"),
-    "Gelu.approximate": ("none", "tanh"),
-    "ScatterElements.reduction": ("none", "add", "mul", "max", "min"),
-    "ScatterND.reduction": ("none", "add", "mul", "max", "min"),
-    "RoiAlign.mode": ("avg", "max"),
-    "RoiAlign.coordinate_transformation_mode": ("half_pixel", "output_half_pixel"),
-    "BitShift.direction": ("RIGHT", "LEFT"),
-}
+# Allowed strings of an enum attribute every op that has it shares (the spec's text), the default
+# first; an op's own enums are in its registry entry.
+_AUTO_PAD = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 # Float attributes: the default, then values that tell a rule forgetting them apart.
 _FLOATS = {"epsilon": (1e-3, 0.5), "momentum": (0.5,), "alpha": (0.5, 2.0, -1.0, 0.1), "beta": (0.5, 2.0, -1.0),
            "gamma": (0.5, 2.0), "lambd": (0.25, 1.0), "bias": (0.5, -1.0), "scale": (0.5, 2.0),
@@ -147,7 +131,10 @@ DTYPE_ATTRS = frozenset({"to", "dtype", "output_dtype", "output_datatype", "stas
 
 
 def enum_values(op: str, key: str) -> tuple[str, ...] | None:
-    return ENUMS.get(f"{op}.{key}") or ENUMS.get(key)
+    """The allowed strings of an enum attribute, the default first (None: not an enum)."""
+    entry = find(op)
+    own = None if entry is None else entry.enums.get(key)
+    return own or (_AUTO_PAD if key == "auto_pad" else None)
 
 
 def attribute_drawer(op: str, key: str, opset: int, rank: Callable[[], int]) -> Callable[[dict], Any] | None:

@@ -15,6 +15,7 @@ from onnx.reference.ops import load_op
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Node, OpaqueAttr
+from saturate.ops.registry import lookup
 
 __all__ = ["reference_ops", "run_reference", "unsupported_reason"]
 
@@ -128,10 +129,9 @@ def run_reference(node: Node, args: Sequence[np.ndarray | None], opset: int) -> 
     reason = unsupported_reason(node.op, opset)
     if reason is not None:
         raise SaturateError(f"{node.where()}: {reason} (opset {opset})")
-    if node.op == "Resize":
-        args = _resize_as_specified(node, args)
-    if node.op == "Pad":
-        args = _pad_crops_first(args)
+    entry = lookup(node.op)
+    if entry is not None and entry.reference_args is not None:
+        args = entry.reference_args(node, args)
     key = (node.op, opset, len(node.inputs), len(node.outputs),
            tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items())),
            tuple(None if a is None else (a.dtype.str, a.ndim) for a in args))
@@ -157,7 +157,7 @@ def run_reference(node: Node, args: Sequence[np.ndarray | None], opset: int) -> 
     return outputs
 
 
-def _resize_as_specified(node: Node, args: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+def resize_as_specified(node: Node, args: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
     """Resize's inputs with each axis resized to length 1 under pytorch_half_pixel cut to its first
     element first. ONNX's spec reads source 0 for such an axis (ONNX Runtime and the C backend too);
     onnx.reference asks whether length * scale is 1 as a float (3 * 0.5 = 1.5 is not) and reads
@@ -192,7 +192,7 @@ def _resize_as_specified(node: Node, args: Sequence[np.ndarray | None]) -> list[
     return args
 
 
-def _pad_crops_first(args: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+def pad_crops_first(node: Node, args: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
     """Pad's inputs with negative pads done as crops first (the spec: a negative pad removes
     elements), leaving non-negative pads: onnx.reference refuses negative pads."""
     args = list(args)

@@ -73,8 +73,9 @@ for _name, _ufunc, _fn in (("Max", np.maximum, "fmaxf"), ("Min", np.minimum, "fm
 # onnx.reference sums into a copy of the first input: it fails when a later input is larger.
 define("Sum", commutative=True, evaluate=k.variadic(np.add), arity=(1, VARIADIC), draw="variadic")
 define("Mean", evaluate=k.mean, arity=(1, VARIADIC), draw="variadic")
-for _name in ("Where", "And", "Or", "Xor", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "BitShift"):
+for _name in ("Where", "And", "Or", "Xor", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"):
     define(_name, draw="broadcast")
+define("BitShift", draw="broadcast", enums={"direction": ("RIGHT", "LEFT")})
 
 define("Neg", **{**_ACTIVATION, "shape_arith": True}, evaluate=k.unary(np.negative), arity=(1, 1),
        c_expr=_scalar("-v"), c_vec=_scalar("_mm256_xor_ps(_mm256_set1_ps(-0.0f), v)"))
@@ -135,7 +136,8 @@ def _gelu_expr(node, a, operand, graph) -> str:
     return "0.5f * v * (1.0f + sat_erff(v * 0.7071067811865476f))"
 
 
-define("Gelu", elementwise=True, evaluate=k.gelu, arity=(1, 1), c="unary", c_expr=_gelu_expr)
+define("Gelu", elementwise=True, evaluate=k.gelu, arity=(1, 1), c="unary", c_expr=_gelu_expr,
+       enums={"approximate": ("none", "tanh")})
 define("Elu", elementwise=True, c="unary",
        c_expr=lambda node, a, operand, graph: f"v >= 0.0f ? v : {c_float(node.attr('alpha', 1.0))} * (sat_expf(v) - 1.0f)")
 

@@ -8,6 +8,7 @@ from onnx.helper import tensor_dtype_to_np_dtype
 from saturate.core.ir import ValueInfo
 from saturate.ops.schema import VARIADIC
 from saturate.interp import kernels as k
+from saturate.interp.reference import pad_crops_first, resize_as_specified
 from saturate.ops.cost import no_flops
 from saturate.ops.registry import define
 
@@ -58,7 +59,8 @@ define("Concat", shape_arith=True, engine=True, evaluate=k.concat, arity=(1, VAR
        c="kernel", empty_safe=True, **_MOVE)
 define("Expand", shape_arith=True, c="kernel", param_inputs=True, empty_safe=True)
 define("Slice", shape_arith=True, c="kernel", param_inputs=True)
-define("Pad", shape_arith=True, c="kernel", param_inputs=True)
+define("Pad", shape_arith=True, c="kernel", param_inputs=True, reference_args=pad_crops_first,
+       enums={"mode": ("constant", "reflect", "edge", "wrap")})
 define("Gather", shape_arith=True, engine=True, evaluate=k.gather, arity=(2, 2), c="kernel", param_inputs=True)
 define("GatherElements", evaluate=k.gather_elements, arity=(2, 2))
 define("Shape", shape_arith=True, engine=True, evaluate=k.shape, arity=(1, 1))
@@ -66,4 +68,14 @@ define("Range", shape_arith=True)
 define("ConstantOfShape", shape_arith=True)
 define("Constant", evaluate=k.constant, arity=(0, 0), **_MOVE)
 define("Split", param_inputs=True)
-define("Resize", c="kernel", param_inputs=True)
+define("Resize", c="kernel", param_inputs=True, reference_args=resize_as_specified, enums={
+    "mode": ("nearest", "linear", "cubic"),
+    "nearest_mode": ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"),
+    "coordinate_transformation_mode": ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+                                       "asymmetric", "tf_crop_and_resize"),
+    "keep_aspect_ratio_policy": ("stretch", "not_larger", "not_smaller")})
+define("Upsample", enums={"mode": ("nearest", "linear")})
+define("DepthToSpace", enums={"mode": ("DCR", "CRD")})
+define("GridSample", enums={"mode": ("linear", "nearest", "cubic"), "padding_mode": ("zeros", "border", "reflection")})
+for _name in ("ScatterElements", "ScatterND"):
+    define(_name, enums={"reduction": ("none", "add", "mul", "max", "min")})

@@ -48,6 +48,8 @@ define("GlobalAveragePool", engine=True, evaluate=global_average_pool, arity=(1,
 define("BatchNormalization", same_shape=True, engine=True, evaluate=k.batch_norm, arity=(5, 5),
        flops=lambda attrs, ins, out: 2 * numel(out), domains={4: "nonnegative"}, c="kernel", param_inputs=True,
        c_expr=_bn_expr, c_vec=_bn_vec)
+define("RoiAlign", enums={"mode": ("avg", "max"),
+                          "coordinate_transformation_mode": ("half_pixel", "output_half_pixel")})
 define("LayerNormalization", same_shape=True, c="kernel", droppable_outputs=True)
 for _name in ("InstanceNormalization", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
               "LogSoftmax", "Hardmax"):

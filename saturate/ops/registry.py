@@ -46,6 +46,8 @@ class OpDef:
     nondeterministic: bool = False
     # Output type from the input types and attributes: (attrs, ins) -> ValueInfo | None.
     shape: Callable[[dict, list], Any] | None = None
+    # Inputs as onnx.reference should get them where it departs from the spec: (node, args) -> args.
+    reference_args: Callable[..., list] | None = None
     # Numpy kernel, f(node, *inputs) -> array or tuple; `arity` the (required, most) inputs it takes.
     evaluate: Callable[..., Any] | None = None
     arity: tuple[int, int] | None = None
@@ -53,6 +55,8 @@ class OpDef:
     flops: Callable[[dict, list, Any], int] | None = None
     # How `saturate check` draws the op: "unary", "binary", "variadic", "broadcast", "window".
     draw: str | None = None
+    # Allowed strings of its enum attributes (ONNX states them in prose only), the default first.
+    enums: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Inputs the op defines on part of the reals only: input index -> "positive" / "nonnegative".
     domains: dict[int, str] = field(default_factory=dict)
     # Its drawing rule makes empty tensors soundly.

@@ -158,6 +158,42 @@ void sat_softmax_row512(const float *x, float *y, int64_t L) {
     }
 }
 
+#elif defined(__AVX2__) && defined(__FMA__)
+/* Softmax of one contiguous row of L floats, 8 lanes at a time: libm's expf is one call a float, which
+ * left an AVX2 build's attention softmax scalar (as costly as a long sequence's products). sat_exp8 clamps
+ * below -87.3; the mask makes those lanes 0, as the AVX-512 row's exp does, so masked-out positions (a
+ * causal mask's -3.4e38) weigh nothing. */
+void sat_softmax_row8(const float *x, float *y, int64_t L) {
+    const int64_t body = L - L % 8;
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < body; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + i));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float top = _mm_cvtss_f32(m4);
+    for (int64_t i = body; i < L; i++) top = x[i] > top ? x[i] : top;
+    const __m256 t = _mm256_set1_ps(top), lo = _mm256_set1_ps(-87.3f);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t i = 0; i < body; i += 8) {
+        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), t);
+        const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(d, lo, _CMP_LT_OQ), sat_exp8(d));
+        _mm256_storeu_ps(y + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+    float total = _mm_cvtss_f32(s4);
+    for (int64_t i = body; i < L; i++) {
+        const float d = x[i] - top, e = d < -87.3f ? 0.0f : sat_expf(d);
+        y[i] = e;
+        total += e;
+    }
+    const float inv = 1.0f / total;
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (int64_t i = 0; i < body; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), iv));
+    for (int64_t i = body; i < L; i++) y[i] *= inv;
+}
 #endif
 
 /* One outer block: every (inner) lane of it along the axis. */
@@ -168,6 +204,11 @@ void sat_softmax_item(void *ctx, int64_t o, int tid) {
 #if defined(__AVX512F__)
     if (inner == 1) {
         sat_softmax_row512(a->x + o * L, a->y + o * L, L);
+        return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (inner == 1) {
+        sat_softmax_row8(a->x + o * L, a->y + o * L, L);
         return;
     }
 #endif

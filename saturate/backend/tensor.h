@@ -161,6 +161,8 @@ static inline __m512 sat_exp512(__m512 x) {
 }
 
 void sat_softmax_row512(const float *x, float *y, int64_t L);
+#elif defined(__AVX2__) && defined(__FMA__)
+void sat_softmax_row8(const float *x, float *y, int64_t L);
 #endif
 
 void sat_softmax_item(void *ctx, int64_t o, int tid);

@@ -35,13 +35,14 @@ def feed_for(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return {i: rng.standard_normal(graph.info(i).shape).astype(np.float32) for i in graph.inputs}
 
 
-def check_three_way(graph: Graph, seed: int = 0, ort: bool = True, threads: int = 1) -> dict:
-    """Compile the graph and compare with the reference interpreter and ONNX Runtime."""
+def check_three_way(graph: Graph, seed: int = 0, ort: bool = True, threads: int = 1, config=None) -> dict:
+    """Compile the graph (with BuildConfig `config`, else the settings in force) and compare with the reference
+    interpreter and ONNX Runtime."""
     from saturate.backend import compile_graph
     from saturate.interp.interpreter import run_graph
 
     feed = feed_for(graph, seed)
-    model = compile_graph(graph, threads=threads)
+    model = compile_graph(graph, threads=threads, config=config)
     got = model(feed)
     ref = run_graph(graph, feed)
     for k in graph.outputs:

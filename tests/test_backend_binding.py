@@ -4,7 +4,6 @@ docs/c-backend.md, and builds for the AVX2 and portable instruction sets."""
 from __future__ import annotations
 
 import array
-import importlib
 import json
 import os
 import re
@@ -297,8 +296,10 @@ def test_kernel_scratch_of_extra_threads_is_measured_and_counted_in_the_reported
     # The im2col path, whose extra threads get their tiles before the loop (pgemm.h's grow per thread as
     # items reach them, so how much depends on which thread wakes in time; AVX-512 builds' direct conv
     # shares one padded input between threads).
-    monkeypatch.setattr("saturate.backend.plan.PGEMM", False)
-    monkeypatch.setattr(importlib.import_module("saturate.backend.emit"), "PACKED_GEMM", False)
+    from saturate.backend.build import BuildConfig, isa
+
+    # (the CLI's compile below too)
+    monkeypatch.setattr(BuildConfig, "from_env", classmethod(lambda cls, **kw: cls(isa=isa(), im2col=True, **kw)))
     model = compile_graph(g)
     one, two = model.scratch_bytes(1), model.scratch_bytes(2)
     # Each extra thread unfolds its own im2col tile: about what the plan counts for the calling thread.

@@ -6,20 +6,19 @@ channel counts off the 8 lanes of the channels-in-lanes kernel."""
 
 from __future__ import annotations
 
-import importlib
 
 import numpy as np
 import pytest
 
 from backend_util import check_three_way, make, own_cache
-from saturate.backend.build import avx512_build, vector_lanes
+from saturate.backend.build import BuildConfig, avx512_build, vector_lanes
 from saturate.backend.emit import emit
 from saturate.core.ir import Node
 
 
 def packed_gemm() -> bool:
-    """Whether convs run on the AVX-512 kernels (an AVX-512 build, SATURATE_CONV_GEMM not 'blas')."""
-    return importlib.import_module("saturate.backend.emit").PACKED_GEMM
+    """Whether convs run on the AVX-512 kernels (an AVX-512 build)."""
+    return BuildConfig.from_env().packed_gemm
 
 
 pytestmark = pytest.mark.compiler
@@ -161,9 +160,10 @@ DOT_CONVS = [
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("xshape,wshape,attrs", DOT_CONVS)
-def test_convs_with_few_pixels_run_as_dot_products(xshape, wshape, attrs, threads, monkeypatch):
-    monkeypatch.setenv("SATURATE_STREAM", "0")  # (builds without AVX-512 run most of these on streamed weights)
-    check_three_way(conv_then("Relu", xshape, wshape, attrs, 5, 0.2), threads=threads)
+def test_convs_with_few_pixels_run_as_dot_products(xshape, wshape, attrs, threads):
+    # (builds without AVX-512 run most of these on streamed weights)
+    check_three_way(conv_then("Relu", xshape, wshape, attrs, 5, 0.2), threads=threads,
+                    config=BuildConfig.from_env(stream=False))
 
 
 STRIDED_POINTWISE_CONVS = [
@@ -333,12 +333,11 @@ PGEMM_CONVS = [
 
 @pytest.mark.parametrize("layout", [None, "0", "1", "2"])
 @pytest.mark.parametrize("xshape,wshape,attrs", PGEMM_CONVS)
-def test_packed_convs_in_every_layout(xshape, wshape, attrs, layout, monkeypatch):
-    """Each layout of emit.conv_layout forced (2, the padded grid, only where strides are 1); the default
+def test_packed_convs_in_every_layout(xshape, wshape, attrs, layout):
+    """Each layout of plan.conv_layout forced (2, the padded grid, only where strides are 1); the default
     choice also on two threads, whose channel chunks split units that are too few to share."""
-    if layout is not None:
-        monkeypatch.setenv("SATURATE_CONV_LAYOUT", layout)
-    check_three_way(conv_then("Relu", xshape, wshape, attrs, 15, 0.3), threads=1 if layout else 2)
+    config = BuildConfig.from_env(conv_layout=None if layout is None else int(layout))
+    check_three_way(conv_then("Relu", xshape, wshape, attrs, 15, 0.3), threads=1 if layout else 2, config=config)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -386,13 +385,11 @@ WINO_CONVS = [
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("act", ["Relu", "Add"])
 @pytest.mark.parametrize("xshape,m,pads", WINO_CONVS)
-def test_winograd_3x3_convs(xshape, m, pads, act, threads, monkeypatch):
+def test_winograd_3x3_convs(xshape, m, pads, act, threads):
     """Bias and Relu run in their 8-channel form on the transformed-back sums (AVX2 builds); the residual
-    Add of a second input is an epilogue on each block's output rows. SATURATE_WINO=all (plan.WINO) gives
+    Add of a second input is an epilogue on each block's output rows. BuildConfig(wino="all") gives
     the kernel the small maps too, which its choice rule leaves to the others."""
-    from saturate.backend import plan as plan_module
-
-    monkeypatch.setattr(plan_module, "WINO", "all")
+    config = BuildConfig.from_env(wino="all")
     consts = {"w": arr(31, (m, xshape[1], 3, 3)) * np.float32(0.2), "b": arr(32, (m,))}
     nodes = [Node("Conv", ["x", "w", "b"], ["c"], {"pads": pads})]
     shapes = {"x": xshape}
@@ -403,20 +400,18 @@ def test_winograd_3x3_convs(xshape, m, pads, act, threads, monkeypatch):
         nodes.append(Node(act, ["c"], ["y"]))
     g = make(nodes, shapes, consts)
     if vector_lanes() >= 6:  # not the portable build's 4-float vectors
-        assert "sat_conv_wino(" in emit(g).source
-    check_three_way(g, threads=threads)
+        assert "sat_conv_wino(" in emit(g, config=config).source
+    check_three_way(g, threads=threads, config=config)
 
 
-def test_winograd_switch_and_rule(monkeypatch):
-    """SATURATE_WINO=0 (plan.WINO) keeps 3x3 convs on the kernels before it; outputs under WINO_MINP pixels
+def test_winograd_switch_and_rule():
+    """BuildConfig(wino="off") keeps 3x3 convs on the kernels before it; outputs under WINO_MINP pixels
     (WINO_DEEP_MINP from 512 channels), fewer than WINO_MINC channels, strides, dilations and groups never
     take it; AVX-512 builds keep maps under WINO_AVX512_MINP pixels on their direct conv."""
-    from saturate.backend import plan as plan_module
-
-    def conv(xshape, m, **attrs):
+    def conv(xshape, m, wino="auto", **attrs):
         g = make([Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1], **attrs})], {"x": xshape},
                  {"w": arr(33, (m, xshape[1] // attrs.get("group", 1), 3, 3))})
-        return "sat_conv_wino(" in emit(g).source
+        return "sat_conv_wino(" in emit(g, config=BuildConfig.from_env(wino=wino)).source
 
     if vector_lanes() < 6:
         pytest.skip("portable builds' 4-float vectors cannot hold a 6-tile panel: no Winograd")
@@ -426,8 +421,7 @@ def test_winograd_switch_and_rule(monkeypatch):
         assert not conv((1, 128, 12, 12), 128) and not conv((1, 512, 14, 14), 512)
         assert not conv((1, 16, 56, 56), 64)        # 16 input channels
         assert not conv((1, 64, 56, 56), 64, strides=[2, 2])
-        monkeypatch.setattr(plan_module, "WINO", "0")
-        assert not conv((1, 64, 56, 56), 64)
+        assert conv((1, 64, 56, 56), 64) and not conv((1, 64, 56, 56), 64, wino="off")
         return
     assert conv((1, 32, 6, 6), 32)
     assert not conv((1, 32, 5, 5), 32)              # 25 pixels
@@ -437,5 +431,4 @@ def test_winograd_switch_and_rule(monkeypatch):
     assert not conv((1, 64, 56, 56), 64, strides=[2, 2])
     assert not conv((1, 64, 56, 56), 64, dilations=[2, 2], pads=[2, 2, 2, 2])
     assert not conv((1, 64, 56, 56), 64, group=2)
-    monkeypatch.setattr(plan_module, "WINO", "0")
-    assert not conv((1, 32, 6, 6), 32)
+    assert not conv((1, 32, 6, 6), 32, wino="off")

@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -25,12 +26,6 @@ from saturate.core.errors import SaturateError
 # The C headers and binding.pyx, package data; a real folder, for the compiler's -I.
 KERNELS_DIR = Path(str(resources.files("saturate.backend"))).resolve()
 SANITIZE_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
-
-
-def openmp_flags() -> list[str]:
-    """SATURATE_THREADING=openmp runs parallel loops on OpenMP instead of the pool of pool.h (to time one
-    against the other; the pool is the default, see bench notes in the README)."""
-    return ["-fopenmp", "-DSAT_OPENMP"] if os.environ.get("SATURATE_THREADING", "pool") == "openmp" else []
 
 
 def cpu_has_avx512() -> bool:
@@ -134,19 +129,73 @@ def isa() -> str:
     return value
 
 
+# Which kernel runs a conv is the planner's choice (plan.py); tests force the others to reach every kernel.
+WINO_CHOICES = ("auto", "off", "all")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """How a model is planned, emitted and compiled, passed through plan, emit and build and folded into the
+    build key. from_env reads the user's settings when a build starts; the rest are kernel choices tests force.
+
+    isa: the instruction set ($SATURATE_ISA). wino: Winograd on the convs the planner picks ("auto"), on none
+    ("off") or on every conv it can run ("all"). conv_layout: pgemm.h's tile layout (0, 1 or 2) for every conv
+    on it, else the planner's. stream: few-pixel convs on streamed weights (builds without AVX-512). im2col:
+    every conv on im2col and OpenBLAS, the path of convs whose weights are not constants."""
+
+    isa: str = "native"
+    sanitize: bool = False
+    profile: bool = False
+    wino: str = "auto"
+    conv_layout: int | None = None
+    stream: bool = True
+    im2col: bool = False
+
+    def __post_init__(self):
+        if self.isa not in ISAS:
+            raise SaturateError(f"SATURATE_ISA={self.isa!r}: expected one of {', '.join(ISAS)}")
+        if self.wino not in WINO_CHOICES:
+            raise SaturateError(f"wino={self.wino!r}: expected one of {', '.join(WINO_CHOICES)}")
+
+    @classmethod
+    def from_env(cls, **choices) -> "BuildConfig":
+        """The settings in force now ($SATURATE_ISA), with `choices` (sanitize, profile, kernel choices)."""
+        return cls(isa=isa(), **choices)
+
+    @property
+    def avx512(self) -> bool:
+        """Whether the build holds the AVX-512 kernels: an avx512 build, or a native one on a CPU that has them."""
+        return self.isa == "avx512" or (self.isa == "native" and cpu_has_avx512())
+
+    @property
+    def lanes(self) -> int:
+        """Floats per vector register (vec.h's SAT_VL): 16 with AVX-512, 8 with AVX, else 4 (the portable
+        build's SSE2 or NEON registers)."""
+        if self.avx512:
+            return 16
+        if self.isa == "avx2" or (self.isa == "native" and _cpu_has_avx()):
+            return 8
+        return 4
+
+    @property
+    def packed_gemm(self) -> bool:
+        """Whether convs run on the AVX-512 kernels of gemm.h and dconv.h."""
+        return self.avx512 and not self.im2col
+
+    @property
+    def pgemm(self) -> bool:
+        """Whether convs and products may run on pgemm.h's tile and the kernels beside it (wino.h, streamed)."""
+        return not self.im2col
+
+
 def avx512_build() -> bool:
-    """Whether builds hold the AVX-512 kernels: an avx512 build, or a native one on a CPU that has them."""
-    return isa() == "avx512" or (isa() == "native" and cpu_has_avx512())
+    """Whether builds for $SATURATE_ISA hold the AVX-512 kernels."""
+    return BuildConfig.from_env().avx512
 
 
 def vector_lanes() -> int:
-    """Floats per vector register of builds (vec.h's SAT_VL): 16 with AVX-512, 8 with AVX, else 4 (the
-    portable build's SSE2 or NEON registers)."""
-    if avx512_build():
-        return 16
-    if isa() == "avx2" or (isa() == "native" and _cpu_has_avx()):
-        return 8
-    return 4
+    """Floats per vector register of builds for $SATURATE_ISA (vec.h's SAT_VL)."""
+    return BuildConfig.from_env().lanes
 
 
 def _cpu_has_avx() -> bool:
@@ -169,29 +218,29 @@ FACTS = "build.json"
 BUILD_FILES = ("model.c", "model.h", "weights.bin", "model.so", EXTENSION, BLAS_FILE, FACTS, "build.key")
 
 
-def compile_flags(sanitize: bool = False, profile: bool = False, large: bool = False) -> list[str]:
-    """Flags compiling an emitted model to a position-independent object."""
+def compile_flags(config: BuildConfig | None = None, large: bool = False) -> list[str]:
+    """Flags compiling an emitted model (of `config`, else of the settings in force) to a position-independent
+    object."""
+    config = config or BuildConfig.from_env()
     opt = ["-O2", "-fno-inline-functions", "-fno-inline-small-functions"] if large else ["-O3"]
     # No FP traps are observed, so gcc may if-convert float selects (clamps, relu) and vectorize
     # the pointwise loops; values are unchanged (IEEE non-stop arithmetic either way).
     # The kernels are a header library of static functions and each model calls only some of them; and
     # every function passing vectors is static in the one translation unit, so the vector-ABI note (-Wpsabi,
     # on targets narrower than the vector extensions' width) concerns no call across a library boundary.
-    flags = [*opt, *ISAS[isa()], "-fno-trapping-math", "-fPIC", "-pthread", "-std=gnu11", "-Wall", "-Werror",
+    flags = [*opt, *ISAS[config.isa], "-fno-trapping-math", "-fPIC", "-pthread", "-std=gnu11", "-Wall", "-Werror",
              "-Wno-unused-function", "-Wno-psabi", "-include", "sat_heap.h"]
-    flags += openmp_flags()
-    if sanitize:
+    if config.sanitize:
         flags += SANITIZE_FLAGS
-    if profile:
+    if config.profile:
         flags.append("-DSAT_PROFILE")
     return flags
 
 
-def compile_command(source: Path, target: Path, sanitize: bool = False, profile: bool = False,
-                    large: bool = False) -> list[str]:
+def compile_command(source: Path, target: Path, config: BuildConfig, large: bool = False) -> list[str]:
     """The compiler command line turning one emitted model into an object file."""
     inc, _, _ = openblas()
-    return [compiler(), *compile_flags(sanitize, profile, large), f"-I{KERNELS_DIR}", f"-I{inc}", "-c", str(source),
+    return [compiler(), *compile_flags(config, large), f"-I{KERNELS_DIR}", f"-I{inc}", "-c", str(source),
             "-o", str(target)]
 
 
@@ -202,19 +251,21 @@ LIBRARY_SOURCES = ("dconv.c", "gemm.c", "kernels.c", "pgemm.c", "pool.c", "qgemm
                    "wino.c")
 
 
-def library_flags(sanitize: bool = False) -> list[str]:
-    """Flags compiling the kernel library's sources: a model's, at -O3, with nothing exported."""
-    return [*compile_flags(sanitize), "-fvisibility=hidden", "-DSAT_LIBRARY"]
+def library_flags(config: BuildConfig) -> list[str]:
+    """Flags compiling the kernel library's sources: a model's, at -O3, with nothing exported. The library
+    depends on the instruction set and the sanitizer only."""
+    config = BuildConfig(isa=config.isa, sanitize=config.sanitize)
+    return [*compile_flags(config), "-fvisibility=hidden", "-DSAT_LIBRARY"]
 
 
-def library_key(sanitize: bool = False) -> str:
+def library_key(config: BuildConfig) -> str:
     """The hash naming a kernel library: its sources and headers, the compiler and its version, the flags, the
     CPU's features (-march=native) and the OpenBLAS whose cblas.h it includes."""
     h = hashlib.sha256()
     for path in sorted([*KERNELS_DIR.glob("*.h"), *(KERNELS_DIR / name for name in LIBRARY_SOURCES)]):
         h.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     inc, _, _ = openblas()
-    facts = [" ".join(library_flags(sanitize)), compiler_version(compiler()), cpu_features(), openblas_digest(), inc]
+    facts = [" ".join(library_flags(config)), compiler_version(compiler()), cpu_features(), openblas_digest(), inc]
     h.update("\n".join(facts).encode())
     return h.hexdigest()[:24]
 
@@ -223,10 +274,12 @@ def library_key(sanitize: bool = False) -> str:
 LIBRARY_JOBS = max(1, min(len(LIBRARY_SOURCES), os.cpu_count() or 1))
 
 
-def kernel_library(sanitize: bool = False) -> Path:
-    """The kernel library (libsat-KEY.a in the cache), built on first use. Used only when it matches the
-    sha256 recorded beside it (libsat-KEY.sha256, written after it); anything else is built again."""
-    target = cache_root() / f"libsat-{library_key(sanitize)}.a"
+def kernel_library(config: BuildConfig | None = None) -> Path:
+    """The kernel library for `config` (else the settings in force): libsat-KEY.a in the cache, built on first
+    use. Used only when it matches the sha256 recorded beside it (libsat-KEY.sha256, written after it);
+    anything else is built again."""
+    config = config or BuildConfig.from_env()
+    target = cache_root() / f"libsat-{library_key(config)}.a"
     stamp = target.with_suffix(".sha256")
     try:
         if regular_file(target) and regular_file(stamp) and stamp.read_text().strip() == file_digest(target):
@@ -239,7 +292,7 @@ def kernel_library(sanitize: bool = False) -> Path:
     inc, _, _ = openblas()
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".libsat.") as tmp:
         objects = [Path(tmp) / (name[:-2] + ".o") for name in LIBRARY_SOURCES]
-        _run_all([([compiler(), *library_flags(sanitize), f"-I{KERNELS_DIR}", f"-I{inc}", "-c", str(KERNELS_DIR / name),
+        _run_all([([compiler(), *library_flags(config), f"-I{KERNELS_DIR}", f"-I{inc}", "-c", str(KERNELS_DIR / name),
                     "-o", str(obj)], f"C compiler failed on the kernel library's {name}")
                   for name, obj in zip(LIBRARY_SOURCES, objects)], Path(tmp))
         archive = Path(tmp) / "libsat.a"
@@ -257,7 +310,7 @@ def link_command(objects: list[Path], target: Path, sanitize: bool = False) -> l
     RUNPATH is $ORIGIN, the library's own directory, where the build puts its copy of OpenBLAS: nothing
     resolves into the venv."""
     _, libdir, lib = openblas()
-    return [compiler(), "-shared", "-pthread", *openmp_flags(), *(SANITIZE_FLAGS if sanitize else []), *map(str, objects),
+    return [compiler(), "-shared", "-pthread", *(SANITIZE_FLAGS if sanitize else []), *map(str, objects),
             "-o", str(target), f"-Wl,-soname,{Path(target).name}", "-Wl,-Bsymbolic", f"-L{libdir}", f"-l{lib}",
             "-Wl,-rpath,$ORIGIN", "-lm"]
 
@@ -387,16 +440,17 @@ def _prune_shared_blas(entry: os.DirEntry, now: float) -> None:
         pass
 
 
-def build_key(source: str, weights: bytes, sanitize: bool = False, profile: bool = False) -> str:
-    """The hash naming a build: the program, its weights, the kernels and binding it includes, the compiler
-    and its version, every flag, the CPU's features (-march=native), the Python the module is for and the
-    OpenBLAS library the build holds a copy of."""
+def build_key(source: str, weights: bytes, config: BuildConfig | None = None) -> str:
+    """The hash naming a build: the program, its weights, the kernels and binding it includes, the build's
+    config, the compiler and its version, every flag, the CPU's features (-march=native), the Python the
+    module is for and the OpenBLAS library the build holds a copy of."""
+    config = config or BuildConfig.from_env()
     kernels = b"".join(p.read_bytes() for p in sorted(KERNELS_DIR.glob("*.h")))
     large = source.count("SAT_TOC(") > LARGE_STEPS
-    flags = " ".join(compile_command(Path("model.c"), Path("model.o"), sanitize, profile, large)
-                     + link_command([Path("model.o")], Path("model.so"), sanitize))
-    facts = "\n".join([flags, compiler_version(compiler()), cpu_features(), EXTENSION, binding_key(), openblas_digest(),
-                       library_key(sanitize)])
+    flags = " ".join(compile_command(Path("model.c"), Path("model.o"), config, large)
+                     + link_command([Path("model.o")], Path("model.so"), config.sanitize))
+    facts = "\n".join([repr(config), flags, compiler_version(compiler()), cpu_features(), EXTENSION, binding_key(),
+                       openblas_digest(), library_key(config)])
     h = hashlib.sha256()
     for part in (source.encode(), kernels, weights, facts.encode()):
         h.update(hashlib.sha256(part).digest())
@@ -659,7 +713,7 @@ def runs_here(directory: Path) -> None:
         raise SaturateError(f"{directory}: built for AVX-512 (SATURATE_ISA=avx512), which this CPU lacks")
 
 
-def build(source: str, weights: bytes, header: str, sanitize: bool = False, profile: bool = False) -> Path:
+def build(source: str, weights: bytes, header: str, config: BuildConfig | None = None) -> Path:
     """Compile one emitted model into the cache; returns the directory holding model.c, model.h,
     weights.bin, model.so (the C library), the Python extension module, OpenBLAS (BLAS_FILE, hard-linked to
     the cache's one copy), build.key and build.json.
@@ -668,7 +722,8 @@ def build(source: str, weights: bytes, header: str, sanitize: bool = False, prof
     once; it is built beside its final name and renamed into place, so no reader sees half of it. A
     cached directory is used only when every file matches the sha256 its build.json recorded (written
     last); anything else there is rebuilt, with one line saying so."""
-    key = build_key(source, weights, sanitize, profile)
+    config = config or BuildConfig.from_env()
+    key = build_key(source, weights, config)
     root = cache_root()
     target = root / key
     cache_limit_bytes()  # a bad $SATURATE_CACHE_MB is refused on every build, not only when a prune is due
@@ -679,7 +734,7 @@ def build(source: str, weights: bytes, header: str, sanitize: bool = False, prof
             return target
         print(f"saturate: cache entry {key} did not match its digests ({problem}); rebuilding", file=sys.stderr)
     try:
-        _build_into(root, key, source, weights, header, sanitize, profile)
+        _build_into(root, key, source, weights, header, config)
     except OSError as err:  # a full disk, a read-only or vanished cache folder
         where = f" ({err.filename})" if err.filename else ""
         raise SaturateError(f"cannot write the build cache {root}{where}: {err.strerror or err}; free some space "
@@ -689,12 +744,11 @@ def build(source: str, weights: bytes, header: str, sanitize: bool = False, prof
     return target
 
 
-def _build_into(root: Path, key: str, source: str, weights: bytes, header: str, sanitize: bool,
-                profile: bool) -> None:
+def _build_into(root: Path, key: str, source: str, weights: bytes, header: str, config: BuildConfig) -> None:
     """Build `key` in a staging directory of `root` and rename it to root/key (replacing what is there)."""
     target = root / key
     binding = binding_object()
-    library = kernel_library(sanitize)
+    library = kernel_library(config)
     stage = Path(tempfile.mkdtemp(dir=root, prefix=f".{key}."))
     try:
         for name, data in (("model.c", source.encode()), ("model.h", header.encode()), ("weights.bin", weights)):
@@ -702,19 +756,20 @@ def _build_into(root: Path, key: str, source: str, weights: bytes, header: str, 
         large = source.count("SAT_TOC(") > LARGE_STEPS
         obj = stage / "model.o"
         try:
-            _run(compile_command(stage / "model.c", obj, sanitize, profile, large), "C compiler failed", stage)
+            _run(compile_command(stage / "model.c", obj, config, large), "C compiler failed", stage)
         except SaturateError as err:  # keep the source the message speaks of
             kept = root / f"failed-{key}.c"
             os.replace(stage / "model.c", kept)
             first = str(err).removeprefix("C compiler failed: ").replace(str(stage / "model.c"), kept.name)
             raise SaturateError(f"C compiler failed on {kept}: {first}") from None
-        _run(link_command([obj, library], stage / "model.so", sanitize), f"linking {target / 'model.so'} failed", stage)
-        _run(link_command([binding, obj, library], stage / EXTENSION, sanitize), f"linking {target / EXTENSION} failed",
+        _run(link_command([obj, library], stage / "model.so", config.sanitize), f"linking {target / 'model.so'} failed",
              stage)
+        _run(link_command([binding, obj, library], stage / EXTENSION, config.sanitize),
+             f"linking {target / EXTENSION} failed", stage)
         obj.unlink()
         blas = place_openblas(stage / BLAS_FILE)
         (stage / "build.key").write_text(key)
-        facts = {"key": key, "isa": isa(), "flags": compile_flags(sanitize, profile, large),
+        facts = {"key": key, "isa": config.isa, "flags": compile_flags(config, large),
                  "compiler": compiler_version(compiler()), "cpu": cpu_features(),
                  "files": digests(stage, {BLAS_FILE: blas})}
         (stage / FACTS).write_text(json.dumps(facts, indent=1) + "\n", encoding="utf-8")

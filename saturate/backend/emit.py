@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from saturate.backend.build import avx512_build
-from saturate.backend import plan as plan_module
-from saturate.backend.plan import (DOT_MAXP, PN, PR, TILE_BYTES, Plan, Step, conv_layout, plan, runs_direct, runs_packed,
+from saturate.backend.build import BuildConfig
+from saturate.backend.plan import (DOT_MAXP, PR, C, Plan, Step, conv_layout, panel_width, plan, runs_direct, runs_packed,
                                    runs_stream, runs_wino, tile_rows)
 from saturate.backend.quant import axis_operand, emit_qlinear
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides, vec_expr
@@ -88,15 +86,8 @@ def static_input_shapes(graph: Graph, overrides: dict | None = None) -> dict[str
     return out
 
 
-# The AVX-512 micro-kernel of gemm.h runs convs when builds target AVX-512 (native ISA on such a CPU).
-PACKED_GEMM = avx512_build() and os.environ.get("SATURATE_CONV_GEMM", "packed") == "packed"
-PANEL, NR, KC = 8, 32, 256  # SAT_MR, SAT_NR and SAT_KC in gemm.h
-# Depthwise convs run with channels in the vector lanes where the build has that kernel (sat_conv_dw_lanes,
-# vec.h); SATURATE_DW=rows keeps them on the kernels along each plane's rows (side-by-side timing).
-DW_KERNEL = "sat_conv_depthwise" if os.environ.get("SATURATE_DW", "lanes") == "rows" else "sat_conv_dw_lanes"
-# Fused epilogues whose every step is per channel run 8 channels at a time inside the depthwise and transposed
-# packed kernels on AVX2 builds; SATURATE_EPC8=0 runs them plane by plane instead (side-by-side timing).
-EPC8 = os.environ.get("SATURATE_EPC8", "1") != "0"
+# The AVX-512 micro-kernel's panels (gemm.h): SAT_MR rows of A, SAT_NR columns of B, SAT_KC deep.
+PANEL, NR, KC = C["SAT_MR"], C["SAT_NR"], C["SAT_KC"]
 
 
 # The signatures of a conv kernel's inlined vector epilogues (dconv.h, vec.h, pgemm.h): on 16 channels of one
@@ -157,13 +148,13 @@ def pack_weights(w: np.ndarray, group: int, panel: int = PANEL, kc: int = KC) ->
 WINO_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 
 
-def wino_weights(w: np.ndarray) -> np.ndarray:
+def wino_weights(w: np.ndarray, pn: int) -> np.ndarray:
     """3x3 conv weights (M x C x 3 x 3) as sat_conv_wino (wino.h) reads them: U = G g G^T per (m, c), in
     float64 then rounded once, as 16 slices xi = 4 i + j of M x C, each in PN-channel panels over the whole
-    reduction (pack_weights' layout, rows zero-padded to a multiple of PN)."""
+    reduction (pack_weights' layout, rows zero-padded to a multiple of PN, the build's panel_width)."""
     u = np.einsum("ik,mckl,jl->ijmc", WINO_G, np.asarray(w, np.float64), WINO_G)
     m, c = w.shape[:2]
-    return np.concatenate([pack_weights(u[i, j].astype(np.float32), 1, PN, kc=c)
+    return np.concatenate([pack_weights(u[i, j].astype(np.float32), 1, pn, kc=c)
                            for i in range(4) for j in range(4)], axis=1)
 
 
@@ -185,8 +176,9 @@ def transposed_product(x, w, win, group: int) -> bool:
 class Emitter:
     """Walks the plan and writes C: one static function per fused pointwise chain, calls per step."""
 
-    def __init__(self, graph: Graph, shapes: dict, pl: Plan, sanitize: bool = False):
-        self.g, self.shapes, self.plan, self.sanitize = graph, shapes, pl, sanitize
+    def __init__(self, graph: Graph, shapes: dict, pl: Plan, cfg: BuildConfig):
+        self.g, self.shapes, self.plan, self.cfg, self.sanitize = graph, shapes, pl, cfg, cfg.sanitize
+        self.pn = panel_width(cfg)
         self.wsizes: dict = {}
         self.inputs = runtime_inputs(graph)
         self.needs_packed = False
@@ -297,7 +289,7 @@ class Emitter:
                   for node, chain_in in members]
         # The 8-channel AVX2 form (sat_conv_dwt), when every step reads only per-channel operands.
         lanes8 = [st(lambda key: operand(key)[1].chan_load8(operand(key)[0])) for st in steps]
-        if all(lanes8) and EPC8:
+        if all(lanes8):
             text = "".join(f"    v = {e};\n" for e in lanes8)
             decl = "".join(f"    const float *restrict p{k} = {o.ptr};\n" for k, o in enumerate(ops)
                            if o.ptr and re.search(rf"\bp{k}\b", text))
@@ -421,12 +413,13 @@ class Emitter:
         extra = []
         if len(node.inputs) > 2 and node.inputs[2]:
             extra.append(((node.inputs[2], None, (w[0],) + (1,) * (len(x) - 2)), "v + {}"))
-        direct = runs_direct(node, sh, self.g.constants, PACKED_GEMM)
-        lanes = w[1] == 1 and DW_KERNEL == "sat_conv_dw_lanes"
-        packed_trans = (not direct and w[1] != 1 and runs_packed(node, sh, self.g.constants, PACKED_GEMM)
-                        and conv_layout(x, w, win, int(node.attr("group", 1))) == 1)
-        stream = runs_stream(node, sh, self.g.constants, PACKED_GEMM)
-        wino = runs_wino(node, sh, self.g.constants, PACKED_GEMM)
+        cfg = self.cfg
+        direct = runs_direct(node, sh, self.g.constants, cfg)
+        lanes = w[1] == 1
+        packed_trans = (not direct and w[1] != 1 and runs_packed(node, sh, self.g.constants, cfg)
+                        and conv_layout(x, w, win, int(node.attr("group", 1)), cfg) == 1)
+        stream = runs_stream(node, sh, self.g.constants, cfg)
+        wino = runs_wino(node, sh, self.g.constants, cfg)
         epi = self.epilogue(step, chain, oshape, 2, extra, vector=direct or lanes or packed_trans or stream or wino)
         H, W = (x[2], x[3]) if len(x) == 4 else (1, x[2])
         geo = f"{win.kh}, {win.kw}, {win.oh}, {win.ow}, {win.sh}, {win.sw}, {win.ph}, {win.pw}, {win.dh}, {win.dw}"
@@ -446,15 +439,15 @@ class Emitter:
             return
         if stream:
             # Weights packed once here in vector-wide channel panels over the whole reduction (pgemm.h).
-            arr = pack_weights(self.g.constants[node.inputs[1]], 1, PN // 2, kc=w[1] * win.kh * win.kw)
+            arr = pack_weights(self.g.constants[node.inputs[1]], 1, self.pn // 2, kc=w[1] * win.kh * win.kw)
             packed = self.weight(("stream", node.inputs[1]), arr)
             unit = self._unit8("sconv", "sat_sconv_run", epi) if epi in self.vector8 else "NULL"
             self.body.append(f"    sat_conv_stream({xp}, {packed}, {out}, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {geo}, "
                              f"{epi}, {unit});\n")
             return
-        if runs_wino(node, sh, self.g.constants, PACKED_GEMM):
+        if wino:
             # Weights transformed and packed once here (16 slices of M x C); see wino.h.
-            packed = self.weight(("wino", node.inputs[1]), wino_weights(self.g.constants[node.inputs[1]]))
+            packed = self.weight(("wino", node.inputs[1]), wino_weights(self.g.constants[node.inputs[1]], self.pn))
             unit = self._unit8("wino", "sat_wino_run", epi) if epi in self.vector8 else "NULL"
             self.body.append(f"    sat_conv_wino({xp}, {packed}, {out}, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {win.oh}, "
                              f"{win.ow}, {win.ph}, {win.pw}, {epi}, {unit});\n")
@@ -471,13 +464,13 @@ class Emitter:
                 if epi in self.vector:
                     wide = self.unit("dwz", "sat_dwz_run", "defined(__AVX512F__)", list(self.vector[epi]))
                 item += f", {wide}"
-            self.body.append(f"    {DW_KERNEL}({xp}, {self.ptr(node.inputs[1])}, {out}, {x[0]}, {x[1]}, {H}, {W}, "
+            self.body.append(f"    sat_conv_dw_lanes({xp}, {self.ptr(node.inputs[1])}, {out}, {x[0]}, {x[1]}, {H}, {W}, "
                              f"{w[0]}, {geo}, {epi}{item});\n")
             return
-        if runs_packed(node, sh, self.g.constants, PACKED_GEMM):
+        if runs_packed(node, sh, self.g.constants, cfg):
             # Weights packed once here in the panels of the tile side they take (pgemm.h).
-            layout = conv_layout(x, w, win, group)
-            arr = pack_weights(self.g.constants[node.inputs[1]], group, PN if layout == 1 else PR,
+            layout = conv_layout(x, w, win, group, cfg)
+            arr = pack_weights(self.g.constants[node.inputs[1]], group, self.pn if layout == 1 else PR,
                                kc=w[1] * win.kh * win.kw)
             packed = self.weight(("pgemm", node.inputs[1], group, layout == 1), arr)
             if layout == 2:
@@ -494,7 +487,7 @@ class Emitter:
             return
         # Constant weights are stored once, packed for the micro-kernel; others go to OpenBLAS as they are.
         wp, packed, per_group, trans = "NULL", "NULL", 0, 0
-        if PACKED_GEMM and node.inputs[1] in self.g.constants:
+        if cfg.packed_gemm and node.inputs[1] in self.g.constants:
             trans = int(transposed_product(x, w, win, group))
             arr = pack_weights(self.g.constants[node.inputs[1]], group, NR if trans else PANEL)
             packed, per_group = self.weight(("packed", node.inputs[1], group, trans), arr), arr.size // group
@@ -540,7 +533,7 @@ class Emitter:
         epi = self.epilogue(step, chain, oshape, 1, extra)
         if self.packs_b(node.inputs[1], oshape[0]):
             w = np.asarray(self.g.constants[node.inputs[1]], np.float32)
-            bp = self.weight(("pgemm_b", node.inputs[1], tb), pack_weights(w if tb else w.T, 1, PN, kc=k))
+            bp = self.weight(("pgemm_b", node.inputs[1], tb), pack_weights(w if tb else w.T, 1, self.pn, kc=k))
             self.body.append(
                 f"    sat_gemm_packed({ta}, {oshape[0]}, {oshape[1]}, {k}, {c_float(node.attr('alpha', 1.0))}, "
                 f"{self.ptr(node.inputs[0])}, {a[1]}, {bp}, {out}, 0, {epi});\n")
@@ -553,7 +546,7 @@ class Emitter:
         """Whether a product runs on pgemm.h's tile with its constant B packed here: more rows than the
         dot-product kernel takes (sat_dot, at most DOT_MAXP). AVX-512 builds too, where the tile is 6 x 32:
         OpenBLAS's sgemm repacks B on every call, and DeiT-tiny's MLP products ran 1.8x faster here."""
-        return (plan_module.PGEMM and b in self.g.constants and self.g.constants[b].ndim == 2
+        return (self.cfg.pgemm and b in self.g.constants and self.g.constants[b].ndim == 2
                 and rows > DOT_MAXP and self.g.constants[b].dtype == np.float32)
 
     def emit_MatMul(self, step, chain, out, oshape):
@@ -568,7 +561,7 @@ class Emitter:
             rows = math.prod(a2[:-1])
             if len(b) == 2 and self.packs_b(node.inputs[1], rows):
                 w = np.asarray(self.g.constants[node.inputs[1]], np.float32)
-                bp = self.weight(("pgemm_b", node.inputs[1], 0), pack_weights(w.T, 1, PN, kc=k))
+                bp = self.weight(("pgemm_b", node.inputs[1], 0), pack_weights(w.T, 1, self.pn, kc=k))
                 self.body.append(f"    sat_gemm_packed(0, {rows}, {n}, {k}, 1.0f, {ap}, {k}, {bp}, {out}, 0, {epi});\n")
                 return
             self.body.append(f"    sat_gemm(0, 0, {rows}, {n}, {k}, 1.0f, {ap}, {k}, {bp}, {n}, {out}, 0, {epi});\n")
@@ -754,7 +747,8 @@ class Emitter:
                 f"{len(self.g.nodes)} nodes in {len(self.plan.steps)} kernel steps. */\n"
                 + ("#include <sanitizer/asan_interface.h>\n" if self.sanitize else "")
                 + f"#include \"kernels.h\"\n"
-                + f"#if SAT_PN != {PN}\n#error \"weights packed for {PN}-wide panels (the build's vector width changed)\"\n#endif\n"
+                + f"#if SAT_PN != {self.pn}\n#error \"weights packed for {self.pn}-wide panels (the build's vector width changed)\"\n"
+                  "#endif\n"
                 + ("#ifndef SAT_HAVE_PACKED_GEMM\n#error \"packed conv weights need an AVX-512 build (-march=native)\"\n"
                    "#endif\n" if self.needs_packed else "") + "\n"
                 f"static const float *WT;\nstatic float *WS, *COL;\nstatic const float *const *IN;\n"
@@ -765,7 +759,7 @@ class Emitter:
                f"    return WT ? 0 : 1;\n}}\n\n"
                f"int64_t sat_workspace_bytes(void) {{ return {self.plan.peak_bytes}; }}\n\n"
                f"int sat_run(const float *const *inputs, float *const *outputs, float *ws, int threads) {{\n"
-               f"    if (!WT) return 1;\n    /* any count: the pool and the per-thread buffers hold SAT_MAX_THREADS */\n    sat_threads = threads < 1 ? 1 : (threads > SAT_MAX_THREADS ? SAT_MAX_THREADS : threads);\n    sat_tile_bytes = {TILE_BYTES};\n    scipy_openblas_set_num_threads(1);\n"
+               f"    if (!WT) return 1;\n    /* any count: the pool and the per-thread buffers hold SAT_MAX_THREADS */\n    sat_threads = threads < 1 ? 1 : (threads > SAT_MAX_THREADS ? SAT_MAX_THREADS : threads);\n    scipy_openblas_set_num_threads(1);\n"
                f"    IN = inputs;\n    WS = ws;\n    COL = ws + {self.plan.arena_bytes // 4};\n    (void)COL;\n{poison_run}"
                f"    sat_pool_begin();\n{''.join(self.body)}{copies}    sat_pool_end();\n    return 0;\n}}\n")
         return head + "".join(self.funcs) + api
@@ -785,8 +779,10 @@ class Emitter:
         return b"".join(b.tobytes() for b in self.blobs)
 
 
-def emit(graph: Graph, input_shapes: dict | None = None, sanitize: bool = False) -> Emitted:
-    """Shape, fuse, plan and generate C for any float32 graph of supported ops."""
+def emit(graph: Graph, input_shapes: dict | None = None, config: BuildConfig | None = None) -> Emitted:
+    """Shape, fuse, plan and generate C for any float32 graph of supported ops, for `config` (else the settings
+    in force)."""
+    config = config or BuildConfig.from_env()
     graph.validate()
     shapes = infer_shapes(graph, static_input_shapes(graph, input_shapes))
     for o in graph.outputs:
@@ -798,9 +794,9 @@ def emit(graph: Graph, input_shapes: dict | None = None, sanitize: bool = False)
         check_allocation(shapes[name], 4, f"graph input '{name}'")
     for name in graph.outputs:
         check_allocation(shapes[name], 4, f"graph output '{name}'")
-    pl = plan(graph, shapes, redzone=64 if sanitize else 0, packed=PACKED_GEMM)
+    pl = plan(graph, shapes, config, redzone=64 if config.sanitize else 0)
     check_bytes(pl.peak_bytes, f"the workspace of graph '{graph.name}'")
-    em = Emitter(graph, shapes, pl, sanitize)
+    em = Emitter(graph, shapes, pl, config)
     src = em.program()
     check_bytes(4 * em.nweights, f"the packed weights of graph '{graph.name}'")
     return Emitted(src, em.weights_bytes(), [(i, shapes[i]) for i in em.inputs],

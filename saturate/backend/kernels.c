@@ -56,10 +56,8 @@ void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, int KW,
     free(tmp);
 }
 
-int64_t sat_tile_bytes = 192 * 1024;
-
 int sat_tile_rows(int K, int OH, int OW) {
-    int64_t rows = sat_tile_bytes / ((int64_t)K * OW * 4);
+    int64_t rows = SAT_TILE_BYTES / ((int64_t)K * OW * 4);
     if (rows * OW < 256) rows = (256 + OW - 1) / OW; /* keep sgemm's N wide enough to run at speed */
     return (int)sat_clamp(rows, 1, OH);
 }

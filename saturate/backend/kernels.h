@@ -74,9 +74,9 @@ static inline void sat_valid_cols(int iw0, int W, int OW, int *lo, int *hi) { sa
 void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, int KW, int oh0, int oh1, int OW,
                        int sh, int sw, int ph, int pw, int dh, int dw, int packed);
 
-/* Output rows per im2col tile: the column tile stays near `sat_tile_bytes` so it is still in
+/* Output rows per im2col tile: the column tile stays near SAT_TILE_BYTES so it is still in
  * cache when sgemm packs it and the output tile is still in cache for the epilogue. */
-extern int64_t sat_tile_bytes;
+#define SAT_TILE_BYTES 196608 /* 192 KB */
 
 int sat_tile_rows(int K, int OH, int OW);
 

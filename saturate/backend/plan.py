@@ -3,23 +3,35 @@
 from __future__ import annotations
 
 import math
-import os
+import re
 from dataclasses import dataclass, field
 
-from saturate.backend.build import avx512_build, vector_lanes
+from saturate.backend.build import KERNELS_DIR, BuildConfig
 from saturate.backend.shapes import ALIASES, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window
 from saturate.core.ir import Graph, Node
 
 ALIGN = 64
-# Bytes of one im2col tile (the C kernel reads this from the emitted program).
-TILE_BYTES = int(os.environ.get("SATURATE_TILE_BYTES", 192 * 1024))
+
+
+def c_constants() -> dict[str, int]:
+    """The kernels' integer constants (`#define SAT_NAME 123` in the headers), which the planner and emitter
+    size tiles and pack weights by: the C is their one source. A name defined with different values (per
+    instruction set, as SAT_VL) is left out."""
+    found: dict[str, int] = {}
+    varies: set[str] = set()
+    for path in sorted(KERNELS_DIR.glob("*.h")):
+        for name, value in re.findall(r"^#define (SAT_\w+) (\d+)\b", path.read_text(), re.M):
+            if found.setdefault(name, int(value)) != int(value):
+                varies.add(name)
+    return {name: value for name, value in found.items() if name not in varies}
+
+
+C = c_constants()
+# Bytes of one im2col tile (sat_tile_rows in kernels.c).
+TILE_BYTES = C["SAT_TILE_BYTES"]
 # Convs with at most this many output pixels, and at least this reduction length, run as dot products
-# of their transposed columns (sat_conv_dot; SAT_DOT_MAXP and SAT_DOT_MINK in vec.h).
-DOT_MAXP, DOT_MINK = 16, 32
-# SATURATE_PGEMM=0 sends convs back to im2col + OpenBLAS on builds without AVX-512 (for side-by-side timing).
-PGEMM = os.environ.get("SATURATE_PGEMM", "1") != "0"
-# SATURATE_PROJ=packed keeps projection convs on pgemm.h's transposed tile (see runs_packed; side-by-side timing).
-PROJ_BLAS = os.environ.get("SATURATE_PROJ", "blas") == "blas"
+# of their transposed columns (sat_conv_dot, vec.h).
+DOT_MAXP, DOT_MINK = C["SAT_DOT_MAXP"], C["SAT_DOT_MINK"]
 # Kernels whose output loop can apply an epilogue while the row is still in cache.
 EPILOGUE_HOSTS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
                   "BatchNormalization", "LayerNormalization"} | ELEMENTWISE_UNARY | ELEMENTWISE_BINARY
@@ -114,9 +126,8 @@ def _nbytes(shape: tuple[int, ...]) -> int:
     return (math.prod(shape) * 4 + ALIGN - 1) // ALIGN * ALIGN
 
 
-# Largest output (pixels) of a strided 1x1 conv that sat_conv_direct runs on its gathered input (dconv.h's
-# SAT_GATHER_MAXP).
-GATHER_MAXP = 64
+# Largest output (pixels) of a strided 1x1 conv that sat_conv_direct runs on its gathered input (dconv.h).
+GATHER_MAXP = C["SAT_GATHER_MAXP"]
 
 
 def direct_scratch(node: Node, shapes: dict) -> int:
@@ -134,20 +145,26 @@ def direct_scratch(node: Node, shapes: dict) -> int:
     return -(-k // 16) * 16 + (0 if inplace else cg * hp * wq)
 
 
-def runs_direct(node: Node, shapes: dict, constants, packed: bool) -> bool:
+def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     """Whether a conv runs im2col-free on the AVX-512 tiles of dconv.h: constant weights, not depthwise,
     offsets within 32 bits."""
-    if node.op != "Conv" or not packed or node.inputs[1] not in constants:
+    if node.op != "Conv" or not cfg.packed_gemm or node.inputs[1] not in constants:
         return False
     w = shapes[node.inputs[1]]
-    return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20 and not runs_wino(node, shapes, constants, packed)
+    return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20 and not runs_wino(node, shapes, constants, cfg)
 
 
-# The register tile of pgemm.h (builds without the AVX-512 micro-kernel): SAT_PR rows by SAT_PN columns.
-PR, PN = 6, 2 * vector_lanes()
+# The register tile of pgemm.h (builds without the AVX-512 micro-kernel): SAT_PR rows by SAT_PN columns, two
+# vectors (panel_width).
+PR = C["SAT_PR"]
 
 
-def conv_layout(x, w, win, group: int) -> int:
+def panel_width(cfg: BuildConfig) -> int:
+    """pgemm.h's SAT_PN: two vector registers of the build's floats."""
+    return 2 * cfg.lanes
+
+
+def conv_layout(x, w, win, group: int, cfg: BuildConfig) -> int:
     """How a conv runs on pgemm.h's tile: 0 the usual product (channels on the tile's 6 rows, im2col pixels
     on its PN columns), 1 the transposed one (pixels on the rows, channels on the columns: a deep layer's
     36 pixels fill 6 rows exactly but only 75% of three 16-wide panels), 2 with unit strides the product on
@@ -155,8 +172,8 @@ def conv_layout(x, w, win, group: int) -> int:
     all of a group's weights, so only where they fit in L2: 256 KB). Each is scored by the share
     of the tile's lanes doing useful work; packing the column matrix costs about 16 channels' worth of
     products (the unfolded tile is written twice and read once per 6-channel panel), so the packed
-    layouts' score is scaled by M / (M + 16). SATURATE_CONV_LAYOUT forces one (side-by-side timing)."""
-    mg, k = w[0] // group, w[1] * win.kh * win.kw
+    layouts' score is scaled by M / (M + 16). cfg.conv_layout forces one (tests reach each that way)."""
+    mg, k, PN = w[0] // group, w[1] * win.kh * win.kw, panel_width(cfg)
     p = tile_rows(k, win.oh, win.ow) * win.ow
     pack = mg / (mg + 16)
     scores = [pack * p / (-(-p // PN) * PN) * mg / (-(-mg // PR) * PR),
@@ -173,9 +190,8 @@ def conv_layout(x, w, win, group: int) -> int:
         rows = max(1, min(win.oh, -(-256 // wp)))
         run = (rows - 1) * wp + win.ow
         scores.append(rows * win.ow / (-(-run // PN) * PN) * mg / (-(-mg // PR) * PR))
-    force = os.environ.get("SATURATE_CONV_LAYOUT")
-    if force is not None and int(force) < len(scores):
-        return int(force)
+    if cfg.conv_layout is not None and cfg.conv_layout < len(scores):
+        return cfg.conv_layout
     return max(range(len(scores)), key=lambda i: (scores[i], -i))
 
 
@@ -188,17 +204,16 @@ WINO_MINP, WINO_MINC, WINO_DEEP_C, WINO_DEEP_MINP = 36, 32, 512, 144
 # 14x14 maps of 512 channels 1.03-1.06x and 6x6 maps of 256 channels 1.25-1.29x.
 WINO_AVX512_MINP = 784
 
-# Largest output (pixels) of a conv run on streamed weights (sat_conv_stream, SAT_SP in pgemm.h); SATURATE_STREAM=0
-# sends those convs back to the kernels before it (side-by-side timing).
-STREAM_MAXP = 12
+# Largest output (pixels) of a conv run on streamed weights (sat_conv_stream, SAT_SP in pgemm.h).
+STREAM_MAXP = C["SAT_SP"]
 
 
-def runs_stream(node: Node, shapes: dict, constants, packed: bool) -> bool:
+def runs_stream(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     """Whether a conv runs on pgemm.h's streamed-weight kernel (builds without the AVX-512 micro-kernel):
     constant weights, one group, not depthwise, at most STREAM_MAXP output pixels and a reduction of at
     least DOT_MINK. Each weight is read once for that handful of products, so these convs go at the speed
     the weights come from memory, which the kernel keeps busy (see sat_conv_stream)."""
-    if not (os.environ.get("SATURATE_STREAM", "1") != "0" and PGEMM and node.op == "Conv" and not packed and node.inputs[1] in constants
+    if not (cfg.stream and cfg.pgemm and node.op == "Conv" and not cfg.packed_gemm and node.inputs[1] in constants
             and int(node.attr("group", 1)) == 1):
         return False
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
@@ -208,16 +223,11 @@ def runs_stream(node: Node, shapes: dict, constants, packed: bool) -> bool:
     return win.oh * win.ow <= STREAM_MAXP and w[1] * win.kh * win.kw >= DOT_MINK
 
 
-# SATURATE_WINO=0 sends the convs sat_conv_wino would take back to the kernels before it (side-by-side
-# timing); SATURATE_WINO=all gives it every conv it can run, wins or not (for measuring where it wins).
-WINO = os.environ.get("SATURATE_WINO", "1")
-
-
-def wino_eligible(node: Node, shapes: dict, constants, packed: bool) -> bool:
+def wino_eligible(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     """Whether sat_conv_wino (wino.h) can run a conv: builds whose vectors hold a tile panel's PR tiles (the
     input transform stores them as one vector: not the portable build's 4-float vectors), constant weights,
     3x3, unit strides and dilations, one group."""
-    if not (PGEMM and node.op == "Conv" and vector_lanes() >= PR and node.inputs[1] in constants
+    if not (cfg.pgemm and node.op == "Conv" and cfg.lanes >= PR and node.inputs[1] in constants
             and int(node.attr("group", 1)) == 1):
         return False
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
@@ -227,7 +237,7 @@ def wino_eligible(node: Node, shapes: dict, constants, packed: bool) -> bool:
     return win.sh == win.sw == 1 and win.dh == win.dw == 1
 
 
-def runs_wino(node: Node, shapes: dict, constants, packed: bool) -> bool:
+def runs_wino(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     """Whether a conv runs as Winograd F(2x2, 3x3) (sat_conv_wino): outputs of at least WINO_MINP pixels,
     at least WINO_MINC channels in and out, and from WINO_DEEP_C input channels on at least WINO_DEEP_MINP
     pixels. Single convs with bias and Relu (1 thread, medians of interleaved runs on a shared 2-core
@@ -235,25 +245,24 @@ def runs_wino(node: Node, shapes: dict, constants, packed: bool) -> bool:
     to 56x56 maps of 256, 0.80x on 112x112 maps of 32 channels, 0.89x on 12x12 maps of 512; 16 channels
     ran 6% slower, and 6x6 and 7x7 maps of 512 channels (their 16/9 larger weights read again for every
     block of tiles, 6 tiles of 512 channels) 0.90-1.01x."""
-    if WINO == "0" or not wino_eligible(node, shapes, constants, packed) \
-            or runs_stream(node, shapes, constants, packed):
+    if cfg.wino == "off" or not wino_eligible(node, shapes, constants, cfg) or runs_stream(node, shapes, constants, cfg):
         return False
-    if WINO == "all":
+    if cfg.wino == "all":
         return True
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w)
     p = win.oh * win.ow
-    if packed and p < WINO_AVX512_MINP:
+    if cfg.packed_gemm and p < WINO_AVX512_MINP:
         return False
     return p >= WINO_MINP and min(w[0], w[1]) >= WINO_MINC and (w[1] < WINO_DEEP_C or p >= WINO_DEEP_MINP)
 
 
-def runs_packed(node: Node, shapes: dict, constants, packed: bool) -> bool:
+def runs_packed(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     """Whether a conv runs on pgemm.h's tile (builds without the AVX-512 micro-kernel): constant weights,
     not depthwise. Its column panels live in per-thread buffers, not in the workspace."""
-    if not (PGEMM and node.op == "Conv" and not packed and node.inputs[1] in constants
-            and shapes[node.inputs[1]][1] != 1) or runs_stream(node, shapes, constants, packed) \
-            or runs_wino(node, shapes, constants, packed):
+    if not (cfg.pgemm and node.op == "Conv" and not cfg.packed_gemm and node.inputs[1] in constants
+            and shapes[node.inputs[1]][1] != 1) or runs_stream(node, shapes, constants, cfg) \
+            or runs_wino(node, shapes, constants, cfg):
         return False
     # Outputs of fewer pixels than the tile's 6 rows (squeeze-excite convs on 1x1 maps), and long reductions
     # over at most DOT_MAXP pixels (3x3 convs of 512 channels on a 3x3 map), stay dot products: they read
@@ -268,24 +277,24 @@ def runs_packed(node: Node, shapes: dict, constants, packed: bool) -> bool:
     # padded grid ran 5-25% slower than sgemm and the short-reduction kernel (sat_gemm_nn) on the expansion
     # and projection convs of MobileNetV2 and EfficientNet-B0: those keep their kernels. The transposed
     # product (few pixels) and unfolded-free kxk convs are the ones faster on the tile.
-    layout = conv_layout(x, w, win, int(node.attr("group", 1)))
+    layout = conv_layout(x, w, win, int(node.attr("group", 1)), cfg)
     # 1x1 projections to fewer than 256 channels from at least twice as many (closing the MobileNetV2 and
     # EfficientNet-B0 blocks on 3x3 and 6x6 maps) ran 5-25% faster as dot products (at most DOT_MAXP
     # pixels) or OpenBLAS sgemm than on the transposed tile; ResNet-50's to 256 and 512 channels ran
     # 4-16% slower there, and those to 320 level.
     mg = w[0] // int(node.attr("group", 1))
-    if layout == 1 and PROJ_BLAS and win.kh * win.kw == 1 and k >= 2 * mg and mg < 256:
+    if layout == 1 and win.kh * win.kw == 1 and k >= 2 * mg and mg < 256:
         return False
-    return layout == 1 or (layout == 2 and win.kh * win.kw > 1) or os.environ.get("SATURATE_CONV_LAYOUT") is not None
+    return layout == 1 or (layout == 2 and win.kh * win.kw > 1) or cfg.conv_layout is not None
 
 
-def im2col_bytes(step: Step, shapes: dict, packed: bool, constants=()) -> int:
+def im2col_bytes(step: Step, shapes: dict, cfg: BuildConfig, constants=()) -> int:
     """Scratch a conv step needs for its column matrix or padded input (0 for depthwise convs)."""
     node = step.anchor
-    if node.op != "Conv" or runs_packed(node, shapes, constants, packed) or runs_stream(node, shapes, constants, packed) \
-            or runs_wino(node, shapes, constants, packed):
+    if node.op != "Conv" or runs_packed(node, shapes, constants, cfg) or runs_stream(node, shapes, constants, cfg) \
+            or runs_wino(node, shapes, constants, cfg):
         return 0
-    if runs_direct(node, shapes, constants, packed):
+    if runs_direct(node, shapes, constants, cfg):
         return direct_scratch(node, shapes) * 4 + 64
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w)
@@ -297,7 +306,7 @@ def im2col_bytes(step: Step, shapes: dict, packed: bool, constants=()) -> int:
                      and (win.oh, win.ow) == ((x[2] if len(x) == 4 else 1), x[-1])):
         return 0
     cols = tile_rows(k, win.oh, win.ow) * win.ow
-    return k * (-(-cols // 32) * 32 if packed else cols) * 4
+    return k * (-(-cols // 32) * 32 if cfg.packed_gemm else cols) * 4
 
 
 def tile_rows(k: int, oh: int, ow: int) -> int:
@@ -308,11 +317,11 @@ def tile_rows(k: int, oh: int, ow: int) -> int:
     return max(1, min(rows, oh))
 
 
-def plan(graph: Graph, shapes: dict[str, tuple[int, ...]], redzone: int = 0, packed: bool = False) -> Plan:
+def plan(graph: Graph, shapes: dict[str, tuple[int, ...]], cfg: BuildConfig, redzone: int = 0) -> Plan:
     """Fuse, then assign arena offsets: buffers whose lifetimes overlap never share bytes.
 
-    `redzone` bytes are kept free after every buffer (sanitizer builds poison them); `packed` sizes
-    the conv scratch for the micro-kernel's panel layout (columns padded to 32)."""
+    `redzone` bytes are kept free after every buffer (sanitizer builds poison them); `cfg` chooses each
+    conv's kernel, which sizes the conv scratch."""
     steps, alias = fuse(graph, shapes)
     external = set(graph.inputs) | set(graph.constants)
     pl = Plan(steps, alias, {}, 0, 0, 0)
@@ -343,5 +352,5 @@ def plan(graph: Graph, shapes: dict[str, tuple[int, ...]], redzone: int = 0, pac
         pl.offsets[r] = off
         pl.arena_bytes = max(pl.arena_bytes, off + size)
         pl.naive_bytes += size - redzone
-    pl.scratch_bytes = max((im2col_bytes(s, shapes, packed, graph.constants) for s in steps), default=0)
+    pl.scratch_bytes = max((im2col_bytes(s, shapes, cfg, graph.constants) for s in steps), default=0)
     return pl

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from saturate.backend.build import BLAS_FILE, BUILD_FILES, EXTENSION, MODULE, build, mismatch, runs_here, verify
+from saturate.backend.build import (BLAS_FILE, BUILD_FILES, EXTENSION, MODULE, BuildConfig, build, mismatch, runs_here,
+                                    verify)
 from saturate.backend.capi import api_source, header
 from saturate.backend.emit import Emitted, emit
 from saturate.backend.segments import Partition, Piece, partition
@@ -207,14 +208,19 @@ class CompiledModel:
 
 
 def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = None,
-                  input_shapes: dict | None = None, sanitize: bool = False, profile: bool = False) -> CompiledModel:
+                  input_shapes: dict | None = None, sanitize: bool = False, profile: bool = False,
+                  config: BuildConfig | None = None) -> CompiledModel:
     """Partition, emit, compile (cached by hash) and load a graph; returns a callable on numpy arrays.
+
+    `config` says how to build (BuildConfig.from_env() with `sanitize` and `profile` when not given): the
+    settings are read once, here, for every segment.
 
     With `out_dir`, a graph that is one C segment on float32 inputs and outputs is installed there (model.c, model.h, weights.bin,
     model.so, the extension module, a copy of OpenBLAS they find beside them, build.key, build.json); a
     graph cut by interpreter nodes gets segment k in `out_dir`/segK plus manifest.json and graph.onnx (what
     the interpreter runs). The directory is assembled beside its final name and renamed into place, so it
     never mixes two builds."""
+    config = config or BuildConfig.from_env(sanitize=sanitize, profile=profile)
     root = Path(out_dir) if out_dir else None
     if root is not None:
         check_output_dir(root)
@@ -226,9 +232,9 @@ def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = N
     whole = len(part.pieces) == 1 and len(c_pieces) == 1 and floats
     built = []
     for piece in c_pieces:
-        emitted = emit(piece.graph, None, sanitize)
+        emitted = emit(piece.graph, None, config)
         built.append((emitted, build(emitted.source + api_source(emitted), emitted.weights,
-                                     header(emitted, piece.graph.name), sanitize, profile)))
+                                     header(emitted, piece.graph.name), config)))
     if root is None:
         segments = [Segment(d, e) for e, d in built]
         return CompiledModel(part, segments, segments[0].directory if whole else None, threads)

@@ -12,7 +12,8 @@ library) but not this model: the time a user waits for a model not compiled befo
 empty cache (the library build included). Compile columns are medians of --compiles runs ("cold" one run).
 
 Run time: both compiled models loaded in one process at 1 thread, their calls interleaved, median of --runs
-calls each on the same input, with the largest relative difference of their outputs. The header names the
+calls each on the same input, timed on the calling thread's CPU clock (every kernel runs on that thread, and
+time slices lost to other processes do not count), with the largest relative difference of their outputs. The header names the
 CPU, the build's instruction set and the load average: figures from a loaded machine are noisy.
 """
 
@@ -93,7 +94,7 @@ def compile_times(tree: Path | None, model: Path, work: Path, compiles: int) -> 
 
 
 def run_times(dirs: list[Path], runs: int) -> tuple[list[float], float]:
-    """Median milliseconds per call of each compiled directory at 1 thread, interleaved; the largest relative
+    """Median CPU milliseconds per call of each compiled directory at 1 thread, interleaved; the largest relative
     difference between their outputs."""
     from saturate.backend.runtime import load
 
@@ -106,9 +107,9 @@ def run_times(dirs: list[Path], runs: int) -> tuple[list[float], float]:
     times: list[list[float]] = [[] for _ in models]
     for _ in range(runs):
         for t, m in zip(times, models):
-            start = time.perf_counter()
+            start = time.thread_time()
             m(feed)
-            t.append(time.perf_counter() - start)
+            t.append(time.thread_time() - start)
     return [1e3 * statistics.median(t) for t in times], diff
 
 
@@ -123,7 +124,7 @@ def main() -> None:
     print(f"# CPU: {cpu_name()}, {os.cpu_count()} cores; {build_label()}; load average at start "
           f"{os.getloadavg()[0]:.2f}")
     print(f"# compile: wall s of `saturate compile`, median of {args.compiles} (cold: 1); "
-          f"run: median ms of {args.runs} calls at 1 thread")
+          f"run: median CPU ms of {args.runs} calls at 1 thread")
     rows = []
     with tempfile.TemporaryDirectory(prefix="compile-speed-") as tmp:
         tmp = Path(tmp)

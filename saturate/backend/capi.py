@@ -64,7 +64,7 @@ def api_source(emitted: Emitted) -> str:
     return ("\n/* Model description and release (saturate.backend.capi); the header checks every definition. */\n"
             f"#include \"{API_HEADER}\"\n"
             + _table("input", emitted.inputs) + _table("output", emitted.outputs)
-            + "void sat_free(void) {\n    free((void *)WT);\n    WT = NULL;\n}\n")
+            + "void sat_free(void) {\n    sat_release_weights(WT, NWT);\n    WT = NULL;\n}\n")
 
 
 def header(emitted: Emitted, graph_name: str) -> str:

@@ -751,10 +751,11 @@ class Emitter:
                   "#endif\n"
                 + ("#ifndef SAT_HAVE_PACKED_GEMM\n#error \"packed conv weights need an AVX-512 build (-march=native)\"\n"
                    "#endif\n" if self.needs_packed else "") + "\n"
-                f"static const float *WT;\nstatic float *WS, *COL;\nstatic const float *const *IN;\n"
+                f"static const float *WT;\nstatic const int64_t NWT = {self.nweights};\nstatic float *WS, *COL;\n"
+                f"static const float *const *IN;\n"
                 f"/* The integer constants of the running step's epilogue (see Emitter.unit). */\n"
                 f"static const int64_t *EK __attribute__((unused));\n\n")
-        api = (f"\nint sat_init(const char *path) {{\n    if (!WT) {{\n        WT = sat_read_weights(path, {self.nweights});\n"
+        api = (f"\nint sat_init(const char *path) {{\n    if (!WT) {{\n        WT = sat_read_weights(path, NWT);\n"
                f"{poison_init}    }}\n"
                f"    return WT ? 0 : 1;\n}}\n\n"
                f"int64_t sat_workspace_bytes(void) {{ return {self.plan.peak_bytes}; }}\n\n"

@@ -1,6 +1,11 @@
 /* The kernel library's half of kernels.h: compiled once per instruction set (build.py), linked into every model. */
 #include "kernels.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 /* Unfold output rows [oh0, oh1) of one image (C x H x W) into the (C*KH*KW) x ((oh1-oh0)*OW) column
  * matrix, pads read as zero. Row-major when `packed` is 0; else written straight into the micro-kernel's
  * panels `packed` columns wide (block k0 at col + k0*panels*packed, panel q at + q*kc*packed, zero-padded):
@@ -404,17 +409,28 @@ void sat_copy_blocks(const float *x, float *y, int64_t outer, int64_t inner, int
     for (int64_t o = 0; o < outer; o++) memcpy(y + o * pitch, x + o * inner, sizeof(float) * inner);
 }
 
-/* Read the whole weights file into a 64-byte aligned buffer; it must hold exactly `nfloats` floats. */
+/* Map the weights file read-only (page-aligned, so 64-byte aligned): no heap copy, and every process running
+ * the model shares one copy in the page cache. It must be a regular file of exactly `nfloats` floats. Its
+ * pages are faulted in here, so the first run does not pay for them. */
 float *sat_read_weights(const char *path, int64_t nfloats) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    float *buf = aligned_alloc(64, (size_t)((nfloats * 4 + 63) / 64 * 64 + 64));
-    size_t got = buf ? fread(buf, sizeof(float), (size_t)nfloats, f) : 0;
-    int extra = fgetc(f);
-    fclose(f);
-    if (!buf || (int64_t)got != nfloats || extra != EOF) {
-        free(buf);
-        return NULL;
+    static float none[16] __attribute__((aligned(64)));
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    struct stat st;
+    float *w = NULL;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (int64_t)st.st_size == nfloats * 4) {
+        int flags = MAP_PRIVATE;
+#ifdef MAP_POPULATE
+        flags |= MAP_POPULATE;
+#endif
+        void *m = nfloats ? mmap(NULL, (size_t)st.st_size, PROT_READ, flags, fd, 0) : (void *)none;
+        w = m == MAP_FAILED ? NULL : m;
     }
-    return buf;
+    close(fd);
+    return w;
+}
+
+/* Unmap what sat_read_weights mapped. */
+void sat_release_weights(const float *w, int64_t nfloats) {
+    if (w && nfloats) munmap((void *)w, (size_t)(nfloats * 4));
 }

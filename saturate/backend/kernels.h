@@ -177,6 +177,8 @@ void sat_copy_blocks(const float *x, float *y, int64_t outer, int64_t inner, int
 
 float *sat_read_weights(const char *path, int64_t nfloats);
 
+void sat_release_weights(const float *w, int64_t nfloats);
+
 #pragma GCC visibility pop
 
 #endif

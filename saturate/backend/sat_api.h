@@ -4,9 +4,10 @@
  * Every tensor is float32, dense and row-major (C order), of the static shape the queries report.
  *
  *   int sat_init(const char *weights_path)
- *       Read the weights (DIR/weights.bin) once; 0 on success, 1 if the file is missing, unreadable or
- *       not exactly the size this model was compiled with. Later calls return 0 and keep the weights
- *       already read; call sat_free first to read them again.
+ *       Map the weights (DIR/weights.bin) read-only, once; 0 on success, 1 if the file is missing,
+ *       unreadable or not exactly the size this model was compiled with. Later calls return 0 and keep
+ *       the weights already mapped; call sat_free first to map them again. The file must not be
+ *       truncated or rewritten in place while mapped.
  *   int64_t sat_workspace_bytes(void)
  *       Bytes of scratch sat_run needs: intermediate values (reused by liveness) and the convolution
  *       scratch of the calling thread. Allocate it 64-byte aligned (aligned_alloc(64, n rounded up to
@@ -22,7 +23,7 @@
  *   void sat_free(void)
  *       Release the weights; sat_run fails until sat_init succeeds again.
  *   int64_t sat_heap_bytes(void), sat_heap_peak_bytes(void); void sat_heap_reset_peak(void)
- *       The heap the library holds now (the weights, and buffers kernels keep between calls) and the most
+ *       The heap the library holds now (buffers kernels keep between calls; not the mapped weights) and the most
  *       it held at once since sat_heap_reset_peak: a call's peak minus what sat_init left held is the
  *       scratch the kernels allocate beyond the workspace (more with more threads).
  *   int sat_num_inputs(void), sat_num_outputs(void)

@@ -2,7 +2,7 @@
  * convolution columns, per-thread buffers grown on demand and kept); that is workspace too, so the
  * build includes this header ahead of the program (-include) and every malloc, calloc, aligned_alloc
  * and free in it goes through these counters. sat_heap_peak_bytes() is the most held at once since
- * sat_heap_reset_peak(); sat_heap_bytes() what is held now (the weights among it). */
+ * sat_heap_reset_peak(); sat_heap_bytes() what is held now (not the weights, which are mapped from their file). */
 #ifndef SATURATE_HEAP_H
 #define SATURATE_HEAP_H
 

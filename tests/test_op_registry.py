@@ -30,7 +30,8 @@ def cube(evaluate=lambda node, x: x * x * x) -> OpDef:
 
 
 def cube_graph() -> Graph:
-    return Graph(inputs=["x"], outputs=["y"], values={"x": ValueInfo("float32", (2, 8)), "y": ValueInfo("float32", (2, 8))},
+    values = {"x": ValueInfo("float32", (2, 8)), "y": ValueInfo("float32", (2, 8))}
+    return Graph(inputs=["x"], outputs=["y"], values=values,
                  nodes=[Node("Mul", ["x", "x"], ["sq"], name="square"), Node("Mul", ["x", "sq"], ["y"], name="cube")])
 
 

@@ -15,7 +15,7 @@ from saturate.engine.encode import Encoding
 from saturate.core.ir import ValueInfo
 from saturate.core import geometry, mapped
 from saturate.frontend.infer import DATA_ELEMENTS, onnx_infer
-from saturate.ops import infer_type
+from saturate.ops import find, infer_type
 
 FAILED = object()  # a constant expression numpy could not evaluate
 _ABSENT = ("absent",)   # the structural key of an omitted input, valued None
@@ -307,7 +307,7 @@ class Facts:
         # round trip.
         if fast.shape is not None and all(d is not None for d in fast.shape):
             return fast
-        if op in _CONSTANT_SHAPED and ins and ins[0] is not None and ins[0].shape is not None:
+        if ins and ins[0] is not None and ins[0].shape is not None:
             shaped = self._constant_shaped(op, attrs, ins[0], kids, output, outputs)
             if shaped is not None and all(d is not None for d in shaped.shape):
                 return shaped
@@ -336,9 +336,9 @@ class Facts:
 
     def _constant_shaped(self, op: str, attrs: dict, x: ValueInfo, kids: tuple, output: int,
                          outputs: int) -> ValueInfo | None:
-        """Slice's, Squeeze's, Unsqueeze's, Split's or Pad's output type from its constant inputs, as
-        core.geometry computes it (asking ONNX's inference for it costs a model round trip). None
-        when an input it needs is not a known constant; a dim it cannot tell is None."""
+        """The output type of an op whose shape its constant inputs decide (Slice, Squeeze, Pad...),
+        by its registry entry's `shape_by_data` (asking ONNX's inference for it costs a model round
+        trip). None when an input it needs is not a known constant; a dim it cannot tell is None."""
 
         def ints(k: int) -> list[int] | None:
             """Input k's elements: [] when it is omitted, None when they are not all known (a
@@ -348,40 +348,13 @@ class Facts:
             elements = self.data(kids[k])
             return None if elements is None or not all(isinstance(e, int) for e in elements) else list(elements)
 
-        shape = tuple(x.shape)
+        entry = find(op)
+        if entry is None or entry.shape_by_data is None:
+            return None
         try:
-            if op == "Slice" and len(kids) >= 3 and output == 0:
-                starts, ends, axes, steps = (ints(k) for k in range(1, 5))
-                if starts is None or ends is None or axes is None or steps is None:
-                    return None
-                out = tuple(c for _, _, c in geometry.slice_ranges(shape, starts, ends, axes or None, steps or None))
-            elif op in ("Squeeze", "Unsqueeze") and output == 0:
-                axes = ints(1) if len(kids) > 1 else [int(a) for a in attrs.get("axes") or ()]
-                if axes is None:
-                    return None
-                out = (geometry.squeeze_shape if op == "Squeeze" else geometry.unsqueeze_shape)(shape, axes)
-            elif op == "Split" and shape:
-                axis = int(attrs.get("axis", 0))
-                if not -len(shape) <= axis < len(shape) or not isinstance(shape[axis % len(shape)], int):
-                    return None
-                axis %= len(shape)
-                split = ints(1) if len(kids) > 1 else attrs.get("split")
-                if split is None:
-                    return None
-                sizes = geometry.split_sizes(shape[axis], outputs, split or None, attrs.get("num_outputs"))
-                out = (*shape[:axis], sizes[output], *shape[axis + 1:])
-            elif op == "Pad" and len(kids) > 1 and output == 0:
-                pads, axes = ints(1), ints(3)
-                if pads is None or axes is None:
-                    return None
-                begin, end = geometry.pad_amounts(len(shape), pads, axes or None)
-                out = tuple(d + b + e if isinstance(d, int) else d if b == e == 0 else None
-                            for d, b, e in zip(shape, begin, end))
-            else:
-                return None
+            return entry.shape_by_data(attrs, x, ints, len(kids), output, outputs)
         except geometry.GeometryError:
             return None
-        return ValueInfo(x.dtype, out)
 
     def _shaped_by_data(self, op: str, attrs: dict, x: ValueInfo, target_cls: Any) -> ValueInfo | None:
         """Reshape's or Expand's output type from a target shape whose elements are numbers or
@@ -647,9 +620,6 @@ def refine(known: ValueInfo | None, other: ValueInfo | None, stable: frozenset =
                  for a, b in zip(known.shape, other.shape))
     return known if dims == tuple(known.shape) else ValueInfo(known.dtype, dims)
 
-
-# Ops whose output shape their constant inputs decide (Facts._constant_shaped).
-_CONSTANT_SHAPED = frozenset({"Slice", "Squeeze", "Unsqueeze", "Split", "Pad"})
 
 def _pick(elements: tuple, index: Any) -> tuple[tuple[int, ...], tuple] | None:
     """Shape and elements of an array of positions into `elements` (negative ones count from

@@ -2,8 +2,8 @@
 
 from saturate.ops.cost import flops, nbytes, numel
 from saturate.ops.infer import infer_type
-from saturate.ops.registry import (OpDef, attach, define, domain_of, entries, find, lookup, ops_with, register, registered,
-                                   unregister)
+from saturate.ops.registry import (OpDef, attach, define, domain_of, entries, find, lookup, ops_with, register,
+                                   registered, unregister)
 
-__all__ = ["OpDef", "attach", "define", "domain_of", "entries", "find", "flops", "infer_type", "lookup", "nbytes", "numel",
-           "ops_with", "register", "registered", "unregister"]
+__all__ = ["OpDef", "attach", "define", "domain_of", "entries", "find", "flops", "infer_type", "lookup", "nbytes",
+           "numel", "ops_with", "register", "registered", "unregister"]

@@ -83,7 +83,7 @@ define("Relu", **_ACTIVATION, evaluate=k.unary(k.relu), arity=(1, 1), c_expr=_sc
        c_vec=_scalar("_mm256_max_ps(v, _mm256_setzero_ps())"))  # NaN -> 0, as the scalar form
 define("Sigmoid", **_ACTIVATION, evaluate=k.unary(scipy.special.expit), arity=(1, 1),
        c_expr=_scalar("sat_rcpf(1.0f + sat_expf(-v))"))
-define("Tanh", **_ACTIVATION, evaluate=k.unary(np.tanh), arity=(1, 1), c_expr=_scalar("tanhf(v)"))
+define("Tanh", **_ACTIVATION, evaluate=k.unary(np.tanh), arity=(1, 1), c_expr=_scalar("sat_tanhf(v)"))
 define("Erf", **_ACTIVATION, evaluate=k.unary(scipy.special.erf), arity=(1, 1), c_expr=_scalar("sat_erff(v)"))
 define("Sqrt", **_ACTIVATION, evaluate=k.unary(np.sqrt), arity=(1, 1), domains={0: "nonnegative"},
        c_expr=_scalar("sqrtf(v)"))
@@ -132,14 +132,15 @@ define("Swish", c="unary",
 
 def _gelu_expr(node, a, operand, graph) -> str:
     if text(node.attr("approximate", "none")) == "tanh":
-        return "0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))"
+        return "0.5f * v * (1.0f + sat_tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))"
     return "0.5f * v * (1.0f + sat_erff(v * 0.7071067811865476f))"
 
 
 define("Gelu", elementwise=True, evaluate=k.gelu, arity=(1, 1), c="unary", c_expr=_gelu_expr,
        enums={"approximate": ("none", "tanh")})
 define("Elu", elementwise=True, c="unary",
-       c_expr=lambda node, a, operand, graph: f"v >= 0.0f ? v : {c_float(node.attr('alpha', 1.0))} * (sat_expf(v) - 1.0f)")
+       c_expr=lambda node, a, operand, graph: (f"v >= 0.0f ? v : {c_float(node.attr('alpha', 1.0))} "
+                                               "* (sat_expf(v) - 1.0f)"))
 
 
 def _selu_expr(node, a, operand, graph) -> str:

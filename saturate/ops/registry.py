@@ -48,6 +48,10 @@ class OpDef:
     shape: Callable[[dict, list], Any] | None = None
     # Inputs as onnx.reference should get them where it departs from the spec: (node, args) -> args.
     reference_args: Callable[..., list] | None = None
+    # Output type from constant inputs that decide it (Slice's bounds, Squeeze's axes):
+    # (attrs, x, ints, n_inputs, output, outputs) -> ValueInfo | None, `x` the first input's type,
+    # `ints(k)` input k's elements ([] when omitted, None when not all known).
+    shape_by_data: Callable[..., Any] | None = None
     # Numpy kernel, f(node, *inputs) -> array or tuple; `arity` the (required, most) inputs it takes.
     evaluate: Callable[..., Any] | None = None
     arity: tuple[int, int] | None = None

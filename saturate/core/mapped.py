@@ -324,6 +324,9 @@ def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[in
             _give_back(m, dst.ctypes.data - base, dst.nbytes)
 
         _give_back(m, 0, out[:step].nbytes)
+        for part, s in zip(parts(0), split):
+            if s:
+                release(part)
         steps = range(step, shape[0], step)
         workers = min(_cores(), len(steps))
         if workers > 1:

@@ -10,7 +10,7 @@ import numpy as np
 from saturate.core import geometry
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
-from saturate.ops.registry import lookup, ops_with
+from saturate.ops.registry import attach, lookup, ops_with
 
 # The op registry's C hooks (OpDef.c): live sets, current after later registrations.
 ELEMENTWISE_UNARY = ops_with("c", "unary")
@@ -276,98 +276,154 @@ def infer_shapes(graph: Graph, input_shapes: dict[str, tuple[int, ...]]) -> dict
 
 
 def _out_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    """The output shape of a node C runs: its entry's `c_shape` hook (the kernels', attached
+    below), else the input's for pointwise ops, views and same-shape ops, the broadcast for
+    binary ones; raises for what the kernels cannot take."""
     op, x = node.op, ins[0]
-    if op == "Cast" and int(node.attr("to", 1)) != 1:
-        raise unsupported(node, "casts to float32 only")
-    if op in ("Max", "Min") and len(node.inputs) != 2:
-        raise unsupported(node, f"runs {op} on two inputs only")
-    if op in ("Pad", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin") and len(x) > 8:
-        raise unsupported(node, f"supports {op} up to rank 8")
-    if op == "LayerNormalization":
-        norm = x[int(node.attr("axis", -1)) % len(x):]
-        for p, v in zip(ins[1:], node.inputs[1:]):
-            if v and v not in graph.constants and p != norm:
-                raise unsupported(node, f"needs scale and bias of shape {norm}, got {p}")
     entry = lookup(op, node.domain)
-    if op in ELEMENTWISE_UNARY or (entry is not None and entry.same_shape) or op in ("Identity", "Cast", "CastLike"):
-        return x
-    if op in ("Squeeze", "Unsqueeze"):
-        return squeeze_shape(graph, node, x)
-    if op == "Slice":
-        return tuple(c for _, _, c in slice_params(graph, node, x))
-    if op == "Expand":
-        try:
-            return tuple(np.broadcast_shapes(x, tuple(const_ints(graph, node, node.inputs[1]))))
-        except ValueError:
-            raise unsupported(node, f"cannot expand shape {x}") from None
-    if op == "Pad":
-        begin, end, _, _ = pad_params(graph, node, x)
-        out = tuple(d + b + e for d, b, e in zip(x, begin, end))
-        if any(d < 0 for d in out):
-            raise unsupported(node, f"pads {begin + end} crop {x} below zero")
-        return out
-    if op.startswith("Reduce"):
-        axes, keep = reduce_axes(graph, node, x)
-        return tuple(1 if d in axes else n for d, n in enumerate(x) if keep or d not in axes)
-    if op == "Resize":
-        return resize_tables(graph, node, x)[0]
-    if op == "Gather":
-        return gather_view(graph, node, x)[3]
-    if op in ELEMENTWISE_BINARY:
+    if entry is None or entry.c is None:
+        raise unsupported(node, f"has no kernel for op '{op}'")
+    if entry.c_shape is not None:
+        return entry.c_shape(graph, node, ins)
+    if entry.c == "binary":
+        if len(node.inputs) != 2:
+            raise unsupported(node, f"runs {op} on two inputs only")
         try:
             return tuple(np.broadcast_shapes(ins[0], ins[1]))
         except ValueError:
             raise unsupported(node, f"cannot broadcast shapes {ins[0]} and {ins[1]}") from None
-    if op == "QLinearMatMul":
-        return _out_shape(graph, Node("MatMul", node.inputs[::3], node.outputs, {}, node.name), ins[::3])
-    if op in ("Conv", "QLinearConv"):
-        w = ins[1] if op == "Conv" else ins[3]
-        win = conv_window(node, x, w)
-        if x[1] != w[1] * int(node.attr("group", 1)):
-            raise unsupported(node, f"got input channels {x[1]} for weights {w}")
-        return (x[0], w[0], win.ow) if len(x) == 3 else (x[0], w[0], win.oh, win.ow)
-    if op in ("MaxPool", "AveragePool"):
-        win = pool_window(node, x)
-        return (x[0], x[1], win.ow) if len(x) == 3 else (x[0], x[1], win.oh, win.ow)
-    if op == "GlobalAveragePool":
-        return (x[0], x[1]) + (1,) * (len(x) - 2)
-    if op == "Gemm":
-        a, b = ins[0], ins[1]
-        m = a[1] if node.attr("transA", 0) else a[0]
-        n = b[0] if node.attr("transB", 0) else b[1]
-        return (m, n)
-    if op == "MatMul":
-        a, b = ins[0], ins[1]
-        a2 = (1,) + a if len(a) == 1 else a
-        b2 = b + (1,) if len(b) == 1 else b
-        if a2[-1] != b2[-2]:
-            raise unsupported(node, f"cannot multiply shapes {a} and {b}")
-        try:
-            out = tuple(np.broadcast_shapes(a2[:-2], b2[:-2])) + (a2[-2], b2[-1])
-        except ValueError:
-            raise unsupported(node, f"cannot broadcast the batches of {a} and {b}") from None
-        if len(a) == 1:
-            out = out[:-2] + out[-1:]
-        if len(b) == 1:
-            out = out[:-1]
-        return out
-    if op == "Reshape":
-        target = const_ints(graph, node, node.inputs[1])
-        allow0 = node.attr("allowzero", 0)
-        dims = [x[i] if (t == 0 and not allow0) else t for i, t in enumerate(target)]
-        if -1 in dims:
-            known = math.prod(d for d in dims if d != -1)
-            dims[dims.index(-1)] = math.prod(x) // max(known, 1)
-        if math.prod(dims) != math.prod(x):
-            raise unsupported(node, f"cannot reshape {x} to {target}")
-        return tuple(dims)
-    if op == "Flatten":
-        axis = node.attr("axis", 1) % (len(x) + 1) if x else 0
-        return (math.prod(x[:axis]), math.prod(x[axis:]))
-    if op == "Transpose":
-        perm = node.attr("perm") or list(reversed(range(len(x))))
-        return tuple(x[p] for p in perm)
-    if op == "Concat":
-        axis = node.attr("axis") % len(x)
-        return x[:axis] + (sum(s[axis] for s in ins),) + x[axis + 1:]
+    if entry.c in ("unary", "view") or entry.same_shape:
+        return x
     raise unsupported(node, f"has no kernel for op '{op}'")
+
+
+def _rank_at_most_8(node: Node, x: tuple[int, ...]) -> None:
+    if len(x) > 8:
+        raise unsupported(node, f"supports {node.op} up to rank 8")
+
+
+def _cast_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    if int(node.attr("to", 1)) != 1:
+        raise unsupported(node, "casts to float32 only")
+    return ins[0]
+
+
+def _layer_norm_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    x = ins[0]
+    norm = x[int(node.attr("axis", -1)) % len(x):]
+    for p, v in zip(ins[1:], node.inputs[1:]):
+        if v and v not in graph.constants and p != norm:
+            raise unsupported(node, f"needs scale and bias of shape {norm}, got {p}")
+    return x
+
+
+def _expand_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(ins[0], tuple(const_ints(graph, node, node.inputs[1]))))
+    except ValueError:
+        raise unsupported(node, f"cannot expand shape {ins[0]}") from None
+
+
+def _pad_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    x = ins[0]
+    _rank_at_most_8(node, x)
+    begin, end, _, _ = pad_params(graph, node, x)
+    out = tuple(d + b + e for d, b, e in zip(x, begin, end))
+    if any(d < 0 for d in out):
+        raise unsupported(node, f"pads {begin + end} crop {x} below zero")
+    return out
+
+
+def _reduce_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    x = ins[0]
+    _rank_at_most_8(node, x)
+    axes, keep = reduce_axes(graph, node, x)
+    return tuple(1 if d in axes else n for d, n in enumerate(x) if keep or d not in axes)
+
+
+def _conv_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    x = ins[0]
+    w = ins[1] if node.op == "Conv" else ins[3]
+    win = conv_window(node, x, w)
+    if x[1] != w[1] * int(node.attr("group", 1)):
+        raise unsupported(node, f"got input channels {x[1]} for weights {w}")
+    return (x[0], w[0], win.ow) if len(x) == 3 else (x[0], w[0], win.oh, win.ow)
+
+
+def _pool_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    x = ins[0]
+    win = pool_window(node, x)
+    return (x[0], x[1], win.ow) if len(x) == 3 else (x[0], x[1], win.oh, win.ow)
+
+
+def _gemm_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    a, b = ins[0], ins[1]
+    return (a[1] if node.attr("transA", 0) else a[0], b[0] if node.attr("transB", 0) else b[1])
+
+
+def _matmul_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    a, b = ins[0], ins[1]
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise unsupported(node, f"cannot multiply shapes {a} and {b}")
+    try:
+        out = tuple(np.broadcast_shapes(a2[:-2], b2[:-2])) + (a2[-2], b2[-1])
+    except ValueError:
+        raise unsupported(node, f"cannot broadcast the batches of {a} and {b}") from None
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+def _reshape_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    x = ins[0]
+    target = const_ints(graph, node, node.inputs[1])
+    allow0 = node.attr("allowzero", 0)
+    dims = [x[i] if (t == 0 and not allow0) else t for i, t in enumerate(target)]
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        dims[dims.index(-1)] = math.prod(x) // max(known, 1)
+    if math.prod(dims) != math.prod(x):
+        raise unsupported(node, f"cannot reshape {x} to {target}")
+    return tuple(dims)
+
+
+def _flatten_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    x = ins[0]
+    axis = node.attr("axis", 1) % (len(x) + 1) if x else 0
+    return (math.prod(x[:axis]), math.prod(x[axis:]))
+
+
+def _transpose_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    x = ins[0]
+    perm = node.attr("perm") or list(reversed(range(len(x))))
+    return tuple(x[p] for p in perm)
+
+
+def _concat_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    x = ins[0]
+    axis = node.attr("axis") % len(x)
+    return x[:axis] + (sum(s[axis] for s in ins),) + x[axis + 1:]
+
+
+# The shapes the C kernels compute, and what they refuse: hooks of the ops' registry entries.
+_C_SHAPES = {
+    "Cast": _cast_shape, "LayerNormalization": _layer_norm_shape,
+    "Squeeze": lambda graph, node, ins: squeeze_shape(graph, node, ins[0]),
+    "Unsqueeze": lambda graph, node, ins: squeeze_shape(graph, node, ins[0]),
+    "Slice": lambda graph, node, ins: tuple(c for _, _, c in slice_params(graph, node, ins[0])),
+    "Expand": _expand_shape, "Pad": _pad_shape,
+    **{op: _reduce_shape for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")},
+    "Resize": lambda graph, node, ins: resize_tables(graph, node, ins[0])[0],
+    "Gather": lambda graph, node, ins: gather_view(graph, node, ins[0])[3],
+    "QLinearMatMul": lambda graph, node, ins: _matmul_shape(graph, node, ins[::3]),
+    "Conv": _conv_shape, "QLinearConv": _conv_shape, "MaxPool": _pool_shape, "AveragePool": _pool_shape,
+    "GlobalAveragePool": lambda graph, node, ins: (ins[0][0], ins[0][1]) + (1,) * (len(ins[0]) - 2),
+    "Gemm": _gemm_shape, "MatMul": _matmul_shape, "Reshape": _reshape_shape, "Flatten": _flatten_shape,
+    "Transpose": _transpose_shape, "Concat": _concat_shape,
+}
+for _op, _fn in _C_SHAPES.items():
+    attach(_op, c_shape=_fn)

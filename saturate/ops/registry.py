@@ -68,6 +68,9 @@ class OpDef:
     # How the C backend runs it: "unary" or "binary" (pointwise, `c_expr`), "view" (shares
     # its input's storage), "kernel" (a kernel of the C library).
     c: str | None = None
+    # Output shape in C, and what the kernel refuses: (graph, node, input shapes) -> shape, raising
+    # the backend's SaturateError; None: the input's (pointwise, views), the broadcast (binary).
+    c_shape: Callable[..., tuple] | None = None
     # Scalar C expression: (node, args, operand, graph) -> str, `args` the C expressions of the
     # inputs (the chain value is `v`), `operand(key)` loads a named side input.
     c_expr: Callable[..., str] | None = None

@@ -368,7 +368,8 @@ def test_comparisons_with_a_constant_compare_every_element_in_its_dtype():
 
 
 def test_computed_attributes_take_the_attribute_type():
-    from saturate.lang.builtins import attribute_type, to_attribute
+    from saturate.lang.builtins import to_attribute
+    from saturate.ops.schema import attribute_type
 
     assert [attribute_type("HardSigmoid", "alpha"), attribute_type("Gather", "axis"),
             attribute_type("Transpose", "perm"), attribute_type("Conv", "auto_pad"),

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from saturate.backend.quant import q_expr, q_vec_expr
 from saturate.backend.shapes import unsupported
 from saturate.core.ir import Node
-from saturate.ops.ctext import c_float, clip_bounds
+from saturate.ops.ctext import c_float
 from saturate.ops.registry import attach, lookup
 
-__all__ = ["Operand", "c_float", "clip_bounds", "run_axis", "step_expr", "strides", "vec_expr"]
+__all__ = ["Operand", "c_float", "run_axis", "step_expr", "strides", "vec_expr"]
 
 
 def strides(shape: tuple[int, ...]) -> list[int]:

@@ -9,13 +9,14 @@ from typing import Any
 import numpy as np
 
 from saturate.lang import fold
-from saturate.lang.builtins import CONST_FUNCS, broadcast_shape
+from saturate.lang.builtins import CONST_FUNCS
 from saturate.engine.egraph import EGraphView, ENode
 from saturate.engine.encode import Encoding
 from saturate.core.ir import ValueInfo
 from saturate.core import geometry, mapped
 from saturate.frontend.infer import DATA_ELEMENTS, onnx_infer
 from saturate.ops import find, infer_type
+from saturate.ops.infer import broadcast_shape
 
 FAILED = object()  # a constant expression numpy could not evaluate
 _ABSENT = ("absent",)   # the structural key of an omitted input, valued None

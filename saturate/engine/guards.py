@@ -7,7 +7,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES, attribute_type, to_attribute
+from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES, to_attribute
+from saturate.ops.schema import attribute_type
 from saturate.engine.egraph import EGraphView
 from saturate.engine.encode import Encoding, Rows
 from saturate.engine import fold_any

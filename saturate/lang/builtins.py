@@ -24,7 +24,6 @@ static shapes and ints alone, so the engine can decide them from the facts it ke
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from saturate.core.limits import check_allocation
+from saturate.ops.infer import broadcast_shape
 
 Shape = tuple[Any, ...]
 
@@ -88,21 +88,6 @@ def _ints(v: Any) -> tuple[int, ...] | None:
     if v is None:
         return None
     return tuple(int(x) for x in np.asarray(v).ravel())
-
-
-def broadcast_shape(a: Shape, b: Shape) -> Shape | None:
-    """The numpy broadcast of two static shapes, or None when they do not (or may not) broadcast."""
-    out = []
-    for i in range(1, max(len(a), len(b)) + 1):
-        da = a[-i] if i <= len(a) else 1
-        db = b[-i] if i <= len(b) else 1
-        if da == 1:
-            out.append(db)
-        elif db == 1 or (da == db and da is not None):
-            out.append(da)
-        else:
-            return None
-    return tuple(reversed(out))
 
 
 def _special():
@@ -954,18 +939,6 @@ GUARDS["fold_fits"] = GuardFn(2, _fold_guard("fold_fits"), "the result, sized by
 
 
 # ---- computed attributes -------------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=None)
-def attribute_type(op: str, key: str) -> str | None:
-    """The ONNX type of an op's attribute ("FLOAT", "INT", "INTS", "STRING", "TENSOR"...), from
-    any version of its schema; None for an op or attribute ONNX does not define."""
-    import onnx
-
-    for s in onnx.defs.get_all_schemas_with_history():
-        if s.name == op and s.domain in ("", "ai.onnx") and key in s.attributes:
-            return s.attributes[key].type.name
-    return None
-
 
 # The kinds of value that may become an attribute of each type, as the load-time checks see them.
 ATTRIBUTE_KINDS = {"FLOAT": {"const", "int", "num"}, "INT": {"const", "int", "num"},

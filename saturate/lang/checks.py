@@ -6,9 +6,8 @@ import difflib
 from typing import Any, Callable, NoReturn
 
 from saturate.lang import fold
-from saturate.lang.builtins import (ATTRIBUTE_KINDS, CONST_FUNCS, GUARDS, INFIX, LIST_FUNCS, QUERIES,
-                                    attribute_type)
-from saturate.ops.schema import is_rewritable_op, op_table
+from saturate.lang.builtins import ATTRIBUTE_KINDS, CONST_FUNCS, GUARDS, INFIX, LIST_FUNCS, QUERIES
+from saturate.ops.schema import attribute_type, is_rewritable_op, op_table
 from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, Spread, Str,
                                Term, Var)
 

@@ -6,8 +6,22 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from saturate.core.ir import ValueInfo
-from saturate.lang.builtins import broadcast_shape
 from saturate.ops.registry import find, lookup
+
+
+def broadcast_shape(a: tuple, b: tuple) -> tuple | None:
+    """The numpy broadcast of two static shapes, or None when they do not (or may not) broadcast."""
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        da = a[-i] if i <= len(a) else 1
+        db = b[-i] if i <= len(b) else 1
+        if da == 1:
+            out.append(db)
+        elif db == 1 or (da == db and da is not None):
+            out.append(da)
+        else:
+            return None
+    return tuple(reversed(out))
 
 
 def broadcast_all(shapes: Sequence[tuple]) -> tuple | None:

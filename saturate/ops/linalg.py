@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from saturate.core.ir import ValueInfo
 from saturate.interp import kernels as k
-from saturate.lang.builtins import broadcast_shape
 from saturate.ops.cost import dot_flops
+from saturate.ops.infer import broadcast_shape
 from saturate.ops.registry import define
 
 

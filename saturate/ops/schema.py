@@ -116,3 +116,13 @@ def _onnx_table() -> dict[str, OpSpec]:
 def is_rewritable_op(op: str) -> bool:
     """Whether the engine encodes this op as a term rules can rewrite even when no rule names it."""
     return op in ops_with("engine")
+
+
+@functools.lru_cache(maxsize=None)
+def attribute_type(op: str, key: str) -> str | None:
+    """The ONNX type of an op's attribute ("FLOAT", "INT", "INTS", "STRING", "TENSOR"...), from
+    any version of its schema; None for an op or attribute ONNX does not define."""
+    for s in onnx.defs.get_all_schemas_with_history():
+        if s.name == op and s.domain in ("", "ai.onnx") and key in s.attributes:
+            return s.attributes[key].type.name
+    return None

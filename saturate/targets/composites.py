@@ -21,7 +21,7 @@ import numpy as np
 from saturate.core.ir import ValueInfo
 from saturate.ops.schema import newest_opset, spec
 from saturate.frontend.infer import onnx_infer
-from saturate.lang.ast import AttrVar, IntList, Num, OpTerm, Rule, Str, Term, Var
+from saturate.lang.ast import AttrVar, OpTerm, Rule, Term, Var
 from saturate.ops import find, infer_type as registry_type, nbytes
 
 PREFIX = "Composite"

@@ -190,6 +190,7 @@ class Emitter:
         self.vector: dict[str, tuple] = {}  # scalar epilogue name -> its vector forms (per channel, per pixel)
         self.vector8: dict[str, Lifted] = {}  # scalar epilogue name -> its 8-channel form (every step per channel)
         self.units: dict[tuple, str] = {}  # (runner, guard, epilogue templates) -> its work-item function
+        self.ek: list[int] = []  # the running step's epilogue constants (see unit)
 
     # ---- storage ----------------------------------------------------------------------------
     def weight(self, key, array: np.ndarray) -> str:
@@ -347,6 +348,14 @@ class Emitter:
 
     # ---- steps ------------------------------------------------------------------------------
     def emit_step(self, step: Step) -> None:
+        start, self.ek = len(self.body), []
+        self.emit_kernel(step)
+        if self.ek:
+            table = f"ek_{len(self.funcs)}"
+            self.funcs.append(f"static const int64_t {table}[] = {{{c_ints(self.ek)}}};\n")
+            self.body.insert(start, f"    EK = {table};\n")
+
+    def emit_kernel(self, step: Step) -> None:
         node, sh = step.anchor, self.shapes
         out, oshape = self.ptr(step.out), sh[step.out]
         chain = [(n, prev.outputs[0]) for prev, n in zip(step.nodes(), step.chain)]
@@ -381,12 +390,13 @@ class Emitter:
         """A work-item function running a kernel's inline `runner` with vector epilogue `forms` (Lifted or None)
         inlined into its stores, where `guard` (a preprocessor condition) holds, else NULL. Instances are shared:
         epilogues that differ only in their integer constants (weight offsets, channel counts) run one compiled
-        unit, which reads those constants from EK, pointed at this step's table before its kernel runs. Each
-        instance costs the compiler a whole tile kernel, so this is most of what a model's compile takes."""
-        texts, consts = [], []
+        unit, which reads those constants from EK, pointed at this step's table (self.ek, every unit of the
+        step's in turn) before its kernel runs. Each instance costs the compiler a whole tile kernel, so this
+        is most of what a model's compile takes."""
+        texts = []
         for form in forms:
-            texts.append(None if form is None else form.at(len(consts)))
-            consts += [] if form is None else form.consts
+            texts.append(None if form is None else form.at(len(self.ek)))
+            self.ek += [] if form is None else form.consts
         key = (runner, guard, tuple(texts))
         if key not in self.units:
             name = f"{prefix}_{len(self.units)}"
@@ -401,9 +411,6 @@ class Emitter:
             self.funcs.append(f"#if {guard}\nstatic void {name}(void *ctx, int64_t i, int tid) "
                               f"{{ {runner}(ctx, i, tid, {', '.join(args)}); }}\n#else\n#define {name} NULL\n#endif\n")
             self.units[key] = name
-        table = f"ek_{len(self.funcs)}"
-        self.funcs.append(f"static const int64_t {table}[] = {{{c_ints(consts)}}};\n")
-        self.body.append(f"    EK = {table};\n")
         return self.units[key]
 
     def emit_Conv(self, step, chain, out, oshape):

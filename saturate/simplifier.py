@@ -313,7 +313,10 @@ def _session(graph: Graph, model: bytes | None = None):
     # Prepacking copies every MatMul's weight into ONNX Runtime's layout: the model twice over.
     opts.add_session_config_entry("session.disable_prepacking", "1")
     # An arena keeps the largest buffers a run needed (a float16 weight cast to float32) to the end.
-    opts.enable_cpu_mem_arena = True
+    opts.enable_cpu_mem_arena = False
+    # The default order runs every Cast ONNX Runtime puts before a float16 weight's consumer
+    # first, all the float32 copies alive at once; by priority each runs next to its consumer.
+    opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     arrays: list = []
     feed: dict[str, np.ndarray] = {}
     if model is None:

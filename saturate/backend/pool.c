@@ -1,6 +1,8 @@
 /* The kernel library's half of pool.h: compiled once per instruction set (build.py), linked into every model. */
 #include "pool.h"
 
+#include <time.h>
+
 int sat_threads = 1;
 
 _Atomic int sat_pool_active;
@@ -9,7 +11,14 @@ __thread int sat_in_parallel;
 
 __thread int sat_pool_tid;
 
-sat_pool_state sat_pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+sat_pool_state sat_pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+                           .done_cv = PTHREAD_COND_INITIALIZER};
+
+static int64_t sat_pool_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
 
 /* Claim and run items of the job published as generation `gen` until none are left. */
 void sat_pool_drain(uint32_t gen, int tid) {
@@ -18,12 +27,18 @@ void sat_pool_drain(uint32_t gen, int tid) {
         if ((uint32_t)(t >> 32) != gen || (int64_t)(uint32_t)t >= sat_pool.n) return;
         sat_body fn = sat_pool.fn;
         void *ctx = sat_pool.ctx;
-        /* A successful claim proves the job was still running, so fn and ctx read above are its own. */
+        const int64_t n = sat_pool.n;
+        /* A successful claim proves the job was still running, so fn, ctx and n read above are its own. */
         if (!atomic_compare_exchange_weak_explicit(&sat_pool.ticket, &t, t + 1, memory_order_acq_rel,
                                                    memory_order_relaxed))
             continue;
         fn(ctx, (int64_t)(uint32_t)t, tid);
-        atomic_fetch_add_explicit(&sat_pool.done, 1, memory_order_release);
+        /* seq_cst, as the caller's store of caller_asleep and its load of done are: one sees the other */
+        if (atomic_fetch_add(&sat_pool.done, 1) + 1 == n && tid != 0 && atomic_load(&sat_pool.caller_asleep)) {
+            pthread_mutex_lock(&sat_pool.mu);
+            pthread_cond_broadcast(&sat_pool.done_cv);
+            pthread_mutex_unlock(&sat_pool.mu);
+        }
     }
 }
 
@@ -34,15 +49,25 @@ void *sat_pool_worker(void *arg) {
     sat_pool_tid = tid;
     for (;;) {
         uint64_t t = 0;
-        /* Spin for the next job while a run lasts (jobs come in bursts within one inference), and briefly
-         * after it; then sleep until a job or the next run. */
-        for (int spin = 0; spin < 20000 || sat_pool_wanted(tid); spin++) {
+        /* Spin for the next job while a run lasts (jobs come in bursts within one inference) for up to
+         * SAT_SPIN_NS, and briefly after it; then sleep until a job or the next run. */
+        int64_t since = 0;
+        int idle = 0;
+        const uint32_t run = atomic_load(&sat_pool.runs);
+        for (int spin = 0; spin < 20000 || (sat_pool_wanted(tid) && !idle); spin++) {
             t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
             if ((uint32_t)(t >> 32) != seen) break;
+            if ((spin & 255) == 255) {
+                const int64_t now = sat_pool_ns();
+                since = since ? since : now;
+                idle = now - since > SAT_SPIN_NS;
+            }
         }
         if ((uint32_t)(t >> 32) == seen) {
             pthread_mutex_lock(&sat_pool.mu);
-            while ((uint32_t)(atomic_load(&sat_pool.ticket) >> 32) == seen && !sat_pool_wanted(tid))
+            /* idle within a run: asleep until the next job, or the next run's start */
+            while ((uint32_t)(atomic_load(&sat_pool.ticket) >> 32) == seen &&
+                   (idle ? atomic_load(&sat_pool.runs) == run : !sat_pool_wanted(tid)))
                 pthread_cond_wait(&sat_pool.cv, &sat_pool.mu);
             pthread_mutex_unlock(&sat_pool.mu);
             t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
@@ -60,6 +85,7 @@ void sat_pool_begin(void) {
     if (sat_threads <= 1 || sat_in_parallel) return;
     pthread_mutex_lock(&sat_pool.mu);
     atomic_store(&sat_pool_active, 1);
+    atomic_fetch_add(&sat_pool.runs, 1);
     pthread_cond_broadcast(&sat_pool.cv);
     pthread_mutex_unlock(&sat_pool.mu);
 }
@@ -97,9 +123,20 @@ void sat_parallel(int64_t n, sat_body fn, void *ctx) {
     sat_in_parallel = 1;
     sat_pool_drain(gen, 0);
     sat_in_parallel = 0;
-    while (atomic_load_explicit(&sat_pool.done, memory_order_acquire) < n) {
+    /* Items another thread claimed: spin briefly, then sleep until the last one is done (see SAT_SPIN_NS). */
+    int64_t since = 0;
+    for (int spin = 0; atomic_load_explicit(&sat_pool.done, memory_order_acquire) < n; spin++) {
 #if defined(__x86_64__)
         __builtin_ia32_pause();
 #endif
+        if ((spin & 255) != 255) continue;
+        const int64_t now = sat_pool_ns();
+        since = since ? since : now;
+        if (now - since <= SAT_SPIN_NS) continue;
+        pthread_mutex_lock(&sat_pool.mu);
+        atomic_store(&sat_pool.caller_asleep, 1);
+        while (atomic_load(&sat_pool.done) < n) pthread_cond_wait(&sat_pool.done_cv, &sat_pool.mu);
+        atomic_store(&sat_pool.caller_asleep, 0);
+        pthread_mutex_unlock(&sat_pool.mu);
     }
 }

@@ -15,8 +15,8 @@ typedef void (*sat_body)(void *ctx, int64_t i, int tid);
 
 extern int sat_threads;
 
-/* Set while sat_run runs: the pool's workers then spin between jobs however long the gap, and sleep as
- * soon as the run ends (sat_pool_begin / sat_pool_end). */
+/* Set while sat_run runs: the pool's workers then spin between jobs (each gap up to SAT_SPIN_NS), and sleep
+ * as soon as the run ends (sat_pool_begin / sat_pool_end). */
 extern _Atomic int sat_pool_active;
 
 /* Whether worker `tid` is to stay awake: a run is on and it has a share of the run's threads (a model
@@ -39,9 +39,19 @@ typedef struct {
     _Atomic uint64_t ticket; /* generation << 32 | next item */
     _Atomic int64_t done;
     int started;
+    _Atomic int caller_asleep; /* the caller sleeps on done_cv until the last claimed item is done */
+    _Atomic uint32_t runs;     /* sat_pool_begin calls: a worker asleep within one run wakes for the next */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv, done_cv;
 } sat_pool_state;
+
+/* How long a thread spins for work (a worker between jobs) or for the last items (the caller) before it
+ * sleeps. On a machine with more runnable threads than cores a spinning thread holds a core another one
+ * needs: a worker spinning beside the caller on one core halves the caller's serial steps, and a caller
+ * spinning for an item whose worker was preempted keeps that worker off the core it could run on, where a
+ * thread that sleeps gives its core up at once. On an idle machine the gaps between one inference's jobs
+ * are far shorter, so there the workers still never sleep within a run. */
+#define SAT_SPIN_NS 200000
 
 extern sat_pool_state sat_pool;
 

@@ -35,7 +35,7 @@ import numpy as np
 from machine import build_label, cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT / "frontend" / "corpus"
+CORPUS = ROOT / "frontend" / "corpus"  # entries are loaded as corpus:NAME, which fills in their weights
 
 
 def save_model(name: str, path: Path) -> None:
@@ -44,7 +44,7 @@ def save_model(name: str, path: Path) -> None:
     from saturate.frontend import load_graph, save_graph
 
     if (CORPUS / f"{name}.onnx").is_file():
-        graph, _ = optimize(load_graph(str(CORPUS / f"{name}.onnx")))
+        graph, _ = optimize(load_graph(f"corpus:{name}"))
     else:
         graph = load_graph(f"example:{name}")
     save_graph(graph, str(path))
@@ -125,7 +125,9 @@ def main() -> None:
           f"{os.getloadavg()[0]:.2f}")
     print(f"# compile: wall s of `saturate compile`, median of {args.compiles} (cold: 1); "
           f"run: median CPU ms of {args.runs} calls at 1 thread")
-    rows = []
+    head = ("model", "new model: before", "after", "cold: before", "after", "run ms: before", "after", "rel diff")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
     with tempfile.TemporaryDirectory(prefix="compile-speed-") as tmp:
         tmp = Path(tmp)
         old = old_tree(args.before, tmp)
@@ -137,13 +139,8 @@ def main() -> None:
             old_warm, old_cold, old_dir = compile_times(old, model, tmp / name / "old", args.compiles)
             new_warm, new_cold, new_dir = compile_times(None, model, tmp / name / "new", args.compiles)
             (old_ms, new_ms), diff = run_times([old_dir, new_dir], args.runs)
-            rows.append((name, old_warm, new_warm, old_cold, new_cold, old_ms, new_ms, diff))
-            print(f"#   {name} done, load {os.getloadavg()[0]:.2f}", flush=True)
-    head = ("model", "new model: before", "after", "cold: before", "after", "run ms: before", "after", "rel diff")
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
-    for name, ow, nw, oc, nc, om, nm, diff in rows:
-        print(f"| {name} | {ow:.2f} | {nw:.2f} | {oc:.2f} | {nc:.2f} | {om:.2f} | {nm:.2f} | {diff:.1e} |")
+            print(f"| {name} | {old_warm:.2f} | {new_warm:.2f} | {old_cold:.2f} | {new_cold:.2f} | {old_ms:.2f} | "
+                  f"{new_ms:.2f} | {diff:.1e} |", flush=True)
     print(f"# load average at end {os.getloadavg()[0]:.2f}")
 
 

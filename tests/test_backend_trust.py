@@ -249,6 +249,33 @@ def test_a_changed_binding_object_in_the_cache_is_rebuilt(tmp_path, monkeypatch,
     np.testing.assert_allclose(model(feed)["y"], expected(small_graph(3.0), feed)["y"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_a_changed_kernel_library_in_the_cache_is_rebuilt_before_a_model_links_it(tmp_path, monkeypatch, capfd, how):
+    """The kernel library every build links is checked against its digest before each link; a FIFO in place
+    of its lock is refused in one line rather than waited on."""
+    from saturate.backend import compile_graph
+    from saturate.backend.build import kernel_library
+
+    cache = own_cache(tmp_path)
+    monkeypatch.setenv("SATURATE_CACHE", str(cache))
+    lib = kernel_library()
+    corrupt(lib, how)
+    capfd.readouterr()
+    feed = feed_for(small_graph(5.0))
+    model = compile_graph(small_graph(5.0))
+    assert f"saturate: cache entry {lib.name} did not match its digest; rebuilding" in capfd.readouterr().err
+    np.testing.assert_allclose(model(feed)["y"], expected(small_graph(5.0), feed)["y"], rtol=1e-5, atol=1e-6)
+    assert kernel_library() == lib and "rebuilding" not in capfd.readouterr().err
+    if how == "truncate":
+        corrupt(lib, how)
+        lock = lib.with_suffix(".lock")
+        lock.unlink(missing_ok=True)
+        os.mkfifo(lock)
+        with pytest.raises(SaturateError, match=r"\.lock: not a regular file; remove it"):
+            kernel_library()
+
+
 def processes() -> dict[int, tuple[int, int, str, str]]:
     """Every process: pid -> (parent pid, process group, command name, state), from /proc."""
     out = {}

@@ -3,6 +3,7 @@ against OpenBLAS, cached by content hash."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import importlib.machinery
@@ -280,15 +281,41 @@ def kernel_library(config: BuildConfig | None = None) -> Path:
     anything else is built again."""
     config = config or BuildConfig.from_env()
     target = cache_root() / f"libsat-{library_key(config)}.a"
+    if _library_matches(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One process builds it while others that need it wait (a test run's workers, parallel compiles), rather
+    # than each spending the same seconds of both cores.
+    # (not following a link, nor blocking on a FIFO put in its place)
+    fd = os.open(target.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SaturateError(f"{target.with_suffix('.lock')}: not a regular file; remove it")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if _library_matches(target):
+            return target
+        if os.path.lexists(target):
+            print(f"saturate: cache entry {target.name} did not match its digest; rebuilding", file=sys.stderr)
+        _build_library(target, config)
+    finally:
+        os.close(fd)
+    return target
+
+
+def _library_matches(target: Path) -> bool:
+    """Whether `target` is a regular file matching the sha256 recorded beside it."""
     stamp = target.with_suffix(".sha256")
     try:
-        if regular_file(target) and regular_file(stamp) and stamp.read_text().strip() == file_digest(target):
-            return target
+        return regular_file(target) and regular_file(stamp) and stamp.read_text().strip() == file_digest(target)
     except (OSError, ValueError):
-        pass
-    if os.path.lexists(target):
-        print(f"saturate: cache entry {target.name} did not match its digest; rebuilding", file=sys.stderr)
-    target.parent.mkdir(parents=True, exist_ok=True)
+        return False
+
+
+def _build_library(target: Path, config: BuildConfig) -> None:
+    """Compile the library's sources in a staging folder beside `target` and rename the archive, then its
+    digest, into place."""
+    stamp = target.with_suffix(".sha256")
     inc, _, _ = openblas()
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".libsat.") as tmp:
         objects = [Path(tmp) / (name[:-2] + ".o") for name in LIBRARY_SOURCES]
@@ -300,7 +327,6 @@ def kernel_library(config: BuildConfig | None = None) -> Path:
         (Path(tmp) / "libsat.sha256").write_text(file_digest(archive) + "\n")
         os.replace(archive, target)
         os.replace(Path(tmp) / "libsat.sha256", stamp)
-    return target
 
 
 def link_command(objects: list[Path], target: Path, sanitize: bool = False) -> list[str]:

@@ -188,6 +188,13 @@ def test_softmax_rows_of_wide_range(length):
     check_three_way(make(nodes, {"x": (3, length)}, {"k": np.float32(30.0)}, opset=13), threads=2)
 
 
+@pytest.mark.parametrize("scale", [1e-4, 0.3, 3.0, 30.0])
+def test_tanh_from_tiny_to_saturated_inputs(scale):
+    # sat_tanhf's three regimes: x itself near 0, the rational approximation, the clamp where tanh is 1.
+    nodes = [Node("Mul", ["x", "k"], ["s"]), Node("Tanh", ["s"], ["y"])]
+    check_three_way(make(nodes, {"x": (3, 37)}, {"k": np.float32(scale)}, opset=13))
+
+
 def test_softmax_before_opset_13_flattens_from_axis():
     # Before opset 13 Softmax normalizes over all axes from `axis` on (checked against ONNX Runtime).
     from saturate import compile_graph

@@ -7,7 +7,6 @@ import math
 from typing import Callable
 
 import numpy as np
-import scipy.special
 
 from saturate.interp.window import Unhandled, fail
 from saturate.core.ir import Node
@@ -80,7 +79,7 @@ def gelu(node: Node, x: np.ndarray) -> np.ndarray:
         return half * x * (1 + np.tanh(inner))
     if approximate != "none":
         raise fail(node, f"approximate must be 'none' or 'tanh', got {approximate!r}")
-    return (half * x * (1 + scipy.special.erf(x / np.asarray(math.sqrt(2), x.dtype)))).astype(x.dtype, copy=False)
+    return (half * x * (1 + erf(x / np.asarray(math.sqrt(2), x.dtype)))).astype(x.dtype, copy=False)
 
 
 def batch_norm(node: Node, x, scale, bias, mean, var) -> np.ndarray:
@@ -283,6 +282,21 @@ def mean(node: Node, *xs: np.ndarray) -> np.ndarray:
 
 def pow_(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.power(a, b.astype(a.dtype)).astype(a.dtype, copy=False)
+
+
+def _special():
+    # scipy.special is slow to import, and most graphs never call it.
+    import scipy.special
+
+    return scipy.special
+
+
+def expit(x: np.ndarray) -> np.ndarray:
+    return _special().expit(x)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    return _special().erf(x)
 
 
 def relu(x: np.ndarray) -> np.ndarray:

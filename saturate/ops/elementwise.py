@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import scipy.special
 
 from saturate.ops.schema import VARIADIC
 from saturate.interp import kernels as k
@@ -81,10 +80,10 @@ define("Neg", **{**_ACTIVATION, "shape_arith": True}, evaluate=k.unary(np.negati
        c_expr=_scalar("-v"), c_vec=_scalar("_mm256_xor_ps(_mm256_set1_ps(-0.0f), v)"))
 define("Relu", **_ACTIVATION, evaluate=k.unary(k.relu), arity=(1, 1), c_expr=_scalar("v > 0.0f ? v : 0.0f"),
        c_vec=_scalar("_mm256_max_ps(v, _mm256_setzero_ps())"))  # NaN -> 0, as the scalar form
-define("Sigmoid", **_ACTIVATION, evaluate=k.unary(scipy.special.expit), arity=(1, 1),
+define("Sigmoid", **_ACTIVATION, evaluate=k.unary(k.expit), arity=(1, 1),
        c_expr=_scalar("sat_rcpf(1.0f + sat_expf(-v))"))
 define("Tanh", **_ACTIVATION, evaluate=k.unary(np.tanh), arity=(1, 1), c_expr=_scalar("sat_tanhf(v)"))
-define("Erf", **_ACTIVATION, evaluate=k.unary(scipy.special.erf), arity=(1, 1), c_expr=_scalar("sat_erff(v)"))
+define("Erf", **_ACTIVATION, evaluate=k.unary(k.erf), arity=(1, 1), c_expr=_scalar("sat_erff(v)"))
 define("Sqrt", **_ACTIVATION, evaluate=k.unary(np.sqrt), arity=(1, 1), domains={0: "nonnegative"},
        c_expr=_scalar("sqrtf(v)"))
 define("Reciprocal", **_ACTIVATION, evaluate=k.unary(np.reciprocal), arity=(1, 1), c_expr=_scalar("1.0f / v"))

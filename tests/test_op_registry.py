@@ -77,6 +77,27 @@ def test_shape_and_cost_come_from_the_entry():
     assert infer_type("NoSuchOp", {}, [x]) is None
 
 
+def test_the_c_hooks_cover_every_op_the_backend_claims():
+    pytest.importorskip("saturate.backend.pointwise")  # the backend attaches its hooks on import
+
+    for d in entries():
+        if d.c in ("unary", "binary"):
+            assert d.c_expr is not None, d.name
+        if d.c == "kernel" and not d.same_shape:
+            assert d.c_shape is not None, d.name
+        assert not (d.c_vec and not d.c_expr), d.name
+
+
+def test_every_drawn_op_can_be_evaluated():
+    from saturate.interp.reference import reference_ops
+    from saturate.ops.schema import newest_opset
+
+    runnable = reference_ops(newest_opset())
+    for d in entries():
+        if d.draw is not None:
+            assert d.evaluate is not None or d.name in runnable, d.name
+
+
 def test_registration_is_undone_after_the_block():
     with registered(cube()) as (entry,):
         assert lookup("Cube", TOY) is entry and find("Cube") is entry

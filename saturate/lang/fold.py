@@ -20,6 +20,7 @@ from typing import Any, Callable, NoReturn
 import numpy as np
 
 from saturate.lang.ast import Call, Guard, Rule, Spread, Var
+from saturate.ops.registry import ops_with
 
 # What a fold may add to the model unless its inputs were as large: a result larger than this and
 # than the constants it reads stays a node. onnxsim's own threshold (--no-large-tensor, 1.5 GB
@@ -28,9 +29,6 @@ from saturate.lang.ast import Call, Guard, Rule, Spread, Var
 # Expand to a whole activation's size.
 DEFAULT_MAX_FOLD_BYTES = 1 << 20
 
-# Ops whose value is not a function of their inputs: never folded.
-NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
-                              "Bernoulli", "Multinomial", "Dropout"})
 # A quantized model stores its weights as DequantizeLinear of 8-bit integers: folded, each would
 # be stored four times as large in float, which is what quantizing it was to avoid (ONNX Runtime's
 # constant folding leaves it too). rules/quant.rules turns the weight's readers into integer ops.
@@ -100,9 +98,9 @@ def foldable(m: Matched) -> bool:
     values), and the interpreter runs it at the model's opset."""
     from saturate.ops.schema import spec
     from saturate.interp.reference import unsupported_reason
-    from saturate.ops.registry import ops_with
 
-    if m.domain not in ("", "ai.onnx") or m.preserved or m.op in NONDETERMINISTIC or m.op in KEPT_QUANTIZED:
+    if m.domain not in ("", "ai.onnx") or m.preserved or m.op in KEPT_QUANTIZED \
+            or m.op in ops_with("nondeterministic"):
         return False
     if not all(_plain_attr(v) for v in m.attrs.values()):
         return False
@@ -117,7 +115,7 @@ def plausible(op: str, opset: int) -> bool:
     import onnx
     from onnx import AttributeProto
 
-    if op in NONDETERMINISTIC or op in KEPT_QUANTIZED:
+    if op in ops_with("nondeterministic") or op in KEPT_QUANTIZED:
         return False
     try:
         schema = onnx.defs.get_schema(op, opset, "")

@@ -55,6 +55,7 @@ for _name in ("InstanceNormalization", "GroupNormalization", "LpNormalization", 
               "LogSoftmax", "Hardmax"):
     define(_name, same_shape=True)
 define("Softmax", same_shape=True, engine=True, evaluate=k.softmax, arity=(1, 1), draw="unary", c="kernel")
-# Inference: the identity (a view, copied only if it becomes a graph output).
-define("Dropout", same_shape=True, evaluate=k.dropout, arity=(1, 3), draw="unary", c="view",
+# Inference: the identity (a view, copied only if it becomes a graph output); random in training
+# mode, so never folded.
+define("Dropout", same_shape=True, nondeterministic=True, evaluate=k.dropout, arity=(1, 3), draw="unary", c="view",
        droppable_outputs=True)

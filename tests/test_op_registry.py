@@ -168,6 +168,32 @@ def test_the_c_backend_compiles_the_toy_op(rules_file):
     np.testing.assert_allclose(got, x * x * x, rtol=1e-6)
 
 
+@pytest.mark.compiler
+def test_the_toy_op_rides_a_conv_as_its_epilogue(rules_file):
+    """An op registered after the backend was imported still fuses into the kernel before it."""
+    import saturate.backend.plan  # noqa: F401  (imported before the op is registered)
+    from saturate import compile_graph
+    from saturate.pipeline import optimize
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    graph = Graph(inputs=["x"], outputs=["y"], constants={"w": w},
+                  values={"x": ValueInfo("float32", (1, 3, 8, 8)), "w": ValueInfo("float32", w.shape),
+                          "c": ValueInfo("float32", (1, 4, 6, 6)), "y": ValueInfo("float32", (1, 4, 6, 6))},
+                  nodes=[Node("Conv", ["x", "w"], ["c"], name="conv"),
+                         Node("Mul", ["c", "c"], ["sq"], name="square"), Node("Mul", ["c", "sq"], ["y"], name="cube")])
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    with registered(cube()):
+        out, _ = optimize(graph, rules=[rules_file])
+        assert [n.op for n in out.nodes] == ["Conv", "Cube"]
+        model = compile_graph(out)
+        steps = model.segments[0].emitted.plan.steps
+        assert [[n.op for n in s.nodes()] for s in steps] == [["Conv", "Cube"]]
+        got = model({"x": x})["y"]
+    want = run_graph(graph, {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_the_readme_example_runs_as_written(tmp_path, monkeypatch, capsys):
     block = re.search(r"## Adding an op\n.*?```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S).group(1)
     monkeypatch.chdir(tmp_path)

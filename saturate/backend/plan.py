@@ -33,10 +33,19 @@ TILE_BYTES = C["SAT_TILE_BYTES"]
 # of their transposed columns (sat_conv_dot, vec.h).
 DOT_MAXP, DOT_MINK = C["SAT_DOT_MAXP"], C["SAT_DOT_MINK"]
 # Kernels whose output loop can apply an epilogue while the row is still in cache.
-EPILOGUE_HOSTS = {"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
-                  "BatchNormalization", "LayerNormalization"} | ELEMENTWISE_UNARY | ELEMENTWISE_BINARY
-# Ops that are pointwise on their first (data) operand and so can ride along as an epilogue.
-EPILOGUE_MEMBERS = ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | {"BatchNormalization"}
+_HOST_KERNELS = frozenset({"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
+                           "BatchNormalization", "LayerNormalization"})
+
+
+def hosts_epilogue(op: str) -> bool:
+    """Whether a kernel of `op` can apply an epilogue; the pointwise sets are the registry's live ones, so
+    an op registered after import counts too."""
+    return op in _HOST_KERNELS or op in ELEMENTWISE_UNARY or op in ELEMENTWISE_BINARY
+
+
+def joins_epilogue(op: str) -> bool:
+    """Whether `op` is pointwise on its first (data) operand and so can ride along as an epilogue."""
+    return op == "BatchNormalization" or op in ELEMENTWISE_UNARY or op in ELEMENTWISE_BINARY
 
 
 @dataclass
@@ -80,7 +89,7 @@ class Plan:
 
 def _fusible(step: Step, value: str, user: Node, shapes: dict) -> bool:
     """Whether `user` can be applied pointwise to `value` inside the step's output loop."""
-    if user.op not in EPILOGUE_MEMBERS or shapes[user.outputs[0]] != shapes[value]:
+    if not joins_epilogue(user.op) or shapes[user.outputs[0]] != shapes[value]:
         return False
     if user.op in ELEMENTWISE_BINARY:
         return True
@@ -107,7 +116,7 @@ def fuse(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Step], 
             continue
         step = Step(node)
         tail = node
-        while node.op in EPILOGUE_HOSTS:
+        while hosts_epilogue(node.op):
             value = tail.outputs[0]
             users = consumers.get(value, [])
             if (value in outputs or len(users) != 1 or id(users[0]) in absorbed

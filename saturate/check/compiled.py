@@ -18,7 +18,8 @@ import numpy as np
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
-from saturate.engine.compile_rules import CompiledRule, compile_rules
+from saturate.engine.compile_rules import compile_rules
+from saturate.engine.compiled_rule import CompiledRule
 from saturate.engine.encode import Encoding
 from saturate.engine.facts import FAILED, evaluate_fn
 from saturate.engine.guards import decide

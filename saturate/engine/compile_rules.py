@@ -14,10 +14,11 @@ and shapes (saturate.engine.saturation).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from typing import Any
 
 from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES
+from saturate.engine import fold_any
+from saturate.engine.compiled_rule import AttrTest, CompiledRule, RhsOp, input_counts
 from saturate.engine.encode import Encoding, k_ctor, op_ctor
 from saturate.core.errors import SaturateError
 from saturate.lang import fold
@@ -25,69 +26,6 @@ from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Rule, Spread,
 from saturate.lang.variadic import MAX_INPUTS, instances
 
 QUERY_FNS = tuple(QUERIES)
-
-
-@dataclass
-class RhsOp:
-    """How a right-hand op gets its attribute set: a fixed id, a left node's id, or computed."""
-
-    op: str
-    fixed: int | None = None
-    inherit: int | None = None          # index into CompiledRule.lhs_ops
-    overrides: tuple = ()               # (key, AttrValue) pairs applied on the inherited set
-    column: str = ""                    # Ok column holding a computed id
-
-
-@dataclass(frozen=True)
-class AttrTest:
-    """Op `k` of a rule's pattern tests attributes; `relation` holds one row per attribute set
-    that passes, with the values of `captures` (attribute variables) taken from it."""
-
-    relation: str
-    k: int
-    term: OpTerm
-    captures: tuple[str, ...]
-
-
-@dataclass
-class CompiledRule:
-    """One direction of one DSL rule, as egglog text plus what the Python check needs."""
-
-    rule: Rule
-    index: int
-    name: str                            # egglog rule name of the rewriting rule
-    direction: str
-    lhs: Term
-    rhs: Term
-    lhs_ops: list[OpTerm] = field(default_factory=list)
-    vars: list[str] = field(default_factory=list)
-    rhs_ops: list[RhsOp] = field(default_factory=list)
-    extras: list[tuple[str, Term]] = field(default_factory=list)   # T columns: queries, attrs, lits
-    checked: bool = False
-    text: list[str] = field(default_factory=list)
-    # A guarded rule's `Ok` relation and apply rule, declared when its first Ok row is (most
-    # guarded rules never fire on a given graph, and each declaration costs egglog about 1 ms).
-    apply_text: list[str] = field(default_factory=list)
-    attr_tests: list[AttrTest] = field(default_factory=list)      # decided by relations in egglog
-    fold: str = ""       # an instance of the rule of any op: "op" or "opaque" (saturate.engine.fold_any)
-
-    @property
-    def group(self) -> str:
-        """The egglog ruleset of this rule's matching side, its own so that saturation can run
-        it alone (saturate.engine.saturation splits a step that would overrun a limit)."""
-        return f"g{self.index}"
-
-    @property
-    def label(self) -> str:
-        suffix = " (reverse)" if self.direction == "reverse" else ""
-        return f"{self.rule.name}{suffix}"
-
-    def cand_columns(self) -> list[str]:
-        return ["root"] + [f"v_{v}" for v in self.vars] + [f"a_{k}" for k in range(len(self.lhs_ops))]
-
-    def ok_columns(self) -> list[str]:
-        return (self.cand_columns() + [r.column for r in self.rhs_ops if r.column]
-                + [c for c, _ in self.extras])
 
 
 def _where(rule: Rule) -> str:
@@ -302,13 +240,6 @@ def _ops_of(t: Term) -> set[str]:
     return found
 
 
-def _input_counts(t: Term, into: dict[str, set[int]]) -> None:
-    if isinstance(t, OpTerm) and not any(isinstance(a, Spread) for a in t.args):
-        into.setdefault(t.op, set()).add(len(t.args))
-    for a in getattr(t, "args", ()):
-        _input_counts(a, into)
-
-
 def plain_rules(rules: list[Rule], enc: Encoding) -> list[Rule]:
     """The rules with each variadic one (`Concat(xs...)`) replaced by its instances for the
     input counts its ops can have in this e-graph: those of the graph's nodes and of the ops a
@@ -318,15 +249,15 @@ def plain_rules(rules: list[Rule], enc: Encoding) -> list[Rule]:
         counts.setdefault(node.op, set()).add(len(node.inputs))
     for r in rules:
         for t in (r.rhs, *r.more_rhs):
-            _input_counts(t, counts)
+            input_counts(t, counts)
         if r.bidirectional:
-            _input_counts(r.lhs, counts)
+            input_counts(r.lhs, counts)
     while True:
         out = [inst for r in rules for inst in instances(r, counts)]
         grown: dict[str, set[int]] = {}
         for r in out:
             for side in (r.lhs, r.rhs):
-                _input_counts(side, grown)
+                input_counts(side, grown)
         new = {op: {n for n in ns if n <= MAX_INPUTS} - counts.get(op, set()) for op, ns in grown.items()}
         if not any(new.values()):
             return out
@@ -351,8 +282,6 @@ def compile_rules(rules: list[Rule], enc: Encoding) -> list[CompiledRule]:
             _compile_one(cr, enc)
             out.append(cr)
     if schemas:
-        from saturate.engine import fold_any
-
         first = True
         for schema in schemas:
             for kind, rule in fold_any.instances_for(schema, enc, rules):

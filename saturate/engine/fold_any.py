@@ -16,7 +16,7 @@ match, so the fold stage evaluates it like any constant expression.
 
 from __future__ import annotations
 
-from saturate.engine.compile_rules import CompiledRule
+from saturate.engine.compiled_rule import CompiledRule, input_counts
 from saturate.engine.encode import Encoding, k_ctor, opaque_ctor
 from saturate.lang import fold
 from saturate.lang.ast import Call, OpTerm, Rule, Term, Var
@@ -45,13 +45,11 @@ def instances_for(rule: Rule, enc: Encoding, others: list[Rule]) -> list[tuple[s
     op and input count among the graph's op e-nodes and what the other rules build, and one per
     input count of the graph's opaque nodes. An op another rule folds whenever its inputs are
     constants (fold-add...) is left to that rule, and so is an op no instance could fold."""
-    from saturate.engine.compile_rules import _input_counts
-
     counts: dict[str, set[int]] = {}
     for node, _ in enc._encoded_ops or ():
         counts.setdefault(node.op, set()).add(len(node.inputs))
     for r in others:
-        _input_counts(r.rhs, counts)
+        input_counts(r.rhs, counts)
     covered = {(r.lhs.op, len(r.lhs.args)) for r in others if _folds_always(r)}
     opset = enc.graph.opset
     out = []

@@ -12,7 +12,7 @@ from saturate.ops.schema import attribute_type
 from saturate.engine.egraph import EGraphView
 from saturate.engine.encode import Encoding, Rows
 from saturate.engine import fold_any
-from saturate.engine.compile_rules import CompiledRule
+from saturate.engine.compiled_rule import CompiledRule
 from saturate.engine.facts import FAILED, Facts, evaluate_fn
 from saturate.core.errors import SaturateError
 from saturate.ops.schema import spec

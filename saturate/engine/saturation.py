@@ -33,7 +33,8 @@ from typing import Any, Callable
 
 from saturate.engine.egraph import EGraphView, node_count, read_egraph
 from saturate.engine.encode import ENCODE, Encoding, Rows, chunks
-from saturate.engine.compile_rules import QUERY_FNS, CompiledRule
+from saturate.engine.compile_rules import QUERY_FNS
+from saturate.engine.compiled_rule import CompiledRule
 from saturate.engine.facts import Facts
 from saturate.engine.guards import Checker, attr_rows
 from saturate.lang.ast import Call, IntList, Num, OpTerm, Str, Var

@@ -26,55 +26,15 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from saturate.core.limits import check_allocation
+from saturate.lang import fold
+from saturate.lang.builtin_kinds import ConstFn, GuardFn, QueryFn, Shape  # noqa: F401  (this module's API)
+from saturate.lang.quant_builtins import QUANT_FUNCS, QUANT_GUARDS
 from saturate.ops.infer import broadcast_shape
-
-Shape = tuple[Any, ...]
-
-
-@dataclass(frozen=True)
-class ConstFn:
-    """A constant-expression function: `params` are argument kinds, `returns` the result kind."""
-
-    arity: int
-    impl: Callable[..., Any]
-    doc: str
-    params: tuple[str, ...]
-    returns: str = "const"  # "const" (ndarray) | "int" | "ints"
-    # numpy broadcasting of the arguments, result in their dtype (`_elementwise`): the result's
-    # type follows from the arguments' types without computing it
-    broadcasts: bool = False
-
-
-@dataclass(frozen=True)
-class QueryFn:
-    """An int-valued function of a value's static shape (first parameter, kind "value")."""
-
-    arity: int
-    impl: Callable[..., Any]
-    doc: str
-    params: tuple[str, ...]
-    returns: str = "int"
-
-
-@dataclass(frozen=True)
-class GuardFn:
-    """A named guard or comparison; `needs_values` tells shape guards from value guards."""
-
-    arity: int
-    impl: Callable[..., bool]
-    doc: str
-    needs_values: bool
-    params: tuple[str, ...]
-    # A termination guard only stops rules from feeding on their own output (x * 1 = x would let
-    # Mul(Mul(x, 1), b) rebuild b * 1 forever). It never decides soundness, so an engine that
-    # cannot decide it may answer True.
-    termination: bool = False
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -922,19 +882,10 @@ COMPARISONS: dict[str, GuardFn] = {
 GUARDS.update(COMPARISONS)
 
 
-def _fold_guard(name: str) -> Callable[..., bool]:
-    """A guard of the rule of any op (saturate.lang.fold), imported on first use: it reads the
-    interpreter and ONNX's shape inference."""
-    def impl(*args: Any) -> bool:
-        from saturate.lang import fold
-        return getattr(fold, name)(*args)
-    return impl
-
-
 # Guards of a rule over any op (`op(xs:const...)`): "op" is the matched node, "list" its inputs.
-GUARDS["foldable"] = GuardFn(1, _fold_guard("foldable"), "the op is deterministic, standard, "
+GUARDS["foldable"] = GuardFn(1, fold.foldable, "the op is deterministic, standard, "
                              "not preserved, and the interpreter runs it", False, ("op",))
-GUARDS["fold_fits"] = GuardFn(2, _fold_guard("fold_fits"), "the result, sized by shape inference, is "
+GUARDS["fold_fits"] = GuardFn(2, fold.fold_fits, "the result, sized by shape inference, is "
                               "within --max-fold-bytes or no larger than the inputs", True, ("op", "list"))
 
 
@@ -984,7 +935,5 @@ def to_attribute(kind: str | None, value: Any) -> Any:
 
 
 # Quantization (rules/quant.rules): defined beside the interpreter's QuantizeLinear.
-from saturate.lang.quant_builtins import QUANT_FUNCS, QUANT_GUARDS  # noqa: E402  (needs the classes above)
-
 CONST_FUNCS.update(QUANT_FUNCS)
 GUARDS.update(QUANT_GUARDS)

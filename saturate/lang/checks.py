@@ -356,7 +356,7 @@ def kind_word(kind: str) -> str:
 def check_rule(rule: Rule, ops: OpTable, fail: Fail) -> Rule:
     """Check one parsed rule; the result names attributes as AttrVar and marks constant variables."""
     if fold.is_schema(rule):
-        return fold.check_schema(rule, fail)
+        return check_schema(rule, fail)
     return _Checker(rule, ops, fail).check()
 
 
@@ -413,3 +413,55 @@ def format_rule(r: Rule) -> str:
     if r.guards:
         text += " if " + ", ".join(format_term(g) for g in r.guards)
     return text
+
+
+# ---- load-time checks of a rule of any op (saturate.lang.fold) ----------------------------------
+
+def check_schema(rule: Rule, fail: Callable[[Any, str], Exception]) -> Rule:
+    """Check a rule of any op: `op(xs:const...) => evaluate(op, xs...)`, guards reading only the op
+    and the list. Returns the rule with its guards' arguments as plain variables."""
+    def error(loc: Any, message: str) -> NoReturn:
+        raise fail(loc or rule.loc, message)
+
+    lhs = rule.lhs
+    args = lhs.args
+    spread = args[0] if len(args) == 1 and isinstance(args[0], Spread) else None
+    if spread is None or not isinstance(spread.term, Var):
+        if lhs.fn in CONST_FUNCS:
+            error(lhs.loc, "a constant expression cannot be matched; capture the constant as c:const")
+        error(lhs.loc, f"a pattern over any op is written {lhs.fn}(xs:const...): one list of constant inputs")
+    xs = spread.term
+    if not xs.const:
+        error(xs.loc, f"a pattern over any op folds constants: write {lhs.fn}({xs.name}:const...)")
+    if xs.name == lhs.fn:
+        error(xs.loc, f"'{xs.name}' names both the op and its inputs")
+    if rule.bidirectional or getattr(rule, "more_lhs", ()):
+        error(rule.loc, "a rule of any op is written with => and one root")
+    rhs = rule.rhs
+    want = f"{fold.EVALUATE}({lhs.fn}, {xs.name}...)"
+    if not (isinstance(rhs, Call) and rhs.fn == fold.EVALUATE and len(rhs.args) == 2
+            and isinstance(rhs.args[0], Var) and rhs.args[0].name == lhs.fn and not rhs.args[0].const
+            and isinstance(rhs.args[1], Spread) and isinstance(rhs.args[1].term, Var)
+            and rhs.args[1].term.name == xs.name):
+        error(getattr(rhs, "loc", None), f"a rule of any op has the right side {want}")
+    guards = []
+    for g in rule.guards:
+        spec = GUARDS.get(g.fn)
+        if spec is None or not set(spec.params) <= {"op", "list"}:
+            error(g.loc, f"a rule of any op takes the guards {', '.join(schema_guards())}, not '{g.fn}'")
+        if len(g.args) != spec.arity:
+            error(g.loc, f"guard {g.fn} takes {spec.arity} argument{'s' * (spec.arity != 1)}, not {len(g.args)}")
+        out = []
+        for a, kind in zip(g.args, spec.params):
+            name = lhs.fn if kind == "op" else xs.name
+            if not (isinstance(a, Var) and a.name == name and not a.const):
+                error(getattr(a, "loc", None) or g.loc, f"{g.fn} reads the {'op' if kind == 'op' else 'list'} '{name}' here")
+            out.append(Var(name, kind == "list", a.loc))
+        guards.append(Guard(g.fn, tuple(out), g.loc))
+    return Rule(rule.name, Call(lhs.fn, (Spread(Var(xs.name, True, xs.loc), spread.loc),), lhs.loc),
+                Call(fold.EVALUATE, (Var(lhs.fn, False, rhs.args[0].loc), Spread(Var(xs.name, True, xs.loc), rhs.args[1].loc)),
+                     rhs.loc), tuple(guards), rule.ruleset, rule.level, rule.loc)
+
+
+def schema_guards() -> list[str]:
+    return sorted(k for k, g in GUARDS.items() if set(g.params) <= {"op", "list"} and g.params)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, NoReturn
+from typing import Any
 
 import numpy as np
 
-from saturate.lang.ast import Call, Guard, Rule, Spread, Var
+from saturate.lang.ast import Call, Rule
 from saturate.ops.registry import ops_with
 
 # What a fold may add to the model unless its inputs were as large: a result larger than this and
@@ -179,57 +179,3 @@ def evaluate(spec: tuple, inputs: list[Any]) -> Any:
 def is_schema(rule: Rule) -> bool:
     """Whether the rule's left side is an op variable applied to inputs (`op(xs:const...)`)."""
     return isinstance(rule.lhs, Call)
-
-
-def check_schema(rule: Rule, fail: Callable[[Any, str], Exception]) -> Rule:
-    """Check a rule of any op: `op(xs:const...) => evaluate(op, xs...)`, guards reading only the op
-    and the list. Returns the rule with its guards' arguments as plain variables."""
-    from saturate.lang.builtins import CONST_FUNCS, GUARDS
-
-    def error(loc: Any, message: str) -> NoReturn:
-        raise fail(loc or rule.loc, message)
-
-    lhs = rule.lhs
-    args = lhs.args
-    spread = args[0] if len(args) == 1 and isinstance(args[0], Spread) else None
-    if spread is None or not isinstance(spread.term, Var):
-        if lhs.fn in CONST_FUNCS:
-            error(lhs.loc, "a constant expression cannot be matched; capture the constant as c:const")
-        error(lhs.loc, f"a pattern over any op is written {lhs.fn}(xs:const...): one list of constant inputs")
-    xs = spread.term
-    if not xs.const:
-        error(xs.loc, f"a pattern over any op folds constants: write {lhs.fn}({xs.name}:const...)")
-    if xs.name == lhs.fn:
-        error(xs.loc, f"'{xs.name}' names both the op and its inputs")
-    if rule.bidirectional or getattr(rule, "more_lhs", ()):
-        error(rule.loc, "a rule of any op is written with => and one root")
-    rhs = rule.rhs
-    want = f"{EVALUATE}({lhs.fn}, {xs.name}...)"
-    if not (isinstance(rhs, Call) and rhs.fn == EVALUATE and len(rhs.args) == 2
-            and isinstance(rhs.args[0], Var) and rhs.args[0].name == lhs.fn and not rhs.args[0].const
-            and isinstance(rhs.args[1], Spread) and isinstance(rhs.args[1].term, Var)
-            and rhs.args[1].term.name == xs.name):
-        error(getattr(rhs, "loc", None), f"a rule of any op has the right side {want}")
-    guards = []
-    for g in rule.guards:
-        spec = GUARDS.get(g.fn)
-        if spec is None or not set(spec.params) <= {"op", "list"}:
-            error(g.loc, f"a rule of any op takes the guards {', '.join(schema_guards())}, not '{g.fn}'")
-        if len(g.args) != spec.arity:
-            error(g.loc, f"guard {g.fn} takes {spec.arity} argument{'s' * (spec.arity != 1)}, not {len(g.args)}")
-        out = []
-        for a, kind in zip(g.args, spec.params):
-            name = lhs.fn if kind == "op" else xs.name
-            if not (isinstance(a, Var) and a.name == name and not a.const):
-                error(getattr(a, "loc", None) or g.loc, f"{g.fn} reads the {'op' if kind == 'op' else 'list'} '{name}' here")
-            out.append(Var(name, kind == "list", a.loc))
-        guards.append(Guard(g.fn, tuple(out), g.loc))
-    return Rule(rule.name, Call(lhs.fn, (Spread(Var(xs.name, True, xs.loc), spread.loc),), lhs.loc),
-                Call(EVALUATE, (Var(lhs.fn, False, rhs.args[0].loc), Spread(Var(xs.name, True, xs.loc), rhs.args[1].loc)),
-                     rhs.loc), tuple(guards), rule.ruleset, rule.level, rule.loc)
-
-
-def schema_guards() -> list[str]:
-    from saturate.lang.builtins import GUARDS
-
-    return sorted(k for k, g in GUARDS.items() if set(g.params) <= {"op", "list"} and g.params)

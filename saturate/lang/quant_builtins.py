@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from saturate.lang.builtins import ConstFn, GuardFn, Shape
+from saturate.lang.builtin_kinds import ConstFn, GuardFn, Shape
 
 # The element types QLinearConv and QLinearMatMul take for their quantized inputs and outputs.
 _EIGHT_BIT = ("int8", "uint8")

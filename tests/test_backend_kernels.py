@@ -241,7 +241,8 @@ def test_convs_with_short_reductions(xshape, wshape, attrs, threads):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m,k,n,trans_b", [(1, 1024, 1000, 1), (1, 45, 13, 1), (3, 77, 45, 1), (16, 33, 9, 1), (1, 8, 5, 1),
-                                           (1, 300, 70, 0), (4, 19, 33, 0), (2, 64, 16, 0)])
+                                           (1, 300, 70, 0), (4, 19, 33, 0), (2, 64, 16, 0), (5, 300, 33, 0),
+                                           (16, 96, 70, 0), (9, 20, 40, 1)])
 def test_gemm_with_few_rows(m, k, n, trans_b, threads):
     consts = {"w": arr(7, (n, k) if trans_b else (k, n)), "b": arr(8, (n,))}
     nodes = [Node("Gemm", ["x", "w", "b"], ["g"], {"transB": trans_b, "alpha": 0.5}), Node("Relu", ["g"], ["y"])]
@@ -351,10 +352,11 @@ def test_transposed_packed_conv_with_fused_silu(threads):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m,k,n,trans_a,trans_b", [(37, 768, 192, 0, 0), (17, 19, 45, 1, 0), (50, 300, 33, 0, 1),
-                                                   (23, 257, 200, 1, 1)])
+                                                   (23, 257, 200, 1, 1), (8, 19, 45, 1, 0), (16, 768, 200, 0, 0)])
 def test_gemm_on_packed_constant_weights(m, k, n, trans_a, trans_b, threads):
-    """More rows than the dot products take: B packed in 16-column panels (pgemm.h without AVX-512); rows
-    and columns off the panels, reductions over one block boundary, alpha and every transpose."""
+    """Products sat_gemm's own kernels do not take (more rows than the dot products, or a B as stored past
+    the skinny kernel's rows): B packed in 16-column panels (pgemm.h without AVX-512); rows and columns off
+    the panels, reductions over one block boundary, alpha and every transpose."""
     consts = {"w": arr(17, (n, k) if trans_b else (k, n)) * np.float32(0.1), "b": arr(18, (n,))}
     nodes = [Node("Gemm", ["x", "w", "b"], ["g"], {"transA": trans_a, "transB": trans_b, "alpha": 0.5}),
              Node("Relu", ["g"], ["y"])]
@@ -362,11 +364,13 @@ def test_gemm_on_packed_constant_weights(m, k, n, trans_a, trans_b, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_matmul_of_tokens_by_a_constant_matrix(threads):
-    """A transformer's projection: a batch of tokens (2 x 37) times one constant matrix, bias fused."""
+@pytest.mark.parametrize("tokens", [(2, 37), (1, 16), (1, 7)])
+def test_matmul_of_tokens_by_a_constant_matrix(tokens, threads):
+    """A transformer's projection: a batch of tokens times one constant matrix, bias fused (16 and 7
+    tokens: fewer rows than the dot products take, B packed all the same)."""
     consts = {"w": arr(19, (96, 70)) * np.float32(0.1), "b": arr(20, (70,))}
     nodes = [Node("MatMul", ["x", "w"], ["p"]), Node("Add", ["p", "b"], ["y"])]
-    check_three_way(make(nodes, {"x": (2, 37, 96)}, consts), threads=threads)
+    check_three_way(make(nodes, {"x": (*tokens, 96)}, consts), threads=threads)
 
 
 WINO_CONVS = [

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from saturate.backend.build import BuildConfig
-from saturate.backend.plan import (DOT_MAXP, PR, C, Plan, Step, conv_layout, panel_width, plan, runs_direct, runs_packed,
+from saturate.backend.plan import (DOT_MAXP, DOT_MINK, PR, SKINNY, C, Plan, Step, conv_layout, panel_width, plan, runs_direct, runs_packed,
                                    runs_stream, runs_wino, tile_rows)
 from saturate.backend.quant import axis_operand, emit_qlinear
 from saturate.backend.pointwise import Operand, c_float, run_axis, step_expr, strides, vec_expr
@@ -538,7 +538,7 @@ class Emitter:
         if len(node.inputs) > 2 and node.inputs[2] and beta != 0.0:
             extra.append(((node.inputs[2], None, sh[node.inputs[2]]), "v + " + c_float(beta) + " * {}"))
         epi = self.epilogue(step, chain, oshape, 1, extra)
-        if self.packs_b(node.inputs[1], oshape[0]):
+        if self.packs_b(node.inputs[1], oshape[0], ta, tb, k):
             w = np.asarray(self.g.constants[node.inputs[1]], np.float32)
             bp = self.weight(("pgemm_b", node.inputs[1], tb), pack_weights(w if tb else w.T, 1, self.pn, kc=k))
             self.body.append(
@@ -549,12 +549,17 @@ class Emitter:
             f"    sat_gemm({ta}, {tb}, {oshape[0]}, {oshape[1]}, {k}, {c_float(node.attr('alpha', 1.0))}, "
             f"{self.ptr(node.inputs[0])}, {a[1]}, {self.ptr(node.inputs[1])}, {b[1]}, {out}, 0, {epi});\n")
 
-    def packs_b(self, b: str, rows: int) -> bool:
-        """Whether a product runs on pgemm.h's tile with its constant B packed here: more rows than the
-        dot-product kernel takes (sat_dot, at most DOT_MAXP). AVX-512 builds too, where the tile is 6 x 32:
-        OpenBLAS's sgemm repacks B on every call, and DeiT-tiny's MLP products ran 1.8x faster here."""
-        return (self.cfg.pgemm and b in self.g.constants and self.g.constants[b].ndim == 2
-                and rows > DOT_MAXP and self.g.constants[b].dtype == np.float32)
+    def packs_b(self, b: str, rows: int, ta: int, tb: int, k: int) -> bool:
+        """Whether a product runs on pgemm.h's tile with its constant B packed here: every product sat_gemm
+        would hand to OpenBLAS's sgemm, which repacks B on every call (DeiT-tiny's MLP products ran 1.8x
+        faster packed, AVX-512 builds too; so did a 16-row encoder's). sat_gemm's own kernels keep theirs:
+        up to DOT_MAXP rows against a transposed B (sat_dot) and up to SKINNY rows against B as stored."""
+        w = self.g.constants.get(b)
+        if not (self.cfg.pgemm and w is not None and w.ndim == 2 and w.dtype == np.float32):
+            return False
+        dots = not ta and tb and rows <= DOT_MAXP and k >= DOT_MINK
+        skinny = not ta and not tb and rows <= SKINNY
+        return not (dots or skinny)
 
     def emit_MatMul(self, step, chain, out, oshape):
         node, sh = step.anchor, self.shapes
@@ -566,7 +571,7 @@ class Emitter:
         ap, bp = self.ptr(node.inputs[0]), self.ptr(node.inputs[1])
         if len(b2) == 2:  # one weight matrix: fold the batch of A into its rows
             rows = math.prod(a2[:-1])
-            if len(b) == 2 and self.packs_b(node.inputs[1], rows):
+            if len(b) == 2 and self.packs_b(node.inputs[1], rows, 0, 0, k):
                 w = np.asarray(self.g.constants[node.inputs[1]], np.float32)
                 bp = self.weight(("pgemm_b", node.inputs[1], 0), pack_weights(w.T, 1, self.pn, kc=k))
                 self.body.append(f"    sat_gemm_packed(0, {rows}, {n}, {k}, 1.0f, {ap}, {k}, {bp}, {out}, 0, {epi});\n")

@@ -32,6 +32,8 @@ TILE_BYTES = C["SAT_TILE_BYTES"]
 # Convs with at most this many output pixels, and at least this reduction length, run as dot products
 # of their transposed columns (sat_conv_dot, vec.h).
 DOT_MAXP, DOT_MINK = C["SAT_DOT_MAXP"], C["SAT_DOT_MINK"]
+# Products of at most this many rows against B as stored run on sat_skinny_nn (vec.h).
+SKINNY = C["SAT_SKINNY"]
 # Kernels whose output loop can apply an epilogue while the row is still in cache.
 _HOST_KERNELS = frozenset({"Conv", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
                            "BatchNormalization", "LayerNormalization"})

@@ -31,9 +31,19 @@ def _case(name: str):
     return corpus_reference(name)
 
 
-def _params(check: str, names: list[str]) -> list:
-    return [pytest.param(n, id=n, marks=[pytest.mark.xfail(strict=True, reason=XFAIL[n, check])]
-                         if (n, check) in XFAIL else []) for n in names]
+def _params() -> list:
+    """(entry, check) pairs, an entry's checks side by side: _case holds one model, so its
+    optimized graph and ORT's outputs are made once for both."""
+    out = []
+    for n in corpus.names():
+        for check in ("interp", "c"):
+            if check == "c" and n in COMPILED_ONCE:
+                continue
+            marks = [pytest.mark.compiler] if check == "c" else []
+            if (n, check) in XFAIL:
+                marks.append(pytest.mark.xfail(strict=True, reason=XFAIL[n, check]))
+            out.append(pytest.param(n, check, id=f"{n}-{check}", marks=marks))
+    return out
 
 
 def _assert_close(name: str, got: dict, want: dict) -> None:
@@ -48,17 +58,14 @@ def _assert_close(name: str, got: dict, want: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", _params("interp", corpus.names()))
-def test_interpreter_runs_the_optimized_model_like_ort(name):
+@pytest.mark.parametrize("name,check", _params())
+def test_optimized_model_runs_like_ort(name, check, tmp_path):
+    """The optimized graph in the numpy interpreter ("interp") or compiled to C ("c") gives ORT's
+    outputs on the original model."""
     feeds, want, optimized = _case(name)
-    _assert_close(name, run_graph(optimized, feeds), want)
-
-
-@pytest.mark.slow
-@pytest.mark.compiler
-@pytest.mark.parametrize("name", _params("c", [n for n in corpus.names() if n not in COMPILED_ONCE]))
-def test_compiled_c_runs_the_optimized_model_like_ort(name, tmp_path):
-    feeds, want, optimized = _case(name)
-    shapes = {k: v.shape for k, v in feeds.items()}
-    compiled = saturate.compile_graph(optimized, input_shapes=shapes, out_dir=tmp_path / "build")
-    _assert_close(name, compiled(**feeds), want)
+    if check == "interp":
+        got = run_graph(optimized, feeds)
+    else:
+        shapes = {k: v.shape for k, v in feeds.items()}
+        got = saturate.compile_graph(optimized, input_shapes=shapes, out_dir=tmp_path / "build")(**feeds)
+    _assert_close(name, got, want)

@@ -2,7 +2,7 @@
 
 python backend_isa_cases.py ISA [corpus:NAME ...]: the kernel cases of backend_asan_cases.py, then each
 corpus model optimized and compiled, all against the reference (the corpus ones against ONNX Runtime on
-the original model, as test_corpus_backends.py does); the built libraries must hold no instruction wider
+the original model, as test_corpus.py does); the built libraries must hold no instruction wider
 than the ISA allows. An avx512 build on a CPU without AVX-512 is only built (warning-free, and holding
 AVX-512 code). Prints 'isa cases ok' when all pass.
 """
@@ -42,7 +42,7 @@ def check(model, got: dict, want: dict, label: str, which: str) -> list[str]:
 
 
 def corpus_case(name: str):
-    """test_corpus_backends' check: the optimized model compiled, against ORT on the original."""
+    """test_corpus' C check: the optimized model compiled, against ORT on the original."""
     feeds, want, optimized = corpus_reference(name)
     compiled = compile_graph(optimized, input_shapes={k: v.shape for k, v in feeds.items()})
     return compiled, compiled(**feeds), want

@@ -1,4 +1,5 @@
-"""Corpus: every real exported model rebuilds without torch, runs in ONNX Runtime, and survives saturate.optimize."""
+"""Corpus: every real exported model rebuilds without torch, runs in ONNX Runtime, survives saturate.optimize,
+and its optimized graph runs in the interpreter and compiled to C like ONNX Runtime on the original."""
 
 import functools
 import math
@@ -13,13 +14,20 @@ from saturate.core.errors import SaturateError
 from saturate.frontend import corpus, load_graph
 from saturate.frontend.onnx_io import export_model, import_model
 from saturate.lang.builtins import GUARDS
+from saturate.interp import run_graph
 from saturate.partition import partition, to_model
 
 # What fails today, by (entry, check): each is an xfail(strict=True), so a fix flips it to a
 # failure that asks for the line to go. Checks: "runs" (rebuild, checker, ORT), "outputs"
 # (optimize keeps the outputs), "folds" (no BatchNormalization left behind a Conv/Gemm/MatMul),
-# "nodes" (no more nodes than onnxsim and ORT basic; QDQ models: ORT extended too).
+# "nodes" (no more nodes than onnxsim and ORT basic; QDQ models: ORT extended too), "interp" and
+# "c" (the optimized graph in the interpreter and compiled to C gives ORT's outputs).
 XFAIL: dict[tuple[str, str], str] = {}
+
+# Models built through one export only: another export of the same model is one more C build,
+# the dearest step of the suite, for a graph the interpreter test already runs.
+COMPILED_ONCE = {"bert-dynamo", "bert-ts-dyn", "llama-dynamo-dyn", "edgenext-dynamo", "nf_resnet26-ts",
+                 "swinv2_cr-ts"}
 
 # Entries whose rebuild, ORT runs and optimize take over 5 s together on the 2-core machine.
 SLOW = {"vgg11_bn-ts", "convnext_tiny-ts", "convnext_tiny-dynamo", "swin_tiny-ts", "swin_tiny-dynamo",
@@ -67,6 +75,11 @@ class Entry:
         # which keeps the input graph.
         graph, _report = saturate.optimize(import_model(self.model), level=3, target="cpu", timeout=600)
         return export_model(graph)
+
+    @functools.cached_property
+    def graph(self):
+        """The optimized model as the project's runtimes take it, read back from what optimize wrote."""
+        return import_model(self.optimized)
 
     @functools.cached_property
     def partitioned(self) -> onnx.ModelProto:
@@ -328,3 +341,32 @@ def test_optimize_leaves_no_more_nodes_than_onnxsim_or_onnx_runtime_basic(entry,
         # QLinearConv / QLinearMatMul.
         extended = _ort_nodes(entry.model, "extended", tmp_path)
         assert ours <= extended, f"{ours} nodes, ONNX Runtime extended {extended}"
+
+
+# ---- the optimized graph on the project's runtimes ------------------------------------------------
+def _assert_like_reference(entry: Entry, got: dict[str, np.ndarray]) -> None:
+    steps = corpus.output_steps(entry.name)
+    for out, r in zip(entry.model.graph.output, entry.ref):
+        y = got[out.name]
+        assert y.shape == r.shape, out.name
+        diff = float(np.max(np.abs(y.astype(np.float64) - r)))
+        if out.name in steps:  # a quantized output: within one quantization step
+            assert diff <= steps[out.name] * (1 + RTOL), f"{out.name}: max|diff| {diff:.3g}, step {steps[out.name]:.3g}"
+        else:
+            err = diff / max(float(np.max(np.abs(r))), 1e-6)
+            assert err <= RTOL, f"{out.name}: relative error {err:.2e}"
+
+
+def test_interpreter_runs_the_optimized_model_like_ort(entry, request):
+    _expect(request, entry, "interp")
+    _assert_like_reference(entry, run_graph(entry.graph, entry.feeds))
+
+
+@pytest.mark.compiler
+def test_compiled_c_runs_the_optimized_model_like_ort(entry, request, tmp_path):
+    if entry.name in COMPILED_ONCE:
+        pytest.skip("compiled through its other export")
+    _expect(request, entry, "c")
+    shapes = {k: v.shape for k, v in entry.feeds.items()}
+    compiled = saturate.compile_graph(entry.graph, input_shapes=shapes, out_dir=tmp_path / "build")
+    _assert_like_reference(entry, compiled(**entry.feeds))

@@ -12,14 +12,14 @@ import math
 import numpy as np
 
 from saturate.ops.ctext import c_float
+from saturate.backend.plan import C
 from saturate.backend.shapes import INT_CODED, INT_CODED_TYPES, conv_window, unsupported
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
 from saturate.core.limits import check_bytes
 
-QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul"}
-# Pixels a QLinear work item gathers at once (SAT_QTILE in qgemm.h).
-QTILE = 96
+# Pixels a QLinear work item gathers at once (SAT_QTILE in qgemm.h, the one source).
+QTILE = C["SAT_QTILE"]
 
 
 def _input(node: Node, k: int) -> str:

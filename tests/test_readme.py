@@ -87,6 +87,18 @@ def test_python_examples_run_as_written(tmp_path, monkeypatch):
     scope["test_my_rule_is_sound"]()
 
 
+
+def test_adding_an_op_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    """The README's "Adding an op" block registers a toy op for the length of a `with` and leaves none."""
+    from saturate.ops import lookup
+
+    adding = block_with("python", "registered(cube)")
+    assert adding in blocks(README, "python")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(adding, "README-adding-an-op", "exec"), {})
+    assert capsys.readouterr().out.splitlines() == ["['Cube']", "[ 0.  1.  8. 27.]"]
+    assert lookup("Cube", "ai.saturate.toy") is None
+
 # ---- the quick start ---------------------------------------------------------------------------
 
 def _quick_start() -> tuple[str, str]:

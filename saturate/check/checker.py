@@ -363,7 +363,7 @@ def _check_schema(rule: Rule, examples: int, seed: int | None) -> RuleResult:
 
 def _no_examples_reason(rule: Rule) -> str:
     from saturate.check.examples import _ops
-    from saturate.check.planner import refusal
+    from saturate.check.generic_planner import refusal
     return refusal(_ops(rule.lhs) | _ops(rule.rhs)) or "no drawn input satisfies the guards"
 
 

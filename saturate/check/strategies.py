@@ -25,6 +25,28 @@ SIGNS = ("any", "positive", "nonnegative", "nonzero", "negative")
 # ---- shapes ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Template:
+    """What an op needs of its output shape: an exact rank (or a least rank) and fixed sides."""
+
+    rank: int | None = None
+    min_rank: int = 0
+    fixed: tuple[tuple[int, int], ...] = ()
+    # The ranks allowed when rank is None (None: any from min_rank), most common first: the
+    # shrinker moves towards the first.
+    ranks: tuple[int, ...] | None = None
+    # Every axis from 2 on has side 1 (a global pooling's output, at any rank).
+    unit_spatial: bool = False
+
+    def allows(self, shape: tuple[int, ...]) -> bool:
+        """Whether an output of this shape fits the template."""
+        r = len(shape)
+        return ((self.rank is None or self.rank == r) and r >= self.min_rank
+                and (self.ranks is None or r in self.ranks) and all(shape[a] == s for a, s in self.fixed)
+                and (not self.unit_spatial or all(d == 1 for d in shape[2:])))
+
+
+
 def shapes(rank: int | None = None, *, min_rank: int = 0, max_rank: int = MAX_RANK,
            max_side: int = MAX_SIDE) -> st.SearchStrategy[tuple[int, ...]]:
     """Shapes of exactly `rank` dims (or a rank in [min_rank, max_rank]), sides 1..max_side."""

@@ -9,8 +9,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
-from saturate.lang import builtins
-from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES, broadcast_shape
+from saturate.lang import builtins, query_builtins
+from saturate.lang.builtins import CONST_FUNCS
+from saturate.lang.guard_builtins import GUARDS
+from saturate.lang.query_builtins import QUERIES
+from saturate.ops.infer import broadcast_shape
 
 F = CONST_FUNCS
 G = GUARDS
@@ -401,13 +404,13 @@ def test_integer_division_is_exact_and_truncates():
 
 def test_reshape_targets_of_empty_tensors_say_zero_only_where_the_input_has_it():
     # A 0 in a Reshape target copies the input's dim: (1, 0) squeezed at 0 is not Reshape(x, [0]).
-    assert builtins._target((1, 0), (0,)) is None
-    assert builtins._target((0, 3), (0, 1, 3)).tolist() == [0, 1, 3]
+    assert query_builtins._target((1, 0), (0,)) is None
+    assert query_builtins._target((0, 3), (0, 1, 3)).tolist() == [0, 1, 3]
 
 
 def test_precedes_orders_weights_by_their_first_row():
     # A row is contiguous: a mapped weight is read one page, where a column read every row's.
-    from saturate.lang.builtins import precedes
+    from saturate.lang.guard_builtins import precedes
 
     a = np.array([[0.0, 5.0], [9.0, 9.0]])      # by first columns, b would come first
     b = np.array([[0.0, 6.0], [-9.0, -9.0]])

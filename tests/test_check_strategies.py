@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from saturate.check import examples, strategies
-from saturate.lang import builtins
+from saturate.lang import guard_builtins
 from saturate.check.checker import build_graph
 from saturate.interp.interpreter import run_graph
 from saturate.core.ir import Graph, Node
@@ -31,7 +31,7 @@ def test_per_axis_constants_satisfy_the_guard(data):
     target = data.draw(strategies.shapes(min_rank=1, max_rank=4))
     axis = data.draw(st.integers(0, len(target) - 1))
     c = data.draw(strategies.per_axis_constants(target, axis))
-    assert builtins.varies_only_along(c.shape, axis, len(target))
+    assert guard_builtins.varies_only_along(c.shape, axis, len(target))
     assert np.broadcast_shapes(c.shape, target) == target
 
 
@@ -84,7 +84,7 @@ def test_rule_examples_satisfy_guards_and_run(example):
     rule = _conv_scale_rule()
     assert examples.guards_hold(rule, example)
     s, w = example.values["s"], example.values["w"]
-    assert (s > 0).all() and builtins.varies_only_along(s.shape, 1, w.ndim)
+    assert (s > 0).all() and guard_builtins.varies_only_along(s.shape, 1, w.ndim)
     # The drawn left side runs on the reference interpreter with the drawn shapes.
     out, conv = _op_values(example, rule.lhs)["Mul"], _op_values(example, rule.lhs)["Conv"]
     assert conv.ndim == w.ndim and conv.shape[1] == w.shape[0]

@@ -13,7 +13,7 @@ import saturate
 from saturate.core.errors import SaturateError
 from saturate.frontend import corpus, load_graph
 from saturate.frontend.onnx_io import export_model, import_model
-from saturate.lang.builtins import GUARDS
+from saturate.lang.guard_builtins import GUARDS
 from saturate.interp import run_graph
 from saturate.partition import partition, to_model
 

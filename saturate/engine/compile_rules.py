@@ -16,7 +16,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES
+from saturate.lang.builtins import CONST_FUNCS
+from saturate.lang.guard_builtins import GUARDS
+from saturate.lang.query_builtins import QUERIES
 from saturate.engine import fold_any
 from saturate.engine.compiled_rule import AttrTest, CompiledRule, RhsOp, input_counts
 from saturate.engine.encode import Encoding, k_ctor, op_ctor

@@ -96,7 +96,7 @@ def compile_opaque(cr: CompiledRule, enc: Encoding, first: bool) -> None:
     body_ctor = k_ctor(fold.EVALUATE, n + 1)
     enc.declare(body_ctor, n + 1, first_i64=False)
     args = " ".join(f"v_{v}" for v in names)
-    query = " ".join([f"(= root (Out a_0 t_1))", f"(= t_1 ({ctor} a_1 {args}))"]
+    query = " ".join(["(= root (Out a_0 t_1))", f"(= t_1 ({ctor} a_1 {args}))"]
                      + [f"(FoldArg v_{v})" for v in names])
     cand = " ".join(cr.cand_columns())
     sorts = ["T"] * (1 + n) + ["i64"] * 2

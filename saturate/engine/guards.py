@@ -7,7 +7,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from saturate.lang.builtins import CONST_FUNCS, GUARDS, QUERIES, to_attribute
+from saturate.lang.builtins import CONST_FUNCS, to_attribute
+from saturate.lang.guard_builtins import GUARDS
+from saturate.lang.query_builtins import QUERIES
 from saturate.ops.schema import attribute_type
 from saturate.engine.egraph import EGraphView
 from saturate.engine.encode import Encoding, Rows

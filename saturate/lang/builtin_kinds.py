@@ -1,5 +1,5 @@
 """The kinds of the rule language's built-in functions: constant functions, shape queries and guards,
-each with its arity, parameter kinds and numpy meaning (the tables are in saturate.lang.builtins)."""
+each with its arity, parameter kinds and numpy meaning (the tables are in saturate.lang.builtins, guard_builtins and query_builtins)."""
 
 from __future__ import annotations
 

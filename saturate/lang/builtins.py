@@ -24,17 +24,13 @@ static shapes and ints alone, so the engine can decide them from the facts it ke
 
 from __future__ import annotations
 
-import math
-import operator
 from typing import Any, Callable
 
 import numpy as np
 
 from saturate.core.limits import check_allocation
-from saturate.lang import fold
-from saturate.lang.builtin_kinds import ConstFn, GuardFn, QueryFn, Shape  # noqa: F401  (this module's API)
-from saturate.lang.quant_builtins import QUANT_FUNCS, QUANT_GUARDS
-from saturate.ops.infer import broadcast_shape
+from saturate.lang.builtin_kinds import ConstFn
+from saturate.lang.quant_builtins import QUANT_FUNCS
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -43,7 +39,7 @@ def _is_array(a: Any) -> bool:
     return isinstance(a, (np.ndarray, np.generic))
 
 
-def _ints(v: Any) -> tuple[int, ...] | None:
+def as_ints(v: Any) -> tuple[int, ...] | None:
     """An "ints" argument as a tuple of Python ints (None stays None)."""
     if v is None:
         return None
@@ -138,7 +134,7 @@ def broadcast_vec(c: Any, n: int) -> np.ndarray:
 def reshape(c: Any, shape: Any) -> np.ndarray:
     """ONNX Reshape (allowzero=0): 0 copies the input's dim, -1 is inferred."""
     a = np.asarray(c)
-    dims = list(_ints(shape) or ())
+    dims = list(as_ints(shape) or ())
     dims = [a.shape[i] if d == 0 and i < a.ndim else d for i, d in enumerate(dims)]
     return a.reshape(dims)
 
@@ -146,7 +142,7 @@ def reshape(c: Any, shape: Any) -> np.ndarray:
 def unsqueeze(c: Any, axes: Any) -> np.ndarray:
     """ONNX Unsqueeze: insert 1-dims at `axes` of the output (negative axes count from the end)."""
     a = np.asarray(c)
-    ax = _ints(axes) or ()
+    ax = as_ints(axes) or ()
     rank = a.ndim + len(ax)
     return np.expand_dims(a, tuple(sorted(x + rank if x < 0 else x for x in ax)))
 
@@ -154,19 +150,19 @@ def unsqueeze(c: Any, axes: Any) -> np.ndarray:
 def expand(c: Any, shape: Any) -> np.ndarray:
     """ONNX Expand: broadcast `c` and `shape` together (never shrinks a dim of `c`)."""
     a = np.asarray(c)
-    target = np.broadcast_shapes(a.shape, _ints(shape) or ())
+    target = np.broadcast_shapes(a.shape, as_ints(shape) or ())
     fits("expand", target, a.dtype)
     return np.broadcast_to(a, target).copy()
 
 
 def transpose(c: Any, perm: Any) -> np.ndarray:
     """ONNX Transpose; a missing perm (None) reverses the axes."""
-    return np.array(np.transpose(np.asarray(c), _ints(perm)), order="C")   # 0-d stays 0-d
+    return np.array(np.transpose(np.asarray(c), as_ints(perm)), order="C")   # 0-d stays 0-d
 
 
 def inverse_perm(p: Any, rank: int) -> tuple[int, ...]:
     """The perm undoing Transpose by `p` (None = reversed axes) on a rank-`rank` value."""
-    p = _ints(p) or tuple(range(rank - 1, -1, -1))
+    p = as_ints(p) or tuple(range(rank - 1, -1, -1))
     if sorted(p) != list(range(rank)):
         raise ValueError(f"inverse_perm: {p} is not a permutation of {rank} axes")
     inv = [0] * rank
@@ -185,8 +181,8 @@ def align_rank(c: Any, rank: int) -> np.ndarray:
 
 def compose_perm(p: Any, q: Any, rank: int) -> tuple[int, ...]:
     """The perm of Transpose(Transpose(x, p), q) as one Transpose of x (None = reversed axes)."""
-    p = _ints(p) or tuple(range(rank - 1, -1, -1))
-    q = _ints(q) or tuple(range(rank - 1, -1, -1))
+    p = as_ints(p) or tuple(range(rank - 1, -1, -1))
+    q = as_ints(q) or tuple(range(rank - 1, -1, -1))
     return tuple(p[i] for i in q)
 
 
@@ -195,7 +191,7 @@ def squeeze(c: Any, axes: Any) -> np.ndarray:
     a = np.asarray(c)
     if axes is None:
         return a.reshape([d for d in a.shape if d != 1])
-    ax = tuple(sorted(x + a.ndim if x < 0 else x for x in _ints(axes)))
+    ax = tuple(sorted(x + a.ndim if x < 0 else x for x in as_ints(axes)))
     return np.squeeze(a, axis=ax) if ax else a.copy()
 
 
@@ -231,10 +227,10 @@ def slice_(c: Any, starts: Any, ends: Any, axes: Any, steps: Any) -> np.ndarray:
     """ONNX Slice: per listed axis (default 0..k-1), starts/ends clamped as ONNX does (negative
     ones count from the end), steps default 1; axes or steps None or [] when the node omits them."""
     a = np.asarray(c)
-    st, en = _ints(starts), _ints(ends)
+    st, en = as_ints(starts), as_ints(ends)
     # An omitted axes or steps input arrives as None, or as [] from a rule that spells it so.
-    ax = _ints(axes) or tuple(range(len(st)))
-    sp = _ints(steps) or (1,) * len(st)
+    ax = as_ints(axes) or tuple(range(len(st)))
+    sp = as_ints(steps) or (1,) * len(st)
     if not len(st) == len(en) == len(ax) == len(sp) or len(set(ax)) != len(ax):
         raise ValueError("slice: starts, ends, axes and steps differ in length")
     index = [slice(None)] * a.ndim
@@ -267,7 +263,7 @@ def constant_of_shape(shape: Any, value: Any) -> np.ndarray:
     v = np.zeros(1, np.float32) if value is None else np.asarray(value)
     if v.size != 1:
         raise ValueError("constant_of_shape: value must hold one element")
-    dims = _ints(shape)
+    dims = as_ints(shape)
     if any(d < 0 for d in dims):
         raise ValueError("constant_of_shape: negative dim")
     fits("constant_of_shape", dims, v.dtype)
@@ -459,435 +455,6 @@ LIST_FUNCS: dict[str, str] = {
 INFIX: dict[str, str] = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
 
 
-# ---- queries --------------------------------------------------------------------------------------
-
-def _dim(shape: Shape, k: int) -> Any:
-    return shape[k] if -len(shape) <= k < len(shape) else None
-
-
-def _numel(shape: Shape) -> int | None:
-    return math.prod(shape) if all(isinstance(d, int) for d in shape) else None
-
-
-def shape_of(shape: Shape, start: int | None, end: int | None) -> np.ndarray | None:
-    """ONNX Shape of a value with static shape: its dims[start:end] as int64 (None if symbolic)."""
-    part = tuple(shape)[start or 0:end]
-    if not all(isinstance(d, (int, np.integer)) for d in part):
-        return None
-    return np.array([int(d) for d in part], np.int64)
-
-
-def shape_at(shape: Shape, start: int | None, end: int | None, indices: Any) -> np.ndarray | None:
-    """Gather(Shape(v){start, end}, indices): the picked dims as int64, None if one is symbolic
-    (the others may be: a symbolic batch leaves the static dims readable)."""
-    part = tuple(shape)[start or 0:end]
-    idx = np.asarray(indices)
-    if not np.issubdtype(idx.dtype, np.integer) or np.any((idx < -len(part)) | (idx >= len(part))):
-        return None
-    picked = [part[int(k)] for k in idx.ravel()]
-    if not all(isinstance(d, (int, np.integer)) for d in picked):
-        return None
-    return np.array([int(d) for d in picked], np.int64).reshape(idx.shape)
-
-
-def shape_slice(shape: Shape, start: int | None, end: int | None, starts: Any, ends: Any,
-                axes: Any, steps: Any) -> np.ndarray | None:
-    """Slice(Shape(v){start, end}, starts, ends, axes, steps): the picked dims as int64, None if
-    one is symbolic (the others may be: a symbolic batch leaves the static dims readable)."""
-    part = tuple(shape)[start or 0:end]
-    picked = slice_(np.arange(len(part)), starts, ends, axes, steps)
-    dims = [part[int(k)] for k in picked]
-    if not all(isinstance(d, (int, np.integer)) for d in dims):
-        return None
-    return np.array([int(d) for d in dims], np.int64)
-
-
-def reshape_target(dims: Shape | None, data: tuple | None) -> np.ndarray | None:
-    """A constant target for Reshape(x, s) (allowzero 0) from what is known of s's elements:
-    when one element alone is not a number it becomes -1, read from the element count (the
-    other elements all known and positive, so the count decides it); otherwise an element that
-    is x's dim at the same position becomes 0 (copy it), and one element still unknown, -1.
-    None when more is unknown."""
-    if dims is None or data is None:
-        return None
-    return _target(dims, data)
-
-
-def unsqueeze_target(dims: Shape | None, axes: Any) -> np.ndarray | None:
-    """The Reshape target that does what Unsqueeze(x, axes) does (see reshape_target)."""
-    if dims is None:
-        return None
-    rank = len(dims) + len(_ints(axes))
-    ax = sorted(a + rank if a < 0 else a for a in _ints(axes))
-    if len(set(ax)) != len(ax) or any(not 0 <= a < rank for a in ax):
-        return None
-    rest = iter(dims)
-    return _target(dims, tuple(1 if k in ax else next(rest) for k in range(rank)))
-
-
-def squeeze_target(dims: Shape | None, axes: Any) -> np.ndarray | None:
-    """The Reshape target that does what Squeeze(x, axes) does; None unless each squeezed dim
-    is known to be 1. An empty axes list is left alone: ONNX Runtime squeezes every dim of
-    size 1 for it, onnx.reference none."""
-    ax = _ints(axes)
-    if dims is None or not ax:
-        return None
-    ax = tuple(a + len(dims) if a < 0 else a for a in ax)
-    if any(not 0 <= a < len(dims) or dims[a] != 1 for a in ax):
-        return None
-    return _target(dims, tuple(d for k, d in enumerate(dims) if k not in ax))
-
-
-def transpose_target(dims: Shape | None, perm: Any) -> np.ndarray | None:
-    """The Reshape target that does what Transpose(x, perm) does, when it does: the perm moves
-    only dims of size 1, so the elements keep their order (None otherwise)."""
-    if dims is None:
-        return None
-    p = _ints(perm) or tuple(range(len(dims) - 1, -1, -1))
-    if sorted(p) != list(range(len(dims))):
-        return None
-    moved = [k for k in p if dims[k] != 1]
-    if moved != sorted(moved):
-        return None
-    return _target(dims, tuple(dims[k] for k in p))
-
-
-def _target(dims: Shape, out: tuple) -> np.ndarray | None:
-    symbolic = [j for j, e in enumerate(out) if not isinstance(e, (int, np.integer))]
-    if len(symbolic) == 1 and all(e > 0 for j, e in enumerate(out) if j != symbolic[0]):
-        # One symbolic dim is read from the element count (-1) even where it could be copied
-        # (0): a target without 0 does not depend on its input's shape, so it merges with a
-        # Reshape before it (reshape-reshape).
-        return np.array([-1 if j == symbolic[0] else int(e) for j, e in enumerate(out)], np.int64)
-    got: list[int | None] = []
-    for j, e in enumerate(out):
-        if isinstance(e, (int, np.integer)):
-            # A 0 in a Reshape target copies the input's dim there: it says 0 only where the
-            # input has a 0 at that index (an empty tensor's other sides cannot be written).
-            if e == 0 and not (j < len(dims) and dims[j] == 0):
-                return None
-            got.append(int(e))
-        elif j < len(dims) and dims[j] == e:
-            got.append(0)
-        else:
-            got.append(None)
-    holes = [j for j, e in enumerate(got) if e is None or e == -1]
-    if len(holes) > 1:
-        return None
-    if holes and got[holes[0]] is None:
-        if any(e <= 0 for j, e in enumerate(got) if j != holes[0]):
-            return None
-        got[holes[0]] = -1
-    return np.array(got, np.int64)
-
-
-def rows_restore(dims: Shape | None, n: int) -> np.ndarray | None:
-    """The Reshape target giving rows of length n (a Gemm's output over x's rows) back x's
-    leading dims: x's dims but the last, then n; one symbolic dim among them becomes -1."""
-    if dims is None or not dims:
-        return None
-    lead = [d if isinstance(d, (int, np.integer)) else None for d in dims[:-1]]
-    if lead.count(None) > 1 or (None in lead and any(d is not None and d <= 0 for d in lead)):
-        return None
-    return np.array([-1 if d is None else int(d) for d in lead] + [int(n)], np.int64)
-
-
-def rows_shape(shape: Shape) -> np.ndarray | None:
-    """The Reshape target [-1, last dim] that folds every leading dim into rows, as int64
-    (None when the last dim is symbolic)."""
-    if not shape or not isinstance(shape[-1], (int, np.integer)):
-        return None
-    return np.array([-1, int(shape[-1])], np.int64)
-
-
-def elem_type(dtype: Any) -> int | None:
-    """The ONNX element type number (onnx.TensorProto) of a value's dtype, as Cast's `to` wants."""
-    from onnx.helper import np_dtype_to_tensor_dtype
-
-    if dtype is None:
-        return None
-    try:
-        return int(np_dtype_to_tensor_dtype(np.dtype(dtype)))
-    except (TypeError, KeyError, ValueError):
-        return None
-
-
-QUERIES: dict[str, QueryFn] = {
-    # "type" parameters get the value's dtype name (numpy spelling), not its shape.
-    "elem_type": QueryFn(1, elem_type, elem_type.__doc__, ("type",)),
-    "rank": QueryFn(1, len, "number of dims of v", ("value",)),
-    "dim": QueryFn(2, _dim, "size of dim k of v (negative k counts from the end)", ("value", "int")),
-    "numel": QueryFn(1, _numel, "number of elements of v (None when a dim is symbolic)", ("value",)),
-    "shape_of": QueryFn(3, shape_of, shape_of.__doc__, ("value", "int", "int"), "const"),
-    "shape_at": QueryFn(4, shape_at, shape_at.__doc__, ("value", "int", "int", "const"), "const"),
-    "rows_shape": QueryFn(1, rows_shape, rows_shape.__doc__, ("value",), "const"),
-    "rows_restore": QueryFn(2, rows_restore, rows_restore.__doc__, ("dims", "int"), "const"),
-    "reshape_target": QueryFn(2, reshape_target, reshape_target.__doc__, ("dims", "data"), "const"),
-    "unsqueeze_target": QueryFn(2, unsqueeze_target, unsqueeze_target.__doc__, ("dims", "ints"), "const"),
-    "squeeze_target": QueryFn(2, squeeze_target, squeeze_target.__doc__, ("dims", "ints"), "const"),
-    "transpose_target": QueryFn(2, transpose_target, transpose_target.__doc__, ("dims", "ints"), "const"),
-    "shape_slice": QueryFn(7, shape_slice, shape_slice.__doc__,
-                           ("value", "int", "int", "ints", "ints", "ints", "ints"), "const"),
-}
-
-
-# ---- guards ---------------------------------------------------------------------------------------
-
-def static(shape: Shape) -> bool:
-    """Every dim is a known int (no symbolic dim)."""
-    return all(isinstance(d, (int, np.integer)) for d in shape)
-
-
-def is_scalar(shape: Shape) -> bool:
-    """Every dim is 1 (rank 0 included)."""
-    return all(d == 1 for d in shape)
-
-
-def varies_only_along(shape: Shape, axis: int, rank: int) -> bool:
-    """Broadcast to `rank` dims (right-aligned), `shape` is 1 on every axis except maybe `axis`."""
-    if len(shape) > rank:
-        return False
-    axis = axis + rank if axis < 0 else axis
-    padded = (1,) * (rank - len(shape)) + tuple(shape)
-    return 0 <= axis < rank and all(d == 1 for i, d in enumerate(padded) if i != axis)
-
-
-def broadcastable(a: Shape, b: Shape) -> bool:
-    """`a` and `b` broadcast together (numpy rules)."""
-    return broadcast_shape(a, b) is not None
-
-
-def same_shape(a: Shape, b: Shape) -> bool:
-    """Same rank and the same dims (symbolic dims equal only to themselves)."""
-    return len(a) == len(b) and all(x == y and x is not None for x, y in zip(a, b))
-
-
-def broadcasts_into(c: Shape, x: Shape) -> bool:
-    """Broadcasting `c` against `x` leaves `x`'s shape unchanged (c never grows x)."""
-    out = broadcast_shape(c, x)
-    return out is not None and same_shape(out, x)
-
-
-def identity_perm(perm: Any, rank: int) -> bool:
-    """`perm` (None = reversed axes) leaves a rank-`rank` value as it is."""
-    p = _ints(perm) or tuple(range(rank - 1, -1, -1))
-    return p == tuple(range(rank))
-
-
-def _window(kernel: Shape, pads: Any, dilations: Any) -> tuple | None:
-    """Spatial kernel sides, (begin, end) pads and dilations of a conv (omitted: 0 and 1)."""
-    n = len(kernel) - 2
-    if n < 1 or not static(kernel):
-        return None
-    p = _ints(pads) or (0,) * (2 * n)
-    d = _ints(dilations) or (1,) * n
-    if len(p) != 2 * n or len(d) != n:
-        return None
-    return kernel[2:], [(p[i], p[n + i]) for i in range(n)], d
-
-
-def centred_within(small: Shape, small_pads: Any, big: Shape, big_pads: Any, dilations: Any) -> bool:
-    """Two convs of one input with the same strides and `dilations` read windows with one centre:
-    the `small` kernel zero-padded evenly to the `big` one's sides, with the big one's pads,
-    computes what the small one does with its own pads (every side differs by an even number)."""
-    a, b = _window(small, small_pads, dilations), _window(big, big_pads, dilations)
-    if a is None or b is None or len(a[0]) != len(b[0]):
-        return False
-    for k, (p0, p1), big_k, (q0, q1), d in zip(a[0], a[1], b[0], b[1], a[2]):
-        grow = big_k - k
-        if grow < 0 or grow % 2 or q0 - p0 != d * grow // 2 or q1 - p1 != d * grow // 2:
-            return False
-    return True
-
-
-def centred_identity(kernel: Shape, pads: Any, strides: Any, dilations: Any) -> bool:
-    """A conv whose centre tap reads the input pixel at its own output position: odd sides,
-    stride 1 and pads of (side - 1) / 2 dilated on both ends (output sides = input sides)."""
-    w = _window(kernel, pads, dilations)
-    if w is None:
-        return False
-    s = _ints(strides) or (1,) * len(w[0])
-    return all(st == 1 and k % 2 == 1 and p0 == p1 == d * (k - 1) // 2
-               for k, (p0, p1), d, st in zip(w[0], w[1], w[2], s)) and len(s) == len(w[0])
-
-
-def unpadded(pads: Any) -> bool:
-    """A conv's or pool's `pads` add nothing: omitted, or every begin and end 0."""
-    p = _ints(pads)
-    return p is None or all(x == 0 for x in p)
-
-
-def precedes(a: Any, b: Any) -> bool:
-    """Matrices with as many rows: `a`'s first row comes before `b`'s (as tuples of numbers).
-    Weights read by one input in this order merge in this order only. The first row, not the
-    first column: a row is contiguous, so a mapped weight of gigabytes is read one page, not
-    one page per row."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0] or not a.size or not b.size:
-        return False
-    return tuple(a[0].tolist()) < tuple(b[0].tolist())
-
-
-def unit_window(kernel: Any, strides: Any, pads: Any) -> bool:
-    """A pooling window of one element moved one element at a time over the unpadded input
-    (omitted strides are 1s, omitted pads 0s): each output is the input element at its place."""
-    k = _ints(kernel)
-    if not k:
-        return False
-    s = _ints(strides) or (1,) * len(k)
-    p = _ints(pads) or (0,) * (2 * len(k))
-    return set(k) == {1} and set(s) == {1} and len(s) == len(k) and len(p) == 2 * len(k) and not any(p)
-
-
-def whole_slice(shape: Shape, starts: Any, ends: Any, axes: Any, steps: Any) -> bool:
-    """ONNX Slice of a value of this shape keeps every element in order: on each sliced axis,
-    step 1 from the first element to the last (bounds clamped as ONNX clamps them)."""
-    st, en = _ints(starts), _ints(ends)
-    ax = _ints(axes) or tuple(range(len(st)))
-    sp = _ints(steps) or (1,) * len(st)
-    if not len(st) == len(en) == len(ax) == len(sp) or len(set(ax)) != len(ax):
-        return False
-    for s, e, x, k in zip(st, en, ax, sp):
-        if not -len(shape) <= x < len(shape) or not isinstance(shape[x], (int, np.integer)):
-            return False
-        d = int(shape[x])
-        if k != 1 or slice(s, e, k).indices(d)[:2] != (0, d):
-            return False
-    return True
-
-
-def fits_along(shape: Shape, axis: int, rank: int, n: int) -> bool:
-    """Broadcast against a rank-`rank` value whose side on `axis` is n, a value of this shape
-    leaves that side n: it has at most `rank` dims and size 1 or n there."""
-    if len(shape) > rank or not -rank <= axis < rank:
-        return False
-    axis = axis + rank if axis < 0 else axis
-    local = axis - (rank - len(shape))
-    return local < 0 or shape[local] in (1, n)
-
-
-def same_dims(dims: Shape, target: Any) -> bool:
-    """Reshape (allowzero 0) of a value with these dims to `target` keeps its shape: each entry is
-    the dim itself or 0 (copy it), or one entry is -1 while every other is the same known,
-    positive dim."""
-    t = _ints(target)
-    if t is None or len(t) != len(dims):
-        return False
-    minus = [j for j, e in enumerate(t) if e == -1]
-    if len(minus) > 1:
-        return False
-    for j, (e, d) in enumerate(zip(t, dims)):
-        if j in minus:
-            continue
-        if minus and not (isinstance(d, (int, np.integer)) and e == d > 0):
-            return False
-        if not (e == 0 or (isinstance(d, (int, np.integer)) and e == d)):
-            return False
-    return True
-
-
-def _all(pred: Callable[[np.ndarray], np.ndarray]) -> Callable[[Any], bool]:
-    return lambda c: bool(np.all(pred(np.asarray(c))))
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
-
-
-def _compare_values(op: Callable[[Any, Any], Any], a: Any, b: Any) -> bool:
-    """A comparison with a constant's values: it holds for every element (broadcast, numpy
-    rules), and a constant with no element holds none. A Python number takes the constant's
-    dtype, as in NumPy 2, so a float32 0.044715 equals the literal 0.044715."""
-    try:
-        with np.errstate(all="ignore"):
-            got = np.asarray(op(a, b))
-    except (TypeError, ValueError):
-        return False
-    return got.size > 0 and bool(np.all(got))
-
-
-def _cmp(op: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
-    """Comparisons of ints/floats/strings/int tuples; None (unknown) compares False. A constant
-    (an ndarray) compared with a number or another constant compares its values elementwise
-    (`_compare_values`); compared with a list it is read as a list."""
-
-    def impl(a: Any, b: Any) -> bool:
-        arrays = [isinstance(v, (np.ndarray, np.generic)) for v in (a, b)]
-        if any(arrays) and all(arr or _is_number(v) for arr, v in zip(arrays, (a, b))):
-            return _compare_values(op, a, b)
-        a = tuple(a) if isinstance(a, (list, np.ndarray)) else a
-        b = tuple(b) if isinstance(b, (list, np.ndarray)) else b
-        if a is None or b is None:
-            return False
-        try:
-            return bool(op(a, b))
-        except TypeError:
-            return False
-
-    return impl
-
-
-def _shape(fn: Callable[..., bool], params: tuple[str, ...]) -> GuardFn:
-    return GuardFn(len(params), fn, fn.__doc__ or "", False, params)
-
-
-def _value(fn: Callable[[Any], bool], doc: str) -> GuardFn:
-    return GuardFn(1, fn, doc, True, ("const",))
-
-
-GUARDS: dict[str, GuardFn] = {
-    "is_scalar": _shape(is_scalar, ("value",)),
-    "static": _shape(static, ("value",)),
-    "varies_only_along": _shape(varies_only_along, ("value", "int", "int")),
-    "per_axis": _shape(varies_only_along, ("value", "int", "int")),
-    "broadcastable": _shape(broadcastable, ("value", "value")),
-    "same_shape": _shape(same_shape, ("value", "value")),
-    "broadcasts_into": _shape(broadcasts_into, ("value", "value")),
-    "identity_perm": _shape(identity_perm, ("ints", "int")),
-    "centred_within": _shape(centred_within, ("value", "ints", "value", "ints", "ints")),
-    "centred_identity": _shape(centred_identity, ("value", "ints", "ints", "ints")),
-    "whole_slice": _shape(whole_slice, ("value", "ints", "ints", "ints", "ints")),
-    "unit_window": _shape(unit_window, ("ints", "ints", "ints")),
-    "unpadded": _shape(unpadded, ("ints",)),
-    "same_dims": _shape(same_dims, ("dims", "ints")),
-    "fits_along": _shape(fits_along, ("value", "int", "int", "int")),
-    "positive": _value(_all(lambda a: a > 0), "every element > 0"),
-    "nonnegative": _value(_all(lambda a: a >= 0), "every element >= 0"),
-    "nonzero": _value(_all(lambda a: a != 0), "every element != 0"),
-    "ones": _value(_all(lambda a: a == 1), "every element == 1"),
-    "zeros": _value(_all(lambda a: a == 0), "every element == 0"),
-    "precedes": GuardFn(2, precedes, precedes.__doc__, True, ("const", "const")),
-    "stored": GuardFn(1, lambda stored: stored, "the value is a constant the model stores, not one a rule "
-                      "computed (merged weights, say)", False, ("stored",)),
-    "floating": _value(lambda c: bool(np.issubdtype(np.asarray(c).dtype, np.floating)),
-                       "the constant has a floating-point dtype"),
-    "all_equal": GuardFn(2, lambda c, v: _compare_values(operator.eq, np.asarray(c), v),
-                         "every element of c equals v (a number in c's dtype, or a constant)",
-                         True, ("const", "any")),
-    "not_ones": GuardFn(1, lambda c: not bool(np.all(np.asarray(c) == 1)), "some element != 1",
-                        True, ("const",), termination=True),
-    "not_zeros": GuardFn(1, lambda c: not bool(np.all(np.asarray(c) == 0)), "some element != 0",
-                         True, ("const",), termination=True),
-    # Regrouping rules (add-add, mul-mul...) on an all-constant graph (shape arithmetic) would
-    # build ever new constant expressions of one value; the fold rules handle those.
-    "not_const": GuardFn(1, lambda is_const: not is_const, "the value is computed, not a constant",
-                         False, ("isconst",), termination=True),
-}
-
-COMPARISONS: dict[str, GuardFn] = {
-    sym: GuardFn(2, _cmp(fn), f"a {sym} b", False, ("any", "any"))
-    for sym, fn in {"==": operator.eq, "!=": operator.ne, "<": operator.lt,
-                    "<=": operator.le, ">": operator.gt, ">=": operator.ge}.items()
-}
-GUARDS.update(COMPARISONS)
-
-
-# Guards of a rule over any op (`op(xs:const...)`): "op" is the matched node, "list" its inputs.
-GUARDS["foldable"] = GuardFn(1, fold.foldable, "the op is deterministic, standard, "
-                             "not preserved, and the interpreter runs it", False, ("op",))
-GUARDS["fold_fits"] = GuardFn(2, fold.fold_fits, "the result, sized by shape inference, is "
-                              "within --max-fold-bytes or no larger than the inputs", True, ("op", "list"))
-
 
 # ---- computed attributes -------------------------------------------------------------------------
 
@@ -936,4 +503,3 @@ def to_attribute(kind: str | None, value: Any) -> Any:
 
 # Quantization (rules/quant.rules): defined beside the interpreter's QuantizeLinear.
 CONST_FUNCS.update(QUANT_FUNCS)
-GUARDS.update(QUANT_GUARDS)

@@ -6,7 +6,9 @@ import difflib
 from typing import Any, Callable, NoReturn
 
 from saturate.lang import fold
-from saturate.lang.builtins import ATTRIBUTE_KINDS, CONST_FUNCS, GUARDS, INFIX, LIST_FUNCS, QUERIES
+from saturate.lang.builtins import ATTRIBUTE_KINDS, CONST_FUNCS, INFIX, LIST_FUNCS
+from saturate.lang.guard_builtins import GUARDS
+from saturate.lang.query_builtins import QUERIES
 from saturate.ops.schema import attribute_type, is_rewritable_op, op_table
 from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, Spread, Str,
                                Term, Var)

@@ -16,7 +16,7 @@ from saturate.lang.builtins import INFIX
 from saturate.core.errors import SaturateError, SourceError
 from saturate.core.inputs import RefusedFile, read_regular
 from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, RuleSet,
-                               Spread, Str, Term, Var)
+                               Spread, Str, Var)
 
 # Package data: saturate/rules links to rules/ at the repository's top, and a wheel carries the files
 # there. Resolved, so a checkout's messages name rules/... as before.

@@ -1,7 +1,7 @@
 """Rule builtins for quantized graphs (rules/quant.rules): quantizing constants, the int32 bias of
 QLinearConv, and the guards that say when a QuantizeLinear/DequantizeLinear pair cancels.
 
-Registered into CONST_FUNCS and GUARDS by saturate.lang.builtins; the arithmetic is the
+Registered into CONST_FUNCS and GUARDS by saturate.lang.builtins and guard_builtins; the arithmetic is the
 interpreter's own (saturate.interp.quant), so a folded constant equals what running the node gives.
 """
 

@@ -12,7 +12,8 @@ from typing import Any, Iterable
 
 from saturate.core.errors import SaturateError
 from saturate.lang.ast import Call, Guard, Num, OpTerm, Rule, Spread, Term, Var
-from saturate.lang.builtins import COMPARISONS, LIST_FUNCS
+from saturate.lang.builtins import LIST_FUNCS
+from saturate.lang.guard_builtins import COMPARISONS
 
 # An instance's size grows with its inputs (sum_before spells every element before one), and a
 # rule's instances multiply with its lists: past these, an op is left to the plain rules.

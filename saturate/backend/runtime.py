@@ -17,7 +17,7 @@ from saturate.backend.build import (BLAS_FILE, BUILD_FILES, EXTENSION, MODULE, B
 from saturate.backend.capi import api_source, header
 from saturate.backend.emit import Emitted, emit
 from saturate.backend.segments import Partition, Piece, partition
-from saturate.backend.shapes import INT_CODED
+from saturate.backend.shapes import HELD
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph
 from saturate.core.limits import check_allocation, check_bytes
@@ -176,7 +176,7 @@ class CompiledModel:
             if piece.kind == "c":
                 seg = next(segments)
                 outs = seg.run([self._c_input(env[i], i, shape) for i, (_, shape) in zip(piece.inputs, seg.inputs)], n)
-                # integers come out of C as floats of their values (shapes.INT_CODED)
+                # integers and bools come out of C as floats of their values (shapes.HELD)
                 env.update((o, v if self.partition.dtypes.get(o) in (None, "float32")
                             else v.astype(self.partition.dtypes[o])) for o, v in zip(piece.outputs, outs))
                 continue
@@ -189,7 +189,7 @@ class CompiledModel:
     def _c_input(value: np.ndarray, name: str, shape: tuple) -> np.ndarray:
         """An interpreter result handed to a C segment: it must have the shape the segment was planned for."""
         a = np.asarray(value)
-        if a.dtype.name in INT_CODED:  # quantized values enter C as floats of the same values
+        if a.dtype.name in HELD:  # quantized values and bools enter C as floats of the same values
             a = a.astype(np.float32)
         if a.dtype != np.float32 or tuple(a.shape) != tuple(shape):
             raise SaturateError(f"value '{name}' came out of the interpreter as {a.dtype}{list(a.shape)}; the next C "

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from saturate.backend import quant
-from saturate.backend.shapes import INT_CODED, _out_shape, runs_in_c, unsupported
+from saturate.backend.shapes import HELD, _out_shape, runs_in_c, unsupported
 from saturate.core import geometry
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, ValueInfo
@@ -252,6 +252,8 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
         ins = [shapes.get(i) if i else None for i in node.inputs]
         why = None
         quantized = _has(node, "quant")
+        typed = getattr(lookup(node.op, node.domain), "c_dtype", None)
+        out_dtype = "float32"
         if not runs_in_c(node) and not (standard and node.op == "Split"):
             why = f"has no kernel for op '{node.op}'"
         elif quantized:
@@ -260,13 +262,20 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
                    else quant.check_node(g, node, dtypes, shapes))
         else:
             data = present[:1] if _has(node, "param_inputs") else present
-            held = ("float32", *INT_CODED) if _has(node, "int_view") or node.op == "Cast" else ("float32",)
-            bad = [i for i in data if i not in g.constants and (shapes.get(i) is None or dtypes.get(i) not in held)]
+            # Views and casts take every dtype C holds; an entry's c_dtype hook judges the dtypes itself.
+            held = HELD if _has(node, "int_view") or node.op == "Cast" else ("float32",)
+            bad = [i for i in data if i not in g.constants
+                   and (shapes.get(i) is None or not typed and dtypes.get(i) not in held)]
             if bad:
                 why = (f"needs a static shape for '{bad[0]}'" if shapes.get(bad[0]) is None
                        else f"runs float32 only ('{bad[0]}' is {dtypes.get(bad[0])})")
             elif _has(node, "param_inputs") and any(i not in g.constants for i in present[1:]):
                 why = f"needs the parameter inputs of '{node.op}' to be constants"
+            elif typed:
+                try:
+                    out_dtype = typed(g, node, [dtypes.get(i) if i else None for i in node.inputs])
+                except SaturateError as err:
+                    why = str(err).split("the C backend ", 1)[-1]
         if why is None and node.op == "CastLike" and dtypes.get(node.inputs[1]) != "float32":
             why = "casts to float32 only"
         if why is None and node.op == "Split":
@@ -287,7 +296,7 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
                 kinds.append("c")
                 shapes[node.outputs[0]] = tuple(int(d) for d in out)
                 dtypes[node.outputs[0]] = (quant.out_dtype(g, node) if quantized
-                                           else dtypes.get(node.inputs[0]) if _has(node, "int_view") else "float32")
+                                           else dtypes.get(node.inputs[0]) if _has(node, "int_view") else out_dtype)
                 continue
             except SaturateError as err:
                 why = str(err).split("the C backend ", 1)[-1]

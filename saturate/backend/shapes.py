@@ -22,6 +22,9 @@ ALIASES = ops_with("c", "view")
 INT_CODED = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
 # ONNX TensorProto element types of INT_CODED.
 INT_CODED_TYPES = {3: "int8", 2: "uint8", 5: "int16", 4: "uint16"}
+# Every dtype C segments hold as float32 numbers of exactly its values: INT_CODED, and bools as 0.0f and 1.0f
+# (Where's condition, and the masks viewed or cast on the way to it).
+HELD = ("float32", "bool", *INT_CODED)
 
 
 def runs_in_c(node: Node) -> bool:
@@ -407,6 +410,37 @@ def _concat_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
     x = ins[0]
     axis = node.attr("axis") % len(x)
     return x[:axis] + (sum(s[axis] for s in ins),) + x[axis + 1:]
+
+
+def _where_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*ins))
+    except ValueError:
+        raise unsupported(node, f"cannot broadcast shapes {', '.join(map(str, ins))}") from None
+
+
+# The largest integer below which float32 holds every integer exactly.
+EXACT_INT = 2**24
+
+
+def _where_dtype(graph: Graph, node: Node, dtypes: list) -> str:
+    """Where in C: a bool condition, and operands of one dtype C holds exactly (HELD), or integer constants
+    every element of which float32 holds exactly; the output has the operands' dtype."""
+    cond, x, y = dtypes
+    if cond != "bool":
+        raise unsupported(node, f"needs a bool condition, got {cond}")
+    if x != y:
+        raise unsupported(node, f"got operands of two dtypes, {x} and {y}")
+    if x not in HELD:
+        for v in node.inputs[1:]:
+            arr = graph.constants.get(v)
+            if arr is None or arr.dtype.kind not in "iu" or np.any(np.abs(arr.astype(np.float64)) > EXACT_INT):
+                raise unsupported(node, f"runs Where on float32, bool and integers float32 holds exactly only "
+                                        f"('{v}' is {x})")
+    return x
+
+
+attach("Where", c_shape=_where_shape, c_dtype=_where_dtype)
 
 
 # The shapes the C kernels compute, and what they refuse: hooks of the ops' registry entries.

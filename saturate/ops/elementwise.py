@@ -72,7 +72,10 @@ for _name, _ufunc, _fn in (("Max", np.maximum, "fmaxf"), ("Min", np.minimum, "fm
 # onnx.reference sums into a copy of the first input: it fails when a later input is larger.
 define("Sum", commutative=True, evaluate=k.variadic(np.add), arity=(1, VARIADIC), draw="variadic")
 define("Mean", evaluate=k.mean, arity=(1, VARIADIC), draw="variadic")
-for _name in ("Where", "And", "Or", "Xor", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"):
+# C holds Where's bool condition as 0.0f or 1.0f (backend.shapes: its dtypes and shape).
+define("Where", draw="broadcast", c="binary",
+       c_expr=lambda node, a, operand, graph: f"({a[0]} != 0.0f ? {a[1]} : {a[2]})")
+for _name in ("And", "Or", "Xor", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"):
     define(_name, draw="broadcast")
 define("BitShift", draw="broadcast", enums={"direction": ("RIGHT", "LEFT")})
 

@@ -65,8 +65,9 @@ class OpDef:
     domains: dict[int, str] = field(default_factory=dict)
     # Its drawing rule makes empty tensors soundly.
     empty_safe: bool = False
-    # How the C backend runs it: "unary" or "binary" (pointwise, `c_expr`), "view" (shares
-    # its input's storage), "kernel" (a kernel of the C library).
+    # How the C backend runs it: "unary" or "binary" (pointwise, `c_expr`; "binary" reads every
+    # input, broadcast: Add's two, Where's three), "view" (shares its input's storage), "kernel"
+    # (a kernel of the C library).
     c: str | None = None
     # Output shape in C, and what the kernel refuses: (graph, node, input shapes) -> shape, raising
     # the backend's SaturateError; None: the input's (pointwise, views), the broadcast (binary).
@@ -76,6 +77,10 @@ class OpDef:
     c_expr: Callable[..., str] | None = None
     # Vector (8-lane AVX) form of c_expr, same arguments; None when the op has none.
     c_vec: Callable[..., str | None] | None = None
+    # What the C kernel takes beyond float32 data: (graph, node, input dtypes) -> the output's
+    # dtype, raising the backend's SaturateError for what it refuses (Where's bool condition); None:
+    # float32 data (int_view: the integers C holds as floats too) and a float32 output.
+    c_dtype: Callable[..., str] | None = None
     # Inputs after the first are parameters the C emitter reads at compile time.
     param_inputs: bool = False
     # A view that also takes integers the C backend holds as floats: keeps its input's dtype.

@@ -151,6 +151,54 @@ def test_rules_without_the_entry_do_not_know_the_op(rules_file):
         load_rules([str(rules_file)])
 
 
+PRODUCT_RULE = "ruleset toy level 1\nrule cube-product Mul(Cube(x), Cube(y)) => Cube(Mul(x, y))\n"
+
+
+def cubes_graph(domain: str = TOY) -> Graph:
+    """Cube(x) * Cube(y), the cubes written in `domain`."""
+    values = {v: ValueInfo("float32", (2, 8)) for v in ("x", "y", "a", "b", "z")}
+    return Graph(inputs=["x", "y"], outputs=["z"], values=values,
+                 nodes=[Node("Cube", ["x"], ["a"], name="cube_x", domain=domain),
+                        Node("Cube", ["y"], ["b"], name="cube_y", domain=domain),
+                        Node("Mul", ["a", "b"], ["z"], name="product")])
+
+
+def test_rules_rewrite_from_a_registered_op_of_another_domain(tmp_path):
+    """A model's nodes of a registered op outside ONNX are terms rules match, not opaque nodes."""
+    from saturate.check import check_rules
+    from saturate.lang.parser import load_rules
+    from saturate.pipeline import optimize
+
+    path = tmp_path / "product.rules"
+    path.write_text(PRODUCT_RULE)
+    rng = np.random.default_rng(0)
+    feeds = {v: rng.standard_normal((2, 8)).astype(np.float32) for v in ("x", "y")}
+    with registered(cube()):
+        out, report = optimize(cubes_graph(), rules=[path])
+        assert sorted((n.op, n.domain) for n in out.nodes) == [("Cube", TOY), ("Mul", "")]
+        assert report.run.matches["cube-product"] >= 1
+        got = run_graph(out, feeds)["z"]
+        [result] = check_rules(load_rules([str(path)]), examples=30, seed=1, jobs=1)
+        wrong = tmp_path / "wrong.rules"
+        wrong.write_text(PRODUCT_RULE.replace("Cube(Mul(x, y))", "Cube(Add(x, y))"))
+        [caught] = check_rules(load_rules([str(wrong)]), examples=30, seed=1, jobs=1)
+    assert result.status == "PASS", result
+    assert caught.status == "FAIL", caught
+    np.testing.assert_allclose(got, (feeds["x"] * feeds["y"]) ** 3, rtol=1e-4)
+
+
+def test_a_node_of_another_domain_under_a_registered_name_stays_opaque(tmp_path):
+    """Rules name ops without domains: a Cube of a domain not registered is not the toy's Cube."""
+    from saturate.pipeline import optimize
+
+    path = tmp_path / "product.rules"
+    path.write_text(PRODUCT_RULE)
+    with registered(cube()):
+        out, report = optimize(cubes_graph("com.example.other"), rules=[path])
+    assert sorted((n.op, n.domain) for n in out.nodes) == [("Cube", "com.example.other")] * 2 + [("Mul", "")]
+    assert not report.run.matches.get("cube-product")
+
+
 @pytest.mark.compiler
 def test_the_c_backend_compiles_the_toy_op(rules_file):
     from saturate import compile_graph

@@ -189,6 +189,9 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, QuantPlanning):
         from saturate.interp.reference import unsupported_reason
         if op in ops_with("evaluates") and spec(op, self.opset) is not None:
             return
+        d = find(op)
+        if d is not None and not d.standard and d.evaluate is not None:
+            return      # an op registered outside ONNX, run by its entry's kernel
         reason = unsupported_reason(op, self.opset)
         if reason is not None:
             raise SaturateError(f"op '{op}' cannot be checked: {reason} (opset {self.opset})")

@@ -69,13 +69,22 @@ def schema(op: str, opset: int) -> onnx.defs.OpSchema | None:
         return None
 
 
-@functools.lru_cache(maxsize=None)
 def slot_types(op: str, opset: int) -> tuple[tuple[str, frozenset[str]], tuple[tuple[str, frozenset[str]], ...]]:
     """(output 0, inputs) of the op as (type parameter, dtypes drawn that it allows); a slot of one
-    fixed type has that type as its parameter. Variadic inputs repeat the last formal."""
+    fixed type has that type as its parameter. Variadic inputs repeat the last formal. An op
+    registered outside ONNX states no type constraints: it is drawn on float32, one type for all."""
+    if schema(op, opset) is None:
+        d = find(op)
+        if d is None or d.standard or d.evaluate is None:
+            return ("", frozenset()), ()
+        one = ("T", frozenset({"float32"}))
+        return one, (one,) * max(1, (d.inputs or (1, 1))[1])
+    return _schema_slot_types(op, opset)
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_slot_types(op: str, opset: int) -> tuple[tuple[str, frozenset[str]], tuple[tuple[str, frozenset[str]], ...]]:
     s = schema(op, opset)
-    if s is None:
-        return ("", frozenset()), ()
     allowed = {c.type_param_str: frozenset(_ONNX_TYPE[t] for t in c.allowed_type_strs if t in _ONNX_TYPE)
                for c in s.type_constraints}
 

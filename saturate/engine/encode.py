@@ -15,7 +15,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from saturate.core.ir import Graph, Node, ValueInfo
-from saturate.ops.schema import is_rewritable_op, op_table, spec
+from saturate.ops.registry import domain_of, lookup
+from saturate.ops.schema import is_onnx_op, is_rewritable_op, op_table, spec
 
 # Leaves and the constructors every program has. T is the one sort of tensors. IsConst maps a
 # constant e-class to itself: reading a row's output costs a tenth of reading its inputs. `(Ref k)` is a
@@ -246,13 +247,15 @@ def _rewritable(node: Node, graph: Graph, preserve: set[str], rule_ops: set[str]
     Outputs nobody reads (Dropout's mask, a BatchNormalization's running statistics) do not count:
     such a node is a single-output term and loses them when rewritten (decode writes again those
     ONNX requires, saturate.engine.decode.unread_outputs)."""
-    if node.domain not in ("", "ai.onnx") or node.op in preserve or (node.name and node.name in preserve):
+    if node.op in preserve or (node.name and node.name in preserve):
+        return False
+    if node.domain not in ("", "ai.onnx") and not _named_by_rules(node):
         return False
     if not node.outputs or not node.outputs[0] or any(o in read for o in node.outputs[1:] if o):
         return False
     if "" in node.inputs:
         return False
-    s = spec(node.op, graph.opset)
+    s = spec(node.op, graph.opset, node.domain)
     if s is None:
         return node.op in rule_ops
     if not (is_rewritable_op(node.op) or node.op in rule_ops):
@@ -262,6 +265,14 @@ def _rewritable(node: Node, graph: Graph, preserve: set[str], rule_ops: set[str]
     if not widest.min_inputs <= len(node.inputs) <= widest.max_inputs:
         return False
     return s.any_dtype or _is_float(graph.info(node.outputs[0]))
+
+
+def _named_by_rules(node: Node) -> bool:
+    """Whether a node of another domain is the op its name means in rules: e-nodes carry op names,
+    not domains, so only an op registered in the node's domain (saturate.ops) whose name no
+    default-domain op and no other registered domain takes. Every other such node is opaque."""
+    return (lookup(node.op, node.domain) is not None and domain_of(node.op) == node.domain
+            and not is_onnx_op(node.op))
 
 
 def encode_graph(graph: Graph, preserve: Iterable[str] = (), rule_ops: Iterable[str] = ()) -> Encoding:

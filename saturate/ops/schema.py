@@ -113,6 +113,11 @@ def _onnx_table() -> dict[str, OpSpec]:
     return merged
 
 
+def is_onnx_op(op: str) -> bool:
+    """Whether some version of ONNX's default domain defines an op of this name."""
+    return op in _onnx_table()
+
+
 def is_rewritable_op(op: str) -> bool:
     """Whether the engine encodes this op as a term rules can rewrite even when no rule names it."""
     return op in ops_with("engine")

@@ -482,8 +482,7 @@ class Emitter:
             packed = self.weight(("pgemm", node.inputs[1], group, layout == 1), arr)
             if layout == 2:
                 self.body.append(f"    sat_conv_xdirect({xp}, {packed}, {arr.size // group}, {out}, {x[0]}, {x[1]}, "
-                                 f"{H}, {W}, {w[0]}, {win.kh}, {win.kw}, {win.oh}, {win.ow}, {win.ph}, {win.pw}, "
-                                 f"{win.dh}, {win.dw}, {group}, {epi});\n")
+                                 f"{H}, {W}, {w[0]}, {geo}, {group}, {epi});\n")
                 return
             unit = "NULL"
             if layout == 1 and epi in self.vector8:

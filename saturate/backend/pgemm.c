@@ -117,10 +117,13 @@ void sat_xconv_unit(void *ctx, int64_t u, int tid) {
                     memcpy(yc + (int64_t)oh * OW + ow, tr, sizeof(float) * SAT_PN);
                     continue;
                 }
-                int h = oh, w = ow;
-                for (int p = 0; p < SAT_PN && h < oh1; p++) {
-                    if (w < OW) yc[(int64_t)h * OW + w] = tr[p];
-                    if (++w == Wp) w = 0, h++;
+                /* else piece by piece: the run's stretches inside output rows, the pad columns skipped */
+                for (int h = oh, w = ow, p = 0; p < SAT_PN && h < oh1;) {
+                    const int left = SAT_PN - p, end = w < OW ? OW : Wp, n = end - w < left ? end - w : left;
+                    if (w < OW)
+                        for (int i = 0; i < n; i++) yc[(int64_t)h * OW + w + i] = tr[p + i];
+                    p += n, w += n;
+                    if (w == Wp) w = 0, h++;
                 }
             }
         }
@@ -129,47 +132,69 @@ void sat_xconv_unit(void *ctx, int64_t u, int tid) {
         for (int m = m0; m < m1; m++) a->epi(a->y, (yb - a->y) + (int64_t)m * P + (int64_t)oh0 * OW, (int64_t)(oh1 - oh0) * OW);
 }
 
-/* Padded copy of one input channel: item (n G + g) Cg + c. */
+/* Padded copy of one input channel, in its phases: item (n G + g) Cg + c. Phase q (padded rows pa[q] + sh i,
+ * columns pb[q] + sw j) is plane q of the channel's `phases` planes of Hp x Wp; pads read as zero. */
 void sat_xpad_plane(void *ctx, int64_t item, int tid) {
     const sat_xpad_args *a = ctx;
     const int64_t pair = item / a->Cg, c = item % a->Cg;
     const float *xi = a->x + (pair * a->Cg + c) * a->H * a->W; /* (n, g) pairs are consecutive Cg-channel runs */
-    float *d = a->xp + pair * a->pair + c * a->Hp * a->Wp;
+    const int Hp = a->Hp, Wp = a->Wp, H = a->H, W = a->W, sh = a->sh, sw = a->sw;
     (void)tid;
-    memset(d, 0, sizeof(float) * (size_t)a->ph * a->Wp);
-    for (int r = 0; r < a->H && r + a->ph < a->Hp; r++) {
-        float *dr = d + (int64_t)(r + a->ph) * a->Wp;
-        const int n = a->W < a->Wp - a->pw ? a->W : a->Wp - a->pw;
-        memset(dr, 0, sizeof(float) * (size_t)a->pw);
-        memcpy(dr + a->pw, xi + (int64_t)r * a->W, sizeof(float) * (size_t)n);
-        memset(dr + a->pw + n, 0, sizeof(float) * (size_t)(a->Wp - a->pw - n));
+    for (int q = 0; q < a->phases; q++) {
+        float *d = a->xp + pair * a->pair + (c * a->phases + q) * (int64_t)Hp * Wp;
+        /* phase column j reads input column iw0 + sw j: the valid j are [lo, hi) */
+        const int iw0 = a->pb[q] - a->pw;
+        int lo, hi;
+        sat_valid_cols_s(iw0, sw, W, Wp, &lo, &hi);
+        for (int i = 0; i < Hp; i++, d += Wp) {
+            const int ih = a->pa[q] + sh * i - a->ph;
+            if (ih < 0 || ih >= H) {
+                memset(d, 0, sizeof(float) * (size_t)Wp);
+                continue;
+            }
+            const float *s = xi + (int64_t)ih * W + iw0;
+            memset(d, 0, sizeof(float) * (size_t)lo);
+            if (sw == 1)
+                memcpy(d + lo, s + lo, sizeof(float) * (size_t)(hi - lo));
+            else
+                for (int j = lo; j < hi; j++) d[j] = s[j * sw];
+            memset(d + hi, 0, sizeof(float) * (size_t)(Wp - hi));
+        }
     }
-    const int done = a->H + a->ph < a->Hp ? a->H + a->ph : a->Hp;
-    memset(d + (int64_t)done * a->Wp, 0, sizeof(float) * (size_t)(a->Hp - done) * a->Wp);
 }
 
 float *sat_xp_buf;
 
 size_t sat_xp_cap;
 
-/* Grouped 2-D convolution with unit strides on weights packed in SAT_PR-channel panels (as the usual
- * product's), on the padded grid (see above). */
+/* Grouped 2-D convolution on weights packed in SAT_PR-channel panels (as the usual product's), on the padded
+ * grid of the input's phases (see pgemm.h). */
 void sat_conv_xdirect(const float *x, const float *wp, int64_t wp_group, float *y, int N, int C, int H, int W,
-                             int M, int KH, int KW, int OH, int OW, int ph, int pw, int dh, int dw, int G,
-                             sat_epi epi) {
+                             int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,
+                             int G, sat_epi epi) {
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
     if ((int64_t)OH * OW <= 0 || Mg <= 0) return;
-    const int Hp = OH + (KH - 1) * dh, Wp = OW + (KW - 1) * dw;
+    const int Hp = OH + (KH - 1) * dh / sh, Wp = OW + (KW - 1) * dw / sw;
+    /* the phases the taps read, numbered in order of first use */
+    sat_xpad_args pa = {x, NULL, C, Cg, G, H, W, Hp, Wp, ph, pw, sh, sw, 0, 0, {0}, {0}};
+    int phase_of[SAT_XPHASES];
+    for (int q = 0; q < SAT_XPHASES; q++) phase_of[q] = -1;
+    for (int kh = 0; kh < KH; kh++)
+        for (int kw = 0; kw < KW; kw++) {
+            const int r = kh * dh % sh, s = kw * dw % sw, q = r * sw + s;
+            if (phase_of[q] < 0) pa.pa[pa.phases] = r, pa.pb[pa.phases] = s, phase_of[q] = pa.phases++;
+        }
     /* each pair's copy is followed by 2 SAT_PN spare floats: a run's loads may pass its last row's end */
-    const int64_t pair = (int64_t)Cg * Hp * Wp + 2 * SAT_PN, pairs = (int64_t)N * G;
+    const int64_t plane = (int64_t)Hp * Wp, pair = (int64_t)Cg * pa.phases * plane + 2 * SAT_PN, pairs = (int64_t)N * G;
     float *xp = sat_thread_buf(&sat_xp_buf, &sat_xp_cap, (size_t)(pair * pairs + K));
     if (!xp) abort();
     int32_t *koff = (int32_t *)(xp + pair * pairs);
     for (int k = 0; k < K; k++) {
         const int c = k / (KH * KW), kh = k / KW % KH, kw = k % KW;
-        koff[k] = (int32_t)(((int64_t)c * Hp + (int64_t)kh * dh) * Wp + (int64_t)kw * dw);
+        const int q = phase_of[kh * dh % sh * sw + kw * dw % sw];
+        koff[k] = (int32_t)(((int64_t)c * pa.phases + q) * plane + (int64_t)(kh * dh / sh) * Wp + kw * dw / sw);
     }
-    sat_xpad_args pa = {x, xp, C, Cg, G, H, W, Hp, Wp, ph, pw, pair};
+    pa.xp = xp, pa.pair = pair;
     sat_parallel(pairs * Cg, sat_xpad_plane, &pa);
     for (int64_t q = 0; q < pairs; q++) memset(xp + q * pair + pair - 2 * SAT_PN, 0, sizeof(float) * 2 * SAT_PN);
     /* row tiles of about 256 virtual pixels: a tile's input rows stay in cache across its channel panels */

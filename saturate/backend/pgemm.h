@@ -283,12 +283,17 @@ void sat_conv_stream(const float *x, const float *wp, float *y, int N, int C, in
                             int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, sat_epi epi,
                             sat_body body);
 
-/* ---- stride-1 convolution without im2col ------------------------------------------------------------
+/* ---- convolution without im2col, on the padded grid ----------------------------------------------------
  * With unit strides, output pixel (oh, ow) of tap (c, kh, kw) reads padded input (c, oh + kh dh, ow + kw dw).
  * Outputs are computed on the padded grid: virtual pixel v = oh Wp + ow (ow < Wp, the columns past OW
  * discarded), so tap k reads xp[koff[k] + v] and a run of SAT_PN virtual pixels is two vector loads for
  * every (c, kh, kw), across row ends too. The tile's B side needs no packing at all; the price is the
- * (Wp - OW) / Wp discarded columns, which the emitter weighs (emit.conv_layout). */
+ * (Wp - OW) / Wp discarded columns, which the emitter weighs (emit.conv_layout).
+ * Strided convs run the same way on the padded input split into phases: phase (a, b) of a channel holds
+ * padded pixels (a + sh i, b + sw j), so tap (kh, kw) reads phase (kh dh % sh, kw dw % sw) at (oh + kh dh /
+ * sh, ow + kw dw / sw), again unit-stride along the output row. Only the phases some tap reads are made (one
+ * for a 1x1 conv): the copy is at most the input's size where im2col writes K x OH x OW floats (12x the
+ * input for a 7x7 stem of stride 2), and packs them again for the tile. */
 typedef struct {
     const float *xp, *wp; /* padded input of all (image, group) pairs; packed weights (SAT_PR panels) */
     const int32_t *koff;  /* per reduction index: its offset into one (image, group) padded input */
@@ -314,11 +319,14 @@ static inline void sat_ukr_x(int kc, const float *restrict a, const float *restr
 
 void sat_xconv_unit(void *ctx, int64_t u, int tid);
 
+/* The phases a conv's taps read, at most SAT_XPHASES (strides up to 4 in both directions). */
+#define SAT_XPHASES 16
 typedef struct {
     const float *x;
     float *xp;
-    int C, Cg, G, H, W, Hp, Wp, ph, pw;
+    int C, Cg, G, H, W, Hp, Wp, ph, pw, sh, sw, phases;
     int64_t pair;
+    int pa[SAT_XPHASES], pb[SAT_XPHASES]; /* each phase's first padded row and column */
 } sat_xpad_args;
 
 void sat_xpad_plane(void *ctx, int64_t item, int tid);
@@ -327,8 +335,8 @@ extern float *sat_xp_buf;
 extern size_t sat_xp_cap;
 
 void sat_conv_xdirect(const float *x, const float *wp, int64_t wp_group, float *y, int N, int C, int H, int W,
-                             int M, int KH, int KW, int OH, int OW, int ph, int pw, int dh, int dw, int G,
-                             sat_epi epi);
+                             int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,
+                             int G, sat_epi epi);
 
 /* ---- products on constant weights -----------------------------------------------------------------
  * Gemm and MatMul whose B is a constant (a transformer's projections: 37 tokens x 768 times 768 x 192):

@@ -1,0 +1,78 @@
+"""C backend: convs on pgemm.h's tile in builds without the AVX-512 kernels (SATURATE_ISA=avx2), against the
+reference interpreter and ONNX Runtime. Strided convs on sat_conv_xdirect's grid of input phases: every stride
+up to 4, strides differing by direction, dilations that fold taps onto fewer phases, pads on some sides only,
+groups, two images, and the 7x7 stem the planner sends there. On AVX-512 builds the same graphs run on the
+AVX-512 kernels (the checks still hold; the planner cases below fix the instruction set themselves)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backend_util import check_three_way, make
+from saturate.backend import plan
+from saturate.backend.build import BuildConfig
+from saturate.backend.shapes import conv_window
+from saturate.core.ir import Node
+
+
+def arr(seed: int, shape) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def conv_relu(xshape, wshape, attrs: dict, seed: int = 7):
+    consts = {"w": arr(seed, wshape) * np.float32(0.2), "b": arr(seed + 1, (wshape[0],))}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node("Relu", ["c"], ["y"])]
+    return make(nodes, {"x": xshape}, consts)
+
+
+STRIDED = [
+    # (input shape, weight shape, attrs)
+    ((1, 5, 13, 17), (11, 5, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((2, 6, 16, 15), (14, 6, 3, 3), {"pads": [0, 1, 2, 0], "strides": [2, 2]}),           # asymmetric pads
+    ((1, 4, 19, 22), (9, 4, 5, 5), {"pads": [2, 2, 2, 2], "strides": [3, 3]}),
+    ((1, 4, 17, 21), (7, 4, 3, 5), {"pads": [1, 2, 1, 2], "strides": [1, 2]}),            # strides differ
+    ((1, 3, 23, 26), (6, 3, 4, 4), {"pads": [1, 1, 2, 2], "strides": [4, 4]}),            # 16 phases
+    ((1, 4, 21, 21), (8, 4, 3, 3), {"pads": [2, 2, 2, 2], "strides": [2, 2], "dilations": [2, 2]}),  # one phase
+    ((1, 6, 12, 14), (10, 6, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2], "dilations": [3, 1]}),
+    ((1, 16, 12, 12), (20, 16, 1, 1), {"strides": [2, 2]}),                               # 1x1: one phase
+    ((2, 12, 11, 13), (18, 6, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2], "group": 2}),
+    ((1, 3, 40, 38), (19, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),           # a stem
+]
+
+
+@pytest.mark.compiler
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape,wshape,attrs", STRIDED)
+def test_strided_convs_on_the_phase_grid(xshape, wshape, attrs, threads):
+    """Layout 2 forced: the padded grid of the input's phases, on one thread and on two."""
+    check_three_way(conv_relu(xshape, wshape, attrs), threads=threads, config=BuildConfig.from_env(conv_layout=2))
+
+
+@pytest.mark.compiler
+@pytest.mark.parametrize("threads", [1, 2])
+def test_stem_as_planned(threads):
+    """A 7x7 stride-2 stem of 3 channels with the planner's own choice (the phase grid on AVX2 builds)."""
+    check_three_way(conv_relu((1, 3, 64, 64), (24, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
+                    threads=threads)
+
+
+def layout_of(xshape, wshape, attrs, isa: str = "avx2") -> int | None:
+    g = conv_relu(xshape, wshape, attrs)
+    node, shapes = g.nodes[0], {"x": xshape, "w": wshape}
+    cfg = BuildConfig(isa=isa)
+    if not plan.runs_packed(node, shapes, g.constants, cfg):
+        return None
+    win = conv_window(node, xshape, wshape)
+    return plan.conv_layout(xshape, wshape, win, int(node.attr("group", 1)), cfg)
+
+
+def test_planner_sends_a_7x7_stem_to_the_phase_grid():
+    """ResNet's stem (K = 147) runs without im2col on AVX2 builds; a 3x3 stem of 3 channels (K = 27) keeps
+    im2col, whose products beat the grid's per-run stores on so short a reduction."""
+    stem = ((1, 3, 96, 96), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]})
+    assert layout_of(*stem) == 2
+    assert layout_of((1, 3, 96, 96), (32, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}) != 2
+    assert layout_of((1, 3, 96, 96), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [5, 5]}) != 2
+    # AVX-512 builds run convs on their own kernels
+    assert layout_of(*stem, isa="avx512") is None

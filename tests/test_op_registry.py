@@ -143,6 +143,22 @@ def test_check_passes_the_rule_and_catches_a_wrong_kernel(rules_file):
     assert bad.status == "FAIL", bad
 
 
+def test_check_workers_leave_an_op_registered_at_run_time_to_this_process(rules_file):
+    """Check workers import saturate.ops afresh and would not know Cube, or know another kernel:
+    with jobs > 1 the toy's rule is still checked against the kernel registered here."""
+    from saturate.check import check_rules
+    from saturate.lang.parser import load_rules
+
+    text = CUBE_RULE + "rule identity Identity(x) => x\nrule neg-neg Neg(Neg(x)) => x\n"
+    rules_file.write_text(text)
+    with registered(cube()):
+        ok = check_rules(load_rules([str(rules_file)]), examples=20, seed=1, jobs=2)
+    with registered(cube(evaluate=lambda node, x: x * x)):
+        bad = check_rules(load_rules([str(rules_file)]), examples=20, seed=1, jobs=2)
+    assert [r.status for r in ok] == ["PASS", "PASS", "PASS"], ok
+    assert [r.status for r in bad] == ["FAIL", "PASS", "PASS"], bad
+
+
 def test_rules_without_the_entry_do_not_know_the_op(rules_file):
     from saturate.core.errors import SaturateError
     from saturate.lang.parser import load_rules

@@ -9,7 +9,7 @@ import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
@@ -23,7 +23,7 @@ from saturate.lang.ast import Num, OpTerm, Rule, Term, Var
 from saturate.lang import fold
 from saturate.lang.variadic import instantiate, is_variadic, list_vars
 from saturate.ops.schema import op_table
-from saturate.ops.registry import domain_of
+from saturate.ops.registry import defined_here, domain_of
 from saturate.check.compiled import RightSideError, build_rhs, compiled, decide_example, directions
 from saturate.check.examples import Example, rule_examples
 
@@ -403,7 +403,10 @@ def check_rules(rules: Iterable[Rule], examples: int = 200, seed: int | None = N
     Results come (and `progress` is called with each) in rule order; a rule's result depends on
     its seed only, not on which worker ran it or when."""
     rules = list(rules)
-    workers = max(1, min(jobs or os.cpu_count() or 1, len(rules)))
+    # A worker imports saturate.ops afresh: a rule over an op this process registered or changed
+    # at run time is checked here, against the op as this process defines it.
+    here = {k for k, rule in enumerate(rules) if defined_here(_rule_ops(rule))}
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(rules) - len(here)))
     if workers == 1:
         results = []
         for rule in rules:
@@ -416,7 +419,9 @@ def check_rules(rules: Iterable[Rule], examples: int = 200, seed: int | None = N
     # Fresh interpreters, not forks: a fork would copy whatever threads the parent has started.
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_import_checker) as pool:
-        futures = {pool.submit(check_rule, rule, examples, seed): k for k, rule in enumerate(rules)}
+        futures = {pool.submit(check_rule, rule, examples, seed): k for k, rule in enumerate(rules) if k not in here}
+        for k in sorted(here):
+            done[k] = check_rule(rules[k], examples, seed)
         for future in as_completed(futures):
             k = futures[future]
             try:
@@ -429,6 +434,12 @@ def check_rules(rules: Iterable[Rule], examples: int = 200, seed: int | None = N
                     progress(done[shown])
                 shown += 1
     return [done[k] for k in range(len(rules))]
+
+
+def _rule_ops(rule: Rule) -> set[str]:
+    def ops(t: Any) -> set[str]:
+        return {t.op}.union(*(ops(a) for a in t.args)) if isinstance(t, OpTerm) else set()
+    return set().union(*(ops(lhs) | ops(rhs) for lhs, rhs in rule.roots))
 
 
 def _import_checker() -> None:

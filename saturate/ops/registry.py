@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 # The modules that define entries, one per op family.
@@ -108,12 +108,38 @@ def _key(domain: str) -> str:
     return "" if domain in STANDARD_DOMAINS else domain
 
 
+# The entries as the families define them: what a fresh process (a check worker) sees.
+_LOADED: dict[tuple[str, str], OpDef] = {}
+# The fields that give an op its meaning (what `saturate check` tests a rule against), unlike
+# the C hooks a stage may attach.
+_MEANING = ("inputs", "attrs", "elementwise", "same_shape", "shape_arith", "quant", "nondeterministic",
+            "shape", "reference_args", "shape_by_data", "evaluate", "arity", "draw", "domains",
+            "empty_safe", "enums")
+
+
 def _load() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
         for family in FAMILIES:
             importlib.import_module(f"saturate.ops.{family}")
+        _LOADED.update(_DEFS)
+
+
+def defined_here(ops: Iterable[str]) -> set[str]:
+    """The ops of `ops` whose meaning this process registered or changed at run time: another
+    process importing saturate.ops would not see them as they are here."""
+    _load()
+    here = set()
+    for op in ops:
+        d = find(op)
+        if d is None:
+            continue
+        first = _LOADED.get((_key(d.domain), d.name))
+        if first is None or any(getattr(d, f) is not getattr(first, f) and getattr(d, f) != getattr(first, f)
+                                for f in _MEANING):
+            here.add(op)
+    return here
 
 
 def _labels(d: OpDef) -> list[tuple[str, Any]]:

@@ -48,3 +48,35 @@ def onnx_infer(op: str, attrs: dict, ins: list[ValueInfo | None], data: dict[int
     # nothing, and two calls' names must never read as one dim.
     return ValueInfo(info.dtype, tuple(None if isinstance(d, str) and d.startswith("unk__") else d
                                        for d in info.shape))
+
+
+def fill_types(graph: Any) -> int:
+    """Type the values ONNX's whole-graph inference left unknown behind an op it does not know
+    (a registered op of another domain, saturate.ops): in graph order, such a node's first
+    output gets its type from the op's entry, and a standard node whose inputs are now typed
+    gets its outputs from ONNX's inference of that node. Returns how many values it typed; a
+    graph with no registered op outside ONNX is left as it is."""
+    from saturate.ops.infer import infer_type
+    from saturate.ops.registry import lookup
+
+    if not any(n.domain not in ("", "ai.onnx") and lookup(n.op, n.domain) is not None for n in graph.nodes):
+        return 0
+    typed = 0
+    for node in graph.nodes:
+        missing = [k for k, o in enumerate(node.outputs) if o and o not in graph.values and o not in graph.constants]
+        if not missing:
+            continue
+        ins = [graph.info(i) if i else None for i in node.inputs]
+        if any(i is not None and i.shape is None for i in ins):
+            continue                    # an input still untyped: so is what it feeds
+        for k in missing:
+            if node.domain not in ("", "ai.onnx"):
+                info = (infer_type(node.op, node.attrs, ins, node.domain)
+                        if k == 0 and lookup(node.op, node.domain) is not None else None)
+            else:
+                data = {j: graph.constants[i] for j, i in enumerate(node.inputs) if i in graph.constants}
+                info = onnx_infer(node.op, node.attrs, ins, data, k, graph.opset, len(node.outputs))
+            if info is not None and info.shape is not None:
+                graph.values[node.outputs[k]] = info
+                typed += 1
+    return typed

@@ -18,6 +18,7 @@ from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 from saturate.frontend.onnx_export import (
     _declare_io_rank_free, _fill_tensor, check_exported, export_model, external_pieces, infer_strictly, model_pieces,
     node_proto, type_proto)
+from saturate.frontend.infer import fill_types
 from saturate.frontend.onnx_meta import PRESERVE_KEY, _DEFAULT_DOMAINS, mark_nodes, model_fields, preserve_marks
 from saturate.frontend.onnx_tensors import (
     _ELEM_TYPES, _SKELETON_ELEMENTS, _array, _first_line, _short_float, _text, check_tensor, check_tensors, describe,
@@ -116,6 +117,8 @@ def import_model(model: onnx.ModelProto, mapped: dict[str, np.ndarray] | None = 
                     domain="" if on.domain == "ai.onnx" else on.domain)
         node.attrs = {a.name: _attr_value(a, node) for a in on.attribute}
         g.nodes.append(node)
+    # ONNX's inference stops at an op it does not know; a registered one (saturate.ops) types on.
+    fill_types(g)
     # A graph output that is directly a constant or an input needs no node; keep it as is.
     g.validate()
     return g

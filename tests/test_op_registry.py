@@ -203,6 +203,36 @@ def test_rules_rewrite_from_a_registered_op_of_another_domain(tmp_path):
     np.testing.assert_allclose(got, (feeds["x"] * feeds["y"]) ** 3, rtol=1e-4)
 
 
+def test_a_model_file_with_the_op_is_typed_past_it_and_rewritten(tmp_path):
+    """ONNX's inference stops at an op it does not know: the entry types the op's output, and
+    ONNX's node inference the standard ops after it, so costs see shapes and the rule pays."""
+    from onnx import TensorProto, helper
+
+    from saturate.frontend.onnx_export import export_model
+    from saturate.frontend.onnx_io import import_model
+    from saturate.pipeline import optimize
+
+    path = tmp_path / "product.rules"
+    path.write_text(PRODUCT_RULE)
+    nodes = [helper.make_node("Cube", ["x"], ["a"], domain=TOY), helper.make_node("Cube", ["y"], ["b"], domain=TOY),
+             helper.make_node("Mul", ["a", "b"], ["m"]), helper.make_node("Relu", ["m"], ["z"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(v, TensorProto.FLOAT, [2, 8]) for v in "xy"],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(TOY, 1)])
+    rng = np.random.default_rng(0)
+    feeds = {v: rng.standard_normal((2, 8)).astype(np.float32) for v in ("x", "y")}
+    with registered(cube()):
+        g = import_model(model)
+        assert {v: g.values[v] for v in "abm"} == {v: ValueInfo("float32", (2, 8)) for v in "abm"}
+        out, _ = optimize(g, rules=[path])
+        assert sorted(n.op for n in out.nodes) == ["Cube", "Mul", "Relu"]
+        exported = export_model(out)
+        got = run_graph(import_model(exported), feeds)["z"]
+    assert {(o.domain, o.version) for o in exported.opset_import} >= {("", 17), (TOY, 1)}
+    np.testing.assert_allclose(got, np.maximum((feeds["x"] * feeds["y"]) ** 3, 0), rtol=1e-4)
+    assert "a" not in import_model(model).values     # unregistered: ONNX's inference as it stands
+
+
 def test_a_node_of_another_domain_under_a_registered_name_stays_opaque(tmp_path):
     """Rules name ops without domains: a Cube of a domain not registered is not the toy's Cube."""
     from saturate.pipeline import optimize

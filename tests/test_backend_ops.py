@@ -188,6 +188,29 @@ def test_softmax_rows_of_wide_range(length):
     check_three_way(make(nodes, {"x": (3, length)}, {"k": np.float32(30.0)}, opset=13), threads=2)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("shape,axis", [((6, 97, 33), -1), ((50, 7, 20), 1), ((1, 6, 128, 128), -1)])
+def test_softmax_blocks_grouped_per_work_item(shape, axis, threads):
+    # Blocks of ~4K floats per item, the last item partial; along an inner axis too.
+    check_three_way(make([Node("Softmax", ["x"], ["y"], {"axis": axis})], {"x": shape}, opset=13), threads=threads)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("constant_b", [True, False])
+def test_products_split_across_threads_apply_their_epilogue_per_item(constant_b, threads):
+    """Each thread's columns of a product take the epilogue (a per-column bias, a per-row scale, a residual):
+    on B packed once (pgemm.h, 6 K/V-like panels) and on OpenBLAS's column blocks (B an input)."""
+    consts = {"bias": arr(21, (200,)), "row": arr(22, (2, 37, 1)), "res": arr(23, (2, 37, 200))}
+    inputs = {"x": (2, 37, 96)}
+    if constant_b:
+        consts["w"] = arr(24, (96, 200)) * np.float32(0.1)
+    else:
+        inputs["w"] = (96, 200)
+    nodes = [Node("MatMul", ["x", "w"], ["p"]), Node("Add", ["p", "bias"], ["b"]), Node("Mul", ["b", "row"], ["r"]),
+             Node("Add", ["res", "r"], ["y"])]
+    check_three_way(make(nodes, inputs, consts), threads=threads)
+
+
 @pytest.mark.parametrize("scale", [1e-4, 0.3, 3.0, 30.0])
 def test_tanh_from_tiny_to_saturated_inputs(scale):
     # sat_tanhf's three regimes: x itself near 0, the rational approximation, the clamp where tanh is 1.

@@ -242,7 +242,11 @@ void sat_gemm_cols(void *ctx, int64_t item, int tid) {
     (void)tid;
     scipy_cblas_sgemm(CblasRowMajor, a->ta ? CblasTrans : CblasNoTrans, a->tb ? CblasTrans : CblasNoTrans, a->M, nj,
                       a->K, a->alpha, a->A, a->lda, a->tb ? a->B + (int64_t)j0 * a->ldb : a->B + j0, a->ldb, 0.0f,
-                      a->Y + j0, a->N);
+                      a->Y + a->yoff + j0, a->N);
+    /* the epilogue on the item's columns, while they are in cache and on every thread (an epilogue reads
+       its operands at any offset within a row) */
+    if (a->epi)
+        for (int m = 0; m < a->M; m++) a->epi(a->Y, a->yoff + (int64_t)m * a->N + j0, nj);
 }
 
 /* C[yoff ..] (M x N) = alpha * op(A) op(B), then the epilogue row by row. */
@@ -255,8 +259,9 @@ void sat_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, 
     else if (sat_threads > 1 && !sat_in_parallel && N >= 64 && (int64_t)M * N * K >= (1 << 18)) {
         /* column blocks of 16, two items per thread so a late thread does not hold the others up */
         const int per = ((N + 2 * sat_threads - 1) / (2 * sat_threads) + 15) / 16 * 16;
-        sat_gemm_args a = {A, B, Y + yoff, ta, tb, M, N, K, lda, ldb, per, alpha};
+        sat_gemm_args a = {A, B, Y, yoff, ta, tb, M, N, K, lda, ldb, per, alpha, epi};
         sat_parallel((N + per - 1) / per, sat_gemm_cols, &a);
+        return;
     } else
         scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
                           alpha, A, lda, B, ldb, 0.0f, Y + yoff, N);

@@ -110,13 +110,15 @@ void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_grou
                        int N, int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
                        int pw, int dh, int dw, int G, int trans, sat_epi epi);
 
-/* Columns [j0, j0 + per) of an sgemm, one work item of a threaded product (OpenBLAS runs on one thread
- * inside the model, so threads split the product between them). */
+/* Columns [j0, j0 + per) of an sgemm and their epilogue, one work item of a threaded product (OpenBLAS runs
+ * on one thread inside the model, so threads split the product between them). */
 typedef struct {
     const float *A, *B;
     float *Y;
+    int64_t yoff;
     int ta, tb, M, N, K, lda, ldb, per;
     float alpha;
+    sat_epi epi;
 } sat_gemm_args;
 
 void sat_gemm_cols(void *ctx, int64_t item, int tid);

@@ -210,6 +210,7 @@ void sat_conv_xdirect(const float *x, const float *wp, int64_t wp_group, float *
 void sat_pmm_item(void *ctx, int64_t item, int tid) {
     const sat_pmm_args *a = ctx;
     const int N = a->N, K = a->K, M = a->M, j0 = (int)item * a->per, j1 = j0 + a->per < N ? j0 + a->per : N;
+    float *Y = a->Y + a->yoff;
     (void)tid;
     for (int j = j0; j < j1; j += SAT_PN) {
         const int nr = N - j < SAT_PN ? N - j : SAT_PN;
@@ -217,42 +218,77 @@ void sat_pmm_item(void *ctx, int64_t item, int tid) {
             const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
             const float *bj = a->bp + (int64_t)j * K + (int64_t)k0 * SAT_PN;
             for (int i = 0; i < M; i += SAT_PR)
-                sat_ukr(kc, a->ap + (int64_t)i * K + (int64_t)k0 * SAT_PR, bj, a->Y + (int64_t)i * N + j, N,
+                sat_ukr(kc, a->ap + (int64_t)i * K + (int64_t)k0 * SAT_PR, bj, Y + (int64_t)i * N + j, N,
                         M - i < SAT_PR ? M - i : SAT_PR, nr, k0 > 0);
         }
     }
+    /* the epilogue on the item's columns, while they are in cache and on every thread (an epilogue reads
+       its operands at any offset within a row) */
+    if (a->epi)
+        for (int m = 0; m < M; m++) a->epi(a->Y, a->yoff + (int64_t)m * N + j0, j1 - j0);
 }
 
 float *sat_pmm_buf[SAT_MAX_THREADS];
 
 size_t sat_pmm_cap[SAT_MAX_THREADS];
 
-/* Y[yoff ..] (M x N) = alpha * op(A) B, B packed by the emitter (above), then the epilogue row by row. */
-void sat_gemm_packed(int ta, int M, int N, int K, float alpha, const float *A, int lda, const float *bp,
-                            float *Y, int64_t yoff, sat_epi epi) {
-    if (M <= 0 || N <= 0) return;
-    const int panels = (M + SAT_PR - 1) / SAT_PR;
-    float *ap = sat_thread_buf(&sat_pmm_buf[sat_pool_tid], &sat_pmm_cap[sat_pool_tid], (size_t)panels * SAT_PR * K);
-    if (!ap) abort();
-    for (int p = 0; p < panels; p++)
+/* Panels [item * per, ...) of A, SAT_PR rows each, k-major with alpha folded in (rows past M are zeros). */
+void sat_pmm_pack(void *ctx, int64_t item, int tid) {
+    const sat_pmm_args *a = ctx;
+    const int K = a->K, M = a->M, lda = a->lda, panels = (M + SAT_PR - 1) / SAT_PR;
+    const int p1 = (int)(item + 1) * a->per < panels ? (int)(item + 1) * a->per : panels;
+    const float alpha = a->alpha, *A = a->A;
+    (void)tid;
+    for (int p = (int)item * a->per; p < p1; p++)
         for (int r = 0; r < SAT_PR; r++) {
             const int i = p * SAT_PR + r;
-            float *d = ap + (int64_t)p * K * SAT_PR + r;
+            float *d = a->apw + (int64_t)p * K * SAT_PR + r;
             if (i >= M)
                 for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = 0.0f;
-            else if (ta)
+            else if (a->ta)
                 for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = alpha * A[(int64_t)k * lda + i];
             else
                 for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = alpha * A[(int64_t)i * lda + k];
         }
-    /* whole panels per item, about two items per thread */
-    int per = N;
-    if (sat_threads > 1 && !sat_in_parallel) {
-        per = (N + 2 * sat_threads - 1) / (2 * sat_threads);
-        per = (per + SAT_PN - 1) / SAT_PN * SAT_PN;
+}
+
+/* Panels of B per work item: the count whose busiest thread gets the fewest panels (items are claimed in
+ * turn, so a thread runs ceil(items / threads) of them), at least two items per thread where that costs
+ * nothing, so a late thread does not hold the others up; at most as many as fit. A K/V projection's 6
+ * panels go one per item (3 + 3), not two (4 + 2). */
+static int sat_pmm_panels_per_item(int panels, int threads) {
+    int best = panels, best_load = panels;
+    const int pair = (panels + 2 * threads - 1) / (2 * threads);
+    for (int q = 1; q <= panels; q++) {
+        const int items = (panels + q - 1) / q, load = (items + threads - 1) / threads * q;
+        const int fits = q <= pair, best_fits = best <= pair;
+        if (load < best_load || (load == best_load && (fits > best_fits || (fits == best_fits && q > best)))) {
+            best = q;
+            best_load = load;
+        }
     }
-    sat_pmm_args a = {ap, bp, Y + yoff, M, N, K, per};
-    sat_parallel((N + per - 1) / per, sat_pmm_item, &a);
-    if (epi)
-        for (int m = 0; m < M; m++) epi(Y, yoff + (int64_t)m * N, N);
+    return best;
+}
+
+/* Y[yoff ..] (M x N) = alpha * op(A) B, B packed by the emitter (above), each work item's columns then
+ * taking the epilogue. */
+void sat_gemm_packed(int ta, int M, int N, int K, float alpha, const float *A, int lda, const float *bp,
+                            float *Y, int64_t yoff, sat_epi epi) {
+    if (M <= 0 || N <= 0) return;
+    const int panels = (M + SAT_PR - 1) / SAT_PR, threaded = sat_threads > 1 && !sat_in_parallel;
+    float *ap = sat_thread_buf(&sat_pmm_buf[sat_pool_tid], &sat_pmm_cap[sat_pool_tid], (size_t)panels * SAT_PR * K);
+    if (!ap) abort();
+    sat_pmm_args a = {ap, bp, A, Y, ap, yoff, M, N, K, 0, ta, lda, alpha, epi};
+    /* A's panels packed in items of ~16K floats, shared among the threads when there are several */
+    a.per = (int)(16384 / ((int64_t)SAT_PR * K + 1)) + 1;
+    if (threaded && panels > a.per)
+        sat_parallel((panels + a.per - 1) / a.per, sat_pmm_pack, &a);
+    else
+        for (int64_t i = 0; i * a.per < panels; i++) sat_pmm_pack(&a, i, sat_pool_tid);
+    a.per = N;
+    if (threaded) {
+        const int bpanels = (N + SAT_PN - 1) / SAT_PN;
+        a.per = sat_pmm_panels_per_item(bpanels, sat_threads) * SAT_PN;
+    }
+    sat_parallel((N + a.per - 1) / a.per, sat_pmm_item, &a);
 }

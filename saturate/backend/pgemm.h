@@ -345,12 +345,17 @@ void sat_conv_xdirect(const float *x, const float *wp, int64_t wp_group, float *
  * A, small, is packed per call in SAT_PR-row panels with alpha folded in. Threads split B's panels.
  * AVX-512 builds run these too (a 6 x 32 tile), though their convs take gemm.h's kernels. */
 typedef struct {
-    const float *ap, *bp;
-    float *Y;
-    int M, N, K, per;
+    const float *ap, *bp, *A;
+    float *Y, *apw;
+    int64_t yoff;
+    int M, N, K, per, ta, lda;
+    float alpha;
+    sat_epi epi;
 } sat_pmm_args;
 
 void sat_pmm_item(void *ctx, int64_t item, int tid);
+
+void sat_pmm_pack(void *ctx, int64_t item, int tid);
 
 extern float *sat_pmm_buf[SAT_MAX_THREADS];
 extern size_t sat_pmm_cap[SAT_MAX_THREADS];

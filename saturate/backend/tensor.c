@@ -197,10 +197,8 @@ void sat_softmax_row8(const float *x, float *y, int64_t L) {
 #endif
 
 /* One outer block: every (inner) lane of it along the axis. */
-void sat_softmax_item(void *ctx, int64_t o, int tid) {
-    const sat_softmax_args *a = ctx;
+static void sat_softmax_block(const sat_softmax_args *a, int64_t o) {
     const int64_t L = a->L, inner = a->inner;
-    (void)tid;
 #if defined(__AVX512F__)
     if (inner == 1) {
         sat_softmax_row512(a->x + o * L, a->y + o * L, L);
@@ -228,10 +226,19 @@ void sat_softmax_item(void *ctx, int64_t o, int tid) {
     }
 }
 
+/* Blocks [item * per, ...) of ~4K floats: an attention's rows of 128 are too short to claim one by one (the
+ * claims of two threads bounce the pool's ticket between their caches for every row). */
+void sat_softmax_item(void *ctx, int64_t item, int tid) {
+    const sat_softmax_args *a = ctx;
+    const int64_t o1 = (item + 1) * a->per < a->outer ? (item + 1) * a->per : a->outer;
+    (void)tid;
+    for (int64_t o = item * a->per; o < o1; o++) sat_softmax_block(a, o);
+}
+
 /* Numerically stable softmax along an axis of length L, between `outer` and `inner` blocks. */
 void sat_softmax(const float *x, float *y, int64_t outer, int64_t L, int64_t inner) {
-    sat_softmax_args a = {x, y, outer, L, inner};
-    sat_parallel(outer, sat_softmax_item, &a);
+    sat_softmax_args a = {x, y, outer, L, inner, sat_rows_per_item(outer, L * inner)};
+    sat_parallel((outer + a.per - 1) / a.per, sat_softmax_item, &a);
 }
 
 /* Reduce x (shape `shape`) into y: ystride[d] is y's stride along kept axes and 0 along reduced ones.

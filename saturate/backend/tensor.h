@@ -160,7 +160,7 @@ void sat_layernorm(const float *x, const float *scale, const float *bias, float 
 typedef struct {
     const float *x;
     float *y;
-    int64_t outer, L, inner;
+    int64_t outer, L, inner, per;
 } sat_softmax_args;
 
 #if defined(__AVX512F__)
@@ -187,7 +187,7 @@ void sat_softmax_row512(const float *x, float *y, int64_t L);
 void sat_softmax_row8(const float *x, float *y, int64_t L);
 #endif
 
-void sat_softmax_item(void *ctx, int64_t o, int tid);
+void sat_softmax_item(void *ctx, int64_t item, int tid);
 
 void sat_softmax(const float *x, float *y, int64_t outer, int64_t L, int64_t inner);
 

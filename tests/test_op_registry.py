@@ -203,6 +203,19 @@ def test_rules_rewrite_from_a_registered_op_of_another_domain(tmp_path):
     np.testing.assert_allclose(got, (feeds["x"] * feeds["y"]) ** 3, rtol=1e-4)
 
 
+def test_a_registered_op_under_an_onnx_name_stays_opaque_in_its_domain():
+    """E-nodes carry names: a Relu of another domain would read as ONNX's Relu, so it is opaque."""
+    from saturate.engine.encode import encode_graph
+
+    relu = OpDef("Relu", domain=TOY, inputs=(1, 1), evaluate=lambda node, x: np.abs(x), arity=(1, 1))
+    values = {v: ValueInfo("float32", (2, 8)) for v in ("x", "r", "c")}
+    graph = Graph(inputs=["x"], outputs=["r", "c"], values=values,
+                  nodes=[Node("Relu", ["x"], ["r"], domain=TOY), Node("Cube", ["x"], ["c"], domain=TOY)])
+    with registered(relu, cube()):
+        enc = encode_graph(graph, rule_ops={"Relu", "Cube"})
+    assert [n.op for n in enc.opaque_nodes] == ["Relu"]
+
+
 def test_a_model_file_with_the_op_is_typed_past_it_and_rewritten(tmp_path):
     """ONNX's inference stops at an op it does not know: the entry types the op's output, and
     ONNX's node inference the standard ops after it, so costs see shapes and the rule pays."""

@@ -125,6 +125,7 @@ def test_unchanged_mapped_weights_are_written_back_as_they_are(tmp_path):
 def test_a_large_elementwise_fold_is_computed_in_blocks_into_a_file(monkeypatch):
     monkeypatch.setattr(mapped, "SPILL_BYTES", 64 << 10)
     monkeypatch.setattr(mapped, "BLOCK_BYTES", 10 << 10)
+    monkeypatch.setattr(mapped, "CACHE_BYTES", 3 << 10)     # each block written in pieces of rows
     rng = np.random.default_rng(2)
     w = rng.standard_normal((300, 200)).astype(np.float32)
     for s in (rng.standard_normal(200).astype(np.float32), rng.standard_normal((300, 1)).astype(np.float32),

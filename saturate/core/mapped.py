@@ -16,6 +16,7 @@ import mmap
 import os
 import sys
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +31,9 @@ from saturate.core.inputs import open_regular
 SPILL_BYTES = 32 << 20
 # Bytes computed, copied or written per step.
 BLOCK_BYTES = 4 << 20
+# Bytes of a folded weight computed into a buffer and written from it at a time: the buffer
+# stays in a core's cache between the two.
+CACHE_BYTES = 256 << 10
 
 
 class _Mapping(mmap.mmap):
@@ -209,7 +213,34 @@ def _finish(f: BinaryIO, start: int, dtype: np.dtype, shape: tuple[int, ...], le
     arena = _ARENA.get()
     if arena is not None and f is arena.file:
         arena.regions.append((start, length))
+        _start_writeback(f.fileno(), start, length)
     return np.frombuffer(_map(f, start, length), dtype=dtype).reshape(shape)
+
+
+_SYNC_FILE_RANGE_WRITE = 2      # <linux/fs.h>
+_sync_file_range: Any = None
+
+
+def _start_writeback(fd: int, start: int, length: int) -> None:
+    """Have the system start writing a finished weight of an arena to disk, without waiting
+    for it: the arena becomes the output's data file, which is synced before it is renamed into
+    place (core.fileio.write_atomic), and a disk kept busy while the next weights fold leaves
+    that sync little to wait for. Nothing where the C library has no sync_file_range."""
+    global _sync_file_range
+    if _sync_file_range is None:
+        _sync_file_range = False
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            try:
+                call = ctypes.CDLL(None, use_errno=True).sync_file_range
+                call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                call.restype = ctypes.c_int
+                _sync_file_range = call
+            except (AttributeError, OSError):
+                pass
+    if _sync_file_range:
+        _sync_file_range(fd, start, length, _SYNC_FILE_RANGE_WRITE)      # a failure: the sync does it
 
 
 def _abandon(f: BinaryIO, start: int) -> None:
@@ -249,10 +280,10 @@ class _Refused(Exception):
 
 def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray | None:
     """`impl(*args)` for an elementwise function over broadcast arguments, computed in blocks of
-    rows straight into a writable mapping of a temp file, the blocks shared among the cores: the
-    arguments as large as the result are read a block at a time and their pages, and those of
-    the result, given back after each, so the result never sits in memory whole. None when the
-    result is small or its first axis does not split (the caller computes it as usual)."""
+    rows written into a temp file, the blocks shared among the cores: the arguments as large as
+    the result are read a block at a time and their pages given back after each, and the result
+    goes to the file a block at a time, so it never sits in the process's memory whole. None
+    when the result is small or its first axis does not split (the caller computes it as usual)."""
     arrays = [a for a in args if isinstance(a, np.ndarray)]
     try:
         shape = np.broadcast_shapes(*(np.shape(a) for a in args))
@@ -296,52 +327,64 @@ def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray 
 def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[int, ...], step: int,
           first: np.ndarray, impl: Callable[..., Any], parts: Callable[[int], list[Any]], split: list[bool]) -> None:
     """Compute the blocks of elementwise_blocks into `length` bytes of `f` at `start`, `first`
-    being the first block as `impl` made it. The mapping is closed before returning (a read-only
-    one takes its place); the views of it live only in this frame."""
-    m = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_WRITE, offset=start)
-    try:
-        out = np.frombuffer(m, dtype=dtype).reshape(shape)
-        base = out.ctypes.data
-        out[:step] = first
-        ufunc = getattr(np, getattr(impl, "__name__", ""), None)
-        compute = _through_ufunc(ufunc, parts(0), out[:step], first) if isinstance(ufunc, np.ufunc) else None
+    being the first block as `impl` made it. A core computes its block a few rows at a time
+    into a buffer of its own, small enough to stay in its cache, and writes each piece from
+    there with pwrite: computing into a writable mapping of the file instead had the system
+    zero each page before the fold wrote it, a third pass over the weight's memory."""
+    fd = f.fileno()
+    row = first.nbytes // first.shape[0]
+    rows = max(1, min(step, CACHE_BYTES // row))
+    buffers = threading.local()
 
-        def block(i: int) -> None:
-            dst = out[i:i + step]
-            src = parts(i)
-            # A worker thread has numpy's default error state; the folds ignore over- and underflow.
-            with np.errstate(all="ignore"):
-                if compute is not None:
-                    compute(src, dst)
-                else:
-                    got = np.asarray(impl(*src))
-                    if got.shape != dst.shape or got.dtype != dtype:
-                        raise _Refused()
-                    dst[...] = got
-            for part, s in zip(src, split):
-                if s:
-                    release(part)
-            _give_back(m, dst.ctypes.data - base, dst.nbytes)
+    def put(piece: np.ndarray, i: int) -> None:
+        offset = start + i * row
+        done = os.pwrite(fd, piece, offset)
+        while done < piece.nbytes:      # a short write: the rest, or the error that cut it short
+            rest = memoryview(piece).cast("B")[done:]
+            n = os.pwrite(fd, rest, offset + done)
+            if n <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            done += n
 
-        _give_back(m, 0, out[:step].nbytes)
-        for part, s in zip(parts(0), split):
+    ufunc = getattr(np, getattr(impl, "__name__", ""), None)
+    compute = (_through_ufunc(ufunc, parts(0), np.empty_like(first), first)
+               if isinstance(ufunc, np.ufunc) else None)
+
+    def block(i: int) -> None:
+        src = parts(i)
+        n = min(step, shape[0] - i)
+        # A worker thread has numpy's default error state; the folds ignore over- and underflow.
+        with np.errstate(all="ignore"):
+            if compute is not None:
+                own = getattr(buffers, "array", None)
+                if own is None:
+                    own = buffers.array = np.empty((rows, *shape[1:]), dtype)
+                for j in range(0, n, rows):
+                    dst = own[:min(rows, n - j)]
+                    compute([p[j:j + rows] if s else p for p, s in zip(src, split)], dst)
+                    put(dst, i + j)
+            else:
+                got = np.ascontiguousarray(impl(*src))
+                if got.shape != (n, *shape[1:]) or got.dtype != dtype:
+                    raise _Refused()
+                put(got, i)
+        for part, s in zip(src, split):
             if s:
                 release(part)
-        steps = range(step, shape[0], step)
-        workers = min(_cores(), len(steps))
-        if workers > 1:
-            with ThreadPoolExecutor(workers, thread_name_prefix="saturate-fold") as pool:
-                for done in [pool.submit(block, i) for i in steps]:
-                    done.result()
-        else:
-            for i in steps:
-                block(i)
-        del out, block
-    finally:
-        try:
-            m.close()
-        except BufferError:
-            pass     # views held by an exception's frames: the mapping goes with them
+
+    put(np.ascontiguousarray(first), 0)
+    for part, s in zip(parts(0), split):
+        if s:
+            release(part)
+    steps = range(step, shape[0], step)
+    workers = min(_cores(), len(steps))
+    if workers > 1:
+        with ThreadPoolExecutor(workers, thread_name_prefix="saturate-fold") as pool:
+            for done in [pool.submit(block, i) for i in steps]:
+                done.result()
+    else:
+        for i in steps:
+            block(i)
 
 
 def _reserve(f: BinaryIO, start: int, length: int) -> None:
@@ -360,16 +403,6 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def _give_back(m: mmap.mmap, start: int, length: int) -> None:
-    """Unmap the pages of a finished stretch of a writable file mapping: they stay in the page
-    cache, dirty, and are written with the file; the process no longer counts them."""
-    first = start - start % mmap.PAGESIZE
-    try:
-        m.madvise(mmap.MADV_DONTNEED, first, start + length - first)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def _typed(parts: list[Any], dtype: np.dtype) -> list[Any]:

@@ -211,6 +211,15 @@ def test_products_split_across_threads_apply_their_epilogue_per_item(constant_b,
     check_three_way(make(nodes, inputs, consts), threads=threads)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("shape,other", [((1, 128, 384), (384,)), ((3, 37, 41), (37, 1)), ((5, 2000), (5, 1)),
+                                         ((7, 3), (3,))])
+def test_pointwise_steps_shared_in_items_of_2k_to_16k_elements(shape, other, threads):
+    # Items of whole runs, the last one partial; a step too small for two items runs on one thread.
+    nodes = [Node("Add", ["x", "o"], ["s"]), Node("Sigmoid", ["s"], ["y"])]
+    check_three_way(make(nodes, {"x": shape}, {"o": arr(25, other)}), threads=threads)
+
+
 @pytest.mark.parametrize("scale", [1e-4, 0.3, 3.0, 30.0])
 def test_tanh_from_tiny_to_saturated_inputs(scale):
     # sat_tanhf's three regimes: x itself near 0, the rational approximation, the clamp where tanh is 1.

@@ -366,7 +366,10 @@ class Emitter:
             fn, r = self.pointwise(step, members, oshape, None, start)
             run = math.prod(oshape[r:])
             runs = math.prod(oshape) // max(run, 1)
-            per = max(1, min(runs, -(-16384 // max(run, 1))))  # runs per work item: ~16K elements
+            # Runs per work item: ~16K elements, down to 2K where that leaves fewer than 8 items (3 items of 16K
+            # shared 2 + 1 between two threads).
+            target = min(16384, max(2048, math.prod(oshape) // 8))
+            per = max(1, min(runs, -(-target // max(run, 1))))
             chunks = -(-runs // per)
             self.funcs.append(
                 f"static void {fn}_items(void *ctx, int64_t c, int tid) {{\n    (void)ctx; (void)tid;\n"

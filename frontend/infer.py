@@ -22,7 +22,8 @@ def onnx_infer(op: str, attrs: dict, ins: list[ValueInfo | None], data: dict[int
     import onnx.defs
     from onnx import numpy_helper
     from saturate.core.ir import Node
-    from saturate.frontend.onnx_io import node_proto, type_info, type_proto
+    from saturate.frontend.onnx_export import node_proto, type_proto
+    from saturate.frontend.onnx_tensors import type_info
 
     if any(i is not None and i.dtype == "unknown" for i in ins):
         return None

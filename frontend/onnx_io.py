@@ -21,8 +21,8 @@ from saturate.frontend.onnx_export import (
 from saturate.frontend.infer import fill_types
 from saturate.frontend.onnx_meta import PRESERVE_KEY, _DEFAULT_DOMAINS, mark_nodes, model_fields, preserve_marks
 from saturate.frontend.onnx_tensors import (
-    _ELEM_TYPES, _SKELETON_ELEMENTS, _array, _first_line, _short_float, _text, check_tensor, check_tensors, describe,
-    dtype_name, elem_type, mappable, raw_dtype, raw_size)
+    _SKELETON_ELEMENTS, _array, _first_line, _short_float, _text, check_tensor, check_tensors, describe,
+    dtype_name, elem_type, mappable, raw_dtype, raw_size, type_info)
 
 # Names of this module and of the modules split from it, importable from here as before.
 __all__ = ['check_exported', 'check_tensor', 'check_tensors', 'describe', 'dtype_name', 'elem_type',
@@ -349,29 +349,6 @@ def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo | None:
         return type_info(vi.type)
     except SaturateError as err:
         raise SaturateError(f"value '{vi.name}': {err}") from None
-
-
-def type_info(tp: onnx.TypeProto) -> ValueInfo | None:
-    """The ValueInfo of a tensor TypeProto (None for sequences, maps and optionals)."""
-    if not tp.HasField("tensor_type"):
-        return None
-    tt = tp.tensor_type
-    if tt.elem_type and tt.elem_type not in _ELEM_TYPES:
-        raise SaturateError(f"unknown tensor element type {tt.elem_type}")
-    dtype = dtype_name(tt.elem_type) if tt.elem_type else "unknown"
-    if not tt.HasField("shape"):
-        return ValueInfo(dtype, None)
-    dims: list[Any] = []
-    for d in tt.shape.dim:
-        if d.HasField("dim_value"):
-            # A negative dim can only come from inference on an invalid node (an Expand to -3):
-            # unknown here, the node itself fails if it is run. Declared ones are refused on import.
-            dims.append(int(d.dim_value) if d.dim_value >= 0 else None)
-        elif d.HasField("dim_param"):
-            dims.append(d.dim_param)
-        else:
-            dims.append(None)
-    return ValueInfo(dtype, tuple(dims))
 
 
 def _constant_node_value(a: AttributeProto, on: onnx.NodeProto) -> np.ndarray | None:

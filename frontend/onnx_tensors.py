@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from saturate.core.errors import SaturateError
+from saturate.core.ir import ValueInfo
 from saturate.core.limits import check_allocation, element_count, max_memory_bytes
 
 
@@ -199,3 +201,26 @@ def _text(b: bytes) -> str | bytes:
         return b.decode("utf-8")
     except UnicodeDecodeError:
         return b
+
+
+def type_info(tp: onnx.TypeProto) -> ValueInfo | None:
+    """The ValueInfo of a tensor TypeProto (None for sequences, maps and optionals)."""
+    if not tp.HasField("tensor_type"):
+        return None
+    tt = tp.tensor_type
+    if tt.elem_type and tt.elem_type not in _ELEM_TYPES:
+        raise SaturateError(f"unknown tensor element type {tt.elem_type}")
+    dtype = dtype_name(tt.elem_type) if tt.elem_type else "unknown"
+    if not tt.HasField("shape"):
+        return ValueInfo(dtype, None)
+    dims: list[Any] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            # A negative dim can only come from inference on an invalid node (an Expand to -3):
+            # unknown here, the node itself fails if it is run. Declared ones are refused on import.
+            dims.append(int(d.dim_value) if d.dim_value >= 0 else None)
+        elif d.HasField("dim_param"):
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return ValueInfo(dtype, tuple(dims))

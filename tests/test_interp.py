@@ -580,6 +580,39 @@ def test_a_declared_output_over_the_limit_is_refused_before_its_node_runs(monkey
         run_graph(g, {"x": np.zeros(4, np.float32)})
 
 
+# (op, inputs, attrs, opset, output type): outputs sized by an input's values or by inputs' shapes together,
+# which no sizer covers; a graph that leaves the output untyped gets them from ONNX's inference
+# of the node on its actual inputs.
+INFERRED_OPS = {
+    "HannWindow": ("HannWindow", [np.array(1 << 20, I64)], {}, 17, "float32[1048576]"),
+    "DFT": ("DFT", [_f32(1, 4, 1), np.array(1 << 19, I64)], {}, 17, "float32[1, 524288, 2]"),
+    "Col2Im": ("Col2Im", [_f32(1, 1, 1), np.array([1024, 1024], I64), np.array([1, 1], I64)], {"strides": [1024, 1024]},
+               18, "float32[1, 1, 1024, 1024]"),
+    "CenterCropPad": ("CenterCropPad", [_f32(2, 2), np.array([1024, 1024], I64)], {}, 18, "float32[1024, 1024]"),
+    "Einsum-outer": ("Einsum", [_f32(1024), _f32(1024)], {"equation": "i,j->ij"}, 17, "float32[1024, 1024]"),
+    "GatherND-outer": ("GatherND", [_f32(1, 1024), np.zeros((1024, 1), I64)], {}, 17, "float32[1024, 1024]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INFERRED_OPS))
+def test_an_untyped_output_over_the_limit_is_sized_by_inference_before_its_node_runs(case, monkeypatch):
+    op, args, attrs, opset, typed = INFERRED_OPS[case]
+    names = [f"x{k}" for k in range(len(args))]
+    g = Graph(inputs=names, outputs=["y"], opset=opset)
+    g.values.update((n, ValueInfo(str(a.dtype), a.shape)) for n, a in zip(names, args))
+    g.nodes.append(Node(op, names, ["y"], dict(attrs), name="big"))
+    feeds = dict(zip(names, args))
+    monkeypatch.setenv("SATURATE_MAX_MEMORY", "1M")
+    with pytest.raises(SaturateError) as err:
+        run_graph(g, feeds)
+    # The type in the message is inference's: the kernel never ran (its output would be refused
+    # after the fact, by its array's shape alone).
+    assert f"node 'big' ({op}): output 'y' {typed} would take 4.0 MiB, over the memory limit of 1.0 MiB" \
+        in str(err.value)
+    monkeypatch.setenv("SATURATE_MAX_MEMORY", "64M")
+    assert run_graph(g, feeds)["y"].nbytes <= 16 * MiB
+
+
 @pytest.mark.parametrize("data_shape, idx_shape, axis", [((1, 512), (1, 16), 1), ((3, 200, 4), (2, 7, 4), 1),
                                                          ((70, 3), (5, 2), 0), ((4, 5), (4, 5), -1)])
 def test_gather_elements_matches_ort_past_64_choices(data_shape, idx_shape, axis):

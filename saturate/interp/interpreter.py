@@ -12,7 +12,7 @@ from saturate.core.limits import check_allocation, check_bytes
 from saturate.ops.schema import newest_opset, spec
 from saturate.interp.kernels import Unhandled
 from saturate.interp.reference import reference_ops, run_reference
-from saturate.interp.sizes import check_output_sizes
+from saturate.interp.sizes import check_inferred_sizes, check_output_sizes
 from saturate.ops.registry import lookup, ops_with
 
 __all__ = ["run_graph", "eval_node", "check_inputs", "supported_ops"]
@@ -123,17 +123,21 @@ def _check_shape(name: str, got: tuple, want: tuple, symbols: dict[str, tuple[st
                                     f"but input '{first[0]}' gave {expected}={first[1]}")
 
 
-def _check_declared(graph: Graph, node: Node) -> None:
+def _check_declared(graph: Graph, node: Node) -> bool:
     """Refuse to run a node whose outputs the graph declares (or inference found) with a static
-    shape over the memory limit, whatever its op."""
+    shape over the memory limit, whatever its op. Whether every output it writes has one."""
+    every = True
     for out in node.outputs:
         info = graph.values.get(out) if out else None
-        if info is not None and info.is_static() and info.shape:
+        if info is not None and info.is_static():
             try:
                 itemsize = np.dtype(info.dtype).itemsize
             except TypeError:
                 continue
             check_allocation(info.shape, itemsize, f"{node.where()}: output '{out}' {info.dtype}{list(info.shape)}")
+        elif out:
+            every = False
+    return every
 
 
 def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -148,7 +152,7 @@ def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
                 remaining[i] = remaining.get(i, 0) + 1
 
     for node in graph.nodes:
-        _check_declared(graph, node)
+        declared = _check_declared(graph, node)
         args = []
         for i in node.inputs:
             if not i:
@@ -157,6 +161,8 @@ def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
                 args.append(env[i])
             else:
                 raise SaturateError(f"{node.where()} reads '{i}', which is not defined before it")
+        if not declared:
+            check_inferred_sizes(node, args, graph.opset)
         results = eval_node(node, args, graph.opset)
         for out, value in zip(node.outputs, results):
             if out and (remaining.get(out) or out in pinned):

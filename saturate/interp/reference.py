@@ -9,9 +9,6 @@ import numpy as np
 import onnx
 import onnx.defs
 from onnx import AttributeProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
-from onnx.reference.op_run import RuntimeContextError
-from onnx.reference.ops import load_op
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Node, OpaqueAttr
@@ -28,11 +25,21 @@ _MAX_CACHED = 20_000
 _NON_TENSOR = ("seq(", "optional(", "map(", "sparse_tensor(")
 
 
+def _evaluator() -> tuple[Any, Any, Any]:
+    """onnx.reference's ReferenceEvaluator, RuntimeContextError and load_op, imported on first
+    use: importing them takes longer than a command that runs no op here takes to start."""
+    from onnx.reference import ReferenceEvaluator
+    from onnx.reference.op_run import RuntimeContextError
+    from onnx.reference.ops import load_op
+
+    return ReferenceEvaluator, RuntimeContextError, load_op
+
+
 def _run_params(opset: int) -> dict[str, Any]:
     # What ReferenceEvaluator hands every op it builds; function-bodied ops run their body on
     # a nested evaluator of the same class.
     return {"log": lambda pattern, *args: None, "opsets": {"": opset}, "verbose": 0,
-            "new_ops": {}, "existing_functions": {}, "evaluator_cls": ReferenceEvaluator}
+            "new_ops": {}, "existing_functions": {}, "evaluator_cls": _evaluator()[0]}
 
 
 @functools.lru_cache(maxsize=None)
@@ -63,6 +70,7 @@ def unsupported_reason(op: str, opset: int) -> str | None:
         return "ops with subgraph attributes (control flow) are not supported"
     if not _tensor_only_in_places(schema):
         return "sequence, optional and map values are not supported (tensors only)"
+    ReferenceEvaluator, RuntimeContextError, load_op = _evaluator()
     try:
         load_op("", op, opset, evaluator_cls=ReferenceEvaluator)
     except RuntimeContextError:
@@ -113,6 +121,7 @@ def _build(node: Node, opset: int, args: Sequence[np.ndarray | None]) -> Any:
     schema = _schema(node.op, opset)
     proto = helper.make_node(node.op, list(node.inputs), list(node.outputs), name=node.name or None)
     proto.attribute.extend(_attribute(node, k, v, schema) for k, v in node.attrs.items())
+    ReferenceEvaluator, RuntimeContextError, load_op = _evaluator()
     try:
         cls = load_op("", node.op, opset, evaluator_cls=ReferenceEvaluator)
     except RuntimeContextError:

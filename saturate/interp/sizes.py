@@ -15,10 +15,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from saturate.core.ir import Node
+from saturate.core.ir import Node, ValueInfo, dtype_name
 from saturate.core.limits import check_allocation
+from saturate.ops.registry import lookup
 
 Shape = tuple[int, ...]
+# Bytes per element of the dtypes inference names (strings and the like are not sized).
+_ITEMSIZES = {d: np.dtype(d).itemsize for d in ("float16", "float32", "float64", "int8", "uint8", "int16",
+                                                "uint16", "int32", "uint32", "int64", "uint64", "bool",
+                                                "complex64", "complex128")}
 # op -> function(node, inputs) -> (shape, itemsize) per output it sizes, or None when it cannot tell.
 _SIZERS: dict[str, Callable[[Node, Sequence[np.ndarray | None]], list[tuple[Shape, int]] | None]] = {}
 
@@ -37,6 +42,41 @@ def check_output_sizes(node: Node, args: Sequence[np.ndarray | None]) -> None:
             continue
         name = node.outputs[k] if k < len(node.outputs) and node.outputs[k] else str(k)
         check_allocation(shape, itemsize, f"{node.where()}: output '{name}' {list(shape)}")
+
+
+# Ops whose outputs hold no more elements than their inputs (or a rank's worth more): inference
+# has nothing to add for them, and it costs about a millisecond a node.
+_BOUNDED = frozenset({
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Concat", "Split", "Identity",
+    "Shape", "Size", "Cast", "CastLike", "Softmax", "LogSoftmax", "Hardmax", "LayerNormalization",
+    "BatchNormalization", "InstanceNormalization", "GroupNormalization", "RMSNormalization",
+    "LpNormalization", "MeanVarianceNormalization", "Dropout", "DepthToSpace", "SpaceToDepth", "TopK",
+    "NonZero", "Compress", "ReverseSequence", "ScatterND", "ScatterElements", "Scatter",
+    "GatherElements", "ArgMax", "ArgMin", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin",
+    "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
+    "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", "CumSum", "Trilu", "EyeLike", "Unique",
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Det"})
+
+
+def check_inferred_sizes(node: Node, args: Sequence[np.ndarray | None], opset: int) -> None:
+    """For a node no sizer above covers whose outputs the graph gives no static shape: ONNX's
+    inference of the node on the actual inputs, small integer ones as data, so that an output
+    sized by a value (HannWindow's size, DFT's length, Col2Im's image shape...) is refused in one
+    line before the kernel allocates it. What inference cannot tell is left to the kernel."""
+    if node.op in _SIZERS or node.op in _BOUNDED or node.domain not in ("", "ai.onnx"):
+        return
+    entry = lookup(node.op)
+    if entry is not None and (entry.elementwise or entry.same_shape):
+        return
+    from saturate.frontend.infer import DATA_ELEMENTS, onnx_infer
+
+    ins = [None if a is None else ValueInfo(dtype_name(a.dtype), tuple(a.shape)) for a in args]
+    data = {k: a for k, a in enumerate(args)
+            if a is not None and a.dtype.kind in "iub" and a.size <= DATA_ELEMENTS}
+    for k, out in enumerate(node.outputs):
+        info = onnx_infer(node.op, node.attrs, ins, data, k, opset, len(node.outputs)) if out else None
+        if info is not None and info.is_static() and info.dtype in _ITEMSIZES:
+            check_allocation(info.shape, _ITEMSIZES[info.dtype], f"{node.where()}: output '{out}' {info.dtype}{list(info.shape)}")
 
 
 def _ints(a: np.ndarray | None) -> list[int]:

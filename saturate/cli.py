@@ -19,10 +19,18 @@ def command_names() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(saturate.commands.__path__))
 
 
-def _version() -> str:
-    from saturate.core.extras import version
+class _Version(argparse.Action):
+    """--version: the installation's metadata is read only when asked for (reading it takes
+    longer than the rest of starting a command)."""
 
-    return version()
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from saturate.core.extras import version
+
+        print(f"saturate {version()}")
+        parser.exit()
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -32,7 +40,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     (egglog, onnx, scipy), and a run should pay for the one it uses, not for all of them.
     """
     parser = argparse.ArgumentParser(prog="saturate", description="Graph folding by equality saturation.")
-    parser.add_argument("--version", action="version", version=f"saturate {_version()}")
+    parser.add_argument("--version", action=_Version, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in command_names():
         if only is not None and name != only:

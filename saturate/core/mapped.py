@@ -222,10 +222,17 @@ _sync_file_range: Any = None
 
 
 def _start_writeback(fd: int, start: int, length: int) -> None:
-    """Have the system start writing a finished weight of an arena to disk, without waiting
-    for it: the arena becomes the output's data file, which is synced before it is renamed into
-    place (core.fileio.write_atomic), and a disk kept busy while the next weights fold leaves
-    that sync little to wait for. Nothing where the C library has no sync_file_range."""
+    """Have the system start writing a finished stretch of an arena to disk, without waiting
+    for the disk: the arena becomes the output's data file, which is synced before it is renamed
+    into place (core.fileio.write_atomic), and a disk kept busy while the rest folds leaves that
+    sync little to wait for. Nothing where the C library has no sync_file_range."""
+    call = _writeback_call()
+    if call:
+        call(fd, start, length, _SYNC_FILE_RANGE_WRITE)      # a failure: the sync does the work
+
+
+def _writeback_call() -> Any:
+    """The C library's sync_file_range (Linux), else False; looked up once."""
     global _sync_file_range
     if _sync_file_range is None:
         _sync_file_range = False
@@ -239,8 +246,7 @@ def _start_writeback(fd: int, start: int, length: int) -> None:
                 _sync_file_range = call
             except (AttributeError, OSError):
                 pass
-    if _sync_file_range:
-        _sync_file_range(fd, start, length, _SYNC_FILE_RANGE_WRITE)      # a failure: the sync does it
+    return _sync_file_range
 
 
 def _abandon(f: BinaryIO, start: int) -> None:
@@ -335,6 +341,10 @@ def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[in
     row = first.nbytes // first.shape[0]
     rows = max(1, min(step, CACHE_BYTES // row))
     buffers = threading.local()
+    arena = _ARENA.get()
+    # Each block of the output's data file goes to disk as soon as it is written (the worker
+    # threads do not see the arena: it lives in this thread's context).
+    durable = arena is not None and f is arena.file and bool(_writeback_call())
 
     def put(piece: np.ndarray, i: int) -> None:
         offset = start + i * row
@@ -371,6 +381,8 @@ def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[in
         for part, s in zip(src, split):
             if s:
                 release(part)
+        if durable:
+            _start_writeback(fd, start + i * row, n * row)
 
     put(np.ascontiguousarray(first), 0)
     for part, s in zip(parts(0), split):

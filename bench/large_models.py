@@ -7,13 +7,15 @@ bias Add and Relu (float32, 3.2 GB at the defaults), and (2) a float16 decoder-s
 `--decoder-layers` layers (RMS-norm scale, attention projections, a gated MLP; 8.1 GB at the
 defaults), each built block by block without holding it in memory. Then runs, each in its own
 process, the tools interleaved: `cp` of the model and its data file, `cp` then `sync` of the
-copies (saturate syncs what it writes), `saturate optimize --check 0` (onnxsim's command checks
-nothing either), `saturate optimize --check 1` (its default: the result against the input in ONNX
-Runtime on one random input) and `onnxsim`; prints medians of wall time and peak RSS
+copies (saturate syncs what it writes), `saturate optimize M -o OUT --check 0` (onnxsim's command
+checks nothing either), `saturate optimize M -o OUT` (the default --check 1: the result against the
+input in ONNX Runtime on one random input) and `onnxsim`; prints medians of wall time and peak RSS
 (/usr/bin/time's: it counts the pages of mapped files the process touched, which the system can
-drop at any time, as well as its own memory). The
-decoder runs once, as it takes most of the machine's disk, and without onnxsim when the memory
-available is under 2.5 times its weights (the machine may be shared).
+drop at any time, as well as its own memory). saturate runs from this checkout (PYTHONPATH), its
+modules compiled once into a cache in the temp dir, as an installed package has them (pip
+compiles them on install), in a first run that is not counted. The decoder runs once, as it
+takes most of the machine's disk, and without onnxsim when the memory available is under 2.5
+times its weights (the machine may be shared).
 """
 
 from __future__ import annotations
@@ -168,6 +170,19 @@ def build_decoder(folder: Path, layers: int = 20, hidden: int = 4096, ffn: int =
     return path
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def child_env(folder: Path) -> dict[str, str]:
+    """The tools' environment: saturate imported from this checkout, its compiled modules cached
+    under `folder` (the checkout is not written to) even where PYTHONDONTWRITEBYTECODE is set."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def measure(cmd: list[str], cwd: Path) -> tuple[float, int, int]:
     """Wall seconds, peak RSS in bytes and exit status of one run. The peak is /usr/bin/time's
     (its child's own ru_maxrss): a child forked from this process would count this process's
@@ -175,7 +190,7 @@ def measure(cmd: list[str], cwd: Path) -> tuple[float, int, int]:
     with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss:
         start = time.perf_counter()
         done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name, *cmd], cwd=cwd,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(cwd))
         wall = time.perf_counter() - start
         lines = [ln for ln in Path(rss.name).read_text().split() if ln.isdigit()]
     if done.returncode != 0:
@@ -193,8 +208,8 @@ def _tools(model: Path, out: Path) -> dict[str, list[list[str]]]:
                       ["sync", str(out / model.name), str(out / data.name)]],
         "saturate": [[sys.executable, "-m", "saturate", "optimize", str(model), "-o", str(out / "sat.onnx"),
                       "--check", "0", "--quiet", "--report", str(out / "report.json")]],
-        "sat --check": [[sys.executable, "-m", "saturate", "optimize", str(model), "-o", str(out / "sat.onnx"),
-                         "--check", "1", "--quiet"]],
+        "sat default": [[sys.executable, "-m", "saturate", "optimize", str(model), "-o", str(out / "sat.onnx"),
+                         "--quiet"]],
         "onnxsim": [["onnxsim", str(model), str(out / "sim.onnx"), "--save-as-external-data"]],
     }
 
@@ -205,6 +220,11 @@ def run_tools(model: Path, runs: int, tools: list[str], stages: dict[str, list[f
     interleaved run by run (the machine is shared: its load drifts); outputs removed each time.
     `stages` gets saturate's time per stage of each run (its --report)."""
     results: dict[str, list[tuple[float, int, int]]] = {t: [] for t in tools}
+    out = Path(tempfile.mkdtemp(prefix="warm-up-", dir=model.parent))
+    try:
+        measure(_tools(model, out)["saturate"][0], model.parent)     # compiles saturate's modules
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
     for _ in range(runs):
         for tool in tools:
             out = Path(tempfile.mkdtemp(prefix=f"{tool.split()[0]}-", dir=model.parent))
@@ -240,6 +260,8 @@ def print_table(name: str, model: Path, results: dict, runs: int, stages: dict |
     for tool, (wall, peak, failed) in results.items():
         print(f"  {tool:<12}{wall:>9.2f}{peak / 2**20:>14.0f}{wall / cp if cp else 0:>7.2f}"
               f"{wall / synced if synced else 0:>11.2f}  {failed or ''}")
+    print("  saturate: `saturate optimize M -o OUT --check 0`; sat default: `saturate optimize M -o OUT` "
+          "(--check 1); both --quiet")
     if stages:
         print("  saturate's stages, median s: "
               + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in stages.items()))
@@ -270,7 +292,7 @@ def main() -> int:
     parser.add_argument("--skip-onnxsim", action="store_true")
     parser.add_argument("--dir", default=None, help="where to build the models (default: a temp dir)")
     args = parser.parse_args()
-    tools = ["cp", "cp + sync", "saturate", "sat --check"] + ([] if args.skip_onnxsim or not shutil.which("onnxsim") else ["onnxsim"])
+    tools = ["cp", "cp + sync", "saturate", "sat default"] + ([] if args.skip_onnxsim or not shutil.which("onnxsim") else ["onnxsim"])
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} "
           f"GiB RAM; load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="large-models-", dir=args.dir) as tmp:
@@ -282,7 +304,8 @@ def main() -> int:
         print_table(f"MLP {args.blocks} x MatMul {args.dim}x{args.dim} float32", model,
                     run_tools(model, args.runs, tools, stages), args.runs, stages)
         for f in folder.iterdir():
-            f.unlink()
+            if f.is_file():         # the compiled modules (a folder) stay for the next model
+                f.unlink()
         if not args.skip_decoder:
             start = time.perf_counter()
             model = build_decoder(folder, args.decoder_layers)

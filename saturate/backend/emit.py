@@ -366,9 +366,10 @@ class Emitter:
             fn, r = self.pointwise(step, members, oshape, None, start)
             run = math.prod(oshape[r:])
             runs = math.prod(oshape) // max(run, 1)
-            # Runs per work item: ~16K elements, down to 2K where that leaves fewer than 8 items (3 items of 16K
-            # shared 2 + 1 between two threads).
-            target = min(16384, max(2048, math.prod(oshape) // 8))
+            # Runs per work item: ~16K elements, down to 8K where that leaves fewer than 8 items (3 items of 16K
+            # shared 2 + 1 between two threads); a step of fewer stays on one thread, where waking another
+            # costs about what it would save.
+            target = min(16384, max(8192, math.prod(oshape) // 8))
             per = max(1, min(runs, -(-target // max(run, 1))))
             chunks = -(-runs // per)
             self.funcs.append(

@@ -253,6 +253,16 @@ def test_reductions_axes_attribute_and_input(op, opset, axes, keep):
     check_three_way(make([node], {"x": (2, 3, 4, 5)}, consts, opset=opset))
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("op,shape,axes", [("ReduceMean", (1, 128, 384), [-1]), ("ReduceSum", (37, 1, 1000), [2]),
+                                           ("ReduceMax", (3, 5, 7, 9), [3]), ("ReduceMin", (2, 700, 13), [-1]),
+                                           ("ReduceMean", (3, 40, 300), [1, 2]), ("ReduceSum", (1, 1, 11), [2])])
+def test_reductions_of_the_last_axis_share_rows_among_threads(op, shape, axes, threads):
+    # The last axis alone (an RMSNorm's mean of squares): rows in items of ~4K floats; last and other axes: one pass.
+    node = Node(op, ["x", "ax"], ["y"], {"keepdims": 1})
+    check_three_way(make([node], {"x": shape}, {"ax": ints(*axes)}, opset=18), threads=threads)
+
+
 @pytest.mark.parametrize("op,attrs", [("HardSwish", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
                                       ("Gelu", {}), ("Gelu", {"approximate": "tanh"}), ("Exp", {}), ("Abs", {}),
                                       ("Elu", {"alpha": 0.7}), ("Softplus", {}), ("Floor", {})])

@@ -241,40 +241,65 @@ void sat_softmax(const float *x, float *y, int64_t outer, int64_t L, int64_t inn
     sat_parallel((outer + a.per - 1) / a.per, sat_softmax_item, &a);
 }
 
+/* One row's sum (mode 0, 1) from `init` in 8 lanes, or its max (2) or min (3) from `init`. */
+static float sat_reduce_row(const float *xr, int64_t inner, int mode, float init) {
+    int64_t i = 0;
+    if (mode < 2) {
+        float acc[8];
+        for (int k = 0; k < 8; k++) acc[k] = 0.0f;
+        /* The 8-wide part ends at an explicit bound: with `i + 8 <= inner` as the test, gcc (12, once the shape
+           is a constant) cannot bound where the tail loop starts and warns that its iteration 2^62 would
+           overflow the pointer (-Werror=aggressive-loop-optimizations). */
+        const int64_t body = inner - inner % 8;
+        for (; i < body; i += 8)
+            for (int k = 0; k < 8; k++) acc[k] += xr[i + k];
+        float t = 0.0f;
+        for (int k = 0; k < 8; k++) t += acc[k];
+        for (; i < inner; i++) t += xr[i];
+        return init + t;
+    }
+    float t = init;
+    for (; i < inner; i++) t = mode == 2 ? (xr[i] > t ? xr[i] : t) : (xr[i] < t ? xr[i] : t);
+    return t;
+}
+
+void sat_reduce_rows(void *ctx, int64_t item, int tid) {
+    const sat_reduce_args *a = ctx;
+    const float init = a->mode == 2 ? -INFINITY : (a->mode == 3 ? INFINITY : 0.0f);
+    const int64_t r1 = (item + 1) * a->per < a->rows ? (item + 1) * a->per : a->rows;
+    (void)tid;
+    for (int64_t r = item * a->per; r < r1; r++) {
+        const float t = sat_reduce_row(a->x + r * a->inner, a->inner, a->mode, init);
+        a->y[r] = a->mode == 1 ? t * a->scale : t;
+    }
+}
+
 /* Reduce x (shape `shape`) into y: ystride[d] is y's stride along kept axes and 0 along reduced ones.
- * mode 0 sum, 1 mean (sum times `scale`), 2 max, 3 min. One pass over x, in order. */
+ * mode 0 sum, 1 mean (sum times `scale`), 2 max, 3 min. One pass over x, in order; a reduction of the
+ * last axis alone shares its rows among the threads. */
 void sat_reduce(const float *x, float *y, int rank, const int64_t *shape, const int64_t *ystride,
                        int64_t ysize, int mode, float scale) {
     const float init = mode == 2 ? -INFINITY : (mode == 3 ? INFINITY : 0.0f);
-    for (int64_t i = 0; i < ysize; i++) y[i] = init;
     const int64_t inner = shape[rank - 1], ys = ystride[rank - 1];
     int64_t rows = 1;
-    for (int d = 0; d < rank - 1; d++) rows *= shape[d];
+    int last_only = ys == 0 && inner > 0;
+    for (int d = 0; d < rank - 1; d++) {
+        rows *= shape[d];
+        last_only &= ystride[d] != 0 || shape[d] == 1;
+    }
+    if (last_only) { /* y[r] is row r's reduction */
+        sat_reduce_args a = {x, y, rows, inner, sat_rows_per_item(rows, inner), mode, scale};
+        sat_parallel((rows + a.per - 1) / a.per, sat_reduce_rows, &a);
+        return;
+    }
+    for (int64_t i = 0; i < ysize; i++) y[i] = init;
     int64_t idx[SAT_MAX_RANK] = {0};
     for (int64_t r = 0; r < rows && inner > 0; r++) {
         int64_t o = 0;
         for (int d = 0; d < rank - 1; d++) o += idx[d] * ystride[d];
         const float *xr = x + r * inner;
         if (ys == 0) {
-            float acc[8];
-            for (int k = 0; k < 8; k++) acc[k] = init;
-            int64_t i = 0;
-            if (mode < 2) {
-                /* The 8-wide part ends at an explicit bound: with `i + 8 <= inner` as the test, gcc (12, once
-                   the shape is a constant) cannot bound where the tail loop starts and warns that its
-                   iteration 2^62 would overflow the pointer (-Werror=aggressive-loop-optimizations). */
-                const int64_t body = inner - inner % 8;
-                for (; i < body; i += 8)
-                    for (int k = 0; k < 8; k++) acc[k] += xr[i + k];
-                float t = 0.0f;
-                for (int k = 0; k < 8; k++) t += acc[k];
-                for (; i < inner; i++) t += xr[i];
-                y[o] += t;
-            } else {
-                float t = y[o];
-                for (; i < inner; i++) t = mode == 2 ? (xr[i] > t ? xr[i] : t) : (xr[i] < t ? xr[i] : t);
-                y[o] = t;
-            }
+            y[o] = sat_reduce_row(xr, inner, mode, y[o]);
         } else {
             float *yr = y + o;
             if (mode < 2)

@@ -192,6 +192,17 @@ void sat_softmax_item(void *ctx, int64_t item, int tid);
 void sat_softmax(const float *x, float *y, int64_t outer, int64_t L, int64_t inner);
 
 /* ---- reductions -------------------------------------------------------------------------------- */
+/* Rows [item * per, ...) of a reduction over the last axis alone (an RMSNorm's mean of squares). */
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t rows, inner, per;
+    int mode;
+    float scale;
+} sat_reduce_args;
+
+void sat_reduce_rows(void *ctx, int64_t item, int tid);
+
 void sat_reduce(const float *x, float *y, int rank, const int64_t *shape, const int64_t *ystride,
                        int64_t ysize, int mode, float scale);
 

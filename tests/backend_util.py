@@ -24,6 +24,23 @@ def make(nodes: list[Node], inputs: dict, consts: dict | None = None, outputs: l
     return g
 
 
+def side_by_side(graphs: list[Graph]) -> Graph:
+    """The graphs as one, graph k's values renamed cK_NAME (an output cK_y names the case that failed):
+    one build checks many small cases, where a build a case paid the compiler's start-up and the kernel
+    headers every time. The backend plans each node on its own, so each case still reaches its kernel."""
+    nodes, inputs, consts, outputs = [], {}, {}, []
+    for k, g in enumerate(graphs):
+        def renamed(v: str) -> str:
+            return f"c{k}_{v}" if v else v
+
+        nodes += [Node(n.op, [renamed(v) for v in n.inputs], [renamed(v) for v in n.outputs], dict(n.attrs))
+                  for n in g.nodes]
+        inputs.update({renamed(i): g.info(i).shape for i in g.inputs})
+        consts.update({renamed(c): v for c, v in g.constants.items()})
+        outputs += [renamed(o) for o in g.outputs]
+    return make(nodes, inputs, consts, outputs, opset=max(g.opset for g in graphs))
+
+
 def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
     """max |got - ref| / max |ref| (absolute when ref is all zeros)."""
     scale = max(float(np.abs(ref).max()), 1e-6) if ref.size else 1.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backend_util import check_three_way, make, own_cache
+from backend_util import check_three_way, make, own_cache, side_by_side
 from saturate.backend.build import BuildConfig, avx512_build, vector_lanes
 from saturate.backend.emit import emit
 from saturate.core.ir import Node
@@ -69,13 +69,17 @@ DEPTHWISE = [
 ]
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("xshape,mult,kernel,attrs", DEPTHWISE)
-def test_depthwise_conv_geometries(xshape, mult, kernel, attrs, threads):
+def depthwise(xshape, mult, kernel, attrs):
     c = xshape[1]
     consts = {"w": arr(1, (c * mult, 1) + kernel), "b": arr(2, (c * mult,))}
-    g = make([Node("Conv", ["x", "w", "b"], ["y"], {"group": c, **attrs})], {"x": xshape}, consts)
-    check_three_way(g, threads=threads)
+    return make([Node("Conv", ["x", "w", "b"], ["y"], {"group": c, **attrs})], {"x": xshape}, consts)
+
+
+# The cases of one list side by side in one build (output cK_y is case K of the list): each conv is
+# planned alone, and one build saves a compiler start a case.
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_conv_geometries(threads):
+    check_three_way(side_by_side([depthwise(*case) for case in DEPTHWISE]), threads=threads)
 
 
 @pytest.mark.parametrize("act", ["Relu", "HardSwish", "Clip", "SiLU"])
@@ -200,10 +204,17 @@ STREAM_CONVS = [
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("act", ["Relu", "SiLU", "Add"])
-@pytest.mark.parametrize("xshape,wshape,attrs", STREAM_CONVS)
-def test_convs_with_few_pixels_on_streamed_weights(xshape, wshape, attrs, act, threads):
+def test_convs_with_few_pixels_on_streamed_weights(act, threads):
     """Bias and Relu or SiLU run in their 8-channel form on the accumulators (AVX2 builds); the Add of a
-    second input is an epilogue per plane."""
+    second input is an epilogue per plane. The cases side by side in one build, each emitted alone too."""
+    graphs = [stream_conv(xshape, wshape, attrs, act) for xshape, wshape, attrs in STREAM_CONVS]
+    if not avx512_build():
+        for k, g in enumerate(graphs):
+            assert "sat_conv_stream(" in emit(g).source, STREAM_CONVS[k]
+    check_three_way(side_by_side(graphs), threads=threads)
+
+
+def stream_conv(xshape, wshape, attrs, act):
     consts = {"w": arr(21, wshape) * np.float32(0.2), "b": arr(22, (wshape[0],))}
     nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs)]
     shapes = {"x": xshape}
@@ -217,10 +228,7 @@ def test_convs_with_few_pixels_on_streamed_weights(xshape, wshape, attrs, act, t
         nodes.append(Node("Add", ["c", "r"], ["y"]))
     else:
         nodes.append(Node(act, ["c"], ["y"]))
-    g = make(nodes, shapes, consts)
-    if not avx512_build():
-        assert "sat_conv_stream(" in emit(g).source
-    check_three_way(g, threads=threads)
+    return make(nodes, shapes, consts)
 
 
 SHORT_K_CONVS = [
@@ -239,14 +247,18 @@ def test_convs_with_short_reductions(xshape, wshape, attrs, threads):
     check_three_way(conv_then("HardSwish", xshape, wshape, attrs, 13, 0.3), threads=threads)
 
 
+FEW_ROW_GEMMS = [(1, 1024, 1000, 1), (1, 45, 13, 1), (3, 77, 45, 1), (16, 33, 9, 1), (1, 8, 5, 1), (1, 300, 70, 0),
+                 (4, 19, 33, 0), (2, 64, 16, 0), (5, 300, 33, 0), (16, 96, 70, 0), (9, 20, 40, 1)]  # m, k, n, transB
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("m,k,n,trans_b", [(1, 1024, 1000, 1), (1, 45, 13, 1), (3, 77, 45, 1), (16, 33, 9, 1), (1, 8, 5, 1),
-                                           (1, 300, 70, 0), (4, 19, 33, 0), (2, 64, 16, 0), (5, 300, 33, 0),
-                                           (16, 96, 70, 0), (9, 20, 40, 1)])
-def test_gemm_with_few_rows(m, k, n, trans_b, threads):
-    consts = {"w": arr(7, (n, k) if trans_b else (k, n)), "b": arr(8, (n,))}
-    nodes = [Node("Gemm", ["x", "w", "b"], ["g"], {"transB": trans_b, "alpha": 0.5}), Node("Relu", ["g"], ["y"])]
-    check_three_way(make(nodes, {"x": (m, k)}, consts), threads=threads)
+def test_gemm_with_few_rows(threads):
+    graphs = []
+    for m, k, n, trans_b in FEW_ROW_GEMMS:
+        consts = {"w": arr(7, (n, k) if trans_b else (k, n)), "b": arr(8, (n,))}
+        nodes = [Node("Gemm", ["x", "w", "b"], ["g"], {"transB": trans_b, "alpha": 0.5}), Node("Relu", ["g"], ["y"])]
+        graphs.append(make(nodes, {"x": (m, k)}, consts))
+    check_three_way(side_by_side(graphs), threads=threads)
 
 
 def test_matmul_of_one_token():
@@ -333,12 +345,13 @@ PGEMM_CONVS = [
 
 
 @pytest.mark.parametrize("layout", [None, "0", "1", "2"])
-@pytest.mark.parametrize("xshape,wshape,attrs", PGEMM_CONVS)
-def test_packed_convs_in_every_layout(xshape, wshape, attrs, layout):
+def test_packed_convs_in_every_layout(layout):
     """Each layout of plan.conv_layout forced (2, the padded grid, only where strides are 1); the default
-    choice also on two threads, whose channel chunks split units that are too few to share."""
+    choice also on two threads, whose channel chunks split units that are too few to share. The cases
+    side by side in one build per layout."""
     config = BuildConfig.from_env(conv_layout=None if layout is None else int(layout))
-    check_three_way(conv_then("Relu", xshape, wshape, attrs, 15, 0.3), threads=1 if layout else 2, config=config)
+    g = side_by_side([conv_then("Relu", xshape, wshape, attrs, 15, 0.3) for xshape, wshape, attrs in PGEMM_CONVS])
+    check_three_way(g, threads=1 if layout else 2, config=config)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -388,12 +401,20 @@ WINO_CONVS = [
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("act", ["Relu", "Add"])
-@pytest.mark.parametrize("xshape,m,pads", WINO_CONVS)
-def test_winograd_3x3_convs(xshape, m, pads, act, threads):
+def test_winograd_3x3_convs(act, threads):
     """Bias and Relu run in their 8-channel form on the transformed-back sums (AVX2 builds); the residual
     Add of a second input is an epilogue on each block's output rows. BuildConfig(wino="all") gives
-    the kernel the small maps too, which its choice rule leaves to the others."""
+    the kernel the small maps too, which its choice rule leaves to the others. The cases side by side in
+    one build, each emitted alone too."""
     config = BuildConfig.from_env(wino="all")
+    graphs = [wino_conv(xshape, m, pads, act) for xshape, m, pads in WINO_CONVS]
+    if vector_lanes() >= 6:  # not the portable build's 4-float vectors
+        for k, g in enumerate(graphs):
+            assert "sat_conv_wino(" in emit(g, config=config).source, WINO_CONVS[k]
+    check_three_way(side_by_side(graphs), threads=threads, config=config)
+
+
+def wino_conv(xshape, m, pads, act):
     consts = {"w": arr(31, (m, xshape[1], 3, 3)) * np.float32(0.2), "b": arr(32, (m,))}
     nodes = [Node("Conv", ["x", "w", "b"], ["c"], {"pads": pads})]
     shapes = {"x": xshape}
@@ -402,10 +423,7 @@ def test_winograd_3x3_convs(xshape, m, pads, act, threads):
         nodes.append(Node("Add", ["c", "r"], ["y"]))
     else:
         nodes.append(Node(act, ["c"], ["y"]))
-    g = make(nodes, shapes, consts)
-    if vector_lanes() >= 6:  # not the portable build's 4-float vectors
-        assert "sat_conv_wino(" in emit(g, config=config).source
-    check_three_way(g, threads=threads, config=config)
+    return make(nodes, shapes, consts)
 
 
 def test_winograd_switch_and_rule():

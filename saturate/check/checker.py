@@ -7,7 +7,8 @@ import multiprocessing
 import os
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -16,7 +17,8 @@ from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Unsatisfiable
 
-from saturate.core.errors import SaturateError
+from saturate.core.errors import MemoryLimitError, SaturateError
+from saturate.core.limits import lowered
 from saturate.interp.interpreter import run_graph
 from saturate.core.ir import Graph, Node
 from saturate.lang.ast import Num, OpTerm, Rule, Term, Var
@@ -191,6 +193,8 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool) -> tuple[Counter
     ex = as_float64(example, _dtype_only(rule))
     try:
         lhs, scale_l = _run_graph(build_graph(side.cr.lhs, ex), ex)
+    except MemoryLimitError:
+        return None, False  # a drawn value read as a size (a window's length, say): not an example
     except SaturateError as err:
         if any(v.dtype.kind in "iub" for k, v in ex.values.items() if v.size and k not in ex.forced):
             return None, False  # integer division by zero, say: the left side is undefined
@@ -257,6 +261,17 @@ def joined(rule: Rule, flat: bool = False) -> Rule:
 
 def check_rule(rule: Rule, examples: int = 200, seed: int | None = None) -> RuleResult:
     """Property-test one rule (both ways if bidirectional) on `examples` drawn inputs."""
+    # Examples are a few kilobytes; an op reading a drawn value as a size (MelWeightMatrix's
+    # bins, HannWindow's length) would otherwise take what --max-memory allows, many gigabytes.
+    with lowered(EXAMPLE_MAX_BYTES):
+        return _check_rule(rule, examples, seed)
+
+
+# What one tensor of an example may take while a rule is checked.
+EXAMPLE_MAX_BYTES = 64 << 20
+
+
+def _check_rule(rule: Rule, examples: int, seed: int | None) -> RuleResult:
     if fold.is_schema(rule):
         return _check_schema(rule, examples, seed)
     if rule.more_lhs:
@@ -415,10 +430,17 @@ def check_rules(rules: Iterable[Rule], examples: int = 200, seed: int | None = N
                 progress(results[-1])
         return results
     done: dict[int, RuleResult] = {}
+    lost: list[int] = []
     shown = 0
-    # Fresh interpreters, not forks: a fork would copy whatever threads the parent has started.
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_import_checker) as pool:
+
+    def show() -> None:
+        nonlocal shown
+        while shown in done:
+            if progress is not None:
+                progress(done[shown])
+            shown += 1
+
+    with _pool(workers) as pool:
         futures = {pool.submit(check_rule, rule, examples, seed): k for k, rule in enumerate(rules) if k not in here}
         for k in sorted(here):
             done[k] = check_rule(rules[k], examples, seed)
@@ -426,14 +448,34 @@ def check_rules(rules: Iterable[Rule], examples: int = 200, seed: int | None = N
             k = futures[future]
             try:
                 done[k] = future.result()
-            except Exception as err:  # the worker process itself died (out of memory, a signal)
+            except BrokenProcessPool:
+                lost.append(k)      # a worker died: every rule not finished by then is lost with it
+                continue
+            except Exception as err:  # noqa: BLE001 - its result could not come back, say
                 done[k] = RuleResult(rules[k], "ERROR", 0, 0.0,
                                      message=f"the checker's worker process failed: {_first_line(err)}")
-            while shown in done:
-                if progress is not None:
-                    progress(done[shown])
-                shown += 1
+            show()
+    # Each lost rule again in a process of its own, so that only the one that kills its worker
+    # (out of memory, a signal) is reported so.
+    with ThreadPoolExecutor(workers) as threads:
+        for k, result in zip(sorted(lost), threads.map(lambda k: _alone(rules[k], examples, seed), sorted(lost))):
+            done[k] = result
+    show()
     return [done[k] for k in range(len(rules))]
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    # Fresh interpreters, not forks: a fork would copy whatever threads the parent has started.
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_import_checker)
+
+
+def _alone(rule: Rule, examples: int, seed: int | None) -> RuleResult:
+    with _pool(1) as pool:
+        try:
+            return pool.submit(check_rule, rule, examples, seed).result()
+        except BrokenProcessPool as err:
+            return RuleResult(rule, "ERROR", 0, 0.0, message="the checker's worker process died checking this "
+                              f"rule (out of memory or a signal): {_first_line(err)}")
 
 
 def _rule_ops(rule: Rule) -> set[str]:

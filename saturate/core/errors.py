@@ -5,6 +5,10 @@ class SaturateError(Exception):
     """A user-facing error. `str(err)` is the whole message the CLI prints."""
 
 
+class MemoryLimitError(SaturateError):
+    """Something would take more memory than the limit in force (--max-memory) allows."""
+
+
 class SourceError(SaturateError):
     """An error at a position in a source file (rules, text graphs, targets).
 

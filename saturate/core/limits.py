@@ -7,7 +7,10 @@ import math
 import os
 import re
 
-from saturate.core.errors import SaturateError
+import contextlib
+from typing import Iterator
+
+from saturate.core.errors import MemoryLimitError, SaturateError
 
 # `--max-memory` sets this variable, so batch workers and other child processes inherit the limit.
 ENV = "SATURATE_MAX_MEMORY"
@@ -38,8 +41,29 @@ def machine_memory_bytes() -> int:
         return 64 << 30
 
 
+# Lower limits in force for a stretch of work (`lowered`), innermost last.
+_LOWERED: list[int] = []
+
+
 def max_memory_bytes() -> int:
-    """The limit in force: $SATURATE_MAX_MEMORY (what --max-memory sets), else a share of the machine."""
+    """The limit in force: $SATURATE_MAX_MEMORY (what --max-memory sets), else a share of the
+    machine; within `lowered`, the lower of that and its limit."""
+    if _LOWERED:
+        return min(_LOWERED[-1], _configured_bytes())
+    return _configured_bytes()
+
+
+@contextlib.contextmanager
+def lowered(nbytes: int) -> Iterator[None]:
+    """Hold allocations to at most `nbytes` (or the configured limit, if lower) inside the block."""
+    _LOWERED.append(int(nbytes))
+    try:
+        yield
+    finally:
+        _LOWERED.pop()
+
+
+def _configured_bytes() -> int:
     text = os.environ.get(ENV)
     if text:
         return parse_size(text)
@@ -83,5 +107,5 @@ def check_bytes(nbytes: int, what: str) -> None:
     """One line naming `what` when `nbytes` is over the limit."""
     limit = max_memory_bytes()
     if nbytes > limit:
-        raise SaturateError(f"{what} would take {format_bytes(nbytes)}, over the memory limit of "
+        raise MemoryLimitError(f"{what} would take {format_bytes(nbytes)}, over the memory limit of "
                             f"{format_bytes(limit)} (--max-memory)")

@@ -43,6 +43,7 @@ def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None
         if standard and spec(node.op, version) is not None:
             args = [None if a is None else np.asarray(a) for a in inputs]
             check_output_sizes(node, args)
+            check_inferred_sizes(node, args, version)
             return _checked(node, run_reference(node, args, version))
         shown = f"{node.domain}::{node.op}" if node.domain else node.op
         raise SaturateError(f"no reference implementation for op '{shown}' (node '{node.name or node.outputs[0]}')")
@@ -58,6 +59,7 @@ def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None
             raise SaturateError(f"{node.where()}: missing required input {k}")
     args = [None if a is None else np.asarray(a) for a in args]
     check_output_sizes(node, args)
+    check_inferred_sizes(node, args, opset or newest_opset())
     try:
         with np.errstate(all="ignore"):
             result = impl(node, *args)
@@ -123,10 +125,9 @@ def _check_shape(name: str, got: tuple, want: tuple, symbols: dict[str, tuple[st
                                     f"but input '{first[0]}' gave {expected}={first[1]}")
 
 
-def _check_declared(graph: Graph, node: Node) -> bool:
+def _check_declared(graph: Graph, node: Node) -> None:
     """Refuse to run a node whose outputs the graph declares (or inference found) with a static
-    shape over the memory limit, whatever its op. Whether every output it writes has one."""
-    every = True
+    shape over the memory limit, whatever its op."""
     for out in node.outputs:
         info = graph.values.get(out) if out else None
         if info is not None and info.is_static():
@@ -135,9 +136,6 @@ def _check_declared(graph: Graph, node: Node) -> bool:
             except TypeError:
                 continue
             check_allocation(info.shape, itemsize, f"{node.where()}: output '{out}' {info.dtype}{list(info.shape)}")
-        elif out:
-            every = False
-    return every
 
 
 def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -152,7 +150,7 @@ def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
                 remaining[i] = remaining.get(i, 0) + 1
 
     for node in graph.nodes:
-        declared = _check_declared(graph, node)
+        _check_declared(graph, node)
         args = []
         for i in node.inputs:
             if not i:
@@ -161,8 +159,6 @@ def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
                 args.append(env[i])
             else:
                 raise SaturateError(f"{node.where()} reads '{i}', which is not defined before it")
-        if not declared:
-            check_inferred_sizes(node, args, graph.opset)
         results = eval_node(node, args, graph.opset)
         for out, value in zip(node.outputs, results):
             if out and (remaining.get(out) or out in pinned):

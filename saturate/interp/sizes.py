@@ -59,10 +59,11 @@ _BOUNDED = frozenset({
 
 
 def check_inferred_sizes(node: Node, args: Sequence[np.ndarray | None], opset: int) -> None:
-    """For a node no sizer above covers whose outputs the graph gives no static shape: ONNX's
-    inference of the node on the actual inputs, small integer ones as data, so that an output
-    sized by a value (HannWindow's size, DFT's length, Col2Im's image shape...) is refused in one
-    line before the kernel allocates it. What inference cannot tell is left to the kernel."""
+    """For a node no sizer above covers: ONNX's inference of the node on the actual inputs, small
+    integer ones as data, so that an output sized by a value (HannWindow's size, DFT's length,
+    Col2Im's image shape...) is refused in one line before the kernel allocates it, whatever a
+    graph declared (a declared shape holds for the values it was inferred from). What inference
+    cannot tell is left to the kernel."""
     if node.op in _SIZERS or node.op in _BOUNDED or node.domain not in ("", "ai.onnx"):
         return
     entry = lookup(node.op)

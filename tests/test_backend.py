@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backend_util import check_three_way, feed_for, make, rel_error
+from backend_util import check_three_way, feed_for, make, rel_error, side_by_side
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Node
 
@@ -49,7 +49,7 @@ def test_folded_graph_matches_original():
         assert rel_error(got[k], ref[k]) <= 1e-4
 
 
-@pytest.mark.parametrize("attrs,wshape,xshape", [
+CONV_VARIANTS = [
     ({"group": 4, "pads": [1, 0, 2, 1], "strides": [2, 1]}, (8, 2, 3, 3), (2, 8, 9, 7)),   # grouped, asymmetric
     ({"group": 6, "pads": [1, 1, 1, 1]}, (6, 1, 3, 3), (1, 6, 8, 8)),                       # depthwise
     ({"group": 3, "strides": [2, 2], "pads": [1, 1, 1, 1]}, (6, 1, 3, 3), (1, 3, 9, 9)),    # channel multiplier 2
@@ -57,11 +57,15 @@ def test_folded_graph_matches_original():
     ({}, (7, 5, 1, 1), (2, 5, 6, 6)),                                                      # direct 1x1
     ({"auto_pad": "SAME_UPPER", "strides": [2, 2]}, (4, 3, 4, 4), (1, 3, 9, 10)),
     ({"strides": [3], "pads": [1, 2]}, (4, 3, 5), (2, 3, 17)),                              # 1-D
-])
-def test_conv_variants(attrs, wshape, xshape):
-    g = make([Node("Conv", ["x", "w", "b"], ["y"], attrs)], {"x": xshape},
-             {"w": w(*wshape), "b": w(wshape[0])})
-    check_three_way(g)
+]
+
+
+# The cases of one list side by side in one build (output cK_y is case K): each node is planned alone,
+# and one build saves a compiler start a case.
+def test_conv_variants():
+    graphs = [make([Node("Conv", ["x", "w", "b"], ["y"], attrs)], {"x": xshape}, {"w": w(*wshape), "b": w(wshape[0])})
+              for attrs, wshape, xshape in CONV_VARIANTS]
+    check_three_way(side_by_side(graphs))
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -100,7 +104,7 @@ def test_direct_conv_epilogue_forms(tail, threads):
     check_three_way(g, ort=threads == 1, threads=threads)
 
 
-@pytest.mark.parametrize("op,attrs", [
+POOLS = [
     ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ("MaxPool", {"kernel_shape": [2, 3], "strides": [2, 2], "ceil_mode": 1}),
     ("MaxPool", {"kernel_shape": [3, 3], "dilations": [2, 2]}),
@@ -108,19 +112,24 @@ def test_direct_conv_epilogue_forms(tail, threads):
     ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
     ("AveragePool", {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
     ("GlobalAveragePool", {}),
-])
-def test_pools(op, attrs):
-    check_three_way(make([Node(op, ["x"], ["y"], attrs)], {"x": (2, 3, 9, 10)}))
+]
 
 
-@pytest.mark.parametrize("xshape,attrs", [
+def test_pools():
+    check_three_way(side_by_side([make([Node(op, ["x"], ["y"], attrs)], {"x": (2, 3, 9, 10)}) for op, attrs in POOLS]))
+
+
+STRIDE_TWO_MAX_POOLS = [
     # max pools at column stride 2 on rows of whole and partial 16-output blocks (sat_pool_max_s2 on AVX-512)
     ((1, 4, 48, 48), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # ResNet's: 16 + 8
     ((2, 3, 11, 70), {"kernel_shape": [2, 2], "strides": [2, 2]}),                       # VGG's: 35 columns
     ((1, 2, 9, 37), {"kernel_shape": [3, 4], "strides": [1, 2], "pads": [0, 2, 1, 3], "ceil_mode": 1}),
-])
-def test_max_pools_at_column_stride_two(xshape, attrs):
-    check_three_way(make([Node("MaxPool", ["x"], ["y"], attrs)], {"x": xshape}))
+]
+
+
+def test_max_pools_at_column_stride_two():
+    check_three_way(side_by_side([make([Node("MaxPool", ["x"], ["y"], attrs)], {"x": xshape})
+                                  for xshape, attrs in STRIDE_TWO_MAX_POOLS]))
 
 
 def test_gemm_matmul_and_layout_ops():

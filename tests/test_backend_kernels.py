@@ -96,15 +96,17 @@ def test_depthwise_conv_fused_bias_and_activation(act):
     check_three_way(make(nodes, {"x": (1, 24, 14, 14)}, consts))
 
 
+SMALL_MAPS = [(3, 3), (2, 5), (3, 4), (1, 3), (1, 13), (5, 5), (6, 6), (7, 7)]
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("hw", [(3, 3), (2, 5), (3, 4), (1, 3), (1, 13), (5, 5), (6, 6), (7, 7)])
-def test_convs_on_small_maps(hw, threads):
+def test_convs_on_small_maps(threads):
     """Maps whose pixels leave a short last panel of the direct conv's tile (9 = 8 + 1, 10 = 8 + 2,
     12 = 8 + 4, 13 = 7 + 6, 25 = 8 * 3 + 1...), which runs only the rows it needs; a reduction of 300
     carries partial sums between blocks of 256."""
     consts = {"w": arr(15, (40, 300, 1, 1)) * np.float32(0.1), "b": arr(16, (40,))}
     nodes = [Node("Conv", ["x", "w", "b"], ["c"]), Node("Relu", ["c"], ["y"])]
-    check_three_way(make(nodes, {"x": (2, 300) + hw}, consts), threads=threads)
+    check_three_way(side_by_side([make(nodes, {"x": (2, 300) + hw}, consts) for hw in SMALL_MAPS]), threads=threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -163,11 +165,10 @@ DOT_CONVS = [
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("xshape,wshape,attrs", DOT_CONVS)
-def test_convs_with_few_pixels_run_as_dot_products(xshape, wshape, attrs, threads):
+def test_convs_with_few_pixels_run_as_dot_products(threads):
     # (builds without AVX-512 run most of these on streamed weights)
-    check_three_way(conv_then("Relu", xshape, wshape, attrs, 5, 0.2), threads=threads,
-                    config=BuildConfig.from_env(stream=False))
+    g = side_by_side([conv_then("Relu", xshape, wshape, attrs, 5, 0.2) for xshape, wshape, attrs in DOT_CONVS])
+    check_three_way(g, threads=threads, config=BuildConfig.from_env(stream=False))
 
 
 STRIDED_POINTWISE_CONVS = [
@@ -182,9 +183,9 @@ STRIDED_POINTWISE_CONVS = [
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("xshape,wshape,attrs", STRIDED_POINTWISE_CONVS)
-def test_strided_pointwise_convs(xshape, wshape, attrs, threads):
-    check_three_way(conv_then("Relu", xshape, wshape, attrs, 23, 0.2), threads=threads)
+def test_strided_pointwise_convs(threads):
+    graphs = [conv_then("Relu", xshape, wshape, attrs, 23, 0.2) for xshape, wshape, attrs in STRIDED_POINTWISE_CONVS]
+    check_three_way(side_by_side(graphs), threads=threads)
 
 
 STREAM_CONVS = [
@@ -242,9 +243,9 @@ SHORT_K_CONVS = [
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("xshape,wshape,attrs", SHORT_K_CONVS)
-def test_convs_with_short_reductions(xshape, wshape, attrs, threads):
-    check_three_way(conv_then("HardSwish", xshape, wshape, attrs, 13, 0.3), threads=threads)
+def test_convs_with_short_reductions(threads):
+    graphs = [conv_then("HardSwish", xshape, wshape, attrs, 13, 0.3) for xshape, wshape, attrs in SHORT_K_CONVS]
+    check_three_way(side_by_side(graphs), threads=threads)
 
 
 FEW_ROW_GEMMS = [(1, 1024, 1000, 1), (1, 45, 13, 1), (3, 77, 45, 1), (16, 33, 9, 1), (1, 8, 5, 1), (1, 300, 70, 0),
@@ -363,17 +364,22 @@ def test_transposed_packed_conv_with_fused_silu(threads):
     check_three_way(make(nodes, {"x": (2, 96, 3, 3)}, consts), threads=threads)
 
 
+PACKED_GEMMS = [(37, 768, 192, 0, 0), (17, 19, 45, 1, 0), (50, 300, 33, 0, 1), (23, 257, 200, 1, 1), (8, 19, 45, 1, 0),
+                (16, 768, 200, 0, 0)]  # m, k, n, transA, transB
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("m,k,n,trans_a,trans_b", [(37, 768, 192, 0, 0), (17, 19, 45, 1, 0), (50, 300, 33, 0, 1),
-                                                   (23, 257, 200, 1, 1), (8, 19, 45, 1, 0), (16, 768, 200, 0, 0)])
-def test_gemm_on_packed_constant_weights(m, k, n, trans_a, trans_b, threads):
+def test_gemm_on_packed_constant_weights(threads):
     """Products sat_gemm's own kernels do not take (more rows than the dot products, or a B as stored past
     the skinny kernel's rows): B packed in 16-column panels (pgemm.h without AVX-512); rows and columns off
     the panels, reductions over one block boundary, alpha and every transpose."""
-    consts = {"w": arr(17, (n, k) if trans_b else (k, n)) * np.float32(0.1), "b": arr(18, (n,))}
-    nodes = [Node("Gemm", ["x", "w", "b"], ["g"], {"transA": trans_a, "transB": trans_b, "alpha": 0.5}),
-             Node("Relu", ["g"], ["y"])]
-    check_three_way(make(nodes, {"x": (k, m) if trans_a else (m, k)}, consts), threads=threads)
+    graphs = []
+    for m, k, n, trans_a, trans_b in PACKED_GEMMS:
+        consts = {"w": arr(17, (n, k) if trans_b else (k, n)) * np.float32(0.1), "b": arr(18, (n,))}
+        nodes = [Node("Gemm", ["x", "w", "b"], ["g"], {"transA": trans_a, "transB": trans_b, "alpha": 0.5}),
+                 Node("Relu", ["g"], ["y"])]
+        graphs.append(make(nodes, {"x": (k, m) if trans_a else (m, k)}, consts))
+    check_three_way(side_by_side(graphs), threads=threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

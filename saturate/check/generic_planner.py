@@ -143,8 +143,11 @@ class GenericPlanning:
         elif name in ("indices", "k", "split"):
             values = d(st.lists(ints(-1, 2) if name == "indices" else ints(1, 3), min_size=1, max_size=2))
         else:
-            return np.asarray(d(ints(-1, 3)) if dtype.kind in "iu" else d(st.sampled_from([0.5, 1.0, 2.0])),
+            lowest = 0 if dtype.kind in "ub" else -1
+            return np.asarray(d(ints(lowest, 3)) if dtype.kind in "iub" else d(st.sampled_from([0.5, 1.0, 2.0])),
                               dtype)
+        if dtype.kind in "ub":
+            values = [v for v in values if v >= 0] or [0]   # no -1 in an unsigned type
         return np.array(values, dtype).reshape(-1)
 
     def candidate(self, out: tuple[int, ...] | None, tmpl: Template) -> tuple[int, ...]:

@@ -187,9 +187,12 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, QuantPlanning):
         """Raise, saying why, when the generic shape rule cannot draw `op` (not run by the
         interpreter at the checker's opset, or not an ONNX op)."""
         from saturate.interp.reference import unsupported_reason
+        d = find(op)
+        if d is not None and d.nondeterministic and d.evaluate is None:
+            raise SaturateError(f"op '{op}' cannot be checked: it draws random numbers, so two runs of "
+                                "one graph differ")
         if op in ops_with("evaluates") and spec(op, self.opset) is not None:
             return
-        d = find(op)
         if d is not None and not d.standard and d.evaluate is not None:
             return      # an op registered outside ONNX, run by its entry's kernel
         reason = unsupported_reason(op, self.opset)

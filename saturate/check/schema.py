@@ -167,7 +167,7 @@ def attribute_drawer(op: str, key: str, opset: int, rank: Callable[[], int]) -> 
     if kind == AttributeProto.INT and key in FLAGS:
         ordered = list(dict.fromkeys([int(default or 0), 0, 1]))
         return lambda draw, _a: pick(draw, ordered)
-    if kind == AttributeProto.INT and key in ("axis", "batch_dims", "blocksize"):
+    if kind == AttributeProto.INT and key in ("axis", "batch_dims"):
         if key != "axis":
             return None
 
@@ -186,4 +186,13 @@ def attribute_drawer(op: str, key: str, opset: int, rank: Callable[[], int]) -> 
     if kind == AttributeProto.FLOAT and key in _FLOATS:
         ordered = list(dict.fromkeys(([float(default)] if default is not None else []) + list(_FLOATS[key])))
         return lambda draw, _a: pick(draw, ordered)
+    if attr.required:
+        # An op without it does not run at all: small values, which most such attributes
+        # (block sizes, window sizes, group counts) take in models; one per spatial axis for lists.
+        if kind == AttributeProto.INT:
+            return lambda draw, _a: pick(draw, [1, 2, 3])
+        if kind == AttributeProto.INTS:
+            return lambda draw, _a: [draw(st.integers(1, 3)) for _ in range(max(rank() - 2, 1))]
+        if kind == AttributeProto.FLOAT:
+            return lambda draw, _a: pick(draw, [1.0, 0.5, 2.0])
     return None

@@ -45,7 +45,7 @@ from dataclasses import asdict
 
 from saturate import optimize
 from saturate.backend.bench import all_cores, benchmark, call_overhead, format_overhead, identity_graph, peak_gflops
-from saturate.backend.build import openblas_core
+from saturate.backend.toolchain import openblas_core
 from saturate.frontend import load_graph
 
 import transformer_models

@@ -385,7 +385,7 @@ def test_the_build_cache_evicts_least_recently_used_builds_past_its_limit(tmp_pa
     """Builds hold their weights, so an unbounded cache filled the disk: past $SATURATE_CACHE_MB the least
     recently used builds go, but never the one just made, one used in the last minutes, or files that are
     not builds; a staging directory a killed process left an hour ago goes too."""
-    from saturate.backend import build
+    from saturate.backend import cache
 
     monkeypatch.setenv("SATURATE_CACHE", str(tmp_path))
     monkeypatch.setenv("SATURATE_CACHE_MB", "2.5")
@@ -397,23 +397,23 @@ def test_the_build_cache_evicts_least_recently_used_builds_past_its_limit(tmp_pa
     (tmp_path / "binding-x.o").write_bytes(b"\0" * 2 * 1024 * 1024)
     stale, fresh = tmp_path / ".abc.stage", tmp_path / ".def.stage"
     stale.mkdir(), fresh.mkdir()
-    os.utime(stale, (now - 2 * build.STALE_SECONDS, now - 2 * build.STALE_SECONDS))
-    assert build.prune_cache(keep=kept, now=now) == [older, old]
+    os.utime(stale, (now - 2 * cache.STALE_SECONDS, now - 2 * cache.STALE_SECONDS))
+    assert cache.prune_cache(keep=kept, now=now) == [older, old]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".def.stage", "binding-x.o", "kept", "recent"]
     # Within the limit nothing more goes; a use counts as recent.
-    build.mark_used(kept)
+    cache.mark_used(kept)
     monkeypatch.setenv("SATURATE_CACHE_MB", "0")
-    assert build.prune_cache(now=time.time()) == []
-    assert build.prune_cache(now=time.time() + build.IN_USE_SECONDS + 1) == [recent, kept]
+    assert cache.prune_cache(now=time.time()) == []
+    assert cache.prune_cache(now=time.time() + cache.IN_USE_SECONDS + 1) == [recent, kept]
 
 
 def test_a_build_prunes_the_cache_at_most_every_half_minute(tmp_path, monkeypatch):
-    from saturate.backend import build
+    from saturate.backend import cache
 
     monkeypatch.setenv("SATURATE_CACHE", str(tmp_path))
     now = time.time()
-    assert build.prune_due(now) and not build.prune_due(now + 1)
-    assert build.prune_due(now + build.PRUNE_EVERY_SECONDS + 1)
+    assert cache.prune_due(now) and not cache.prune_due(now + 1)
+    assert cache.prune_due(now + cache.PRUNE_EVERY_SECONDS + 1)
 
 
 @pytest.mark.parametrize("text", ["lots", "-1"])

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from backend_util import make, own_cache, rel_error
+from saturate.backend import cache
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Node
 from test_backend_binding import readme_block
@@ -168,7 +169,7 @@ def test_builds_share_one_cached_openblas_and_an_output_directory_holds_its_own(
     for entry in entries:
         assert os.path.samefile(entry / b.BLAS_FILE, shared)
         assert json.loads((entry / b.FACTS).read_text())["files"][b.BLAS_FILE] == digest
-        assert b._tree_bytes(entry) < shared.stat().st_size / 2
+        assert cache._tree_bytes(entry) < shared.stat().st_size / 2
     out = tmp_path / "out" / b.BLAS_FILE
     assert e2.directory == tmp_path / "out" and out.stat().st_nlink == 1 and not os.path.samefile(out, shared)
     assert json.loads((tmp_path / "out" / b.FACTS).read_text())["files"][b.BLAS_FILE] == digest
@@ -248,7 +249,7 @@ def test_an_unused_shared_openblas_is_pruned_and_one_in_use_is_kept(tmp_path, mo
     (root / "entry" / "build.key").write_text("entry")
     now = time.time()
     for p in (old, linked):
-        os.utime(p, (now - 2 * b.STALE_SECONDS, now - 2 * b.STALE_SECONDS))
+        os.utime(p, (now - 2 * cache.STALE_SECONDS, now - 2 * cache.STALE_SECONDS))
     b.prune_cache(now=now)
     assert not old.exists() and linked.exists() and fresh.exists() and (root / "entry").is_dir()
 

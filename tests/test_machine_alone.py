@@ -13,7 +13,7 @@ SMALL_RULES = "ruleset small level 2\nrule add-zero  Add(x, c:const)  => x  if z
 
 
 def test_a_test_run_keeps_every_cache_in_its_own_temporary_folder():
-    from saturate.backend.build import cache_root
+    from saturate.backend.cache import cache_root
     from saturate.lang.rule_cache import cache_dir
 
     temp = Path(tempfile.gettempdir()).resolve()

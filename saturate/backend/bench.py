@@ -73,6 +73,7 @@ def peak_gflops() -> float:
     from pathlib import Path
 
     from saturate.backend import build
+    from saturate.backend.cache import cache_root
 
     inc, libdir, lib = build.openblas()
     cc = build.compiler()
@@ -80,7 +81,7 @@ def peak_gflops() -> float:
     kernels = b"".join(p.read_bytes() for p in sorted(build.KERNELS_DIR.glob("*.h")))
     facts = "\n".join([PROBE_SOURCE, " ".join(flags), build.compiler_version(cc), build.cpu_features()])
     key = hashlib.sha256(kernels + facts.encode()).hexdigest()[:24]
-    cached = build.cache_root() / f"peak-{key}.json"
+    cached = cache_root() / f"peak-{key}.json"
     try:
         return float(json.loads(cached.read_text())["gflops"])
     except (OSError, ValueError, KeyError):

@@ -4,12 +4,10 @@ against OpenBLAS, cached by content hash."""
 from __future__ import annotations
 
 import fcntl
-import functools
 import hashlib
 import importlib.machinery
 import json
 import os
-import platform
 import shutil
 import signal
 import stat
@@ -17,117 +15,20 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from saturate.backend.cache import (SHARED_BLAS_PREFIX, cache_limit_bytes, cache_root, file_digest, mark_used,
+                                     prune_cache, prune_due, regular_file)
+# cpu_has_avx512 and isa are read through this module by bench/machine.py and tests.
+from saturate.backend.toolchain import (BLAS_FILE, ISAS, compiler, compiler_version, cpu_features,  # noqa: F401
+                                        cpu_has_avx512, isa, openblas, openblas_digest, openblas_library)
 from saturate.core.errors import SaturateError
 
 # The C headers and binding.pyx, package data; a real folder, for the compiler's -I.
 KERNELS_DIR = Path(str(resources.files("saturate.backend"))).resolve()
 SANITIZE_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
-
-
-def cpu_has_avx512() -> bool:
-    """Whether this machine's CPU has AVX-512F (the packed conv micro-kernel needs it)."""
-    try:
-        return " avx512f " in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
-def openblas() -> tuple[str, str, str]:
-    """(include dir, library dir, library name) of the scipy-openblas32 wheel."""
-    from saturate.core.extras import need
-
-    ob = need("scipy_openblas32", "c", "the C backend", "scipy-openblas32")
-    return ob.get_include_dir(), ob.get_lib_dir(), ob.get_library()
-
-
-# The OpenBLAS library a build links, under its soname (the name model.so and the module record as
-# needed). Every build holds a copy of it and finds it through an $ORIGIN RUNPATH, so a compiled
-# directory runs wherever it is copied, without the venv it was built in (the wheel ships no static
-# library to link instead).
-BLAS_FILE = "libscipy_openblas.so"
-
-
-def openblas_library() -> Path:
-    """The scipy-openblas32 wheel's shared library, which builds copy beside model.so."""
-    _, libdir, lib = openblas()
-    path = Path(libdir) / f"lib{lib}.so"
-    if path.name != BLAS_FILE or not regular_file(path):
-        raise SaturateError(f"{path}: not the library {BLAS_FILE} the C backend links; reinstall scipy-openblas32")
-    return path
-
-
-@functools.lru_cache(maxsize=None)
-def _stat_digest(path: str, stamp: tuple) -> str:
-    return file_digest(Path(path))
-
-
-def openblas_digest() -> str:
-    """The sha256 of openblas_library(), hashed again whenever the file changes (its inode, size or times)."""
-    path = openblas_library()
-    st = os.stat(path)
-    return _stat_digest(str(path), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-
-
-def openblas_core() -> str:
-    """The kernel family OpenBLAS chose (it honours $OPENBLAS_CORETYPE), with a note when the
-    CPU could run wider kernels than the ones pinned."""
-    import ctypes
-
-    openblas()
-    import scipy_openblas32 as ob
-
-    fn = ob.dll.scipy_openblas_get_corename
-    fn.restype = ctypes.c_char_p
-    core = fn().decode()
-    pinned = os.environ.get("OPENBLAS_CORETYPE")
-    if pinned and cpu_has_avx512() and core.lower() in ("haswell", "zen", "sandybridge"):
-        return f"{core} (pinned by OPENBLAS_CORETYPE={pinned}; this CPU has AVX-512)"
-    return core
-
-
-def compiler() -> str:
-    """The system C compiler ($CC, else cc)."""
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        raise SaturateError(f"no C compiler found ('{cc}'); install gcc or set CC")
-    return cc
-
-
-@functools.lru_cache(maxsize=None)
-def compiler_version(cc: str) -> str:
-    """The first line of `cc --version`: a compiler upgrade must not reuse libraries the old one built."""
-    proc = subprocess.run([cc, "--version"], capture_output=True, text=True)
-    return (proc.stdout.strip().splitlines() or [cc])[0]
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_features() -> str:
-    """The CPU's model and feature flags: -march=native code built on one machine may not run on another."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.machine()
-    keep = [line for line in text.splitlines() if line.split(":")[0].strip() in ("model name", "flags", "Features")]
-    return "\n".join(dict.fromkeys(keep)) or platform.machine()
-
-
-# Instruction sets a build may target ($SATURATE_ISA): this CPU's own, AVX2 with FMA (x86-64-v3, the paths
-# an AVX2 machine runs), the compiler's default target (no vector extensions beyond the base ABI), or
-# AVX-512 (x86-64-v4: builds the AVX-512 kernels on any machine; they run only on a CPU that has them).
-ISAS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3"], "portable": [], "avx512": ["-march=x86-64-v4"]}
-
-
-def isa() -> str:
-    """The instruction set builds target: $SATURATE_ISA (native, avx2, portable or avx512), native by default."""
-    value = os.environ.get("SATURATE_ISA", "native") or "native"
-    if value not in ISAS:
-        raise SaturateError(f"SATURATE_ISA={value!r}: expected one of {', '.join(ISAS)}")
-    return value
 
 
 # Which kernel runs a conv is the planner's choice (plan.py); tests force the others to reach every kernel.
@@ -341,131 +242,6 @@ def link_command(objects: list[Path], target: Path, sanitize: bool = False) -> l
             "-Wl,-rpath,$ORIGIN", "-lm"]
 
 
-def cache_root() -> Path:
-    """Where compiled models are kept ($SATURATE_CACHE, else ~/.cache/saturate/backend)."""
-    return Path(os.environ.get("SATURATE_CACHE", Path.home() / ".cache" / "saturate" / "backend"))
-
-
-# Each build holds its weights (VGG-11-BN's are 508 MB) and a build is keyed by them, so a cache that only
-# grows fills the disk: builds past this many megabytes are evicted, least recently used first.
-DEFAULT_CACHE_MB = 4096
-# A build used this recently is never evicted: another process may be between building and loading it.
-IN_USE_SECONDS = 120.0
-# Sizing a cache of thousands of builds takes most of a second, so a build prunes at most this often;
-# the cache may pass its limit by what is built in between.
-PRUNE_EVERY_SECONDS = 30.0
-# A staging or evicted directory (named with a leading dot) this old was left by a killed process.
-STALE_SECONDS = 3600.0
-
-
-def cache_limit_bytes() -> int:
-    """The cache's size limit ($SATURATE_CACHE_MB megabytes, default DEFAULT_CACHE_MB)."""
-    text = os.environ.get("SATURATE_CACHE_MB", "").strip()
-    try:
-        mb = float(text) if text else DEFAULT_CACHE_MB
-    except ValueError:
-        raise SaturateError(f"SATURATE_CACHE_MB={text!r}: expected a number of megabytes") from None
-    if mb < 0:
-        raise SaturateError(f"SATURATE_CACHE_MB={text!r}: expected a number of megabytes, not a negative one")
-    return int(mb * 1024 * 1024)
-
-
-def _tree_bytes(directory: Path) -> int:
-    """A build's share of the disk: a file hard-linked from several places (the OpenBLAS copy every build
-    links to the cache's one) counts its size divided among its links."""
-    total = 0
-    for entry in os.scandir(directory):
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:  # removed by another process meanwhile
-            continue
-        total += st.st_size // max(st.st_nlink, 1)
-    return total
-
-
-def mark_used(directory: Path) -> None:
-    """Record a build's use (its build.key's mtime), which orders eviction."""
-    try:
-        os.utime(directory / "build.key")
-    except OSError:
-        pass
-
-
-def prune_due(now: float | None = None) -> bool:
-    """Whether PRUNE_EVERY_SECONDS have passed since the cache was last pruned (by any process); claims
-    the turn when they have."""
-    stamp = cache_root() / "last-prune"
-    now = time.time() if now is None else now
-    try:
-        if now - stamp.stat().st_mtime < PRUNE_EVERY_SECONDS:
-            return False
-    except OSError:
-        pass
-    try:
-        stamp.touch()
-    except OSError:
-        return False
-    return True
-
-
-def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path]:
-    """Evict finished builds, least recently used first, until the cache is within cache_limit_bytes().
-    `keep` (the build just made) and builds used in the last IN_USE_SECONDS stay; returns what was removed.
-    Only directories holding a build.key are builds: the binding objects, peak probes and anything else
-    in the directory are left alone, except staging directories a killed process left behind."""
-    root, limit = cache_root(), cache_limit_bytes()
-    now = time.time() if now is None else now
-    builds = []
-    for entry in os.scandir(root) if root.is_dir() else ():
-        stamp = Path(entry.path) / "build.key"
-        if not entry.is_dir(follow_symlinks=False):
-            _prune_shared_blas(entry, now)
-            continue
-        if entry.name.startswith("."):
-            try:
-                if now - entry.stat(follow_symlinks=False).st_mtime > STALE_SECONDS:
-                    shutil.rmtree(entry.path, ignore_errors=True)
-            except OSError:
-                pass
-            continue
-        try:
-            used = stamp.stat().st_mtime
-        except OSError:
-            continue
-        builds.append((used, Path(entry.path)))
-    sizes = {path: _tree_bytes(path) for _, path in builds}
-    total = sum(sizes.values())
-    removed = []
-    for used, path in sorted(builds):
-        if total <= limit:
-            break
-        if (keep is not None and path == Path(keep)) or now - used < IN_USE_SECONDS:
-            continue
-        # Renamed out of the way first, so no reader ever sees a build that is half deleted.
-        doomed = root / f".evicted.{path.name}.{os.getpid()}"
-        try:
-            os.rename(path, doomed)
-        except OSError:  # evicted or replaced by another process meanwhile
-            continue
-        shutil.rmtree(doomed, ignore_errors=True)
-        total -= sizes[path]
-        removed.append(path)
-    return removed
-
-
-def _prune_shared_blas(entry: os.DirEntry, now: float) -> None:
-    """Remove a shared OpenBLAS copy no build links any more (an older OpenBLAS's, or one all of whose builds
-    were evicted) once STALE_SECONDS old; a build that finds it gone meanwhile copies it again."""
-    if not (entry.name.startswith(SHARED_BLAS_PREFIX) and entry.name.endswith(".so")):
-        return
-    try:
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and now - st.st_mtime > STALE_SECONDS:
-            os.unlink(entry.path)
-    except OSError:
-        pass
-
-
 def build_key(source: str, weights: bytes, config: BuildConfig | None = None) -> str:
     """The hash naming a build: the program, its weights, the kernels and binding it includes, the build's
     config, the compiler and its version, every flag, the CPU's features (-march=native), the Python the
@@ -530,11 +306,6 @@ def binding_object() -> Path:
         os.replace(Path(tmp) / "binding.o", target)
         os.replace(Path(tmp) / "binding.sha256", stamp)
     return target
-
-
-# The cache's one copy of OpenBLAS is named SHARED_BLAS_PREFIX + its sha256: builds hard-link it rather than
-# each hold tens of megabytes of their own.
-SHARED_BLAS_PREFIX = "openblas-"
 
 
 def place_openblas(dest: Path) -> str:
@@ -649,21 +420,6 @@ def _end_group(proc: subprocess.Popen) -> None:
     for stream in (proc.stdout, proc.stderr):
         if stream is not None:
             stream.close()
-
-
-def regular_file(path: Path) -> bool:
-    """Whether `path` is a regular file (after symlinks): a FIFO or device in its place would block or
-    never end a read."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
-def file_digest(path: Path) -> str:
-    """The sha256 of a regular file's bytes, in hex."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # build.json holds a few kilobytes; anything far larger in its place is not one (and is not read whole).

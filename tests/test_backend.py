@@ -75,7 +75,7 @@ def test_conv_variants():
     ((64, 300, 1, 1), (1, 300, 13, 13), 1), # stride 2 1x1 over several k-blocks, 7x7 out
 ])
 def test_conv_small_outputs_run_transposed(wshape, xshape, group, threads):
-    from saturate.backend.emit import transposed_product
+    from saturate.backend.emit_nn import transposed_product
     from saturate.backend.shapes import conv_window
 
     attrs = {"group": group, "pads": [1, 1, 1, 1]} if wshape[2] == 3 else {"strides": [2, 2]}

@@ -179,3 +179,13 @@ def run_axis(oshape: tuple[int, ...], shapes: list[tuple[int, ...]]) -> int:
         if ok:
             return r
     return len(oshape)
+
+
+def c_ints(values) -> str:
+    """A C array initializer of ints (one 0 for an empty list: C has no empty initializer)."""
+    return ", ".join(str(int(v)) for v in values) or "0"
+
+
+def c_floats(values) -> str:
+    """A C array initializer of floats (one 0 for an empty list)."""
+    return ", ".join(c_float(v) for v in values) or "0"

@@ -21,10 +21,11 @@ def _probe(tmp_path, op: str, arity: int):
 # Each drew no example (or failed in the checker) before: required attributes (DepthToSpace's
 # blocksize, LRN's size, GroupNormalization's num_groups, LpPool's kernel_shape), a uint8
 # parameter drawn as -1 (OneHot, ScatterElements), a reference body that fails in float64
-# (MeanVarianceNormalization), a window length read from a drawn value (HannWindow).
+# (MeanVarianceNormalization), a window length read from a drawn value (HannWindow), TopK's
+# count (its input is named K, and takes one element).
 @pytest.mark.parametrize("op, arity", [("DepthToSpace", 1), ("LRN", 1), ("GroupNormalization", 3),
                                        ("LpPool", 1), ("OneHot", 3), ("ScatterElements", 3),
-                                       ("MeanVarianceNormalization", 1), ("HannWindow", 1)])
+                                       ("MeanVarianceNormalization", 1), ("HannWindow", 1), ("TopK", 2)])
 def test_a_rule_over_the_op_is_checked(tmp_path, op, arity):
     result = _probe(tmp_path, op, arity)
     assert result.status == "PASS", result

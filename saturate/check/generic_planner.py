@@ -112,7 +112,7 @@ class GenericPlanning:
         if not isinstance(a, Var) or (a.name in self.shapes and a.name not in self.forced):
             return "data"
         formals = list(op_schema.inputs)
-        name = formals[min(k, len(formals) - 1)].name if formals else ""
+        name = formals[min(k, len(formals) - 1)].name.lower() if formals else ""
         if name in _PARAMS or np.dtype(self.dtypes.get(a.name, "float32")).kind in "iu" and k > 0:
             return "param"
         return "data"
@@ -123,7 +123,7 @@ class GenericPlanning:
         if v.name in self.forced:
             return self.forced[v.name]
         formals = list(op_schema.inputs)
-        name = formals[min(k, len(formals) - 1)].name
+        name = formals[min(k, len(formals) - 1)].name.lower()     # TopK's is "K"
         dtype = np.dtype(self.dtypes.get(v.name, "int64"))
         d, ints = self.draw, st.integers
         r = max(rank, 1)
@@ -140,7 +140,9 @@ class GenericPlanning:
             values = [0.0] * rank + [1.0] * rank
         elif name == "pads":
             values = [d(ints(-1, 2)) for _ in range(2 * rank)]
-        elif name in ("indices", "k", "split"):
+        elif name == "k":
+            values = [d(ints(1, 3))]            # one count: TopK takes a 1-element tensor
+        elif name in ("indices", "split"):
             values = d(st.lists(ints(-1, 2) if name == "indices" else ints(1, 3), min_size=1, max_size=2))
         else:
             lowest = 0 if dtype.kind in "ub" else -1

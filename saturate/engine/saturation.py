@@ -77,12 +77,18 @@ class _Egg:
     def __init__(self, eg: Any):
         self.eg = eg
         self.parsed: dict[str, list] = {}
+        # The largest e-graph any run left: unions a later run makes can merge e-nodes, so the
+        # size read at the end of an iteration may be below what a step within it reached.
+        self.peak = 0
 
     def __call__(self, text: str) -> list:
         commands = self.parsed.get(text)
         if commands is None:
             commands = self.parsed[text] = self.eg.parse_program(text)
-        return self.eg.run_program(*commands)
+        out = self.eg.run_program(*commands)
+        if text.startswith("(run"):
+            self.peak = max(self.peak, self.size())
+        return out
 
     def size(self) -> int:
         return node_count(self(SIZE)[-1].sizes)
@@ -288,7 +294,7 @@ def saturate(eg: Any, enc: Encoding, rules: list[CompiledRule], max_iterations: 
     report.held_back = {g.rule.label: held[g.rule.group] for g in groups if g.rule.group in held}
     # The e-graph never shrinks: its size now bounds every step's, including a step the loop
     # left before reading the size back (a rule held back after its step ran).
-    report.peak_nodes = max(report.peak_nodes, egg.size())
+    report.peak_nodes = max(report.peak_nodes, egg.size(), egg.peak)
     report.seconds = time.perf_counter() - start
     report.peak_rss = peak_rss()
     return report, Facts(view, enc, cache)

@@ -68,6 +68,10 @@ static inline void sat_ukr(int kc, const float *restrict a, const float *restric
     for (int k = 0; k < kc; k++) {
         const sat_vf b0 = sat_vload(b), b1 = sat_vload(b + SAT_VL);
         __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN);
+#if SAT_PN > 16
+        /* a step's B row spans two cache lines (16-lane vectors): both are fetched ahead */
+        __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN + 16);
+#endif
         SAT_PANEL_STEP(a, b0, b1);
         a += SAT_PR;
         b += SAT_PN;

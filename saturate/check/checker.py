@@ -10,7 +10,7 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
@@ -26,6 +26,7 @@ from saturate.lang import fold
 from saturate.lang.variadic import instantiate, is_variadic, list_vars
 from saturate.ops.schema import op_table
 from saturate.ops.registry import defined_here, domain_of
+from saturate.engine.compile_rules import rule_ops
 from saturate.check.compiled import RightSideError, build_rhs, compiled, decide_example, directions
 from saturate.check.examples import Example, rule_examples
 
@@ -426,7 +427,7 @@ def check_rules(rules: Iterable[Rule], examples: int = 200, seed: int | None = N
     rules = list(rules)
     # A worker imports saturate.ops afresh: a rule over an op this process registered or changed
     # at run time is checked here, against the op as this process defines it.
-    here = {k for k, rule in enumerate(rules) if defined_here(_rule_ops(rule))}
+    here = {k for k, rule in enumerate(rules) if defined_here(rule_ops([rule]))}
     workers = max(1, min(jobs or os.cpu_count() or 1, len(rules) - len(here)))
     if workers == 1:
         results = []
@@ -482,12 +483,6 @@ def _alone(rule: Rule, examples: int, seed: int | None) -> RuleResult:
         except BrokenProcessPool as err:
             return RuleResult(rule, "ERROR", 0, 0.0, message="the checker's worker process died checking this "
                               f"rule (out of memory or a signal): {_first_line(err)}")
-
-
-def _rule_ops(rule: Rule) -> set[str]:
-    def ops(t: Any) -> set[str]:
-        return {t.op}.union(*(ops(a) for a in t.args)) if isinstance(t, OpTerm) else set()
-    return set().union(*(ops(lhs) | ops(rhs) for lhs, rhs in rule.roots))
 
 
 def _import_checker() -> None:

@@ -15,7 +15,6 @@ process. torch and timm are needed for --export only.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile

@@ -4,6 +4,7 @@ and its bytes in pieces (weights written file to file, external data beside the 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np

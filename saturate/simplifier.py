@@ -160,8 +160,8 @@ def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
     try:
         import onnxruntime  # noqa: F401  (only to know it is there)
     except ImportError:
-        raise Unchecked(f"onnxruntime is not installed (pip install onnxruntime; --check 0 skips "
-                        f"the check)") from None
+        raise Unchecked("onnxruntime is not installed (pip install onnxruntime; --check 0 skips "
+                        "the check)") from None
     for graph in (before, after):
         _check_value_sizes(graph)
     feeds = [_random_feed(before, seed + k) for k in range(samples)]

@@ -1,7 +1,6 @@
 """Rule builtins: numpy semantics of constant functions, queries and guards (ONNX Runtime as reference)."""
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import given, settings

@@ -515,7 +515,7 @@ def test_new_features_load_errors_name_the_position(src, message, line, col):
 
 
 def test_a_variadic_rule_rewrites_concats_of_any_number_of_inputs(tmp_path: Path):
-    from engine_util import Builder, assert_same, ops
+    from engine_util import Builder, assert_same
 
     # A negated Concat of negated inputs is the Concat of the inputs (from 2 inputs on).
     rules = ("rule neg-concat Neg(Concat(xs...){axis=ax}) => Concat(Neg(xs)...){axis=ax} if count(xs) >= 2\n"

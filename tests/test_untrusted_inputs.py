@@ -97,7 +97,7 @@ def test_a_target_that_is_not_a_target_file_shows_none_of_its_text(tmp_path, cap
 ])
 def test_a_constant_expression_over_the_memory_limit_is_refused_before_it_allocates(fn, args):
     # Each result takes terabytes: numpy would fail with a MemoryError, or take the machine.
-    with pytest.raises(SaturateError, match=rf"^constant expression .+ would take [0-9.]+ TiB, over the memory limit"):
+    with pytest.raises(SaturateError, match=r"^constant expression .+ would take [0-9.]+ TiB, over the memory limit"):
         CONST_FUNCS[fn].impl(*args)
 
 

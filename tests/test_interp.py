@@ -161,6 +161,37 @@ def test_global_average_pool(seed, shape):
     check("GlobalAveragePool", {"x": arr(np.random.default_rng(seed), shape)})
 
 
+
+@CASES
+@given(seed=seeds, shape=st.lists(st.integers(1, 5), min_size=3, max_size=5), p=st.integers(1, 4))
+def test_global_lp_pool(seed, shape, p):
+    check("GlobalLpPool", {"x": arr(np.random.default_rng(seed), shape)}, {"p": p})
+
+
+@CASES
+@given(seed=seeds, data=st.data())
+def test_max_roi_pool(seed, data):
+    # Boxes anywhere around the image, reversed, and on half-pixels (where C's rounding and
+    # numpy's differ), scaled down as a feature map's stride does.
+    rng = np.random.default_rng(seed)
+    n, h, w = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 9)), data.draw(st.integers(1, 9))
+    boxes = data.draw(st.integers(1, 4))
+    rois = np.zeros((boxes, 5), np.float32)
+    rois[:, 0] = rng.integers(0, n, boxes)
+    corners = rng.uniform(-3, max(h, w) * 1.5, (boxes, 4)).round(1)
+    halves = rng.integers(0, max(h, w), (boxes, 4)) + 0.5
+    rois[:, 1:] = np.where(rng.random((boxes, 4)) < 0.3, halves, corners)
+    attrs = {"pooled_shape": [data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))],
+             "spatial_scale": data.draw(st.sampled_from([1.0, 0.5, 0.25]))}
+    check("MaxRoiPool", {"x": arr(rng, (n, 3, h, w)), "rois": rois}, attrs)
+
+
+def test_max_roi_pool_refuses_a_box_of_another_batch():
+    node = Node("MaxRoiPool", ["x", "rois"], ["y"], {"pooled_shape": [2, 2]}, name="roi")
+    rois = np.array([[3, 0, 0, 2, 2]], np.float32)
+    with pytest.raises(SaturateError, match=r"^node 'roi' \(MaxRoiPool\): roi 0 names batch 3, outside 0..0$"):
+        eval_node(node, [np.zeros((1, 1, 4, 4), np.float32), rois])
+
 # ---- elementwise ------------------------------------------------------------------------------
 
 @st.composite

@@ -140,6 +140,24 @@ def test_old_softmax_keeps_its_meaning_through_conversion(opset):
     assert np.allclose(run_graph(graph, {"x": x})["y"].sum(axis=(1, 2, 3)), 1, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("opset", [9, 10])
+def test_deprecated_scatter_runs_as_scatter_elements(opset):
+    # onnx.reference has no Scatter; an opset this old converts to 14 on import, where it is
+    # ScatterElements.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])
+    indices = _const("i", [[1, 0, 2, 0], [2, 2, 1, 1]], np.int64)
+    updates = _const("u", np.arange(8).reshape(2, 4) + 10)
+    node = helper.make_node("Scatter", ["x", "i", "u"], ["y"], axis=0)
+    model = helper.make_model(helper.make_graph([node], "scatter", [x], [y], [indices, updates]),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    feeds = {"x": np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)}
+    expected = run_reference_runtime(model, feeds)
+    graph = import_model(model)
+    assert [n.op for n in graph.nodes] == ["ScatterElements"]
+    assert_close([run_graph(graph, feeds)["y"]], expected)
+
 def test_model_newer_than_ort_with_unchanged_ops_is_accepted():
     # Opset 22+ changed no semantics of these ops (only added types).
     rng = np.random.default_rng(3)

@@ -124,6 +124,17 @@ def bad_model(tmp_path):
     return str(tmp_path / "bad.onnx")
 
 
+def multinomial_model(tmp_path):
+    # The one standard op with tensors only that neither onnx.reference nor a kernel here runs.
+    node = helper.make_node("Multinomial", ["x"], ["y"], name="draw", sample_size=2)
+    model = helper.make_model(helper.make_graph(
+        [node], "draws", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.INT32, [2, 2])]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.save(model, str(tmp_path / "draws.onnx"))
+    return str(tmp_path / "draws.onnx")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run", "{tmp}/missing.onnx"], "missing.onnx: no such file"),
     (["run", "example:mlp", "-i", "{tmp}/none.npy"], "none.npy: no such file"),
@@ -134,12 +145,14 @@ def bad_model(tmp_path):
     (["run", "{two}", "-o", "{tmp}/out.npy"], "the model has 2 outputs (s, p); save them to a .npz"),
     (["run", "example:mlp", "-o", "{tmp}/no/dir/y.npy"], "does not exist"),
     (["run", "{bad}"], "no reference implementation for op 'com.example::MyOp' (node 'hm')"),
+    (["run", "{draws}"], "node 'draw' (Multinomial): onnx.reference has no implementation (opset 17)"),
 ])
 def test_run_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
     (tmp_path / "junk.npy").write_bytes(b"not numpy at all")
     np.save(tmp_path / "wrong.npy", np.zeros((3, 3), np.float32))
     np.savez(tmp_path / "named.npz", nope=np.zeros(1))
-    paths = {"tmp": str(tmp_path), "two": two_in_two_out(tmp_path / "two.onnx"), "bad": bad_model(tmp_path)}
+    paths = {"tmp": str(tmp_path), "two": two_in_two_out(tmp_path / "two.onnx"), "bad": bad_model(tmp_path),
+             "draws": multinomial_model(tmp_path)}
     assert main([a.format(**paths) for a in argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("saturate: error: ") and message in err[-1]

@@ -62,7 +62,17 @@ def _tensor_only_in_places(schema: onnx.defs.OpSchema) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def unsupported_reason(op: str, opset: int) -> str | None:
-    """Why a default-domain op cannot run at this opset (None: it can), judged from its schema."""
+    """Why a default-domain op cannot run at this opset (None: it can): on its registry entry's
+    numpy kernel, else on onnx.reference."""
+    entry = lookup(op)
+    if entry is not None and entry.evaluate is not None and _schema(op, opset) is not None:
+        return None
+    return reference_reason(op, opset)
+
+
+def reference_reason(op: str, opset: int) -> str | None:
+    """Why onnx.reference cannot run a default-domain op at this opset (None: it can), judged
+    from its schema."""
     schema = _schema(op, opset)
     if schema is None:
         return "ONNX defines no such op at this opset"
@@ -85,7 +95,7 @@ def reference_ops(opset: int) -> frozenset[str]:
     """The default-domain ops of this opset that the onnx.reference fallback can run."""
     names = {s.name for s in onnx.defs.get_all_schemas_with_history()
              if s.domain in ("", "ai.onnx") and not s.deprecated}
-    return frozenset(n for n in names if unsupported_reason(n, opset) is None)
+    return frozenset(n for n in names if reference_reason(n, opset) is None)
 
 
 def _attr_key(value: Any) -> Any:
@@ -135,7 +145,7 @@ def _build(node: Node, opset: int, args: Sequence[np.ndarray | None]) -> Any:
 
 def run_reference(node: Node, args: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray]:
     """Run one default-domain node with onnx.reference; one array per output."""
-    reason = unsupported_reason(node.op, opset)
+    reason = reference_reason(node.op, opset)
     if reason is not None:
         raise SaturateError(f"{node.where()}: {reason} (opset {opset})")
     entry = lookup(node.op)

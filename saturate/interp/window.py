@@ -161,3 +161,54 @@ def global_average_pool(node: Node, x: np.ndarray) -> np.ndarray:
     if x.ndim < 3:
         raise fail(node, f"input rank {x.ndim} must be >= 3")
     return x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=x.dtype)
+
+
+def global_lp_pool(node: Node, x: np.ndarray) -> np.ndarray:
+    """GlobalLpPool: the p-norm over every spatial axis, kept as size-1 axes."""
+    if x.ndim < 3:
+        raise fail(node, f"input rank {x.ndim} must be >= 3")
+    p = int(node.attrs.get("p", 2))
+    if p < 1:
+        raise fail(node, f"p = {p} must be >= 1")
+    spatial = tuple(range(2, x.ndim))
+    total = np.sum(np.abs(x) ** p, axis=spatial, keepdims=True, dtype=x.dtype)
+    return (total ** (1.0 / p)).astype(x.dtype, copy=False)
+
+
+def _round_half_away(v: np.ndarray) -> np.ndarray:
+    # C's roundf, which ROI pooling's box corners are defined by; numpy rounds halves to even.
+    return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+
+def max_roi_pool(node: Node, x: np.ndarray, rois: np.ndarray) -> np.ndarray:
+    """MaxRoiPool (Fast R-CNN's ROI pooling): each box (batch index, x1, y1, x2, y2), scaled and
+    rounded to pixels, split into pooled_shape bins; each bin is the max over its pixels, 0 when
+    it holds none."""
+    if x.ndim != 4:
+        raise fail(node, f"input rank {x.ndim} must be 4 (N, C, H, W)")
+    if rois.ndim != 2 or rois.shape[1] != 5:
+        raise fail(node, f"rois of shape {list(rois.shape)} must be (num_rois, 5)")
+    pooled = node.attrs.get("pooled_shape")
+    if pooled is None or len(pooled) != 2 or min(int(v) for v in pooled) < 1:
+        raise fail(node, f"pooled_shape {_text(pooled)} must be two positive sizes")
+    ph, pw = (int(v) for v in pooled)
+    scale = float(node.attrs.get("spatial_scale", 1.0))
+    n, c, h, w = x.shape
+    out = np.zeros((rois.shape[0], c, ph, pw), dtype=x.dtype)
+    corners = _round_half_away(rois[:, 1:].astype(np.float64) * scale)
+    for r in range(rois.shape[0]):
+        batch = int(rois[r, 0])
+        if not 0 <= batch < n:
+            raise fail(node, f"roi {r} names batch {batch}, outside 0..{n - 1}")
+        x1, y1, x2, y2 = (int(v) for v in corners[r])
+        bin_h = max(y2 - y1 + 1, 1) / ph
+        bin_w = max(x2 - x1 + 1, 1) / pw
+        for i in range(ph):
+            top = min(max(math.floor(i * bin_h) + y1, 0), h)
+            bottom = min(max(math.ceil((i + 1) * bin_h) + y1, 0), h)
+            for j in range(pw):
+                left = min(max(math.floor(j * bin_w) + x1, 0), w)
+                right = min(max(math.ceil((j + 1) * bin_w) + x1, 0), w)
+                if bottom > top and right > left:
+                    out[r, :, i, j] = x[batch, :, top:bottom, left:right].max(axis=(1, 2))
+    return out

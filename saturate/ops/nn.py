@@ -7,7 +7,7 @@ import math
 from saturate.core.geometry import conv_output_shape
 from saturate.core.ir import ValueInfo
 from saturate.interp import kernels as k
-from saturate.interp.window import average_pool, conv, global_average_pool, max_pool
+from saturate.interp.window import average_pool, conv, global_average_pool, global_lp_pool, max_pool, max_roi_pool
 from saturate.ops.cost import conv_flops, numel
 from saturate.ops.registry import define
 
@@ -44,6 +44,9 @@ define("AveragePool", engine=True, evaluate=average_pool, arity=(1, 1), flops=_p
        c="kernel")
 define("GlobalAveragePool", engine=True, evaluate=global_average_pool, arity=(1, 1), flops=_global_pool_flops,
        c="kernel")
+define("GlobalLpPool", evaluate=global_lp_pool, arity=(1, 1), flops=_global_pool_flops)
+define("MaxRoiPool", evaluate=max_roi_pool, arity=(2, 2),
+       flops=lambda attrs, ins, out: numel(ins[0]) if ins else numel(out))
 # A C kernel of its own, and pointwise (a scale and a shift per channel) inside a fused chain.
 define("BatchNormalization", same_shape=True, engine=True, evaluate=k.batch_norm, arity=(5, 5),
        flops=lambda attrs, ins, out: 2 * numel(out), domains={4: "nonnegative"}, c="kernel", param_inputs=True,

@@ -263,6 +263,22 @@ def test_load_errors_name_the_position(src, message, line, col):
     assert text[2].index("^") - 4 == col - 1
 
 
+
+def test_an_error_on_a_long_line_shows_the_part_around_the_column(tmp_path, capsys):
+    # A rules file may hold a line of megabytes: the command prints a window of it, the caret
+    # still under the offending character.
+    path = tmp_path / "long.rules"
+    path.write_text(HEAD + "rule deep " + "Relu(" * 2000 + "x" + ")" * 2000 + " => x\n")
+    assert main(["check", str(path)]) == 2
+    first, shown, caret = capsys.readouterr().err.splitlines()
+    col = int(first.split(":")[4])
+    assert first.endswith("expression nested more than 64 levels deep")
+    assert shown.startswith("    ...Relu(") and shown.endswith("...") and len(shown) < 140
+    source = path.read_text().splitlines()[-1]
+    at = caret.index("^")
+    assert shown[at] == source[col - 1]
+    assert shown[at - 20:at + 20] == source[col - 21:col + 19]
+
 def test_rule_before_any_ruleset_is_an_error():
     with pytest.raises(SourceError, match="comes before any 'ruleset NAME level N' line") as err:
         dsl.parse_rules("\n rule x Identity(x) => x", "u.rules")

@@ -36,7 +36,21 @@ def error_text(err: SaturateError) -> str:
     if isinstance(err, SourceError):
         text = f"{one_line(err.file)}:{err.line}:{err.col}: {one_line(err.message)}"
         if err.source_line is not None:
-            line = err.source_line.rstrip("\n")
-            text += "\n    " + one_line(line) + "\n    " + " " * len(one_line(line[:max(err.col - 1, 0)])) + "^"
+            shown, before = _excerpt(err.source_line.rstrip("\n"), max(err.col - 1, 0))
+            text += "\n    " + shown + "\n    " + " " * before + "^"
         return text
     return one_line(str(err))
+
+
+_EXCERPT_SIDE = 60      # characters of a long source line shown on each side of the caret
+
+
+def _excerpt(line: str, col: int) -> tuple[str, int]:
+    """The part of a source line shown under an error (all of it when short; a window around
+    `col`, its cut ends marked "...", when a file's line runs to thousands of characters) and
+    how many characters of it precede the caret."""
+    start = 0 if col <= _EXCERPT_SIDE else col - _EXCERPT_SIDE
+    end = len(line) if len(line) - col <= _EXCERPT_SIDE else col + _EXCERPT_SIDE
+    head = "..." if start else ""
+    shown = head + one_line(line[start:end]) + ("..." if end < len(line) else "")
+    return shown, len(head) + len(one_line(line[start:col]))

@@ -54,17 +54,19 @@ class Status:
     takes long; tqdm itself only redraws when a step is counted."""
 
     def __init__(self, quiet: bool, desc: str = "", total: int | None = None, unit: str = "it") -> None:
-        from tqdm import tqdm
-
         self.enabled = shown(quiet)
-        bar_format = None if total is not None else "{desc}{postfix} [{elapsed}]"
-        columns, rows = _size()
-        self.bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not self.enabled,
-                        delay=DELAY, bar_format=bar_format, leave=False, ncols=columns, nrows=rows)
+        self.bar = None
         self._drawn = False
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         if self.enabled:
+            # tqdm (and the multiprocessing lock it makes) only where a bar can show.
+            from tqdm import tqdm
+
+            bar_format = None if total is not None else "{desc}{postfix} [{elapsed}]"
+            columns, rows = _size()
+            self.bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, delay=DELAY,
+                            bar_format=bar_format, leave=False, ncols=columns, nrows=rows)
             self._ticker = threading.Thread(target=self._tick, name="saturate-progress", daemon=True)
             self._ticker.start()
 
@@ -109,6 +111,8 @@ class Status:
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join()
+        if self.bar is None:
+            return
         if self._drawn:
             # tqdm erases its line on close only if it drew it itself, not after refresh() alone.
             self.bar.clear()

@@ -6,10 +6,7 @@ import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
-
-from lark import Lark, Token, Transformer, Tree, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+from typing import TYPE_CHECKING, Any, Iterable
 
 from saturate.lang import checks, rule_cache
 from saturate.lang.builtins import INFIX
@@ -17,6 +14,12 @@ from saturate.core.errors import SaturateError, SourceError
 from saturate.core.inputs import RefusedFile, read_regular
 from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, RuleSet,
                                Spread, Str, Var)
+
+if TYPE_CHECKING:
+    # lark is imported where a text is parsed: a run whose rules come from the cache (rule_cache)
+    # does not load it.
+    from lark import Lark, Token, Tree
+    from lark.exceptions import UnexpectedInput
 
 # Package data: saturate/rules links to rules/ at the repository's top, and a wheel carries the files
 # there. Resolved, so a checkout's messages name rules/... as before.
@@ -31,6 +34,8 @@ _PARSER: Lark | None = None
 def _parser() -> Lark:
     global _PARSER
     if _PARSER is None:
+        from lark import Lark
+
         _PARSER = Lark.open_from_package("saturate.lang", "rules.lark", ("",), parser="lalr", cache=True,
                                          propagate_positions=True, maybe_placeholders=True)
     return _PARSER
@@ -59,9 +64,9 @@ class Header:
     loc: Loc
 
 
-@v_args(meta=True)
-class _ToAst(Transformer):
-    """Tree -> statements and terms; method names follow the grammar's rule names."""
+class _ToAst:
+    """Tree -> statements and terms; method names follow the grammar's rule names. The methods
+    of a lark Transformer (_to_ast makes one), each called with the node's meta and children."""
 
     def __init__(self, file: str):
         super().__init__()
@@ -170,6 +175,20 @@ class _ToAst(Transformer):
         return IntList(tuple(int(t) for t in items if t is not None))
 
 
+_TO_AST: Any = None
+
+
+def _to_ast(file: str) -> Any:
+    """A lark Transformer with _ToAst's methods (the class is made on first use, with lark)."""
+    global _TO_AST
+    if _TO_AST is None:
+        from lark import Transformer, v_args
+
+        methods = {k: v for k, v in vars(_ToAst).items() if not k.startswith("__") or k == "__init__"}
+        _TO_AST = v_args(meta=True)(type("ToAst", (_ToAst, Transformer), methods))
+    return _TO_AST(file)
+
+
 # ---- syntax errors ----------------------------------------------------------------------------------
 
 _TERMINAL_WORDS = {"OPNAME": "an op name", "NAME": "a name", "RULENAME": "a rule name",
@@ -189,6 +208,8 @@ def _describe(terminal: str) -> str:
 
 
 def _syntax_error(err: UnexpectedInput, text: str, file: str) -> SourceError:
+    from lark.exceptions import UnexpectedCharacters, UnexpectedToken
+
     lines = text.splitlines() or [""]
     line, col = err.line, err.column
     if isinstance(err, UnexpectedToken) and err.token.type == "$END" or line is None or line < 1:
@@ -217,6 +238,8 @@ def parse_statements(text: str, file: str = "<string>", show_text: bool = True) 
         except SourceError as err:
             raise SourceError(err.file, err.line, err.col, "not valid rules (the text of a file whose "
                                                            "name does not end in .rules is not shown)") from None
+    from lark.exceptions import UnexpectedInput, VisitError
+
     try:
         tree = _parser().parse(text)
     except UnexpectedInput as err:
@@ -224,7 +247,7 @@ def parse_statements(text: str, file: str = "<string>", show_text: bool = True) 
     _check_depth(tree, text, file)
     _check_numbers(tree, text, file)
     try:
-        return _ToAst(file).transform(tree)
+        return _to_ast(file).transform(tree)
     except VisitError as err:
         if isinstance(err.orig_exc, SourceError):
             err.orig_exc.source_line = None
@@ -238,6 +261,8 @@ MAX_DEPTH = 64
 
 
 def _check_depth(tree: Tree, text: str, file: str) -> None:
+    from lark import Tree
+
     stack = [(tree, 0)]
     while stack:
         node, depth = stack.pop()
@@ -256,6 +281,8 @@ def _check_numbers(tree: Tree, text: str, file: str) -> None:
     """Refuse a literal no rule can mean: an integer outside int64 (attributes, shapes and the
     engine's literals hold 64 bits, and a larger one would be cut short somewhere) or a float
     beyond float64 (which Python reads as infinity)."""
+    from lark import Token, Tree
+
     negated: set[int] = set()   # `-9223372036854775808` is written as - applied to 2**63
     stack = [tree]
     while stack:

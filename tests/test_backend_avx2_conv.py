@@ -1,7 +1,7 @@
 """C backend: convs on pgemm.h's tile in builds without the AVX-512 kernels (SATURATE_ISA=avx2), against the
 reference interpreter and ONNX Runtime. Strided convs on sat_conv_xdirect's grid of input phases: every stride
 up to 4, strides differing by direction, dilations that fold taps onto fewer phases, pads on some sides only,
-groups, two images, and the 7x7 stem the planner sends there. On AVX-512 builds the same graphs run on the
+groups, two images, and a 7x7 stem as the planner places it. On AVX-512 builds the same graphs run on the
 AVX-512 kernels (the checks still hold; the planner cases below fix the instruction set themselves)."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_strided_convs_on_the_phase_grid(xshape, wshape, attrs, threads):
 @pytest.mark.compiler
 @pytest.mark.parametrize("threads", [1, 2])
 def test_stem_as_planned(threads):
-    """A 7x7 stride-2 stem of 3 channels with the planner's own choice (the phase grid on AVX2 builds)."""
+    """A 7x7 stride-2 stem of 3 channels with the planner's own choice (the direct tiles on AVX2 builds)."""
     check_three_way(conv_relu((1, 3, 64, 64), (24, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
                     threads=threads)
 
@@ -67,12 +67,12 @@ def layout_of(xshape, wshape, attrs, isa: str = "avx2") -> int | None:
     return plan.conv_layout(xshape, wshape, win, int(node.attr("group", 1)), cfg)
 
 
-def test_planner_sends_a_7x7_stem_to_the_phase_grid():
-    """ResNet's stem (K = 147) runs without im2col on AVX2 builds; a 3x3 stem of 3 channels (K = 27) keeps
-    im2col, whose products beat the grid's per-run stores on so short a reduction."""
-    stem = ((1, 3, 96, 96), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]})
-    assert layout_of(*stem) == 2
-    assert layout_of((1, 3, 96, 96), (32, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}) != 2
-    assert layout_of((1, 3, 96, 96), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [5, 5]}) != 2
-    # AVX-512 builds run convs on their own kernels
-    assert layout_of(*stem, isa="avx512") is None
+def test_planner_sends_strided_stems_to_the_direct_tiles():
+    """ResNet's 7x7 stem (K = 147) and a 3x3 stem of 3 channels (K = 27) run on the AVX2 direct tiles (dconv8.h),
+    off pgemm.h's tile; AVX-512 builds run convs on their own kernels."""
+    for stem in [((1, 3, 96, 96), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
+                 ((1, 3, 96, 96), (32, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]})]:
+        g = conv_relu(*stem)
+        assert plan.direct_avx2(g.nodes[0], {"x": stem[0], "w": stem[1]}, g.constants, BuildConfig(isa="avx2"))
+        assert layout_of(*stem) is None
+        assert layout_of(*stem, isa="avx512") is None

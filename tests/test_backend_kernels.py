@@ -207,12 +207,14 @@ STREAM_CONVS = [
 @pytest.mark.parametrize("act", ["Relu", "SiLU", "Add"])
 def test_convs_with_few_pixels_on_streamed_weights(act, threads):
     """Bias and Relu or SiLU run in their 8-channel form on the accumulators (AVX2 builds); the Add of a
-    second input is an epilogue per plane. The cases side by side in one build, each emitted alone too."""
+    second input is an epilogue per plane. The cases side by side in one build, each emitted alone too. The
+    AVX2 direct tiles, which take the kxk cases in AVX2 builds, are off (test_backend_avx2_direct.py)."""
     graphs = [stream_conv(xshape, wshape, attrs, act) for xshape, wshape, attrs in STREAM_CONVS]
+    config = BuildConfig.from_env(direct=False)
     if not avx512_build():
         for k, g in enumerate(graphs):
-            assert "sat_conv_stream(" in emit(g).source, STREAM_CONVS[k]
-    check_three_way(side_by_side(graphs), threads=threads)
+            assert "sat_conv_stream(" in emit(g, config=config).source, STREAM_CONVS[k]
+    check_three_way(side_by_side(graphs), threads=threads, config=config)
 
 
 def stream_conv(xshape, wshape, attrs, act):
@@ -435,11 +437,12 @@ def wino_conv(xshape, m, pads, act):
 def test_winograd_switch_and_rule():
     """BuildConfig(wino="off") keeps 3x3 convs on the kernels before it; outputs under WINO_MINP pixels
     (WINO_DEEP_MINP from 512 channels), fewer than WINO_MINC channels, strides, dilations and groups never
-    take it; AVX-512 builds keep maps under WINO_AVX512_MINP pixels on their direct conv."""
-    def conv(xshape, m, wino="auto", **attrs):
+    take it; AVX-512 builds keep maps under WINO_AVX512_MINP pixels on their direct conv, and AVX2 builds maps
+    of at most plan.DIRECT8_MAXP pixels on theirs (off here but for the last check)."""
+    def conv(xshape, m, wino="auto", direct=False, **attrs):
         g = make([Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1], **attrs})], {"x": xshape},
                  {"w": arr(33, (m, xshape[1] // attrs.get("group", 1), 3, 3))})
-        return "sat_conv_wino(" in emit(g, config=BuildConfig.from_env(wino=wino)).source
+        return "sat_conv_wino(" in emit(g, config=BuildConfig.from_env(wino=wino, direct=direct)).source
 
     if vector_lanes() < 6:
         pytest.skip("portable builds' 4-float vectors cannot hold a 6-tile panel: no Winograd")
@@ -460,3 +463,5 @@ def test_winograd_switch_and_rule():
     assert not conv((1, 64, 56, 56), 64, dilations=[2, 2], pads=[2, 2, 2, 2])
     assert not conv((1, 64, 56, 56), 64, group=2)
     assert not conv((1, 32, 6, 6), 32, wino="off")
+    if BuildConfig.from_env().isa == "avx2":
+        assert not conv((1, 32, 6, 6), 32, direct=True) and conv((1, 32, 12, 12), 32, direct=True)

@@ -43,7 +43,9 @@ class BuildConfig:
     isa: the instruction set ($SATURATE_ISA). wino: Winograd on the convs the planner picks ("auto"), on none
     ("off") or on every conv it can run ("all"). conv_layout: pgemm.h's tile layout (0, 1 or 2) for every conv
     on it, else the planner's. stream: few-pixel convs on streamed weights (builds without AVX-512). im2col:
-    every conv on im2col and OpenBLAS, the path of convs whose weights are not constants."""
+    every conv on im2col and OpenBLAS, the path of convs whose weights are not constants. direct: kxk convs
+    on the AVX2 direct tiles (dconv8.h) where the planner picks them (AVX2 builds), else on the kernels before
+    (tests of those kernels turn it off)."""
 
     isa: str = "native"
     sanitize: bool = False
@@ -52,6 +54,7 @@ class BuildConfig:
     conv_layout: int | None = None
     stream: bool = True
     im2col: bool = False
+    direct: bool = True
 
     def __post_init__(self):
         if self.isa not in ISAS:

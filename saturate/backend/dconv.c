@@ -1,10 +1,16 @@
 /* The kernel library's half of dconv.h: compiled once per instruction set (build.py), linked into every model. */
 #include "kernels.h"
 
-#if (defined(__AVX512F__))
+#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__)
 float sat_dconv_acc[SAT_MAX_THREADS][SAT_DCHUNK * 256] __attribute__((aligned(64)));
 
 float sat_dconv_stage[SAT_MAX_THREADS][32 * 16] __attribute__((aligned(64)));
+#else
+float sat_dconv8_acc[SAT_MAX_THREADS][SAT_DCHUNK * SAT_D8R * SAT_D8N] __attribute__((aligned(64)));
+
+void sat_dconv8_plain(void *ctx, int64_t u, int tid) { sat_dconv8_unit(ctx, u, tid, NULL); }
+#endif
 
 void sat_pad_plane(void *ctx, int64_t c, int tid) {
     const sat_dconv_pad_args *a = ctx;
@@ -66,8 +72,12 @@ void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y
         koff[k] = (int32_t)((int64_t)c * Hq * Wp + kh * dh * Wp + kw * dw);
     }
     const int64_t P = (int64_t)OH * OW;
-    const int R = sat_dconv_rows(P);
-    const int panels = (int)((P + R - 1) / R), jpanels = (Mg + 31) / 32;
+#if defined(__AVX512F__)
+    const int R = sat_dconv_rows(P), width = 32;
+#else
+    const int R = SAT_D8R, width = SAT_D8N;
+#endif
+    const int panels = (int)((P + R - 1) / R), jpanels = (Mg + width - 1) / width;
     /* A unit is a run of panels (about 256 pixels, so its input rows stay in cache) over one weight
      * panel; smaller runs when there are too few units to share between threads. */
     int chunk = (256 + R - 1) / R;
@@ -80,7 +90,7 @@ void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y
     if (chunk > SAT_DCHUNK) chunk = SAT_DCHUNK;
     if (chunk < 1) chunk = 1;
     /* (see sat_dconv_flush; an even chunk keeps each staged pair on one 64-byte line) */
-    const int stage = R == 8 && P * 4 % 2048 == 0;
+    const int stage = width == 32 && R == 8 && P * 4 % 2048 == 0;
     if (stage && chunk > 1 && chunk % 2) chunk++;
     const int chunks = (panels + chunk - 1) / chunk;
     for (int n = 0; n < N; n++)

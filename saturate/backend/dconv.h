@@ -7,13 +7,9 @@
 #ifndef SATURATE_DCONV_H
 #define SATURATE_DCONV_H
 
-#if defined(__AVX512F__)
-
-/* Vector epilogue: v holds 8 consecutive outputs starting at flat index `off` (lanes in `mk`). */
-typedef __m256 (*sat_epv)(__m256 v, int64_t off, __mmask8 mk);
-/* Per-channel part of an epilogue: v holds 16 channels (planes q .. q+15, lanes `mc`) of one pixel. */
-typedef __m512 (*sat_epc)(__m512 v, int64_t q, __mmask16 mc);
-
+#if defined(__AVX512F__) || defined(__AVX2__)
+/* The driver (sat_conv_direct) and its work units' arguments, shared with the AVX2 builds' 6 pixel x 16
+ * channel tiles (dconv8.h). */
 typedef struct {
     const float *x;       /* padded input of one (image, group), pitch Wp, plane Hp*Wp */
     const float *wp;      /* packed weights of the group */
@@ -25,6 +21,45 @@ typedef struct {
     int stage;            /* outputs pass through the thread's stage, two panels at a time (sat_dconv_flush) */
     sat_epi epi;          /* scalar epilogue when no vector one exists */
 } sat_dconv_args;
+
+/* Reduction indices per block, and the most pixel panels a unit takes (its partial sums' buffer). */
+#define SAT_DKC 256
+#define SAT_DCHUNK 40
+
+/* Copy of one input channel into its zero-padded plane; only the pad border is zeroed, the interior
+ * is overwritten by the copy. */
+typedef struct {
+    const float *x;
+    float *xpad;
+    int H, W, Hq, Wp, ph, pw;
+} sat_dconv_pad_args;
+
+void sat_pad_plane(void *ctx, int64_t c, int tid);
+
+/* The pixels a strided 1x1 conv reads, one channel, gathered into a dense OH x OW plane (zero where a pad
+ * falls): the tiles then run it at unit stride. In place, a stride-2 conv's reduction block of 256 channels
+ * touches their whole planes (a 6x6 map's three cache lines each, 36 KB), which with the weight block's
+ * 32 KB no longer fits in L1. */
+#define SAT_GATHER_MAXP 64 /* plan.GATHER_MAXP */
+typedef struct {
+    const float *x;
+    float *xs;
+    int H, W, OH, OW, sh, sw, ph, pw;
+} sat_dconv_gather_args;
+
+void sat_gather_plane(void *ctx, int64_t c, int tid);
+
+void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y, float *scratch, int N,
+                            int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
+                            int pw, int dh, int dw, int G, sat_epi epi, sat_body unit);
+#endif
+
+#if defined(__AVX512F__)
+
+/* Vector epilogue: v holds 8 consecutive outputs starting at flat index `off` (lanes in `mk`). */
+typedef __m256 (*sat_epv)(__m256 v, int64_t off, __mmask8 mk);
+/* Per-channel part of an epilogue: v holds 16 channels (planes q .. q+15, lanes `mc`) of one pixel. */
+typedef __m512 (*sat_epc)(__m512 v, int64_t q, __mmask16 mc);
 
 /* Transpose the 8 x 16 block r0..r7 (pixel rows) into 8 vectors of two channels' 8 pixels each:
  * out[i] lower half = channel i, upper half = channel i + 4 (i < 4: channels 0-7; i >= 4: 8-15). */
@@ -168,10 +203,6 @@ static inline __attribute__((always_inline)) void sat_dconv_tile(int rows, int K
     }
 }
 
-/* Reduction indices per block, and the most pixel panels a unit takes (its partial sums' buffer). */
-#define SAT_DKC 256
-#define SAT_DCHUNK 40
-
 /* Rows a tile runs for `mr` pixels: all of a full panel's `R`, else the next of 1, 2, 4, 7. */
 static inline int sat_dconv_run_rows(int mr, int R) { return mr == R ? R : mr <= 1 ? 1 : mr <= 2 ? 2 : mr <= 4 ? 4 : 7; }
 extern float sat_dconv_acc[SAT_MAX_THREADS][SAT_DCHUNK * 256] __attribute__((aligned(64)));
@@ -248,28 +279,6 @@ static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int6
     }
 }
 
-/* Copy of one input channel into its zero-padded plane; only the pad border is zeroed, the interior
- * is overwritten by the copy. */
-typedef struct {
-    const float *x;
-    float *xpad;
-    int H, W, Hq, Wp, ph, pw;
-} sat_dconv_pad_args;
-
-void sat_pad_plane(void *ctx, int64_t c, int tid);
-
-/* The pixels a strided 1x1 conv reads, one channel, gathered into a dense OH x OW plane (zero where a pad
- * falls): the tiles then run it at unit stride. In place, a stride-2 conv's reduction block of 256 channels
- * touches their whole planes (a 6x6 map's three cache lines each, 36 KB), which with the weight block's
- * 32 KB no longer fits in L1. */
-#define SAT_GATHER_MAXP 64 /* plan.GATHER_MAXP */
-typedef struct {
-    const float *x;
-    float *xs;
-    int H, W, OH, OW, sh, sw, ph, pw;
-} sat_dconv_gather_args;
-
-void sat_gather_plane(void *ctx, int64_t c, int tid);
 
 /* Pixels per kernel tile: 7 when its panels run fewer rows in all than 8-row panels would (8 on a tie:
  * the wider tile loads each weight vector for more rows). */
@@ -278,10 +287,6 @@ static inline int sat_dconv_rows(int64_t P) {
     const int64_t by8 = P / 8 * 8 + (P % 8 ? sat_dconv_run_rows((int)(P % 8), 8) : 0);
     return by7 < by8 ? 7 : 8;
 }
-
-void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y, float *scratch, int N,
-                            int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
-                            int pw, int dh, int dw, int G, sat_epi epi, sat_body unit);
 
 #endif
 

@@ -18,6 +18,8 @@ from saturate.backend.shapes import conv_window, pool_window, reduce_axes, unsup
 
 # The AVX-512 micro-kernel's panels (gemm.h): SAT_MR rows of A, SAT_NR columns of B, SAT_KC deep.
 PANEL, NR, KC = C["SAT_MR"], C["SAT_NR"], C["SAT_KC"]
+# The channels of the AVX2 direct tile (dconv8.h).
+D8N = C["SAT_D8N"]
 
 
 def pack_weights(w: np.ndarray, group: int, panel: int = PANEL, kc: int = KC) -> np.ndarray:
@@ -85,6 +87,17 @@ class NnEmission:
         geo = f"{win.kh}, {win.kw}, {win.oh}, {win.ow}, {win.sh}, {win.sw}, {win.ph}, {win.pw}, {win.dh}, {win.dw}"
         xp = self.ptr(node.inputs[0])
         group = int(node.attr("group", 1))
+        if direct and not cfg.packed_gemm:
+            # AVX2's tiles (dconv8.h): weights in 16-channel panels over the whole K; a unit function per conv
+            # inlines its 8-channel epilogue where it has one.
+            k = w[1] * win.kh * win.kw
+            arr = pack_weights(self.g.constants[node.inputs[1]], group, D8N, kc=k)
+            packed = self.weight(("direct8", node.inputs[1], group), arr)
+            unit = self._unit8("dconv8", "sat_dconv8_unit", epi) if epi in self.vector8 else "sat_dconv8_plain"
+            scalar = epi if epi not in self.vector8 else "NULL"
+            self.body.append(f"    sat_conv_direct({xp}, {packed}, {arr.size // group}, {out}, COL, {x[0]}, {x[1]}, "
+                             f"{H}, {W}, {w[0]}, {geo}, {group}, {scalar}, {unit});\n")
+            return
         if direct:
             # Weights in 32-channel panels over the whole K; a unit function per conv inlines its epilogue.
             k = w[1] * win.kh * win.kw

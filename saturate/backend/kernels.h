@@ -174,6 +174,7 @@ void sat_copy_blocks(const float *x, float *y, int64_t outer, int64_t inner, int
 
 #include "pgemm.h"
 #include "wino.h"
+#include "dconv8.h"
 #include "tensor.h"
 #include "qgemm.h"
 

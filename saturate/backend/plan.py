@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from saturate.backend.build import KERNELS_DIR, BuildConfig
 from saturate.backend.shapes import ALIASES, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window
@@ -156,9 +158,50 @@ def direct_scratch(node: Node, shapes: dict) -> int:
     return -(-k // 16) * 16 + (0 if inplace else cg * hp * wq)
 
 
+@functools.cache
+def _cpu_has_avx2() -> bool:
+    try:
+        return " avx2 " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
+    except OSError:
+        return False
+
+
+# Largest output (pixels) of a unit-stride kxk conv on the AVX2 direct tiles (direct_avx2).
+DIRECT8_MAXP = 64
+
+
+def direct_avx2(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
+    """Whether a conv runs on the AVX2 direct tiles of dconv8.h (builds with AVX2 but not AVX-512): constant
+    weights, not depthwise, offsets within 32 bits, a kxk window (not 1x1), and either a stride or at most
+    DIRECT8_MAXP output pixels. Builds that force a kernel (cfg.conv_layout, wino="all") keep it, and
+    cfg.direct off keeps every conv off these tiles.
+
+    Per-step CPU time at 1 thread, the avx2 build on a Zen 4 (medians of 15-25 interleaved runs, shared
+    host): strided convs ran 0.57-0.84x the time of their kernels before (ResNet-50's 3x3 stride-2 convs
+    on 24x24 and 12x12 maps 0.67 -> 0.56 and 0.69 -> 0.52 ms, from OpenBLAS and the transposed tile;
+    its 7x7 stem 0.66 -> 0.52 ms from the phase grid; 3x3 stems of 3 channels 0.13 -> 0.08 ms from
+    im2col); 3x3 convs of 256 and 512 channels on 6x6 and 3x3 maps 0.90-0.95x Winograd's and the streamed
+    weights'. Winograd stays faster from 12x12 maps (0.38-0.44 ms, 0.42-0.51 on the tiles), and 1x1 convs
+    stay on their kernels: on ResNet-50's 6x6 to 24x24 maps the tiles ran them 0.9-1.3x as long (the
+    input's planes, a cache line per reduction step, no longer fit in L1 beside a weight block)."""
+    if (node.op != "Conv" or not cfg.direct or cfg.packed_gemm or not cfg.pgemm or cfg.lanes != 8
+            or node.inputs[1] not in constants
+            or cfg.conv_layout is not None or not (cfg.isa == "avx2" or (cfg.isa == "native" and _cpu_has_avx2()))):
+        return False
+    x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
+    if w[1] == 1 or len(x) != 4 or w[2] * w[3] == 1 or direct_scratch(node, shapes) >= 2**31 - 2**20:
+        return False
+    if cfg.wino == "all" and wino_eligible(node, shapes, constants, cfg):
+        return False
+    win = conv_window(node, x, w)
+    return win.sh > 1 or win.sw > 1 or win.oh * win.ow <= DIRECT8_MAXP
+
+
 def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
-    """Whether a conv runs im2col-free on the AVX-512 tiles of dconv.h: constant weights, not depthwise,
-    offsets within 32 bits."""
+    """Whether a conv runs im2col-free on the AVX-512 tiles of dconv.h (or the AVX2 ones of dconv8.h, see
+    direct_avx2): constant weights, not depthwise, offsets within 32 bits."""
+    if direct_avx2(node, shapes, constants, cfg):
+        return True
     if node.op != "Conv" or not cfg.packed_gemm or node.inputs[1] not in constants:
         return False
     w = shapes[node.inputs[1]]
@@ -236,6 +279,8 @@ def runs_stream(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     if not (cfg.stream and cfg.pgemm and node.op == "Conv" and not cfg.packed_gemm and node.inputs[1] in constants
             and int(node.attr("group", 1)) == 1):
         return False
+    if direct_avx2(node, shapes, constants, cfg):
+        return False
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     if w[1] == 1 and x[1] != 1:
         return False
@@ -265,7 +310,8 @@ def runs_wino(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     to 56x56 maps of 256, 0.80x on 112x112 maps of 32 channels, 0.89x on 12x12 maps of 512; 16 channels
     ran 6% slower, and 6x6 and 7x7 maps of 512 channels (their 16/9 larger weights read again for every
     block of tiles, 6 tiles of 512 channels) 0.90-1.01x."""
-    if cfg.wino == "off" or not wino_eligible(node, shapes, constants, cfg) or runs_stream(node, shapes, constants, cfg):
+    if (cfg.wino == "off" or not wino_eligible(node, shapes, constants, cfg) or runs_stream(node, shapes, constants, cfg)
+            or direct_avx2(node, shapes, constants, cfg)):
         return False
     if cfg.wino == "all":
         return True
@@ -282,7 +328,7 @@ def runs_packed(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     not depthwise. Its column panels live in per-thread buffers, not in the workspace."""
     if not (cfg.pgemm and node.op == "Conv" and not cfg.packed_gemm and node.inputs[1] in constants
             and shapes[node.inputs[1]][1] != 1) or runs_stream(node, shapes, constants, cfg) \
-            or runs_wino(node, shapes, constants, cfg):
+            or runs_wino(node, shapes, constants, cfg) or direct_avx2(node, shapes, constants, cfg):
         return False
     # Outputs of fewer pixels than the tile's 6 rows (squeeze-excite convs on 1x1 maps), and long reductions
     # over at most DOT_MAXP pixels (3x3 convs of 512 channels on a 3x3 map), stay dot products: they read
@@ -311,11 +357,11 @@ def runs_packed(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
 def im2col_bytes(step: Step, shapes: dict, cfg: BuildConfig, constants=()) -> int:
     """Scratch a conv step needs for its column matrix or padded input (0 for depthwise convs)."""
     node = step.anchor
+    if runs_direct(node, shapes, constants, cfg):
+        return direct_scratch(node, shapes) * 4 + 64
     if node.op != "Conv" or runs_packed(node, shapes, constants, cfg) or runs_stream(node, shapes, constants, cfg) \
             or runs_wino(node, shapes, constants, cfg):
         return 0
-    if runs_direct(node, shapes, constants, cfg):
-        return direct_scratch(node, shapes) * 4 + 64
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w)
     group = int(node.attr("group", 1))

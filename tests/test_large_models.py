@@ -149,6 +149,78 @@ def test_a_large_elementwise_fold_is_computed_in_blocks_into_a_file(monkeypatch)
     assert np.shares_memory(evaluate_fn("reshape", [got, (-1,)]), got)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_fold_of_mapped_weights_reads_them_from_their_file(tmp_path, monkeypatch, dtype):
+    monkeypatch.setattr(mapped, "SPILL_BYTES", 64 << 10)
+    monkeypatch.setattr(mapped, "BLOCK_BYTES", 10 << 10)
+    monkeypatch.setattr(mapped, "CACHE_BYTES", 3 << 10)     # pieces of rows that end mid-block
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((301, 200)).astype(dtype)
+    s = rng.standard_normal(200).astype(dtype)
+    (tmp_path / "w.data").write_bytes(b"\7" * 12 + w.tobytes())     # off the page boundaries
+    mw = mapped.DataFiles().array(tmp_path / "w.data", 12, w.nbytes, w.dtype, w.shape)
+    reads = []
+    preadv = mapped.os.preadv
+    monkeypatch.setattr(mapped.os, "preadv", lambda fd, bufs, offset: reads.append(offset) or preadv(fd, bufs, offset))
+    got = evaluate_fn("mul", [mw, s])
+    assert mapped.is_mapped(got) and reads
+    np.testing.assert_array_equal(got.view(np.uint8), (w * s).view(np.uint8))
+    # A fold of a folded weight reads the temp file the first one went to.
+    reads.clear()
+    again = evaluate_fn("add", [got, s])
+    assert mapped.is_mapped(again) and reads
+    np.testing.assert_array_equal(again.view(np.uint8), (w * s + s).view(np.uint8))
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+def test_a_fold_into_an_output_data_file_is_written_straight_to_the_disk(tmp_path, monkeypatch, refuse):
+    import errno
+    import os
+
+    monkeypatch.setattr(mapped, "SPILL_BYTES", 64 << 10)
+    monkeypatch.setattr(mapped, "BLOCK_BYTES", 64 << 10)
+    monkeypatch.setattr(mapped, "CACHE_BYTES", 8 << 10)
+    monkeypatch.setattr(mapped, "DIRECT_BYTES", 16 << 10)
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((301, 512)).astype(np.float32)     # rows of half DIRECT_ALIGN; the last piece short
+    s = rng.standard_normal(512).astype(np.float32)
+    (tmp_path / "w.data").write_bytes(b"\7" * 12 + w.tobytes())
+    mw = mapped.DataFiles().array(tmp_path / "w.data", 12, w.nbytes, w.dtype, w.shape)
+    probe = os.open(tmp_path / "probe", os.O_RDWR | os.O_CREAT)
+    direct_fd = mapped._open_direct(probe)
+    os.close(probe)
+    if direct_fd is None:
+        pytest.skip("no direct writes on this file system")
+    os.close(direct_fd)
+    opened, direct_writes = [], []
+    real_open, real_pwrite = mapped.os.open, mapped.os.pwrite
+
+    def open_(path, flags, *rest):
+        fd = real_open(path, flags, *rest)
+        if flags & os.O_DIRECT:
+            opened.append(fd)
+        return fd
+
+    def pwrite(fd, data, offset):
+        if fd in opened:
+            if refuse:
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+            direct_writes.append((offset, len(data)))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(mapped.os, "open", open_)
+    monkeypatch.setattr(mapped.os, "pwrite", pwrite)
+    with mapped.folds_beside(tmp_path / "o.onnx") as arena:
+        got = evaluate_fn("mul", [mw, s])
+        assert mapped.is_mapped(got) and opened
+        np.testing.assert_array_equal(got.view(np.uint8), (w * s).view(np.uint8))
+        assert arena.regions and arena.regions[0][1] == w.nbytes
+    assert all(o % mapped.DIRECT_ALIGN == 0 and n % mapped.DIRECT_ALIGN == 0 for o, n in direct_writes)
+    # Everything but the first block and the last 2 KiB went straight to the disk, unless refused.
+    direct_bytes = sum(n for _, n in direct_writes)
+    assert direct_bytes == (0 if refuse else w.nbytes - (64 << 10) - 2048)
+
+
 @pytest.mark.parametrize("case,words", [
     ("truncated", ["external data of tensor 'w0'", "holds"]),
     ("offset-past-the-end", ["external data of tensor 'w0'", "offset 99999999", "holds"]),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import errno
+import math
 import mmap
 import os
 import sys
@@ -34,6 +35,11 @@ BLOCK_BYTES = 4 << 20
 # Bytes of a folded weight computed into a buffer and written from it at a time: the buffer
 # stays in a core's cache between the two.
 CACHE_BYTES = 256 << 10
+# A folded weight written straight to the disk (O_DIRECT) is written this many bytes at a time,
+# each write starting and ending at a multiple of DIRECT_ALIGN (a disk's logical block: 512 bytes
+# or 4 KiB), from a buffer that starts at one.
+DIRECT_BYTES = 4 << 20
+DIRECT_ALIGN = 4096
 
 
 class _Mapping(mmap.mmap):
@@ -302,6 +308,10 @@ def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray 
         return None
     split = [isinstance(a, np.ndarray) and a.ndim == len(shape) and a.shape[0] == shape[0] for a in args]
     step = max(1, BLOCK_BYTES // row)
+    # Blocks that start at multiples of DIRECT_ALIGN bytes where whole rows allow it (_fill).
+    unit = DIRECT_ALIGN // math.gcd(row, DIRECT_ALIGN)
+    if unit <= step:
+        step -= step % unit
 
     def parts(i: int) -> list[Any]:
         return [a[i:i + step] if s else a for a, s in zip(args, split)]
@@ -333,70 +343,164 @@ def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray 
 def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[int, ...], step: int,
           first: np.ndarray, impl: Callable[..., Any], parts: Callable[[int], list[Any]], split: list[bool]) -> None:
     """Compute the blocks of elementwise_blocks into `length` bytes of `f` at `start`, `first`
-    being the first block as `impl` made it. A core computes its block a few rows at a time
-    into a buffer of its own, small enough to stay in its cache, and writes each piece from
-    there with pwrite: computing into a writable mapping of the file instead had the system
-    zero each page before the fold wrote it, a third pass over the weight's memory."""
+    being the first block as `impl` made it, the blocks shared among the cores. A core computes
+    its block a few rows at a time into a buffer of its own, small enough to stay in its cache,
+    and writes from there with pwrite: computing into a writable mapping of the file instead had
+    the system zero each page before the fold wrote it, a third pass over the weight's memory.
+    An argument that is a view of a mapped file is read the same way, with pread into a buffer
+    of the core's: through the mapping, every page was mapped in and given back again, and with
+    two threads the system interrupted the other core to forget each page given back.
+
+    A weight folded into an output's data file (the enclosing Arena) is written straight to the
+    disk (O_DIRECT) where the file system allows it and its rows fall on DIRECT_ALIGN bytes: the
+    system then neither allocates a page for each 4 KiB of the weight and copies it there (what
+    `cp` spends its time on) nor holds the weight as dirty pages, throttling the writers once
+    they are many, and the sync before the output is renamed into place finds the data written.
+    The rest (the first block, a last piece short of DIRECT_ALIGN, everything where direct
+    writes are refused) goes through the page cache, each block handed to the disk as it ends."""
     fd = f.fileno()
     row = first.nbytes // first.shape[0]
-    rows = max(1, min(step, CACHE_BYTES // row))
-    buffers = threading.local()
+    rows = max(1, min(step, CACHE_BYTES // row))      # rows computed at a time
     arena = _ARENA.get()
     # Each block of the output's data file goes to disk as soon as it is written (the worker
     # threads do not see the arena: it lives in this thread's context).
-    durable = arena is not None and f is arena.file and bool(_writeback_call())
+    durable = arena is not None and f is arena.file
+    unit = DIRECT_ALIGN // math.gcd(row, DIRECT_ALIGN)      # rows that end on DIRECT_ALIGN bytes
+    direct = (_open_direct(fd) if durable and start % DIRECT_ALIGN == 0 and step % unit == 0
+              and unit * row <= DIRECT_BYTES else None)
+    # Rows written at a time: a direct write is not copied by the system, so it may be larger
+    # than the cache; a buffered one is copied from the cache.
+    wrows = rows if direct is None else min(step, max(unit, DIRECT_BYTES // row // unit * unit))
+    refused: list[bool] = []        # the file system refused a direct write: the page cache from then on
+    buffers = threading.local()
 
-    def put(piece: np.ndarray, i: int) -> None:
-        offset = start + i * row
-        done = os.pwrite(fd, piece, offset)
-        while done < piece.nbytes:      # a short write: the rest, or the error that cut it short
-            rest = memoryview(piece).cast("B")[done:]
-            n = os.pwrite(fd, rest, offset + done)
+    def write_all(to: int, data: memoryview, offset: int) -> None:
+        done = os.pwrite(to, data, offset)
+        while done < len(data):      # a short write: the rest, or the error that cut it short
+            n = os.pwrite(to, data[done:], offset + done)
             if n <= 0:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             done += n
+
+    def put(piece: np.ndarray, i: int) -> None:
+        offset = start + i * row
+        data = memoryview(piece).cast("B")
+        if direct is not None and not refused and offset % DIRECT_ALIGN == 0 and piece.ctypes.data % DIRECT_ALIGN == 0:
+            cut = len(data) - len(data) % DIRECT_ALIGN
+            if cut:
+                try:
+                    write_all(direct, data[:cut], offset)
+                    data, offset = data[cut:], offset + cut
+                except OSError as err:
+                    if err.errno != errno.EINVAL:
+                        raise
+                    refused.append(True)
+        if len(data):
+            write_all(fd, data, offset)
 
     ufunc = getattr(np, getattr(impl, "__name__", ""), None)
     compute = (_through_ufunc(ufunc, parts(0), np.empty_like(first), first)
                if isinstance(ufunc, np.ufunc) else None)
 
+    def read(src: list[Any]) -> list[tuple[int, int, int, np.ndarray] | None]:
+        """For each argument split by rows that is a view of a file: its file, its offset there,
+        its bytes per row and this thread's buffer for a piece of it; None for the others."""
+        got: list[tuple[int, int, int, np.ndarray] | None] = []
+        for k, (p, s) in enumerate(zip(src, split)):
+            where = file_slice(p) if s and isinstance(p, np.ndarray) and p.size else None
+            if where is None:
+                got.append(None)
+                continue
+            held = buffers.inputs.get(k)
+            if held is None or held.dtype != p.dtype or held.shape[1:] != p.shape[1:]:
+                held = buffers.inputs[k] = np.empty((rows, *p.shape[1:]), p.dtype)
+            got.append((where[0].fileno(), where[1], p.nbytes // p.shape[0], held))
+        return got
+
+    def piece(src: list[Any], files: list[tuple[int, int, int, np.ndarray] | None], j: int, n: int) -> list[Any]:
+        """Rows j to j + n of the block's arguments: read into this thread's buffers from files."""
+        out = []
+        for p, s, where in zip(src, split, files):
+            if where is None:
+                out.append(p[j:j + n] if s else p)
+                continue
+            fd_in, offset, row_in, held = where
+            buf = held[:n]
+            offset += j * row_in
+            done = os.preadv(fd_in, [buf], offset)
+            while done < buf.nbytes:      # a short read: the rest (the file was checked to hold it)
+                n_read = os.preadv(fd_in, [memoryview(buf).cast("B")[done:]], offset + done)
+                if n_read <= 0:
+                    raise OSError(errno.EIO, "a mapped weight's file was cut short")
+                done += n_read
+            out.append(buf)
+        return out
+
     def block(i: int) -> None:
         src = parts(i)
         n = min(step, shape[0] - i)
+        files: list[Any] = [None] * len(src)
         # A worker thread has numpy's default error state; the folds ignore over- and underflow.
         with np.errstate(all="ignore"):
             if compute is not None:
                 own = getattr(buffers, "array", None)
                 if own is None:
-                    own = buffers.array = np.empty((rows, *shape[1:]), dtype)
-                for j in range(0, n, rows):
-                    dst = own[:min(rows, n - j)]
-                    compute([p[j:j + rows] if s else p for p, s in zip(src, split)], dst)
+                    own = buffers.array = _aligned((wrows, *shape[1:]), dtype)
+                    buffers.inputs = {}
+                files = read(src)
+                for j in range(0, n, wrows):
+                    dst = own[:min(wrows, n - j)]
+                    for k in range(0, len(dst), rows):
+                        compute(piece(src, files, j + k, min(rows, len(dst) - k)), dst[k:k + rows])
                     put(dst, i + j)
             else:
                 got = np.ascontiguousarray(impl(*src))
                 if got.shape != (n, *shape[1:]) or got.dtype != dtype:
                     raise _Refused()
                 put(got, i)
-        for part, s in zip(src, split):
-            if s:
+        for part, s, where in zip(src, split, files):
+            if s and where is None:
                 release(part)
-        if durable:
+        if durable and (direct is None or refused):
             _start_writeback(fd, start + i * row, n * row)
 
-    put(np.ascontiguousarray(first), 0)
-    for part, s in zip(parts(0), split):
-        if s:
-            release(part)
-    steps = range(step, shape[0], step)
-    workers = min(_cores(), len(steps))
-    if workers > 1:
-        with ThreadPoolExecutor(workers, thread_name_prefix="saturate-fold") as pool:
-            for done in [pool.submit(block, i) for i in steps]:
-                done.result()
-    else:
-        for i in steps:
-            block(i)
+    try:
+        put(np.ascontiguousarray(first), 0)
+        for part, s in zip(parts(0), split):
+            if s:
+                release(part)
+        steps = range(step, shape[0], step)
+        workers = min(_cores(), len(steps))
+        if workers > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix="saturate-fold") as pool:
+                for done in [pool.submit(block, i) for i in steps]:
+                    done.result()
+        else:
+            for i in steps:
+                block(i)
+    finally:
+        if direct is not None:
+            os.close(direct)
+
+
+def _open_direct(fd: int) -> int | None:
+    """A second descriptor of the open file `fd` whose writes skip the page cache (O_DIRECT),
+    or None where the system or the file system has none (the writes then go through `fd`)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag or not sys.platform.startswith("linux"):     # /proc/self/fd names an unlinked file too
+        return None
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC | flag)
+    except OSError:
+        return None
+
+
+def _aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An empty array whose first byte is at a multiple of DIRECT_ALIGN (as direct writes ask)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + DIRECT_ALIGN, np.uint8)
+    skip = -raw.ctypes.data % DIRECT_ALIGN
+    return raw[skip:skip + nbytes].view(dtype).reshape(shape)
 
 
 def _reserve(f: BinaryIO, start: int, length: int) -> None:

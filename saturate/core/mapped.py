@@ -18,7 +18,6 @@ import os
 import sys
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
@@ -472,6 +471,9 @@ def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[in
         steps = range(step, shape[0], step)
         workers = min(_cores(), len(steps))
         if workers > 1:
+            # Here, not at the top: most runs fold nothing this large.
+            from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(workers, thread_name_prefix="saturate-fold") as pool:
                 for done in [pool.submit(block, i) for i in steps]:
                     done.result()

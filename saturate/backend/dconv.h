@@ -19,6 +19,7 @@ typedef struct {
     int64_t P;            /* output pixels per channel */
     int K, Mg, OW, Wp, sh, sw, rows, chunk, panels, jpanels;
     int stage;            /* outputs pass through the thread's stage, two panels at a time (sat_dconv_flush) */
+    int kc;               /* reduction indices per block of the AVX2 tiles (dconv8.h) */
     sat_epi epi;          /* scalar epilogue when no vector one exists */
 } sat_dconv_args;
 

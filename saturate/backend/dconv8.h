@@ -121,7 +121,7 @@ static inline __attribute__((always_inline)) void sat_dconv8_tile(int rows, int 
 }
 
 /* Work unit u of one (image, group): a chunk of 6-pixel panels times one 16-channel weight panel, K in
- * blocks of SAT_DKC (a block of the weight panel, 16 KB, stays in L1 across the chunk's panels; each panel's
+ * blocks of a->kc (a block of the weight panel, 16 KB at 256, stays in L1 across the chunk's panels; each panel's
  * partial sums wait in this thread's buffer between blocks). Instantiated per conv by the emitter with its
  * 8-channel epilogue (or NULL: then the scalar one runs on the unit's outputs at its end). */
 static inline __attribute__((always_inline)) void sat_dconv8_unit(void *ctx, int64_t u, int tid, sat_epc8 epc) {
@@ -133,8 +133,9 @@ static inline __attribute__((always_inline)) void sat_dconv8_unit(void *ctx, int
     const float *w = a->wp + (int64_t)j * a->K * SAT_D8N;
     const int q0 = c * a->chunk, q1 = q0 + a->chunk < a->panels ? q0 + a->chunk : a->panels;
     float *acc = sat_dconv8_acc[tid];
-    for (int k0 = 0; k0 < a->K; k0 += SAT_DKC) {
-        const int kc = a->K - k0 < SAT_DKC ? a->K - k0 : SAT_DKC;
+    const int DKC = a->kc;
+    for (int k0 = 0; k0 < a->K; k0 += DKC) {
+        const int kc = a->K - k0 < DKC ? a->K - k0 : DKC;
         const int last = k0 + kc >= a->K;
         for (int q = q0; q < q1; q++) {
             const int64_t p0 = (int64_t)q * R;
@@ -156,7 +157,7 @@ static inline __attribute__((always_inline)) void sat_dconv8_unit(void *ctx, int
             const int s0 = e0 < pn ? (int)(e0 * kc / pn) : kc, s1 = e1 < pn ? (int)(e1 * kc / pn) : kc;
             sat_dconv8_tile(rows, kc, a->koff + k0, xr, w + (int64_t)k0 * SAT_D8N, a->y,
                             a->ybase + (int64_t)j * SAT_D8N * P + p0, P, mr, nr, k0 ? buf : NULL, last ? NULL : buf,
-                            s1 > s0 ? w + (int64_t)(k0 + kc + SAT_DKC + s0) * SAT_D8N : NULL, ((s1 - s0) << 16) / kc,
+                            s1 > s0 ? w + (int64_t)(k0 + kc + DKC + s0) * SAT_D8N : NULL, ((s1 - s0) << 16) / kc,
                             a->ybase / P + j * SAT_D8N, epc);
         }
     }

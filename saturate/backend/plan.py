@@ -166,14 +166,16 @@ def _cpu_has_avx2() -> bool:
         return False
 
 
-# Largest output (pixels) of a unit-stride kxk conv on the AVX2 direct tiles (direct_avx2).
-DIRECT8_MAXP = 64
+# Largest output (pixels) of a unit-stride conv on the AVX2 direct tiles, and the shortest reduction of a 1x1
+# conv there (direct_avx2).
+DIRECT8_MAXP, DIRECT8_ONE_MINK = 64, 512
 
 
 def direct_avx2(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     """Whether a conv runs on the AVX2 direct tiles of dconv8.h (builds with AVX2 but not AVX-512): constant
-    weights, not depthwise, offsets within 32 bits, a kxk window (not 1x1), and either a stride or at most
-    DIRECT8_MAXP output pixels. Builds that force a kernel (cfg.conv_layout, wino="all") keep it, and
+    weights, not depthwise, offsets within 32 bits; kxk windows with a stride or on at most DIRECT8_MAXP
+    output pixels, and 1x1 windows of unit stride on 13 to DIRECT8_MAXP pixels reducing over at least
+    DIRECT8_ONE_MINK channels. Builds that force a kernel (cfg.conv_layout, wino="all") keep it, and
     cfg.direct off keeps every conv off these tiles.
 
     Per-step CPU time at 1 thread, the avx2 build on a Zen 4 (medians of 15-25 interleaved runs, shared
@@ -181,20 +183,24 @@ def direct_avx2(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     on 24x24 and 12x12 maps 0.67 -> 0.56 and 0.69 -> 0.52 ms, from OpenBLAS and the transposed tile;
     its 7x7 stem 0.66 -> 0.52 ms from the phase grid; 3x3 stems of 3 channels 0.13 -> 0.08 ms from
     im2col); 3x3 convs of 256 and 512 channels on 6x6 and 3x3 maps 0.90-0.95x Winograd's and the streamed
-    weights'. Winograd stays faster from 12x12 maps (0.38-0.44 ms, 0.42-0.51 on the tiles), and 1x1 convs
-    stay on their kernels: on ResNet-50's 6x6 to 24x24 maps the tiles ran them 0.9-1.3x as long (the
-    input's planes, a cache line per reduction step, no longer fit in L1 beside a weight block)."""
+    weights'. Winograd stays faster from 12x12 maps (0.38-0.44 ms, 0.42-0.51 on the tiles). Of the 1x1
+    convs, ResNet-50's 1024 -> 256 on 6x6 maps ran 0.87-0.89x the transposed tile's time (0.33 -> 0.29 ms);
+    its 256 -> 1024 there level, those on 12x12 and 24x24 maps and the strided ones 0.9-1.3x as long
+    (the input's planes, a cache line per reduction step, no longer fit in L1 beside a weight block)."""
     if (node.op != "Conv" or not cfg.direct or cfg.packed_gemm or not cfg.pgemm or cfg.lanes != 8
             or node.inputs[1] not in constants
             or cfg.conv_layout is not None or not (cfg.isa == "avx2" or (cfg.isa == "native" and _cpu_has_avx2()))):
         return False
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
-    if w[1] == 1 or len(x) != 4 or w[2] * w[3] == 1 or direct_scratch(node, shapes) >= 2**31 - 2**20:
+    if w[1] == 1 or len(x) != 4 or direct_scratch(node, shapes) >= 2**31 - 2**20:
         return False
     if cfg.wino == "all" and wino_eligible(node, shapes, constants, cfg):
         return False
     win = conv_window(node, x, w)
-    return win.sh > 1 or win.sw > 1 or win.oh * win.ow <= DIRECT8_MAXP
+    p, strided = win.oh * win.ow, win.sh > 1 or win.sw > 1
+    if w[2] * w[3] == 1:
+        return not strided and STREAM_MAXP < p <= DIRECT8_MAXP and w[1] >= DIRECT8_ONE_MINK
+    return strided or p <= DIRECT8_MAXP
 
 
 def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:

@@ -99,6 +99,17 @@ def _dtype_only(rule: Rule) -> frozenset[str]:
     return frozenset(found)
 
 
+# Ops whose result is the bit pattern of their input's dtype: widened, the input would give
+# other bits (and, for BitCast, another shape). A rule holding one runs at the drawn dtypes.
+_BIT_READERS = frozenset({"BitCast"})
+
+
+def _reads_bits(rule: Rule) -> bool:
+    def walk(t: Term) -> bool:
+        return isinstance(t, OpTerm) and (t.op in _BIT_READERS or any(walk(a) for a in t.args))
+    return walk(rule.lhs) or walk(rule.rhs)
+
+
 def build_graph(term: Term, ex: Example) -> Graph:
     """The graph of the drawn side of a rule (the pattern the example was drawn for): ops become
     nodes with their drawn attributes, const captures constants, other variables inputs."""
@@ -191,7 +202,7 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool) -> tuple[Counter
         decide_example(side, example.values, example.consts, example.node_attrs)
     if decision is None:
         return None, False  # the engine would not fire here (a hand-built example may not match)
-    ex = as_float64(example, _dtype_only(rule))
+    ex = example if _reads_bits(rule) else as_float64(example, _dtype_only(rule))
     try:
         try:
             lhs, scale_l = _run_graph(build_graph(side.cr.lhs, ex), ex)

@@ -1,6 +1,7 @@
 """Rule checking, the generic shape rule: any op the interpreter runs. Candidate input shapes,
 attributes drawn from the schema and values of shape-like inputs are kept when the interpreter
-runs the node on them and gives the shape asked. A mixin of the Planner."""
+runs the node on them and gives the shape asked; an op whose inputs must fit each other's values
+draws them with its own `fit_<op>` (fitted_planner, quant_planner). A mixin of the Planner."""
 
 from __future__ import annotations
 
@@ -58,26 +59,16 @@ class GenericPlanning:
                 known[k] = self.shapes[a.name]
             elif isinstance(a, OpTerm) and self.flexible(a):
                 known[k] = self.term(a, None, path + (k,))
+        # An op whose inputs must fit each other's values (a sequence length within the time
+        # axis, a region inside the image, a weight of the input's channels) has a rule of its
+        # own drawing them together (fit_<op>); the interpreter still judges every draw.
+        fit = getattr(self, "fit_" + op, None)
         for _ in range(_GENERIC_TRIES):
-            shapes = dict(known)
-            for k in data:
-                if k in shapes:
-                    continue
-                tmpl = self.template(t.args[k])
-                first = next((shapes[j] for j in data if j in shapes), None)
-                if first is None:
-                    shapes[k] = self.candidate(out, tmpl)
-                else:
-                    pick = self.draw(st.integers(0, 3))
-                    shapes[k] = (first if pick < 2 else draw_broadcastable(self.draw, first) if pick == 2
-                                 else self.shape_for(tmpl))
-            rank = len(shapes[data[0]]) if data else 0
-            attrs = dict(fixed)
-            for key in op_schema.attributes:
-                if key not in attrs:
-                    drawer = attribute_drawer(op, key, self.opset, lambda: rank)
-                    attrs[key] = drawer(self.draw, attrs) if drawer is not None else None
-            values = {k: self.param_values(t, k, op_schema, rank) for k, kind in enumerate(kinds) if kind == "param"}
+            if fit is not None:
+                shapes, values, attrs = self.fitted(t, fit, known, fixed, path, out)
+                data = [k for k in range(len(t.args)) if k not in values]
+            else:
+                shapes, values, attrs = self.unfitted(t, op_schema, kinds, data, known, fixed, out)
             got = self.infer(t, path, shapes, values, attrs)
             if got is not None and (out is None or got == tuple(out)):
                 break
@@ -91,6 +82,63 @@ class GenericPlanning:
             self.bind(t.args[k], v.shape)
             self.forced[t.args[k].name] = v
         return got
+
+    def unfitted(self, t: OpTerm, op_schema: Any, kinds: list[str], data: list[int],
+                 known: dict[int, tuple[int, ...]], fixed: dict[str, Any], out: tuple[int, ...] | None) -> tuple:
+        """One try of the generic rule: data shapes around the first one, attributes from the
+        schema, shape-like inputs by their names."""
+        shapes = dict(known)
+        for k in data:
+            if k in shapes:
+                continue
+            tmpl = self.template(t.args[k])
+            first = next((shapes[j] for j in data if j in shapes), None)
+            if first is None:
+                shapes[k] = self.candidate(out, tmpl)
+            else:
+                pick = self.draw(st.integers(0, 3))
+                shapes[k] = (first if pick < 2 else draw_broadcastable(self.draw, first) if pick == 2
+                             else self.shape_for(tmpl))
+        rank = len(shapes[data[0]]) if data else 0
+        attrs = self.schema_attrs(t.op, op_schema, dict(fixed), rank)
+        values = {k: self.param_values(t, k, op_schema, rank) for k, kind in enumerate(kinds) if kind == "param"}
+        return shapes, values, attrs
+
+    def schema_attrs(self, op: str, op_schema: Any, attrs: dict[str, Any], rank: int) -> dict[str, Any]:
+        """`attrs` with every other attribute of the schema drawn (None: omitted)."""
+        for key in op_schema.attributes:
+            if key not in attrs:
+                drawer = attribute_drawer(op, key, self.opset, lambda: rank)
+                attrs[key] = drawer(self.draw, attrs) if drawer is not None else None
+        return attrs
+
+    def fitted(self, t: OpTerm, fit: Any, known: dict[int, tuple[int, ...]], fixed: dict[str, Any],
+               path: tuple[int, ...], out: tuple[int, ...] | None) -> tuple:
+        """One try of an op's own rule: shapes of every input, values of those it draws, and
+        attributes. A drawn value becomes the input's (forced) value where the input is a fresh
+        variable; an op or a variable the pattern binds elsewhere keeps only its shape."""
+        shapes, values, attrs = fit(t, dict(known), dict(fixed), path, None if out is None else tuple(out))
+        for k in list(values):
+            a = t.args[k]
+            if not isinstance(a, Var) or (a.name in self.shapes and a.name not in self.forced):
+                shapes[k] = tuple(np.shape(values.pop(k)))
+            elif a.name in self.forced:
+                values[k] = self.forced[a.name]
+            else:
+                values[k] = np.asarray(values[k]).astype(self.dtypes.get(a.name, np.asarray(values[k]).dtype))
+        shapes.update(known)
+        for k, a in enumerate(t.args):
+            if k not in shapes and k not in values:      # an input the fit leaves free
+                shapes[k] = self.shape_for(self.template(a))
+        first = next((shapes[k] for k in range(len(t.args)) if k in shapes), ())
+        attrs = self.schema_attrs(t.op, schema(t.op, self.opset), {**attrs, **fixed}, len(first))
+        return shapes, values, attrs
+
+    def arg_dtype(self, t: OpTerm, path: tuple[int, ...], k: int) -> str:
+        """The dtype drawn for argument k of the op at `path`."""
+        a = t.args[k]
+        got = self.dtypes.get(a.name) if isinstance(a, Var) else self.node_dtypes.get(path + (k,))
+        return got or "float32"
 
     def written_attrs(self, t: OpTerm) -> dict[str, Any]:
         """The attributes a pattern op fixes: literals, and captures already bound."""

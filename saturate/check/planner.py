@@ -7,7 +7,9 @@ batch and the weight's output channels, a broadcasting Add gives its main argume
 shape and the others broadcastable ones, ...). The hand-written rules are mixins by family (nn_planner,
 movement_planner, quant_planner); ops with none go to the generic one (generic_planner): candidate input shapes, attributes and shape-like inputs, kept when the
 interpreter runs the node and gives the shape asked (or, for a term drawn from its inputs up,
-any shape). Attributes a pattern leaves free are drawn from the op's schema (schema.py).
+any shape). Ops whose inputs must fit each other's values (ReverseSequence's lengths, RoiAlign's
+regions, ConvInteger's geometry, Einsum's equation) draw them together in the generic rule
+(fitted_planner, quant_planner). Attributes a pattern leaves free are drawn from the op's schema (schema.py).
 Guards steer the drawing so that they hold: a value under `positive` is drawn positive, one
 under `varies_only_along` along that axis only.
 """
@@ -24,6 +26,7 @@ from hypothesis import strategies as st
 from saturate.core.errors import SaturateError
 from saturate.ops.schema import op_table, spec
 from saturate.lang.ast import AttrVar, Call, Guard, IntList, Num, OpTerm, Str, Term, Var
+from saturate.check.fitted_planner import FittedPlanning
 from saturate.check.generic_planner import GenericPlanning
 from saturate.check.movement_planner import MovementPlanning
 from saturate.check.nn_planner import NnPlanning
@@ -48,7 +51,7 @@ def _num(term: Term) -> Any:
     return term.value if isinstance(term, Num) else None
 
 
-class Planner(NnPlanning, MovementPlanning, GenericPlanning, QuantPlanning):
+class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, QuantPlanning):
     """Draws shapes for every variable of a pattern, attributes of every op, and sign classes."""
 
     def __init__(self, draw: Callable, guards: tuple[Guard, ...] = (), opset: int = BASE_OPSET):
@@ -279,11 +282,11 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, QuantPlanning):
         (out_param, out_allowed), _ = slot_types(op, self.opset)
         out_opts = out_allowed & options
         op_spec = spec(op, self.opset)
-        if op_spec is not None and not op_spec.any_dtype and out_opts & FLOATS:
-            out_opts &= FLOATS
         written = dict(t.attrs)
-        if op == "Cast" and isinstance(written.get("to"), Num):
+        if op in ("Cast", "BitCast") and isinstance(written.get("to"), Num):
             out_opts &= {dtype_of_tensor_type(int(written["to"].value))}
+        elif op_spec is not None and not op_spec.any_dtype and out_opts & FLOATS:
+            out_opts &= FLOATS
         if op == "Mod" and isinstance(written.get("fmod"), Num) and not written["fmod"].value:
             out_opts -= FLOATS  # fmod=0 is defined on integers only
         assume(out_opts)
@@ -293,6 +296,9 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, QuantPlanning):
         for k, a in enumerate(t.args):
             param, opts = input_slot(op, self.opset, k)
             want = frozenset({bound[param]}) if param in bound else opts
+            if op == "BitCast":
+                # Bits reread as another type of the same width (a wider one would change the shape).
+                want = frozenset(d for d in want if np.dtype(d).itemsize == np.dtype(dtype).itemsize)
             got = self.assign_types(a, want, path + (k,))
             if got is not None and not param.startswith("tensor("):
                 bound.setdefault(param, got)

@@ -11,6 +11,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from saturate.core.errors import SaturateError
+from saturate.check.strategies import MAX_SIDE, conv_cases, draw_broadcastable
 from saturate.lang.ast import OpTerm, Var
 
 # Scales drawn: powers of two (exact products), ordinary steps and one large one.
@@ -18,6 +19,8 @@ _SCALES = (0.5, 0.25, 1.0, 0.1, 0.02, 0.05, 2.0, 0.3, 0.0078125, 4.0)
 # Attributes a quantization node is drawn without: block quantization, float8 saturation and
 # output types belong to other dtypes than those drawn here.
 _OMITTED = ("block_size", "saturate", "output_dtype", "precision")
+# Attributes of a Conv's geometry a pattern may fix.
+_GEOMETRY = ("group", "kernel_shape", "strides", "pads", "dilations")
 
 
 class QuantPlanning:
@@ -76,3 +79,83 @@ class QuantPlanning:
             values = [int(info.min) if lowest else max(int(info.min), min(int(info.max), self.draw(picks)))
                       for _ in range(n)]
         self.forced[v.name] = np.array(values, dtype).reshape(shape)
+
+    # ---- the integer forms of Conv and MatMul (drawn by the generic rule, generic_planner) -------
+
+    def zero_point(self: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        """Zero points within their integer type: 0, the type's ends and values between."""
+        info = np.iinfo(np.dtype(dtype))
+        picks = st.sampled_from([0, int(info.min), 1, -1 if info.min < 0 else 128, 3, int(info.max)])
+        n = int(np.prod(shape, dtype=np.int64))
+        return np.array([self.draw(picks) for _ in range(n)], dtype).reshape(shape)
+
+    def scale(self: Any, shape: tuple[int, ...]) -> np.ndarray:
+        n = int(np.prod(shape, dtype=np.int64))
+        return np.array([self.draw(st.sampled_from(_SCALES)) for _ in range(n)], np.float32).reshape(shape)
+
+    def quant_conv(self: Any, fixed: dict) -> Any:
+        """A Conv's geometry over 1, 2 or 3 spatial axes (2 first), every auto_pad mode now and then."""
+        out = (self.draw(st.integers(1, 2)), self.draw(st.integers(1, 3)),
+               *[self.draw(st.integers(1, 3)) for _ in range(self.draw(st.sampled_from([2, 1, 3])))])
+        case = self.draw(conv_cases(out, {k: fixed[k] for k in _GEOMETRY if k in fixed}))
+        attrs = dict(case.attrs)
+        attrs["auto_pad"] = fixed.get("auto_pad") or self.draw(st.sampled_from(["NOTSET"] * 3 + ["SAME_UPPER",
+                                                                                            "SAME_LOWER", "VALID"]))
+        if attrs["auto_pad"] != "NOTSET":
+            attrs["pads"] = None
+        return case, {**attrs, **fixed}
+
+    def fit_ConvInteger(self: Any, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> tuple:
+        # x (N, C, ...), w (M, C / group, kernel...); x's zero point one value, w's one or one
+        # per output channel.
+        case, attrs = self.quant_conv(fixed)
+        values = {}
+        if len(t.args) > 2:
+            values[2] = self.zero_point(self.arg_dtype(t, path, 2), self.draw(st.sampled_from([(), (1,)])))
+        if len(t.args) > 3:
+            m = case.w_shape[0]
+            values[3] = self.zero_point(self.arg_dtype(t, path, 3), self.draw(st.sampled_from([(), (m,), (1,)])))
+        return {0: case.x_shape, 1: case.w_shape}, values, attrs
+
+    def fit_QLinearConv(self: Any, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> tuple:
+        # x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point[, B]: the
+        # scales positive, w's per tensor or per output channel, the bias one int32 per channel.
+        case, attrs = self.quant_conv(fixed)
+        m = case.w_shape[0]
+        w_shape = self.draw(st.sampled_from([(), (m,), (1,)]))
+        values = {1: self.scale(()), 2: self.zero_point(self.arg_dtype(t, path, 2), ()),
+                  4: self.scale(w_shape), 5: self.zero_point(self.arg_dtype(t, path, 5), w_shape),
+                  6: self.scale(()), 7: self.zero_point(self.arg_dtype(t, path, 7), ())}
+        shapes = {0: case.x_shape, 3: case.w_shape}
+        if len(t.args) > 8:
+            shapes[8] = (m,)
+        return shapes, {k: v for k, v in values.items() if k < len(t.args)}, attrs
+
+    def quant_matmul(self: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of a and b for a (batched, broadcast) matrix product, 1-D now and then."""
+        m, k, n = (self.draw(st.integers(1, MAX_SIDE)) for _ in range(3))
+        batch = tuple(self.draw(st.integers(1, 3)) for _ in range(self.draw(st.sampled_from([0, 0, 1, 2]))))
+        a = batch + (m, k) if self.draw(st.integers(0, 7)) else (k,)
+        b = draw_broadcastable(self.draw, batch) + (k, n)
+        return a, b
+
+    def fit_MatMulInteger(self: Any, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> tuple:
+        # A 1-D zero point runs along a's rows and b's columns.
+        a, b = self.quant_matmul()
+        values = {}
+        if len(t.args) > 2:
+            rows = [(), (1,)] + ([(a[-2],)] if len(a) >= 2 else [])
+            values[2] = self.zero_point(self.arg_dtype(t, path, 2), self.draw(st.sampled_from(rows)))
+        if len(t.args) > 3:
+            values[3] = self.zero_point(self.arg_dtype(t, path, 3), self.draw(st.sampled_from([(), (1,), (b[-1],)])))
+        return {0: a, 1: b}, values, fixed
+
+    def fit_QLinearMatMul(self: Any, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> tuple:
+        # a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point: b's scale
+        # and zero point per tensor or per column.
+        a, b = self.quant_matmul()
+        b_shape = self.draw(st.sampled_from([(), (1,), (b[-1],)]))
+        values = {1: self.scale(()), 2: self.zero_point(self.arg_dtype(t, path, 2), ()),
+                  4: self.scale(b_shape), 5: self.zero_point(self.arg_dtype(t, path, 5), b_shape),
+                  6: self.scale(()), 7: self.zero_point(self.arg_dtype(t, path, 7), ())}
+        return {0: a, 3: b}, values, fixed

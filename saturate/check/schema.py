@@ -51,14 +51,30 @@ def dtype_of_tensor_type(code: int) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def opset_for(ops: frozenset[str]) -> int:
-    """The opset a pattern's graphs run at: the base one, or the first that defines every op."""
+    """The opset a pattern's graphs run at: the base one, or the first that defines every op
+    on tensors (OptionalGetElement reads a plain tensor from opset 18 only)."""
     opset = BASE_OPSET
     for op in ops:
+        newer = spec(op)
+        if newer is None:
+            continue
         if spec(op, opset) is None:
-            newer = spec(op)
-            if newer is not None:
-                opset = max(opset, newer.since_version)
+            opset = max(opset, newer.since_version)
+        elif not _tensor_inputs(op, opset):
+            opset = next((v for v in _versions(op) if v > opset and _tensor_inputs(op, v)), opset)
     return opset
+
+
+@functools.lru_cache(maxsize=None)
+def _versions(op: str) -> tuple[int, ...]:
+    """The opsets at which ONNX's default domain changed the op, oldest first."""
+    return tuple(sorted({s.since_version for s in onnx.defs.get_all_schemas_with_history()
+                         if s.name == op and s.domain in ("", "ai.onnx")}))
+
+
+def _tensor_inputs(op: str, opset: int) -> bool:
+    """Whether every input of the op's schema at this opset takes a tensor of a drawn dtype."""
+    return all(allowed for _, allowed in slot_types(op, opset)[1])
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,299 @@
+"""Rule checking, ops whose inputs must fit each other's values: a sequence length within the
+time axis, a region of interest inside the image, an image shape that the columns tile, an
+equation naming the operands' axes. Each `fit_<op>` draws, in one go, the shapes of the op's
+inputs, the values of those read as sizes or coordinates, and its attributes; the generic rule
+(generic_planner) runs the node on the draw and keeps it if the interpreter does. A mixin of the
+Planner."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from saturate.check.schema import tensor_type
+from saturate.check.strategies import MAX_SIDE, Template, conv_cases, draw_constant
+from saturate.lang.ast import OpTerm
+
+# A fit is called with the shapes of inputs already drawn (known), the attributes the pattern
+# fixes, the op's path and the output shape asked of it (None: any). It returns the shapes of
+# the inputs it does not give values for, the values of the others (by argument index), and
+# the attributes.
+Fit = tuple[dict[int, tuple[int, ...]], dict[int, np.ndarray], dict[str, Any]]
+
+# Einsum's subscripts drawn: few letters, so operands share axes (contractions, diagonals).
+_LETTERS = "ijkl"
+# Equations models hold, by operand count, drawn half the time: transpose, trace, diagonal,
+# reduction; (batched) matrix product, outer and inner products, broadcast batches.
+_EINSUMS = {1: ("ij->ji", "ii->", "ii->i", "ij->i", "bij->bji", "...ij->...ji"),
+            2: ("ij,jk->ik", "bij,bjk->bik", "i,j->ij", "i,i->", "ij,ij->ij", "...ij,...jk->...ik",
+                "bhid,bhjd->bhij"),
+            3: ("ij,jk,kl->il", "i,i,i->i")}
+
+
+class FittedPlanning:
+    """Planner methods drawing the inputs of one op together (the Planner provides draw,
+    shape_for, arg_dtype, node_dtypes...)."""
+
+    def _flag(self, fixed: dict, key: str, options: list) -> Any:
+        if key not in fixed:
+            fixed[key] = self.draw(st.sampled_from(options))
+        return fixed[key]
+
+    def fit_ReverseSequence(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # The batch and time axes are 0 and 1, either way round; every length within the time axis.
+        batch_axis = int(self._flag(fixed, "batch_axis", [1, 0]))
+        time_axis = int(self._flag(fixed, "time_axis", [1 - batch_axis]))
+        shape = known.get(0) or out or self.shape_for(Template(min_rank=2))
+        assume(len(shape) >= 2 and {batch_axis, time_axis} == {0, 1})
+        steps = shape[time_axis]
+        lens = [self.draw(st.integers(min(1, steps), steps)) for _ in range(shape[batch_axis])]
+        return {0: shape}, {1: np.array(lens, np.int64)}, fixed
+
+    def fit_Col2Im(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # Blocks slid over an image with strides, pads and dilations: the columns' count is the
+        # number of block positions, so the input's last side follows from the image and block.
+        n = self.draw(st.sampled_from([2, 1, 3]))
+        ints = lambda lo, hi, size: [self.draw(st.integers(lo, hi)) for _ in range(size)]
+        image = ints(1, MAX_SIDE, n)
+        block = ints(1, 3, n)
+        strides = fixed.setdefault("strides", ints(1, 2, n))
+        dil = fixed.setdefault("dilations", ints(1, 2, n))
+        pads = fixed.setdefault("pads", ints(0, 1, 2 * n))
+        assume(len(strides) == n and len(dil) == n and len(pads) == 2 * n)
+        counts = [(image[i] + pads[i] + pads[n + i] - dil[i] * (block[i] - 1) - 1) // strides[i] + 1
+                  for i in range(n)]
+        assume(all(c >= 1 for c in counts))
+        shape = (self.draw(st.integers(1, 2)), self.draw(st.integers(1, 3)) * math.prod(block), math.prod(counts))
+        return {0: shape}, {1: np.array(image, np.int64), 2: np.array(block, np.int64)}, fixed
+
+    def fit_CenterCropPad(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # A target side per axis (all of them, or those of `axes`), each cropped or padded to.
+        shape = known.get(0) or self.shape_for(Template(min_rank=1))
+        rank = len(shape)
+        assume(rank >= 1)
+        if "axes" not in fixed and self.draw(st.booleans()):
+            chosen = sorted(self.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True)))
+            fixed["axes"] = [a - rank if self.draw(st.booleans()) else a for a in chosen]
+        axes = fixed.get("axes")
+        count = rank if axes is None else len(axes)
+        sides = [self.draw(st.integers(1, MAX_SIDE + 1)) for _ in range(count)]
+        return {0: shape}, {1: np.array(sides, np.int64)}, fixed
+
+    def _image(self, known: dict) -> tuple[int, ...]:
+        shape = known.get(0) or self.shape_for(Template(rank=4))
+        assume(len(shape) == 4 and 0 not in shape)
+        return shape
+
+    def _boxes(self, n: int, width: float, height: float) -> np.ndarray:
+        """n boxes (x1, y1, x2, y2) on a grid of half pixels inside a width x height image (now and
+        then one reaching past it), each corner no further than the opposite one."""
+        def coord(limit: float) -> float:
+            return self.draw(st.integers(0, int(2 * limit) + 1)) / 2
+        rows = []
+        for _ in range(n):
+            x1, x2 = sorted((coord(width), coord(width)))
+            y1, y2 = sorted((coord(height), coord(height)))
+            rows.append([x1, y1, x2, y2])
+        return np.array(rows, np.float32).reshape(n, 4)
+
+    def fit_RoiAlign(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        x = self._image(known)
+        scale = float(self._flag(fixed, "spatial_scale", [1.0, 0.5, 2.0]))
+        for key in ("output_height", "output_width"):
+            self._flag(fixed, key, [1, 2, 3])
+        self._flag(fixed, "sampling_ratio", [0, 1, 2])
+        self._flag(fixed, "mode", ["avg", "max"])
+        self._flag(fixed, "coordinate_transformation_mode", ["half_pixel", "output_half_pixel"])
+        n = self.draw(st.integers(1, 3))
+        rois = self._boxes(n, x[3] / scale, x[2] / scale)
+        batch = np.array([self.draw(st.integers(0, x[0] - 1)) for _ in range(n)], np.int64)
+        return {0: x}, {1: rois, 2: batch}, fixed
+
+    def fit_MaxRoiPool(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        x = self._image(known)
+        scale = float(self._flag(fixed, "spatial_scale", [1.0, 0.5, 2.0]))
+        self._flag(fixed, "pooled_shape", [[self.draw(st.integers(1, 3)), self.draw(st.integers(1, 3))]])
+        n = self.draw(st.integers(1, 3))
+        batch = [[float(self.draw(st.integers(0, x[0] - 1)))] for _ in range(n)]
+        rois = np.concatenate([np.array(batch, np.float32).reshape(n, 1), self._boxes(n, x[3] / scale, x[2] / scale)],
+                              axis=1)
+        return {0: x}, {1: rois}, fixed
+
+    def fit_NonMaxSuppression(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # Boxes (batches, spots, 4) on a grid of half units, so that they overlap often, and
+        # scores (batches, classes, spots) as data; the count kept per class (mostly not 0, which
+        # keeps none) and the two thresholds are one-element values.
+        boxes = known.get(0)
+        if boxes is None:
+            boxes = (self.draw(st.integers(1, 2)), self.draw(st.integers(1, MAX_SIDE + 2)), 4)
+        assume(len(boxes) == 3 and boxes[2] == 4)
+        corners = [self.draw(st.integers(0, 8)) / 2 for _ in range(math.prod(boxes))]
+        values = {0: np.array(corners, np.float32).reshape(boxes)}
+        shapes = {1: (boxes[0], self.draw(st.integers(1, 2)), boxes[1])}
+        if len(t.args) > 2:
+            keep = self.draw(st.integers(1, boxes[1] + 1)) if self.draw(st.integers(0, 5)) else 0
+            values[2] = np.array([keep], np.int64)
+        if len(t.args) > 3:
+            values[3] = np.array([self.draw(st.sampled_from([0.5, 0.0, 0.25, 1.0]))], np.float32)
+        if len(t.args) > 4:
+            values[4] = np.array([self.draw(st.sampled_from([0.0, -1.0, 0.5, 2.0]))], np.float32)
+        return shapes, values, fixed
+
+    def fit_AffineGrid(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # theta (N, 2, 3) for a 2-D grid of size (N, C, H, W), (N, 3, 4) for a 3-D one.
+        theta = known.get(0)
+        if theta is None:
+            n_sp = self.draw(st.sampled_from([2, 3]))
+            theta = (self.draw(st.integers(1, 2)), n_sp, n_sp + 1)
+        assume(len(theta) == 3 and theta[1] in (2, 3) and theta[2] == theta[1] + 1)
+        size = [theta[0], self.draw(st.integers(1, 3))] + [self.draw(st.integers(1, MAX_SIDE)) for _ in range(theta[1])]
+        return {0: theta}, {1: np.array(size, np.int64)}, fixed
+
+    def fit_DeformConv(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # A 2-D Conv's geometry, and per output pixel an offset (and a mask) for each kernel tap
+        # of each offset group, which splits the input's channels.
+        # Small: onnx.reference runs it pixel by pixel, tap by tap, in Python.
+        out = tuple(self.draw(st.integers(1, 2)) for _ in range(4))
+        case = self.draw(conv_cases(out, {k: fixed[k] for k in ("group", "kernel_shape", "strides", "pads",
+                                                                 "dilations") if k in fixed}))
+        channels = case.x_shape[1]
+        groups = self._flag(fixed, "offset_group", [g for g in (1, 2, 3) if channels % g == 0])
+        taps = math.prod(case.attrs["kernel_shape"])
+        shapes = {0: case.x_shape, 1: case.w_shape, 2: (out[0], groups * 2 * taps) + out[2:]}
+        if len(t.args) > 3:
+            shapes[3] = (out[1],)
+        if len(t.args) > 4:
+            shapes[4] = (out[0], groups * taps) + out[2:]
+        return shapes, {}, {**case.attrs, **fixed}
+
+    def fit_Einsum(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # An equation naming each operand's axes with a few shared letters (a letter twice in one
+        # operand takes its diagonal), an output of some of them in any order (or none written:
+        # the letters seen once, sorted), and now and then leading axes broadcast by "...".
+        sides = {c: self.draw(st.integers(1, MAX_SIDE)) for c in _LETTERS}
+        equation = fixed.get("equation")
+        if equation is None and len(t.args) in _EINSUMS and self.draw(st.booleans()):
+            equation = self.draw(st.sampled_from(_EINSUMS[len(t.args)]))
+        if equation is None:
+            terms = [self.draw(st.lists(st.sampled_from(_LETTERS), min_size=int(k == 0), max_size=3))
+                     for k in range(len(t.args))]
+            used = sorted({c for term in terms for c in term})
+            dots = "..." if self.draw(st.integers(0, 4)) == 4 else ""
+            inputs = ",".join(dots + "".join(term) for term in terms)
+            if self.draw(st.integers(0, 3)) == 3:
+                equation = inputs
+            else:
+                kept = self.draw(st.permutations(used))[:self.draw(st.integers(0, len(used)))]
+                equation = f"{inputs}->{dots}{''.join(kept)}"
+        fixed["equation"] = equation
+        lhs = equation.replace(" ", "").split("->")[0].split(",")
+        assume(len(lhs) == len(t.args))
+        batch = self.shape_for(Template(), hi=2) if "..." in equation else ()
+        shapes = {}
+        for k, term in enumerate(lhs):
+            letters = [c for c in term.replace("...", "") if c.isalpha()]
+            own = tuple(sides.setdefault(c, self.draw(st.integers(1, MAX_SIDE))) for c in letters)
+            lead = tuple(d if d == 1 or self.draw(st.integers(0, 3)) else 1 for d in batch) if "..." in term else ()
+            shapes[k] = lead + own
+        return shapes, {}, fixed
+
+    def fit_BitCast(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # To the output's dtype, which the types drawn give the input's width (Planner.assign_types).
+        fixed.setdefault("to", tensor_type(self.node_dtypes.get(path, "float32")))
+        return {0: known.get(0) or out or self.shape_for(Template())}, {}, fixed
+
+    def fit_TfIdfVectorizer(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # A pool of 1- and 2-grams over small integers (the values drawn most), read from rows of
+        # integers with skips between an n-gram's items.
+        pool1 = sorted(set(self.draw(st.lists(st.integers(-1, 4), min_size=1, max_size=3))))
+        pool2 = [self.draw(st.integers(-1, 4)) for _ in range(2 * self.draw(st.integers(0, 2)))]
+        grams = len(pool1) + len(pool2) // 2
+        lo = self.draw(st.integers(1, 2 if pool2 else 1))
+        attrs = {"mode": self.draw(st.sampled_from(["TF", "IDF", "TFIDF"])), "pool_int64s": pool1 + pool2,
+                 "ngram_counts": [0, len(pool1)], "ngram_indexes": self.draw(st.permutations(range(grams))),
+                 "min_gram_length": lo, "max_gram_length": self.draw(st.integers(lo, 2 if pool2 else 1)),
+                 "max_skip_count": self.draw(st.integers(0, 2))}
+        if self.draw(st.booleans()):
+            attrs["weights"] = [self.draw(st.sampled_from([1.0, 0.5, 2.0, 0.25])) for _ in range(grams)]
+        attrs.update(fixed)
+        shape = known.get(0) or self.shape_for(Template(), lo=1, hi=2)
+        # Token ids from the pool's range, so that n-grams occur (a drawn int is rarely one).
+        tokens = np.array([self.draw(st.integers(-1, 4)) for _ in range(math.prod(shape))], np.int64)
+        return {}, {0: tokens.reshape(shape)}, attrs
+
+    def fit_Attention(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # Q (B, Hq, L, E), K (B, Hkv, S, E), V (B, Hkv, S, Ev), Hq a multiple of Hkv; or the same
+        # packed as (B, L, Hq * E) with the head counts as attributes.
+        # A past key and value (B, Hkv, P, E) go before the new ones; the mask covers them all.
+        b, kv, length, span, e, ev = (self.draw(st.integers(1, 3)) for _ in range(6))
+        heads = kv * self.draw(st.integers(1, 2))
+        past = self.draw(st.integers(1, 2)) if len(t.args) > 4 else 0
+        if self.draw(st.booleans()):
+            shapes = {0: (b, heads, length, e), 1: (b, kv, span, e), 2: (b, kv, span, ev)}
+        else:
+            fixed.setdefault("q_num_heads", heads)
+            fixed.setdefault("kv_num_heads", kv)
+            shapes = {0: (b, length, heads * e), 1: (b, span, kv * e), 2: (b, span, kv * ev)}
+        self._flag(fixed, "softcap", [0.0, 0.0, 2.0])
+        if len(t.args) > 3:
+            shapes[3] = (length, past + span)
+        if len(t.args) > 5:
+            shapes[4], shapes[5] = (b, kv, past, e), (b, kv, past, ev)
+        return shapes, {}, fixed
+
+    def fit_LinearAttention(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # Packed (B, T, H * D) query, key and value; the plain linear recurrence unless decay
+        # and update rate are given; a past state (B, Hkv, Dk, Dv).
+        b, steps, kv, dk, dv = (self.draw(st.integers(1, 3)) for _ in range(5))
+        heads = kv * self.draw(st.integers(1, 2))
+        fixed.setdefault("q_num_heads", heads)
+        fixed.setdefault("kv_num_heads", kv)
+        if len(t.args) <= 4:
+            fixed.setdefault("update_rule", "linear")
+        shapes = {0: (b, steps, heads * dk), 1: (b, steps, kv * dk), 2: (b, steps, kv * dv)}
+        if len(t.args) > 3:
+            shapes[3] = (b, kv, dk, dv)
+        return shapes, {}, fixed
+
+    def fit_Constant(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # The value as one of the attributes that hold it, in the dtype drawn for the output.
+        if any(key.startswith("value") for key in fixed):
+            return {}, {}, fixed
+        dtype = self.node_dtypes.get(path, "float32")
+        shape = self.shape_for(Template())
+        value = draw_constant(self.draw, shape, "any", dtype)
+        style = self.draw(st.integers(0, 2))
+        if style == 1 and dtype in ("float32", "int64"):
+            key = "value_float" if dtype == "float32" else "value_int"
+            fixed[key] = value.reshape(-1)[0].item() if value.size else 0
+        elif style == 2 and dtype in ("float32", "int64") and len(shape) == 1:
+            fixed["value_floats" if dtype == "float32" else "value_ints"] = value.tolist()
+        else:
+            fixed["value"] = value
+        return {}, {}, fixed
+
+    def fit_MelWeightMatrix(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # A few bins over a short DFT, the band's edges inside the Nyquist range: a drawn integer
+        # read as the bin count or DFT length would ask for gigabytes.
+        rate = self.draw(st.sampled_from([16, 100, 8000]))
+        low = self.draw(st.sampled_from([0.0, rate / 8]))
+        values = {0: self.draw(st.integers(1, 4)), 1: self.draw(st.integers(2, 9)), 2: rate, 3: low,
+                  4: self.draw(st.sampled_from([rate / 2, rate / 4]))}
+        return {}, {k: np.array(v, self.arg_dtype(t, path, k)) for k, v in values.items()}, fixed
+
+    def fit_ImageDecoder(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # A tiny image of drawn pixels, encoded losslessly (PNG or BMP), decoded to any format.
+        import io
+
+        import PIL.Image
+        height, width = self.draw(st.integers(1, MAX_SIDE)), self.draw(st.integers(1, MAX_SIDE))
+        pixels = np.frombuffer(self.draw(st.binary(min_size=height * width * 3, max_size=height * width * 3)),
+                               np.uint8).reshape(height, width, 3)
+        encoded = io.BytesIO()
+        PIL.Image.fromarray(pixels, "RGB").save(encoded, format=self.draw(st.sampled_from(["PNG", "BMP"])))
+        self._flag(fixed, "pixel_format", ["RGB", "BGR", "Grayscale"])
+        return {}, {0: np.frombuffer(encoded.getvalue(), np.uint8).copy()}, fixed

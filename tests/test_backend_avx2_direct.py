@@ -1,7 +1,7 @@
 """C backend: the AVX2 direct conv (dconv8.h: 6 pixel x 16 channel tiles broadcasting from the input, no
 im2col) in avx2 builds, against the reference interpreter and ONNX Runtime. The cases are shapes the planner
-sends there (strided convs, kxk convs on maps of at most 64 pixels, 1x1 convs of long reductions on such
-maps), built for avx2 whatever the machine's own ISA: last panels of 1 to 5 pixels and of 1 to 15 channels,
+sends there (strided convs, kxk convs on maps of at most 64 pixels, 1x1 convs of long reductions or few
+weights on such maps), built for avx2 whatever the machine's own ISA: last panels of 1 to 5 pixels and of 1 to 15 channels,
 reductions over one to eleven blocks of 256 (of 128 on maps of at most 12 pixels), pads, dilations, groups,
 two images, the 8-channel epilogue and the scalar one, on one thread and two."""
 
@@ -62,6 +62,7 @@ CASES = [
     ((1, 520, 3, 3), (70, 520, 3, 3), {"pads": [1, 1, 1, 1]}, False),                       # 9 px, K = 4680
     ((1, 600, 5, 5), (20, 600, 1, 1), {}, True),                                            # 1x1, K = 600
     ((2, 1030, 4, 4), (9, 1030, 1, 1), {}, False),                                          # 1x1, two images
+    ((1, 24, 7, 7), (144, 24, 1, 1), {}, False),                                            # 1x1, few weights
 ]
 
 
@@ -83,7 +84,8 @@ def test_planner_keeps_other_kernels_where_they_are_faster():
     assert direct((1, 128, 6, 6), (128, 128, 3, 3), {"pads": [1, 1, 1, 1]})
     assert not direct((1, 128, 12, 12), (128, 128, 3, 3), {"pads": [1, 1, 1, 1]})
     assert not direct((1, 256, 24, 24), (64, 256, 1, 1), {})
-    assert not direct((1, 256, 6, 6), (64, 256, 1, 1), {})             # 1x1 of a short reduction
+    assert direct((1, 96, 6, 6), (576, 96, 1, 1), {})                  # 1x1, few weights
+    assert not direct((1, 256, 6, 6), (1024, 256, 1, 1), {})           # 1x1, a short reduction of many weights
     assert not direct((1, 1024, 12, 12), (64, 1024, 1, 1), {})         # 1x1 past 64 pixels
     assert not direct((1, 1024, 3, 3), (64, 1024, 1, 1), {})           # 1x1 on streamed weights
     assert not direct((1, 1024, 12, 12), (64, 1024, 1, 1), {"strides": [2, 2]})

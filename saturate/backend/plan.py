@@ -166,16 +166,17 @@ def _cpu_has_avx2() -> bool:
         return False
 
 
-# Largest output (pixels) of a unit-stride conv on the AVX2 direct tiles, and the shortest reduction of a 1x1
-# conv there (direct_avx2).
-DIRECT8_MAXP, DIRECT8_ONE_MINK = 64, 512
+# Largest output (pixels) of a unit-stride conv on the AVX2 direct tiles; a 1x1 conv runs there if it reduces
+# over at least DIRECT8_ONE_MINK channels or has at most DIRECT8_ONE_MAXW weights (direct_avx2).
+DIRECT8_MAXP, DIRECT8_ONE_MINK, DIRECT8_ONE_MAXW = 64, 512, 131072
 
 
 def direct_avx2(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     """Whether a conv runs on the AVX2 direct tiles of dconv8.h (builds with AVX2 but not AVX-512): constant
     weights, not depthwise, offsets within 32 bits; kxk windows with a stride or on at most DIRECT8_MAXP
     output pixels, and 1x1 windows of unit stride on 13 to DIRECT8_MAXP pixels reducing over at least
-    DIRECT8_ONE_MINK channels. Builds that force a kernel (cfg.conv_layout, wino="all") keep it, and
+    DIRECT8_ONE_MINK channels or of at most DIRECT8_ONE_MAXW weights. Builds that force a kernel
+    (cfg.conv_layout, wino="all") keep it, and
     cfg.direct off keeps every conv off these tiles.
 
     Per-step CPU time at 1 thread, the avx2 build on a Zen 4 (medians of 15-25 interleaved runs, shared
@@ -184,9 +185,11 @@ def direct_avx2(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     its 7x7 stem 0.66 -> 0.52 ms from the phase grid; 3x3 stems of 3 channels 0.13 -> 0.08 ms from
     im2col); 3x3 convs of 256 and 512 channels on 6x6 and 3x3 maps 0.90-0.95x Winograd's and the streamed
     weights'. Winograd stays faster from 12x12 maps (0.38-0.44 ms, 0.42-0.51 on the tiles). Of the 1x1
-    convs, ResNet-50's 1024 -> 256 on 6x6 maps ran 0.87-0.89x the transposed tile's time (0.33 -> 0.29 ms);
-    its 256 -> 1024 there level, those on 12x12 and 24x24 maps and the strided ones 0.9-1.3x as long
-    (the input's planes, a cache line per reduction step, no longer fit in L1 beside a weight block)."""
+    convs on 6x6 maps, ResNet-50's 1024 -> 256 ran 0.87-0.89x the transposed tile's time (0.33 -> 0.29 ms),
+    MobileNetV2's and EfficientNet-B0's (64 to 672 channels) 0.7-0.8x the transposed tile's and OpenBLAS's
+    (the two models 2.14 -> 2.01 and 4.72 -> 4.52 ms in all), ResNet-50's 256 -> 1024 1.03-1.08x; those on
+    12x12 and 24x24 maps and the strided ones ran 0.9-1.3x as long (the input's planes, a cache line per
+    reduction step, no longer fit in L1 beside a weight block)."""
     if (node.op != "Conv" or not cfg.direct or cfg.packed_gemm or not cfg.pgemm or cfg.lanes != 8
             or node.inputs[1] not in constants
             or cfg.conv_layout is not None or not (cfg.isa == "avx2" or (cfg.isa == "native" and _cpu_has_avx2()))):
@@ -199,7 +202,8 @@ def direct_avx2(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     win = conv_window(node, x, w)
     p, strided = win.oh * win.ow, win.sh > 1 or win.sw > 1
     if w[2] * w[3] == 1:
-        return not strided and STREAM_MAXP < p <= DIRECT8_MAXP and w[1] >= DIRECT8_ONE_MINK
+        small = w[0] * w[1] <= DIRECT8_ONE_MAXW
+        return not strided and STREAM_MAXP < p <= DIRECT8_MAXP and (w[1] >= DIRECT8_ONE_MINK or small)
     return strided or p <= DIRECT8_MAXP
 
 

@@ -123,3 +123,10 @@ def test_an_op_drawing_random_numbers_is_refused_with_the_reason(tmp_path, op, a
     result = _probe(tmp_path, op, arity)
     assert result.status == "NOGEN", result
     assert f"op '{op}' cannot be checked: it draws random numbers" in result.message
+
+
+@pytest.mark.parametrize("op, arity", [("StringSplit", 1), ("StringConcat", 2)])
+def test_an_op_over_strings_is_refused_with_the_reason(tmp_path, op, arity):
+    result = _probe(tmp_path, op, arity)
+    assert result.status == "NOGEN", result
+    assert f"op '{op}' cannot be checked: it reads or writes strings" in result.message

@@ -32,7 +32,8 @@ from saturate.check.movement_planner import MovementPlanning
 from saturate.check.nn_planner import NnPlanning
 from saturate.check.quant_planner import QuantPlanning
 from saturate.check.schema import (BASE_OPSET, DTYPE_WEIGHTS, FLOATS, attribute_drawer, draw_dtype,
-                                   dtype_of_tensor_type, input_slot, schema, slot_types)
+                                   dtype_of_tensor_type, input_slot, schema, slot_types,
+                                   undrawn_values)
 from saturate.ops.registry import find, ops_with
 from saturate.check.strategies import MAX_RANK, MAX_SIDE, Template, draw_broadcastable, draw_per_axis
 
@@ -279,6 +280,10 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
         op = t.op
         if schema(op, self.opset) is None:
             self.generic_check(op)
+        undrawn = undrawn_values(op, self.opset, len(t.args))
+        if undrawn is not None:
+            raise SaturateError(f"op '{op}' cannot be checked: it reads or writes {undrawn}, which are not drawn "
+                                "(tensors of numbers and bools only)")
         (out_param, out_allowed), _ = slot_types(op, self.opset)
         out_opts = out_allowed & options
         op_spec = spec(op, self.opset)

@@ -121,6 +121,25 @@ def input_slot(op: str, opset: int, k: int) -> tuple[str, frozenset[str]]:
     return inputs[min(k, len(inputs) - 1)]
 
 
+def undrawn_values(op: str, opset: int, arity: int) -> str | None:
+    """What the op reads (in its first `arity` inputs) or writes that no drawn dtype is:
+    "strings", "sequences", "optionals" (None: every slot takes a drawn dtype)."""
+    s = schema(op, opset)
+    if s is None:
+        return None
+    out, inputs = slot_types(op, opset)
+    formals = list(s.inputs)
+    slots = [(formals[min(k, len(formals) - 1)], inputs[min(k, len(inputs) - 1)]) for k in range(arity) if inputs]
+    if s.outputs:
+        slots.append((s.outputs[0], out))
+    allowed = {c.type_param_str: list(c.allowed_type_strs) for c in s.type_constraints}
+    for formal, (_, dtypes) in slots:
+        if not dtypes:
+            types = " ".join(allowed.get(formal.type_str, [formal.type_str]))
+            return "sequences" if "seq(" in types else "optionals" if "optional(" in types else "strings"
+    return None
+
+
 def draw_dtype(draw: Callable, allowed: frozenset[str] | set[str]) -> str:
     """One of `allowed`, weighted by DTYPE_WEIGHTS; shrinks towards float32."""
     options = [d for d in DTYPE_WEIGHTS if d in allowed]

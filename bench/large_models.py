@@ -1,6 +1,7 @@
 """Benchmark of models with external data (several GB): saturate, onnxsim and `cp` side by side.
 
     python bench/large_models.py [--runs 3] [--dim 8192] [--blocks 12] [--decoder-layers 20] [--skip-decoder]
+    python bench/large_models.py --model M.onnx [--runs 3] [--skip-checked]     # a model built before (only read)
 
 Builds, in a temp dir, (1) an MLP of `--blocks` blocks of MatMul dim x dim, a per-column Mul, a
 bias Add and Relu (float32, 3.2 GB at the defaults), and (2) a float16 decoder-shaped model of
@@ -214,24 +215,26 @@ def _tools(model: Path, out: Path) -> dict[str, list[list[str]]]:
     }
 
 
-def run_tools(model: Path, runs: int, tools: list[str], stages: dict[str, list[float]] | None = None
-              ) -> dict[str, tuple[float, float, int]]:
+def run_tools(model: Path, runs: int, tools: list[str], stages: dict[str, list[float]] | None = None,
+              work: Path | None = None) -> dict[str, tuple[float, float, int]]:
     """Median wall seconds, median peak RSS and failures of each tool on `model`, the tools
-    interleaved run by run (the machine is shared: its load drifts); outputs removed each time.
-    `stages` gets saturate's time per stage of each run (its --report)."""
+    interleaved run by run (the machine is shared: its load drifts); outputs (in `work`, by
+    default the model's folder) removed each time. `stages` gets saturate's time per stage of
+    each run (its --report)."""
+    work = work or model.parent
     results: dict[str, list[tuple[float, int, int]]] = {t: [] for t in tools}
-    out = Path(tempfile.mkdtemp(prefix="warm-up-", dir=model.parent))
+    out = Path(tempfile.mkdtemp(prefix="warm-up-", dir=work))
     try:
-        measure(_tools(model, out)["saturate"][0], model.parent)     # compiles saturate's modules
+        measure(_tools(model, out)["saturate"][0], work)     # compiles saturate's modules
     finally:
         shutil.rmtree(out, ignore_errors=True)
     for _ in range(runs):
         for tool in tools:
-            out = Path(tempfile.mkdtemp(prefix=f"{tool.split()[0]}-", dir=model.parent))
+            out = Path(tempfile.mkdtemp(prefix=f"{tool.split()[0]}-", dir=work))
             try:
                 wall, peak, failed = 0.0, 0, 0
                 for cmd in _tools(model, out)[tool]:
-                    w, p, code = measure(cmd, model.parent)
+                    w, p, code = measure(cmd, work)
                     wall, peak, failed = wall + w, max(peak, p), failed or code
                 results[tool].append((wall, peak, failed))
                 report = out / "report.json"
@@ -267,6 +270,11 @@ def print_table(name: str, model: Path, results: dict, runs: int, stages: dict |
     if stages:
         print("  saturate's stages, median s: "
               + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in stages.items()))
+        if cp and "extract" in stages:
+            # The folds (read the weights, compute, write them into the output's data file) are
+            # the extract stage: against `cp` of the same files, the physical bound of that work.
+            extract = statistics.median(stages["extract"])
+            print(f"  the folds (extract) / cp: {extract / cp:.2f}; / cp + sync: {extract / synced if synced else 0:.2f}")
     print(f"  load average after the runs: {os.getloadavg()[0]:.1f}")
     sat, sim = results.get("saturate"), results.get("onnxsim")
     if sat and sim and sim[0]:
@@ -292,13 +300,23 @@ def main() -> int:
     parser.add_argument("--decoder-layers", type=int, default=20)
     parser.add_argument("--skip-decoder", action="store_true")
     parser.add_argument("--skip-onnxsim", action="store_true")
+    parser.add_argument("--skip-checked", action="store_true", help="leave out `saturate optimize` with its check")
     parser.add_argument("--dir", default=None, help="where to build the models (default: a temp dir)")
+    parser.add_argument("--model", default=None,
+                        help="run on this model (its data file beside it) instead of building the MLP and "
+                             "the decoder; it is only read, the outputs go to --dir or a temp dir")
     args = parser.parse_args()
-    tools = ["cp", "cp + sync", "saturate", "sat default"] + ([] if args.skip_onnxsim or not shutil.which("onnxsim") else ["onnxsim"])
+    tools = (["cp", "cp + sync", "saturate"] + ([] if args.skip_checked else ["sat default"])
+             + ([] if args.skip_onnxsim or not shutil.which("onnxsim") else ["onnxsim"]))
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} "
           f"GiB RAM; load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="large-models-", dir=args.dir) as tmp:
         folder = Path(tmp)
+        if args.model:
+            model = Path(args.model).resolve()
+            stages = {}
+            print_table(model.name, model, run_tools(model, args.runs, tools, stages, folder), args.runs, stages)
+            return 0
         start = time.perf_counter()
         model = build_mlp(folder, args.dim, args.blocks)
         print(f"built the MLP in {time.perf_counter() - start:.1f} s")

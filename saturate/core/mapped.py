@@ -37,7 +37,7 @@ CACHE_BYTES = 256 << 10
 # A folded weight written straight to the disk (O_DIRECT) is written this many bytes at a time,
 # each write starting and ending at a multiple of DIRECT_ALIGN (a disk's logical block: 512 bytes
 # or 4 KiB), from a buffer that starts at one.
-DIRECT_BYTES = 4 << 20
+DIRECT_BYTES = 2 << 20
 DIRECT_ALIGN = 4096
 
 
@@ -469,7 +469,10 @@ def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[in
             if s:
                 release(part)
         steps = range(step, shape[0], step)
-        workers = min(_cores(), len(steps))
+        # A thread waiting for the disk to take a direct write holds no core: with twice as many
+        # threads as cores, the cores compute while the disk writes (on the 3 GiB MLP, the folds
+        # took a tenth less time than with one thread a core, and the same memory at 2 MiB writes).
+        workers = min(_cores() * (1 if direct is None else 2), len(steps))
         if workers > 1:
             # Here, not at the top: most runs fold nothing this large.
             from concurrent.futures import ThreadPoolExecutor

@@ -25,6 +25,11 @@ from saturate.lang.parser import load_rules
 from saturate.ops.schema import newest_opset
 
 
+# Ops whose required inputs alone do not run (Resize needs scales or sizes) or do nothing (a
+# NonMaxSuppression without a count keeps no box): checked with the optional inputs they need.
+INPUTS = {"Resize": 3, "NonMaxSuppression": 5}
+
+
 def default_domain_ops(opset: int) -> dict[str, onnx.defs.OpSchema]:
     ops: dict[str, onnx.defs.OpSchema] = {}
     for s in onnx.defs.get_all_schemas_with_history():
@@ -45,7 +50,7 @@ def main() -> None:
     lines = ["ruleset coverage level 1"]
     for name, s in sorted(ops.items()):
         if name not in refused:
-            operands = ", ".join(f"x{k}" for k in range(s.min_input))
+            operands = ", ".join(f"x{k}" for k in range(INPUTS.get(name, s.min_input)))
             lines.append(f"rule op-{name} Identity({name}({operands})) => {name}({operands})")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "coverage.rules"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -163,6 +165,25 @@ def test_elementwise_and_batchnorm_chain():
     consts = {"s": w(4), "bb": w(4), "mu": w(4), "var": np.abs(w(4)) + 0.5, "k": w(4, 1, 1),
               "q": np.abs(w(1, 5)) + 1, "lo": np.float32(-0.5), "hi": np.float32(0.7)}
     check_three_way(make(nodes, {"x": (2, 4, 3, 5)}, consts))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_elementwise_steps_of_long_runs_are_shared_in_pieces(threads):
+    """Elementwise steps whose runs are longer than a work item are cut into pieces of a run: BERT's GELU
+    (one run: the divisor is a scalar), an operand per row of 40000 elements (runs of a row), one along the
+    rows, and a run whose length is no multiple of the piece."""
+    from saturate.backend.emit import emit
+
+    gelu = make([Node("Div", ["x", "r2"], ["d"]), Node("Erf", ["d"], ["e"]), Node("Add", ["e", "one"], ["a"]),
+                 Node("Mul", ["x", "a"], ["m"]), Node("Mul", ["m", "half"], ["y"])], {"x": (1, 128, 1536)},
+                {"r2": np.float32(1.4142135), "one": np.float32(1.0), "half": np.float32(0.5)})
+    rows = make([Node("Mul", ["x", "p"], ["m"]), Node("Add", ["m", "q"], ["y"])], {"x": (1, 3, 40000)},
+                {"p": w(1, 3, 1), "q": w(1, 1, 40000)})
+    odd = make([Node("Sub", ["x", "p"], ["y"])], {"x": (20011,)}, {"p": np.float32(0.25)})
+    g = side_by_side([gelu, rows, odd])
+    counts = [int(c) for c in re.findall(r"sat_parallel\((\d+), pw_\d+_items", emit(g).source)]
+    assert len(counts) == 3 and min(counts) > 1, counts
+    check_three_way(g, threads=threads)
 
 
 def test_two_threads_agree_with_one():

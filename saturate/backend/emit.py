@@ -315,6 +315,19 @@ class Emitter(NnEmission, MovementEmission):
             target = min(16384, max(8192, math.prod(oshape) // 8))
             per = max(1, min(runs, -(-target // max(run, 1))))
             chunks = -(-runs // per)
+            if run > target:
+                # Runs longer than an item are cut into pieces (any stretch of a run is one: its operands'
+                # bases are computed from the offset), so a single run (an operand broadcast over all of
+                # the output, as BERT's GELU divides by a scalar) is shared too, not run on one thread.
+                pieces = -(-run // target)
+                piece = -(-(-(-run // pieces)) // 16) * 16
+                pieces = -(-run // piece)
+                self.funcs.append(
+                    f"static void {fn}_items(void *ctx, int64_t c, int tid) {{\n    (void)ctx; (void)tid;\n"
+                    f"    const int64_t r = c / {pieces}, s = c % {pieces} * {piece};\n"
+                    f"    {fn}({out}, r * {run} + s, {run} - s < {piece} ? {run} - s : {piece});\n}}\n")
+                self.body.append(f"    sat_parallel({runs * pieces}, {fn}_items, NULL);\n")
+                return
             self.funcs.append(
                 f"static void {fn}_items(void *ctx, int64_t c, int tid) {{\n    (void)ctx; (void)tid;\n"
                 f"    const int64_t end = (c + 1) * {per} < {runs} ? (c + 1) * {per} : {runs};\n"

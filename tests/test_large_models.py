@@ -85,8 +85,8 @@ def test_import_maps_external_weights_instead_of_reading_them(tmp_path):
     np.testing.assert_array_equal(graph.constants["w0"], want)
 
 
-@pytest.mark.parametrize("pad", [0, 12])      # 12: weights off the page boundaries
-def test_an_optimized_external_model_reads_back_equal(tmp_path, monkeypatch, pad):
+@pytest.mark.parametrize("pad,check", [(0, "1"), (12, "1"), (0, "0")])   # 12: weights off the page boundaries
+def test_an_optimized_external_model_reads_back_equal(tmp_path, monkeypatch, pad, check):
     monkeypatch.setattr(frontend, "EXTERNAL_DATA_BYTES", 1000)
     monkeypatch.setattr(mapped, "SPILL_BYTES", 64 << 10)    # the folded weights go through files
     monkeypatch.setattr(mapped, "BLOCK_BYTES", 100 << 10)   # in blocks of rows
@@ -98,7 +98,7 @@ def test_an_optimized_external_model_reads_back_equal(tmp_path, monkeypatch, pad
     written = []
     monkeypatch.setattr(frontend, "write_pieces", lambda f, pieces: (
         written.extend(np.asarray(p).nbytes for p in pieces), mapped.write_pieces(f, pieces)))
-    assert main(["optimize", str(path), "-o", str(out), "--quiet"]) == 0
+    assert main(["optimize", str(path), "-o", str(out), "--quiet", "--check", check]) == 0
     # The folded weights were computed into the file that became the data file: not written again.
     assert written and max(written) < DIM * DIM * 4
     assert _digests(src) == before                                   # inputs untouched
@@ -173,7 +173,7 @@ def test_a_fold_of_mapped_weights_reads_them_from_their_file(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("refuse", [False, True])
-def test_a_fold_into_an_output_data_file_is_written_straight_to_the_disk(tmp_path, monkeypatch, refuse):
+def test_a_fold_into_an_output_data_file_nothing_checks_is_written_straight_to_the_disk(tmp_path, monkeypatch, refuse):
     import errno
     import os
 
@@ -210,7 +210,10 @@ def test_a_fold_into_an_output_data_file_is_written_straight_to_the_disk(tmp_pat
 
     monkeypatch.setattr(mapped.os, "open", open_)
     monkeypatch.setattr(mapped.os, "pwrite", pwrite)
-    with mapped.folds_beside(tmp_path / "o.onnx") as arena:
+    with mapped.folds_beside(tmp_path / "o.onnx") as arena:      # read back before saved: not direct
+        np.testing.assert_array_equal(evaluate_fn("mul", [mw, s]), w * s)
+        assert not opened
+    with mapped.folds_beside(tmp_path / "o.onnx", direct=True) as arena:
         got = evaluate_fn("mul", [mw, s])
         assert mapped.is_mapped(got) and opened
         np.testing.assert_array_equal(got.view(np.uint8), (w * s).view(np.uint8))

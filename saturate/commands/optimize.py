@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     # The model, report and page are renamed into place together once all are written; large
     # folded weights are computed beside the output, where its data file can take them over.
     with status(args.quiet or args.trace, "load") as shown, written_together(inputs) as read, \
-            folds_beside(args.output):
+            folds_beside(args.output, direct=args.check == 0):
         report, functions, failure, sizes = _optimize_one(args, shown, read, outputs)
     if args.trace:
         print(format_report(report), file=sys.stderr)

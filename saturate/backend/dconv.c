@@ -67,10 +67,11 @@ void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y
     const int xsh = gather ? 1 : sh, xsw = gather ? 1 : sw;
     int32_t *koff = (int32_t *)scratch;
     float *xpad = scratch + (K + 15) / 16 * 16;
-    for (int k = 0; k < K; k++) {
-        const int c = k / (KH * KW), kh = (k / KW) % KH, kw = k % KW;
-        koff[k] = (int32_t)((int64_t)c * Hq * Wp + kh * dh * Wp + kw * dw);
-    }
+    /* (in nested loops, not three divisions per index: the table is built on the calling thread alone
+     * while the other threads wait for the conv's first job) */
+    for (int c = 0, k = 0; c < Cg; c++)
+        for (int kh = 0; kh < KH; kh++)
+            for (int kw = 0; kw < KW; kw++) koff[k++] = (int32_t)((int64_t)c * Hq * Wp + kh * dh * Wp + kw * dw);
     const int64_t P = (int64_t)OH * OW;
 #if defined(__AVX512F__)
     const int R = sat_dconv_rows(P), width = 32;

@@ -53,6 +53,7 @@ SOUND = [
     "Identity(DeformConv(x, w, o)) => DeformConv(x, w, o)",
     "Identity(Einsum(a, b)) => Einsum(a, b)",
     'Einsum(a, b){equation="ij,jk->ik"} => MatMul(a, b)',
+    'Einsum(a, a){equation="ij,jk->ik"} => MatMul(a, a)',     # one operand twice: square
     'Einsum(a){equation="ij->ji"} => Transpose(a){perm=[1, 0]}',
     "Identity(BitCast(x)) => BitCast(x)",
     "Identity(TfIdfVectorizer(x)) => TfIdfVectorizer(x)",

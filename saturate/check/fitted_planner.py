@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from saturate.check.schema import tensor_type
 from saturate.check.strategies import MAX_SIDE, Template, conv_cases, draw_constant
-from saturate.lang.ast import OpTerm
+from saturate.lang.ast import OpTerm, Var
 
 # A fit is called with the shapes of inputs already drawn (known), the attributes the pattern
 # fixes, the op's path and the output shape asked of it (None: any). It returns the shapes of
@@ -173,32 +173,71 @@ class FittedPlanning:
     def fit_Einsum(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
         # An equation naming each operand's axes with a few shared letters (a letter twice in one
         # operand takes its diagonal), an output of some of them in any order (or none written:
-        # the letters seen once, sorted), and now and then leading axes broadcast by "...".
-        sides = {c: self.draw(st.integers(1, MAX_SIDE)) for c in _LETTERS}
+        # the letters seen once, sorted), and now and then leading axes broadcast by "...". An
+        # operand drawn already (or a variable read twice) keeps its shape: its letters are
+        # drawn among those of its sides.
+        sides: dict[str, int] = {}
+        first = {}
+        for k, a in enumerate(t.args):
+            if isinstance(a, Var):
+                first.setdefault(a.name, k)
+        shapes: dict[int, tuple[int, ...]] = {}
+
+        def given(k: int) -> tuple[int, ...] | None:
+            a = t.args[k]
+            if k in known:
+                return tuple(known[k])
+            return shapes.get(first[a.name]) if isinstance(a, Var) and first[a.name] < k else None
+
+        def side(c: str, want: int | None = None) -> int:
+            have = sides.setdefault(c, self.draw(st.integers(1, MAX_SIDE)) if want is None else want)
+            assume(want is None or have == want)
+            return have
+
+        def letter(want: int) -> str:
+            c = self.draw(st.sampled_from([c for c in _LETTERS if sides.get(c, want) == want] or ["?"]))
+            assume(c != "?")
+            side(c, want)
+            return c
+
+        fresh = not known and len(first) == len(t.args)
         equation = fixed.get("equation")
-        if equation is None and len(t.args) in _EINSUMS and self.draw(st.booleans()):
+        if equation is None and fresh and len(t.args) in _EINSUMS and self.draw(st.booleans()):
             equation = self.draw(st.sampled_from(_EINSUMS[len(t.args)]))
+        dots = "..." if equation is None and fresh and self.draw(st.integers(0, 4)) == 4 else ""
+        terms: list[str] = []       # each operand's letters: the equation's, or drawn below
+        if equation is not None:
+            dots = "..." if "..." in equation else ""
+            terms = [term.replace("...", "") for term in equation.replace(" ", "").split("->")[0].split(",")]
+            assume(len(terms) == len(t.args))
+        batch = self.shape_for(Template(), hi=2) if dots else ()
+        for k in range(len(t.args)):
+            have = given(k)
+            if equation is None and have is not None:
+                letters = [letter(d) for d in have]
+            elif equation is None:
+                letters = self.draw(st.lists(st.sampled_from(_LETTERS), min_size=int(k == 0), max_size=3))
+            else:
+                letters = list(terms[k])
+            if have is not None:
+                assume(len(have) >= len(letters) and (len(have) == len(letters) or dots))
+                for c, d in zip(letters, have[len(have) - len(letters):]):
+                    side(c, d)
+                shapes[k] = have
+            else:
+                lead = tuple(d if d == 1 or self.draw(st.integers(0, 3)) else 1 for d in batch) if dots else ()
+                shapes[k] = lead + tuple(side(c) for c in letters)
+            if equation is None:
+                terms.append("".join(letters))
         if equation is None:
-            terms = [self.draw(st.lists(st.sampled_from(_LETTERS), min_size=int(k == 0), max_size=3))
-                     for k in range(len(t.args))]
             used = sorted({c for term in terms for c in term})
-            dots = "..." if self.draw(st.integers(0, 4)) == 4 else ""
-            inputs = ",".join(dots + "".join(term) for term in terms)
+            inputs = ",".join(dots + term for term in terms)
             if self.draw(st.integers(0, 3)) == 3:
                 equation = inputs
             else:
                 kept = self.draw(st.permutations(used))[:self.draw(st.integers(0, len(used)))]
                 equation = f"{inputs}->{dots}{''.join(kept)}"
         fixed["equation"] = equation
-        lhs = equation.replace(" ", "").split("->")[0].split(",")
-        assume(len(lhs) == len(t.args))
-        batch = self.shape_for(Template(), hi=2) if "..." in equation else ()
-        shapes = {}
-        for k, term in enumerate(lhs):
-            letters = [c for c in term.replace("...", "") if c.isalpha()]
-            own = tuple(sides.setdefault(c, self.draw(st.integers(1, MAX_SIDE))) for c in letters)
-            lead = tuple(d if d == 1 or self.draw(st.integers(0, 3)) else 1 for d in batch) if "..." in term else ()
-            shapes[k] = lead + own
         return shapes, {}, fixed
 
     def fit_BitCast(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:

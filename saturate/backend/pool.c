@@ -50,8 +50,9 @@ void *sat_pool_worker(void *arg) {
     for (;;) {
         uint64_t t = 0;
         /* Spin for the next job while a run lasts (jobs come in bursts within one inference) for up to
-         * SAT_SPIN_NS, and briefly after it; then sleep until a job or the next run. */
-        int64_t since = 0;
+         * SAT_SPIN_NS, at most SAT_GAP_NS of it after the job is done (see pool.h), and briefly after the
+         * run; then sleep until a job or the next run. */
+        int64_t start = 0, since = 0;
         int idle = 0;
         const uint32_t run = atomic_load(&sat_pool.runs);
         for (int spin = 0; spin < 20000 || (sat_pool_wanted(tid) && !idle); spin++) {
@@ -59,8 +60,13 @@ void *sat_pool_worker(void *arg) {
             if ((uint32_t)(t >> 32) != seen) break;
             if ((spin & 255) == 255) {
                 const int64_t now = sat_pool_ns();
-                since = since ? since : now;
-                idle = now - since > SAT_SPIN_NS;
+                start = start ? start : now;
+                /* (n and done may already be the next job's: it is then about to come) */
+                if (atomic_load_explicit(&sat_pool.done, memory_order_relaxed) < __atomic_load_n(&sat_pool.n, __ATOMIC_RELAXED))
+                    since = 0;
+                else
+                    since = since ? since : now;
+                idle = now - start > SAT_SPIN_NS || (since && now - since > SAT_GAP_NS);
             }
         }
         if ((uint32_t)(t >> 32) == seen) {

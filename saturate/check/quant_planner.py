@@ -11,7 +11,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from saturate.core.errors import SaturateError
-from saturate.check.strategies import MAX_SIDE, conv_cases, draw_broadcastable
+from saturate.check.strategies import MAX_SIDE, conv_cases, conv_cases_over, draw_broadcastable
 from saturate.lang.ast import OpTerm, Var
 
 # Scales drawn: powers of two (exact products), ordinary steps and one large one.
@@ -93,22 +93,30 @@ class QuantPlanning:
         n = int(np.prod(shape, dtype=np.int64))
         return np.array([self.draw(st.sampled_from(_SCALES)) for _ in range(n)], np.float32).reshape(shape)
 
-    def quant_conv(self: Any, fixed: dict) -> Any:
-        """A Conv's geometry over 1, 2 or 3 spatial axes (2 first), every auto_pad mode now and then."""
-        out = (self.draw(st.integers(1, 2)), self.draw(st.integers(1, 3)),
-               *[self.draw(st.integers(1, 3)) for _ in range(self.draw(st.sampled_from([2, 1, 3])))])
-        case = self.draw(conv_cases(out, {k: fixed[k] for k in _GEOMETRY if k in fixed}))
-        attrs = dict(case.attrs)
-        attrs["auto_pad"] = fixed.get("auto_pad") or self.draw(st.sampled_from(["NOTSET"] * 3 + ["SAME_UPPER",
-                                                                                            "SAME_LOWER", "VALID"]))
-        if attrs["auto_pad"] != "NOTSET":
+    def quant_conv(self: Any, fixed: dict, x: tuple | None, out: tuple | None) -> Any:
+        """A Conv's geometry over 1, 2 or 3 spatial axes (2 first), every auto_pad mode now and
+        then; from the input `x` or to the output `out` when either is drawn already."""
+        geometry = {k: fixed[k] for k in _GEOMETRY if k in fixed}
+        if out is None:
+            n_sp = len(x) - 2 if x is not None else self.draw(st.sampled_from([2, 1, 3]))
+            assume(n_sp >= 1)
+            out = ((x[0],) if x is not None else (self.draw(st.integers(1, 2)),)) + (self.draw(st.integers(1, 3)),) + \
+                tuple(self.draw(st.integers(1, x[2 + i] if x is not None else 3)) for i in range(n_sp))
+            auto = fixed.get("auto_pad") or self.draw(st.sampled_from(["NOTSET"] * 3 + ["SAME_UPPER", "SAME_LOWER",
+                                                                                     "VALID"]))
+        else:
+            assume(len(out) >= 3)
+            auto = fixed.get("auto_pad") or "NOTSET"    # explicit pads give the output asked
+        case = self.draw(conv_cases(out, geometry) if x is None else conv_cases_over(out, x, geometry))
+        attrs = {**case.attrs, "auto_pad": auto}
+        if auto != "NOTSET":
             attrs["pads"] = None
         return case, {**attrs, **fixed}
 
     def fit_ConvInteger(self: Any, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> tuple:
         # x (N, C, ...), w (M, C / group, kernel...); x's zero point one value, w's one or one
         # per output channel.
-        case, attrs = self.quant_conv(fixed)
+        case, attrs = self.quant_conv(fixed, known.get(0), out)
         values = {}
         if len(t.args) > 2:
             values[2] = self.zero_point(self.arg_dtype(t, path, 2), self.draw(st.sampled_from([(), (1,)])))
@@ -120,7 +128,7 @@ class QuantPlanning:
     def fit_QLinearConv(self: Any, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> tuple:
         # x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point[, B]: the
         # scales positive, w's per tensor or per output channel, the bias one int32 per channel.
-        case, attrs = self.quant_conv(fixed)
+        case, attrs = self.quant_conv(fixed, known.get(0), out)
         m = case.w_shape[0]
         w_shape = self.draw(st.sampled_from([(), (m,), (1,)]))
         values = {1: self.scale(()), 2: self.zero_point(self.arg_dtype(t, path, 2), ()),
@@ -131,17 +139,27 @@ class QuantPlanning:
             shapes[8] = (m,)
         return shapes, {k: v for k, v in values.items() if k < len(t.args)}, attrs
 
-    def quant_matmul(self: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Shapes of a and b for a (batched, broadcast) matrix product, 1-D now and then."""
+    def quant_matmul(self: Any, known: dict, b_at: int, out: tuple | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of a and b (argument b_at) for a (batched, broadcast) matrix product, 1-D now
+        and then; an operand drawn already, or the output asked, keeps its sides."""
         m, k, n = (self.draw(st.integers(1, MAX_SIDE)) for _ in range(3))
         batch = tuple(self.draw(st.integers(1, 3)) for _ in range(self.draw(st.sampled_from([0, 0, 1, 2]))))
-        a = batch + (m, k) if self.draw(st.integers(0, 7)) else (k,)
-        b = draw_broadcastable(self.draw, batch) + (k, n)
-        return a, b
+        a, b = known.get(0), known.get(b_at)
+        if out is not None and len(out) >= 2 and a is None and b is None:
+            batch, (m, n) = tuple(out[:-2]), out[-2:]
+        if a is None:
+            a = batch + (m, k) if b is not None or out is not None or self.draw(st.integers(0, 7)) else (k,)
+            if b is not None:
+                assume(len(b) >= 2)
+                a = draw_broadcastable(self.draw, tuple(b[:-2])) + (m, b[-2])
+        if b is None:
+            assume(len(a) >= 1)
+            b = draw_broadcastable(self.draw, tuple(a[:-2]) if len(a) > 2 else batch) + (a[-1], n)
+        return tuple(a), tuple(b)
 
     def fit_MatMulInteger(self: Any, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> tuple:
         # A 1-D zero point runs along a's rows and b's columns.
-        a, b = self.quant_matmul()
+        a, b = self.quant_matmul(known, 1, out)
         values = {}
         if len(t.args) > 2:
             rows = [(), (1,)] + ([(a[-2],)] if len(a) >= 2 else [])
@@ -153,7 +171,7 @@ class QuantPlanning:
     def fit_QLinearMatMul(self: Any, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> tuple:
         # a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point: b's scale
         # and zero point per tensor or per column.
-        a, b = self.quant_matmul()
+        a, b = self.quant_matmul(known, 3, out)
         b_shape = self.draw(st.sampled_from([(), (1,), (b[-1],)]))
         values = {1: self.scale(()), 2: self.zero_point(self.arg_dtype(t, path, 2), ()),
                   4: self.scale(b_shape), 5: self.zero_point(self.arg_dtype(t, path, 5), b_shape),

@@ -69,6 +69,10 @@ SOUND = [
     "Identity(ImageDecoder(x)) => ImageDecoder(x)",
     "OptionalGetElement(x) => x",
     "Identity(GlobalLpPool(x)) => GlobalLpPool(x)",
+    # asked for a shape by the op above them
+    "Conv(RoiAlign(x, r, b), w) => Conv(RoiAlign(x, r, b), w)",
+    "DequantizeLinear(QLinearConv(x, xs, xz, w, ws, wz, ys, yz), s, z)"
+    " => DequantizeLinear(QLinearConv(x, xs, xz, w, ws, wz, ys, yz), s, z)",
 ]
 
 # ... and a wrong one fails with a counterexample, so the examples reach the op's semantics.

@@ -56,9 +56,13 @@ class FittedPlanning:
     def fit_Col2Im(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
         # Blocks slid over an image with strides, pads and dilations: the columns' count is the
         # number of block positions, so the input's last side follows from the image and block.
-        n = self.draw(st.sampled_from([2, 1, 3]))
         ints = lambda lo, hi, size: [self.draw(st.integers(lo, hi)) for _ in range(size)]
-        image = ints(1, MAX_SIDE, n)
+        if out is not None:             # (N, C, image...): the image asked
+            assume(len(out) >= 3 and 0 not in out)
+            n, image = len(out) - 2, list(out[2:])
+        else:
+            n = self.draw(st.sampled_from([2, 1, 3]))
+            image = ints(1, MAX_SIDE, n)
         block = ints(1, 3, n)
         strides = fixed.setdefault("strides", ints(1, 2, n))
         dil = fixed.setdefault("dilations", ints(1, 2, n))
@@ -67,14 +71,20 @@ class FittedPlanning:
         counts = [(image[i] + pads[i] + pads[n + i] - dil[i] * (block[i] - 1) - 1) // strides[i] + 1
                   for i in range(n)]
         assume(all(c >= 1 for c in counts))
-        shape = (self.draw(st.integers(1, 2)), self.draw(st.integers(1, 3)) * math.prod(block), math.prod(counts))
+        batch, channels = out[:2] if out is not None else (self.draw(st.integers(1, 2)), self.draw(st.integers(1, 3)))
+        shape = (batch, channels * math.prod(block), math.prod(counts))
         return {0: shape}, {1: np.array(image, np.int64), 2: np.array(block, np.int64)}, fixed
 
     def fit_CenterCropPad(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
         # A target side per axis (all of them, or those of `axes`), each cropped or padded to.
-        shape = known.get(0) or self.shape_for(Template(min_rank=1))
+        shape = known.get(0) or self.shape_for(Template(rank=None if out is None else len(out), min_rank=1))
         rank = len(shape)
         assume(rank >= 1)
+        if out is not None:             # every side the one asked
+            assume(len(out) == rank and 0 not in out)
+            fixed.setdefault("axes", None)
+            sides = [out[a] for a in (fixed["axes"] or range(rank))]
+            return {0: shape}, {1: np.array(sides, np.int64)}, fixed
         if "axes" not in fixed and self.draw(st.booleans()):
             chosen = sorted(self.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True)))
             fixed["axes"] = [a - rank if self.draw(st.booleans()) else a for a in chosen]
@@ -83,9 +93,14 @@ class FittedPlanning:
         sides = [self.draw(st.integers(1, MAX_SIDE + 1)) for _ in range(count)]
         return {0: shape}, {1: np.array(sides, np.int64)}, fixed
 
-    def _image(self, known: dict) -> tuple[int, ...]:
+    def _image(self, known: dict, out: tuple | None) -> tuple[int, ...]:
+        """The (N, C, H, W) image regions are pooled from, of the channels of `out` if asked."""
         shape = known.get(0) or self.shape_for(Template(rank=4))
         assume(len(shape) == 4 and 0 not in shape)
+        if out is not None:
+            assume(len(out) == 4 and 0 not in out)
+            shape = shape if 0 in known else (shape[0], out[1]) + tuple(shape[2:])
+            assume(shape[1] == out[1])
         return shape
 
     def _boxes(self, n: int, width: float, height: float) -> np.ndarray:
@@ -101,23 +116,25 @@ class FittedPlanning:
         return np.array(rows, np.float32).reshape(n, 4)
 
     def fit_RoiAlign(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
-        x = self._image(known)
+        # The output (regions, C, height, width): as asked, else drawn.
+        x = self._image(known, out)
         scale = float(self._flag(fixed, "spatial_scale", [1.0, 0.5, 2.0]))
-        for key in ("output_height", "output_width"):
-            self._flag(fixed, key, [1, 2, 3])
+        for k, key in ((2, "output_height"), (3, "output_width")):
+            self._flag(fixed, key, [out[k]] if out is not None else [1, 2, 3])
         self._flag(fixed, "sampling_ratio", [0, 1, 2])
         self._flag(fixed, "mode", ["avg", "max"])
         self._flag(fixed, "coordinate_transformation_mode", ["half_pixel", "output_half_pixel"])
-        n = self.draw(st.integers(1, 3))
+        n = out[0] if out is not None else self.draw(st.integers(1, 3))
         rois = self._boxes(n, x[3] / scale, x[2] / scale)
         batch = np.array([self.draw(st.integers(0, x[0] - 1)) for _ in range(n)], np.int64)
         return {0: x}, {1: rois, 2: batch}, fixed
 
     def fit_MaxRoiPool(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
-        x = self._image(known)
+        x = self._image(known, out)
         scale = float(self._flag(fixed, "spatial_scale", [1.0, 0.5, 2.0]))
-        self._flag(fixed, "pooled_shape", [[self.draw(st.integers(1, 3)), self.draw(st.integers(1, 3))]])
-        n = self.draw(st.integers(1, 3))
+        pooled = list(out[2:]) if out is not None else [self.draw(st.integers(1, 3)), self.draw(st.integers(1, 3))]
+        self._flag(fixed, "pooled_shape", [pooled])
+        n = out[0] if out is not None else self.draw(st.integers(1, 3))
         batch = [[float(self.draw(st.integers(0, x[0] - 1)))] for _ in range(n)]
         rois = np.concatenate([np.array(batch, np.float32).reshape(n, 1), self._boxes(n, x[3] / scale, x[2] / scale)],
                               axis=1)
@@ -145,19 +162,23 @@ class FittedPlanning:
 
     def fit_AffineGrid(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
         # theta (N, 2, 3) for a 2-D grid of size (N, C, H, W), (N, 3, 4) for a 3-D one.
+        # The grid (N, H, W, 2) or (N, D, H, W, 3): as asked, else drawn.
+        assume(out is None or (len(out) in (4, 5) and out[-1] == len(out) - 2))
         theta = known.get(0)
         if theta is None:
-            n_sp = self.draw(st.sampled_from([2, 3]))
-            theta = (self.draw(st.integers(1, 2)), n_sp, n_sp + 1)
+            n_sp = len(out) - 2 if out is not None else self.draw(st.sampled_from([2, 3]))
+            theta = (out[0] if out is not None else self.draw(st.integers(1, 2)), n_sp, n_sp + 1)
         assume(len(theta) == 3 and theta[1] in (2, 3) and theta[2] == theta[1] + 1)
-        size = [theta[0], self.draw(st.integers(1, 3))] + [self.draw(st.integers(1, MAX_SIDE)) for _ in range(theta[1])]
+        sides = list(out[1:-1]) if out is not None else [self.draw(st.integers(1, MAX_SIDE)) for _ in range(theta[1])]
+        size = [theta[0], self.draw(st.integers(1, 3))] + sides
         return {0: theta}, {1: np.array(size, np.int64)}, fixed
 
     def fit_DeformConv(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
         # A 2-D Conv's geometry, and per output pixel an offset (and a mask) for each kernel tap
         # of each offset group, which splits the input's channels.
         # Small: onnx.reference runs it pixel by pixel, tap by tap, in Python.
-        out = tuple(self.draw(st.integers(1, 2)) for _ in range(4))
+        out = out or tuple(self.draw(st.integers(1, 2)) for _ in range(4))
+        assume(len(out) == 4 and 0 not in out)
         case = self.draw(conv_cases(out, {k: fixed[k] for k in ("group", "kernel_shape", "strides", "pads",
                                                                  "dilations") if k in fixed}))
         channels = case.x_shape[1]

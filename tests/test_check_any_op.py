@@ -71,6 +71,7 @@ SOUND = [
     "Identity(GlobalLpPool(x)) => GlobalLpPool(x)",
     # asked for a shape by the op above them
     "Conv(RoiAlign(x, r, b), w) => Conv(RoiAlign(x, r, b), w)",
+    "MatMul(Attention(q, k, v), w) => MatMul(Attention(q, k, v), w)",
     "DequantizeLinear(QLinearConv(x, xs, xz, w, ws, wz, ys, yz), s, z)"
     " => DequantizeLinear(QLinearConv(x, xs, xz, w, ws, wz, ys, yz), s, z)",
 ]

@@ -292,7 +292,16 @@ class FittedPlanning:
         b, kv, length, span, e, ev = (self.draw(st.integers(1, 3)) for _ in range(6))
         heads = kv * self.draw(st.integers(1, 2))
         past = self.draw(st.integers(1, 2)) if len(t.args) > 4 else 0
-        if self.draw(st.booleans()):
+        if out is not None:             # (B, Hq, L, Ev), or packed (B, L, Hq * Ev)
+            assume(len(out) in (3, 4) and 0 not in out)
+            if len(out) == 4:
+                b, heads, length, ev = out
+            else:
+                b, length = out[:2]
+                heads = self.draw(st.sampled_from([h for h in range(1, out[2] + 1) if out[2] % h == 0]))
+                ev = out[2] // heads
+            kv = self.draw(st.sampled_from([k for k in range(1, heads + 1) if heads % k == 0]))
+        if out is not None and len(out) == 4 or out is None and self.draw(st.booleans()):
             shapes = {0: (b, heads, length, e), 1: (b, kv, span, e), 2: (b, kv, span, ev)}
         else:
             fixed.setdefault("q_num_heads", heads)
@@ -310,6 +319,12 @@ class FittedPlanning:
         # and update rate are given; a past state (B, Hkv, Dk, Dv).
         b, steps, kv, dk, dv = (self.draw(st.integers(1, 3)) for _ in range(5))
         heads = kv * self.draw(st.integers(1, 2))
+        if out is not None:             # (B, T, Hq * Dv)
+            assume(len(out) == 3 and 0 not in out)
+            b, steps = out[:2]
+            heads = self.draw(st.sampled_from([h for h in range(1, out[2] + 1) if out[2] % h == 0]))
+            dv = out[2] // heads
+            kv = self.draw(st.sampled_from([k for k in range(1, heads + 1) if heads % k == 0]))
         fixed.setdefault("q_num_heads", heads)
         fixed.setdefault("kv_num_heads", kv)
         if len(t.args) <= 4:

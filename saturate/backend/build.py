@@ -24,6 +24,7 @@ from saturate.backend.cache import (SHARED_BLAS_PREFIX, cache_limit_bytes, cache
 # cpu_has_avx512 and isa are read through this module by bench/machine.py and tests.
 from saturate.backend.toolchain import (BLAS_FILE, ISAS, compiler, compiler_version, cpu_features,  # noqa: F401
                                         cpu_has_avx512, isa, openblas, openblas_digest, openblas_library)
+from saturate.backend.weights import WeightsBlob
 from saturate.core.errors import SaturateError
 
 # The C headers and binding.pyx, package data; a real folder, for the compiler's -I.
@@ -245,7 +246,7 @@ def link_command(objects: list[Path], target: Path, sanitize: bool = False) -> l
             "-Wl,-rpath,$ORIGIN", "-lm"]
 
 
-def build_key(source: str, weights: bytes, config: BuildConfig | None = None) -> str:
+def build_key(source: str, weights: bytes | WeightsBlob, config: BuildConfig | None = None) -> str:
     """The hash naming a build: the program, its weights, the kernels and binding it includes, the build's
     config, the compiler and its version, every flag, the CPU's features (-march=native), the Python the
     module is for and the OpenBLAS library the build holds a copy of."""
@@ -258,7 +259,7 @@ def build_key(source: str, weights: bytes, config: BuildConfig | None = None) ->
                        openblas_digest(), library_key(config)])
     h = hashlib.sha256()
     for part in (source.encode(), kernels, weights, facts.encode()):
-        h.update(hashlib.sha256(part).digest())
+        h.update(part.digest() if isinstance(part, WeightsBlob) else hashlib.sha256(part).digest())
     return h.hexdigest()[:24]
 
 
@@ -498,7 +499,7 @@ def runs_here(directory: Path) -> None:
         raise SaturateError(f"{directory}: built for AVX-512 (SATURATE_ISA=avx512), which this CPU lacks")
 
 
-def build(source: str, weights: bytes, header: str, config: BuildConfig | None = None) -> Path:
+def build(source: str, weights: bytes | WeightsBlob, header: str, config: BuildConfig | None = None) -> Path:
     """Compile one emitted model into the cache; returns the directory holding model.c, model.h,
     weights.bin, model.so (the C library), the Python extension module, OpenBLAS (BLAS_FILE, hard-linked to
     the cache's one copy), build.key and build.json.
@@ -529,15 +530,20 @@ def build(source: str, weights: bytes, header: str, config: BuildConfig | None =
     return target
 
 
-def _build_into(root: Path, key: str, source: str, weights: bytes, header: str, config: BuildConfig) -> None:
+def _build_into(root: Path, key: str, source: str, weights: bytes | WeightsBlob, header: str,
+                config: BuildConfig) -> None:
     """Build `key` in a staging directory of `root` and rename it to root/key (replacing what is there)."""
     target = root / key
     binding = binding_object()
     library = kernel_library(config)
     stage = Path(tempfile.mkdtemp(dir=root, prefix=f".{key}."))
     try:
-        for name, data in (("model.c", source.encode()), ("model.h", header.encode()), ("weights.bin", weights)):
+        for name, data in (("model.c", source.encode()), ("model.h", header.encode())):
             (stage / name).write_bytes(data)
+        if isinstance(weights, WeightsBlob):
+            weights.write_to(stage / "weights.bin")
+        else:
+            (stage / "weights.bin").write_bytes(weights)
         large = source.count("SAT_TOC(") > LARGE_STEPS
         obj = stage / "model.o"
         try:

@@ -15,6 +15,7 @@ from saturate.backend.plan import Plan, Step, panel_width, plan
 from saturate.backend.quant import axis_operand
 from saturate.backend.pointwise import Operand, c_ints, run_axis, step_expr, vec_expr
 from saturate.backend.shapes import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, infer_shapes, unsupported
+from saturate.backend.weights import WeightsBlob
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph
 from saturate.core.limits import check_allocation, check_bytes
@@ -22,10 +23,10 @@ from saturate.core.limits import check_allocation, check_bytes
 
 @dataclass
 class Emitted:
-    """The generated program: C source, weights bytes, and the facts the runtime needs."""
+    """The generated program: C source, weights (weights.bin's bytes), and the facts the runtime needs."""
 
     source: str
-    weights: bytes
+    weights: WeightsBlob
     inputs: list[tuple[str, tuple[int, ...]]]
     outputs: list[tuple[str, tuple[int, ...]]]
     plan: Plan
@@ -125,7 +126,7 @@ class Emitter(NnEmission, MovementEmission):
         self.wsizes: dict = {}
         self.inputs = runtime_inputs(graph)
         self.needs_packed = False
-        self.blobs: list[np.ndarray] = []
+        self.blob = WeightsBlob()
         self.woff: dict = {}
         self.nweights = 0
         self.funcs: list[str] = []
@@ -143,7 +144,8 @@ class Emitter(NnEmission, MovementEmission):
             self.woff[key] = self.nweights
             pad = (-data.size) % 16 + (16 if self.sanitize else 0)
             self.wsizes[key] = data.size
-            self.blobs.append(np.concatenate([data, np.zeros(pad, np.float32)]))
+            self.blob.append(data)
+            self.blob.append(np.zeros(pad, np.float32))
             self.nweights += data.size + pad
         return f"(WT + {self.woff[key]})"
 
@@ -415,9 +417,6 @@ class Emitter(NnEmission, MovementEmission):
         return (f"    if (WT) ASAN_POISON_MEMORY_REGION((void *)WT, {4 * self.nweights});\n{init}",
                 f"    ASAN_POISON_MEMORY_REGION(ws, {self.plan.arena_bytes});\n{run}")
 
-    def weights_bytes(self) -> bytes:
-        return b"".join(b.tobytes() for b in self.blobs)
-
 
 def emit(graph: Graph, input_shapes: dict | None = None, config: BuildConfig | None = None) -> Emitted:
     """Shape, fuse, plan and generate C for any float32 graph of supported ops, for `config` (else the settings
@@ -439,5 +438,5 @@ def emit(graph: Graph, input_shapes: dict | None = None, config: BuildConfig | N
     em = Emitter(graph, shapes, pl, config)
     src = em.program()
     check_bytes(4 * em.nweights, f"the packed weights of graph '{graph.name}'")
-    return Emitted(src, em.weights_bytes(), [(i, shapes[i]) for i in em.inputs],
+    return Emitted(src, em.blob, [(i, shapes[i]) for i in em.inputs],
                    [(o, shapes[o]) for o in graph.outputs], pl, shapes)

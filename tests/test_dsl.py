@@ -548,6 +548,26 @@ def test_a_variadic_rule_rewrites_concats_of_any_number_of_inputs(tmp_path: Path
         assert_same(before, after, b.sample())
 
 
+
+def test_a_right_hand_op_keeps_the_attributes_of_the_left_node_over_the_same_inputs(tmp_path: Path):
+    # Two convs of other kernels on the left: each right-hand Conv takes the attributes of the
+    # left one over the same inputs, wherever it stands (it took the first Conv's, so the 3x3's
+    # weights ran with the 1x1's kernel and pads).
+    from engine_util import Builder, assert_same
+
+    from saturate.check import check_rules, format_result
+
+    rules = ("rule swap-convs Relu(Relu(Add(Conv(x, w:const), Conv(x, v:const))))\n"
+             "    => Relu(Add(Conv(x, v), Conv(x, w)))\n")
+    b = Builder(shape=(1, 2, 6, 6))
+    before = b.build(b.op("Relu", b.op("Relu", b.op("Add", b.conv("x", 3, 2, k=1), b.conv("x", 3, 2, k=3)))))
+    after, report = _optimize(rules, before, tmp_path)
+    assert report.run.matches["swap-convs"] == 1 and after.op_counts()["Relu"] == 1
+    assert [n.attrs["kernel_shape"][0] for n in after.nodes if n.op == "Conv"] in ([3, 1], [1, 3])
+    assert_same(before, after, b.sample())
+    (result,) = check_rules(dsl.load_rules([tmp_path / "mine.rules"]), examples=20, seed=0)
+    assert result.status == "PASS", format_result(result)
+
 def test_value_tests_recognise_constants(tmp_path: Path):
     import numpy as np
     from engine_util import Builder, assert_same, ops

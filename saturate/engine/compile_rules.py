@@ -109,7 +109,7 @@ class _Compiler:
 
     def rhs_attrs(self, term: OpTerm) -> str:
         cr = self.cr
-        src = next((k for k, t in enumerate(cr.lhs_ops) if t.op == term.op), None)
+        src = inherited_from(cr.lhs_ops, term)
         entry = RhsOp(term.op)
         cr.rhs_ops.append(entry)
         literal = all(isinstance(v, (Num, Str, IntList)) for _, v in term.attrs)
@@ -123,6 +123,34 @@ class _Compiler:
         entry.column = f"r_{len(cr.rhs_ops) - 1}"
         self.python = True
         return entry.column
+
+
+def inherited_from(lhs_ops: list[OpTerm], term: OpTerm) -> int | None:
+    """Which matched node of the left side a right-hand op takes its attributes from: one of the
+    same op over the same inputs as written, else the first of the same op (an op the left side
+    holds twice, as in `Add(Conv(x, w), Conv(x, v)) => Add(Conv(x, w), Conv(x, v))`, keeps each
+    node's own attributes; a merge such as conv-add-conv keeps the first's); None when the left
+    side has no such op."""
+    same = [k for k, t in enumerate(lhs_ops) if t.op == term.op]
+    exact = [k for k in same if _same_inputs(lhs_ops[k].args, term.args)]
+    return exact[0] if exact else same[0] if same else None
+
+
+def _same_inputs(left: tuple[Term, ...], right: tuple[Term, ...]) -> bool:
+    """Whether two argument lists are the same as written (variables by name, ops by op and
+    inputs), whatever the attributes and constant marks."""
+    if len(left) != len(right):
+        return False
+    for a, b in zip(left, right):
+        if isinstance(a, Var) and isinstance(b, Var):
+            if a.name != b.name:
+                return False
+        elif isinstance(a, OpTerm) and isinstance(b, OpTerm):
+            if a.op != b.op or not _same_inputs(a.args, b.args):
+                return False
+        elif a != b:
+            return False
+    return True
 
 
 def typed_literals(term: OpTerm) -> tuple[Term, ...]:

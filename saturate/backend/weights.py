@@ -64,15 +64,6 @@ class WeightsBlob:
         with open(path, "wb") as out:
             _copy(self._file, out, self.nbytes)
 
-    def __bytes__(self) -> bytes:
-        if self._file is None:
-            return b"".join(self._held)
-        self._file.flush()
-        return os.pread(self._file.fileno(), self.nbytes, 0)
-
-    def __len__(self) -> int:
-        return self.nbytes
-
 
 def _copy(src: BinaryIO, dst: BinaryIO, nbytes: int) -> None:
     """The first `nbytes` of `src` into `dst`: copied by the system (sendfile) where it can."""

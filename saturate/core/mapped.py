@@ -312,7 +312,7 @@ def elementwise_blocks(impl: Callable[..., Any], args: list[Any]) -> np.ndarray 
     split = [isinstance(a, np.ndarray) and a.ndim == len(shape) and a.shape[0] == shape[0] for a in args]
     step = max(1, BLOCK_BYTES // row)
     # Blocks that start at multiples of DIRECT_ALIGN bytes where whole rows allow it (_fill).
-    unit = DIRECT_ALIGN // math.gcd(row, DIRECT_ALIGN)
+    unit = _aligned_rows(row)
     if unit <= step:
         step -= step % unit
 
@@ -369,7 +369,7 @@ def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[in
     # Each block of the output's data file goes to disk as soon as it is written (the worker
     # threads do not see the arena: it lives in this thread's context).
     durable = arena is not None and f is arena.file
-    unit = DIRECT_ALIGN // math.gcd(row, DIRECT_ALIGN)      # rows that end on DIRECT_ALIGN bytes
+    unit = _aligned_rows(row)
     direct = (_open_direct(fd) if arena is not None and durable and arena.direct and start % DIRECT_ALIGN == 0
               and step % unit == 0 and unit * row <= DIRECT_BYTES else None)
     # Rows written at a time: a direct write is not copied by the system, so it may be larger
@@ -491,6 +491,11 @@ def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[in
     finally:
         if direct is not None:
             os.close(direct)
+
+
+def _aligned_rows(row: int) -> int:
+    """The fewest rows of `row` bytes that end on a multiple of DIRECT_ALIGN bytes."""
+    return DIRECT_ALIGN // math.gcd(row, DIRECT_ALIGN)
 
 
 def _open_direct(fd: int) -> int | None:

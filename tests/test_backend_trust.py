@@ -435,3 +435,44 @@ def test_a_full_disk_during_compile_is_one_line_and_keeps_the_earlier_output(tmp
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".") and p.is_dir()]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "out"]
+
+
+def test_weights_past_the_memory_limit_together_compile_when_each_fits(tmp_path):
+    """The weights go to disk one at a time and the compiled model maps them: --max-memory bounds each
+    weight's float32 copy, so three weights of 1 MiB compile under a 1.5 MiB limit and run like the graph;
+    a weight past the limit is refused by name, before the build."""
+    from saturate.backend.runtime import load
+    from saturate.interp.interpreter import run_graph
+
+    rng = np.random.default_rng(5)
+    g = make([Node("MatMul", ["x", "w0"], ["h0"]), Node("Relu", ["h0"], ["r0"]),
+              Node("MatMul", ["r0", "w1"], ["h1"]), Node("Relu", ["h1"], ["r1"]),
+              Node("MatMul", ["r1", "w2"], ["y"])], {"x": (2, 512)},
+             {k: (rng.standard_normal((512, 512)) / 16).astype(np.float32) for k in ("w0", "w1", "w2")})
+    save_external(g, tmp_path / "m.onnx")
+    env = dict(os.environ, SATURATE_CACHE=str(own_cache(tmp_path)))
+    proc = saturate_cli("compile", tmp_path / "m.onnx", "-o", tmp_path / "out", "--max-memory", "1.5M", env=env)
+    assert proc.returncode == 0, proc.stderr
+    x = feed_for(g)["x"]
+    got = load(tmp_path / "out")(x=x)["y"]
+    assert rel_error(got, run_graph(g, {"x": x})["y"]) <= TOL
+
+    g.constants["w1"] = (rng.standard_normal((512, 1024)) / 16).astype(np.float32)
+    g.constants["w2"] = (rng.standard_normal((1024, 512)) / 16).astype(np.float32)
+    save_external(g, tmp_path / "big.onnx")
+    proc = saturate_cli("compile", tmp_path / "big.onnx", "-o", tmp_path / "out2", "--max-memory", "1.5M", env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "'w1'" in proc.stderr and proc.stderr.endswith(
+        "over the memory limit of 1.5 MiB (--max-memory)\n"), proc.stderr
+    assert not (tmp_path / "out2").exists()
+
+
+def save_external(graph, path: Path) -> None:
+    """`graph` as an ONNX model whose weights lie in PATH.data (read by mapping, not into memory)."""
+    import onnx
+
+    from saturate.frontend import save_graph
+
+    save_graph(graph, str(path))
+    onnx.save_model(onnx.load(path), path, save_as_external_data=True, location=path.name + ".data",
+                    size_threshold=0)

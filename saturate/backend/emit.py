@@ -117,6 +117,14 @@ def lift(form: tuple[str, str], text: str, pointers_only: bool = False) -> Lifte
     return Lifted(form[0], f"    (void){form[1]};\n{body}", consts)
 
 
+def _weight_name(key) -> str:
+    """The graph value a weights-blob key stands for (keys of packed forms are tuples naming it second)."""
+    if isinstance(key, tuple):
+        named = [k for k in key[1:] if isinstance(k, str)]
+        return named[0] if named else str(key[0])
+    return str(key)
+
+
 class Emitter(NnEmission, MovementEmission):
     """Walks the plan and writes C: one static function per fused pointwise chain, calls per step."""
 
@@ -140,6 +148,9 @@ class Emitter(NnEmission, MovementEmission):
     def weight(self, key, array: np.ndarray) -> str:
         """Pointer expression to a float32 array stored in the weights blob (64-byte aligned)."""
         if key not in self.woff:
+            # Weights go to disk one at a time (WeightsBlob) and the compiled model maps them, so the memory
+            # limit bounds each float32 copy made here, not the sum of a model's weights.
+            check_bytes(4 * array.size, f"weight '{_weight_name(key)}' of graph '{self.g.name}' as float32")
             data = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
             self.woff[key] = self.nweights
             pad = (-data.size) % 16 + (16 if self.sanitize else 0)
@@ -437,6 +448,5 @@ def emit(graph: Graph, input_shapes: dict | None = None, config: BuildConfig | N
     check_bytes(pl.peak_bytes, f"the workspace of graph '{graph.name}'")
     em = Emitter(graph, shapes, pl, config)
     src = em.program()
-    check_bytes(4 * em.nweights, f"the packed weights of graph '{graph.name}'")
     return Emitted(src, em.blob, [(i, shapes[i]) for i in em.inputs],
                    [(o, shapes[o]) for o in graph.outputs], pl, shapes)

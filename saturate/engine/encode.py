@@ -16,7 +16,7 @@ import numpy as np
 
 from saturate.core.ir import Graph, Node, ValueInfo
 from saturate.ops.registry import domain_of, lookup
-from saturate.ops.schema import is_onnx_op, is_rewritable_op, op_table, spec
+from saturate.ops.schema import is_onnx_op, is_rewritable_op, spec, widest_spec
 
 # Leaves and the constructors every program has. T is the one sort of tensors. IsConst maps a
 # constant e-class to itself: reading a row's output costs a tenth of reading its inputs. `(Ref k)` is a
@@ -261,7 +261,7 @@ def _rewritable(node: Node, graph: Graph, preserve: set[str], rule_ops: set[str]
     if not (is_rewritable_op(node.op) or node.op in rule_ops):
         return False
     # Arity as any version defines it: a model may keep an older form (Unsqueeze's axes attribute).
-    widest = op_table()[node.op]
+    widest = widest_spec(node.op)
     if not widest.min_inputs <= len(node.inputs) <= widest.max_inputs:
         return False
     return s.any_dtype or _is_float(graph.info(node.outputs[0]))

@@ -84,6 +84,44 @@ def _standard_spec(op: str, opset: int | None) -> OpSpec | None:
         return None
 
 
+def widest_spec(op: str) -> OpSpec | None:
+    """`op_table().get(op)` without building the table: a default-domain op's versions are
+    read one by one (a few schema lookups) instead of every schema of every op (tens of ms)."""
+    got = _onnx_widest(op)
+    if got is not None:
+        return got
+    return next((_from_entry(d) for d in entries() if not d.standard and d.name == op), None)
+
+
+@functools.lru_cache(maxsize=None)
+def _versions(op: str) -> tuple[onnx.defs.OpSchema, ...]:
+    """Every default-domain schema of `op`, oldest first, deprecated ones too."""
+    found = []
+    version = newest_opset()
+    while version >= 1:
+        try:
+            s = onnx.defs.get_schema(op, version, "")
+        except onnx.defs.SchemaError:
+            break
+        found.append(s)
+        version = s.since_version - 1
+    return tuple(reversed(found))
+
+
+@functools.lru_cache(maxsize=None)
+def _onnx_widest(op: str) -> OpSpec | None:
+    """_onnx_table()[op], merged the same way from this op's versions alone."""
+    merged: OpSpec | None = None
+    for s in _versions(op):
+        if s.deprecated:
+            continue
+        new = _from_schema(s)
+        merged = new if merged is None else OpSpec(
+            op, min(merged.min_inputs, new.min_inputs), max(merged.max_inputs, new.max_inputs),
+            {**merged.attrs, **new.attrs}, new.since_version, new.elementwise, new.any_dtype)
+    return merged
+
+
 def op_table() -> dict[str, OpSpec]:
     """Every op rules may name: the default domain's (_onnx_table) and the registry's ops of
     other domains."""
@@ -115,7 +153,7 @@ def _onnx_table() -> dict[str, OpSpec]:
 
 def is_onnx_op(op: str) -> bool:
     """Whether some version of ONNX's default domain defines an op of this name."""
-    return op in _onnx_table()
+    return _onnx_widest(op) is not None
 
 
 def is_rewritable_op(op: str) -> bool:
@@ -127,7 +165,7 @@ def is_rewritable_op(op: str) -> bool:
 def attribute_type(op: str, key: str) -> str | None:
     """The ONNX type of an op's attribute ("FLOAT", "INT", "INTS", "STRING", "TENSOR"...), from
     any version of its schema; None for an op or attribute ONNX does not define."""
-    for s in onnx.defs.get_all_schemas_with_history():
-        if s.name == op and s.domain in ("", "ai.onnx") and key in s.attributes:
+    for s in _versions(op):
+        if key in s.attributes:
             return s.attributes[key].type.name
     return None

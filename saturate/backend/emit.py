@@ -316,6 +316,9 @@ class Emitter(NnEmission, MovementEmission):
         out, oshape = self.ptr(step.out), sh[step.out]
         chain = [(n, prev.outputs[0]) for prev, n in zip(step.nodes(), step.chain)]
         self.body.append(f"    /* {', '.join(where(n) for n in step.nodes())} */\n")
+        if step.pattern:
+            getattr(self, f"emit_{step.pattern}")(step, out, oshape)
+            return
         if node.op in ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | {"BatchNormalization"}:
             start = node.inputs[0]
             members = [(node, start)] + chain

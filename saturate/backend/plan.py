@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from saturate.backend.build import KERNELS_DIR, BuildConfig
-from saturate.backend.shapes import ALIASES, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window
+from saturate.backend.shapes import ALIASES, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, slice_params
+from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
 
 ALIGN = 64
@@ -59,9 +60,14 @@ class Step:
     anchor: Node
     chain: list[Node] = field(default_factory=list)
     out: str = ""
+    # A pattern of several nodes run as one kernel (the anchor last): its name, the nodes inside it, and
+    # the values the kernel reads.
+    pattern: str = ""
+    inner: list[Node] = field(default_factory=list)
+    operands: tuple[str, ...] = ()
 
     def nodes(self) -> list[Node]:
-        return [self.anchor, *self.chain]
+        return [*self.inner, self.anchor, *self.chain]
 
     def reads(self) -> list[str]:
         """Every value the fused kernel reads (the chain's own intermediates excluded)."""
@@ -101,6 +107,63 @@ def _fusible(step: Step, value: str, user: Node, shapes: dict) -> bool:
     return user.inputs[0] == value and value not in user.inputs[1:]
 
 
+def _rotary_table(graph: Graph, value: str, x: tuple[int, ...]) -> bool:
+    """Whether `value` is a constant of shape (1, ..., 1, S, D) or (1, ..., 1, D) against x (..., S, D)."""
+    if value not in graph.constants or graph.constants[value].dtype.kind != "f":
+        return False
+    t = graph.constants[value].shape
+    return (0 < len(t) <= len(x) and t[-1] == x[-1] and all(d == 1 for d in t[:-2])
+            and (len(t) < 2 or t[-2] in (1, x[-2])))
+
+
+def rotary(graph: Graph, add: Node, producers: dict, consumers: dict, outputs: set,
+           shapes: dict) -> tuple[list[Node], tuple[str, str, str]] | None:
+    """The rotary position embedding ending at `add`, as exporters write it:
+    Add(Mul(x, cos), Mul(Concat(Neg(Slice(x, D/2:)), Slice(x, :D/2), axis=-1), sin)), cos and sin constant
+    tables over the last two axes. Returns the nodes before `add` and (x, cos, sin), or None when `add`
+    is not one or a value inside it is read elsewhere."""
+    def made(value, op):
+        node = producers.get(value)
+        if node is None or node.op != op or value in outputs or len(consumers.get(value, [])) != 1:
+            return None
+        return node
+
+    if add.op != "Add" or len(add.inputs) != 2:
+        return None
+    for first, second in (add.inputs, reversed(add.inputs)):
+        mc, ms = made(first, "Mul"), made(second, "Mul")
+        if mc is None or ms is None:
+            continue
+        for r, sin in (ms.inputs, reversed(ms.inputs)):
+            cat = made(r, "Concat")
+            if cat is None or len(cat.inputs) != 2:
+                continue
+            neg, low = made(cat.inputs[0], "Neg"), made(cat.inputs[1], "Slice")
+            high = made(neg.inputs[0], "Slice") if neg is not None else None
+            if low is None or high is None or low.inputs[0] != high.inputs[0]:
+                continue
+            x = low.inputs[0]
+            if x not in mc.inputs or x in graph.constants:
+                continue
+            cos = mc.inputs[1] if mc.inputs[0] == x else mc.inputs[0]
+            xs = shapes.get(x)
+            if (not xs or len(xs) < 2 or xs[-1] % 2 or int(cat.attr("axis", 0)) % len(xs) != len(xs) - 1
+                    or any(shapes.get(v) != xs for v in (add.outputs[0], first, second, r))
+                    or not _rotary_table(graph, cos, xs) or not _rotary_table(graph, sin, xs)
+                    or graph.constants[cos].shape != graph.constants[sin].shape):
+                continue
+            half = xs[-1] // 2
+            whole = [(0, 1, n) for n in xs[:-1]]
+            try:
+                if (slice_params(graph, low, xs) != whole + [(0, 1, half)]
+                        or slice_params(graph, high, xs) != whole + [(half, 1, half)]):
+                    continue
+            except SaturateError:
+                continue
+            return [mc, high, neg, low, cat, ms], (x, cos, sin)
+    return None
+
+
 def fuse(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Step], dict[str, str]]:
     """Group nodes into steps: a value with exactly one consumer that is pointwise on it is fused.
 
@@ -112,11 +175,22 @@ def fuse(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Step], 
     alias: dict[str, str] = {}
     absorbed: set[int] = set()
     placed: list[tuple[int, Step]] = []
+    producers = graph.producers()
+    patterns: dict[int, Step] = {}
+    for node in graph.nodes:
+        found = rotary(graph, node, producers, consumers, outputs, shapes) if node.op == "Add" else None
+        if found and not any(id(n) in absorbed for n in found[0]):
+            patterns[id(node)] = Step(node, out=node.outputs[0], pattern="rotary", inner=found[0],
+                                      operands=found[1])
+            absorbed.update(id(n) for n in found[0])
     for node in graph.nodes:
         if node.op in ALIASES:
             alias[node.outputs[0]] = node.inputs[0]
             continue
         if id(node) in absorbed:
+            continue
+        if id(node) in patterns:
+            placed.append((index[id(node)], patterns[id(node)]))
             continue
         step = Step(node)
         tail = node

@@ -241,6 +241,24 @@ void sat_softmax(const float *x, float *y, int64_t outer, int64_t L, int64_t inn
     sat_parallel((outer + a.per - 1) / a.per, sat_softmax_item, &a);
 }
 
+void sat_rotary_item(void *ctx, int64_t item, int tid) {
+    const sat_rotary_args *a = ctx;
+    const int64_t D = a->D, h = D / 2, r1 = (item + 1) * a->per < a->rows ? (item + 1) * a->per : a->rows;
+    (void)tid;
+    for (int64_t r = item * a->per; r < r1; r++) {
+        const float *x = a->x + r * D, *c = a->cs + r % a->period * D, *s = a->sn + r % a->period * D;
+        float *y = a->y + r * D;
+        for (int64_t d = 0; d < h; d++) y[d] = x[d] * c[d] - x[d + h] * s[d];
+        for (int64_t d = h; d < D; d++) y[d] = x[d] * c[d] + x[d - h] * s[d];
+    }
+}
+
+void sat_rotary(const float *x, const float *cs, const float *sn, float *y, int64_t rows, int64_t period,
+                int64_t D) {
+    sat_rotary_args a = {x, cs, sn, y, rows, period, D, sat_rows_per_item(rows, D)};
+    sat_parallel((rows + a.per - 1) / a.per, sat_rotary_item, &a);
+}
+
 /* One row's sum (mode 0, 1) from `init` in 8 lanes, or its max (2) or min (3) from `init`. */
 static float sat_reduce_row(const float *xr, int64_t inner, int mode, float init) {
     int64_t i = 0;

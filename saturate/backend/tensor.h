@@ -191,6 +191,20 @@ void sat_softmax_item(void *ctx, int64_t item, int tid);
 
 void sat_softmax(const float *x, float *y, int64_t outer, int64_t L, int64_t inner);
 
+/* ---- rotary position embedding ------------------------------------------------------------------ */
+/* y = x * cs + rotate_half(x) * sn on rows of D (rotate_half(x) = [-x[D/2:], x[:D/2]]), row r reading
+ * table row r % period: the Slice, Neg, Concat, Mul, Mul and Add an exported Llama writes, in one pass. */
+typedef struct {
+    const float *x, *cs, *sn;
+    float *y;
+    int64_t rows, period, D, per;
+} sat_rotary_args;
+
+void sat_rotary_item(void *ctx, int64_t item, int tid);
+
+void sat_rotary(const float *x, const float *cs, const float *sn, float *y, int64_t rows, int64_t period,
+                int64_t D);
+
 /* ---- reductions -------------------------------------------------------------------------------- */
 /* Rows [item * per, ...) of a reduction over the last axis alone (an RMSNorm's mean of squares). */
 typedef struct {

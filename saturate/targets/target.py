@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Sequence
-
-from lark import Lark, Token, Transformer
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from saturate.core.errors import SaturateError, SourceError
 from saturate.core.inputs import read_regular
@@ -19,6 +17,11 @@ from saturate.lang.ast import AttrVar, IntList, Loc, Num, OpTerm, Str, Term, Var
 from saturate.ops import flops, nbytes, numel
 from saturate.targets.composites import composite_cost, egraph_op
 from saturate.targets.composites import rules as composite_rules
+
+if TYPE_CHECKING:
+    # lark is imported only for a file the plain reader below declines (saturate.targets.target._quick).
+    from lark import Token
+    from lark.exceptions import UnexpectedInput
 
 # Package data, like the standard rules (saturate.lang.parser.RULES_DIR).
 TARGETS_DIR = Path(str(resources.files("saturate") / "rules" / "targets")).resolve()
@@ -123,11 +126,17 @@ def _is_value_ref(name: str) -> bool:
 
 # ---- parsing -------------------------------------------------------------------------------
 
-_PARSER = Lark.open_from_package("saturate.targets", "targets.lark", parser="lalr", propagate_positions=True, cache=True)
+@functools.lru_cache(maxsize=None)
+def _lark_parser() -> Any:
+    from lark import Lark
+
+    return Lark.open_from_package("saturate.targets", "targets.lark", parser="lalr", propagate_positions=True,
+                                  cache=True)
 
 
-class _Build(Transformer):
-    """Turns the parse tree into statements: (kind, loc, payload) tuples and compiled costs."""
+class _Build:
+    """Turns the parse tree into statements: (kind, loc, payload) tuples and compiled costs. The
+    reader of plain files (_quick) calls the same methods with the same items lark would."""
 
     def __init__(self, file: str, text: str):
         super().__init__()
@@ -155,7 +164,7 @@ class _Build(Transformer):
         return ("default", None, self._cost(items[0]))
 
     def _cost(self, item) -> CostFn | None:
-        if isinstance(item, Token) and item.type == "UNSUPPORTED":
+        if getattr(item, "type", None) == "UNSUPPORTED":
             return None
         fn, line = self._need(item), item[1].line
         # The formula as written: what follows `=` (an op's cost) or `default` on its line.
@@ -284,8 +293,28 @@ def _dim(info: ValueInfo | None, k: int) -> int:
 def parse_target(text: str, file: str = "<string>", name: str | None = None) -> Target:
     """Parse the text of a target file; errors name file:line:col with a caret."""
     lines = text.splitlines()
+    stmts = _quick(text, file)
+    if stmts is None:
+        stmts = _lark_statements(text, file, lines)
+    return _assemble(stmts, file, name, lines)
+
+
+@functools.lru_cache(maxsize=None)
+def _lark_build() -> type:
+    from lark import Transformer
+
+    class _LarkBuild(_Build, Transformer):
+        pass
+
+    return _LarkBuild
+
+
+def _lark_statements(text: str, file: str, lines: list[str]) -> list:
+    """The statements of any text by the grammar (targets.lark), or the error lark finds."""
+    from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
+
     try:
-        tree = _PARSER.parse(text if text.endswith("\n") else text + "\n")
+        tree = _lark_parser().parse(text if text.endswith("\n") else text + "\n")
     except UnexpectedInput as err:
         line, col = getattr(err, "line", 1), getattr(err, "column", 1)
         if isinstance(err, UnexpectedEOF) or line is None or line < 1:
@@ -295,12 +324,251 @@ def parse_target(text: str, file: str = "<string>", name: str | None = None) -> 
         raise SourceError(file, line, col, f"syntax error: {what}",
                           lines[line - 1] if 0 < line <= len(lines) else None) from None
     try:
-        stmts = _Build(file, text).transform(tree)
+        return _lark_build()(file, text).transform(tree)
     except VisitError as err:
         if isinstance(err.orig_exc, SaturateError):
             raise err.orig_exc from None
         raise
-    return _assemble(stmts, file, name, lines)
+
+
+# ---- plain files without lark ----------------------------------------------------------------
+#
+# Importing lark and loading the grammar cost a command more than the rest of reading its target.
+# The shipped targets, and most files, are plain: one statement a line in the grammar's words,
+# ASCII names and numbers. _quick reads those into the very items lark would give _Build, and
+# declines (None) anything else, an error included: lark then reads the text and words the message.
+
+class _Tok(str):
+    """A token as lark gives one: its text, with its terminal's name and 1-based line and column."""
+
+    def __new__(cls, text: str, type_: str, line: int, column: int) -> "_Tok":
+        tok = super().__new__(cls, text)
+        tok.type, tok.line, tok.column = type_, line, column
+        return tok
+
+
+class _Decline(Exception):
+    """Not a plain file: lark reads it."""
+
+
+_TOKEN = re.compile(r'(?P<ws>[ \t]+)|(?P<comment>#.*)|(?P<STRING>"[^"\n]*")'
+                    r'|(?P<NUMBER>(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)'
+                    r'|(?P<NAME>[A-Za-z_][A-Za-z0-9_]*)|(?P<punct>[-=,()+*/:{}\[\].])')
+# Words that are terminals of the grammar somewhere: where lark would read one as a keyword rather
+# than a NAME is a question for lark, so a line with one as a NAME is declined.
+_WORDS = {"target", "domain", "default", "preserve", "fold", "preserved", "op", "composite", "const",
+          "unsupported", "yes", "no"}
+# Line breaks of str.splitlines besides \n: lark counts lines by \n alone.
+_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _tokens(line: str, number: int) -> list[_Tok]:
+    toks, pos = [], 0
+    while pos < len(line):
+        m = _TOKEN.match(line, pos)
+        if m is None:
+            raise _Decline()
+        kind = m.lastgroup
+        if kind == "comment":
+            break
+        if kind != "ws":
+            toks.append(_Tok(m.group(), m.group() if kind == "punct" else kind, number, pos + 1))
+        pos = m.end()
+    return toks
+
+
+class _Line:
+    """One line's tokens, read left to right."""
+
+    def __init__(self, toks: list[_Tok]):
+        self.toks, self.at = toks, 0
+
+    def peek(self, type_: str | None = None) -> _Tok | None:
+        tok = self.toks[self.at] if self.at < len(self.toks) else None
+        return tok if tok is not None and (type_ is None or tok.type == type_) else None
+
+    def take(self, type_: str) -> _Tok:
+        tok = self.peek(type_)
+        if tok is None:
+            raise _Decline()
+        self.at += 1
+        return tok
+
+    def name(self) -> _Tok:
+        tok = self.take("NAME")
+        if tok in _WORDS:
+            raise _Decline()
+        return tok
+
+    def names(self, sep: str) -> list[_Tok]:
+        got = [self.name()]
+        while self.peek(sep):
+            self.take(sep)
+            got.append(self.name())
+        return got
+
+    def signed(self, integer: bool) -> _Tok:
+        """SIGNED_NUMBER or SIGNED_INT: one token in lark, so a sign touches its digits."""
+        sign = self.peek("-") or self.peek("+")
+        if sign is not None:
+            self.take(sign.type)
+        num = self.take("NUMBER")
+        if sign is not None and num.column != sign.column + 1:
+            raise _Decline()
+        if integer and not num.isdigit():
+            raise _Decline()
+        first = sign or num
+        return _Tok((sign or "") + num, "SIGNED_INT" if integer else "SIGNED_NUMBER", first.line, first.column)
+
+
+def _quick(text: str, file: str) -> list | None:
+    """The statements of a plain target text as lark and _Build would make them, or None."""
+    if _OTHER_BREAKS.search(text):
+        return None
+    b = _Build(file, text)
+    stmts = []
+    try:
+        for number, line in enumerate(text.split("\n"), 1):
+            toks = _tokens(line, number)
+            if toks:
+                stmts.append(_statement(b, _Line(toks)))
+    except Exception:   # _Decline, or an error _Build raises: lark's reading raises it as it would
+        return None
+    return stmts
+
+
+def _statement(b: _Build, ln: _Line) -> tuple:
+    head = ln.take("NAME")
+    if head == "fold":
+        dash, word = ln.take("-"), ln.take("NAME")
+        if word != "preserved" or dash.column != head.column + 4 or word.column != dash.column + 1:
+            raise _Decline()
+        value = ln.take("NAME")
+        if value not in ("yes", "no"):
+            raise _Decline()
+        stmt = b.fold_decl([_Tok(value, "BOOL", value.line, value.column)])
+    elif head == "target":
+        items = [ln.name()]
+        if ln.peek("STRING"):
+            items.append(ln.take("STRING"))
+        stmt = b.target_decl(items)
+    elif head == "domain":
+        stmt = b.domain_decl(ln.names("."))
+    elif head == "default":
+        stmt = b.default_decl([_cost(b, ln)])
+    elif head == "preserve":
+        stmt = b.preserve_decl(ln.names(","))
+    elif head == "op":
+        names = ln.names(",")
+        ln.take("=")
+        stmt = b.op_decl([*names, _cost(b, ln)])
+    elif head == "composite":
+        name = ln.name()
+        ln.take("=")
+        stmt = b.composite_decl([name, _term(b, ln)])
+    else:
+        raise _Decline()
+    if ln.peek() is not None:
+        raise _Decline()
+    return stmt
+
+
+def _cost(b: _Build, ln: _Line) -> Any:
+    word = ln.peek("NAME")
+    if word == "unsupported" and ln.at + 1 == len(ln.toks):
+        ln.take("NAME")
+        return _Tok(word, "UNSUPPORTED", word.line, word.column)
+    return _expr(b, ln)
+
+
+def _expr(b: _Build, ln: _Line) -> Any:
+    left = _product(b, ln)
+    while ln.peek("+") or ln.peek("-"):
+        op = ln.take(ln.peek().type)
+        left = (b.add if op == "+" else b.sub)([left, _product(b, ln)])
+    return left
+
+
+def _product(b: _Build, ln: _Line) -> Any:
+    left = _unary(b, ln)
+    while ln.peek("*") or ln.peek("/"):
+        op = ln.take(ln.peek().type)
+        left = (b.mul if op == "*" else b.div)([left, _unary(b, ln)])
+    return left
+
+
+def _unary(b: _Build, ln: _Line) -> Any:
+    if ln.peek("-"):
+        ln.take("-")
+        return b.neg([_unary(b, ln)])
+    if ln.peek("NUMBER"):
+        return b.num([ln.take("NUMBER")])
+    if ln.peek("("):
+        ln.take("(")
+        inner = _expr(b, ln)
+        ln.take(")")
+        return inner
+    name = ln.name()
+    if not ln.peek("("):
+        return b.fact([name])
+    ln.take("(")
+    args: list[Any] = [None]
+    if not ln.peek(")"):
+        args = [_expr(b, ln)]
+        while ln.peek(","):
+            ln.take(",")
+            args.append(_expr(b, ln))
+    ln.take(")")
+    return b.call([name, *args])
+
+
+def _term(b: _Build, ln: _Line) -> Any:
+    name = ln.name()
+    if ln.peek(":"):
+        ln.take(":")
+        if ln.take("NAME") != "const":
+            raise _Decline()
+        return b.const_var([name])
+    if not ln.peek("("):
+        return b.var([name])
+    ln.take("(")
+    args: list[Any] = [None]
+    if not ln.peek(")"):
+        args = [_term(b, ln)]
+        while ln.peek(","):
+            ln.take(",")
+            args.append(_term(b, ln))
+    ln.take(")")
+    attrs = None
+    if ln.peek("{"):
+        ln.take("{")
+        items: list[Any] = [None]
+        if not ln.peek("}"):
+            items = [_attr(b, ln)]
+            while ln.peek(","):
+                ln.take(",")
+                items.append(_attr(b, ln))
+        ln.take("}")
+        attrs = b.attrs(items)
+    return b.op_term([name, *args, attrs])
+
+
+def _attr(b: _Build, ln: _Line) -> Any:
+    key = ln.name()
+    ln.take("=")
+    if ln.peek("STRING"):
+        return b.attr_str([key, ln.take("STRING")])
+    if not ln.peek("["):
+        return b.attr_num([key, ln.signed(integer=False)])
+    ln.take("[")
+    values: list[Any] = [None]
+    if not ln.peek("]"):
+        values = [ln.signed(integer=True)]
+        while ln.peek(","):
+            ln.take(",")
+            values.append(ln.signed(integer=True))
+    ln.take("]")
+    return b.attr_ints([key, *values])
 
 
 def _describe(err: UnexpectedInput) -> str:

@@ -1,0 +1,158 @@
+"""Start-up: what a command loads before it needs it, and the shortcuts that avoid loading it
+(the target reader without lark, an op's schema without the whole table) giving the same answers."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import onnx.defs
+import pytest
+
+from saturate.core.errors import SaturateError
+from saturate.core.ir import ValueInfo
+from saturate.lang.ast import OpTerm
+from saturate.ops import schema
+from saturate.targets import target as T
+
+HEAVY = ("numpy", "onnx", "lark", "egglog", "saturate.backend", "saturate.check", "saturate.engine")
+
+
+def _modules_after(code: str, cwd, env=None) -> set[str]:
+    """The modules a fresh interpreter holds after running `code`."""
+    done = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\nprint(' '.join(sys.modules))"],
+                          capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split("\n")[-2].split())
+
+
+def _loaded(modules: set[str], roots=HEAVY) -> list[str]:
+    return sorted(m for m in modules if any(m == r or m.startswith(r + ".") for r in roots))
+
+
+def test_the_cli_and_version_load_nothing_heavy(tmp_path):
+    assert _loaded(_modules_after("import saturate.cli", tmp_path)) == []
+    code = "import saturate.cli\ntry:\n    saturate.cli.main(['--version'])\nexcept SystemExit:\n    pass"
+    assert _loaded(_modules_after(code, tmp_path)) == []
+
+
+def test_optimize_with_cached_rules_loads_no_parser_and_no_backend(tmp_path):
+    """The second run reads its rules from the cache and the cpu target without lark."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    code = ("from saturate.cli import main\n"
+            "assert main(['optimize', 'example:mlp', '-o', 'o.onnx', '--check', '0', '--quiet']) == 0")
+    _modules_after(code, tmp_path, env)
+    assert _loaded(_modules_after(code, tmp_path, env), ("lark", "saturate.backend", "saturate.check")) == []
+
+
+# ---- the target reader without lark -------------------------------------------------------------
+
+INFOS = [([ValueInfo("float32", (1, 3, 8, 8)), ValueInfo("float32", (4, 3, 3, 3))], ValueInfo("float32", (1, 4, 8, 8))),
+         ([ValueInfo("float16", (2, 5))], ValueInfo("float16", (2, 5)))]
+
+
+def _outcome(fn, facts):
+    try:
+        return "ok", fn(facts)
+    except Exception as err:      # a formula's own error must be the same too
+        return type(err).__name__, str(err)
+
+
+def _walk(term) -> list:
+    if isinstance(term, OpTerm):
+        return [(term.op, term.attrs, term.loc), *(x for a in term.args for x in _walk(a))]
+    return [(term.name, term.const, term.loc)]
+
+
+def _assert_same(a: T.Target, b: T.Target) -> None:
+    assert (a.name, a.description, a.domain, a.preserve, a.fold_preserved) == \
+           (b.name, b.description, b.domain, b.preserve, b.fold_preserved)
+    assert [(c.name, c.loc, _walk(c.pattern)) for c in a.composites] == \
+           [(c.name, c.loc, _walk(c.pattern)) for c in b.composites]
+    assert list(a.costs) == list(b.costs)
+    for fa, fb in [(a.default, b.default), *((a.costs[k], b.costs[k]) for k in a.costs)]:
+        assert (fa is None) == (fb is None)
+        for ins, out in INFOS if fa is not None else ():
+            for op in ("Conv", "Relu"):
+                assert _outcome(fa, T._Facts(op, {}, ins, out)) == _outcome(fb, T._Facts(op, {}, ins, out))
+
+
+def _read_both(text: str) -> str:
+    """Read `text` with lark and with the plain reader: the plain one declines, or agrees."""
+    lines = text.splitlines()
+    quick = T._quick(text, "x.target")
+    try:
+        by_lark = T._assemble(T._lark_statements(text, "x.target", lines), "x.target", None, lines)
+    except SaturateError as err:
+        if quick is not None:     # parsed alike, and the statements' own error is the same
+            with pytest.raises(SaturateError) as again:
+                T._assemble(quick, "x.target", None, lines)
+            assert str(again.value) == str(err)
+        return "error"
+    if quick is None:
+        return "declined"
+    _assert_same(T._assemble(quick, "x.target", None, lines), by_lark)
+    return "same"
+
+
+SHIPPED = {p.stem: p.read_text() for p in sorted(T.TARGETS_DIR.glob("*.target"))}
+
+
+@pytest.mark.parametrize("text", [pytest.param(text, id=name) for name, text in SHIPPED.items()] + [
+    'composite c = Conv(x, w:const){group=1, pads=[1,-1,+1,1], mode="a # b", alpha=-1.5e3, beta=+.5}',
+    "op A = -(1 - -2) * 3 / numel(in0) + dim(out, -1) + max(flops, bytes, 2.) - .5e-3\t# note",
+    "default unsupported\nfold-preserved yes\nfold-preserved  no\ndomain a . b\ntarget t \"d\"",
+    "composite c = Relu(x) {}\ncomposite d = Relu()",
+])
+def test_the_shipped_targets_and_plain_files_read_alike(text):
+    assert _read_both(text) == "same"
+
+
+@pytest.mark.parametrize("text", ["op A = 1\r\nop B = 2", "opConv = 1", "op X = unsupported + 1",
+                                  "op const = 1", "op A = flops +", "op Conv = 1 $", "preserve"])
+def test_what_the_plain_reader_leaves_to_lark(text):
+    assert T._quick(text, "x.target") is None
+
+
+def test_edited_targets_read_alike_or_are_left_to_lark():
+    """Shipped files with characters inserted, deleted and replaced and lines repeated."""
+    rng = random.Random(7)
+    pieces = list(" \t\n#\"-+*/=,()[]{}:.019eExé") + [
+        "op ", "const", "unsupported", "yes", "-1", "1.5", "fold-preserved ", "numel(out)", "dim(in0, 1)",
+        "{k=[1,-2]}", "{k=-1.5e3}", '{s="a"}']
+    seen = set()
+    for _ in range(600):
+        lines = rng.choice(list(SHIPPED.values())).split("\n")
+        for _ in range(rng.randint(1, 3)):
+            k = rng.randrange(len(lines))
+            line, at, r = lines[k], rng.randint(0, len(lines[k])), rng.random()
+            if r < 0.4:
+                lines[k] = line[:at] + rng.choice(pieces) + line[at:]
+            elif r < 0.7:
+                lines[k] = line[:at] + line[at + rng.randint(1, 4):]
+            elif r < 0.85:
+                lines[k] = line[:at] + rng.choice(pieces) + line[at + 1:]
+            else:
+                lines.insert(k, rng.choice(lines))
+        seen.add(_read_both("\n".join(lines)))
+    assert seen == {"same", "declined", "error"}
+
+
+# ---- an op's schema without the table of every op -----------------------------------------------
+
+def test_one_ops_spec_is_its_entry_in_the_whole_table():
+    table = schema.op_table()
+    names = {s.name for s in onnx.defs.get_all_schemas_with_history()} | set(table) | {"NoSuchOp"}
+    assert {n: schema.widest_spec(n) for n in names} == {n: table.get(n) for n in names}
+    assert all(schema.is_onnx_op(n) == (n in schema._onnx_table()) for n in names)
+
+
+def test_attribute_type_is_the_oldest_schema_that_has_the_attribute():
+    history = onnx.defs.get_all_schemas_with_history()     # each op's versions oldest first
+    pairs = {(s.name, k) for s in history if s.domain == "" for k in s.attributes} | {("Conv", "nope")}
+    for op, key in sorted(pairs):
+        first = next((s.attributes[key].type.name for s in history
+                      if s.name == op and s.domain == "" and key in s.attributes), None)
+        assert schema.attribute_type(op, key) == first, (op, key)

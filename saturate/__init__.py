@@ -1,10 +1,26 @@
 """saturate: a declarative graph-folding optimizer for neural networks, by equality saturation."""
 
 from saturate.core.errors import SaturateError, SourceError
-from saturate.core.ir import Graph, Node, ValueInfo
+
+# Graph, Node and ValueInfo load numpy: they are read from saturate.core.ir on first use, so that
+# `saturate --version` and every module below this package do not pay for it before they need it.
+_FROM_IR = ("Graph", "Node", "ValueInfo")
 
 
-def optimize(graph: Graph, **options):
+def __getattr__(name: str):
+    if name in _FROM_IR:
+        from saturate.core import ir
+
+        value = globals()[name] = getattr(ir, name)
+        return value
+    raise AttributeError(f"module 'saturate' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_FROM_IR))
+
+
+def optimize(graph: "Graph", **options):
     """Saturate, extract and fold a graph (saturate.pipeline); returns (graph, report)."""
     # The engine (egglog, scipy) loads on first use, not on `import saturate`.
     from saturate.pipeline import optimize as run_pipeline
@@ -28,7 +44,7 @@ def model_summary(model):
     return summary(model)
 
 
-def compile_graph(graph: Graph, **options):
+def compile_graph(graph: "Graph", **options):
     """Compile a graph to C (saturate.backend); returns a callable on numpy arrays."""
     from saturate.backend import compile_graph
 

@@ -65,7 +65,8 @@ def _terminate(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    chosen = argv[0] if argv and argv[0] in command_names() else None
+    # `saturate --version` needs no command's module (each pulls in numpy at least).
+    chosen = argv[0] if argv and argv[0] in command_names() else "" if argv[:1] == ["--version"] else None
     args = build_parser(chosen).parse_args(argv)
     try:
         limits.set_max_memory(args.max_memory)

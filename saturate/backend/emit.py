@@ -314,10 +314,10 @@ class Emitter(NnEmission, MovementEmission):
     def emit_kernel(self, step: Step) -> None:
         node, sh = step.anchor, self.shapes
         out, oshape = self.ptr(step.out), sh[step.out]
-        chain = [(n, prev.outputs[0]) for prev, n in zip(step.nodes(), step.chain)]
+        chain = [(n, prev.outputs[0]) for prev, n in zip([node, *step.chain], step.chain)]
         self.body.append(f"    /* {', '.join(where(n) for n in step.nodes())} */\n")
         if step.pattern:
-            getattr(self, f"emit_{step.pattern}")(step, out, oshape)
+            getattr(self, f"emit_{step.pattern}")(step, chain, out, oshape)
             return
         if node.op in ELEMENTWISE_UNARY | ELEMENTWISE_BINARY | {"BatchNormalization"}:
             start = node.inputs[0]

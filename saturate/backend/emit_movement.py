@@ -97,13 +97,14 @@ class MovementEmission:
             f"{oshape[-2]}, {oshape[-1]}, {tab}_h0, {tab}_h1, {tab}_hw, {tab}_w0, {tab}_w1, {tab}_ww, "
             f"{int(mode == 'nearest')});\n")
 
-    def emit_rotary(self, step, out, oshape):
+    def emit_rotary(self, step, chain, out, oshape):
         """plan.rotary's Slice, Neg, Concat, Mul, Mul and Add as one pass over x's rows."""
         x, cos, sin = step.operands
         table = self.g.constants[cos].shape
         period = table[-2] if len(table) > 1 else 1
+        epi = self.epilogue(step, chain, oshape, len(oshape) - 1)
         self.body.append(f"    sat_rotary({self.ptr(x)}, {self.ptr(cos)}, {self.ptr(sin)}, {out}, "
-                         f"{math.prod(oshape[:-1])}, {period}, {oshape[-1]});\n")
+                         f"{math.prod(oshape[:-1])}, {period}, {oshape[-1]}, {epi});\n")
 
     def emit_Concat(self, step, chain, out, oshape):
         node = step.anchor

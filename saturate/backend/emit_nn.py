@@ -278,6 +278,13 @@ class NnEmission:
                          f"{math.prod(oshape[:axis])}, {math.prod(norm)}, {c_float(node.attr('epsilon', 1e-5))}, "
                          f"{epi});\n")
 
+    def emit_rms_norm(self, step, chain, out, oshape):
+        """plan.rms_norm's Pow, ReduceMean, Add, Sqrt and Div as one pass over x's rows."""
+        x, eps = step.operands
+        epi = self.epilogue(step, chain, oshape, len(oshape) - 1)
+        self.body.append(f"    sat_rmsnorm({self.ptr(x)}, {out}, {math.prod(oshape[:-1])}, {oshape[-1]}, "
+                         f"{c_float(eps)}, {epi});\n")
+
     def emit_reduce(self, step, chain, out, oshape, mode):
         node = step.anchor
         x = self.shapes[node.inputs[0]]

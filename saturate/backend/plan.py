@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from saturate.backend.build import KERNELS_DIR, BuildConfig
-from saturate.backend.shapes import ALIASES, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, slice_params
+from saturate.backend.shapes import (ALIASES, ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, conv_window, reduce_axes,
+                                      slice_params)
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
 
@@ -164,6 +165,49 @@ def rotary(graph: Graph, add: Node, producers: dict, consumers: dict, outputs: s
     return None
 
 
+def rms_norm(graph: Graph, div: Node, producers: dict, consumers: dict, outputs: set,
+             shapes: dict) -> tuple[list[Node], tuple[str, float]] | None:
+    """The RMSNorm ending at `div`, as exporters write it: Div(x, Sqrt(Add(ReduceMean(Pow(x, 2)), eps))), the
+    mean over the last axis kept, eps a constant. Returns the nodes before `div` and (x, eps), or None when
+    `div` is not one or a value inside it is read elsewhere."""
+    def made(value, ops):
+        node = producers.get(value)
+        if node is None or node.op not in ops or value in outputs or len(consumers.get(value, [])) != 1:
+            return None
+        return node
+
+    def scalar(value):
+        arr = graph.constants.get(value)
+        return float(arr.reshape(-1)[0]) if arr is not None and arr.size == 1 and arr.dtype.kind == "f" else None
+
+    if div.op != "Div" or len(div.inputs) != 2:
+        return None
+    x, xs = div.inputs[0], shapes.get(div.inputs[0])
+    root = made(div.inputs[1], ("Sqrt",))
+    add = made(root.inputs[0], ("Add",)) if root is not None else None
+    if add is None or not xs or x in graph.constants or shapes.get(div.outputs[0]) != xs:
+        return None
+    mean, eps = add.inputs if scalar(add.inputs[1]) is not None else reversed(add.inputs)
+    mean, eps = made(mean, ("ReduceMean",)), scalar(eps)
+    square = made(mean.inputs[0], ("Pow", "Mul")) if mean is not None else None
+    if square is None or eps is None or shapes.get(square.outputs[0]) != xs:
+        return None
+    if square.op == "Pow" and (square.inputs[0] != x or scalar(square.inputs[1]) != 2.0):
+        return None
+    if square.op == "Mul" and list(square.inputs) != [x, x]:
+        return None
+    try:
+        if reduce_axes(graph, mean, xs) != ([len(xs) - 1], True):
+            return None
+    except SaturateError:
+        return None
+    return [square, mean, add, root], (x, eps)
+
+
+# Patterns of several nodes run as one kernel, by the op of their last node.
+PATTERNS = {"Add": ("rotary", rotary), "Div": ("rms_norm", rms_norm)}
+
+
 def fuse(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Step], dict[str, str]]:
     """Group nodes into steps: a value with exactly one consumer that is pointwise on it is fused.
 
@@ -178,10 +222,10 @@ def fuse(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Step], 
     producers = graph.producers()
     patterns: dict[int, Step] = {}
     for node in graph.nodes:
-        found = rotary(graph, node, producers, consumers, outputs, shapes) if node.op == "Add" else None
+        name, match = PATTERNS.get(node.op, ("", None))
+        found = match(graph, node, producers, consumers, outputs, shapes) if match else None
         if found and not any(id(n) in absorbed for n in found[0]):
-            patterns[id(node)] = Step(node, out=node.outputs[0], pattern="rotary", inner=found[0],
-                                      operands=found[1])
+            patterns[id(node)] = Step(node, pattern=name, inner=found[0], operands=found[1])
             absorbed.update(id(n) for n in found[0])
     for node in graph.nodes:
         if node.op in ALIASES:
@@ -189,10 +233,7 @@ def fuse(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Step], 
             continue
         if id(node) in absorbed:
             continue
-        if id(node) in patterns:
-            placed.append((index[id(node)], patterns[id(node)]))
-            continue
-        step = Step(node)
+        step = patterns.get(id(node)) or Step(node)
         tail = node
         while hosts_epilogue(node.op):
             value = tail.outputs[0]

@@ -128,6 +128,34 @@ void sat_layernorm_item(void *ctx, int64_t item, int tid) {
     }
 }
 
+void sat_rmsnorm_item(void *ctx, int64_t item, int tid) {
+    const sat_norm_args *a = ctx;
+    const int64_t L = a->L, r1 = (item + 1) * a->per < a->rows ? (item + 1) * a->per : a->rows;
+    const int64_t body = L - L % 8; /* explicit bound: see sat_reduce */
+    (void)tid;
+    for (int64_t r = item * a->per; r < r1; r++) {
+        const float *x = a->x + r * L;
+        float *y = a->y + r * L;
+        float q[8] = {0};
+        int64_t i = 0;
+        for (; i < body; i += 8)
+            for (int k = 0; k < 8; k++) q[k] += x[i + k] * x[i + k];
+        double sum = 0.0;
+        for (int k = 0; k < 8; k++) sum += q[k];
+        for (; i < L; i++) sum += (double)x[i] * x[i];
+        /* the nodes' own steps in float (mean, plus eps, square root), then a product by the reciprocal: a
+         * division per element (vdivps) took as long as the rest of the row */
+        const float inv = 1.0f / sqrtf((float)(sum / (double)L) + a->eps);
+        for (i = 0; i < L; i++) y[i] = x[i] * inv;
+        if (a->epi) a->epi(a->y, r * L, L);
+    }
+}
+
+void sat_rmsnorm(const float *x, float *y, int64_t rows, int64_t L, float eps, sat_epi epi) {
+    sat_norm_args a = {x, NULL, NULL, y, rows, L, sat_rows_per_item(rows, L), eps, epi};
+    if (rows > 0) sat_parallel((rows + a.per - 1) / a.per, sat_rmsnorm_item, &a);
+}
+
 /* LayerNormalization over the trailing L elements of each of `rows` rows; scale and bias hold L. */
 void sat_layernorm(const float *x, const float *scale, const float *bias, float *y, int64_t rows, int64_t L,
                           float eps, sat_epi epi) {
@@ -250,12 +278,13 @@ void sat_rotary_item(void *ctx, int64_t item, int tid) {
         float *y = a->y + r * D;
         for (int64_t d = 0; d < h; d++) y[d] = x[d] * c[d] - x[d + h] * s[d];
         for (int64_t d = h; d < D; d++) y[d] = x[d] * c[d] + x[d - h] * s[d];
+        if (a->epi) a->epi(a->y, r * D, D);
     }
 }
 
 void sat_rotary(const float *x, const float *cs, const float *sn, float *y, int64_t rows, int64_t period,
-                int64_t D) {
-    sat_rotary_args a = {x, cs, sn, y, rows, period, D, sat_rows_per_item(rows, D)};
+                int64_t D, sat_epi epi) {
+    sat_rotary_args a = {x, cs, sn, y, rows, period, D, sat_rows_per_item(rows, D), epi};
     sat_parallel((rows + a.per - 1) / a.per, sat_rotary_item, &a);
 }
 

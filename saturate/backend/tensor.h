@@ -156,6 +156,11 @@ void sat_layernorm_item(void *ctx, int64_t item, int tid);
 void sat_layernorm(const float *x, const float *scale, const float *bias, float *y, int64_t rows, int64_t L,
                           float eps, sat_epi epi);
 
+/* RMSNorm: y = x / sqrt(mean(x^2) + eps) over rows of L (Pow, ReduceMean, Add, Sqrt and Div in one pass). */
+void sat_rmsnorm_item(void *ctx, int64_t item, int tid);
+
+void sat_rmsnorm(const float *x, float *y, int64_t rows, int64_t L, float eps, sat_epi epi);
+
 /* ---- softmax ----------------------------------------------------------------------------------- */
 typedef struct {
     const float *x;
@@ -198,12 +203,13 @@ typedef struct {
     const float *x, *cs, *sn;
     float *y;
     int64_t rows, period, D, per;
+    sat_epi epi;
 } sat_rotary_args;
 
 void sat_rotary_item(void *ctx, int64_t item, int tid);
 
 void sat_rotary(const float *x, const float *cs, const float *sn, float *y, int64_t rows, int64_t period,
-                int64_t D);
+                int64_t D, sat_epi epi);
 
 /* ---- reductions -------------------------------------------------------------------------------- */
 /* Rows [item * per, ...) of a reduction over the last axis alone (an RMSNorm's mean of squares). */

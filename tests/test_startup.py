@@ -47,6 +47,15 @@ def test_optimize_with_cached_rules_loads_no_parser_and_no_backend(tmp_path):
     assert _loaded(_modules_after(code, tmp_path, env), ("lark", "saturate.backend", "saturate.check")) == []
 
 
+def test_the_command_list_is_what_pkgutil_finds():
+    import pkgutil
+
+    import saturate.commands
+    from saturate.cli import command_names
+
+    assert command_names() == sorted(m.name for m in pkgutil.iter_modules(saturate.commands.__path__))
+
+
 # ---- the target reader without lark -------------------------------------------------------------
 
 INFOS = [([ValueInfo("float32", (1, 3, 8, 8)), ValueInfo("float32", (4, 3, 3, 3))], ValueInfo("float32", (1, 4, 8, 8))),

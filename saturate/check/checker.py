@@ -10,7 +10,7 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
@@ -29,6 +29,7 @@ from saturate.ops.registry import defined_here, domain_of
 from saturate.engine.compile_rules import rule_ops
 from saturate.check.compiled import RightSideError, build_rhs, compiled, decide_example, directions
 from saturate.check.examples import Example, rule_examples
+from saturate.check.schema import RANDOM_OPS
 
 # Both sides run in float64 on float32-representable inputs, so rounding noise neither hides nor
 # fakes a difference; a sound rule then agrees to far better than float32 precision, and the
@@ -99,6 +100,9 @@ def _dtype_only(rule: Rule) -> frozenset[str]:
     return frozenset(found)
 
 
+# ONNX's element type STRING (Cast's `to`).
+STRING_TYPE = 8
+
 # Ops whose result is the bit pattern of their input's dtype: widened, the input would give
 # other bits (and, for BitCast, another shape). A rule holding one runs at the drawn dtypes.
 _BIT_READERS = frozenset({"BitCast"})
@@ -108,6 +112,18 @@ def _reads_bits(rule: Rule) -> bool:
     def walk(t: Term) -> bool:
         return isinstance(t, OpTerm) and (t.op in _BIT_READERS or any(walk(a) for a in t.args))
     return walk(rule.lhs) or walk(rule.rhs)
+
+
+def _writes_strings(example: Example) -> bool:
+    """Whether the example holds strings or casts to them: a number written as a string shows
+    its dtype's precision ('0.1' in float32, '0.10000000149011612' widened), so such an example
+    runs at the drawn dtypes."""
+    return any(_is_string(v) for v in example.values.values()) or \
+        any(attrs.get("to") == STRING_TYPE for attrs in example.node_attrs.values())
+
+
+def _is_string(a: np.ndarray) -> bool:
+    return a.dtype.kind in "OUS"
 
 
 def build_graph(term: Term, ex: Example) -> Graph:
@@ -158,6 +174,16 @@ def compare(lhs: np.ndarray, rhs: np.ndarray, scale: float, steps: int = 0) -> s
     above wherever the left side is finite."""
     if lhs.shape != rhs.shape:
         return f"shapes differ: left {lhs.shape}, right {rhs.shape}"
+    strings = [_is_string(a) for a in (lhs, rhs)]
+    if strings[0] != strings[1]:
+        return f"element types differ: left {lhs.dtype}, right {rhs.dtype}"
+    if all(strings):
+        # Exact equality, element by element (numpy's fixed-width and object strings alike).
+        bad = np.asarray(lhs, object) != np.asarray(rhs, object)
+        if not np.any(bad):
+            return None
+        idx = tuple(int(i) for i in np.argwhere(np.asarray(bad))[0])
+        return f"outputs differ at index {list(idx)}: left {str(lhs[idx])!r}, right {str(rhs[idx])!r}"
     integral = [a.dtype.kind in "iu" for a in (lhs, rhs)]
     if integral[0] != integral[1]:
         return f"element types differ: left {lhs.dtype}, right {rhs.dtype}"
@@ -188,34 +214,42 @@ def run_example(rule: Rule, example: Example, reverse: bool = False) -> Countere
     return _run_example(rule, example, reverse)[0]
 
 
-def _run_example(rule: Rule, example: Example, reverse: bool) -> tuple[Counterexample | None, bool]:
-    """(counterexample or None, whether the left side is defined anywhere on the example)."""
+def _run_example(rule: Rule, example: Example, reverse: bool,
+                 distribution: bool = True) -> tuple[Counterexample | None, bool]:
+    """(counterexample or None, whether the left side is defined anywhere on the example); an
+    example whose random ops would need the distribution test counts as undefined unless
+    `distribution`."""
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # numpy's "mean of empty slice" and the like
-        return _compare_sides(rule, example, reverse)
+        return _compare_sides(rule, example, reverse, distribution)
 
 
-def _compare_sides(rule: Rule, example: Example, reverse: bool) -> tuple[Counterexample | None, bool]:
+def _compare_sides(rule: Rule, example: Example, reverse: bool,
+                   distribution: bool = True) -> tuple[Counterexample | None, bool]:
     side = compiled(rule, reverse)
     # The decision drawing made (on the same compiled side), else the engine's decision now.
     decision = example.decision if example.decided_by is side else \
         decide_example(side, example.values, example.consts, example.node_attrs)
     if decision is None:
         return None, False  # the engine would not fire here (a hand-built example may not match)
-    ex = example if _reads_bits(rule) else as_float64(example, _dtype_only(rule))
+    ex = example if _reads_bits(rule) or _writes_strings(example) else as_float64(example, _dtype_only(rule))
     try:
         try:
-            lhs, scale_l = _run_graph(build_graph(side.cr.lhs, ex), ex)
+            left = build_graph(side.cr.lhs, ex)
+            lhs, scale_l = _run_graph(_seeded(left, example.seed), ex)
         except SaturateError:
             # An op whose reference body holds float32 constants (MeanVarianceNormalization)
             # does not run widened: both sides run at the drawn dtypes then.
             ex = example
-            lhs, scale_l = _run_graph(build_graph(side.cr.lhs, ex), ex)
+            left = build_graph(side.cr.lhs, ex)
+            lhs, scale_l = _run_graph(_seeded(left, example.seed), ex)
     except MemoryLimitError:
         return None, False  # a drawn value read as a size (a window's length, say): not an example
     except SaturateError as err:
-        if any(v.dtype.kind in "iub" for k, v in ex.values.items() if v.size and k not in ex.forced):
-            return None, False  # integer division by zero, say: the left side is undefined
+        if any(v.dtype.kind in "iubO" for k, v in ex.values.items() if v.size and k not in ex.forced):
+            # Integer division by zero, a string Cast does not read as a number of its type
+            # ('1.5' as int64), say: the left side is undefined.
+            return None, False
         raise _Broken(f"the drawn left side does not run: {err}") from None
     lhs = np.asarray(lhs)
     # An empty output is compared too (its shape and dtype): a right side of another shape on
@@ -223,12 +257,138 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool) -> tuple[Counter
     if lhs.size and lhs.dtype.kind == "f" and not np.isfinite(lhs).any():
         return None, False
     try:
-        rhs, scale_r = _run_graph(build_rhs(side, decision, ex.values, ex.consts, ex.node_attrs, ex.opset), ex)
+        right = build_rhs(side, decision, ex.values, ex.consts, ex.node_attrs, ex.opset)
+        rhs, scale_r = _run_graph(_seeded(right, example.seed), ex)
     except (SaturateError, RightSideError, ValueError, TypeError, IndexError) as err:
         reason = f"the right side fails: {_first_line(err)}"
         return Counterexample(_plain(example), reverse, reason, lhs), True
-    reason = compare(lhs, np.asarray(rhs), max(scale_l, scale_r), _rounding_steps(rule))
-    return (None if reason is None else Counterexample(_plain(example), reverse, reason, lhs, np.asarray(rhs))), True
+    rhs = np.asarray(rhs)
+    reason = compare(lhs, rhs, max(scale_l, scale_r), _rounding_steps(rule))
+    if reason is not None and lhs.shape == rhs.shape and not _is_string(lhs) and not _is_string(rhs) \
+            and _random_nodes(left) + _random_nodes(right):
+        # Seeded alike, the sides drew other numbers: they may still agree in distribution.
+        if not distribution:
+            return None, False
+        reason = same_distribution(left, right, ex, example.seed)
+    return (None if reason is None else Counterexample(_plain(example), reverse, reason, lhs, rhs)), True
+
+
+# ---- random ops -----------------------------------------------------------------------------------
+# A rule over ops drawing random numbers is sound when the right side's output has the left's
+# distribution. Each example first runs both sides with their random nodes seeded alike (the
+# k-th random node of either side takes the example's seed plus k; a seed the node carries, drawn
+# or written, stays): a right side that keeps the left's random nodes (Identity, a scale folded
+# into RandomNormal's attributes) then gives the same numbers, which settles it. Otherwise the
+# outputs are compared in distribution, each side run DISTRIBUTION_RUNS times with seeds of its
+# own: a two-sample Kolmogorov-Smirnov test on every element's values across runs and on all
+# values pooled. That check is statistical: a wrong rule whose distributions differ by less than
+# the test resolves (a Kolmogorov-Smirnov distance of about 0.1) may pass, and a sound one fails
+# with probability at most DISTRIBUTION_ALPHA per example; its seeds follow from the example's, so
+# a `--seed` run reports the same every time.
+DISTRIBUTION_RUNS = 1000
+DISTRIBUTION_ALPHA = 1e-6
+# Runs at which the test looks, each at a share of DISTRIBUTION_ALPHA: a wrong rule fails at the
+# first look mostly, a sound one takes every run.
+_LOOKS = (125, 250, 500, 1000)
+# Seeds are float attributes (float32 in a model): those below 2**24 are exact.
+_SEED_SPAN = 1 << 24
+
+
+# Distribution tests run in this process (the shrinking budget above counts them).
+DISTRIBUTION_TESTS = [0]
+
+
+def _random_nodes(g: Graph) -> list[Node]:
+    return [n for n in g.nodes if n.op in RANDOM_OPS]
+
+
+def _seeded(g: Graph, seed: int, pick: Callable[[int], int] | None = None) -> Graph:
+    """`g` with every random node seeded: a seed a node carries stays, node k of the others takes
+    `seed + k`; with `pick`, seeds are renumbered: group g (a seed value carried, or a node
+    without one) takes `pick(g)`, so nodes sharing a seed still draw alike."""
+    nodes = _random_nodes(g)
+    if not nodes:
+        return g
+    groups: dict[Any, int] = {}
+    seeds: dict[int, float] = {}
+    for k, n in enumerate(nodes):
+        own = n.attrs.get("seed")
+        if pick is None:
+            seeds[id(n)] = float(own) if own is not None else float((seed + k) % _SEED_SPAN)
+        else:
+            key = ("seed", float(own)) if own is not None else ("node", k)
+            seeds[id(n)] = float(pick(groups.setdefault(key, len(groups))))
+    copy = dataclasses.replace(g, nodes=[dataclasses.replace(n, attrs={**n.attrs, "seed": seeds[id(n)]})
+                                         if id(n) in seeds else n for n in g.nodes])
+    return copy
+
+
+def same_distribution(left: Graph, right: Graph, ex: Example, seed: int) -> str | None:
+    """Why the two sides' outputs differ in distribution (None: the test finds no difference):
+    each side run up to DISTRIBUTION_RUNS times with seeds of its own, the values of every
+    element, and all of them pooled, compared by a two-sample Kolmogorov-Smirnov test."""
+    DISTRIBUTION_TESTS[0] += 1
+    width = max(len(_random_nodes(left)), len(_random_nodes(right)), 1)
+    runs = _LOOKS[-1]
+    # The same seeds for every example: the interpreter builds a node once per set of attributes,
+    # and examples of one rule share most of theirs.
+    base = _SEED_SPAN // 2
+    feed = {name: ex.values[name] for name in ex.values}
+    samples: list[list[np.ndarray]] = [[], []]
+    done = 0
+    for look in _LOOKS:
+        for i in range(done, look):
+            for s, g in enumerate((left, right)):
+                run = _seeded(g, 0, lambda group: base + (s * runs + i) * width + group)
+                out = run_graph(run, {k: feed[k] for k in g.inputs})[g.outputs[0]]
+                samples[s].append(np.asarray(out, np.float64).ravel())
+        done = look
+        reason = _ks_reason(np.array(samples[0]), np.array(samples[1]), DISTRIBUTION_ALPHA / len(_LOOKS),
+                            tuple(np.shape(out)))
+        if reason is not None:
+            return f"{reason} (over {look} runs of each side)"
+    return None
+
+
+def _ks_reason(a: np.ndarray, b: np.ndarray, alpha: float, shape: tuple[int, ...]) -> str | None:
+    """Why runs `a` and `b` (runs x elements) differ in distribution at level `alpha`: an element
+    whose values differ (Bonferroni over the elements), or all values pooled. The pooled test
+    counts each run as one sample, not each value: the values of one run may be dependent (one
+    draw broadcast), so this is the level that holds whatever they are."""
+    a = np.where(np.isnan(a), np.inf, a)
+    b = np.where(np.isnan(b), np.inf, b)
+    runs, size = a.shape
+    if size == 0:
+        return None
+    half = alpha / 2
+    for j in range(size):
+        d = _ks_distance(a[:, j], b[:, j])
+        if _ks_pvalue(d, runs, runs) < half / size:
+            return (f"distributions differ at index {[int(i) for i in np.unravel_index(j, shape)]}: "
+                    f"Kolmogorov-Smirnov distance {d:.3f}; left mean {a[:, j].mean():.4g}, sd {a[:, j].std():.4g}, "
+                    f"right mean {b[:, j].mean():.4g}, sd {b[:, j].std():.4g}")
+    d = _ks_distance(a.ravel(), b.ravel())
+    if _ks_pvalue(d, runs, runs) < half:
+        return (f"distributions differ: Kolmogorov-Smirnov distance {d:.3f} over all elements; left mean "
+                f"{a.mean():.4g}, sd {a.std():.4g}, right mean {b.mean():.4g}, sd {b.std():.4g}")
+    return None
+
+
+def _ks_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest gap between the two samples' empirical distribution functions."""
+    a, b = np.sort(a), np.sort(b)
+    points = np.concatenate([a, b])
+    gap = np.searchsorted(a, points, side="right") / a.size - np.searchsorted(b, points, side="right") / b.size
+    return float(np.max(np.abs(gap)))
+
+
+def _ks_pvalue(d: float, n: int, m: int) -> float:
+    """The asymptotic (Kolmogorov) p-value of distance d between samples of n and m values."""
+    lam = d * np.sqrt(n * m / (n + m))
+    if lam < 0.2:
+        return 1.0
+    k = np.arange(1, 101)
+    return float(np.clip(2 * np.sum((-1.0) ** (k - 1) * np.exp(-2 * k**2 * lam**2)), 0.0, 1.0))
 
 
 def _plain(example: Example) -> Example:
@@ -243,20 +403,44 @@ def _first_line(err: BaseException) -> str:
 
 # ---- the property test --------------------------------------------------------------------------
 
+# Distribution tests (a second or more each) run for one direction of a rule over random ops, and
+# while shrinking a counterexample; past them, an example needing one is passed over (not
+# counted), and the counterexample found stands, less shrunk.
+DISTRIBUTION_TESTS_PER_RULE = 10
+SHRINK_DISTRIBUTION_TESTS = 3
+
+
 def _property(rule: Rule, reverse: bool, count: list[int], nonempty: bool = False) -> Callable[[Example], None]:
     # count[0]: examples run before the first failure (shrinking runs more; those are not counted).
     failed = [False]
+    budget = [DISTRIBUTION_TESTS_PER_RULE, SHRINK_DISTRIBUTION_TESTS]  # before a failure, after
+    # Counterexamples by example, so that the one reported fails again when replayed.
+    found: dict[Any, Counterexample] = {}
 
     def prop(example: Example) -> None:
         assume(not (nonempty and _has_empty(example)))
-        cx, defined = _run_example(rule, example, reverse)
+        key = _example_key(example)
+        if key in found:
+            cx, defined = found[key], True
+        else:
+            tests, phase = DISTRIBUTION_TESTS[0], int(failed[0])
+            cx, defined = _run_example(rule, example, reverse, distribution=budget[phase] > 0)
+            budget[phase] -= DISTRIBUTION_TESTS[0] - tests
         assume(defined)  # the left side is undefined (not finite) everywhere: nothing to compare
         if not failed[0]:
             count[0] += 1
         if cx is not None:
             failed[0] = True
-            raise _Unsound(cx)
+            found[key] = cx
+            raise _Unsound(cx)     # one place: hypothesis tells failures apart by where they raise
     return prop
+
+
+def _example_key(example: Example) -> Any:
+    def value(v: np.ndarray) -> Any:
+        return (v.dtype.str, v.shape, repr(v.tolist()) if _is_string(v) else v.tobytes())
+    return (example.seed, repr(sorted(example.node_attrs.items())),
+            tuple((k, value(v)) for k, v in sorted(example.values.items())))
 
 
 # A variadic rule (Concat(xs...)) is checked as its instances for 1 to this many inputs.
@@ -513,6 +697,12 @@ def show_term(t: Term) -> str:
 def show_array(a: np.ndarray) -> str:
     """Small arrays in full; larger ones by shape, range and first elements."""
     a = np.asarray(a)
+    if _is_string(a):
+        # Each string quoted, so that empty strings and spaces read; nested as the array is.
+        head = f"string{list(a.shape)}"
+        if a.size <= SMALL:
+            return f"{head} = {_nested(a)}"
+        return f"{head} = [{', '.join(repr(str(v)) for v in a.ravel()[:8])}, ...]"
     head = f"{a.dtype}{list(a.shape)}"
     if a.size <= SMALL:
         body = np.array2string(a, precision=7, separator=", ", max_line_width=100)
@@ -522,6 +712,12 @@ def show_array(a: np.ndarray) -> str:
     finite = flat[np.isfinite(flat)] if a.dtype.kind == "f" else flat
     span = f"min {finite.min():.7g}, max {finite.max():.7g}" if finite.size else "no finite value"
     return f"{head} ({span}) = [{shown}, ...]"
+
+
+def _nested(a: np.ndarray) -> str:
+    if a.ndim == 0:
+        return repr(str(a[()]))
+    return "[" + ", ".join(_nested(a[k:k + 1].reshape(a.shape[1:])) for k in range(a.shape[0])) + "]"
 
 
 def _op_at(term: Term, path: tuple[int, ...]) -> str:

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from saturate.check.compiled import compiled, decide_example
 from saturate.check.planner import Planner
-from saturate.check.schema import BASE_OPSET, opset_for
-from saturate.check.strategies import draw_constant
+from saturate.check.schema import BASE_OPSET, RANDOM_OPS, opset_for
+from saturate.check.strategies import draw_constant, draw_strings
 from saturate.lang.ast import OpTerm, Rule, Term
 
 # ---- inputs satisfying a rule ---------------------------------------------------------------
@@ -32,6 +32,8 @@ class Example:
     opset: int = BASE_OPSET  # the graphs of both sides run at this opset
     # Variables whose values the planner chose (shapes, axes, pads), not drawn data.
     forced: frozenset[str] = frozenset()
+    # Where the rule holds ops drawing random numbers: the seed its runs start from (checker.py).
+    seed: int = 0
     # The engine's decision on the example as drawn, and the compiled side that made it.
     decision: Any = dataclasses.field(default=None, compare=False, repr=False)
     decided_by: Any = dataclasses.field(default=None, compare=False, repr=False)
@@ -43,6 +45,7 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
     pattern = rule.rhs if reverse else rule.lhs
     side = compiled(rule, reverse)
     opset = rule_opset(rule)
+    random = bool((_ops(rule.lhs) | _ops(rule.rhs)) & set(RANDOM_OPS))
 
     @st.composite
     def draw(draw) -> Example:
@@ -57,11 +60,13 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
                 values[name] = np.asarray(planner.forced[name]).astype(dtype)
             elif fill is not None:
                 values[name] = np.full(shape, fill, dtype)
+            elif dtype.kind == "O":
+                values[name] = draw_strings(draw, shape, planner.hints.get(name, {}).get("numbers"))
             else:
                 values[name] = draw_constant(draw, shape, planner.sign_of(name), dtype)
         example = Example(values, frozenset(planner.consts), dict(planner.attrs), planner.node_attrs,
                           planner.node_ops, planner.node_dtypes.get((), "float32"), opset,
-                          frozenset(planner.forced))
+                          frozenset(planner.forced), draw(st.integers(0, 2**20)) if random else 0)
         # Guards decided as the engine decides them (saturate.engine.guards.decide).
         example.decision = decide_example(side, example.values, example.consts, example.node_attrs)
         example.decided_by = side

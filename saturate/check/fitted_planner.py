@@ -15,7 +15,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from saturate.check.schema import tensor_type
-from saturate.check.strategies import MAX_SIDE, Template, conv_cases, draw_constant
+from saturate.check.strategies import MAX_SIDE, Template, conv_cases, draw_constant, draw_strings
 from saturate.lang.ast import OpTerm, Var
 
 # A fit is called with the shapes of inputs already drawn (known), the attributes the pattern
@@ -372,3 +372,54 @@ class FittedPlanning:
         PIL.Image.fromarray(pixels, "RGB").save(encoded, format=self.draw(st.sampled_from(["PNG", "BMP"])))
         self._flag(fixed, "pixel_format", ["RGB", "BGR", "Grayscale"])
         return {}, {0: np.frombuffer(encoded.getvalue(), np.uint8).copy()}, fixed
+
+    def fit_StringNormalizer(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # Strings of shape [C] or [1, C], the only ones the op takes, and stopwords that bite:
+        # words of the drawn strings (in another case now and then, for is_case_sensitive),
+        # with one that occurs nowhere.
+        shape = known.get(0) or out or self.draw(st.sampled_from([(self.draw(st.integers(1, MAX_SIDE)),),
+                                                                   (1, self.draw(st.integers(1, MAX_SIDE)))]))
+        assume(len(shape) in (1, 2) and (len(shape) == 1 or shape[0] == 1))
+        strings = draw_strings(self.draw, tuple(shape))
+        if "stopwords" not in fixed and self.draw(st.integers(0, 3)):
+            words = sorted({w for s in strings.ravel() for w in s.split(" ") if w})
+            chosen = self.draw(st.lists(st.sampled_from(words), max_size=3, unique=True)) if words else []
+            chosen = [w.upper() if self.draw(st.integers(0, 3)) == 0 else w for w in chosen]
+            fixed["stopwords"] = chosen + [self.draw(st.sampled_from(["zzz", "The"]))]
+        return {}, {0: strings}, fixed
+
+    # ---- ops drawing random numbers: the output's shape and dtype, and Bernoulli's probabilities
+
+    def _random_dtype(self, t: OpTerm, fixed: dict, path: tuple) -> None:
+        # The dtype drawn for the node, written; a Like op or Bernoulli whose input has that
+        # dtype leaves it out now and then (the output then follows the input's).
+        dtype = self.node_dtypes.get(path, "float32")
+        if "dtype" in fixed or (t.args and self.arg_dtype(t, path, 0) == dtype and self.draw(st.booleans())):
+            return
+        fixed["dtype"] = tensor_type(dtype)
+
+    def fit_RandomNormal(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        shape = out or self.shape_for(Template(min_rank=1))
+        assume(len(shape) >= 1)             # onnx.reference refuses an empty `shape`
+        fixed.setdefault("shape", list(shape))
+        self._random_dtype(t, fixed, path)
+        return {}, {}, fixed
+
+    fit_RandomUniform = fit_RandomNormal
+
+    def fit_RandomNormalLike(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # The input is read for its shape only.
+        shape = known.get(0) or out or self.shape_for(Template())
+        self._random_dtype(t, fixed, path)
+        return {0: tuple(shape)}, {}, fixed
+
+    fit_RandomUniformLike = fit_RandomNormalLike
+
+    def fit_Bernoulli(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # Probabilities in [0, 1], the ends included (certain outcomes).
+        shape = known.get(0) or out or self.shape_for(Template())
+        size = math.prod(shape)
+        p = [self.draw(st.sampled_from([0.5, 0.0, 1.0, 0.25, 0.9, 0.1, 0.75])) for _ in range(min(size, 64))]
+        probs = np.resize(np.array(p or [0.5], np.float64), size).reshape(shape)
+        self._random_dtype(t, fixed, path)
+        return {}, {0: probs}, fixed

@@ -224,7 +224,8 @@ class GenericPlanning:
                 args.append(values[k])
                 continue
             dtype = self.dtypes.get(a.name) if isinstance(a, Var) else self.node_dtypes.get(path + (k,))
-            args.append(np.zeros(shapes[k], dtype or "float32"))
+            # Strings stand in as one word each (zeros of an object array would be ints).
+            args.append(np.full(shapes[k], "a", object) if dtype == "object" else np.zeros(shapes[k], dtype or "float32"))
         node = Node(t.op, [f"in{k}" for k in range(len(args))], ["out"],
                     {key: v for key, v in attrs.items() if v is not None}, name=t.op, domain=domain_of(t.op))
         try:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from saturate.core.errors import SaturateError
 from saturate.lang.ast import AttrVar, Term, Var
-from saturate.check.schema import tensor_type
+from saturate.check.schema import STRING, tensor_type
 from saturate.check.strategies import (MAX_RANK, MAX_SIDE, Template, draw_broadcastable,
                                        draw_factorization, numel)
 
@@ -196,6 +196,11 @@ class MovementPlanning:
         # `to` is the output dtype drawn for the node (assign_types), from any source dtype.
         self.attributes(t, path, {"to": lambda _: tensor_type(self.node_dtypes.get(path, "float32"))})
         self.term(t.args[0], out, path + (0,))
+        source = t.args[0]
+        if isinstance(source, Var) and self.dtypes.get(source.name) == STRING:
+            # Strings Cast reads as numbers: integers for an integer type, any number else.
+            to = np.dtype(self.node_dtypes.get(path, "float32"))
+            self.hints.setdefault(source.name, {}).setdefault("numbers", "int" if to.kind in "iu" else "float")
 
 
     def op_CastLike(self, t, out, path) -> None:

@@ -31,7 +31,7 @@ from saturate.check.generic_planner import GenericPlanning
 from saturate.check.movement_planner import MovementPlanning
 from saturate.check.nn_planner import NnPlanning
 from saturate.check.quant_planner import QuantPlanning
-from saturate.check.schema import (BASE_OPSET, DTYPE_WEIGHTS, FLOATS, attribute_drawer, draw_dtype,
+from saturate.check.schema import (BASE_OPSET, DRAWABLE, FLOATS, RANDOM_OPS, STRING, attribute_drawer, draw_dtype,
                                    dtype_of_tensor_type, input_slot, schema, slot_types,
                                    undrawn_values)
 from saturate.ops.registry import find, ops_with
@@ -192,7 +192,7 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
         interpreter at the checker's opset, or not an ONNX op)."""
         from saturate.interp.reference import unsupported_reason
         d = find(op)
-        if d is not None and d.nondeterministic and d.evaluate is None:
+        if d is not None and d.nondeterministic and d.evaluate is None and op not in RANDOM_OPS:
             raise SaturateError(f"op '{op}' cannot be checked: it draws random numbers, so two runs of "
                                 "one graph differ")
         if op in ops_with("evaluates") and spec(op, self.opset) is not None:
@@ -260,12 +260,14 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
         return False
 
     # ---- dtypes (drawn before shapes: the generic rule runs the op on them) -------------------
-    def assign_types(self, t: Term, allowed: frozenset[str] | None, path: tuple[int, ...]) -> str | None:
+    def assign_types(self, t: Term, allowed: frozenset[str] | None, path: tuple[int, ...],
+                     strings: int = 0) -> str | None:
         """Draw the dtype of `t`'s value among `allowed` (None: any drawn dtype) as its op's type
         constraints allow; returns it. An op the engine rewrites only on floats (every op but
         the shape-arithmetic ones, see the op registry's shape_arith flag) is drawn on floats where
-        its schema allows one."""
-        options = frozenset(DTYPE_WEIGHTS) if allowed is None else allowed
+        its schema allows one. Strings are drawn where nothing else can be (an op over a
+        string-valued one), and with weight `strings` beside other dtypes (Cast's source)."""
+        options = DRAWABLE if allowed is None else allowed
         if isinstance(t, Var):
             have = self.dtypes.get(t.name)
             if have is not None:
@@ -273,7 +275,7 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
                 return have
             assume(options)
             wanted = options & self.hints.get(t.name, {}).get("dtypes", options)
-            self.dtypes[t.name] = draw_dtype(self.draw, wanted or options)
+            self.dtypes[t.name] = draw_dtype(self.draw, wanted or options, strings)
             return self.dtypes[t.name]
         if not isinstance(t, OpTerm):
             return None
@@ -283,16 +285,13 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
         undrawn = undrawn_values(op, self.opset, len(t.args))
         if undrawn is not None:
             raise SaturateError(f"op '{op}' cannot be checked: it reads or writes {undrawn}, which are not drawn "
-                                "(tensors of numbers and bools only)")
-        (out_param, out_allowed), _ = slot_types(op, self.opset)
-        out_opts = out_allowed & options
+                                "(tensors of numbers, bools and strings only)")
+        out_param = slot_types(op, self.opset)[0][0]
+        out_opts = self.producible(t) & options
         op_spec = spec(op, self.opset)
-        written = dict(t.attrs)
-        if op in ("Cast", "BitCast") and isinstance(written.get("to"), Num):
-            out_opts &= {dtype_of_tensor_type(int(written["to"].value))}
-        elif op_spec is not None and not op_spec.any_dtype and out_opts & FLOATS:
+        if op_spec is not None and not op_spec.any_dtype and out_opts & FLOATS:
             out_opts &= FLOATS
-        if op == "Mod" and isinstance(written.get("fmod"), Num) and not written["fmod"].value:
+        if op == "Mod" and isinstance(dict(t.attrs).get("fmod"), Num) and not dict(t.attrs)["fmod"].value:
             out_opts -= FLOATS  # fmod=0 is defined on integers only
         assume(out_opts)
         dtype = draw_dtype(self.draw, out_opts)
@@ -303,11 +302,28 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
             want = frozenset({bound[param]}) if param in bound else opts
             if op == "BitCast":
                 # Bits reread as another type of the same width (a wider one would change the shape).
-                want = frozenset(d for d in want if np.dtype(d).itemsize == np.dtype(dtype).itemsize)
-            got = self.assign_types(a, want, path + (k,))
+                want = frozenset(d for d in want if d != STRING and np.dtype(d).itemsize == np.dtype(dtype).itemsize)
+            # Cast reads every source type, strings of numbers too.
+            got = self.assign_types(a, want, path + (k,), strings=2 if op == "Cast" and k == 0 else 0)
             if got is not None and not param.startswith("tensor("):
                 bound.setdefault(param, got)
         return dtype
+
+    def producible(self, t: Term) -> frozenset[str]:
+        """The dtypes `t`'s value may have whatever is drawn below it: those its op's output
+        allows (Cast's written `to`), narrowed by the arguments of the output's own type
+        parameter (Identity over StringConcat gives strings)."""
+        if not isinstance(t, OpTerm):
+            return DRAWABLE
+        (out_param, out_allowed), _ = slot_types(t.op, self.opset)
+        written = dict(t.attrs)
+        if t.op in ("Cast", "BitCast") and isinstance(written.get("to"), Num):
+            out_allowed &= {dtype_of_tensor_type(int(written["to"].value))}
+        for k, a in enumerate(t.args):
+            if isinstance(a, OpTerm) and input_slot(t.op, self.opset, k)[0] == out_param \
+                    and not out_param.startswith("tensor("):
+                out_allowed &= self.producible(a)
+        return out_allowed
 
     def bind(self, v: Var, shape: tuple[int, ...], exact: bool = True) -> None:
         if v.const:

@@ -29,10 +29,16 @@ BASE_OPSET = Graph().opset
 DTYPE_WEIGHTS = {"float32": 8, "int64": 4, "float64": 2, "float16": 2, "int32": 2, "int8": 1, "uint8": 1,
                  "int16": 1, "bool": 1}
 FLOATS = frozenset({"float16", "float32", "float64"})
+# ONNX's STRING: a numpy object array of Python str, as onnx.reference and ONNX Runtime's Python
+# API hold it. Drawn only where a slot takes nothing else (StringSplit's input, an op above a
+# string-valued one) and as a source of Cast: rules over other ops meet strings only that way.
+STRING = "object"
+# Every dtype a slot may be drawn in.
+DRAWABLE = frozenset(DTYPE_WEIGHTS) | {STRING}
 
 # The schemas' type strings of those dtypes: tensor(float), tensor(double), tensor(int64)...
-_ONNX_NAME = {"float32": "float", "float64": "double"}
-_ONNX_TYPE = {f"tensor({_ONNX_NAME.get(d, d)})": d for d in DTYPE_WEIGHTS}
+_ONNX_NAME = {"float32": "float", "float64": "double", STRING: "string"}
+_ONNX_TYPE = {f"tensor({_ONNX_NAME.get(d, d)})": d for d in DRAWABLE}
 
 
 def tensor_type(dtype: str) -> int:
@@ -46,7 +52,7 @@ def dtype_of_tensor_type(code: int) -> str | None:
         name = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(code))).name
     except (KeyError, TypeError, ValueError):
         return None
-    return name if name in DTYPE_WEIGHTS else None
+    return name if name in DRAWABLE else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,7 +129,7 @@ def input_slot(op: str, opset: int, k: int) -> tuple[str, frozenset[str]]:
 
 def undrawn_values(op: str, opset: int, arity: int) -> str | None:
     """What the op reads (in its first `arity` inputs) or writes that no drawn dtype is:
-    "strings", "sequences", "optionals" (None: every slot takes a drawn dtype)."""
+    "sequences", "optionals", or the tensor types (None: every slot takes a drawn dtype)."""
     s = schema(op, opset)
     if s is None:
         return None
@@ -136,20 +142,24 @@ def undrawn_values(op: str, opset: int, arity: int) -> str | None:
     for formal, (_, dtypes) in slots:
         if not dtypes:
             types = " ".join(allowed.get(formal.type_str, [formal.type_str]))
-            return "sequences" if "seq(" in types else "optionals" if "optional(" in types else "strings"
+            return "sequences" if "seq(" in types else "optionals" if "optional(" in types else types
     return None
 
 
-def draw_dtype(draw: Callable, allowed: frozenset[str] | set[str]) -> str:
-    """One of `allowed`, weighted by DTYPE_WEIGHTS; shrinks towards float32."""
-    options = [d for d in DTYPE_WEIGHTS if d in allowed]
+def draw_dtype(draw: Callable, allowed: frozenset[str] | set[str], strings: int = 0) -> str:
+    """One of `allowed`, weighted by DTYPE_WEIGHTS; shrinks towards float32. Strings are drawn
+    where nothing else is allowed, else with weight `strings` (0: never)."""
+    weights = {**DTYPE_WEIGHTS, STRING: strings}
+    options = [d for d in weights if d in allowed and weights[d]]
     if not options:
+        if STRING in allowed:
+            return STRING
         raise ValueError("no drawable dtype")
     if len(options) == 1:
         return options[0]
     bounds, total = [], 0
     for d in options:
-        total += DTYPE_WEIGHTS[d]
+        total += weights[d]
         bounds.append(total)
     pick = draw(st.integers(0, total - 1))
     return next(d for d, b in zip(options, bounds) if pick < b)
@@ -169,7 +179,29 @@ FLAGS = frozenset({"keepdims", "noop_with_empty_axes", "training_mode", "allowze
                    "count_include_pad", "select_last_index", "reverse", "exclusive", "transA", "transB",
                    "align_corners", "antialias", "exclude_outside", "largest", "sorted", "upper",
                    "detect_negative", "detect_positive", "new_axis", "inverse", "interleaved", "is_causal",
-                   "center_point_box", "storage_order", "periodic"})
+                   "center_point_box", "storage_order", "periodic", "is_case_sensitive"})
+# The ops of ONNX's default domain that draw random numbers and that the interpreter runs
+# (Multinomial it does not): two runs differ, so their rules are compared by seed or by
+# distribution (checker.py).
+RANDOM_OPS = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli")
+# Attributes of one op drawn from listed values (None: omitted, the default), the default first.
+# Regular expressions are a fixed set of valid, linear-time ones: anchored words, classes,
+# alternations and repeats over the drawn alphabet (strategies.STRING_ALPHABET); a drawn pattern
+# could be invalid or take exponential time to match.
+_OP_CHOICES = {
+    ("StringNormalizer", "case_change_action"): ("NONE", "LOWER", "UPPER"),
+    ("StringSplit", "delimiter"): (None, " ", ",", ";", "  ", "ab", ""),
+    ("StringSplit", "maxsplit"): (None, 1, 2),
+    # Random ops: parameters beside their defaults, and a seed now and then (omitted, the
+    # checker seeds each run itself: see checker.py).
+    **{(op, "seed"): (None, 0.0, 3.0, 1234.0) for op in RANDOM_OPS},
+    **{(op, "mean"): (None, 1.0, -2.0) for op in ("RandomNormal", "RandomNormalLike")},
+    **{(op, "scale"): (None, 0.5, 3.0) for op in ("RandomNormal", "RandomNormalLike")},
+    **{(op, "low"): (None, -1.0, 2.0) for op in ("RandomUniform", "RandomUniformLike")},
+    **{(op, "high"): (None, 4.0, 0.5) for op in ("RandomUniform", "RandomUniformLike")},
+    ("RegexFullMatch", "pattern"): ("[a-z]+", "a.*", ".*", "", "[A-Za-z]+ [A-Za-z]+", r"\d+", r"\w*",
+                                    "(ab|cd)+", ".*[,;].*", "[^ ]*", "x?y?z?", "(?i)the", "日本.*", "Stra(ß|ss)e"),
+}
 # Attributes that name a dtype: set from the dtypes drawn, never drawn on their own.
 DTYPE_ATTRS = frozenset({"to", "dtype", "output_dtype", "output_datatype", "stash_type"})
 
@@ -186,6 +218,9 @@ def attribute_drawer(op: str, key: str, opset: int, rank: Callable[[], int]) -> 
     default, as for seeds and dtype attributes); `rank()` is the rank of the op's first input."""
     s = schema(op, opset)
     attr = s.attributes.get(key) if s is not None else None
+    if attr is not None and (op, key) in _OP_CHOICES:
+        choices = list(_OP_CHOICES[op, key])
+        return lambda draw, _a: draw(st.sampled_from(choices))
     if attr is None or key in DTYPE_ATTRS or key == "seed":
         return None
     default = spec(op, opset).attrs.get(key)

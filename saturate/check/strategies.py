@@ -165,6 +165,8 @@ def draw_constant(draw, shape: tuple[int, ...], sign: str = "any", dtype: Any = 
     the float table (float16 with magnitudes it can hold), integers from a table spanning their
     dtype (extremes and values whose products overflow included), bools as drawn bits."""
     dtype = np.dtype(dtype)
+    if dtype.kind == "O":
+        return draw_strings(draw, shape)
     size = math.prod(shape)
     table = _table_of(sign, dtype)
     if size <= _EACH:
@@ -173,6 +175,42 @@ def draw_constant(draw, shape: tuple[int, ...], sign: str = "any", dtype: Any = 
     pool = table[np.frombuffer(draw(st.binary(min_size=1, max_size=_POOL)), np.uint8)]
     layout = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).integers(0, len(pool), size)
     return pool[layout].reshape(shape)
+
+
+# ---- strings ----------------------------------------------------------------------------------
+
+# Characters of drawn strings: letters of both cases (case changes, regex classes), digits,
+# spaces and the separators StringSplit is given, and non-ASCII letters (accents, a sharp s
+# that upper-cases to two letters, CJK), so that byte- and character-wise readings differ.
+STRING_ALPHABET = "abcdAB" + "xyzXYZ" + "019" + "  ,;-" + "éÉßü日本"
+# Whole words, drawn as often as characters: StringNormalizer's stopwords and regexes match them.
+_WORDS = ("a", "ab", "cd", "the", "The", "x1", "Straße", "日本", "9")
+# Numbers as ONNX's Cast reads them from strings: integers, decimals, exponents, inf and NaN.
+_INT_STRINGS = ("0", "1", "-1", "2", "7", "-8", "42", "100", "-128", "65536", "+3", "-0")
+_FLOAT_STRINGS = ("0.5", "-1.5", "2.25", "1e-06", "1e6", "-0.0", "3.0", "0.1", "1E3", "inf", "-inf", "NaN")
+
+
+def _word_run(draw) -> str:
+    parts = draw(st.lists(st.one_of(st.sampled_from(_WORDS), st.text(STRING_ALPHABET, min_size=1, max_size=3)),
+                          max_size=3))
+    seps = [draw(st.sampled_from((" ", " ", ",", ";", "  ", "-"))) for _ in parts]
+    return "".join(p + s for p, s in zip(parts, seps))[:-1] if parts else ""
+
+
+def draw_strings(draw, shape: tuple[int, ...], numbers: str | None = None) -> np.ndarray:
+    """An object array of Python str of `shape` (as onnx.reference and ONNX Runtime hold ONNX
+    STRING): empty strings, words joined by spaces and separators, non-ASCII letters; with
+    `numbers` ("int" or "float"), numbers written as Cast reads them. Shrinks towards ""."""
+    size = math.prod(shape)
+    if numbers is not None:
+        table = _INT_STRINGS if numbers == "int" else _INT_STRINGS + _FLOAT_STRINGS
+        index = np.frombuffer(draw(st.binary(min_size=size, max_size=size)), np.uint8) % len(table)
+        return np.array([table[i] for i in index] + [""], dtype=object)[:-1].reshape(shape)
+    pool = [""] + [_word_run(draw) for _ in range(min(size, _POOL))]
+    layout = [draw(st.integers(0, len(pool) - 1)) for _ in range(size)] if size <= _EACH else \
+        np.random.default_rng(draw(st.integers(0, 2**32 - 1))).integers(0, len(pool), size)
+    # The trailing element keeps numpy from reading equal-length strings as a 2-D character array.
+    return np.array([pool[i] for i in layout] + [""], dtype=object)[:-1].reshape(shape)
 
 
 _TYPED_TABLES: dict[tuple[str, str], np.ndarray] = {}

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from google.protobuf.message import DecodeError
 
 from saturate.core.errors import SaturateError
 from saturate.core.fileio import check_writable, same_file, write_atomic
@@ -16,6 +15,11 @@ from saturate.core.ir import Graph
 from saturate.core.inputs import open_regular
 from saturate.core.limits import check_bytes, max_memory_bytes
 from saturate.core.mapped import current_arena, write_pieces
+
+if TYPE_CHECKING:
+    # onnx is imported where a model is read: the engine reaches this package (frontend.infer),
+    # and `saturate optimize --help` goes without onnx.
+    import onnx
 
 TEXT_SUFFIXES = (".sat", ".txt")
 
@@ -46,6 +50,9 @@ def load_graph(spec: str) -> Graph:
         from saturate.frontend import text
 
         return text.parse_graph(source, file=str(spec))
+    import onnx
+    from google.protobuf.message import DecodeError
+
     from saturate.frontend import onnx_io
 
     model = onnx.ModelProto()
@@ -137,6 +144,7 @@ def _load_external_data(model: onnx.ModelProto, path: Path) -> dict[str, np.ndar
     A large initializer is not read: it is returned (by name) as a read-only view of its file's
     mapping, and stays external in `model`; any other tensor's bytes are read into the model.
     """
+    import onnx
     from onnx import external_data_helper
 
     from saturate.core.mapped import DataFiles

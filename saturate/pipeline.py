@@ -87,13 +87,13 @@ def _load(rules: Any, level: int) -> list[Rule]:
 def _preserved(graph: Graph, model: Any, preserve: Iterable[str]) -> tuple[Graph, set[str]]:
     """Node names no rewrite may touch: `preserve` lists op names and node names; nodes the
     model itself marks (graph.meta["preserve"], read on import) are added."""
-    from saturate.ops.schema import op_table
+    from saturate.ops.schema import widest_spec
     from saturate.targets.preserve import preserved
     from saturate.targets.target import Target
 
     wanted = set(preserve) | set(graph.meta.get("preserve", ()))
     present = {n.op for n in graph.nodes}
-    ops = {p for p in wanted if p in op_table() or p in present}
+    ops = {p for p in wanted if widest_spec(p) is not None or p in present}
     known = {n.name for n in graph.nodes} | {o for n in graph.nodes for o in n.outputs}
     unknown = sorted(wanted - ops - known)
     if unknown:

@@ -38,6 +38,11 @@ def test_the_cli_and_version_load_nothing_heavy(tmp_path):
     assert _loaded(_modules_after(code, tmp_path)) == []
 
 
+def test_optimize_help_loads_no_onnx_and_no_engine_library(tmp_path):
+    code = "import saturate.cli\ntry:\n    saturate.cli.main(['optimize', '--help'])\nexcept SystemExit:\n    pass"
+    assert _loaded(_modules_after(code, tmp_path), ("onnx", "google", "lark", "egglog", "saturate.backend")) == []
+
+
 def test_optimize_with_cached_rules_loads_no_parser_and_no_backend(tmp_path):
     """The second run reads its rules from the cache and the cpu target without lark."""
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}

@@ -16,7 +16,6 @@ import numpy as np
 
 from saturate.core.ir import Graph, Node, ValueInfo
 from saturate.ops.registry import domain_of, lookup
-from saturate.ops.schema import is_onnx_op, is_rewritable_op, spec, widest_spec
 
 # Leaves and the constructors every program has. T is the one sort of tensors. IsConst maps a
 # constant e-class to itself: reading a row's output costs a tenth of reading its inputs. `(Ref k)` is a
@@ -255,6 +254,9 @@ def _rewritable(node: Node, graph: Graph, preserve: set[str], rule_ops: set[str]
         return False
     if "" in node.inputs:
         return False
+    # The schemas load onnx: imported here, `import saturate.pipeline` (optimize --help) goes without.
+    from saturate.ops.schema import is_rewritable_op, spec, widest_spec
+
     s = spec(node.op, graph.opset, node.domain)
     if s is None:
         return node.op in rule_ops
@@ -271,6 +273,8 @@ def _named_by_rules(node: Node) -> bool:
     """Whether a node of another domain is the op its name means in rules: e-nodes carry op names,
     not domains, so only an op registered in the node's domain (saturate.ops) whose name no
     default-domain op and no other registered domain takes. Every other such node is opaque."""
+    from saturate.ops.schema import is_onnx_op
+
     return (lookup(node.op, node.domain) is not None and domain_of(node.op) == node.domain
             and not is_onnx_op(node.op))
 

@@ -10,14 +10,12 @@ import numpy as np
 from saturate.lang.builtins import CONST_FUNCS, to_attribute
 from saturate.lang.guard_builtins import GUARDS
 from saturate.lang.query_builtins import QUERIES
-from saturate.ops.schema import attribute_type
 from saturate.engine.egraph import EGraphView
 from saturate.engine.encode import Encoding, Rows
 from saturate.engine import fold_any
 from saturate.engine.compiled_rule import CompiledRule
 from saturate.engine.facts import FAILED, Facts, evaluate_fn
 from saturate.core.errors import SaturateError
-from saturate.ops.schema import spec
 from saturate.lang import fold
 from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Str, Term, Var
 
@@ -257,6 +255,8 @@ def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int,
 def _computed_attribute(op: str, key: str, value: Any) -> Any:
     """A value computed for an attribute, as the attribute's ONNX type holds it; a value it
     cannot hold (two elements for a FLOAT, 0.5 for an INT) leaves the rule unfired."""
+    from saturate.ops.schema import attribute_type   # onnx: loaded where a run needs it
+
     try:
         return to_attribute(attribute_type(op, key), value)
     except ValueError:
@@ -289,6 +289,8 @@ def attr_rows(enc: Encoding, rules: list[CompiledRule], start: int) -> list[str]
 
 
 def _attrs_match(term: OpTerm, attrs: dict, captured: dict, opset: int) -> bool:
+    from saturate.ops.schema import spec   # onnx: loaded where a run needs it
+
     s = spec(term.op, opset)
     defaults = s.attrs if s else {}
     for key, want in term.attrs:

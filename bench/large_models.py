@@ -200,8 +200,9 @@ def measure(cmd: list[str], cwd: Path) -> tuple[float, int, int]:
     return wall, int(lines[-1]) * 1024 if lines else 0, done.returncode
 
 
-def _tools(model: Path, out: Path) -> dict[str, list[list[str]]]:
-    """Each tool's commands, run one after another (their times and peaks taken together)."""
+def _tools(model: Path, out: Path, tiny: Path | None = None) -> dict[str, list[list[str]]]:
+    """Each tool's commands, run one after another (their times and peaks taken together). `tiny`
+    is the MLP's shape at dim 64: the same command on it is what a run costs before any weight."""
     data = model.with_name(model.name + ".data")
     return {
         "cp": [["cp", str(model), str(data), str(out)]],
@@ -212,6 +213,8 @@ def _tools(model: Path, out: Path) -> dict[str, list[list[str]]]:
         "sat default": [[sys.executable, "-m", "saturate", "optimize", str(model), "-o", str(out / "sat.onnx"),
                          "--quiet"]],
         "onnxsim": [["onnxsim", str(model), str(out / "sim.onnx"), "--save-as-external-data"]],
+        "sat start": [[sys.executable, "-m", "saturate", "optimize", str(tiny), "-o", str(out / "tiny.onnx"),
+                       "--check", "0", "--quiet"]],
     }
 
 
@@ -223,6 +226,10 @@ def run_tools(model: Path, runs: int, tools: list[str], stages: dict[str, list[f
     each run (its --report)."""
     work = work or model.parent
     results: dict[str, list[tuple[float, int, int]]] = {t: [] for t in tools}
+    tiny = None
+    if "sat start" in tools:
+        (work / "start-up").mkdir(exist_ok=True)
+        tiny = build_mlp(work / "start-up", dim=64)
     out = Path(tempfile.mkdtemp(prefix="warm-up-", dir=work))
     try:
         measure(_tools(model, out)["saturate"][0], work)     # compiles saturate's modules
@@ -233,7 +240,7 @@ def run_tools(model: Path, runs: int, tools: list[str], stages: dict[str, list[f
             out = Path(tempfile.mkdtemp(prefix=f"{tool.split()[0]}-", dir=work))
             try:
                 wall, peak, failed = 0.0, 0, 0
-                for cmd in _tools(model, out)[tool]:
+                for cmd in _tools(model, out, tiny)[tool]:
                     w, p, code = measure(cmd, work)
                     wall, peak, failed = wall + w, max(peak, p), failed or code
                 results[tool].append((wall, peak, failed))
@@ -266,7 +273,10 @@ def print_table(name: str, model: Path, results: dict, runs: int, stages: dict |
         print(f"  {tool:<12}{wall:>9.2f}{peak / 2**20:>14.0f}{wall / cp if cp else 0:>7.2f}"
               f"{wall / synced if synced else 0:>11.2f}  {failed or ''}")
     print("  saturate: `saturate optimize M -o OUT --check 0`; sat default: `saturate optimize M -o OUT` "
-          "(--check 1); both --quiet")
+          "(--check 1); both --quiet; sat start: the first on the MLP's shape at dim 64 (a process's fixed cost)")
+    sat, start = results.get("saturate"), results.get("sat start")
+    if sat and start and cp:
+        print(f"  saturate less its start: {sat[0] - start[0]:.2f} s, x cp {(sat[0] - start[0]) / cp:.2f}")
     if stages:
         print("  saturate's stages, median s: "
               + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in stages.items()))
@@ -276,7 +286,7 @@ def print_table(name: str, model: Path, results: dict, runs: int, stages: dict |
             extract = statistics.median(stages["extract"])
             print(f"  the folds (extract) / cp: {extract / cp:.2f}; / cp + sync: {extract / synced if synced else 0:.2f}")
     print(f"  load average after the runs: {os.getloadavg()[0]:.1f}")
-    sat, sim = results.get("saturate"), results.get("onnxsim")
+    sim = results.get("onnxsim")
     if sat and sim and sim[0]:
         print(f"  saturate / onnxsim: {sat[0] / sim[0]:.2f}x time, {sat[1] / max(sim[1], 1):.2f}x peak RSS")
 
@@ -306,7 +316,7 @@ def main() -> int:
                         help="run on this model (its data file beside it) instead of building the MLP and "
                              "the decoder; it is only read, the outputs go to --dir or a temp dir")
     args = parser.parse_args()
-    tools = (["cp", "cp + sync", "saturate"] + ([] if args.skip_checked else ["sat default"])
+    tools = (["cp", "cp + sync", "saturate", "sat start"] + ([] if args.skip_checked else ["sat default"])
              + ([] if args.skip_onnxsim or not shutil.which("onnxsim") else ["onnxsim"]))
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} "
           f"GiB RAM; load {os.getloadavg()[0]:.1f}")

@@ -1,6 +1,11 @@
 """saturate: a declarative graph-folding optimizer for neural networks, by equality saturation."""
 
+from typing import TYPE_CHECKING
+
 from saturate.core.errors import SaturateError, SourceError
+
+if TYPE_CHECKING:
+    from saturate.core.ir import Graph, Node, ValueInfo
 
 # Graph, Node and ValueInfo load numpy: they are read from saturate.core.ir on first use, so that
 # `saturate --version` and every module below this package do not pay for it before they need it.

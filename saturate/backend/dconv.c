@@ -82,8 +82,8 @@ void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y
     /* A unit is a run of panels (about 256 pixels, so its input rows stay in cache) over one weight
      * panel; smaller runs when there are too few units to share between threads. */
     int chunk = (256 + R - 1) / R;
-    const int want = 4 * sat_threads;
-    if (sat_threads > 1 && (int64_t)((panels + chunk - 1) / chunk) * jpanels < want) {
+    const int want = 4 * sat_threads, small = P * Mg * K < SAT_CONV_PAR_MACS;
+    if (sat_threads > 1 && !small && (int64_t)((panels + chunk - 1) / chunk) * jpanels < want) {
         const int per = (want + jpanels - 1) / jpanels;
         chunk = (panels + per - 1) / per;
     }
@@ -111,7 +111,8 @@ void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y
             sat_dconv_args a = {inplace ? xg : xpad, wp + g * wp_group, koff, y,
                                 ((int64_t)n * M + (int64_t)g * Mg) * P, P, K, Mg, OW, Wp, xsh, xsw, R, chunk,
                                 panels, jpanels, stage, kc, epi};
-            sat_parallel((int64_t)chunks * jpanels, unit, &a);
+            /* (a conv of few multiply-adds on one thread: see SAT_CONV_PAR_MACS) */
+            (small ? sat_serial : sat_parallel)((int64_t)chunks * jpanels, unit, &a);
         }
 }
 

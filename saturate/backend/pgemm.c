@@ -44,7 +44,8 @@ void sat_conv_packed(const float *x, const float *wp, int64_t wp_group, float *y
     if ((int64_t)OH * OW <= 0 || Mg <= 0) return;
     const int tile = sat_tile_rows(K, OH, OW), tiles = (OH + tile - 1) / tile;
     const int64_t units = (int64_t)N * G * tiles;
-    int split = sat_threads > 1 && units % sat_threads != 0 && units < 8 * sat_threads ? sat_threads : 1;
+    const int small = (int64_t)N * OH * OW * M * K < SAT_CONV_PAR_MACS;
+    int split = sat_threads > 1 && !small && units % sat_threads != 0 && units < 8 * sat_threads ? sat_threads : 1;
     const int unit = trans ? SAT_PN : SAT_PR;
     int chunk = ((Mg + split - 1) / split + unit - 1) / unit * unit;
     split = (Mg + chunk - 1) / chunk;
@@ -75,7 +76,7 @@ void sat_conv_stream(const float *x, const float *wp, float *y, int N, int C, in
         if (!xt) abort();
     }
     int per = (panels + 4 * sat_threads - 1) / (4 * sat_threads);
-    if (sat_threads == 1 || sat_in_parallel) per = panels;
+    if (sat_threads == 1 || sat_in_parallel || (int64_t)K * M * R < SAT_CONV_PAR_MACS) per = panels;
     for (int n = 0; n < N; n++) {
         const float *xn = x + (int64_t)n * C * H * W;
         if (unfold)

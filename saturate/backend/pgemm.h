@@ -209,6 +209,14 @@ void sat_conv_packed(const float *x, const float *wp, int64_t wp_group, float *y
  * SAT_SP_AHEAD floats ahead. The unfolded input (K x R, pixel-minor) is built once per image by the caller
  * (or is the input itself for a 1x1 conv with unit strides and no padding). */
 #define SAT_SP 12
+
+/* A conv of fewer multiply-adds than this is not split among threads (sat_conv_stream, and sat_conv_packed's
+ * channel chunks): two threads' job costs more than the work it shares. Chains of 20 1x1 convs on one pixel
+ * (streamed), avx2 build on the 2-core Zen 4, both threads given their cores (SCHED_FIFO), time per conv at
+ * 2 threads over 1: K x M = 384 3.1x, 6144 2.3x, 24576 1.4x (3.8 us at 1 thread), 73728 0.86x (10.5 us);
+ * with the host shared (load 4) 1.2x at 384-6144, 1.0x from 24576. EfficientNet-B0's squeeze-and-excitation
+ * convs, all but the last blocks', fall below. */
+#define SAT_CONV_PAR_MACS 32768
 #ifndef SAT_SP_AHEAD
 #define SAT_SP_AHEAD 1024
 #endif

@@ -98,12 +98,16 @@ void sat_pool_begin(void) {
 
 void sat_pool_end(void) { atomic_store(&sat_pool_active, 0); }
 
+void sat_serial(int64_t n, sat_body fn, void *ctx) {
+    /* under the thread's own id when nested in another loop's item */
+    const int tid = sat_in_parallel ? sat_pool_tid : 0;
+    for (int64_t i = 0; i < n; i++) fn(ctx, i, tid);
+}
+
 /* Run fn(ctx, i, tid) for i in [0, n) on up to sat_threads threads; returns when all have run. */
 void sat_parallel(int64_t n, sat_body fn, void *ctx) {
     if (sat_threads <= 1 || n <= 1 || sat_in_parallel) {
-        /* serial: on the calling thread, under its own id when nested in another loop's item */
-        const int tid = sat_in_parallel ? sat_pool_tid : 0;
-        for (int64_t i = 0; i < n; i++) fn(ctx, i, tid);
+        sat_serial(n, fn, ctx);
         return;
     }
     while (sat_pool.started < sat_threads - 1 && sat_pool.started < SAT_MAX_THREADS - 1) {

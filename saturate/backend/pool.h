@@ -76,4 +76,7 @@ void sat_pool_end(void);
 
 void sat_parallel(int64_t n, sat_body fn, void *ctx);
 
+/* sat_parallel's loop on the calling thread alone: for jobs whose work is less than two threads' job costs. */
+void sat_serial(int64_t n, sat_body fn, void *ctx);
+
 #endif

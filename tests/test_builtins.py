@@ -414,3 +414,12 @@ def test_precedes_orders_weights_by_their_first_row():
     a = np.array([[0.0, 5.0], [9.0, 9.0]])      # by first columns, b would come first
     b = np.array([[0.0, 6.0], [-9.0, -9.0]])
     assert precedes(a, b) and not precedes(b, a) and not precedes(a, a)
+
+
+def test_numpy_cast_holds_between_numpy_types_only():
+    assert G["numpy_cast"].impl("float32", TensorProto.INT64) and G["numpy_cast"].impl("bool", TensorProto.FLOAT16)
+    for dtype, to in (("float32", TensorProto.FLOAT8E4M3FN), ("float32", TensorProto.BFLOAT16),
+                      ("float32", TensorProto.STRING), ("int8", TensorProto.INT4), ("float32", None), (None, 1)):
+        assert not G["numpy_cast"].impl(dtype, to), (dtype, to)
+    with pytest.raises(ValueError, match="ONNX rules"):
+        F["cast"].impl(np.array([1e6], np.float32), TensorProto.FLOAT8E4M3FN)

@@ -216,11 +216,26 @@ def concat(a: Any, b: Any, axis: int) -> np.ndarray:
     return np.concatenate([a, b], axis=axis)
 
 
-def cast(c: Any, to: int) -> np.ndarray:
-    """ONNX Cast to the tensor type numbered `to` (onnx.TensorProto)."""
+def plain_cast_types(dtype: Any, to: int) -> tuple[np.dtype, np.dtype] | None:
+    """(from, to) numpy dtypes when both are numpy's own bool, integer or float types, else None."""
     from onnx.helper import tensor_dtype_to_np_dtype
 
-    return np.asarray(c).astype(tensor_dtype_to_np_dtype(int(to)))
+    try:
+        pair = np.dtype(dtype), np.dtype(tensor_dtype_to_np_dtype(int(to)))
+    except (TypeError, KeyError, ValueError):
+        return None
+    # isbuiltin is 2 for ml_dtypes' types, some of which claim kind "f" (float8_e5m2).
+    return pair if all(d.isbuiltin == 1 and d.kind in "biuf" for d in pair) else None
+
+
+def cast(c: Any, to: int) -> np.ndarray:
+    """ONNX Cast to the tensor type numbered `to` (onnx.TensorProto), between numpy's own bool,
+    integer and float types; other casts (float8's saturation, bfloat16, int4, strings) refuse."""
+    a = np.asarray(c)
+    pair = plain_cast_types(a.dtype, to)
+    if pair is None:
+        raise ValueError(f"cast: {a.dtype} to ONNX type {to} follows ONNX rules numpy does not")
+    return a.astype(pair[1])
 
 
 def slice_(c: Any, starts: Any, ends: Any, axes: Any, steps: Any) -> np.ndarray:

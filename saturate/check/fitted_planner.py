@@ -423,3 +423,33 @@ class FittedPlanning:
         probs = np.resize(np.array(p or [0.5], np.float64), size).reshape(shape)
         self._random_dtype(t, fixed, path)
         return {}, {0: probs}, fixed
+
+    def fit_RotaryEmbedding(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # X as (batch, heads, seq, head) or (batch, seq, heads * head) with num_heads; the caches
+        # hold half the rotated width (all of the head, or a part of it) per position: per batch
+        # and step, or per position that position_ids (below the caches' length) pick.
+        shape = known.get(0) or out
+        if shape is None:
+            b, h, s, d = (self.draw(st.integers(1, 2)), self.draw(st.integers(1, 3)), self.draw(st.integers(1, 4)),
+                          self.draw(st.sampled_from([2, 4])))
+            shape = (b, h, s, d) if self.draw(st.booleans()) else (b, s, h * d)
+            if len(shape) == 3:
+                fixed.setdefault("num_heads", h)
+        assume(len(shape) in (3, 4))
+        if len(shape) == 4:
+            b, h, s, d = shape
+        else:
+            b, s, width = shape
+            h = fixed.get("num_heads") or 0
+            assume(h and width % h == 0)
+            d = width // h
+        assume(d % 2 == 0 and d > 0)
+        if "rotary_embedding_dim" not in fixed and d > 2 and self.draw(st.integers(0, 2)) == 0:
+            fixed["rotary_embedding_dim"] = 2
+        half = (fixed.get("rotary_embedding_dim") or d) // 2
+        self._flag(fixed, "interleaved", [0, 1])
+        if len(t.args) > 3:
+            positions = self.draw(st.integers(s, s + 2))
+            ids = np.array([[self.draw(st.integers(0, positions - 1)) for _ in range(s)] for _ in range(b)], np.int64)
+            return {0: tuple(shape), 1: (positions, half), 2: (positions, half)}, {3: ids}, fixed
+        return {0: tuple(shape), 1: (b, s, half), 2: (b, s, half)}, {}, fixed

@@ -38,11 +38,13 @@ def rotary_graph(x: tuple, table: tuple, swap: bool = False, high_end: int | Non
     return make(nodes, {"x": x}, consts, outputs=["y", "rot"] if concat_out else ["y"])
 
 
-def rms_graph(x: tuple, square: str = "Pow", axes=(-1,), swap: bool = False, mean_out: bool = False, seed: int = 0):
-    """x / sqrt(mean(x^2 over `axes`) + eps) times a weight; `square` Pow or Mul, `swap` eps first in the Add,
-    `mean_out` makes the mean an output too."""
+def rms_graph(x: tuple, square: str = "Pow", axes=(-1,), swap: bool = False, mean_out: bool = False, seed: int = 0,
+              int_two: bool = False):
+    """x / sqrt(mean(x^2 over `axes`) + eps) times a weight; `square` Pow (of an integer exponent with `int_two`)
+    or Mul, `swap` eps first in the Add, `mean_out` makes the mean an output too."""
     rng = np.random.default_rng(seed)
-    consts = {"two": np.array([2.0], np.float32), "eps": np.array([1e-5], np.float32),
+    two = np.array(2, np.int64) if int_two else np.array([2.0], np.float32)
+    consts = {"two": two, "eps": np.array([1e-5], np.float32),
               "w": rng.standard_normal(x[-1]).astype(np.float32)}
     nodes = [Node("Pow", ["x", "two"], ["sq"]) if square == "Pow" else Node("Mul", ["x", "x"], ["sq"]),
              Node("ReduceMean", ["sq"], ["ms"], {"axes": list(axes), "keepdims": 1}),
@@ -63,6 +65,7 @@ CASES = [
     rms_graph((2, 3, 16), square="Mul", axes=(2,), swap=True, seed=1),
     rms_graph((3, 5, 12), axes=(1,), seed=2),
     rms_graph((1, 4, 8), mean_out=True, seed=3),
+    rms_graph((2, 24), int_two=True, seed=4),
 ]
 
 
@@ -74,7 +77,7 @@ def test_patterns_match_reference_and_ort(threads):
     check_three_way(graph, threads=threads)
     steps = compile_graph(graph, threads=threads).emitted.plan.steps
     fused = sorted((s.pattern, s.out) for s in steps if s.pattern)
-    # rotate_half(x) of the fourth case and the mean of the last are outputs, and the eighth normalizes
-    # over another axis: their nodes run one by one
-    assert fused == [("rms_norm", "c5_y"), ("rms_norm", "c6_y"), ("rotary", "c0_y"), ("rotary", "c1_y"),
-                     ("rotary", "c2_y"), ("rotary", "c4_y")]
+    # rotate_half(x) of case 3 and the mean of case 8 are outputs, and case 7 normalizes over another axis:
+    # their nodes run one by one
+    assert fused == [("rms_norm", "c5_y"), ("rms_norm", "c6_y"), ("rms_norm", "c9_y"), ("rotary", "c0_y"),
+                     ("rotary", "c1_y"), ("rotary", "c2_y"), ("rotary", "c4_y")]

@@ -176,9 +176,9 @@ def rms_norm(graph: Graph, div: Node, producers: dict, consumers: dict, outputs:
             return None
         return node
 
-    def scalar(value):
+    def scalar(value, kinds="f"):
         arr = graph.constants.get(value)
-        return float(arr.reshape(-1)[0]) if arr is not None and arr.size == 1 and arr.dtype.kind == "f" else None
+        return float(arr.reshape(-1)[0]) if arr is not None and arr.size == 1 and arr.dtype.kind in kinds else None
 
     if div.op != "Div" or len(div.inputs) != 2:
         return None
@@ -192,7 +192,7 @@ def rms_norm(graph: Graph, div: Node, producers: dict, consumers: dict, outputs:
     square = made(mean.inputs[0], ("Pow", "Mul")) if mean is not None else None
     if square is None or eps is None or shapes.get(square.outputs[0]) != xs:
         return None
-    if square.op == "Pow" and (square.inputs[0] != x or scalar(square.inputs[1]) != 2.0):
+    if square.op == "Pow" and (square.inputs[0] != x or scalar(square.inputs[1], "fiu") != 2.0):
         return None
     if square.op == "Mul" and list(square.inputs) != [x, x]:
         return None

@@ -219,3 +219,23 @@ def test_casts_numpy_does_not_compute_fold_as_onnx_casts(to, saturate_attr):
     # A string's size is not known before it is computed, so a Cast to strings is not folded (fold_fits).
     if to != TensorProto.STRING:
         assert after.op_counts() == {"Add": 1}
+
+
+def test_a_node_kept_for_one_output_does_not_redefine_another_that_folds():
+    """StringSplit of a constant: its strings are not folded (their size is not known before they are
+    computed) but its lengths are; the node stays for the strings, and the graph is valid, not one
+    where the node and the folded lengths both define the output."""
+    from saturate.interp import run_graph
+
+    words = np.array(["abc.com", "de.f.net", ""], object)
+    nodes = [helper.make_node("StringSplit", ["w"], ["parts", "lengths"], delimiter=".")]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("parts", TensorProto.STRING, None),
+                                               helper.make_tensor_value_info("lengths", I64, [3])],
+                              [numpy_helper.from_array(words, "w")])
+    before = import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
+    after, _ = optimize(before)
+    after.validate()
+    got, want = run_graph(after, {}), run_graph(before, {})
+    assert list(after.outputs) == ["parts", "lengths"]
+    for name in ("parts", "lengths"):
+        assert np.array_equal(got[name], want[name]), name

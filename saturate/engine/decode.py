@@ -142,9 +142,15 @@ def decode(choice: dict[Any, ENode], roots: list[Any], facts: Facts, domains: di
             # attribute among them, valued None) never become graph values of their own.
             if choice[cls].kind != "call":
                 stack.extend((c, False) for c in reversed(choice[cls].children) if c not in named)
+    defined = {v: n for n in out.nodes for v in n.outputs if v}
     for o, cls in zip(g.outputs, roots):
         src = named[cls]
         if src != o:
+            holder = defined.get(o)
+            if holder is not None:
+                # An opaque node kept for another output also names this one, which extraction
+                # took in another form (a folded constant): nothing reads the node's copy.
+                holder.outputs[holder.outputs.index(o)] = fresh(o + "_unread")
             out.nodes.append(Node("Identity", [src], [o], name=node_name(None, fresh(o + "_id"))))
             out.values[o] = g.info(o)
         out.outputs.append(o)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import pkgutil
@@ -109,6 +110,11 @@ def entry() -> None:
     except KeyboardInterrupt:  # during start-up or argument parsing
         print("saturate: interrupted", file=sys.stderr)
         code = 130
+    # The process ends here. Python's shutdown runs full collections that walk every object the
+    # run made or imported (onnx, numpy and the engine leave hundreds of thousands), which took
+    # longer than optimizing a small model; frozen, they are left to the exit. atexit handlers
+    # still run, streams are flushed, and what the run opened it closed itself.
+    gc.freeze()
     sys.exit(code)
 
 

@@ -74,7 +74,7 @@ def import_model(model: onnx.ModelProto, mapped: dict[str, np.ndarray] | None = 
     try:
         # Strict: a node whose inputs contradict its op (an Add of [2, 64] and [64, 128]) is refused
         # here, naming the node and op, rather than optimized into a model ONNX Runtime refuses.
-        inferred = infer_strictly(skeleton)[0].graph
+        inferred = infer_strictly(_inference_defaults(skeleton))[0].graph
     except Exception as err:  # inference failures are the model's fault, not ours
         raise SaturateError(f"invalid ONNX model: shape inference failed: {_first_line(err)}") from None
     og = model.graph
@@ -115,13 +115,38 @@ def import_model(model: onnx.ModelProto, mapped: dict[str, np.ndarray] | None = 
             inputs.pop()   # a trailing '' omits an optional input exactly as leaving it out does
         node = Node(on.op_type, inputs, list(on.output), name=on.name,
                     domain="" if on.domain == "ai.onnx" else on.domain)
-        node.attrs = {a.name: _attr_value(a, node) for a in on.attribute}
+        node.attrs = {a.name: _attr_value(a, node) for a in on.attribute} | _omitted_defaults(on)
         g.nodes.append(node)
     # ONNX's inference stops at an op it does not know; a registered one (saturate.ops) types on.
     fill_types(g)
     # A graph output that is directly a constant or an input needs no node; keep it as is.
     g.validate()
     return g
+
+
+# Attributes whose ONNX shape inference reads another default than the op's schema gives: STFT's
+# `onesided` is 1 by the schema and 0 to its inference, so a model omitting it (an audio front end)
+# was refused for declaring the onesided frequency bins it computes. Imported nodes state them, so
+# the written model (checked by the same inference) does too; the meaning is the same.
+_INFERENCE_DEFAULTS = {"STFT": {"onesided": 1}}
+
+
+def _omitted_defaults(node: onnx.NodeProto) -> dict:
+    """The attributes of _INFERENCE_DEFAULTS that `node` leaves out, with their schema values."""
+    defaults = _INFERENCE_DEFAULTS.get(node.op_type, {}) if node.domain in _DEFAULT_DOMAINS else {}
+    given = {a.name for a in node.attribute}
+    return {k: v for k, v in defaults.items() if k not in given}
+
+
+def _inference_defaults(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model`, or a copy whose nodes state the defaults of _INFERENCE_DEFAULTS they omit."""
+    if not any(_omitted_defaults(n) for n in model.graph.node):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in copy.graph.node:
+        node.attribute.extend(helper.make_attribute(k, v) for k, v in _omitted_defaults(node).items())
+    return copy
 
 
 def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:

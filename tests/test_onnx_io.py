@@ -315,3 +315,28 @@ def test_an_op_onnx_cannot_infer_strictly_still_imports_and_saves(tmp_path):
     out = tmp_path / "m.onnx"
     save_graph(import_model(model), str(out))
     assert onnx.load(str(out)).graph.node[0].op_type == "MeanVarianceNormalization"
+
+
+def test_an_stft_omitting_onesided_imports_optimizes_and_runs_like_the_input(tmp_path):
+    """ONNX's STFT inference reads `onesided` as 0 when a node omits it, where the schema says 1: an
+    audio front end declaring the onesided bins was refused as invalid. Imported, it states onesided=1,
+    and the optimized model gives ONNX Runtime's outputs."""
+    nodes = [helper.make_node("STFT", ["x", "step", "win", "len"], ["s"]),
+             helper.make_node("Mul", ["s", "s"], ["sq"]),
+             helper.make_node("ReduceSum", ["sq", "axes"], ["y"], keepdims=0)]
+    inits = [numpy_helper.from_array(np.array(4, np.int64), "step"),
+             numpy_helper.from_array(np.hanning(16).astype(np.float32), "win"),
+             numpy_helper.from_array(np.array(16, np.int64), "len"),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes")]
+    graph = helper.make_graph(nodes, "stft", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 29, 9])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "m.onnx")
+    g = import_model(model)
+    assert g.nodes[0].attrs["onesided"] == 1 and not any(a.name == "onesided" for a in model.graph.node[0].attribute)
+    optimized, _ = saturate.optimize(g)
+    save_graph(optimized, str(tmp_path / "o.onnx"))
+    x = np.random.default_rng(0).standard_normal((1, 128, 1)).astype(np.float32)
+    want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
+    got = ort.InferenceSession(str(tmp_path / "o.onnx")).run(None, {"x": x})[0]
+    assert got.shape == (1, 29, 9) and np.abs(got - want).max() <= 1e-4 * np.abs(want).max()

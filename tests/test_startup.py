@@ -61,6 +61,19 @@ def test_the_command_list_is_what_pkgutil_finds():
     assert command_names() == sorted(m.name for m in pkgutil.iter_modules(saturate.commands.__path__))
 
 
+def test_parsing_with_lark_leaves_nothing_in_the_temp_directory(tmp_path):
+    """lark's cache=True is a pickle in the temp directory that a later process would unpickle."""
+    code = ("from saturate.lang.parser import parse_rules\n"
+            "from saturate.targets.target import parse_target\n"
+            "parse_rules('ruleset t level 0\\nrule r Neg(Neg(x)) => x\\n', 'r.rules')\n"
+            "parse_target('op A = 1\\r\\n', 'a.target')\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    _modules_after(code, work, {**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 # ---- the target reader without lark -------------------------------------------------------------
 
 INFOS = [([ValueInfo("float32", (1, 3, 8, 8)), ValueInfo("float32", (4, 3, 3, 3))], ValueInfo("float32", (1, 4, 8, 8))),

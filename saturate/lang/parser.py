@@ -36,7 +36,10 @@ def _parser() -> Lark:
     if _PARSER is None:
         from lark import Lark
 
-        _PARSER = Lark.open_from_package("saturate.lang", "rules.lark", ("",), parser="lalr", cache=True,
+        # No cache=True: lark keeps it as a pickle in the shared temp directory, under a name anyone
+        # can compute, and unpickles whatever is there. Building the grammar costs a miss of the
+        # rule cache (rule_cache) a sixth more; a hit never builds it.
+        _PARSER = Lark.open_from_package("saturate.lang", "rules.lark", ("",), parser="lalr",
                                          propagate_positions=True, maybe_placeholders=True)
     return _PARSER
 

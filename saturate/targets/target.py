@@ -130,8 +130,8 @@ def _is_value_ref(name: str) -> bool:
 def _lark_parser() -> Any:
     from lark import Lark
 
-    return Lark.open_from_package("saturate.targets", "targets.lark", parser="lalr", propagate_positions=True,
-                                  cache=True)
+    # Without cache=True, as saturate.lang.parser says why (a pickle in the shared temp directory).
+    return Lark.open_from_package("saturate.targets", "targets.lark", parser="lalr", propagate_positions=True)
 
 
 class _Build:

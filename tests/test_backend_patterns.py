@@ -16,9 +16,10 @@ BIG = np.iinfo(np.int64).max
 
 
 def rotary_graph(x: tuple, table: tuple, swap: bool = False, high_end: int | None = None, seed: int = 0,
-                 concat_out: bool = False, then: str = ""):
+                 concat_out: bool = False, then: str = "", perm: list | None = None, x_out: bool = False):
     """x * cos + rotate_half(x) * sin over x's last axis; `swap` puts the constants first and the sine
-    product first in the Add; `concat_out` makes rotate_half(x) an output too; `then` a unary op after."""
+    product first in the Add; `concat_out` makes rotate_half(x) an output too; `then` a unary op after;
+    `perm` makes x a Transpose of the input (`x_out`: x an output too)."""
     rng = np.random.default_rng(seed)
     d, half = x[-1], x[-1] // 2
     ints = lambda *v: np.array(v, np.int64)  # noqa: E731
@@ -35,7 +36,12 @@ def rotary_graph(x: tuple, table: tuple, swap: bool = False, high_end: int | Non
     if then:
         nodes[-1].outputs = ["z"]
         nodes.append(Node(then, ["z"], ["y"]))
-    return make(nodes, {"x": x}, consts, outputs=["y", "rot"] if concat_out else ["y"])
+    inputs = {"x": x}
+    if perm:
+        nodes.insert(0, Node("Transpose", ["t"], ["x"], {"perm": perm}))
+        inputs = {"t": tuple(x[perm.index(d)] for d in range(len(x)))}
+    outputs = ["y"] + (["rot"] if concat_out else []) + (["x"] if x_out else [])
+    return make(nodes, inputs, consts, outputs=outputs)
 
 
 def rms_graph(x: tuple, square: str = "Pow", axes=(-1,), swap: bool = False, mean_out: bool = False, seed: int = 0,
@@ -66,6 +72,9 @@ CASES = [
     rms_graph((3, 5, 12), axes=(1,), seed=2),
     rms_graph((1, 4, 8), mean_out=True, seed=3),
     rms_graph((2, 24), int_two=True, seed=4),
+    rotary_graph((1, 3, 8, 16), (1, 1, 8, 16), seed=5, perm=[0, 2, 1, 3]),
+    rotary_graph((2, 1, 6, 8), (6, 8), seed=6, perm=[1, 2, 0, 3], then="Relu"),
+    rotary_graph((1, 2, 4, 8), (1, 1, 4, 8), seed=7, perm=[0, 2, 1, 3], x_out=True),
 ]
 
 
@@ -80,4 +89,8 @@ def test_patterns_match_reference_and_ort(threads):
     # rotate_half(x) of case 3 and the mean of case 8 are outputs, and case 7 normalizes over another axis:
     # their nodes run one by one
     assert fused == [("rms_norm", "c5_y"), ("rms_norm", "c6_y"), ("rms_norm", "c9_y"), ("rotary", "c0_y"),
-                     ("rotary", "c1_y"), ("rotary", "c2_y"), ("rotary", "c4_y")]
+                     ("rotary", "c10_y"), ("rotary", "c11_y"), ("rotary", "c12_y"), ("rotary", "c1_y"),
+                     ("rotary", "c2_y"), ("rotary", "c4_y")]
+    # cases 10 and 11 read their transposed x in place; case 12's x is an output, written by its Transpose
+    read_through = sorted(s.out for s in steps if s.pattern == "rotary" and s.inner[0].op == "Transpose")
+    assert read_through == ["c10_y", "c11_y"]

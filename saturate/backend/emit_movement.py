@@ -98,13 +98,24 @@ class MovementEmission:
             f"{int(mode == 'nearest')});\n")
 
     def emit_rotary(self, step, chain, out, oshape):
-        """plan.rotary's Slice, Neg, Concat, Mul, Mul and Add as one pass over x's rows."""
+        """plan.rotary's Slice, Neg, Concat, Mul, Mul and Add as one pass over x's rows; with a Transpose
+        before them, the rows read in place from the Transpose's input (its strides per output axis)."""
         x, cos, sin = step.operands
         table = self.g.constants[cos].shape
         period = table[-2] if len(table) > 1 else 1
         epi = self.epilogue(step, chain, oshape, len(oshape) - 1)
+        rows = "0, NULL, NULL"
+        first = step.inner[0]
+        if first.op == "Transpose":
+            xs = self.shapes[x]
+            perm = first.attr("perm") or list(reversed(range(len(xs))))
+            ist = strides(xs)
+            dims = [(n, ist[p]) for n, p in zip(oshape[:-1], perm[:-1]) if n != 1]
+            if dims:
+                rows = (f"{len(dims)}, (const int64_t[]){{{', '.join(str(n) for n, _ in dims)}}}, "
+                        f"(const int64_t[]){{{', '.join(str(t) for _, t in dims)}}}")
         self.body.append(f"    sat_rotary({self.ptr(x)}, {self.ptr(cos)}, {self.ptr(sin)}, {out}, "
-                         f"{math.prod(oshape[:-1])}, {period}, {oshape[-1]}, {epi});\n")
+                         f"{math.prod(oshape[:-1])}, {period}, {oshape[-1]}, {rows}, {epi});\n")
 
     def emit_Concat(self, step, chain, out, oshape):
         node = step.anchor

@@ -122,7 +122,8 @@ def rotary(graph: Graph, add: Node, producers: dict, consumers: dict, outputs: s
     """The rotary position embedding ending at `add`, as exporters write it:
     Add(Mul(x, cos), Mul(Concat(Neg(Slice(x, D/2:)), Slice(x, :D/2), axis=-1), sin)), cos and sin constant
     tables over the last two axes. Returns the nodes before `add` and (x, cos, sin), or None when `add`
-    is not one or a value inside it is read elsewhere."""
+    is not one or a value inside it is read elsewhere. When x is a Transpose's output read by these nodes
+    alone, and the last axis stays last, the Transpose is one of the nodes and its input stands for x."""
     def made(value, op):
         node = producers.get(value)
         if node is None or node.op != op or value in outputs or len(consumers.get(value, [])) != 1:
@@ -161,7 +162,15 @@ def rotary(graph: Graph, add: Node, producers: dict, consumers: dict, outputs: s
                     continue
             except SaturateError:
                 continue
-            return [mc, high, neg, low, cat, ms], (x, cos, sin)
+            inner = [mc, high, neg, low, cat, ms]
+            # A transpose making x (the heads' split) is read through: the kernel takes x's rows in place.
+            t = producers.get(x)
+            if (t is not None and t.op == "Transpose" and x not in outputs
+                    and {id(n) for n in consumers.get(x, [])} == {id(mc), id(high), id(low)}):
+                perm = list(t.attr("perm") or reversed(range(len(xs))))
+                if perm[-1] == len(xs) - 1:
+                    return [t, *inner], (t.inputs[0], cos, sin)
+            return inner, (x, cos, sin)
     return None
 
 

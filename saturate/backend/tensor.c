@@ -274,7 +274,15 @@ void sat_rotary_item(void *ctx, int64_t item, int tid) {
     const int64_t D = a->D, h = D / 2, r1 = (item + 1) * a->per < a->rows ? (item + 1) * a->per : a->rows;
     (void)tid;
     for (int64_t r = item * a->per; r < r1; r++) {
-        const float *x = a->x + r * D, *c = a->cs + r % a->period * D, *s = a->sn + r % a->period * D;
+        int64_t at = r * D;
+        if (a->nd > 0) {
+            at = 0;
+            for (int64_t k = a->nd - 1, rest = r; k >= 0; k--) {
+                at += rest % a->dims[k] * a->xstride[k];
+                rest /= a->dims[k];
+            }
+        }
+        const float *x = a->x + at, *c = a->cs + r % a->period * D, *s = a->sn + r % a->period * D;
         float *y = a->y + r * D;
         for (int64_t d = 0; d < h; d++) y[d] = x[d] * c[d] - x[d + h] * s[d];
         for (int64_t d = h; d < D; d++) y[d] = x[d] * c[d] + x[d - h] * s[d];
@@ -283,8 +291,8 @@ void sat_rotary_item(void *ctx, int64_t item, int tid) {
 }
 
 void sat_rotary(const float *x, const float *cs, const float *sn, float *y, int64_t rows, int64_t period,
-                int64_t D, sat_epi epi) {
-    sat_rotary_args a = {x, cs, sn, y, rows, period, D, sat_rows_per_item(rows, D), epi};
+                int64_t D, int nd, const int64_t *dims, const int64_t *xstride, sat_epi epi) {
+    sat_rotary_args a = {x, cs, sn, y, rows, period, D, sat_rows_per_item(rows, D), nd, dims, xstride, epi};
     sat_parallel((rows + a.per - 1) / a.per, sat_rotary_item, &a);
 }
 

@@ -198,18 +198,22 @@ void sat_softmax(const float *x, float *y, int64_t outer, int64_t L, int64_t inn
 
 /* ---- rotary position embedding ------------------------------------------------------------------ */
 /* y = x * cs + rotate_half(x) * sn on rows of D (rotate_half(x) = [-x[D/2:], x[:D/2]]), row r reading
- * table row r % period: the Slice, Neg, Concat, Mul, Mul and Add an exported Llama writes, in one pass. */
+ * table row r % period: the Slice, Neg, Concat, Mul, Mul and Add an exported Llama writes, in one pass.
+ * With `nd` > 0, y's rows run over dims[0 .. nd) (row-major) and x's row at index (i_0 .. i_nd-1) starts at
+ * sum(i_k xstride[k]): a transposed x read in place; else x's rows are contiguous like y's. */
 typedef struct {
     const float *x, *cs, *sn;
     float *y;
     int64_t rows, period, D, per;
+    int nd;
+    const int64_t *dims, *xstride;
     sat_epi epi;
 } sat_rotary_args;
 
 void sat_rotary_item(void *ctx, int64_t item, int tid);
 
 void sat_rotary(const float *x, const float *cs, const float *sn, float *y, int64_t rows, int64_t period,
-                int64_t D, sat_epi epi);
+                int64_t D, int nd, const int64_t *dims, const int64_t *xstride, sat_epi epi);
 
 /* ---- reductions -------------------------------------------------------------------------------- */
 /* Rows [item * per, ...) of a reduction over the last axis alone (an RMSNorm's mean of squares). */

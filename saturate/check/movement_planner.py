@@ -196,9 +196,12 @@ class MovementPlanning:
         # `to` is the output dtype drawn for the node (assign_types), from any source dtype.
         self.attributes(t, path, {"to": lambda _: tensor_type(self.node_dtypes.get(path, "float32"))})
         self.term(t.args[0], out, path + (0,))
+        self.numbers_cast(t, path)
+
+    def numbers_cast(self, t, path) -> None:
+        """Strings Cast (or CastLike) reads as numbers: integers for an integer type, any number else."""
         source = t.args[0]
         if isinstance(source, Var) and self.dtypes.get(source.name) == STRING:
-            # Strings Cast reads as numbers: integers for an integer type, any number else.
             to = np.dtype(self.node_dtypes.get(path, "float32"))
             self.hints.setdefault(source.name, {}).setdefault("numbers", "int" if to.kind in "iu" else "float")
 
@@ -206,6 +209,7 @@ class MovementPlanning:
     def op_CastLike(self, t, out, path) -> None:
         self.attributes(t, path, {})
         self.term(t.args[0], out, path + (0,))
+        self.numbers_cast(t, path)
         like = t.args[1]
         if isinstance(like, Var) and like.name not in self.shapes:
             self.bind(like, self.shape_for(Template()))

@@ -304,7 +304,7 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
                 # Bits reread as another type of the same width (a wider one would change the shape).
                 want = frozenset(d for d in want if d != STRING and np.dtype(d).itemsize == np.dtype(dtype).itemsize)
             # Cast reads every source type, strings of numbers too.
-            got = self.assign_types(a, want, path + (k,), strings=2 if op == "Cast" and k == 0 else 0)
+            got = self.assign_types(a, want, path + (k,), strings=2 if op in ("Cast", "CastLike") and k == 0 else 0)
             if got is not None and not param.startswith("tensor("):
                 bound.setdefault(param, got)
         return dtype

@@ -449,3 +449,13 @@ def test_align_corners_by_a_scale_that_is_no_whole_length_follows_each_reference
     assert run_graph(g, {"x": x})["y"].ravel().tolist() == pytest.approx([1.0, 3.2])
     assert ort_session(g, 1).run(None, {"x": x})[0].ravel().tolist() == [1.0, 4.0]
     assert compile_graph(g)({"x": x})["y"].ravel().tolist() == [1.0, 4.0]
+
+
+def test_flatten_at_every_axis_negative_ones_too():
+    """ONNX's Flatten axis lies in [-r, r], a negative one counting from the end (-r is axis 0): the
+    expanded LayerNormalization of opsets before 17 flattens at a negative axis."""
+    from backend_util import side_by_side
+
+    graphs = [make([Node("Flatten", ["x"], ["f"], {"axis": a}), Node("Relu", ["f"], ["y"])], {"x": (2, 3, 4, 5)})
+              for a in range(-4, 5)]
+    check_three_way(side_by_side(graphs))

@@ -396,7 +396,11 @@ def _reshape_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
 
 def _flatten_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
     x = ins[0]
-    axis = node.attr("axis", 1) % (len(x) + 1) if x else 0
+    axis = int(node.attr("axis", 1))
+    # ONNX's axis lies in [-r, r]: a negative one counts from the end (-r is 0, not r + 1 - r).
+    axis += len(x) if axis < 0 else 0
+    if not 0 <= axis <= len(x):
+        raise unsupported(node, f"axis {node.attr('axis', 1)} outside [-{len(x)}, {len(x)}]")
     return (math.prod(x[:axis]), math.prod(x[axis:]))
 
 

@@ -148,7 +148,9 @@ def parse_graph(text: str, file: str = "<string>") -> Graph:
     """Parse the text form back into a Graph; errors point at file:line:col."""
     global _parser
     if _parser is None:
-        _parser = Lark.open_from_package("saturate.frontend", "text.lark", parser="lalr", propagate_positions=True, cache=True)
+        # No cache=True: lark keeps it as a pickle in the shared temp directory, under a name anyone
+        # can compute, and unpickles what it finds there.
+        _parser = Lark.open_from_package("saturate.frontend", "text.lark", parser="lalr", propagate_positions=True)
     try:
         tree = _parser.parse(text)
     except UnexpectedInput as err:

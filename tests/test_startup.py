@@ -66,11 +66,14 @@ def test_parsing_with_lark_leaves_nothing_in_the_temp_directory(tmp_path):
     code = ("from saturate.lang.parser import parse_rules\n"
             "from saturate.targets.target import parse_target\n"
             "parse_rules('ruleset t level 0\\nrule r Neg(Neg(x)) => x\\n', 'r.rules')\n"
-            "parse_target('op A = 1\\r\\n', 'a.target')\n")
+            "parse_target('op A = 1\\r\\n', 'a.target')\n"
+            "from saturate.frontend.text import parse_graph\n"
+            "parse_graph('graph g opset 17\\n  input %x: float32[2]\\n  %y = Relu(%x)\\n  output %y\\n')\n")
     work = tmp_path / "work"
     work.mkdir()
+    # The folder must exist first: tempfile passes over a TMPDIR that does not (to /tmp).
+    (tmp_path / "tmp").mkdir()
     _modules_after(code, work, {**os.environ, "TMPDIR": str(tmp_path / "tmp")})
-    (tmp_path / "tmp").mkdir(exist_ok=True)
     assert list((tmp_path / "tmp").iterdir()) == []
 
 

@@ -208,62 +208,6 @@ void sat_conv_xdirect(const float *x, const float *wp, int64_t wp_group, float *
     sat_parallel(units * split, sat_xconv_unit, &a);
 }
 
-/* Panel p of A, SAT_PR rows, k-major with alpha folded in (rows past M are zeros). */
-static void sat_pmm_pack_panel(const sat_pmm_args *a, int p) {
-    const int K = a->K, M = a->M, lda = a->lda;
-    const float alpha = a->alpha, *A = a->A;
-    for (int r = 0; r < SAT_PR; r++) {
-        const int i = p * SAT_PR + r;
-        float *d = a->apw + (int64_t)p * K * SAT_PR + r;
-        if (i >= M)
-            for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = 0.0f;
-        else if (a->ta)
-            for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = alpha * A[(int64_t)k * lda + i];
-        else
-            for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = alpha * A[(int64_t)i * lda + k];
-    }
-}
-
-
-/* The first k-block of an item's first column panel when A's panels are packed as threads reach them
- * (a->ready): each A panel is packed here if no thread has claimed it, used at once if packed, and left for
- * the end if another thread is packing it; every panel is packed when this returns. */
-static void sat_pmm_first(const sat_pmm_args *a, const float *bj, int kc, int nr, int j) {
-    const int K = a->K, M = a->M, N = a->N, panels = (M + SAT_PR - 1) / SAT_PR;
-    float *Y = a->Y + a->yoff;
-    unsigned char later[panels];
-    int pending = 0;
-    for (int p = 0; p < panels; p++) {
-        int state = atomic_load_explicit(&a->ready[p], memory_order_acquire), expect = 0;
-        if (state == 0 && atomic_compare_exchange_strong_explicit(&a->ready[p], &expect, 1, memory_order_acq_rel,
-                                                                  memory_order_acquire)) {
-            sat_pmm_pack_panel(a, p);
-            atomic_store_explicit(&a->ready[p], 2, memory_order_release);
-            state = 2;
-        } else if (state == 0) {
-            state = expect;
-        }
-        later[p] = state != 2;
-        pending |= later[p];
-        if (!later[p])
-            sat_ukr(kc, a->ap + (int64_t)p * SAT_PR * K, bj, Y + (int64_t)p * SAT_PR * N + j, N,
-                    M - p * SAT_PR < SAT_PR ? M - p * SAT_PR : SAT_PR, nr, 0);
-    }
-    for (int p = 0; pending && p < panels; p++) {
-        if (!later[p]) continue;
-        /* another thread packs it, a microsecond's work: wait, giving the core up now and then in case
-         * that thread has lost its own */
-        for (int spin = 1; atomic_load_explicit(&a->ready[p], memory_order_acquire) != 2; spin++) {
-#if defined(__x86_64__)
-            __builtin_ia32_pause();
-#endif
-            if (spin % 256 == 0) sched_yield();
-        }
-        sat_ukr(kc, a->ap + (int64_t)p * SAT_PR * K, bj, Y + (int64_t)p * SAT_PR * N + j, N,
-                M - p * SAT_PR < SAT_PR ? M - p * SAT_PR : SAT_PR, nr, 0);
-    }
-}
-
 void sat_pmm_item(void *ctx, int64_t item, int tid) {
     const sat_pmm_args *a = ctx;
     const int N = a->N, K = a->K, M = a->M, j0 = (int)item * a->per, j1 = j0 + a->per < N ? j0 + a->per : N;
@@ -274,10 +218,6 @@ void sat_pmm_item(void *ctx, int64_t item, int tid) {
         for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
             const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
             const float *bj = a->bp + (int64_t)j * K + (int64_t)k0 * SAT_PN;
-            if (a->ready && j == j0 && k0 == 0) {
-                sat_pmm_first(a, bj, kc, nr, j);
-                continue;
-            }
             for (int i = 0; i < M; i += SAT_PR)
                 sat_ukr(kc, a->ap + (int64_t)i * K + (int64_t)k0 * SAT_PR, bj, Y + (int64_t)i * N + j, N,
                         M - i < SAT_PR ? M - i : SAT_PR, nr, k0 > 0);
@@ -293,10 +233,25 @@ float *sat_pmm_buf[SAT_MAX_THREADS];
 
 size_t sat_pmm_cap[SAT_MAX_THREADS];
 
-/* sat_pmm_args.ready of the product running (one at a time: products run threaded only outside items) */
-static _Atomic int *sat_pmm_ready;
-
-static size_t sat_pmm_ready_cap;
+/* Panels [item * per, ...) of A, SAT_PR rows each, k-major with alpha folded in (rows past M are zeros). */
+void sat_pmm_pack(void *ctx, int64_t item, int tid) {
+    const sat_pmm_args *a = ctx;
+    const int K = a->K, M = a->M, lda = a->lda, panels = (M + SAT_PR - 1) / SAT_PR;
+    const int p1 = (int)(item + 1) * a->per < panels ? (int)(item + 1) * a->per : panels;
+    const float alpha = a->alpha, *A = a->A;
+    (void)tid;
+    for (int p = (int)item * a->per; p < p1; p++)
+        for (int r = 0; r < SAT_PR; r++) {
+            const int i = p * SAT_PR + r;
+            float *d = a->apw + (int64_t)p * K * SAT_PR + r;
+            if (i >= M)
+                for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = 0.0f;
+            else if (a->ta)
+                for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = alpha * A[(int64_t)k * lda + i];
+            else
+                for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PR] = alpha * A[(int64_t)i * lda + k];
+        }
+}
 
 /* Panels of B per work item: the count whose busiest thread gets the fewest panels (items are claimed in
  * turn, so a thread runs ceil(items / threads) of them), at least two items per thread where that costs
@@ -324,25 +279,17 @@ void sat_gemm_packed(int ta, int M, int N, int K, float alpha, const float *A, i
     const int panels = (M + SAT_PR - 1) / SAT_PR, threaded = sat_threads > 1 && !sat_in_parallel;
     float *ap = sat_thread_buf(&sat_pmm_buf[sat_pool_tid], &sat_pmm_cap[sat_pool_tid], (size_t)panels * SAT_PR * K);
     if (!ap) abort();
-    sat_pmm_args a = {ap, bp, A, Y, ap, yoff, M, N, K, 0, ta, lda, alpha, epi, NULL};
+    sat_pmm_args a = {ap, bp, A, Y, ap, yoff, M, N, K, 0, ta, lda, alpha, epi};
+    /* A's panels packed in items of ~16K floats, shared among the threads when there are several */
+    a.per = (int)(16384 / ((int64_t)SAT_PR * K + 1)) + 1;
+    if (threaded && panels > a.per)
+        sat_parallel((panels + a.per - 1) / a.per, sat_pmm_pack, &a);
+    else
+        for (int64_t i = 0; i * a.per < panels; i++) sat_pmm_pack(&a, i, sat_pool_tid);
     a.per = N;
     if (threaded) {
         const int bpanels = (N + SAT_PN - 1) / SAT_PN;
         a.per = sat_pmm_panels_per_item(bpanels, sat_threads) * SAT_PN;
-    }
-    if (threaded && a.per < N) {
-        /* A packed within the product's job (see sat_pmm_args) */
-        if (sat_pmm_ready_cap < (size_t)panels) {
-            free(sat_pmm_ready);
-            sat_pmm_ready = malloc(sizeof(_Atomic int) * (size_t)panels);
-            if (!sat_pmm_ready) abort();
-            sat_pmm_ready_cap = (size_t)panels;
-        }
-        for (int p = 0; p < panels; p++) atomic_init(&sat_pmm_ready[p], 0);
-        a.ready = sat_pmm_ready;
-    } else {
-        a.per = N;
-        for (int p = 0; p < panels; p++) sat_pmm_pack_panel(&a, p);
     }
     sat_parallel((N + a.per - 1) / a.per, sat_pmm_item, &a);
 }

@@ -355,10 +355,7 @@ void sat_conv_xdirect(const float *x, const float *wp, int64_t wp_group, float *
  * B is packed by the emitter in SAT_PN-column panels (k-major, element (k, n) of panel p at
  * [p*K*SAT_PN + k*SAT_PN + n - p*SAT_PN]), where a general sgemm packs all of it again on every call;
  * A, small, is packed per call in SAT_PR-row panels with alpha folded in. Threads split B's panels.
- * AVX-512 builds run these too (a 6 x 32 tile), though their convs take gemm.h's kernels.
- * On several threads A's panels are packed within the product's one job, each by the first thread to
- * reach it (`ready`: 0 not packed, 1 being packed, 2 packed), not in a job of their own before it: a
- * Llama-128's 14 products were 28 of its jobs. */
+ * AVX-512 builds run these too (a 6 x 32 tile), though their convs take gemm.h's kernels. */
 typedef struct {
     const float *ap, *bp, *A;
     float *Y, *apw;
@@ -366,10 +363,11 @@ typedef struct {
     int M, N, K, per, ta, lda;
     float alpha;
     sat_epi epi;
-    _Atomic int *ready;
 } sat_pmm_args;
 
 void sat_pmm_item(void *ctx, int64_t item, int tid);
+
+void sat_pmm_pack(void *ctx, int64_t item, int tid);
 
 extern float *sat_pmm_buf[SAT_MAX_THREADS];
 extern size_t sat_pmm_cap[SAT_MAX_THREADS];

@@ -5,6 +5,7 @@ against ONNX Runtime on random inputs."""
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -306,7 +307,9 @@ def _session(graph: Graph, model: bytes | None = None):
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 3          # its warnings would interleave with saturate's one line
+    # Its warnings and errors would interleave with saturate's one line (an error of its own is
+    # reported there, from the exception).
+    opts.log_severity_level = 4
     # One thread: starting a pool of them cost more than it saved on one run (a third of a check
     # of MobileNetV2 went to it, more on a busy machine).
     opts.intra_op_num_threads = opts.inter_op_num_threads = 1
@@ -380,4 +383,26 @@ def _first_line(err: BaseException) -> str:
     from saturate.core.errors import one_line
 
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    return one_line(lines[0] if lines else type(err).__name__)
+    return one_line(_without_source_location(lines[0]) if lines else type(err).__name__)
+
+
+_ORT_LOCATION = re.compile(r"(Status Message: )\S+\.(?:h|cc|cpp):\d+ ")
+
+
+def _without_source_location(text: str) -> str:
+    """An ONNX Runtime kernel's message without the C++ file, line and function signature it
+    starts with (`Status Message: /src/x.h:164 Status f(const Tensor*, ...) what failed`)."""
+    m = _ORT_LOCATION.search(text)
+    if m is None:
+        return text
+    rest = text[m.end():]
+    opened = rest.find("(")
+    if opened < 0 or "::" not in rest[:opened]:
+        return text[:m.start(1)] + m.group(1) + rest
+    depth = 0
+    for k in range(opened, len(rest)):
+        depth += {"(": 1, ")": -1}.get(rest[k], 0)
+        if depth == 0:
+            tail = rest[k + 1:].removeprefix(" const").lstrip()
+            return text[:m.start(1)] + m.group(1) + tail
+    return text

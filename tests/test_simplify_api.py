@@ -128,3 +128,24 @@ def test_a_model_onnx_runtime_cannot_run_is_optimized_with_a_warning():
     with pytest.warns(UserWarning, match="not checked against ONNX Runtime.*com.example:Foo"):
         out, ok = saturate.simplify(model)
     assert ok and [n.name for n in out.graph.node] == ["foo"]
+
+
+def test_a_kernel_error_of_onnx_runtime_is_one_line_without_its_log_or_cpp_signature(tmp_path):
+    """An Attention whose mask is shorter than its keys: ONNX Runtime's kernel refuses it at run time.
+    Its own error log is not printed beside saturate's note, and the note keeps ONNX Runtime's message
+    without the C++ file and function signature it starts with."""
+    import subprocess
+    import sys
+
+    f = TensorProto.FLOAT
+    shapes = {"Q": [2, 3, 4, 8], "K": [2, 3, 6, 8], "V": [2, 3, 6, 10], "mask": [2, 3, 4, 4]}
+    graph = helper.make_graph([helper.make_node("Attention", ["Q", "K", "V", "mask"], ["Y"])], "g",
+                              [helper.make_tensor_value_info(k, f, s) for k, s in shapes.items()],
+                              [helper.make_tensor_value_info("Y", f, [2, 3, 4, 10])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)]), tmp_path / "m.onnx")
+    proc = subprocess.run([sys.executable, "-m", "saturate", "optimize", str(tmp_path / "m.onnx"), "-o",
+                           str(tmp_path / "o.onnx")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("saturate: note: "), proc.stderr
+    assert "Status Message: " in proc.stderr and "total_sequence_length" in proc.stderr
+    assert "onnxruntime::" not in proc.stderr and ".h:" not in proc.stderr, proc.stderr

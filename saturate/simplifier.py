@@ -355,9 +355,12 @@ def _session(graph: Graph, model: bytes | None = None):
 
 
 def _random_input(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """Standard normal floats; 0 and 1 for integers (index-like inputs: token ids) and booleans.
+    """Standard normal floats; 0 and 1 for integers (index-like inputs: token ids) and booleans;
+    a few words for strings.
     (saturate.backend.bench.random_input draws alike; importing the backend costs more than a check.)"""
     kind = np.dtype(dtype).kind if dtype != "unknown" else "f"
+    if kind in "OUS":  # ONNX strings: short words, the empty one and non-ASCII among them
+        return rng.choice(np.array(["", "a", "ab", "x y", "\u00e9t\u00e9", "0.5", "A,b"], object), shape)
     if kind in "iub":
         return rng.integers(0, 2, shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype if dtype != "unknown" else np.float32)
@@ -369,6 +372,8 @@ def _relative_error(got: Any, want: Any) -> float:
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return float("inf")
+    if got.dtype.kind in "OUS" or want.dtype.kind in "OUS":  # strings: equal or not
+        return 0.0 if np.array_equal(got.astype(str), want.astype(str)) else float("inf")
     got, want = got.astype(np.float64), want.astype(np.float64)
     same = (got == want) | (np.isnan(got) & np.isnan(want))
     if same.all():

@@ -149,3 +149,21 @@ def test_a_kernel_error_of_onnx_runtime_is_one_line_without_its_log_or_cpp_signa
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("saturate: note: "), proc.stderr
     assert "Status Message: " in proc.stderr and "total_sequence_length" in proc.stderr
     assert "onnxruntime::" not in proc.stderr and ".h:" not in proc.stderr, proc.stderr
+
+
+def test_a_model_over_strings_is_checked_on_strings():
+    """The check feeds a string input words and compares string outputs for equality: numbers
+    written as strings and concatenated ('0.12' + '0.64') were read back as floats, a traceback."""
+    from saturate.simplifier import _relative_error
+
+    s = TensorProto.STRING
+    graph = helper.make_graph([helper.make_node("StringConcat", ["x", "y"], ["xy"]),
+                               helper.make_node("StringSplit", ["xy"], ["parts", "n"], delimiter=",")], "g",
+                              [helper.make_tensor_value_info("x", s, [3]), helper.make_tensor_value_info("y", s, [3])],
+                              [helper.make_tensor_value_info("parts", s, None),
+                               helper.make_tensor_value_info("n", TensorProto.INT64, [3])])
+    out, ok = saturate.simplify(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
+    assert ok and [n.op_type for n in out.graph.node] == ["StringConcat", "StringSplit"]
+    words = np.array(["a", "b,c"], object)
+    assert _relative_error(words, words.copy()) == 0.0
+    assert _relative_error(words, np.array(["a", "b;c"], object)) == float("inf")

@@ -180,3 +180,55 @@ def test_rules_checked_in_worker_processes_report_in_rule_order_and_as_one_proce
         first, *rest = format_result(r).splitlines()
         return [first.rsplit("  ", 1)[0]] + rest
     assert [shown(r) for r in parallel] == [shown(r) for r in serial]
+
+
+# ---- float8, int4, bfloat16 and the wider unsigned types ------------------------------------------
+
+def _astype_cast(c, to):
+    """fold-cast's constant expression before it refused float8: numpy's astype, which does not
+    saturate (1e6 to float8e4m3fn is NaN, where ONNX's Cast with saturate=1 gives 448)."""
+    from onnx.helper import tensor_dtype_to_np_dtype
+    return np.asarray(c).astype(tensor_dtype_to_np_dtype(int(to)))
+
+
+def test_cast_fold_by_astype_fails_on_a_float8_target(monkeypatch):
+    import dataclasses
+
+    from saturate.check.schema import dtype_of_tensor_type, is_exotic
+    from saturate.lang import builtins
+    monkeypatch.setitem(builtins.CONST_FUNCS, "cast", dataclasses.replace(builtins.CONST_FUNCS["cast"],
+                                                                          impl=_astype_cast))
+    ex = _fails("rule fold-cast-old  Cast(a:const){to=to} => cast(a, to)", examples=300)
+    assert is_exotic(dtype_of_tensor_type(ex.attrs["to"]))
+
+
+def test_standard_cast_folds_pass():
+    rules = {r.name: r for rs in parse_rules(open("rules/constant_fold.rules").read(), "rules/constant_fold.rules")
+             for r in rs.rules}
+    for name in ("fold-cast", "fold-castlike"):
+        result = check_rule(rules[name], examples=150, seed=0)
+        assert result.status == "PASS", format_result(result)
+
+
+def test_quantize_commutes_with_reshape_on_int4_and_float8():
+    rule = _rule("rule q-reshape  QuantizeLinear(Reshape(x, sh), s:const, z:const){saturate=sat}"
+                 "  => Reshape(QuantizeLinear(x, s, z){saturate=sat}, sh)  if numel(s) == 1")
+    result = check_rule(rule, examples=150, seed=0)
+    assert result.status == "PASS", format_result(result)
+
+
+def test_quantize_forcing_saturate_fails_on_float8():
+    # saturate=0 maps values beyond float8's range to NaN (e4m3fn) or inf (e5m2), not its largest.
+    ex = _fails("rule q-sat  QuantizeLinear(x, s:const, z:const) => QuantizeLinear(x, s, z){saturate=1}",
+                examples=300)
+    assert ex.values["z"].dtype.name.startswith("float8") and ex.node_attrs[()]["saturate"] == 0
+
+
+def test_integer_rules_hold_or_fail_under_wraparound():
+    # Adding and taking away a constant is sound under wraparound, signed or not; halving a
+    # doubling is not (uint8's 200 * 2 is 144).
+    result = check_rule(_rule("rule add-sub  Sub(Add(x, c:const), c:const) => x  if same_shape(x, c)"),
+                        examples=100, seed=0)
+    assert result.status == "PASS", format_result(result)
+    ex = _fails("rule div-mul  Div(Mul(x, c:const), c:const) => x  if c == 2.0")
+    assert ex.values["x"].dtype.kind in "iu"

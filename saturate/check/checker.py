@@ -29,7 +29,7 @@ from saturate.ops.registry import defined_here, domain_of
 from saturate.engine.compile_rules import rule_ops
 from saturate.check.compiled import RightSideError, build_rhs, compiled, decide_example, directions
 from saturate.check.examples import Example, rule_examples
-from saturate.check.schema import RANDOM_OPS
+from saturate.check.schema import RANDOM_OPS, dtype_of_tensor_type, is_exotic, is_exotic_int, np_dtype
 
 # Both sides run in float64 on float32-representable inputs, so rounding noise neither hides nor
 # fakes a difference; a sound rule then agrees to far better than float32 precision, and the
@@ -122,6 +122,19 @@ def _writes_strings(example: Example) -> bool:
         any(attrs.get("to") == STRING_TYPE for attrs in example.node_attrs.values())
 
 
+def _holds_exotic(example: Example) -> bool:
+    """Whether the example holds or casts to a type of ml_dtypes' (float8, int4, bfloat16...):
+    such an example runs at its drawn dtypes, since widening would round differently (a float32
+    source cast to float8 once, or a float64 one rounded twice)."""
+    return any(is_exotic(v.dtype) for v in example.values.values()) or \
+        any(_exotic_code(attrs.get(key)) for attrs in example.node_attrs.values() for key in ("to", "output_dtype"))
+
+
+def _exotic_code(code: Any) -> bool:
+    name = dtype_of_tensor_type(code) if isinstance(code, (int, np.integer)) else None
+    return name is not None and is_exotic(np_dtype(name))
+
+
 def _is_string(a: np.ndarray) -> bool:
     return a.dtype.kind in "OUS"
 
@@ -161,8 +174,9 @@ def _run_graph(g: Graph, ex: Example) -> tuple[np.ndarray, float]:
     feed = {name: ex.values[name] for name in g.inputs}
     values = run_graph(g, feed)
     seen = list(values.values()) + list(g.constants.values()) + list(feed.values())
-    scale = max((float(np.max(np.abs(v[np.isfinite(v)]), initial=0.0)) for v in seen
-                 if v.dtype.kind == "f" and v.size), default=0.0)
+    floats = [v.astype(np.float64) if is_exotic(v.dtype) else v for v in seen
+              if v.size and (v.dtype.kind == "f" or is_exotic(v.dtype) and not is_exotic_int(v.dtype))]
+    scale = max((float(np.max(np.abs(v[np.isfinite(v)]), initial=0.0)) for v in floats), default=0.0)
     return values[g.outputs[0]], scale
 
 
@@ -184,6 +198,9 @@ def compare(lhs: np.ndarray, rhs: np.ndarray, scale: float, steps: int = 0) -> s
             return None
         idx = tuple(int(i) for i in np.argwhere(np.asarray(bad))[0])
         return f"outputs differ at index {list(idx)}: left {str(lhs[idx])!r}, right {str(rhs[idx])!r}"
+    exotic = [is_exotic(a.dtype) for a in (lhs, rhs)]
+    if any(exotic):
+        return _compare_exotic(lhs, rhs)
     integral = [a.dtype.kind in "iu" for a in (lhs, rhs)]
     if integral[0] != integral[1]:
         return f"element types differ: left {lhs.dtype}, right {rhs.dtype}"
@@ -200,6 +217,39 @@ def compare(lhs: np.ndarray, rhs: np.ndarray, scale: float, steps: int = 0) -> s
         return None
     idx = tuple(int(i) for i in np.argwhere(bad)[0])
     return f"outputs differ at index {list(idx)}: left {lhs[idx]:.7g}, right {rhs[idx]:.7g}"
+
+
+# bfloat16 results may differ by this many units in the last place (of 8 significant bits): a
+# rule may round once where the left side rounds twice. float8, float4 and int4 ones match exactly.
+BFLOAT16_ULPS = 2
+
+
+def _compare_exotic(lhs: np.ndarray, rhs: np.ndarray) -> str | None:
+    """Outputs of ml_dtypes' types compare at that type: the element types must be the same;
+    int4 and uint4 exactly, float8 and float4 exactly (inf and NaN included: a left side's NaN
+    is the type's own value, not an overflow), bfloat16 within BFLOAT16_ULPS of the larger side."""
+    if lhs.dtype != rhs.dtype:
+        return f"element types differ: left {lhs.dtype}, right {rhs.dtype}"
+    if is_exotic_int(lhs.dtype):
+        bad = lhs.astype(np.int64) != rhs.astype(np.int64)
+    else:
+        # These come from casts, quantization and data movement, which define inf and NaN (by
+        # `saturate`): they must match too, NaN for NaN.
+        left, right = lhs.astype(np.float64), rhs.astype(np.float64)
+        with np.errstate(all="ignore"):
+            if lhs.dtype.name == "bfloat16":
+                big = np.maximum(np.abs(left), np.abs(right))
+                ulp = np.exp2(np.floor(np.log2(np.where(big > 0, big, 1.0))) - 7)
+                close = np.abs(left - right) <= BFLOAT16_ULPS * ulp
+            else:
+                close = np.zeros(left.shape, bool)
+            close |= (left == right) | (np.isnan(left) & np.isnan(right))
+        bad = ~close
+    if not bad.any():
+        return None
+    idx = tuple(int(i) for i in np.argwhere(bad)[0])
+    return (f"outputs differ at index {list(idx)} ({lhs.dtype}): left {float(lhs[idx]):.7g}, "
+            f"right {float(rhs[idx]):.7g}")
 
 
 def _rounding_steps(rule: Rule) -> int:
@@ -232,7 +282,8 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool,
         decide_example(side, example.values, example.consts, example.node_attrs)
     if decision is None:
         return None, False  # the engine would not fire here (a hand-built example may not match)
-    ex = example if _reads_bits(rule) or _writes_strings(example) else as_float64(example, _dtype_only(rule))
+    ex = example if _reads_bits(rule) or _writes_strings(example) or _holds_exotic(example) else \
+        as_float64(example, _dtype_only(rule))
     try:
         try:
             left = build_graph(side.cr.lhs, ex)
@@ -254,7 +305,7 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool,
     lhs = np.asarray(lhs)
     # An empty output is compared too (its shape and dtype): a right side of another shape on
     # empty tensors is a different graph. A non-empty one with no finite element is undefined.
-    if lhs.size and lhs.dtype.kind == "f" and not np.isfinite(lhs).any():
+    if lhs.size and lhs.dtype.kind == "f" and not is_exotic(lhs.dtype) and not np.isfinite(lhs).any():
         return None, False
     try:
         right = build_rhs(side, decision, ex.values, ex.consts, ex.node_attrs, ex.opset)

@@ -168,7 +168,8 @@ def build_rhs(side: CompiledSide, decision: tuple[list[dict], list[Any]], values
 
     def constant(value: Any) -> str:
         arr = np.asarray(value)
-        if arr.dtype.kind in "fb":
+        # ml_dtypes' types (float8_e5m2 claims kind "f") stay: widened they would be another type.
+        if arr.dtype.kind in "fb" and arr.dtype.isbuiltin == 1:
             arr = arr.astype(np.float64)
         name = fresh("k")
         g.constants[name] = arr

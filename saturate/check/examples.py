@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from saturate.check.compiled import compiled, decide_example
 from saturate.check.planner import Planner
-from saturate.check.schema import BASE_OPSET, RANDOM_OPS, opset_for
+from saturate.check.schema import BASE_OPSET, EXOTIC_OPS, EXOTIC_OPSET, RANDOM_OPS, np_dtype, opset_for
 from saturate.check.strategies import draw_constant, draw_strings
 from saturate.lang.ast import OpTerm, Rule, Term
 
@@ -39,22 +39,37 @@ class Example:
     decided_by: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
+# Values beyond the narrow types' ranges (float8e4m3fn's 448, e4m3fnuz's 240, float8e5m2's
+# 57344, float4's 6, int4's -8..15), between their largest values and the next power of two, and
+# below their subnormals; inf and NaN for a float target only (an integer one has no value for them).
+_BEYOND = [1e6, -1e6, 500.0, -300.0, 60000.0, -7e4, 7.0, -6.5, 17.0, -9.0, 1e-9, -3e-6, 464.0]
+_NONFINITE = [np.inf, -np.inf, np.nan]
+
+
 def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Example]:
     """Examples matching the rule's left-hand side (its right-hand side when `reverse`) whose
     guards all hold; raises SaturateError when the pattern uses an op the checker cannot draw."""
     pattern = rule.rhs if reverse else rule.lhs
     side = compiled(rule, reverse)
     opset = rule_opset(rule)
-    random = bool((_ops(rule.lhs) | _ops(rule.rhs)) & set(RANDOM_OPS))
+    ops = _ops(rule.lhs) | _ops(rule.rhs)
+    random = bool(ops & set(RANDOM_OPS))
+    # A rule made of casts, quantization and data movement alone runs now and then at the newest
+    # opset, whose schemas allow float8, int4, float4 and float8e8m0 (schema.EXOTIC_WEIGHTS).
+    opsets = [opset] + ([EXOTIC_OPSET] if ops and ops <= EXOTIC_OPS and opset < EXOTIC_OPSET else [])
+    newer = 3 if ops & {"Cast", "CastLike"} else 1
 
     @st.composite
     def draw(draw) -> Example:
+        # The newer opset three times in four for a rule over casts, else one in four (patterns of
+        # quantization and movement ops cost more rejected draws there).
+        opset = opsets[-1] if len(opsets) > 1 and draw(st.integers(0, 3)) >= 4 - newer else opsets[0]
         planner = Planner(draw, rule.guards, opset)
         planner.plan(pattern)
         values = {}
         for name, shape in planner.shapes.items():
             # Each variable in a dtype its ops' type constraints allow (Planner.assign_types).
-            dtype = np.dtype(planner.dtypes.get(name, "float32"))
+            dtype = np_dtype(planner.dtypes.get(name, "float32"))
             fill = planner.hints.get(name, {}).get("fill")
             if name in planner.forced:
                 values[name] = np.asarray(planner.forced[name]).astype(dtype)
@@ -64,6 +79,13 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
                 values[name] = draw_strings(draw, shape, planner.hints.get(name, {}).get("numbers"))
             else:
                 values[name] = draw_constant(draw, shape, planner.sign_of(name), dtype)
+                specials = planner.hints.get(name, {}).get("specials")
+                if specials and dtype.kind == "f" and dtype.isbuiltin == 1 and values[name].size \
+                        and draw(st.booleans()):
+                    # One place out of the cast's target range (a cast's saturation table maps it).
+                    at = draw(st.integers(0, values[name].size - 1))
+                    pool = _BEYOND if specials == "int" else _BEYOND + _NONFINITE
+                    values[name].reshape(-1)[at] = draw(st.sampled_from(pool))
         example = Example(values, frozenset(planner.consts), dict(planner.attrs), planner.node_attrs,
                           planner.node_ops, planner.node_dtypes.get((), "float32"), opset,
                           frozenset(planner.forced), draw(st.integers(0, 2**20)) if random else 0)

@@ -15,7 +15,7 @@ import warnings
 from saturate.core.ir import Node
 from saturate.lang.ast import AttrVar, IntList, Num, OpTerm, Str, Var
 from saturate.ops.registry import domain_of
-from saturate.check.schema import attribute_drawer, schema
+from saturate.check.schema import attribute_drawer, np_dtype, schema
 from saturate.check.strategies import MAX_RANK, MAX_SIDE, Template, draw_broadcastable
 
 # Tries of the generic shape rule before an example is given up.
@@ -161,7 +161,7 @@ class GenericPlanning:
             return "data"
         formals = list(op_schema.inputs)
         name = formals[min(k, len(formals) - 1)].name.lower() if formals else ""
-        if name in _PARAMS or np.dtype(self.dtypes.get(a.name, "float32")).kind in "iu" and k > 0:
+        if name in _PARAMS or np_dtype(self.dtypes.get(a.name, "float32")).kind in "iu" and k > 0:
             return "param"
         return "data"
 
@@ -172,7 +172,7 @@ class GenericPlanning:
             return self.forced[v.name]
         formals = list(op_schema.inputs)
         name = formals[min(k, len(formals) - 1)].name.lower()     # TopK's is "K"
-        dtype = np.dtype(self.dtypes.get(v.name, "int64"))
+        dtype = np_dtype(self.dtypes.get(v.name, "int64"))
         d, ints = self.draw, st.integers
         r = max(rank, 1)
         if name == "axes":

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from saturate.core.errors import SaturateError
 from saturate.lang.ast import AttrVar, Term, Var
-from saturate.check.schema import STRING, tensor_type
+from saturate.check.schema import STRING, cast_runs, is_exotic, is_exotic_int, np_dtype, tensor_type
 from saturate.check.strategies import (MAX_RANK, MAX_SIDE, Template, draw_broadcastable,
                                        draw_factorization, numel)
 
@@ -194,22 +194,36 @@ class MovementPlanning:
 
     def op_Cast(self, t, out, path) -> None:
         # `to` is the output dtype drawn for the node (assign_types), from any source dtype.
-        self.attributes(t, path, {"to": lambda _: tensor_type(self.node_dtypes.get(path, "float32"))})
+        attrs = self.attributes(t, path, {"to": lambda _: tensor_type(self.node_dtypes.get(path, "float32"))})
         self.term(t.args[0], out, path + (0,))
         self.numbers_cast(t, path)
+        self.cast_runs(t, path, attrs)
+
+    def cast_runs(self, t, path, attrs) -> None:
+        """Leave out the few casts between ml_dtypes' types the interpreter does not run."""
+        source = t.args[0]
+        got = self.dtypes.get(source.name) if isinstance(source, Var) else self.node_dtypes.get(path + (0,))
+        if got is not None:
+            assume(cast_runs(got, self.node_dtypes.get(path, "float32"), attrs.get("saturate", 1)))
 
     def numbers_cast(self, t, path) -> None:
         """Strings Cast (or CastLike) reads as numbers: integers for an integer type, any number else."""
         source = t.args[0]
+        to = np_dtype(self.node_dtypes.get(path, "float32"))
         if isinstance(source, Var) and self.dtypes.get(source.name) == STRING:
-            to = np.dtype(self.node_dtypes.get(path, "float32"))
             self.hints.setdefault(source.name, {}).setdefault("numbers", "int" if to.kind in "iu" else "float")
+        elif isinstance(source, Var) and is_exotic(to):
+            # A float source of a cast to float8, float4, bfloat16 or int4: now and then values
+            # beyond the target's range and below its subnormals, and for a float target inf or
+            # NaN, which ONNX maps by the type's saturation table (floating-point policy, checking.md).
+            self.hints.setdefault(source.name, {})["specials"] = "int" if is_exotic_int(to) else "float"
 
 
     def op_CastLike(self, t, out, path) -> None:
-        self.attributes(t, path, {})
+        attrs = self.attributes(t, path, {})
         self.term(t.args[0], out, path + (0,))
         self.numbers_cast(t, path)
+        self.cast_runs(t, path, attrs)
         like = t.args[1]
         if isinstance(like, Var) and like.name not in self.shapes:
             self.bind(like, self.shape_for(Template()))
@@ -271,7 +285,7 @@ class MovementPlanning:
         self.index_values(t.args[1], (len(target),), 0, 0, "Expand's shape", target)
 
     def op_ConstantOfShape(self, t, out, path) -> None:
-        dtype = np.dtype(self.node_dtypes.get(path, "float32"))
+        dtype = np_dtype(self.node_dtypes.get(path, "float32"))
         fill = self.draw(st.sampled_from([0, 1, 2] + ([-3] if dtype.kind in "fi" else [])))
         # The output's dtype is the value's (float32 zero when the value is omitted).
         omit = dtype == np.float32 and fill == 0 and self.draw(st.booleans())

@@ -31,8 +31,8 @@ from saturate.check.generic_planner import GenericPlanning
 from saturate.check.movement_planner import MovementPlanning
 from saturate.check.nn_planner import NnPlanning
 from saturate.check.quant_planner import QuantPlanning
-from saturate.check.schema import (BASE_OPSET, DRAWABLE, FLOATS, RANDOM_OPS, STRING, attribute_drawer, draw_dtype,
-                                   dtype_of_tensor_type, input_slot, schema, slot_types,
+from saturate.check.schema import (BASE_OPSET, DRAWABLE, EXOTIC_OPS, FLOATS, RANDOM_OPS, STRING, attribute_drawer,
+                                   draw_dtype, dtype_of_tensor_type, input_slot, np_dtype, schema, slot_types,
                                    undrawn_values)
 from saturate.ops.registry import find, ops_with
 from saturate.check.strategies import MAX_RANK, MAX_SIDE, Template, draw_broadcastable, draw_per_axis
@@ -44,6 +44,11 @@ _BROADCASTING = ("binary", "variadic", "broadcast")
 # every other attribute of those ops is drawn from the schema.
 _SHAPING = {"axis", "axes", "perm", "kernel_shape", "strides", "pads", "dilations", "group", "auto_pad",
             "ceil_mode", "transA", "transB", "start", "end", "keepdims", "storage_order"}
+# Ops whose schemas allow bfloat16 that the interpreter's kernels do not run on it (its
+# quantization kernels compute in float32 or float64 only).
+_NO_BFLOAT16 = frozenset({"QuantizeLinear", "DequantizeLinear"})
+# Ops whose output (a cast's target) or zero point (input 2) is drawn exotic one time in two.
+_EXOTIC_TARGETS = frozenset({"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear"})
 # Window ops over 1, 2 and 3 spatial axes; 2-D first, as models mostly hold.
 _WINDOW_RANKS = (4, 3, 5)
 
@@ -261,12 +266,14 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
 
     # ---- dtypes (drawn before shapes: the generic rule runs the op on them) -------------------
     def assign_types(self, t: Term, allowed: frozenset[str] | None, path: tuple[int, ...],
-                     strings: int = 0) -> str | None:
+                     strings: int = 0, exotic: int = 0) -> str | None:
         """Draw the dtype of `t`'s value among `allowed` (None: any drawn dtype) as its op's type
         constraints allow; returns it. An op the engine rewrites only on floats (every op but
         the shape-arithmetic ones, see the op registry's shape_arith flag) is drawn on floats where
         its schema allows one. Strings are drawn where nothing else can be (an op over a
-        string-valued one), and with weight `strings` beside other dtypes (Cast's source)."""
+        string-valued one), and with weight `strings` beside other dtypes (Cast's source); the
+        types of EXOTIC_WEIGHTS (float8, int4, bfloat16...) in and out of an op of EXOTIC_OPS
+        (`exotic`: the op above is one)."""
         options = DRAWABLE if allowed is None else allowed
         if isinstance(t, Var):
             have = self.dtypes.get(t.name)
@@ -274,8 +281,13 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
                 assume(have in options)
                 return have
             assume(options)
+            same = self.hints.get(t.name, {}).get("same_as")
+            if self.dtypes.get(same) in options and self.draw(st.integers(0, 3)):
+                # Drawn mostly as a copy of the value it is compared with (same_quant's zero points).
+                self.dtypes[t.name] = self.dtypes[same]
+                return self.dtypes[t.name]
             wanted = options & self.hints.get(t.name, {}).get("dtypes", options)
-            self.dtypes[t.name] = draw_dtype(self.draw, wanted or options, strings)
+            self.dtypes[t.name] = draw_dtype(self.draw, wanted or options, strings, exotic)
             return self.dtypes[t.name]
         if not isinstance(t, OpTerm):
             return None
@@ -293,18 +305,27 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
             out_opts &= FLOATS
         if op == "Mod" and isinstance(dict(t.attrs).get("fmod"), Num) and not dict(t.attrs)["fmod"].value:
             out_opts -= FLOATS  # fmod=0 is defined on integers only
+        if op in _NO_BFLOAT16:
+            out_opts -= {"bfloat16"}
         assume(out_opts)
-        dtype = draw_dtype(self.draw, out_opts)
+        # A cast's target and a quantization's type one in two, other values one in eight.
+        weight = (2 if op in _EXOTIC_TARGETS else 1) if op in EXOTIC_OPS and (exotic or allowed is None) else 0
+        dtype = draw_dtype(self.draw, out_opts, exotic=weight)
         self.node_dtypes[path] = dtype
         bound = {out_param: dtype} if not out_param.startswith("tensor(") else {}
         for k, a in enumerate(t.args):
             param, opts = input_slot(op, self.opset, k)
             want = frozenset({bound[param]}) if param in bound else opts
+            if op in _NO_BFLOAT16:
+                want -= {"bfloat16"}
+                if k == 1:
+                    want &= FLOATS  # scales: newer schemas allow int32, which the kernels do not run
             if op == "BitCast":
                 # Bits reread as another type of the same width (a wider one would change the shape).
-                want = frozenset(d for d in want if d != STRING and np.dtype(d).itemsize == np.dtype(dtype).itemsize)
+                want = frozenset(d for d in want if d != STRING and np_dtype(d).itemsize == np_dtype(dtype).itemsize)
             # Cast reads every source type, strings of numbers too.
-            got = self.assign_types(a, want, path + (k,), strings=2 if op in ("Cast", "CastLike") and k == 0 else 0)
+            got = self.assign_types(a, want, path + (k,), strings=2 if op in ("Cast", "CastLike") and k == 0 else 0,
+                                    exotic=2 if op in _EXOTIC_TARGETS and k == 2 else int(op in EXOTIC_OPS))
             if got is not None and not param.startswith("tensor("):
                 bound.setdefault(param, got)
         return dtype

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
 from saturate.core.errors import SaturateError
+from saturate.check.schema import is_exotic, np_dtype
 from saturate.check.strategies import MAX_SIDE, conv_cases, conv_cases_over, draw_broadcastable
 from saturate.lang.ast import OpTerm, Var
 
 # Scales drawn: powers of two (exact products), ordinary steps and one large one.
 _SCALES = (0.5, 0.25, 1.0, 0.1, 0.02, 0.05, 2.0, 0.3, 0.0078125, 4.0)
-# Attributes a quantization node is drawn without: block quantization, float8 saturation and
-# output types belong to other dtypes than those drawn here.
-_OMITTED = ("block_size", "saturate", "output_dtype", "precision")
+# Attributes a quantization node is drawn without: block quantization and output types (the
+# zero point's type is drawn instead). Float8's `saturate` is drawn from the schema.
+_OMITTED = ("block_size", "output_dtype", "precision")
 # Attributes of a Conv's geometry a pattern may fix.
 _GEOMETRY = ("group", "kernel_shape", "strides", "pads", "dilations")
 
@@ -63,17 +65,22 @@ class QuantPlanning:
         if v.name in self.forced:
             return
         same = self.hints.get(v.name, {}).get("same_as")
-        if same in self.forced and self.forced[same].shape == tuple(shape) and self.draw(st.integers(0, 3)):
+        dtype = np_dtype(self.dtypes.get(v.name, "float32" if what == "scale" else "uint8"))
+        if same in self.forced and self.forced[same].shape == tuple(shape) and self.forced[same].dtype == dtype \
+                and self.draw(st.integers(0, 3)):
             self.forced[v.name] = self.forced[same].copy()
             return
-        dtype = np.dtype(self.dtypes.get(v.name, "float32" if what == "scale" else "uint8"))
         n = int(np.prod(shape, dtype=np.int64))
         if what == "scale":
             values = [self.draw(st.sampled_from(_SCALES)) for _ in range(n)]
         else:
-            if dtype.kind not in "iu":
+            if is_exotic(dtype) and dtype.name not in ("int4", "uint4"):
+                # float8: 0, the only zero point ONNX allows for it (its reference refuses others).
+                self.forced[v.name] = np.zeros(shape, dtype)
+                return
+            if dtype.kind not in "iu" and not is_exotic(dtype):
                 assume(False)
-            info = np.iinfo(dtype)
+            info = ml_dtypes.iinfo(dtype) if is_exotic(dtype) else np.iinfo(dtype)
             lowest = self.hints.get(v.name, {}).get("lowest") and self.draw(st.integers(0, 3))
             picks = st.sampled_from([0, int(info.min), 1, -1 if info.min < 0 else 128, 3, int(info.max)])
             values = [int(info.min) if lowest else max(int(info.min), min(int(info.max), self.draw(picks)))

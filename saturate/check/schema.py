@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx.defs
@@ -29,21 +30,76 @@ BASE_OPSET = Graph().opset
 DTYPE_WEIGHTS = {"float32": 8, "int64": 4, "float64": 2, "float16": 2, "int32": 2, "int8": 1, "uint8": 1,
                  "int16": 1, "bool": 1}
 FLOATS = frozenset({"float16", "float32", "float64"})
+# Types ONNX added for quantization and storage (numpy's wider unsigned integers, and ml_dtypes'
+# bfloat16, float8, float4 and int4, as onnx.reference and the interpreter hold them). They are
+# drawn only where an op of EXOTIC_OPS allows them: casts, quantization and ops moving data
+# whatever its type, where rules about these types' own rounding, saturation and wraparound
+# live; elsewhere the engine rewrites floats, and these would only slow the checks of its rules.
+# Not float8e8m0: onnx.reference's Cast to it refuses zero, negatives and exact powers of two.
+# Drawn for one value in eight of those ops, one in two of a cast's targets (its saturation and
+# rounding are what these types' rules are about), by EXOTIC_WEIGHTS among themselves.
+EXOTIC_WEIGHTS = {"uint16": 1, "uint32": 1, "uint64": 1, "bfloat16": 1, "float8_e4m3fn": 1, "float8_e4m3fnuz": 1,
+                  "float8_e5m2": 1, "float8_e5m2fnuz": 1, "int4": 1, "uint4": 1,
+                  "float4_e2m1fn": 1}
+EXOTIC_OPS = frozenset({"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear", "Identity", "Reshape",
+                        "Transpose", "Squeeze", "Unsqueeze", "Flatten"})
+# The opset a rule made of EXOTIC_OPS alone runs at, now and then, so that its schemas allow the
+# float8 (19), int4 (21) and float4 (23) types and Cast's `saturate` (19) and `round_mode` (24).
+EXOTIC_OPSET = onnx.defs.onnx_opset_version()
 # ONNX's STRING: a numpy object array of Python str, as onnx.reference and ONNX Runtime's Python
 # API hold it. Drawn only where a slot takes nothing else (StringSplit's input, an op above a
 # string-valued one) and as a source of Cast: rules over other ops meet strings only that way.
 STRING = "object"
 # Every dtype a slot may be drawn in.
-DRAWABLE = frozenset(DTYPE_WEIGHTS) | {STRING}
+DRAWABLE = frozenset(DTYPE_WEIGHTS) | frozenset(EXOTIC_WEIGHTS) | {STRING}
 
 # The schemas' type strings of those dtypes: tensor(float), tensor(double), tensor(int64)...
-_ONNX_NAME = {"float32": "float", "float64": "double", STRING: "string"}
+_ONNX_NAME = {"float32": "float", "float64": "double", STRING: "string", "float8_e4m3fn": "float8e4m3fn",
+              "float8_e4m3fnuz": "float8e4m3fnuz", "float8_e5m2": "float8e5m2", "float8_e5m2fnuz": "float8e5m2fnuz",
+              "float8_e8m0fnu": "float8e8m0", "float4_e2m1fn": "float4e2m1"}
 _ONNX_TYPE = {f"tensor({_ONNX_NAME.get(d, d)})": d for d in DRAWABLE}
+
+
+_ML_NAMES = frozenset(EXOTIC_WEIGHTS) | {"float8_e8m0fnu"}
+
+
+def np_dtype(name: str | np.dtype) -> np.dtype:
+    """The numpy dtype of a drawn dtype name (ml_dtypes' types are not known to numpy by name)."""
+    if isinstance(name, np.dtype):
+        return name
+    own = getattr(ml_dtypes, name, None) if name in _ML_NAMES else None
+    return np.dtype(own if own is not None else name)
+
+
+def is_exotic(dtype: Any) -> bool:
+    """Whether a dtype is one of ml_dtypes' (bfloat16, float8, float4, int4), which numpy's own
+    arithmetic does not follow ONNX on (isbuiltin is 2; some claim kind "f", float8_e5m2)."""
+    return np.dtype(dtype).isbuiltin == 2
+
+
+def is_exotic_int(dtype: Any) -> bool:
+    return is_exotic(dtype) and np.dtype(dtype).name in ("int4", "uint4")
+
+
+# Casts onnx.reference does not run (ml_dtypes has no conversion between the two; e8m0 to float8
+# runs with saturation only), so never drawn.
+_ML_TYPES = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+             "int4", "uint4", "float4_e2m1fn")
+_NO_CAST = ({("float8_e8m0fnu", d) for d in ("float4_e2m1fn", "int4", "uint4")}
+            | {("int4", "uint4"), ("uint4", "int4")}
+            | {(STRING, d) for d in _ML_TYPES} | {(d, STRING) for d in _ML_TYPES})
+_NO_CAST_UNSATURATED = {("float8_e8m0fnu", d) for d in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                                                        "float8_e5m2fnuz")}
+
+
+def cast_runs(source: str, target: str, saturate: Any = 1) -> bool:
+    """Whether the reference interpreter runs a Cast from `source` to `target` dtype names."""
+    return (source, target) not in _NO_CAST and (saturate != 0 or (source, target) not in _NO_CAST_UNSATURATED)
 
 
 def tensor_type(dtype: str) -> int:
     """The onnx.TensorProto element type of a numpy dtype name (Cast's `to`)."""
-    return int(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+    return int(onnx.helper.np_dtype_to_tensor_dtype(np_dtype(dtype)))
 
 
 def dtype_of_tensor_type(code: int) -> str | None:
@@ -146,10 +202,19 @@ def undrawn_values(op: str, opset: int, arity: int) -> str | None:
     return None
 
 
-def draw_dtype(draw: Callable, allowed: frozenset[str] | set[str], strings: int = 0) -> str:
-    """One of `allowed`, weighted by DTYPE_WEIGHTS; shrinks towards float32. Strings are drawn
-    where nothing else is allowed, else with weight `strings` (0: never)."""
-    weights = {**DTYPE_WEIGHTS, STRING: strings}
+def draw_dtype(draw: Callable, allowed: frozenset[str] | set[str], strings: int = 0, exotic: int = 0) -> str:
+    """One of `allowed`, weighted by DTYPE_WEIGHTS, or with `exotic` (1 or 2) now and then one of
+    EXOTIC_WEIGHTS; shrinks towards float32. Strings are drawn where nothing else is allowed, else with weight `strings`
+    (0: never); an exotic type where nothing else is, whatever `exotic`."""
+    common = {**DTYPE_WEIGHTS, STRING: strings}
+    rare = [d for d in EXOTIC_WEIGHTS if d in allowed]
+    if rare and (not any(w and d in allowed for d, w in common.items())
+                 or exotic and draw(st.integers(0, 7)) >= 8 - 4 ** (exotic - 1)):
+        # One of the exotic types: the group is drawn first (one in eight for `exotic` 1, one in
+        # two for 2), so that they are drawn that often whatever the other types' weights.
+        weights = EXOTIC_WEIGHTS
+    else:
+        weights = common
     options = [d for d in weights if d in allowed and weights[d]]
     if not options:
         if STRING in allowed:
@@ -179,7 +244,7 @@ FLAGS = frozenset({"keepdims", "noop_with_empty_axes", "training_mode", "allowze
                    "count_include_pad", "select_last_index", "reverse", "exclusive", "transA", "transB",
                    "align_corners", "antialias", "exclude_outside", "largest", "sorted", "upper",
                    "detect_negative", "detect_positive", "new_axis", "inverse", "interleaved", "is_causal",
-                   "center_point_box", "storage_order", "periodic", "is_case_sensitive"})
+                   "center_point_box", "storage_order", "periodic", "is_case_sensitive", "saturate"})
 # The ops of ONNX's default domain that draw random numbers and that the interpreter runs
 # (Multinomial it does not): two runs differ, so their rules are compared by seed or by
 # distribution (checker.py).
@@ -199,6 +264,9 @@ _OP_CHOICES = {
     **{(op, "scale"): (None, 0.5, 3.0) for op in ("RandomNormal", "RandomNormalLike")},
     **{(op, "low"): (None, -1.0, 2.0) for op in ("RandomUniform", "RandomUniformLike")},
     **{(op, "high"): (None, 4.0, 0.5) for op in ("RandomUniform", "RandomUniformLike")},
+    # A cast to float8e8m0 rounds up by default (the spec's values).
+    ("Cast", "round_mode"): ("up", "down", "nearest"),
+    ("CastLike", "round_mode"): (None,),     # onnx.reference's CastLike takes none
     ("RegexFullMatch", "pattern"): ("[a-z]+", "a.*", ".*", "", "[A-Za-z]+ [A-Za-z]+", r"\d+", r"\w*",
                                     "(ab|cd)+", ".*[,;].*", "[^ ]*", "x?y?z?", "(?i)the", "日本.*", "Stra(ß|ss)e"),
 }

@@ -223,7 +223,9 @@ def _table_of(sign: str, dtype: np.dtype) -> np.ndarray:
     key = (sign, dtype.name)
     table = _TYPED_TABLES.get(key)
     if table is None:
-        if dtype.kind == "f":
+        if dtype.isbuiltin == 2:
+            table = _exotic_table(sign, dtype)
+        elif dtype.kind == "f":
             base = _TABLES[sign].astype(np.float64)
             if dtype.itemsize < 4:
                 base = np.clip(base, -_FLOAT16_MAX, _FLOAT16_MAX)
@@ -240,6 +242,29 @@ def _table_of(sign: str, dtype: np.dtype) -> np.ndarray:
     return table
 
 
+def _exotic_table(sign: str, dtype: np.dtype) -> np.ndarray:
+    """256 values of one of ml_dtypes' types (bfloat16, float8, float4, int4): the float table
+    within the type's finite range (its largest value included), rounded to the type; int4 and
+    uint4 from their whole range. Values the rounding moved out of the sign class are left out."""
+    import ml_dtypes
+
+    if dtype.name in ("int4", "uint4"):
+        info = ml_dtypes.iinfo(dtype)
+        values = np.array([v for v in [0, 1, -1, 2, -2, 3, int(info.max), int(info.min), 5, -5, 7, -8, 15]
+                           if info.min <= v <= info.max and _fits(v, sign)], np.int64)
+        return np.resize(values, 256).astype(dtype)
+    top = float(ml_dtypes.finfo(dtype).max)
+    base = np.clip(_TABLES[sign].astype(np.float64), -top, top)
+    base = np.concatenate([base[:1], np.array([top, -top]), base[1:]])
+    if dtype.name == "float8_e8m0fnu":
+        base = np.abs(base[base != 0])     # powers of two only: no sign, no zero
+    with np.errstate(all="ignore"):
+        cast = base.astype(np.float32).astype(dtype)
+    wide = cast.astype(np.float64)
+    keep = np.isfinite(wide) & np.array([_fits(float(v), sign) for v in wide])
+    return np.resize(cast[keep], 256)
+
+
 def _int_table(sign: str, dtype: np.dtype) -> np.ndarray:
     """256 integers of `dtype` in one sign class, simplest first: small values, then the extremes
     of the dtype and values near the square root of its range (their products overflow), then
@@ -250,7 +275,9 @@ def _int_table(sign: str, dtype: np.dtype) -> np.ndarray:
     small = [0, 1, -1, 2, -2, 3, -3, 4, -4, 5, 7, -8, 10, 16, -16, 100]
     edges = [int(info.max), int(info.min), int(info.max) - 1, int(info.min) + 1, int(info.max) // 2,
              int(info.min) // 2, root, root + 1, -root, -root - 1, 2 * root, -2 * root]
-    spread = [int(v) for v in rng.integers(int(info.min), int(info.max), 96, endpoint=True)]
+    # uint64's range is beyond numpy's default int64 draws.
+    wide = {"dtype": np.uint64} if dtype == np.uint64 else {}
+    spread = [int(v) for v in rng.integers(int(info.min), int(info.max), 96, endpoint=True, **wide)]
     moderate = [int(v) for v in rng.integers(-1000, 1000, 96)]
     values = [v for v in small + edges + spread + moderate
               if info.min <= v <= info.max and _fits(v, "nonnegative" if info.min == 0 and sign == "any" else sign)]

@@ -423,3 +423,11 @@ def test_numpy_cast_holds_between_numpy_types_only():
         assert not G["numpy_cast"].impl(dtype, to), (dtype, to)
     with pytest.raises(ValueError, match="ONNX rules"):
         F["cast"].impl(np.array([1e6], np.float32), TensorProto.FLOAT8E4M3FN)
+
+
+def test_numpy_int_holds_for_numpy_integer_types_only():
+    import ml_dtypes
+
+    assert G["numpy_int"].impl("int8") and G["numpy_int"].impl("uint16") and G["numpy_int"].impl("int32")
+    for dtype in ("float32", "bool", None, ml_dtypes.int4, ml_dtypes.float8_e4m3fn):
+        assert not G["numpy_int"].impl(dtype), dtype

@@ -219,6 +219,16 @@ def numpy_cast(dtype: Any, to: int | None) -> bool:
     return dtype is not None and to is not None and plain_cast_types(dtype, to) is not None
 
 
+def numpy_int(dtype: Any) -> bool:
+    """The value holds one of numpy's own integer types (not int4 or uint4, not a float8: their
+    quantization rounds and saturates by rules of ONNX's own)."""
+    try:
+        d = np.dtype(dtype)
+    except TypeError:
+        return False
+    return dtype is not None and d.isbuiltin == 1 and d.kind in "iu"
+
+
 def _shape(fn: Callable[..., bool], params: tuple[str, ...]) -> GuardFn:
     return GuardFn(len(params), fn, fn.__doc__ or "", False, params)
 
@@ -244,6 +254,7 @@ GUARDS: dict[str, GuardFn] = {
     "same_dims": _shape(same_dims, ("dims", "ints")),
     "fits_along": _shape(fits_along, ("value", "int", "int", "int")),
     "numpy_cast": _shape(numpy_cast, ("type", "int")),
+    "numpy_int": _shape(numpy_int, ("type",)),
     "positive": _value(_all(lambda a: a > 0), "every element > 0"),
     "nonnegative": _value(_all(lambda a: a >= 0), "every element >= 0"),
     "nonzero": _value(_all(lambda a: a != 0), "every element != 0"),

@@ -416,13 +416,16 @@ def test_precedes_orders_weights_by_their_first_row():
     assert precedes(a, b) and not precedes(b, a) and not precedes(a, a)
 
 
-def test_numpy_cast_holds_between_numpy_types_only():
-    assert G["numpy_cast"].impl("float32", TensorProto.INT64) and G["numpy_cast"].impl("bool", TensorProto.FLOAT16)
-    for dtype, to in (("float32", TensorProto.FLOAT8E4M3FN), ("float32", TensorProto.BFLOAT16),
-                      ("float32", TensorProto.STRING), ("int8", TensorProto.INT4), ("float32", None), (None, 1)):
-        assert not G["numpy_cast"].impl(dtype, to), (dtype, to)
-    with pytest.raises(ValueError, match="ONNX rules"):
-        F["cast"].impl(np.array([1e6], np.float32), TensorProto.FLOAT8E4M3FN)
+def test_cast_follows_onnx_where_astype_does_not():
+    """astype does not saturate: a float8 Cast of 1e6 is 448 with saturate=1, NaN without."""
+    big = np.array([1e6, -1e6, 0.5], np.float32)
+    got = F["cast_saturate"].impl(big, TensorProto.FLOAT8E4M3FN, 1).astype(np.float32)
+    assert got.tolist() == [448.0, -448.0, 0.5]
+    assert np.isnan(F["cast_saturate"].impl(big, TensorProto.FLOAT8E4M3FN, 0).astype(np.float32)[:2]).all()
+    assert F["cast"].impl(big, TensorProto.FLOAT8E4M3FN).astype(np.float32).tolist() == [448.0, -448.0, 0.5]
+    assert F["cast"].impl(np.array([1.5], np.float32), TensorProto.INT64).tolist() == [1]
+    with pytest.raises(ValueError, match="round_mode"):
+        F["cast"].impl(big, TensorProto.FLOAT8E8M0)
 
 
 def test_numpy_int_holds_for_numpy_integer_types_only():

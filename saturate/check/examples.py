@@ -99,8 +99,31 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
 
 
 def rule_opset(rule: Rule) -> int:
-    """The opset a rule's graphs run at: the checker's, or a newer one an op of the rule needs."""
-    return opset_for(frozenset(_ops(rule.lhs) | _ops(rule.rhs)))
+    """The opset a rule's graphs run at: the checker's, or a newer one an op of the rule needs, or
+    that gives an op the attributes its pattern names (CastLike's `saturate`, from opset 19)."""
+    import onnx
+
+    opset = opset_for(frozenset(_ops(rule.lhs) | _ops(rule.rhs)))
+    for op, names in _named_attrs(rule.lhs) + _named_attrs(rule.rhs):
+        try:
+            if names <= set(onnx.defs.get_schema(op, opset).attributes):
+                continue
+        except onnx.defs.SchemaError:
+            continue
+        for version in range(opset + 1, onnx.defs.onnx_opset_version() + 1):
+            try:
+                if names <= set(onnx.defs.get_schema(op, version).attributes):
+                    opset = version
+                    break
+            except onnx.defs.SchemaError:
+                break
+    return opset
+
+
+def _named_attrs(term: Term) -> list[tuple[str, set[str]]]:
+    if not isinstance(term, OpTerm):
+        return []
+    return [(term.op, {k for k, _ in term.attrs})] + [x for a in term.args for x in _named_attrs(a)]
 
 
 def _ops(term: Term) -> set[str]:

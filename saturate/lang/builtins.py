@@ -228,14 +228,26 @@ def plain_cast_types(dtype: Any, to: int) -> tuple[np.dtype, np.dtype] | None:
     return pair if all(d.isbuiltin == 1 and d.kind in "biuf" for d in pair) else None
 
 
-def cast(c: Any, to: int) -> np.ndarray:
-    """ONNX Cast to the tensor type numbered `to` (onnx.TensorProto), between numpy's own bool,
-    integer and float types; other casts (float8's saturation, bfloat16, int4, strings) refuse."""
+def cast(c: Any, to: int, saturate: int | None = 1) -> np.ndarray:
+    """ONNX Cast to the tensor type numbered `to` (onnx.TensorProto), with Cast's `saturate`
+    (float8 targets; None, an opset without it, reads as 1). Between numpy's own types, astype; to
+    and from float8, bfloat16, int4, float4 and strings, ONNX's rules (saturation, rounding, number
+    formatting) as onnx.reference computes them. float8e8m0 rounds by a `round_mode` a rule cannot
+    pass here, so that cast refuses."""
+    from onnx import TensorProto
+
     a = np.asarray(c)
     pair = plain_cast_types(a.dtype, to)
-    if pair is None:
-        raise ValueError(f"cast: {a.dtype} to ONNX type {to} follows ONNX rules numpy does not")
-    return a.astype(pair[1])
+    if pair is not None:
+        return a.astype(pair[1])
+    if int(to) == getattr(TensorProto, "FLOAT8E8M0", -1) or a.dtype.kind == "V" and "e8m0" in a.dtype.name:
+        raise ValueError("cast: float8e8m0 rounds by a round_mode the rule does not give")
+    from onnx.reference.ops.op_cast import cast_to
+
+    try:
+        return np.asarray(cast_to(a, int(to), bool(1 if saturate is None else saturate)))
+    except (TypeError, KeyError, RuntimeError, NotImplementedError) as err:
+        raise ValueError(f"cast: {a.dtype} to ONNX type {to}: {err}") from None
 
 
 def slice_(c: Any, starts: Any, ends: Any, axes: Any, steps: Any) -> np.ndarray:
@@ -445,6 +457,7 @@ CONST_FUNCS: dict[str, ConstFn] = {
     "gather": _const(gather, "cci", gather.__doc__),
     "concat": _const(concat, "cci", concat.__doc__),
     "cast": _const(cast, "ci", cast.__doc__),
+    "cast_saturate": _const(cast, "cii", "cast(c, to) with Cast's saturate attribute (1 saturates a float8 target)"),
     "slice": _const(slice_, "cssss", slice_.__doc__),
     "mod": _const(mod, "cci", mod.__doc__),
     "slice_along": _const(slice_along, "ciiii", slice_along.__doc__),

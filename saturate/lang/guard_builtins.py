@@ -210,15 +210,6 @@ def _cmp(op: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
     return impl
 
 
-def numpy_cast(dtype: Any, to: int | None) -> bool:
-    """A Cast from `dtype` to ONNX type `to` that numpy's astype computes as ONNX does: both are
-    numpy's own bool, integer or float types. float8 (saturation), bfloat16, int4 and string (number
-    formatting) follow rules of ONNX's own, which the interpreter keeps."""
-    from saturate.lang.builtins import plain_cast_types
-
-    return dtype is not None and to is not None and plain_cast_types(dtype, to) is not None
-
-
 def numpy_int(dtype: Any) -> bool:
     """The value holds one of numpy's own integer types (not int4 or uint4, not a float8: their
     quantization rounds and saturates by rules of ONNX's own)."""
@@ -253,7 +244,6 @@ GUARDS: dict[str, GuardFn] = {
     "unpadded": _shape(unpadded, ("ints",)),
     "same_dims": _shape(same_dims, ("dims", "ints")),
     "fits_along": _shape(fits_along, ("value", "int", "int", "int")),
-    "numpy_cast": _shape(numpy_cast, ("type", "int")),
     "numpy_int": _shape(numpy_int, ("type",)),
     "positive": _value(_all(lambda a: a > 0), "every element > 0"),
     "nonnegative": _value(_all(lambda a: a >= 0), "every element >= 0"),

@@ -28,6 +28,12 @@ _DTYPE_NAMES: dict = {}
 _MAX_DIM = 2**63 - 1
 
 
+def numpy_native(dtype, kinds: str = "biuf") -> bool:
+    """`dtype` is one of numpy's own types of these kinds (bool, integer, float): not ml_dtypes'
+    float8, bfloat16 or int4, whose isbuiltin is 2 and some of which claim kind "f" (float8_e5m2)."""
+    return dtype.isbuiltin == 1 and dtype.kind in kinds
+
+
 @dataclass
 class ValueInfo:
     """Static type of one value: dtype name (numpy spelling) and shape (None when unknown)."""

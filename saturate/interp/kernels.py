@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from saturate.interp.window import Unhandled, fail
-from saturate.core.ir import Node
+from saturate.core.ir import Node, numpy_native
 
 
 def _same_dtype(node: Node, *arrays: np.ndarray | None) -> None:
@@ -220,14 +220,9 @@ def cast(node: Node, x: np.ndarray) -> np.ndarray:
     to = np.dtype(tensor_dtype_to_np_dtype(int(node.attrs["to"])))
     # numpy's own types only: float8/int4/bfloat16 (saturation, rounding) and strings (number
     # formatting) follow ONNX rules that astype does not.
-    if not (_plain(x.dtype) and _plain(to)):
+    if not (numpy_native(x.dtype) and numpy_native(to)):
         raise Unhandled
     return x.astype(to)
-
-
-def _plain(dtype: np.dtype) -> bool:
-    # isbuiltin is 2 for ml_dtypes' types, some of which claim kind "f" (float8_e5m2).
-    return dtype.isbuiltin == 1 and dtype.kind in "biuf"
 
 
 def constant(node: Node) -> np.ndarray:

@@ -224,8 +224,9 @@ def plain_cast_types(dtype: Any, to: int) -> tuple[np.dtype, np.dtype] | None:
         pair = np.dtype(dtype), np.dtype(tensor_dtype_to_np_dtype(int(to)))
     except (TypeError, KeyError, ValueError):
         return None
-    # isbuiltin is 2 for ml_dtypes' types, some of which claim kind "f" (float8_e5m2).
-    return pair if all(d.isbuiltin == 1 and d.kind in "biuf" for d in pair) else None
+    from saturate.core.ir import numpy_native
+
+    return pair if all(numpy_native(d) for d in pair) else None
 
 
 def cast(c: Any, to: int, saturate: int | None = 1) -> np.ndarray:

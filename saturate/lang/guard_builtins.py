@@ -213,11 +213,14 @@ def _cmp(op: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
 def numpy_int(dtype: Any) -> bool:
     """The value holds one of numpy's own integer types (not int4 or uint4, not a float8: their
     quantization rounds and saturates by rules of ONNX's own)."""
+    from saturate.core.ir import numpy_native
+
+    if dtype is None:
+        return False
     try:
-        d = np.dtype(dtype)
+        return numpy_native(np.dtype(dtype), "iu")
     except TypeError:
         return False
-    return dtype is not None and d.isbuiltin == 1 and d.kind in "iu"
 
 
 def _shape(fn: Callable[..., bool], params: tuple[str, ...]) -> GuardFn:

@@ -3,6 +3,7 @@ the digests of the files it read all check out; anything else is parsed again, s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -180,3 +181,59 @@ def test_a_write_sweeps_what_killed_writers_and_the_pickle_format_left(cache, tm
     _fresh([rules])
     assert not stale.exists() and not pickled.exists()
     assert fresh.exists()   # a writer may still be at it
+
+
+def _wrong(v):
+    """A JSON value of another kind than `v`, that no field typed as `v` is may hold."""
+    if type(v) is str:
+        return 7
+    if type(v) is bool:
+        return 1
+    if type(v) is int:
+        return True                    # a bool is not an int to the AST
+    if type(v) is float:
+        return "2.5"
+    if v is None:
+        return 5
+    return {"0": v}
+
+
+def test_every_field_of_every_class_is_checked(cache):
+    """The first object of each class in the standard library's entry, each field in turn given a
+    value of another kind (or a name spelled as no parse gives it), one field short or one more:
+    the entry is refused, not decoded."""
+    from saturate.lang import rule_cache
+
+    _fresh()
+    (entry,) = _entries(cache)
+    obj = json.loads(entry.read_bytes())
+    firsts: dict[str, list] = {}
+    stack = [obj["rulesets"]]
+    while stack:
+        v = stack.pop()
+        if type(v) is list:
+            if v and type(v[0]) is str and v[0] in rule_cache._ast_classes():
+                firsts.setdefault(v[0], v)
+            stack.extend(v)
+    assert set(firsts) == set(rule_cache._ast_classes())
+    assert rule_cache._decode_entry(obj)
+    tried = 0
+    for name, node in firsts.items():
+        fields = [f.name for f in dataclasses.fields(rule_cache._ast_classes()[name])]
+        for k in range(1, len(node)):
+            spelled = (name, fields[k - 1]) in rule_cache._SPELLING
+            for bad in [_wrong(node[k])] + (['x"\n'] if spelled else []):
+                good, node[k] = node[k], bad
+                with pytest.raises(rule_cache._Malformed):
+                    rule_cache._decode_entry(obj)
+                node[k] = good
+                tried += 1
+    for name, node in firsts.items():   # a field short, a field more
+        for bad in (node[:-1], node + [None]):
+            good = node[:]
+            node[:] = bad
+            with pytest.raises(rule_cache._Malformed):
+                rule_cache._decode_entry(obj)
+            node[:] = good
+    assert tried > 40
+    assert repr(rule_cache._decode_entry(obj)[1]) == repr(parser.load_rulesets())

@@ -127,7 +127,8 @@ def _decode_entry(obj: Any) -> tuple[list[tuple[str, str]], list[RuleSet]]:
             isinstance(f, list) and len(f) == 2 and type(f[0]) is str and os.path.isabs(f[0])
             and "\0" not in f[0] and type(f[1]) is str and _HEX64.fullmatch(f[1]) for f in files):
         raise _Malformed("files")
-    return [(p, d) for p, d in files], _decoder(list[RuleSet])(obj["rulesets"])
+    rulesets = _ast_decoders()["RuleSet"]
+    return [(p, d) for p, d in files], [rulesets(r) for r in _list(obj["rulesets"])]
 
 
 # Strings the engine writes into egglog programs and messages: an entry must spell them as the
@@ -150,103 +151,134 @@ def _ast_classes() -> dict[str, type]:
             if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == ast.__name__}
 
 
-@functools.lru_cache(maxsize=None)
-def _decoder(hint: Any) -> Callable[[Any], Any]:
-    """A function that turns JSON of type `hint` (a type of saturate.lang.ast's annotations) into
-    the value, raising _Malformed for anything else. Built once per type."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is type(None):
-        return _exact(lambda v: v is None)
-    if hint is bool:
-        return _exact(lambda v: type(v) is bool)
-    if hint is int:   # as a parse gives them: int64 (parser._check_numbers), finite floats
-        return _exact(lambda v: type(v) is int and -(1 << 63) <= v < (1 << 63))
-    if hint is float:
-        return _exact(lambda v: type(v) is float and math.isfinite(v))
-    if hint is str:
-        return _exact(lambda v: type(v) is str)
-    if origin in (Union, types.UnionType):
-        return _union(args)
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        item = _decoder(args[0])
-        return lambda v: tuple(item(x) for x in _list(v))
-    if origin is tuple:
-        items = [_decoder(a) for a in args]
-        return lambda v: tuple(d(x) for d, x in zip(items, _list(v, len(items))))
-    if origin is list and len(args) == 1:
-        item = _decoder(args[0])
-        return lambda v: [item(x) for x in _list(v)]
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return _dataclass(hint)
-    raise TypeError(f"the rule cache cannot store {hint!r}")
-
-
-def _exact(ok: Callable[[Any], bool]) -> Callable[[Any], Any]:
-    def decode(v: Any) -> Any:
-        if not ok(v):
-            raise _Malformed(f"unexpected {type(v).__name__}")
-        return v
-
-    return decode
-
-
-def _list(v: Any, n: int | None = None) -> list:
-    if type(v) is not list or (n is not None and len(v) != n):
+def _list(v: Any) -> list:
+    if type(v) is not list:
         raise _Malformed("expected a list")
     return v
 
 
-def _union(members: tuple[Any, ...]) -> Callable[[Any], Any]:
-    # A dataclass is written as [class name, fields...]: its name picks the member, so decoding
-    # never tries one member after another.
-    tagged = {m.__name__: m for m in members if isinstance(m, type) and dataclasses.is_dataclass(m)}
-    plain = [m for m in members if m not in tagged.values()]
-    # Filled on first use: a member's decoder may need this union's (Term holds Terms).
-    by_tag: dict[str, Callable[[Any], Any]] = {}
-
-    def decode(v: Any) -> Any:
-        if type(v) is list and v and type(v[0]) is str and v[0] in tagged:
-            d = by_tag.get(v[0])
-            if d is None:
-                d = by_tag[v[0]] = _decoder(tagged[v[0]])
-            return d(v)
-        for m in plain:
-            try:
-                return _decoder(m)(v)
-            except _Malformed:
-                continue
-        raise _Malformed("no member of the union")
-
-    return decode
+# What a plain value's JSON must not be, as an expression of the value `{x}`.
+_PLAIN_CHECKS = {
+    str: "type({x}) is not str",
+    bool: "type({x}) is not bool",
+    # As a parse gives them: int64 (parser._check_numbers), finite floats.
+    int: "type({x}) is not int or not -9223372036854775808 <= {x} <= 9223372036854775807",
+    float: "type({x}) is not float or not _finite({x})",
+}
 
 
-def _dataclass(cls: type) -> Callable[[Any], Any]:
-    fields = [f for f in dataclasses.fields(cls) if f.init]
-    hints = typing.get_type_hints(cls, vars(ast))
-    decoders = [_decoder(hints[f.name]) for f in fields]
-    # A field of a plain type is checked in line: most fields are, and a call each is most of the time.
-    exact = [hints[f.name] if hints[f.name] in (str, bool) else None for f in fields]
-    spelled = [(k, p) for k, p in enumerate(_SPELLING.get((cls.__name__, f.name)) for f in fields) if p]
-    name, n, names = cls.__name__, len(fields) + 1, [f.name for f in fields]
-    # Every field is decoded and checked here, so a plain dataclass is filled without its
-    # __init__ (a third of the time); one with more to its construction goes through it.
-    direct = (len(fields) == len(dataclasses.fields(cls)) and not hasattr(cls, "__post_init__")
-              and not hasattr(cls, "__slots__"))
+@functools.lru_cache(maxsize=None)
+def _ast_decoders() -> dict[str, Callable[[Any], Any]]:
+    """A function per AST class that turns its JSON into the object, raising _Malformed for
+    anything else, written out as Python: the standard library's entry is about 5,600 objects,
+    and a generic decoder's calls per field (a closure for each check, a loop over the fields)
+    were most of what reading it cost. The functions' text comes from the classes' fields and
+    annotations alone (names that must be identifiers): an entry's values are only ever data
+    they check."""
+    classes = _ast_classes()
+    writer = _Writer(classes)
+    text = "".join([writer.decoder(cls) for cls in classes.values()])
+    text += "".join(writer.helpers)
+    env = writer.env
+    exec(compile(text, "<rule cache decoders>", "exec"), env)
+    for tags, names in writer.tags:
+        tags.update((n, env[f"decode_{n}"]) for n in names)
+    return {name: env[f"decode_{name}"] for name in classes}
 
-    def decode(v: Any) -> Any:
-        if type(v) is not list or len(v) != n or v[0] != name:
-            raise _Malformed(f"expected {name}")
-        values = [x if type(x) is t else d(x) for t, d, x in zip(exact, decoders, v[1:])]
-        for k, pattern in spelled:
-            if type(values[k]) is not str or not pattern.fullmatch(values[k]):
-                raise _Malformed(f"{name}: bad spelling")
-        if direct:
-            obj = object.__new__(cls)
-            obj.__dict__.update(zip(names, values))
-            return obj
-        return cls(*values)
 
-    return decode
+class _Writer:
+    """The text of _ast_decoders' functions; `env` holds what they name besides each other."""
+
+    def __init__(self, classes: dict[str, type]):
+        self.classes = classes
+        self.env: dict[str, Any] = {"_Malformed": _Malformed, "_new": object.__new__, "_finite": math.isfinite,
+                                    "_tuple": tuple}
+        self.helpers: list[str] = []            # the functions of unions and tuples
+        self.names: dict[Any, str] = {}          # their names, by type
+        self.tags: list[tuple[dict[str, Any], tuple[str, ...]]] = []
+
+    def _is_class(self, hint: Any) -> bool:
+        return isinstance(hint, type) and self.classes.get(hint.__name__) is hint
+
+    def decoder(self, cls: type) -> str:
+        fields = [f for f in dataclasses.fields(cls) if f.init]
+        hints = typing.get_type_hints(cls, vars(ast))
+        name = cls.__name__
+        if not name.isidentifier() or not all(f.name.isidentifier() for f in fields):
+            raise TypeError(f"the rule cache cannot store {name}")
+        self.env[f"_class_{name}"] = cls
+        values = [f"a{k}" for k in range(len(fields))]
+        body = [f"if type(v) is not list or len(v) != {len(fields) + 1} or v[0] != {name!r}:",
+                f"    raise _Malformed('expected {name}')",
+                f"_, {''.join(x + ', ' for x in values)}= v"]
+        for f, x in zip(fields, values):
+            body += self.check(hints[f.name], x, f"{name}.{f.name}", _SPELLING.get((name, f.name)))
+        # Every field is decoded and checked above, so a plain dataclass is filled without its
+        # __init__ (a third of the time); one with more to its construction goes through it.
+        if (len(fields) == len(dataclasses.fields(cls)) and not hasattr(cls, "__post_init__")
+                and not hasattr(cls, "__slots__")):
+            filled = ", ".join(f"{f.name!r}: {x}" for f, x in zip(fields, values))
+            body += [f"o = _new(_class_{name})", f"o.__dict__.update({{{filled}}})", "return o"]
+        else:
+            body += [f"return _class_{name}({', '.join(values)})"]
+        return f"def decode_{name}(v):\n" + "".join(f"    {line}\n" for line in body)
+
+    def check(self, hint: Any, x: str, where: str, spelling: re.Pattern[str] | None = None) -> list[str]:
+        """Lines that check the JSON value in variable `x` against `hint` and leave the value
+        it stands for there."""
+        fail = f"    raise _Malformed({where!r})"
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if hint in _PLAIN_CHECKS:
+            lines = [f"if {_PLAIN_CHECKS[hint].format(x=x)}:", fail]
+            if spelling is not None:
+                key = f"_spelled_{where.replace('.', '_')}"
+                self.env[key] = spelling.fullmatch
+                lines += [f"if not {key}({x}):", fail]
+            return lines
+        if spelling is not None:
+            raise TypeError(f"the rule cache spells only strings, not {where}")
+        if origin in (Union, types.UnionType) and all(a in _PLAIN_CHECKS for a in args):
+            # Members in turn (int | float): the value is none of them.
+            return [f"if {' and '.join(f'({_PLAIN_CHECKS[a].format(x=x)})' for a in args)}:", fail]
+        if origin in (Union, types.UnionType) and type(None) in args:
+            rest = tuple(a for a in args if a is not type(None))
+            return [f"if {x} is not None:", *(f"    {line}" for line in self.check(
+                rest[0] if len(rest) == 1 else Union[rest], x, where))]
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            return [f"if type({x}) is not list:", fail, f"{x} = _tuple([{self.function(args[0])}(y) for y in {x}])"]
+        if self._is_class(hint) or origin in (Union, types.UnionType, tuple):
+            return [f"{x} = {self.function(hint)}({x})"]
+        raise TypeError(f"the rule cache cannot store {hint!r}")
+
+    def function(self, hint: Any) -> str:
+        """The name of a function that decodes `hint`: a class's own, or one written for it (for
+        a union of classes, a dispatch on the class name an entry writes first)."""
+        if self._is_class(hint):
+            return f"decode_{hint.__name__}"
+        if hint in self.names:
+            return self.names[hint]
+        name = self.names[hint] = f"decode_{len(self.names)}"
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if origin in (Union, types.UnionType) and all(self._is_class(a) for a in args):
+            tags: dict[str, Any] = {}
+            self.env[f"_tags_{name}"] = tags
+            self.tags.append((tags, tuple(a.__name__ for a in args)))
+            self.helpers.append(f"def {name}(v):\n    try:\n        d = _tags_{name}[v[0]]\n"
+                                f"    except (TypeError, KeyError, IndexError):\n"
+                                f"        raise _Malformed('expected one of {', '.join(a.__name__ for a in args)}') from None\n"
+                                f"    return d(v)\n")
+        elif origin is tuple and args and args[-1] is not Ellipsis:
+            values = [f"a{k}" for k in range(len(args))]
+            body = [f"if type(v) is not list or len(v) != {len(args)}:", "    raise _Malformed('expected a tuple')",
+                    f"{''.join(x + ', ' for x in values)}= v"]
+            for a, x in zip(args, values):
+                body += self.check(a, x, f"tuple item of {name}")
+            body.append(f"return ({''.join(x + ', ' for x in values)})")
+            self.helpers.append(f"def {name}(v):\n" + "".join(f"    {line}\n" for line in body))
+        else:
+            body = self.check(hint, "v", f"item of {name}") + ["return v"]
+            self.helpers.append(f"def {name}(v):\n" + "".join(f"    {line}\n" for line in body))
+        return name
 
 
 # ---- writing -------------------------------------------------------------------------------------

@@ -186,3 +186,85 @@ def test_attribute_type_is_the_oldest_schema_that_has_the_attribute():
         first = next((s.attributes[key].type.name for s in history
                       if s.name == op and s.domain == "" and key in s.attributes), None)
         assert schema.attribute_type(op, key) == first, (op, key)
+
+
+# ---- the AST's classes without dataclass's compiled methods ---------------------------------------
+
+def _as_dataclass(cls):
+    """`cls` as @dataclass(frozen=True) writes it: the same fields, with the methods it compiles."""
+    import dataclasses
+
+    specs = []
+    for f in dataclasses.fields(cls):
+        extra = {} if f.default is dataclasses.MISSING else {"default": f.default}
+        if f.default_factory is not dataclasses.MISSING:
+            extra = {"default_factory": f.default_factory}
+        specs.append((f.name, f.type, dataclasses.field(repr=f.repr, compare=f.compare, hash=f.hash, **extra)))
+    ref = dataclasses.make_dataclass(cls.__name__, specs, frozen=True)
+    ref.__qualname__ = cls.__qualname__
+    return ref
+
+
+def _outcome_of(fn):
+    try:
+        return "ok", repr(fn())
+    except Exception as err:
+        return type(err).__name__
+
+
+def _instances() -> dict[type, list]:
+    """Up to 40 objects of each value class: the standard library's rules, their files' statements
+    and the built-in functions."""
+    import dataclasses
+
+    from saturate.lang import builtins, guard_builtins, parser, query_builtins
+
+    seen: dict[type, list] = {}
+    stack = [*parser.load_rulesets(), *builtins.CONST_FUNCS.values(), *guard_builtins.GUARDS.values(),
+             *query_builtins.QUERIES.values()]
+    for path in sorted(parser.RULES_DIR.glob("*.rules")):
+        stack += parser.parse_statements(path.read_text(), path.name)
+    stack += parser.parse_statements('include "x.rules"\nop Foo/1..3\nop Bar/2\n')
+    while stack:
+        x = stack.pop()
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            kept = seen.setdefault(type(x), [])
+            if len(kept) < 40:
+                kept.append(x)
+            stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
+        elif isinstance(x, tuple):
+            stack.extend(x)
+    return seen
+
+
+def test_value_classes_behave_as_frozen_dataclasses():
+    import dataclasses
+
+    from saturate.lang import ast, builtin_kinds, parser
+
+    seen = _instances()
+    classes = [c for m in (ast, builtin_kinds, parser) for c in vars(m).values()
+               if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == m.__name__]
+    assert len(classes) == 18 and set(classes) <= set(seen)
+    for cls in classes:
+        ref, xs = _as_dataclass(cls), seen[cls]
+        names = [f.name for f in dataclasses.fields(cls)]
+        assert xs and dataclasses.fields(ref) and [f.name for f in dataclasses.fields(ref)] == names
+        refs = [ref(*(getattr(x, n) for n in names)) for x in xs]
+        for x, r in zip(xs, refs):
+            assert repr(x) == repr(r) and hash(x) == hash(r) and dataclasses.astuple(x) == dataclasses.astuple(r)
+            assert dataclasses.replace(x) == x and repr(dataclasses.replace(x, **{names[0]: None})).startswith(
+                f"{cls.__name__}({names[0]}=None")
+            for act in (lambda o: setattr(o, names[0], None), lambda o: setattr(o, "other", 1),
+                        lambda o: delattr(o, names[0])):
+                assert _outcome_of(lambda: act(x)) == _outcome_of(lambda: act(r)) == "FrozenInstanceError"
+            values = [getattr(x, n) for n in names]
+            for args, kwargs in [(values, {}), (values[:1], {}), ([], {}), (values + [1], {}),
+                                 ([], dict(zip(names, values))), (values[:1], {names[0]: 1}),
+                                 (values[:1], {"nope": 1}), ([], {names[-1]: values[-1]})]:
+                assert _outcome_of(lambda: cls(*args, **kwargs)) == _outcome_of(lambda: ref(*args, **kwargs)), \
+                    (cls, args, kwargs)
+        for x, r in zip(xs, refs):
+            for y, s in zip(xs, refs):
+                assert (x == y) == (r == s) and (x != y) == (r != s)
+            assert x != r and (x == 1) is False

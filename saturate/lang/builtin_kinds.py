@@ -3,13 +3,14 @@ each with its arity, parameter kinds and numpy meaning (the tables are in satura
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
+
+from saturate.lang.ast import value_class
 
 Shape = tuple[Any, ...]
 
 
-@dataclass(frozen=True)
+@value_class
 class ConstFn:
     """A constant-expression function: `params` are argument kinds, `returns` the result kind."""
 
@@ -23,7 +24,7 @@ class ConstFn:
     broadcasts: bool = False
 
 
-@dataclass(frozen=True)
+@value_class
 class QueryFn:
     """An int-valued function of a value's static shape (first parameter, kind "value")."""
 
@@ -34,7 +35,7 @@ class QueryFn:
     returns: str = "int"
 
 
-@dataclass(frozen=True)
+@value_class
 class GuardFn:
     """A named guard or comparison; `needs_values` tells shape guards from value guards."""
 

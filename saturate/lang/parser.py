@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -13,7 +12,7 @@ from saturate.lang.builtins import INFIX
 from saturate.core.errors import SaturateError, SourceError
 from saturate.core.inputs import RefusedFile, read_regular
 from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, RuleSet,
-                               Spread, Str, Var)
+                               Spread, Str, Var, value_class)
 
 if TYPE_CHECKING:
     # lark is imported where a text is parsed: a run whose rules come from the cache (rule_cache)
@@ -46,22 +45,28 @@ def _parser() -> Lark:
 
 # ---- statements as parsed, before grouping and checking ------------------------------------------
 
-@dataclass(frozen=True)
+@value_class
 class Include:
+    """`include "path"`."""
+
     path: str
     loc: Loc
 
 
-@dataclass(frozen=True)
+@value_class
 class OpDecl:
+    """`op Name/min..max`: an op the rules may name, with this many inputs."""
+
     op: str
     min_inputs: int
     max_inputs: int
     loc: Loc
 
 
-@dataclass(frozen=True)
+@value_class
 class Header:
+    """`ruleset NAME level N`: the rules after it, up to the next, are that ruleset's."""
+
     name: str
     level: int
     loc: Loc

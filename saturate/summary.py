@@ -6,13 +6,14 @@ them for any model (saturate.model_summary)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Sequence
 
 import numpy as np
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
+from saturate.lang.ast import value_class
 
 # The ops whose multiply-accumulates are counted (the work of most models). A convolution's
 # weight is its input 1, or 3 when quantized; a product's left operand, input 0, holds K.
@@ -21,7 +22,7 @@ _MATMUL = ("MatMul", "MatMulInteger", "QLinearMatMul", "Gemm")
 COUNTED_OPS = (*_CONV, "ConvTranspose", *_MATMUL)
 
 
-@dataclass(frozen=True)
+@value_class
 class ModelSummary:
     """What a model holds: nodes per op type, parameters (elements of its constants), the bytes of
     the .onnx file saturate writes for it (None when it cannot be written), and the multiply-

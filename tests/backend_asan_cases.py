@@ -30,6 +30,9 @@ def cases():
     yield make([Node("MatMul", ["a", "b"], ["m"]), Node("Transpose", ["m"], ["t"], {"perm": [3, 1, 0, 2]}),
                 Node("Softmax", ["t"], ["s"], {"axis": 2}), Node("Concat", ["s", "s"], ["y"], {"axis": 3})],
                {"a": (2, 3, 4, 5)}, {"b": w(3, 5, 7)})
+    # a batched product on pgemm.h's tile (A read in place, B packed per item): rows, columns and the reduction
+    # off the tile's and block's sizes, so the last rows' pointers and the last panel's pad columns are reached
+    yield make([Node("MatMul", ["a", "b"], ["y"])], {"a": (1, 2, 37, 300), "b": (1, 2, 300, 45)})
     ints = lambda *v: np.array(v, np.int64)  # noqa: E731
     # Tensor kernels at their edges: reflect pads, reversed slices, upsampling, split, norm, reductions.
     tensor = make([Node("Pad", ["x", "p"], ["pd"], {"mode": "reflect"}),

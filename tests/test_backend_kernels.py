@@ -318,6 +318,36 @@ def test_batched_matmul_items_that_split_their_own_product(threads):
     check_three_way(g, threads=threads)
 
 
+PACKED_BMMS = [
+    # (A shape, B shape): batched products on pgemm.h's tile with A read in place (sat_ukr_rows): rows off the
+    # 6-row tile, columns off the 16- and 32-column panels, reductions past one 256-step block, more than
+    # SAT_BMM_JC panels, B's batch broadcast, fewer products than two per thread (columns split)
+    ((1, 6, 70, 64), (1, 6, 64, 64)),
+    ((2, 3, 37, 300), (1, 3, 300, 45)),
+    ((1, 2, 50, 70), (1, 2, 70, 150)),
+    ((1, 1, 130, 520), (1, 1, 520, 33)),
+]
+
+
+def bmm_packed(source: str) -> str:
+    """The `packed` argument of the source's one sat_matmul_batched call."""
+    call = source[source.index("sat_matmul_batched("):].split(");")[0]
+    return call.split(", ")[8]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(PACKED_BMMS)))
+def test_batched_matmul_on_packed_tiles(case, threads):
+    ashape, bshape = PACKED_BMMS[case]
+    g = make([Node("MatMul", ["a", "b"], ["m"]), Node("Add", ["m", "c"], ["s"]), Node("Relu", ["s"], ["y"])],
+             {"a": ashape, "b": bshape}, {"c": arr(18, (bshape[-1],))})
+    assert bmm_packed(emit(g).source) == "1"
+    check_three_way(g, threads=threads)
+    # the same products on OpenBLAS (builds whose convs all take im2col keep sgemm)
+    assert bmm_packed(emit(g, config=BuildConfig.from_env(im2col=True)).source) == "0"
+    check_three_way(g, threads=threads, config=BuildConfig.from_env(im2col=True))
+
+
 @pytest.mark.parametrize("threads", [2, 3])
 def test_gemm_split_by_columns_across_threads(threads):
     consts = {"w": arr(16, (96, 300)), "b": arr(17, (300,))}

@@ -96,6 +96,43 @@ static inline void sat_ukr(int kc, const float *restrict a, const float *restric
     }
 }
 
+/* sat_ukr with A read in place: row r of the tile at ar[r] (k-contiguous, any pitch), so a product whose A is
+ * a fresh activation (attention's batched MatMuls) packs none of it; rows past mr may repeat any row. */
+static inline void sat_ukr_rows(int kc, const float *const *ar, const float *restrict b, float *restrict y,
+                                int64_t ldy, int mr, int nr, int acc) {
+    const float *a0 = ar[0], *a1 = ar[1], *a2 = ar[2], *a3 = ar[3], *a4 = ar[4], *a5 = ar[5];
+    sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}, c40 = {0},
+           c41 = {0}, c50 = {0}, c51 = {0};
+    for (int k = 0; k < kc; k++) {
+        const sat_vf b0 = sat_vload(b), b1 = sat_vload(b + SAT_VL);
+        __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN);
+#if SAT_PN > 16
+        __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN + 16);
+#endif
+        const float a[SAT_PR] = {a0[k], a1[k], a2[k], a3[k], a4[k], a5[k]};
+        SAT_PANEL_STEP(a, b0, b1);
+        b += SAT_PN;
+    }
+    if (mr == SAT_PR && nr == SAT_PN) {
+        SAT_TILE_STORE(y, ldy, acc);
+        return;
+    }
+    float t[SAT_PR][SAT_PN];
+    sat_vstore(t[0], c00), sat_vstore(t[0] + SAT_VL, c01);
+    sat_vstore(t[1], c10), sat_vstore(t[1] + SAT_VL, c11);
+    sat_vstore(t[2], c20), sat_vstore(t[2] + SAT_VL, c21);
+    sat_vstore(t[3], c30), sat_vstore(t[3] + SAT_VL, c31);
+    sat_vstore(t[4], c40), sat_vstore(t[4] + SAT_VL, c41);
+    sat_vstore(t[5], c50), sat_vstore(t[5] + SAT_VL, c51);
+    for (int r = 0; r < mr; r++) {
+        float *yr = y + (int64_t)r * ldy;
+        if (acc)
+            for (int c = 0; c < nr; c++) yr[c] += t[r][c];
+        else
+            memcpy(yr, t[r], sizeof(float) * (size_t)nr);
+    }
+}
+
 typedef struct {
     const float *x, *wp;
     int64_t wp_group;

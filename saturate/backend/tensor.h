@@ -251,13 +251,18 @@ typedef struct {
     const float *A, *B;
     float *Y;
     const int64_t (*offs)[2];
-    int M, N, K;
+    int M, N, K, packed;
+    int groups, per;  /* packed products: work items per product, columns per item */
     sat_epi epi;
 } sat_bmm_args;
+
+extern float *sat_bmm_buf[SAT_MAX_THREADS];
+
+extern size_t sat_bmm_cap[SAT_MAX_THREADS];
 
 void sat_bmm_item(void *ctx, int64_t bi, int tid);
 
 void sat_matmul_batched(const float *A, const float *B, float *Y, int64_t batch, const int64_t (*offs)[2],
-                               int M, int N, int K, sat_epi epi);
+                               int M, int N, int K, int packed, sat_epi epi);
 
 #endif

@@ -52,6 +52,32 @@ def test_optimize_with_cached_rules_loads_no_parser_and_no_backend(tmp_path):
     assert _loaded(_modules_after(code, tmp_path, env), ("lark", "saturate.backend", "saturate.check")) == []
 
 
+def _collections_in_command(args: list[str], cwd, env=None) -> tuple[int, bool]:
+    """Cyclic collections in a `saturate ARGS` process once its entry point runs, and whether the
+    collector was on at the exit."""
+    code = ("import atexit, gc, sys\n"
+            "runs = []\n"
+            "gc.callbacks.append(lambda phase, info: runs.append(1) if phase == 'start' else None)\n"
+            f"sys.argv = ['saturate', *{args!r}]\n"
+            "from saturate.cli import entry\n"
+            "before = len(runs)\n"
+            "atexit.register(lambda: print('collections', len(runs) - before, gc.isenabled()))\n"
+            "entry()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("collections ")][-1].split()
+    return int(line[1]), line[2] == "True"
+
+
+def test_the_collector_rests_while_a_command_starts_and_works_after(tmp_path):
+    """Importing optimize's stages makes no collection; optimizing a model, with the collector on
+    again, makes some (the engine's garbage is still collected)."""
+    assert _collections_in_command(["optimize", "--help"], tmp_path) == (0, False)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    runs, on = _collections_in_command(["optimize", "example:mlp", "-o", "o.onnx", "--check", "0", "--quiet"],
+                                       tmp_path, env)
+    assert runs > 0 and on
+
+
 def test_the_command_list_is_what_pkgutil_finds():
     import pkgutil
 

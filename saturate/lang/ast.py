@@ -78,8 +78,13 @@ def _init(cls_name: str, names: tuple[str, ...], defaults: dict[str, dataclasses
 
 
 def _repr(shown: tuple[str, ...]) -> Callable[[Any], str]:
+    # "(name={!r}, const={!r})" filled by one str.format: every rule's terms are printed to sort
+    # the rules (saturate.pipeline.canonical_order), so this is a path of every run.
+    template = "(" + ", ".join(f"{k}={{!r}}" for k in shown) + ")"
+    values = _getter(shown)
+
     def __repr__(self: Any) -> str:
-        return f"{self.__class__.__qualname__}({', '.join([f'{k}={getattr(self, k)!r}' for k in shown])})"
+        return self.__class__.__qualname__ + template.format(*values(self))
 
     return __repr__
 

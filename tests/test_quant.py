@@ -59,6 +59,22 @@ def test_quantize_dequantize_per_tensor_match_ort(opset, zero_point):
     assert_same("DequantizeLinear", [q, np.float32(0.05), zero_point], {}, opset)
 
 
+@pytest.mark.parametrize("opset", [19, 21])
+def test_bfloat16_quantizes_as_float16_does_in_onnx_runtime(opset):
+    # ONNX Runtime has no bfloat16 QuantizeLinear; its float16 one divides in float32, so bfloat16
+    # (widened exactly to float32) takes the same path: the results equal float32 inputs' results.
+    bf16 = np.dtype("bfloat16")
+    x = np.concatenate([X.ravel(), np.arange(-8, 9) * 0.25, [1e6, -1e6]]).astype(bf16)
+    scale, zp = np.array(0.375, bf16), np.int8(-3)
+    q = ours("QuantizeLinear", [x, scale, zp], {}, opset)[0]
+    want = ort_node("QuantizeLinear", [x.astype(np.float32), np.float32(0.375), zp], {}, opset)[0]
+    assert q.dtype == np.int8
+    np.testing.assert_array_equal(q, want)
+    y = ours("DequantizeLinear", [q, scale, zp], {}, opset)[0]
+    assert y.dtype == bf16
+    np.testing.assert_array_equal(y, ((q.astype(np.float32) + 3) * 0.375).astype(bf16))
+
+
 @pytest.mark.parametrize("opset", [13, 21])
 def test_quantize_dequantize_per_axis_match_ort(opset):
     zp = np.array([1, -5, 7], np.int8)
@@ -168,6 +184,32 @@ def test_optimize_folds_qdq_into_qlinear(tmp_path, opset, per_channel, check):
     for path, ref in ((src, want), (dst, got)):
         mine = run_graph(import_model(onnx.load(path)), {"x": x})
         np.testing.assert_allclose(next(iter(mine.values())), ref, atol=step * 1.001)
+
+
+@pytest.mark.parametrize("zp_dtype", ["uint8", "int8", "uint16", "int16"])
+def test_same_quant_allows_a_pair_only_where_quantize_undoes_dequantize(zp_dtype):
+    # Every integer of the type, through DequantizeLinear and back: where the guard lets dq-q drop
+    # the pair, no value may change; the common float32 and float16 8-bit cases must stay allowed.
+    from saturate.lang.quant_builtins import same_quant
+
+    rng = np.random.default_rng(11)
+    info = np.iinfo(zp_dtype)
+    q = np.arange(info.min, info.max + 1).astype(zp_dtype)
+    allowed = {}
+    for scale_dtype in ("float32", "float16", "bfloat16"):
+        scales = np.concatenate([[1 + 2.0 ** -7, 0.5, 1e-4, 1e-6, 300.0, 1e30], rng.uniform(1e-3, 2, 20)])
+        for scale in scales.astype(scale_dtype):
+            zp = np.array(rng.integers(info.min, info.max, endpoint=True), zp_dtype)
+            if not same_quant(scale, zp, scale, zp):
+                continue
+            allowed.setdefault(scale_dtype, 0)
+            allowed[scale_dtype] += 1
+            node = {"axis": 1}
+            back = ours("QuantizeLinear", [ours("DequantizeLinear", [q, scale, zp], node, 21)[0], scale, zp], node, 21)[0]
+            np.testing.assert_array_equal(back, q, err_msg=f"{scale_dtype} scale {scale}, zero point {zp}")
+    assert allowed.get("float32", 0) >= 20
+    assert "bfloat16" not in allowed
+    assert (allowed.get("float16", 0) >= 15) == (info.bits == 8)
 
 
 def test_check_quant_rules_pass():

@@ -113,6 +113,22 @@ def test_run_without_input_uses_seeded_random_input_and_prints(capsys):
     assert f"{y.reshape(-1)[0]:.6g}" in line
 
 
+def test_run_draws_random_inputs_of_bfloat16_float8_and_int4(tmp_path, capsys):
+    types = {"b": onnx.TensorProto.BFLOAT16, "f": onnx.TensorProto.FLOAT8E4M3FN,
+             "e": onnx.TensorProto.FLOAT8E8M0, "i": onnx.TensorProto.INT4}
+    nodes = [helper.make_node("Cast", [k], [f"{k}32"], to=onnx.TensorProto.FLOAT) for k in types]
+    model = helper.make_model(helper.make_graph(
+        nodes, "exotic", [helper.make_tensor_value_info(k, t, [3]) for k, t in types.items()],
+        [helper.make_tensor_value_info(f"{k}32", onnx.TensorProto.FLOAT, [3]) for k in types]),
+        opset_imports=[helper.make_opsetid("", 24)])
+    onnx.save(model, str(tmp_path / "exotic.onnx"))
+    assert main(["run", str(tmp_path / "exotic.onnx"), "-o", str(tmp_path / "out.npz")]) == 0
+    with np.load(tmp_path / "out.npz") as out:
+        assert all(np.isfinite(out[f"{k}32"]).all() for k in types)
+        assert (out["e32"] > 0).all() and (np.exp2(np.round(np.log2(out["e32"]))) == out["e32"]).all()
+        assert (out["i32"] == np.round(out["i32"])).all() and 0 <= out["i32"].min()
+
+
 def bad_model(tmp_path):
     # An op of a domain of its own: the interpreter runs every standard op (onnx.reference).
     node = helper.make_node("MyOp", ["x"], ["y"], name="hm", domain="com.example")

@@ -44,9 +44,9 @@ _BROADCASTING = ("binary", "variadic", "broadcast")
 # every other attribute of those ops is drawn from the schema.
 _SHAPING = {"axis", "axes", "perm", "kernel_shape", "strides", "pads", "dilations", "group", "auto_pad",
             "ceil_mode", "transA", "transB", "start", "end", "keepdims", "storage_order"}
-# Ops whose schemas allow bfloat16 that the interpreter's kernels do not run on it (its
-# quantization kernels compute in float32 or float64 only).
-_NO_BFLOAT16 = frozenset({"QuantizeLinear", "DequantizeLinear"})
+# Quantization ops, whose scales are drawn as floats or bfloat16 (newer schemas allow int32 and
+# float8e8m0 scales, which the interpreter's kernels do not run).
+_FLOAT_SCALES = frozenset({"QuantizeLinear", "DequantizeLinear"})
 # Ops whose output (a cast's target) or zero point (input 2) is drawn exotic one time in two.
 _EXOTIC_TARGETS = frozenset({"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear"})
 # Window ops over 1, 2 and 3 spatial axes; 2-D first, as models mostly hold.
@@ -305,8 +305,6 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
             out_opts &= FLOATS
         if op == "Mod" and isinstance(dict(t.attrs).get("fmod"), Num) and not dict(t.attrs)["fmod"].value:
             out_opts -= FLOATS  # fmod=0 is defined on integers only
-        if op in _NO_BFLOAT16:
-            out_opts -= {"bfloat16"}
         assume(out_opts)
         # A cast's target and a quantization's type one in two, other values one in eight.
         weight = (2 if op in _EXOTIC_TARGETS else 1) if op in EXOTIC_OPS and (exotic or allowed is None) else 0
@@ -316,10 +314,8 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
         for k, a in enumerate(t.args):
             param, opts = input_slot(op, self.opset, k)
             want = frozenset({bound[param]}) if param in bound else opts
-            if op in _NO_BFLOAT16:
-                want -= {"bfloat16"}
-                if k == 1:
-                    want &= FLOATS  # scales: newer schemas allow int32, which the kernels do not run
+            if op in _FLOAT_SCALES and k == 1:
+                want &= FLOATS | {"bfloat16"}
             if op == "BitCast":
                 # Bits reread as another type of the same width (a wider one would change the shape).
                 want = frozenset(d for d in want if d != STRING and np_dtype(d).itemsize == np_dtype(dtype).itemsize)

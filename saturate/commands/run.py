@@ -175,6 +175,12 @@ def random_arrays(specs: list[tuple[str, list[int], str]], seed: int) -> dict[st
             inputs[name] = rng.integers(0, 10, shape).astype(dtype)
         elif dtype.kind == "b":
             inputs[name] = rng.integers(0, 2, shape).astype(bool)
+        elif dtype.name == "float8_e8m0fnu":  # powers of two only, no sign, no zero
+            inputs[name] = np.exp2(rng.integers(-4, 5, shape)).astype(dtype)
+        elif dtype.name == "bfloat16" or dtype.name.startswith(("float8", "float4")):
+            inputs[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.name in ("int4", "uint4"):
+            inputs[name] = rng.integers(0, 8, shape).astype(dtype)
         else:
             raise SaturateError(f"input '{name}' has dtype {dtype_name}, which has no random generator; pass --input")
     return inputs

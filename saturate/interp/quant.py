@@ -6,7 +6,9 @@ added and the result saturates to the output type. Requantization (QLinear ops) 
 int32 accumulator, as float32, by x_scale * w_scale / y_scale computed in float32, as ONNX Runtime
 does, so integer outputs agree with it bit for bit away from float32 ties.
 
-Types numpy cannot hold (int4, float8) are left to onnx.reference (which has them from opset 19).
+Types numpy cannot hold (int4, float8) are left to onnx.reference (which has them from opset 19),
+except bfloat16 inputs and scales: computed in float32 as float16 ones are (ONNX Runtime has no
+bfloat16 quantization; onnx.reference divides in bfloat16, so it can land one step away).
 """
 
 from __future__ import annotations
@@ -64,12 +66,17 @@ def _zero_point(zp: np.ndarray | None, scale: np.ndarray, dtype: np.dtype) -> np
     return zp.reshape(scale.shape)
 
 
+def _real(dtype: np.dtype) -> bool:
+    """A floating type the kernels compute in float32: numpy's floats and bfloat16 (ml_dtypes')."""
+    return dtype.kind == "f" and dtype.isbuiltin == 1 or dtype.name == "bfloat16"
+
+
 def quantize_array(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: int = 1,
                    block: int = 0, dtype: np.dtype | None = None) -> np.ndarray:
     """saturate(round_half_even(x / scale) + zp) in zp's type (`dtype` when zp is None, else
     uint8), x / scale in float32 as ONNX Runtime computes it (float64 for float64 inputs)."""
     dtype = np.dtype(dtype or (zp.dtype if zp is not None else np.uint8))
-    if dtype not in _QTYPES or x.dtype.kind not in "fiu" or scale.dtype.kind != "f":
+    if dtype not in _QTYPES or not (x.dtype.kind in "iu" or _real(x.dtype)) or not _real(scale.dtype):
         raise TypeError(f"cannot quantize {x.dtype} by a {scale.dtype} scale to {dtype}")
     zp_full = _spread(_zero_point(zp, scale, dtype), x, axis, block, "zero point")
     s = _spread(scale, x, axis, block, "scale")
@@ -81,7 +88,7 @@ def quantize_array(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis
 def dequantize_array(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: int = 1,
                      block: int = 0) -> np.ndarray:
     """(x - zp) * scale in the scale's type."""
-    if x.dtype not in _QTYPES or scale.dtype.kind != "f":
+    if x.dtype not in _QTYPES or not _real(scale.dtype):
         raise TypeError(f"cannot dequantize {x.dtype} by a {scale.dtype} scale")
     if zp is not None and x.dtype == np.int32 and np.any(zp != 0):
         raise ValueError("an int32 input takes no zero point but 0")

@@ -72,11 +72,47 @@ def unblocked(block_size: int | None) -> bool:
 
 
 def same_quant(scale: Any, zero_point: Any, scale2: Any, zero_point2: Any) -> bool:
-    """Two (scale, zero point) pairs are the same quantization: equal shapes, values and types,
-    so QuantizeLinear undoes DequantizeLinear exactly."""
+    """Two (scale, zero point) pairs are the same quantization (equal shapes, values and types)
+    whose dequantized values are exact enough that QuantizeLinear undoes DequantizeLinear."""
     s, z, s2, z2 = (np.asarray(v) for v in (scale, zero_point, scale2, zero_point2))
     return (s.shape == s2.shape and z.shape == z2.shape and s.dtype == s2.dtype and z.dtype == z2.dtype
-            and bool(np.all(s == s2)) and bool(np.all(z == z2)) and bool(np.all(s > 0)))
+            and bool(np.all(s == s2)) and bool(np.all(z == z2)) and bool(np.all(s > 0))
+            and _dequantized_exactly(s, z))
+
+
+# How far DequantizeLinear's product and QuantizeLinear's quotient, computed in float32 (or
+# float64), may stray beyond the rounding to the scale's own type: 2**-24 each.
+_WORK_ERROR = 2.0 ** -23
+
+
+def _dequantized_exactly(s: np.ndarray, z: np.ndarray) -> bool:
+    """Every value DequantizeLinear makes, (q - z) * s rounded to the scale's type, quantizes back
+    to q: each product is finite and normal (a subnormal loses precision), and its rounding
+    error stays under half of q's step. A float16 or bfloat16 scale is too coarse for wide
+    integers: 32766 * 0.5 in float16 is 16384, which quantizes to 32767."""
+    import ml_dtypes
+
+    if s.size == 0 or z.size == 0 or not (s.dtype.kind == "f" and s.dtype.isbuiltin == 1 or s.dtype.name == "bfloat16"):
+        return False
+    fs = np.finfo(s.dtype) if s.dtype.isbuiltin == 1 else ml_dtypes.finfo(s.dtype)
+    error = 2.0 ** -(fs.nmant + 1) + _WORK_ERROR    # relative, of a product and its quotient
+    s_lo, s_hi = float(s.min()), float(s.max())
+    if z.dtype.kind in "iu" or z.dtype.name in ("int4", "uint4"):
+        info = np.iinfo(z.dtype) if z.dtype.isbuiltin == 1 else ml_dtypes.iinfo(z.dtype)
+        zf = z.astype(np.float64)
+        far = max(info.max - float(zf.min()), float(zf.max()) - info.min)   # the largest |q - z|
+        near = 1.0
+        exact = far * error < 0.5
+    elif z.dtype.name.startswith("float8") and not np.isinf(np.float32(np.inf).astype(z.dtype)):
+        # Float quantized values come back by rounding to the nearest of their type, whose half step
+        # is at least 2**-(nmant + 2) of the value. A type with infinities is left out: QuantizeLinear
+        # saturates inf to the largest finite value.
+        fz = ml_dtypes.finfo(z.dtype)
+        far, near = float(fz.max), float(fz.smallest_subnormal)
+        exact = error < 2.0 ** -(fz.nmant + 2) and not np.any(z.astype(np.float32))
+    else:
+        return False
+    return exact and far * s_hi <= float(fs.max) and near * s_lo >= float(fs.tiny)
 
 
 def zero_point_at_min(zero_point: Any) -> bool:

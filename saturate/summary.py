@@ -13,7 +13,7 @@ import numpy as np
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
-from saturate.lang.ast import value_class
+from saturate.core.values import value_class
 
 # The ops whose multiply-accumulates are counted (the work of most models). A convolution's
 # weight is its input 1, or 3 when quantized; a product's left operand, input 0, holds K.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from saturate.lang.ast import value_class
+from saturate.core.values import value_class
 
 Shape = tuple[Any, ...]
 

@@ -11,8 +11,9 @@ from saturate.lang import checks, rule_cache
 from saturate.lang.builtins import INFIX
 from saturate.core.errors import SaturateError, SourceError
 from saturate.core.inputs import RefusedFile, read_regular
+from saturate.core.values import value_class
 from saturate.lang.ast import (AttrVar, Call, Guard, IntList, Loc, Num, OpTerm, Rule, RuleSet,
-                               Spread, Str, Var, value_class)
+                               Spread, Str, Var)
 
 if TYPE_CHECKING:
     # lark is imported where a text is parsed: a run whose rules come from the cache (rule_cache)

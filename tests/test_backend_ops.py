@@ -181,11 +181,24 @@ def test_softmax_axes(axis):
     check_three_way(make([Node("Softmax", ["x"], ["y"], {"axis": axis})], {"x": (2, 3, 4, 5)}, opset=13))
 
 
-@pytest.mark.parametrize("length", [16, 37, 200])
+@pytest.mark.parametrize("length", [8, 16, 37, 47, 200])
 def test_softmax_rows_of_wide_range(length):
     # Logits up to ~+-120: the vector exp must neither overflow nor lose the small terms' sum.
     nodes = [Node("Mul", ["x", "k"], ["s"]), Node("Softmax", ["s"], ["y"], {"axis": -1})]
     check_three_way(make(nodes, {"x": (3, length)}, {"k": np.float32(30.0)}, opset=13), threads=2)
+
+
+@pytest.mark.parametrize("length", [9, 40, 70])
+def test_softmax_rows_with_masked_positions(length):
+    # A mask's -inf and -3.4e38 (an Add of the model's mask) weigh nothing: their lanes' exp is not computed
+    # on a clamped argument but masked to 0, in the paired vectors, the single one and the scalar tail alike.
+    mask = np.zeros((4, length), np.float32)
+    mask[:, 1::3] = -np.inf
+    mask[:, 2::5] = np.float32(-3.4e38)
+    mask[1, :] = np.float32(-3.4e38)
+    mask[1, length - 1] = 0.0
+    nodes = [Node("Add", ["x", "m"], ["s"]), Node("Softmax", ["s"], ["y"], {"axis": -1})]
+    check_three_way(make(nodes, {"x": (4, length)}, {"m": mask}, opset=13))
 
 
 @pytest.mark.parametrize("threads", [2, 3])

@@ -48,8 +48,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a .npy array (one-input models) or a .npz with one array per input name; "
                              "default: random normal input from a fixed seed")
     parser.add_argument("-o", "--output", metavar="FILE",
-                        help="save outputs: .npy for a single output, .npz (one array per output name) "
-                             "for several; default: print a summary of each output")
+                        help="save outputs: .npy for a single output, .npz (one array per output name; "
+                             "a sequence output's items as NAME.0, NAME.1, ...) for several; default: print "
+                             "a summary of each output")
     parser.add_argument("--backend", choices=sorted(BACKENDS),
                         help="what evaluates the model (default: numpy, the reference interpreter; a compiled "
                              "directory runs its compiled C)")
@@ -112,10 +113,28 @@ def report(outputs: dict[str, np.ndarray], args: argparse.Namespace) -> None:
     """Save the outputs to -o, or print a summary line per output."""
     if args.output:
         save_outputs(outputs, args.output)
-        print(f"wrote {args.output}: " + ", ".join(f"{k} {a.dtype}{list(a.shape)}" for k, a in outputs.items()))
+        print(f"wrote {args.output}: " + ", ".join(_saved(k, a) for k, a in outputs.items()))
     else:
         for name, value in outputs.items():
-            print(summary(name, value, args.values))
+            if isinstance(value, list):  # a sequence output: a line for it, then one per item
+                print(f"{name}: sequence of {len(value)} {_item_dtype(value)} tensor(s)")
+                for k, item in enumerate(value):
+                    print(summary(f"{name}[{k}]", item, args.values))
+            else:
+                print(summary(name, value, args.values))
+
+
+def _item_dtype(value: list) -> str:
+    dtype = getattr(value, "dtype", None)
+    return str(dtype if dtype is not None else value[0].dtype if value else "float32")
+
+
+def _saved(name: str, value) -> str:
+    if isinstance(value, list):
+        items = f" as {name}.0 to {name}.{len(value) - 1}" if len(value) > 1 else f" as {name}.0" if value else \
+            " (nothing saved)"
+        return f"{name} sequence of {len(value)} {_item_dtype(value)}{items}"
+    return f"{name} {value.dtype}{list(value.shape)}"
 
 
 def graph_inputs(graph: Graph) -> list[str]:
@@ -199,13 +218,30 @@ def check_output_path(path: str, names: list[str]) -> None:
 
 
 def save_outputs(outputs: dict[str, np.ndarray], path: str) -> None:
-    """Save one output as .npy or all as .npz, atomically (temp file in place, then rename)."""
+    """Save one output as .npy or all as .npz, atomically (temp file in place, then rename). A
+    sequence output is saved item by item in the .npz, as NAME.0, NAME.1, ...; a .npy holds one
+    array, so a sequence is refused there."""
     check_output_path(path, list(outputs))
+    arrays: dict[str, np.ndarray] = {}
+    for name, value in outputs.items():
+        if not isinstance(value, list):
+            arrays[name] = value
+            continue
+        if Path(path).suffix.lower() != ".npz":
+            raise SaturateError(f"{path}: output '{name}' is a sequence of {len(value)} tensors; "
+                                "save it to a .npz (one array per item, as NAME.0, NAME.1...)")
+        for k, item in enumerate(value):
+            key = f"{name}.{k}"
+            if key in outputs:
+                raise SaturateError(f"{path}: item {k} of sequence output '{name}' would be saved as '{key}', "
+                                    "which is another output's name")
+            arrays[key] = item
+
     def write(f) -> None:
         if Path(path).suffix.lower() == ".npz":
-            np.savez(f, **outputs)
+            np.savez(f, **arrays)
         else:
-            np.save(f, next(iter(outputs.values())), allow_pickle=False)
+            np.save(f, next(iter(arrays.values())), allow_pickle=False)
 
     write_atomic(path, write)
 

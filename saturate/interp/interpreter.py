@@ -12,6 +12,8 @@ from saturate.core.limits import check_allocation, check_bytes
 from saturate.ops.schema import newest_opset, spec
 from saturate.interp.kernels import Unhandled
 from saturate.interp.reference import reference_ops, run_reference
+from saturate.interp.sequences import (SEQUENCE_OPS, as_value, copy_value, is_sequence, run_sequence_op,
+                                       value_nbytes)
 from saturate.interp.sizes import check_inferred_sizes, check_output_sizes
 from saturate.ops.registry import lookup, ops_with
 
@@ -24,7 +26,8 @@ _NUMPY_ERRORS = (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowE
 def supported_ops(opset: int | None = None) -> list[str]:
     """Names of the standard ops the interpreter can evaluate at `opset` (default: the newest)."""
     version = opset or newest_opset()
-    return sorted({op for op in ops_with("evaluates") if spec(op, version) is not None} | reference_ops(version))
+    return sorted({op for op in ops_with("evaluates") if spec(op, version) is not None} | reference_ops(version)
+                  | {op for op in SEQUENCE_OPS if spec(op, version) is not None})
 
 
 def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None = None) -> list[np.ndarray]:
@@ -33,8 +36,16 @@ def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None
     Ops whose registry entry has a numpy kernel (saturate/ops) run on it; every other default-domain op runs
     on onnx.reference at `opset` (pass the graph's; default: the newest ONNX defines).
     Results may be views of the inputs (Reshape, Transpose, Identity): copy before writing to them.
+    A sequence value is a TensorSequence (a list of arrays), in and out.
     """
     standard = node.domain in ("", "ai.onnx")
+    if standard and (node.op in SEQUENCE_OPS or node.op == "Identity" and inputs and is_sequence(inputs[0])):
+        if spec(node.op, opset or newest_opset()) is None:
+            raise SaturateError(f"{node.where()}: ONNX defines no such op at opset {opset or newest_opset()}")
+        return _checked(node, run_sequence_op(node, [as_value(a) for a in inputs]))
+    for k, a in enumerate(inputs):
+        if is_sequence(a):
+            raise SaturateError(f"{node.where()}: input {k} is a sequence; {node.op} takes tensors")
     entry = lookup(node.op, node.domain)
     impl = None if entry is None else entry.evaluate
     if impl is None:
@@ -81,7 +92,8 @@ def _checked(node: Node, results: list) -> list:
     # hands out untouched zero pages lazily): stop before later nodes build on it.
     for out, r in zip(node.outputs, results):
         if r is not None:
-            check_bytes(r.nbytes, f"{node.where()}: output '{out}' {list(r.shape)}")
+            shown = f"sequence of {len(r)}" if is_sequence(r) else str(list(r.shape))
+            check_bytes(value_nbytes(r), f"{node.where()}: output '{out}' {shown}")
     return results
 
 
@@ -97,8 +109,10 @@ def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np
             if name in graph.constants:  # an initializer listed as an input acts as its default
                 continue
             raise SaturateError(f"missing graph input '{name}'")
-        arr = np.asarray(inputs[name])
+        arr = as_value(inputs[name])
         info = graph.values.get(name)
+        if info is not None and is_sequence(arr):
+            raise SaturateError(f"input '{name}' is a sequence, the graph expects a tensor")
         if info is not None:
             if info.dtype and arr.dtype.name != info.dtype:
                 raise SaturateError(f"input '{name}' has dtype {arr.dtype.name}, the graph expects {info.dtype}")
@@ -139,7 +153,8 @@ def _check_declared(graph: Graph, node: Node) -> None:
 
 
 def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run the graph on the given inputs; return graph output name -> array."""
+    """Run the graph on the given inputs; return graph output name -> array (a TensorSequence for
+    a sequence output; a sequence input may be given as a list of arrays)."""
     env: dict[str, np.ndarray] = dict(graph.constants)
     env.update(check_inputs(graph, inputs))
     pinned = set(graph.outputs) | set(graph.constants)
@@ -177,7 +192,7 @@ def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
             raise SaturateError(f"graph output '{name}' is not defined")
         value = env[name]
         # Never hand out a constant, an input, or a view into one: callers may write to results.
-        if name in graph.constants or name in graph.inputs or not value.flags.owndata:
-            value = value.copy()
+        if name in graph.constants or name in graph.inputs or is_sequence(value) or not value.flags.owndata:
+            value = copy_value(value)
         outputs[name] = value
     return outputs

@@ -12,6 +12,7 @@ from onnx import AttributeProto, helper, numpy_helper
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Node, OpaqueAttr
+from saturate.interp.sequences import SEQUENCE_OPS
 from saturate.ops.registry import lookup
 
 __all__ = ["reference_ops", "run_reference", "unsupported_reason"]
@@ -63,7 +64,9 @@ def _tensor_only_in_places(schema: onnx.defs.OpSchema) -> bool:
 @functools.lru_cache(maxsize=None)
 def unsupported_reason(op: str, opset: int) -> str | None:
     """Why a default-domain op cannot run at this opset (None: it can): on its registry entry's
-    numpy kernel, else on onnx.reference."""
+    numpy kernel, else on onnx.reference. The sequence ops run on the interpreter's own kernels
+    (saturate/interp/sequences.py) but are refused here: what they make is no tensor a graph can
+    hold as a constant, and the constant folder asks this."""
     entry = lookup(op)
     if entry is not None and entry.evaluate is not None and _schema(op, opset) is not None:
         return None
@@ -79,7 +82,8 @@ def reference_reason(op: str, opset: int) -> str | None:
     if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in schema.attributes.values()):
         return "ops with subgraph attributes (control flow) are not supported"
     if not _tensor_only_in_places(schema):
-        return "sequence, optional and map values are not supported (tensors only)"
+        return ("a sequence op, run on the interpreter's sequence kernels only (a graph holds no sequence "
+                "constant)" if op in SEQUENCE_OPS else "optional and map values are not supported (tensors and sequences only)")
     ReferenceEvaluator, RuntimeContextError, load_op = _evaluator()
     try:
         load_op("", op, opset, evaluator_cls=ReferenceEvaluator)

@@ -1,0 +1,242 @@
+"""Sequence values (ONNX's seq(tensor)): the interpreter runs the sequence ops as ONNX Runtime does,
+`saturate run` prints and saves sequence outputs, and `saturate check` draws and compares them."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper
+
+from saturate.cli import main
+from saturate.core.errors import SaturateError
+from saturate.core.ir import Graph, Node
+from saturate.frontend.onnx_io import import_model
+from saturate.interp import run_graph
+from saturate.interp.sequences import TensorSequence
+
+SEQUENCE_OPS = {"SequenceConstruct", "SequenceAt", "SequenceLength", "SequenceInsert", "SequenceErase",
+                "SequenceEmpty", "SplitToSequence", "ConcatFromSequence"}
+
+
+def model(nodes, inputs, outputs, initializers=(), opset=17):
+    """A checked model; outputs declared without a shape take the one inference gives."""
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    m = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+    inferred = {vi.name: vi for vi in m.graph.value_info}
+    for k, vi in enumerate(m.graph.output):
+        if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape") and vi.name in inferred:
+            m.graph.output[k].CopyFrom(inferred[vi.name])
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def ort_run(m: onnx.ModelProto, feeds: dict) -> dict:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    sess = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def assert_same(got, want, where=""):
+    """Equal as ONNX Runtime gives them: a sequence item by item (length, dtype, shape, values)."""
+    if isinstance(want, list):
+        assert isinstance(got, list), where
+        assert len(got) == len(want), where
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{where}[{k}]")
+        return
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape, (where, got.dtype, got.shape, want.dtype, want.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0, err_msg=where)
+
+
+def against_ort(m: onnx.ModelProto, feeds: dict) -> dict:
+    got = run_graph(import_model(m), feeds)
+    want = ort_run(m, feeds)
+    assert set(got) == set(want)
+    for k in want:
+        assert_same(got[k], want[k], k)
+    return got
+
+
+def tensor(name, elem=T.FLOAT, shape=None):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def seq(name, elem=T.FLOAT):
+    return helper.make_tensor_sequence_value_info(name, elem, None)
+
+
+def ints(name, values):
+    return helper.make_tensor(name, T.INT64, [len(values)] if isinstance(values, list) else [], values
+                              if isinstance(values, list) else [values])
+
+
+X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7.5
+
+
+@pytest.mark.parametrize("axis,split,keepdims", [
+    (0, None, 1), (1, None, 0), (-1, None, 1), (2, 3, 1), (1, [1, 2], 1), (2, [0, 4], 0), (-2, 2, 1)])
+def test_split_to_sequence_then_every_reader_matches_onnxruntime(axis, split, keepdims):
+    inits = [] if split is None else [ints("split", split)]
+    nodes = [helper.make_node("SplitToSequence", ["x"] + (["split"] if inits else []), ["s"], axis=axis,
+                              keepdims=keepdims),
+             helper.make_node("SequenceLength", ["s"], ["n"]),
+             helper.make_node("SequenceAt", ["s", "last"], ["at"]),
+             helper.make_node("ConcatFromSequence", ["s"], ["joined"], axis=axis),
+             helper.make_node("ConcatFromSequence", ["s"], ["stacked"], axis=0, new_axis=1)]
+    inits.append(ints("last", -1))
+    outs = [seq("s"), tensor("n", T.INT64), tensor("at"), tensor("joined"), tensor("stacked")]
+    dim = X.shape[axis]
+    if isinstance(split, int) and dim % split or isinstance(split, list) and len(set(split)) > 1:
+        nodes.pop()        # items of different shapes do not stack
+        outs.pop()
+    got = against_ort(model(nodes, [tensor("x", T.FLOAT, [2, 3, 4])], outs, inits), {"x": X})
+    assert isinstance(got["s"], TensorSequence) and got["s"].dtype == np.float32
+
+
+def test_construct_insert_erase_at_match_onnxruntime():
+    a, b, c = (np.full((2, 2), v, np.int32) for v in (1, 2, 3))
+    nodes = [helper.make_node("SequenceConstruct", ["a", "b"], ["s"]),
+             helper.make_node("SequenceInsert", ["s", "c"], ["s1"]),              # appended
+             helper.make_node("SequenceInsert", ["s1", "a", "zero"], ["s2"]),     # at the front
+             helper.make_node("SequenceInsert", ["s2", "b", "neg"], ["s3"]),      # before the last
+             helper.make_node("SequenceErase", ["s3"], ["e1"]),                   # the last
+             helper.make_node("SequenceErase", ["e1", "one"], ["e2"]),
+             helper.make_node("SequenceAt", ["e2", "one"], ["at"]),
+             helper.make_node("SequenceLength", ["e2"], ["n"])]
+    inits = [ints("zero", 0), ints("one", 1), helper.make_tensor("neg", T.INT32, [], [-1])]
+    m = model(nodes, [tensor(n, T.INT32, [2, 2]) for n in "abc"],
+              [seq("s3", T.INT32), seq("e2", T.INT32), tensor("at", T.INT32), tensor("n", T.INT64)], inits)
+    got = against_ort(m, {"a": a, "b": b, "c": c})
+    assert [int(t[0, 0]) for t in got["s3"]] == [1, 1, 2, 2, 3]
+
+
+def test_empty_sequence_keeps_its_dtype_and_grows():
+    nodes = [helper.make_node("SequenceEmpty", [], ["e"], dtype=T.INT64),
+             helper.make_node("SequenceLength", ["e"], ["n0"]),
+             helper.make_node("SequenceInsert", ["e", "x"], ["s"]),
+             helper.make_node("SequenceInsert", ["s", "x"], ["s2"]),
+             helper.make_node("ConcatFromSequence", ["s2"], ["y"], axis=-1, new_axis=1)]
+    m = model(nodes, [tensor("x", T.INT64, [3])], [seq("e", T.INT64), tensor("n0", T.INT64, []), tensor("y", T.INT64, [3, 2])])
+    got = against_ort(m, {"x": np.array([4, 5, 6], np.int64)})
+    assert got["e"] == [] and got["e"].dtype == np.int64 and got["y"].shape == (3, 2)
+
+
+def test_sequence_inputs_pass_through_identity_as_in_onnxruntime():
+    m = model([helper.make_node("Identity", ["s"], ["t"]), helper.make_node("SequenceLength", ["t"], ["n"])],
+              [seq("s")], [seq("t"), tensor("n", T.INT64)])
+    items = [np.ones((2,), np.float32), np.zeros((3,), np.float32)]
+    got = against_ort(m, {"s": items})
+    got["t"][0][0] = 9                      # results are the caller's to write
+    assert items[0][0] == 1
+
+
+def _onnx_sequence_cases():
+    from onnx.backend.test.case.node import collect_testcases
+
+    with np.errstate(all="ignore"):
+        cases = collect_testcases()
+    return [c for c in cases
+            if {n.op_type for n in c.model.graph.node} <= SEQUENCE_OPS | {"Identity"}
+            and any(n.op_type in SEQUENCE_OPS or "sequence" in c.name for n in c.model.graph.node)]
+
+
+_CASES = _onnx_sequence_cases()
+
+
+def test_onnx_has_sequence_node_cases():
+    assert len(_CASES) >= 6, [c.name for c in _CASES]
+
+
+@pytest.mark.parametrize("case", _CASES, ids=lambda c: c.name)
+def test_onnx_backend_sequence_case(case):
+    graph = import_model(case.model)
+    inputs, outputs = case.data_sets[0]
+    feeds = {vi.name: v for vi, v in zip(case.model.graph.input, inputs)}
+    got = run_graph(graph, feeds)
+    for vi, want in zip(case.model.graph.output, outputs):
+        want = [np.asarray(w) for w in want] if isinstance(want, list) else np.asarray(want)
+        assert_same(got[vi.name], want, vi.name)
+
+
+def _one(op, inputs, **attrs):
+    return Node(op, list(inputs), ["out"], attrs, name="n")
+
+
+def _graph(nodes, inputs, output="out"):
+    g = Graph(opset=17)
+    g.inputs = list(inputs)
+    g.outputs = [output]
+    g.nodes = nodes
+    return g
+
+
+@pytest.mark.parametrize("nodes,feeds,message", [
+    ([_one("SequenceConstruct", ["a", "b"], ), ], {"a": np.ones(2, np.float32), "b": np.ones(2, np.int64)},
+     "node 'n' (SequenceConstruct): a sequence holds one element type: int64 beside float32"),
+    ([Node("SequenceConstruct", ["a"], ["s"]), _one("SequenceAt", ["s", "p"])],
+     {"a": np.ones(2, np.float32), "p": np.array(1, np.int64)},
+     "node 'n' (SequenceAt): position 1 is out of range for a sequence of length 1 (allowed -1 to 0)"),
+    ([Node("SequenceConstruct", ["a"], ["s"]), _one("SequenceInsert", ["s", "a", "p"])],
+     {"a": np.ones(2, np.float32), "p": np.array(3, np.int64)},
+     "node 'n' (SequenceInsert): position 3 is out of range for a sequence of length 1 (allowed -1 to 1)"),
+    ([Node("SequenceEmpty", [], ["s"]), _one("SequenceErase", ["s"])], {},
+     "node 'n' (SequenceErase): cannot erase from an empty sequence"),
+    ([Node("SequenceEmpty", [], ["s"]), _one("ConcatFromSequence", ["s"], axis=0)], {},
+     "node 'n' (ConcatFromSequence): cannot concatenate an empty sequence"),
+    ([Node("SequenceConstruct", ["a", "b"], ["s"]), _one("ConcatFromSequence", ["s"], axis=0, new_axis=1)],
+     {"a": np.ones(2, np.float32), "b": np.ones(3, np.float32)},
+     "node 'n' (ConcatFromSequence): items of shapes [2], [3] do not stack along axis 0"),
+    ([_one("SplitToSequence", ["a", "p"])], {"a": np.ones(4, np.float32), "p": np.array([1, 2], np.int64)},
+     "node 'n' (SplitToSequence): split [1, 2] must be non-negative and sum to 4, the length of axis 0"),
+    ([Node("SequenceConstruct", ["a"], ["s"]), _one("Relu", ["s"])], {"a": np.ones(2, np.float32)},
+     "node 'n' (Relu): input 0 is a sequence; Relu takes tensors"),
+])
+def test_bad_sequence_input_is_one_line_naming_node_and_op(nodes, feeds, message):
+    with pytest.raises(SaturateError) as err:
+        run_graph(_graph(nodes, feeds), feeds)
+    assert str(err.value) == message
+
+
+def test_run_prints_and_saves_sequence_outputs(tmp_path, capsys):
+    m = model([helper.make_node("SplitToSequence", ["x"], ["s"], axis=1),
+               helper.make_node("SequenceLength", ["s"], ["n"])],
+              [tensor("x", T.FLOAT, [2, 3])], [seq("s"), tensor("n", T.INT64)])
+    path = tmp_path / "m.onnx"
+    onnx.save(m, path)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(path), "-i", str(tmp_path / "x.npy")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "s: sequence of 3 float32 tensor(s)"
+    assert out[1].startswith("s[0]: float32[2, 1] [0, 3]") and out[-1].startswith("n: int64[] [3]")
+    assert main(["run", str(path), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npz")]) == 0
+    assert "s sequence of 3 float32 as s.0 to s.2" in capsys.readouterr().out
+    with np.load(tmp_path / "y.npz") as saved:
+        assert saved.files == ["s.0", "s.1", "s.2", "n"]
+        for k in range(3):
+            np.testing.assert_array_equal(saved[f"s.{k}"], x[:, k:k + 1])
+    m1 = model([helper.make_node("SplitToSequence", ["x"], ["s"], axis=1)], [tensor("x", T.FLOAT, [2, 3])],
+               [seq("s")])
+    onnx.save(m1, tmp_path / "one.onnx")
+    assert main(["run", str(tmp_path / "one.onnx"), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "output 's' is a sequence of 3 tensors; save it to a .npz" in err[0]
+    assert not (tmp_path / "y.npy").exists()
+
+
+def test_run_of_a_bad_position_is_one_line(tmp_path, capsys):
+    m = model([helper.make_node("SplitToSequence", ["x"], ["s"], axis=0),
+               helper.make_node("SequenceAt", ["s", "p"], ["y"], name="pick")],
+              [tensor("x", T.FLOAT, [2, 3])], [tensor("y")], [ints("p", 5)])
+    onnx.save(m, tmp_path / "m.onnx")
+    assert main(["run", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("saturate: error: node 'pick' (SequenceAt): position 5 is out of range for a sequence "
+                       "of length 2 (allowed -2 to 1)")

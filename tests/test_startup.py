@@ -216,8 +216,8 @@ def test_attribute_type_is_the_oldest_schema_that_has_the_attribute():
 
 # ---- the AST's classes without dataclass's compiled methods ---------------------------------------
 
-def _as_dataclass(cls):
-    """`cls` as @dataclass(frozen=True) writes it: the same fields, with the methods it compiles."""
+def _as_dataclass(cls, frozen: bool):
+    """`cls` as @dataclass writes it: the same fields, with the methods it compiles."""
     import dataclasses
 
     specs = []
@@ -226,7 +226,7 @@ def _as_dataclass(cls):
         if f.default_factory is not dataclasses.MISSING:
             extra = {"default_factory": f.default_factory}
         specs.append((f.name, f.type, dataclasses.field(repr=f.repr, compare=f.compare, hash=f.hash, **extra)))
-    ref = dataclasses.make_dataclass(cls.__name__, specs, frozen=True)
+    ref = dataclasses.make_dataclass(cls.__name__, specs, frozen=frozen)
     ref.__qualname__ = cls.__qualname__
     return ref
 
@@ -240,9 +240,10 @@ def _outcome_of(fn):
 
 def _instances() -> dict[type, list]:
     """Up to 40 objects of each value class: the standard library's rules, their files' statements,
-    the built-in functions and model summaries."""
+    the built-in functions, model summaries and graphs."""
     import dataclasses
 
+    from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
     from saturate.frontend.examples import build
     from saturate.lang import builtins, guard_builtins, parser, query_builtins
     from saturate.summary import ModelSummary, summarize
@@ -253,8 +254,10 @@ def _instances() -> dict[type, list]:
     for path in sorted(parser.RULES_DIR.glob("*.rules")):
         stack += parser.parse_statements(path.read_text(), path.name)
     stack += parser.parse_statements('include "x.rules"\nop Foo/1..3\nop Bar/2\n')
-    stack += [ModelSummary(), ModelSummary({"Conv": 2, "Relu": 1}, 10, 120, None),
-              *(summarize(build(name)) for name in ("mlp", "chain-2", "chain-1"))]
+    graphs = [build(name) for name in ("mlp", "chain-2", "chain-1")]
+    stack += [ModelSummary(), ModelSummary({"Conv": 2, "Relu": 1}, 10, 120, None), *map(summarize, graphs)]
+    stack += [*graphs, Graph(), Node("Relu", ["x"], ["y"]), ValueInfo(), ValueInfo("int64", ("N", 3)),
+              OpaqueAttr("graph", b"\x08\x01"), OpaqueAttr("graph", b""), OpaqueAttr("x", b"")]
     while stack:
         x = stack.pop()
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
@@ -262,24 +265,30 @@ def _instances() -> dict[type, list]:
             if len(kept) < 40:
                 kept.append(x)
             stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
-        elif isinstance(x, tuple):
+        elif isinstance(x, (tuple, list)):
             stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
     return seen
 
 
-def test_value_classes_behave_as_frozen_dataclasses():
+def test_value_classes_behave_as_dataclasses():
+    """The classes whose methods are not dataclass's compiled ones (value_class, the IR's written
+    out) against @dataclass of the same fields: printing, comparing, hashing, copying, assigning
+    and constructing, on objects of every class."""
     import copy
     import dataclasses
 
     from saturate import summary
+    from saturate.core import ir
     from saturate.lang import ast, builtin_kinds, parser
 
     seen = _instances()
-    classes = [c for m in (ast, builtin_kinds, parser, summary) for c in vars(m).values()
+    classes = [c for m in (ast, builtin_kinds, parser, summary, ir) for c in vars(m).values()
                if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == m.__name__]
-    assert len(classes) == 19 and set(classes) <= set(seen)
+    assert len(classes) == 23 and set(classes) <= set(seen)
     for cls in classes:
-        ref, xs = _as_dataclass(cls), seen[cls]
+        ref, xs = _as_dataclass(cls, frozen="__setattr__" in vars(cls)), seen[cls]
         names = [f.name for f in dataclasses.fields(cls)]
         assert xs and [f.name for f in dataclasses.fields(ref)] == names
         refs = [ref(*(getattr(x, n) for n in names)) for x in xs]
@@ -294,7 +303,10 @@ def test_value_classes_behave_as_frozen_dataclasses():
                 assert _outcome_of(lambda: act(x2)) == _outcome_of(lambda: act(r2))
                 assert _outcome_of(lambda: repr(x2)) == _outcome_of(lambda: repr(r2)) and vars(x2) == vars(r2)
             values = [getattr(x, n) for n in names]
-            for args, kwargs in [(values, {}), (values[:1], {}), ([], {}), (values + [1], {}),
+            required = [f for f in dataclasses.fields(cls)
+                        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+            for args, kwargs in [(values, {}), (values[:len(required)], {}), (values[:len(required) + 1], {}),
+                                 (values[:1], {}), ([], {}), (values + [1], {}),
                                  ([], dict(zip(names, values))), (values[:1], {names[0]: 1}),
                                  (values[:1], {"nope": 1}), ([], {names[-1]: values[-1]})]:
                 assert _outcome_of(lambda: cls(*args, **kwargs)) == _outcome_of(lambda: ref(*args, **kwargs)), \

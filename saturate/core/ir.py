@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
@@ -34,12 +34,40 @@ def numpy_native(dtype, kinds: str = "biuf") -> bool:
     return dtype.isbuiltin == 1 and dtype.kind in kinds
 
 
-@dataclass
+# The IR's classes are dataclasses whose __init__, __repr__ and __eq__ (and frozen refusals) are
+# written out below rather than generated: dataclass writes them as Python text and compiles them
+# at every import (about a millisecond a class, at every start of every command). They do what
+# @dataclass (frozen=True for OpaqueAttr) would; tests/test_startup.py holds them against it.
+class _Factory:
+    """An argument left to its field's default_factory (dataclass's own sentinel prints so too)."""
+
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_FACTORY: Any = _Factory()
+
+
+@dataclass(init=False, repr=False, eq=False)
 class ValueInfo:
     """Static type of one value: dtype name (numpy spelling) and shape (None when unknown)."""
 
     dtype: str = "float32"
     shape: Shape | None = None
+
+    def __init__(self, dtype: str = "float32", shape: Shape | None = None) -> None:
+        self.dtype = dtype
+        self.shape = shape
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__qualname__}(dtype={self.dtype!r}, shape={self.shape!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return (self.dtype, self.shape) == (other.dtype, other.shape)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def rank(self) -> int | None:
@@ -49,7 +77,7 @@ class ValueInfo:
         return self.shape is not None and all(isinstance(d, int) for d in self.shape)
 
 
-@dataclass
+@dataclass(init=False, repr=False, eq=False)
 class Node:
     """One operation. Inputs and outputs name values; '' marks an omitted optional input.
 
@@ -64,6 +92,27 @@ class Node:
     name: str = ""
     domain: str = ""
 
+    def __init__(self, op: str, inputs: list[str], outputs: list[str], attrs: dict[str, Any] = _FACTORY,
+                 name: str = "", domain: str = "") -> None:
+        self.op = op
+        self.inputs = inputs
+        self.outputs = outputs
+        self.attrs = {} if attrs is _FACTORY else attrs
+        self.name = name
+        self.domain = domain
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__qualname__}(op={self.op!r}, inputs={self.inputs!r}, outputs={self.outputs!r}, "
+                f"attrs={self.attrs!r}, name={self.name!r}, domain={self.domain!r})")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return ((self.op, self.inputs, self.outputs, self.attrs, self.name, self.domain)
+                    == (other.op, other.inputs, other.outputs, other.attrs, other.name, other.domain))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
 
@@ -72,12 +121,37 @@ class Node:
         return f"node '{self.name or self.outputs[0]}' ({self.op})"
 
 
-@dataclass(frozen=True)
+@dataclass(init=False, repr=False, eq=False)
 class OpaqueAttr:
     """An attribute kept byte-for-byte (for instance a subgraph), carried through untouched."""
 
     kind: str
     payload: bytes
+
+    def __init__(self, kind: str, payload: bytes) -> None:
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "payload", payload)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__qualname__}(kind={self.kind!r}, payload={self.payload!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return (self.kind, self.payload) == (other.kind, other.payload)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.payload))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if type(self) is OpaqueAttr or name in ("kind", "payload"):
+            raise FrozenInstanceError(f"cannot assign to field {name!r}")
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if type(self) is OpaqueAttr or name in ("kind", "payload"):
+            raise FrozenInstanceError(f"cannot delete field {name!r}")
+        super().__delattr__(name)
 
 
 @dataclass
@@ -97,6 +171,32 @@ class Graph:
     opset: int = 17
     # Metadata that import found and export should write back (producer, other opset domains).
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, nodes: list[Node] = _FACTORY, inputs: list[str] = _FACTORY, outputs: list[str] = _FACTORY,
+                 constants: dict[str, np.ndarray] = _FACTORY, values: dict[str, ValueInfo] = _FACTORY,
+                 name: str = "graph", opset: int = 17, meta: dict[str, Any] = _FACTORY) -> None:
+        self.nodes = [] if nodes is _FACTORY else nodes
+        self.inputs = [] if inputs is _FACTORY else inputs
+        self.outputs = [] if outputs is _FACTORY else outputs
+        self.constants = {} if constants is _FACTORY else constants
+        self.values = {} if values is _FACTORY else values
+        self.name = name
+        self.opset = opset
+        self.meta = {} if meta is _FACTORY else meta
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__qualname__}(nodes={self.nodes!r}, inputs={self.inputs!r}, "
+                f"outputs={self.outputs!r}, constants={self.constants!r}, values={self.values!r}, "
+                f"name={self.name!r}, opset={self.opset!r}, meta={self.meta!r})")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return ((self.nodes, self.inputs, self.outputs, self.constants, self.values, self.name, self.opset,
+                     self.meta) == (other.nodes, other.inputs, other.outputs, other.constants, other.values,
+                                    other.name, other.opset, other.meta))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
 
     # ---- queries -------------------------------------------------------------------------
     def producers(self) -> dict[str, Node]:

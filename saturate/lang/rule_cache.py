@@ -263,9 +263,10 @@ class _Writer:
             tags: dict[str, Any] = {}
             self.env[f"_tags_{name}"] = tags
             self.tags.append((tags, tuple(a.__name__ for a in args)))
+            members = ", ".join(a.__name__ for a in args)
             self.helpers.append(f"def {name}(v):\n    try:\n        d = _tags_{name}[v[0]]\n"
                                 f"    except (TypeError, KeyError, IndexError):\n"
-                                f"        raise _Malformed('expected one of {', '.join(a.__name__ for a in args)}') from None\n"
+                                f"        raise _Malformed('expected one of {members}') from None\n"
                                 f"    return d(v)\n")
         elif origin is tuple and args and args[-1] is not Ellipsis:
             values = [f"a{k}" for k in range(len(args))]

@@ -33,6 +33,10 @@ def cases():
     # a batched product on pgemm.h's tile (A read in place, B packed per item): rows, columns and the reduction
     # off the tile's and block's sizes, so the last rows' pointers and the last panel's pad columns are reached
     yield make([Node("MatMul", ["a", "b"], ["y"])], {"a": (1, 2, 37, 300), "b": (1, 2, 300, 45)})
+    # the same tile reading its operands through Transposes: Q's rows at the heads' pitch, K^T packed from K's rows
+    yield make([Node("Transpose", ["q"], ["qh"], {"perm": [0, 2, 1, 3]}),
+                Node("Transpose", ["k"], ["kt"], {"perm": [0, 2, 3, 1]}), Node("MatMul", ["qh", "kt"], ["y"])],
+               {"q": (1, 70, 2, 64), "k": (1, 70, 2, 64)})
     ints = lambda *v: np.array(v, np.int64)  # noqa: E731
     # Tensor kernels at their edges: reflect pads, reversed slices, upsampling, split, norm, reductions.
     tensor = make([Node("Pad", ["x", "p"], ["pd"], {"mode": "reflect"}),

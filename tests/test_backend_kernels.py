@@ -332,7 +332,7 @@ PACKED_BMMS = [
 def bmm_packed(source: str) -> str:
     """The `packed` argument of the source's one sat_matmul_batched call."""
     call = source[source.index("sat_matmul_batched("):].split(");")[0]
-    return call.split(", ")[8]
+    return call.split(", ")[11]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -345,6 +345,47 @@ def test_batched_matmul_on_packed_tiles(case, threads):
     check_three_way(g, threads=threads)
     # the same products on OpenBLAS (builds whose convs all take im2col keep sgemm)
     assert bmm_packed(emit(g, config=BuildConfig.from_env(im2col=True)).source) == "0"
+    check_three_way(g, threads=threads, config=BuildConfig.from_env(im2col=True))
+
+
+def attention_heads(s: int, h: int, d: int, k_perm, shared_v: bool = False):
+    """BERT-style attention on (1, s, h * d) projections split into heads: Q and V by Transpose (0, 2, 1, 3),
+    K^T by `k_perm` (from the split (1, s, h, d), or from K's heads (1, h, s, d) by (0, 1, 3, 2)); the context
+    transposed back. With `shared_v` V's heads are read by a second node too (its Transpose stays a copy)."""
+    nodes = [Node("Reshape", ["q", "split"], ["q4"]), Node("Transpose", ["q4"], ["qh"], {"perm": [0, 2, 1, 3]}),
+             Node("Reshape", ["k", "split"], ["k4"])]
+    if k_perm == [0, 1, 3, 2]:
+        nodes += [Node("Transpose", ["k4"], ["kh"], {"perm": [0, 2, 1, 3]}), Node("Sigmoid", ["kh"], ["ks"]),
+                  Node("Transpose", ["ks"], ["kt"], {"perm": k_perm})]
+    else:
+        nodes.append(Node("Transpose", ["k4"], ["kt"], {"perm": k_perm}))
+    nodes += [Node("MatMul", ["qh", "kt"], ["sc"]), Node("Div", ["sc", "scale"], ["sd"]),
+              Node("Softmax", ["sd"], ["p"], {"axis": -1}), Node("Reshape", ["v", "split"], ["v4"]),
+              Node("Transpose", ["v4"], ["vh"], {"perm": [0, 2, 1, 3]}), Node("MatMul", ["p", "vh"], ["ctx"]),
+              Node("Transpose", ["ctx"], ["ct"], {"perm": [0, 2, 1, 3]}), Node("Reshape", ["ct", "merge"], ["y"])]
+    outputs = ["y"]
+    if shared_v:
+        nodes.append(Node("Relu", ["vh"], ["vr"]))
+        outputs.append("vr")
+    consts = {"split": np.array([1, s, h, d], np.int64), "merge": np.array([1, s, h * d], np.int64),
+              "scale": np.float32(np.sqrt(d))}
+    return make(nodes, {"q": (1, s, h * d), "k": (1, s, h * d), "v": (1, s, h * d)}, consts, outputs=outputs)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("seq,k_perm,shared_v", [(70, [0, 2, 3, 1], False), (100, [0, 1, 3, 2], True),
+                                                 (9, [0, 2, 3, 1], False)])
+def test_attention_reads_transposed_heads_in_place(seq, k_perm, shared_v, threads):
+    # Q x K^T and P x V read Q, K and V through their Transposes (plan.transposed_operands): no copy of the
+    # heads, K^T packed from K's rows; on pgemm.h's tile (70 and 100 tokens) and on OpenBLAS (9, and the
+    # build whose products all take OpenBLAS). Copies left: the context's merge, K's heads before the
+    # Sigmoid that K^T is taken of, and V's heads when another node reads them.
+    g = attention_heads(seq, 3, 64, k_perm, shared_v)
+    source = emit(g).source
+    copies = 1 + (k_perm == [0, 1, 3, 2]) + shared_v
+    assert source.count("sat_strided(") == copies
+    assert [c.split(", ")[11] for c in source.split("sat_matmul_batched(")[1:]] == ["1" if seq > 9 else "0"] * 2
+    check_three_way(g, threads=threads)
     check_three_way(g, threads=threads, config=BuildConfig.from_env(im2col=True))
 
 

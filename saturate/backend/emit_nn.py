@@ -260,17 +260,48 @@ class NnEmission:
                 return
             self.body.append(f"    sat_gemm(0, 0, {rows}, {n}, {k}, 1.0f, {ap}, {k}, {bp}, {n}, {out}, 0, {epi});\n")
             return
+        self.batched_product(a2, strides(a2), ap, b2, strides(b2), bp, out, epi)
+
+    def emit_bmm_views(self, step, chain, out, oshape):
+        """plan.transposed_operands: a batched MatMul reading its transposed operands in place, each through
+        its Transpose's permuted strides (rows of A contiguous; B's rows or, transposed, its columns)."""
+        node, sh = step.anchor, self.shapes
+        a, b = sh[node.inputs[0]], sh[node.inputs[1]]
+        a2 = (1,) + a if len(a) == 1 else a
+        epi = self.epilogue(step, chain, oshape, len(oshape) - 1)
+        views = {t.outputs[0]: t for t in step.inner}
+
+        def view(value, read, shape):
+            t = views.get(value)
+            if t is None:
+                return strides(shape)
+            xs = sh[read]
+            st = strides(xs)
+            return [st[p] for p in (t.attr("perm") or list(reversed(range(len(xs)))))]
+
+        a_read, b_read = step.operands
+        self.batched_product(a2, view(node.inputs[0], a_read, a2), self.ptr(a_read), b,
+                             view(node.inputs[1], b_read, b), self.ptr(b_read), out, epi)
+
+    def batched_product(self, a2, ast, ap, b2, bst, bp, out, epi):
+        """sat_matmul_batched of A (a2: ..., m, k) and B (b2: ..., k, n) read at `ap` and `bp` through the
+        strides `ast` and `bst` (floats per step of each axis): A's k and one of B's last two axes contiguous."""
+        m, k, n = a2[-2], a2[-1], b2[-1]
+        tb = int(bst[-1] != 1 and n > 1)
+        # (the pitch of an axis of one row or column is never stepped; sgemm wants it at least the row's length)
+        lda = ast[-2] if m > 1 else k
+        ldb = bst[-1] if tb else (bst[-2] if k > 1 else n)
         batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
         offs = []
         for idx in np.ndindex(*batch):
-            ao = sum(i * s for i, s, d in zip(idx[len(idx) - len(a2) + 2:], strides(a2[:-2]), a2[:-2]) if d > 1)
-            bo = sum(i * s for i, s, d in zip(idx[len(idx) - len(b2) + 2:], strides(b2[:-2]), b2[:-2]) if d > 1)
-            offs.append((ao * m * k, bo * k * n))
+            ao = sum(i * s for i, s, d in zip(idx[len(idx) - len(a2) + 2:], ast[:-2], a2[:-2]) if d > 1)
+            bo = sum(i * s for i, s, d in zip(idx[len(idx) - len(b2) + 2:], bst[:-2], b2[:-2]) if d > 1)
+            offs.append((ao, bo))
         tab = f"mm_{len(self.funcs)}"
         self.funcs.append(f"static const int64_t {tab}[][2] = {{{', '.join(f'{{{p}, {q}}}' for p, q in offs)}}};\n")
         packed = int(self.packs_batched(m, n, k))
-        self.body.append(f"    sat_matmul_batched({ap}, {bp}, {out}, {len(offs)}, {tab}, {m}, {n}, {k}, {packed}, "
-                         f"{epi});\n")
+        self.body.append(f"    sat_matmul_batched({ap}, {bp}, {out}, {len(offs)}, {tab}, {m}, {n}, {k}, {lda}, {ldb}, "
+                         f"{tb}, {packed}, {epi});\n")
 
     def emit_QLinearConv(self, step, chain, out, oshape):
         emit_qlinear(self, step, chain, out, oshape)

@@ -213,8 +213,37 @@ def rms_norm(graph: Graph, div: Node, producers: dict, consumers: dict, outputs:
     return [square, mean, add, root], (x, eps)
 
 
+def transposed_operands(graph: Graph, mm: Node, producers: dict, consumers: dict, outputs: set,
+                        shapes: dict) -> tuple[list[Node], tuple[str, str]] | None:
+    """A batched MatMul (B of rank 3 or more) reading an operand through a Transpose that only it reads:
+    attention's heads split by Transpose (1, S, H, D) -> (1, H, S, D) for Q and V, and K^T by (0, 2, 3, 1) or
+    (0, 1, 3, 2). The product reads the Transpose's input in place (sat_matmul_batched's row pitches and
+    transposed B), so the copy is not made. A qualifies when its rows stay contiguous (the last axis stays
+    last); B when its rows or its columns do. Returns the Transposes and (A's value, B's value) as read."""
+    if mm.op != "MatMul" or len(mm.inputs) != 2:
+        return None
+    a, b = mm.inputs
+    sa, sb = shapes.get(a), shapes.get(b)
+    if not sa or not sb or len(sa) < 2 or len(sb) < 3:
+        return None
+    found, reads = [], []
+    for value, shape, contiguous in ((a, sa, (-1,)), (b, sb, (-1, -2))):
+        t = producers.get(value)
+        if (t is not None and t.op == "Transpose" and a != b and value not in outputs
+                and [id(n) for n in consumers.get(value, [])] == [id(mm)]):
+            perm = list(t.attr("perm") or reversed(range(len(shape))))
+            if len(perm) == len(shape) and any(perm[d] == len(shape) - 1 for d in contiguous):
+                found.append(t)
+                reads.append(t.inputs[0])
+                continue
+        reads.append(value)
+    if not found:
+        return None
+    return found, (reads[0], reads[1])
+
+
 # Patterns of several nodes run as one kernel, by the op of their last node.
-PATTERNS = {"Add": ("rotary", rotary), "Div": ("rms_norm", rms_norm)}
+PATTERNS = {"Add": ("rotary", rotary), "Div": ("rms_norm", rms_norm), "MatMul": ("bmm_views", transposed_operands)}
 
 
 def fuse(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Step], dict[str, str]]:

@@ -438,18 +438,28 @@ float *sat_bmm_buf[SAT_MAX_THREADS];
 
 size_t sat_bmm_cap[SAT_MAX_THREADS];
 
-/* Columns [j0, j1) of B (K x N, row pitch N) into pgemm.h's SAT_PN-column panels, each k-major over the whole
- * K (panel q at bp + q K SAT_PN), columns past j1 zero. */
-static void sat_pack_b_cols(const float *B, int K, int N, int j0, int j1, float *bp) {
+/* Columns [j0, j1) of B (K x N: element (k, j) at B[k ldb + j], or at B[j ldb + k] when `tb`) into pgemm.h's
+ * SAT_PN-column panels, each k-major over the whole K (panel q at bp + q K SAT_PN), columns past j1 zero. */
+static void sat_pack_b_cols(const float *B, int K, int64_t ldb, int tb, int j0, int j1, float *bp) {
     for (int j = j0; j < j1; j += SAT_PN) {
         const int nr = j1 - j < SAT_PN ? j1 - j : SAT_PN;
         float *d = bp + (int64_t)(j - j0) * K;
+        if (tb) {
+            /* a transposed B (attention's K^T read from K): column j's K floats are contiguous */
+            for (int c = 0; c < nr; c++) {
+                const float *s = B + (int64_t)(j + c) * ldb;
+                for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PN + c] = s[k];
+            }
+            if (nr < SAT_PN)
+                for (int k = 0; k < K; k++) memset(d + (int64_t)k * SAT_PN + nr, 0, sizeof(float) * (size_t)(SAT_PN - nr));
+            continue;
+        }
         const float *s = B + j;
         if (nr == SAT_PN)
-            for (int k = 0; k < K; k++) memcpy(d + (int64_t)k * SAT_PN, s + (int64_t)k * N, sizeof(float) * SAT_PN);
+            for (int k = 0; k < K; k++) memcpy(d + (int64_t)k * SAT_PN, s + (int64_t)k * ldb, sizeof(float) * SAT_PN);
         else
             for (int k = 0; k < K; k++) {
-                memcpy(d + (int64_t)k * SAT_PN, s + (int64_t)k * N, sizeof(float) * (size_t)nr);
+                memcpy(d + (int64_t)k * SAT_PN, s + (int64_t)k * ldb, sizeof(float) * (size_t)nr);
                 memset(d + (int64_t)k * SAT_PN + nr, 0, sizeof(float) * (size_t)(SAT_PN - nr));
             }
     }
@@ -472,7 +482,7 @@ static void sat_bmm_packed_item(const sat_bmm_args *a, int64_t u, int tid) {
     const int64_t padded = (int64_t)(j1 - j0 + SAT_PN - 1) / SAT_PN * SAT_PN;
     float *bp = sat_thread_buf(&sat_bmm_buf[tid], &sat_bmm_cap[tid], (size_t)(padded * K));
     if (!bp) abort();
-    sat_pack_b_cols(a->B + a->offs[bi][1], K, N, j0, j1, bp);
+    sat_pack_b_cols(a->B + a->offs[bi][1], K, a->ldb, a->tb, j0, j1, bp);
     for (int jc = j0; jc < j1; jc += SAT_BMM_JC * SAT_PN) {
         const int jc1 = jc + SAT_BMM_JC * SAT_PN < j1 ? jc + SAT_BMM_JC * SAT_PN : j1;
         for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
@@ -480,7 +490,7 @@ static void sat_bmm_packed_item(const sat_bmm_args *a, int64_t u, int tid) {
             for (int i = 0; i < M; i += SAT_PR) {
                 const int mr = M - i < SAT_PR ? M - i : SAT_PR;
                 const float *rows[SAT_PR];
-                for (int r = 0; r < SAT_PR; r++) rows[r] = A + (int64_t)(i + (r < mr ? r : 0)) * K + k0;
+                for (int r = 0; r < SAT_PR; r++) rows[r] = A + (int64_t)(i + (r < mr ? r : 0)) * a->lda + k0;
                 for (int j = jc; j < jc1; j += SAT_PN)
                     sat_ukr_rows(kc, rows, bp + (int64_t)(j - j0) * K + (int64_t)k0 * SAT_PN, Y + (int64_t)i * N + j,
                                  N, mr, jc1 - j < SAT_PN ? jc1 - j : SAT_PN, k0 > 0);
@@ -497,17 +507,18 @@ void sat_bmm_item(void *ctx, int64_t u, int tid) {
         sat_bmm_packed_item(a, u, tid);
         return;
     }
-    sat_gemm(0, 0, a->M, a->N, a->K, 1.0f, a->A + a->offs[u][0], a->K, a->B + a->offs[u][1], a->N, a->Y,
-             u * (int64_t)a->M * a->N, a->epi);
+    sat_gemm(0, a->tb, a->M, a->N, a->K, 1.0f, a->A + a->offs[u][0], (int)a->lda, a->B + a->offs[u][1], (int)a->ldb,
+             a->Y, u * (int64_t)a->M * a->N, a->epi);
 }
 
 /* `batch` products Y[bi] = A[offs[bi][0]..] B[offs[bi][1]..] (broadcast batch dims resolved in the
- * offsets table). With `packed` (the emitter's choice) on pgemm.h's tile, each product's columns split in
+ * offsets table), A's rows `lda` floats apart, B's rows `ldb` apart (its columns, when `tb`: B read as the
+ * transpose of a row-major N x K, attention's K^T in place). With `packed` (the emitter's choice) on pgemm.h's tile, each product's columns split in
  * runs of whole panels when there are fewer products than two per thread; else one product per work item
  * on single-threaded OpenBLAS. */
 void sat_matmul_batched(const float *A, const float *B, float *Y, int64_t batch, const int64_t (*offs)[2],
-                               int M, int N, int K, int packed, sat_epi epi) {
-    sat_bmm_args a = {A, B, Y, offs, M, N, K, packed, 1, N, epi};
+                               int M, int N, int K, int64_t lda, int64_t ldb, int tb, int packed, sat_epi epi) {
+    sat_bmm_args a = {A, B, Y, offs, lda, ldb, M, N, K, tb, packed, 1, N, epi};
     if (packed && sat_threads > 1 && !sat_in_parallel && batch < 2 * sat_threads) {
         const int panels = (N + SAT_PN - 1) / SAT_PN;
         int groups = (int)((2 * sat_threads + batch - 1) / batch);

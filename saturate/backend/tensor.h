@@ -251,7 +251,8 @@ typedef struct {
     const float *A, *B;
     float *Y;
     const int64_t (*offs)[2];
-    int M, N, K, packed;
+    int64_t lda, ldb;
+    int M, N, K, tb, packed;
     int groups, per;  /* packed products: work items per product, columns per item */
     sat_epi epi;
 } sat_bmm_args;
@@ -263,6 +264,6 @@ extern size_t sat_bmm_cap[SAT_MAX_THREADS];
 void sat_bmm_item(void *ctx, int64_t bi, int tid);
 
 void sat_matmul_batched(const float *A, const float *B, float *Y, int64_t batch, const int64_t (*offs)[2],
-                               int M, int N, int K, int packed, sat_epi epi);
+                               int M, int N, int K, int64_t lda, int64_t ldb, int tb, int packed, sat_epi epi);
 
 #endif

@@ -240,3 +240,84 @@ def test_run_of_a_bad_position_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == ("saturate: error: node 'pick' (SequenceAt): position 5 is out of range for a sequence "
                        "of length 2 (allowed -2 to 1)")
+
+
+# ---- saturate check over sequences ------------------------------------------------------------
+
+def _rule(body: str):
+    from saturate.lang.parser import parse_rules
+
+    (rule,) = parse_rules(f"ruleset s level 1\nrule r\n    {body}\n", "s.rules")[0].rules
+    return rule
+
+
+@pytest.mark.parametrize("body", [
+    "SequenceAt(SequenceConstruct(a, b), i:const) => a\n    if i == 0",
+    "SequenceLength(SequenceConstruct(a, b)) => 2",
+    "ConcatFromSequence(SplitToSequence(x){axis=0, keepdims=1}){axis=0, new_axis=0} => x",
+    "SequenceLength(SequenceInsert(s, x)) => Add(SequenceLength(s), 1)",
+    "SequenceErase(SequenceInsert(s, x)) => s",
+    "SequenceAt(SplitToSequence(x){axis=0, keepdims=0}, p:const) => Gather(x, p){axis=0}",
+    "SequenceLength(SplitToSequence(x){axis=1}) => Gather(Shape(x), 1){axis=0}",
+])
+def test_sound_sequence_rules_pass(body):
+    from saturate.check.checker import check_rule
+
+    result = check_rule(_rule(body), examples=25, seed=0)
+    assert result.status == "PASS", (result.message, result.counterexample and result.counterexample.reason)
+    assert result.examples == 25
+
+
+@pytest.mark.parametrize("body,reason", [
+    ("SequenceAt(SequenceConstruct(a, b), i:const) => b\n    if i == 0", "outputs differ"),
+    ("SequenceLength(SequenceConstruct(a, b)) => 3", "outputs differ at index []: left 2, right 3"),
+    ("SequenceErase(SequenceInsert(s, x)) => SequenceInsert(s, x)", "sequence lengths differ"),
+    # Attributes a pattern leaves free are drawn: split with keepdims=0 or stacked with
+    # new_axis=1, the items do not join back into x.
+    ("ConcatFromSequence(SplitToSequence(x){axis=0}){axis=0} => x", "shapes differ"),
+    ("SequenceInsert(SequenceInsert(s, a), b) => SequenceInsert(SequenceInsert(s, b), a)", "item"),
+    ("SequenceConstruct(a) => SequenceConstruct(Cast(a){to=7})", "sequence element types differ"),
+])
+def test_unsound_sequence_rules_fail_with_a_counterexample(body, reason):
+    from saturate.check.checker import check_rule, format_result
+
+    result = check_rule(_rule(body), examples=100, seed=0)
+    assert result.status == "FAIL", result.message
+    assert reason in result.counterexample.reason, result.counterexample.reason
+    report = format_result(result)
+    assert "counterexample" in report and "left " in report
+
+
+def test_sequence_comparison_is_item_by_item():
+    from saturate.check.checker import compare, show_array
+
+    a = TensorSequence([np.zeros(2, np.float32), np.ones(3, np.float32)])
+    assert compare(a, TensorSequence([np.zeros(2, np.float32), np.ones(3, np.float32)]), 1.0) is None
+    assert compare(a, TensorSequence([np.zeros(2, np.float32)]), 1.0) == "sequence lengths differ: left 2, right 1"
+    assert compare(a, TensorSequence([np.zeros(2), np.ones(3)]), 1.0) == \
+        "sequence element types differ: left float32, right float64"
+    assert compare(a, TensorSequence([np.zeros(2, np.float32), np.ones(2, np.float32)]), 1.0) == \
+        "item 1: shapes differ: left (3,), right (2,)"
+    assert compare(a, TensorSequence([np.zeros(2, np.float32), np.array([1, 2, 1], np.float32)]), 1.0) == \
+        "item 1: outputs differ at index [1]: left 1, right 2"
+    assert compare(a, np.zeros(2, np.float32), 1.0) == "left is a sequence, right is a tensor"
+    assert compare(TensorSequence([], np.int64), TensorSequence([], np.int64), 1.0) is None
+    assert show_array(TensorSequence([], np.int64)) == "sequence of 0 int64"
+    assert show_array(a) == "sequence of 2 float32: [0] float32[2] = [0., 0.]; [1] float32[3] = [1., 1., 1.]"
+
+
+def test_sequence_strategy_draws_lists_of_one_dtype():
+    from hypothesis import given, settings
+
+    from saturate.check.strategies import sequences
+
+    seen = set()
+
+    @settings(max_examples=60, deadline=None, database=None)
+    @given(sequences(dtype=np.int32))
+    def prop(s):
+        assert isinstance(s, TensorSequence) and s.dtype == np.int32 and len(s) <= 4
+        assert all(a.dtype == np.int32 and a.ndim == s[0].ndim for a in s)
+        seen.add(len(s))
+    prop()
+    assert {0, 1, 2} <= seen

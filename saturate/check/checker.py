@@ -20,6 +20,7 @@ from hypothesis.errors import Unsatisfiable
 from saturate.core.errors import MemoryLimitError, SaturateError
 from saturate.core.limits import lowered
 from saturate.interp.interpreter import run_graph
+from saturate.interp.sequences import TensorSequence
 from saturate.core.ir import Graph, Node
 from saturate.lang.ast import Num, OpTerm, Rule, Term, Var
 from saturate.lang import fold
@@ -80,9 +81,23 @@ class _Broken(Exception):
 def as_float64(example: Example, keep: frozenset[str] = frozenset()) -> Example:
     """The example with every float value widened to float64 (integers untouched), but those in
     `keep`: values read for their dtype only (CastLike's second input)."""
-    values = {k: v.astype(np.float64) if v.dtype.kind == "f" and k not in keep else v
-              for k, v in example.values.items()}
+    values = {k: _widened(v) if k not in keep else v for k, v in example.values.items()}
     return dataclasses.replace(example, values=values)
+
+
+def _widened(v: Any) -> Any:
+    if isinstance(v, list):    # a sequence: its items widened, and its element type with them
+        return TensorSequence([_widened(a) for a in v], np.float64 if v.dtype.kind == "f" else v.dtype)
+    return v.astype(np.float64) if v.dtype.kind == "f" else v
+
+
+def _items(v: Any) -> list[np.ndarray]:
+    """The arrays a value holds: the array itself, or a sequence's items."""
+    return list(v) if isinstance(v, list) else [v]
+
+
+def _size(v: Any) -> int:
+    return sum(a.size for a in _items(v))
 
 
 def _dtype_only(rule: Rule) -> frozenset[str]:
@@ -173,7 +188,7 @@ def _run_graph(g: Graph, ex: Example) -> tuple[np.ndarray, float]:
     """Run a side's graph; returns its output and the largest finite magnitude inside it."""
     feed = {name: ex.values[name] for name in g.inputs}
     values = run_graph(g, feed)
-    seen = list(values.values()) + list(g.constants.values()) + list(feed.values())
+    seen = [a for v in list(values.values()) + list(g.constants.values()) + list(feed.values()) for a in _items(v)]
     floats = [v.astype(np.float64) if is_exotic(v.dtype) else v for v in seen
               if v.size and (v.dtype.kind == "f" or is_exotic(v.dtype) and not is_exotic_int(v.dtype))]
     scale = max((float(np.max(np.abs(v[np.isfinite(v)]), initial=0.0)) for v in floats), default=0.0)
@@ -185,7 +200,10 @@ def compare(lhs: np.ndarray, rhs: np.ndarray, scale: float, steps: int = 0) -> s
     not finite (a division by zero, say), any right-side value is acceptable; +0 and -0 are
     equal. An integer result must stay integer and match exactly (within `steps`, for a rule
     that declares `rounding_steps(n)`); a float one must be finite and within the tolerance
-    above wherever the left side is finite."""
+    above wherever the left side is finite. Sequences compare item by item: length, element
+    type, then each item as a tensor."""
+    if isinstance(lhs, list) or isinstance(rhs, list):
+        return _compare_sequences(lhs, rhs, scale, steps)
     if lhs.shape != rhs.shape:
         return f"shapes differ: left {lhs.shape}, right {rhs.shape}"
     strings = [_is_string(a) for a in (lhs, rhs)]
@@ -217,6 +235,21 @@ def compare(lhs: np.ndarray, rhs: np.ndarray, scale: float, steps: int = 0) -> s
         return None
     idx = tuple(int(i) for i in np.argwhere(bad)[0])
     return f"outputs differ at index {list(idx)}: left {lhs[idx]:.7g}, right {rhs[idx]:.7g}"
+
+
+def _compare_sequences(lhs: Any, rhs: Any, scale: float, steps: int) -> str | None:
+    kinds = ["a sequence" if isinstance(a, list) else "a tensor" for a in (lhs, rhs)]
+    if kinds[0] != kinds[1]:
+        return f"left is {kinds[0]}, right is {kinds[1]}"
+    if len(lhs) != len(rhs):
+        return f"sequence lengths differ: left {len(lhs)}, right {len(rhs)}"
+    if lhs.dtype != rhs.dtype:
+        return f"sequence element types differ: left {lhs.dtype}, right {rhs.dtype}"
+    for k, (a, b) in enumerate(zip(lhs, rhs)):
+        reason = compare(np.asarray(a), np.asarray(b), scale, steps)
+        if reason is not None:
+            return f"item {k}: {reason}"
+    return None
 
 
 # bfloat16 results may differ by this many units in the last place (of 8 significant bits): a
@@ -297,15 +330,17 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool,
     except MemoryLimitError:
         return None, False  # a drawn value read as a size (a window's length, say): not an example
     except SaturateError as err:
-        if any(v.dtype.kind in "iubO" for k, v in ex.values.items() if v.size and k not in ex.forced):
+        if any(v.dtype.kind in "iubO" for k, v in ex.values.items() if _size(v) and k not in ex.forced):
             # Integer division by zero, a string Cast does not read as a number of its type
             # ('1.5' as int64), say: the left side is undefined.
             return None, False
         raise _Broken(f"the drawn left side does not run: {err}") from None
-    lhs = np.asarray(lhs)
+    lhs = lhs if isinstance(lhs, list) else np.asarray(lhs)
     # An empty output is compared too (its shape and dtype): a right side of another shape on
-    # empty tensors is a different graph. A non-empty one with no finite element is undefined.
-    if lhs.size and lhs.dtype.kind == "f" and not is_exotic(lhs.dtype) and not np.isfinite(lhs).any():
+    # empty tensors is a different graph. A non-empty one with no finite element is undefined
+    # (a sequence: none in any item).
+    if _size(lhs) and lhs.dtype.kind == "f" and not is_exotic(lhs.dtype) \
+            and not any(np.isfinite(a).any() for a in _items(lhs)):
         return None, False
     try:
         right = build_rhs(side, decision, ex.values, ex.consts, ex.node_attrs, ex.opset)
@@ -313,7 +348,7 @@ def _compare_sides(rule: Rule, example: Example, reverse: bool,
     except (SaturateError, RightSideError, ValueError, TypeError, IndexError) as err:
         reason = f"the right side fails: {_first_line(err)}"
         return Counterexample(_plain(example), reverse, reason, lhs), True
-    rhs = np.asarray(rhs)
+    rhs = rhs if isinstance(rhs, list) else np.asarray(rhs)
     reason = compare(lhs, rhs, max(scale_l, scale_r), _rounding_steps(rule))
     if reason is not None and reason.startswith("outputs differ") and not _is_string(lhs) \
             and _random_nodes(left) + _random_nodes(right):
@@ -490,6 +525,8 @@ def _property(rule: Rule, reverse: bool, count: list[int], nonempty: bool = Fals
 
 def _example_key(example: Example) -> Any:
     def value(v: np.ndarray) -> Any:
+        if isinstance(v, list):
+            return ("seq", v.dtype.str, tuple(value(a) for a in v))
         return (v.dtype.str, v.shape, repr(v.tolist()) if _is_string(v) else v.tobytes())
     return (example.seed, repr(sorted(example.node_attrs.items())),
             tuple((k, value(v)) for k, v in sorted(example.values.items())))
@@ -650,7 +687,7 @@ def _search(rule: Rule, reverse: bool, examples: int, seed: int | None, count: l
 
 
 def _has_empty(example: Example) -> bool:
-    return any(v.size == 0 for v in example.values.values())
+    return any(_size(v) == 0 for v in example.values.values())
 
 
 def _nonempty_counterexample(rule: Rule, reverse: bool, examples: int, seed: int | None) -> Counterexample | None:
@@ -747,7 +784,11 @@ def show_term(t: Term) -> str:
 
 
 def show_array(a: np.ndarray) -> str:
-    """Small arrays in full; larger ones by shape, range and first elements."""
+    """Small arrays in full; larger ones by shape, range and first elements. A sequence: its
+    length and element type, then each item."""
+    if isinstance(a, list):
+        items = "; ".join(f"[{k}] {show_array(item)}" for k, item in enumerate(a))
+        return f"sequence of {len(a)} {a.dtype}" + (f": {items}" if items else "")
     a = np.asarray(a)
     if _is_string(a):
         # Each string quoted, so that empty strings and spaces read; nested as the array is.

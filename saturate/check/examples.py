@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from saturate.check.compiled import compiled, decide_example
 from saturate.check.planner import Planner
 from saturate.check.schema import BASE_OPSET, EXOTIC_OPS, EXOTIC_OPSET, RANDOM_OPS, np_dtype, opset_for
-from saturate.check.strategies import draw_constant, draw_strings
+from saturate.check.strategies import SeqShape, draw_constant, draw_sequence, draw_strings
 from saturate.lang.ast import OpTerm, Rule, Term
 
 # ---- inputs satisfying a rule ---------------------------------------------------------------
@@ -71,7 +71,9 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
             # Each variable in a dtype its ops' type constraints allow (Planner.assign_types).
             dtype = np_dtype(planner.dtypes.get(name, "float32"))
             fill = planner.hints.get(name, {}).get("fill")
-            if name in planner.forced:
+            if isinstance(shape, SeqShape):   # a sequence variable: a list of tensors
+                values[name] = draw_sequence(draw, shape, planner.sign_of(name), dtype)
+            elif name in planner.forced:
                 values[name] = np.asarray(planner.forced[name]).astype(dtype)
             elif fill is not None:
                 values[name] = np.full(shape, fill, dtype)

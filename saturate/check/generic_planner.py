@@ -15,8 +15,8 @@ import warnings
 from saturate.core.ir import Node
 from saturate.lang.ast import AttrVar, IntList, Num, OpTerm, Str, Var
 from saturate.ops.registry import domain_of
-from saturate.check.schema import attribute_drawer, np_dtype, schema
-from saturate.check.strategies import MAX_RANK, MAX_SIDE, Template, draw_broadcastable
+from saturate.check.schema import attribute_drawer, is_sequence_slot, np_dtype, schema
+from saturate.check.strategies import MAX_RANK, MAX_SIDE, SeqShape, Template, draw_broadcastable, draw_seq_shape
 
 # Tries of the generic shape rule before an example is given up.
 _GENERIC_TRIES = 12
@@ -92,14 +92,20 @@ class GenericPlanning:
             if k in shapes:
                 continue
             tmpl = self.template(t.args[k])
-            first = next((shapes[j] for j in data if j in shapes), None)
+            first = next((_tensor_shape(shapes[j]) for j in data if j in shapes and _tensor_shape(shapes[j])
+                          is not None), None)
             if first is None:
-                shapes[k] = self.candidate(out, tmpl)
+                shape = self.candidate(None if isinstance(out, SeqShape) else out, tmpl)
+                if isinstance(out, SeqShape) and out and not is_sequence_slot(t.op, self.opset, k):
+                    shape = out[0]      # a tensor that becomes an item of the sequence asked
             else:
                 pick = self.draw(st.integers(0, 3))
-                shapes[k] = (first if pick < 2 else draw_broadcastable(self.draw, first) if pick == 2
-                             else self.shape_for(tmpl))
-        rank = len(shapes[data[0]]) if data else 0
+                shape = (first if pick < 2 else draw_broadcastable(self.draw, first) if pick == 2
+                         else self.shape_for(tmpl))
+            # A sequence input: items around the shape drawn (the sequence asked, if one is).
+            shapes[k] = (out if isinstance(out, SeqShape) and self.draw(st.booleans()) else
+                         draw_seq_shape(self.draw, shape)) if is_sequence_slot(t.op, self.opset, k) else shape
+        rank = _rank(shapes[data[0]]) if data else 0
         attrs = self.schema_attrs(t.op, op_schema, dict(fixed), rank)
         values = {k: self.param_values(t, k, op_schema, rank) for k, kind in enumerate(kinds) if kind == "param"}
         return shapes, values, attrs
@@ -131,7 +137,7 @@ class GenericPlanning:
             if k not in shapes and k not in values:      # an input the fit leaves free
                 shapes[k] = self.shape_for(self.template(a))
         first = next((shapes[k] for k in range(len(t.args)) if k in shapes), ())
-        attrs = self.schema_attrs(t.op, schema(t.op, self.opset), {**attrs, **fixed}, len(first))
+        attrs = self.schema_attrs(t.op, schema(t.op, self.opset), {**attrs, **fixed}, _rank(first))
         return shapes, values, attrs
 
     def arg_dtype(self, t: OpTerm, path: tuple[int, ...], k: int) -> str:
@@ -224,8 +230,7 @@ class GenericPlanning:
                 args.append(values[k])
                 continue
             dtype = self.dtypes.get(a.name) if isinstance(a, Var) else self.node_dtypes.get(path + (k,))
-            # Strings stand in as one word each (zeros of an object array would be ints).
-            args.append(np.full(shapes[k], "a", object) if dtype == "object" else np.zeros(shapes[k], dtype or "float32"))
+            args.append(_stand_in(shapes[k], dtype))
         node = Node(t.op, [f"in{k}" for k in range(len(args))], ["out"],
                     {key: v for key, v in attrs.items() if v is not None}, name=t.op, domain=domain_of(t.op))
         try:
@@ -238,4 +243,30 @@ class GenericPlanning:
         if not result or result[0] is None:
             return None
         ACCEPTED.add(t.op)
+        if isinstance(result[0], list):     # a sequence: its items' shapes
+            return SeqShape(tuple(int(d) for d in np.shape(item)) for item in result[0])
         return tuple(int(d) for d in np.shape(result[0]))
+
+
+def _stand_in(shape: tuple[int, ...], dtype: str | None) -> Any:
+    """Zeros of the shape (a list of them, as a sequence value, for a SeqShape). Strings stand in
+    as one word each (zeros of an object array would be ints)."""
+    if isinstance(shape, SeqShape):
+        from saturate.interp.sequences import TensorSequence
+
+        return TensorSequence([_stand_in(item, dtype) for item in shape], np_dtype(dtype or "float32"))
+    return np.full(shape, "a", object) if dtype == "object" else np.zeros(shape, np_dtype(dtype or "float32"))
+
+
+def _tensor_shape(shape: tuple) -> tuple[int, ...] | None:
+    """A tensor shape to draw a neighbour around: the shape itself, or a sequence's first item's."""
+    if isinstance(shape, SeqShape):
+        return shape[0] if shape else None
+    return shape
+
+
+def _rank(shape: tuple) -> int:
+    """The rank attributes are drawn for: a tensor's, or a sequence's items'."""
+    if isinstance(shape, SeqShape):
+        return shape.item_rank() or 1
+    return len(shape)

@@ -35,7 +35,7 @@ from saturate.check.schema import (BASE_OPSET, DRAWABLE, EXOTIC_OPS, FLOATS, RAN
                                    draw_dtype, dtype_of_tensor_type, input_slot, np_dtype, schema, slot_types,
                                    undrawn_values)
 from saturate.ops.registry import find, ops_with
-from saturate.check.strategies import MAX_RANK, MAX_SIDE, Template, draw_broadcastable, draw_per_axis
+from saturate.check.strategies import MAX_RANK, MAX_SIDE, SeqShape, Template, draw_broadcastable, draw_per_axis
 
 _SIGN_GUARDS = {"positive": "positive", "nonnegative": "nonnegative", "nonzero": "nonzero"}
 # How the op registry says to draw an op (OpDef.draw); these broadcast multidirectionally, as Add.
@@ -204,7 +204,8 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
             return
         if d is not None and not d.standard and d.evaluate is not None:
             return      # an op registered outside ONNX, run by its entry's kernel
-        reason = unsupported_reason(op, self.opset)
+        from saturate.interp.sequences import SEQUENCE_OPS
+        reason = unsupported_reason(op, self.opset) if op not in SEQUENCE_OPS else None
         if reason is not None:
             raise SaturateError(f"op '{op}' cannot be checked: {reason} (opset {self.opset})")
 
@@ -346,8 +347,8 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
         if v.const:
             self.consts.add(v.name)
         have = self.shapes.get(v.name)
-        if have is None:
-            self.shapes[v.name] = tuple(shape)
+        if have is None:   # a sequence's item shapes (SeqShape) stay one
+            self.shapes[v.name] = shape if isinstance(shape, SeqShape) else tuple(shape)
         elif exact:
             assume(have == tuple(shape))
         else:

@@ -58,6 +58,13 @@ _ONNX_NAME = {"float32": "float", "float64": "double", STRING: "string", "float8
               "float8_e4m3fnuz": "float8e4m3fnuz", "float8_e5m2": "float8e5m2", "float8_e5m2fnuz": "float8e5m2fnuz",
               "float8_e8m0fnu": "float8e8m0", "float4_e2m1fn": "float4e2m1"}
 _ONNX_TYPE = {f"tensor({_ONNX_NAME.get(d, d)})": d for d in DRAWABLE}
+# A sequence slot is drawn by its items' dtype (seq(tensor(float)) as float32): a sequence value
+# is a list of tensors of one dtype (saturate.interp.sequences.TensorSequence).
+_ONNX_TYPE.update({f"seq({t})": d for t, d in list(_ONNX_TYPE.items())})
+# Sequence ops whose sequence type S holds tensors of their tensor type T (the spec says so in
+# words; the schemas give S and T apart): drawn as one type parameter, T.
+SAME_ITEM_TYPE = frozenset({"SequenceConstruct", "SequenceAt", "SequenceInsert", "SplitToSequence",
+                            "ConcatFromSequence"})
 
 
 _ML_NAMES = frozenset(EXOTIC_WEIGHTS) | {"float8_e8m0fnu"}
@@ -168,6 +175,8 @@ def _schema_slot_types(op: str, opset: int) -> tuple[tuple[str, frozenset[str]],
 
     def slot(formal: Any) -> tuple[str, frozenset[str]]:
         ts = formal.type_str
+        if op in SAME_ITEM_TYPE and ts == "S":
+            ts = "T"
         if ts in allowed:
             return ts, allowed[ts]
         return ts, frozenset({_ONNX_TYPE[ts]}) if ts in _ONNX_TYPE else frozenset()
@@ -185,7 +194,8 @@ def input_slot(op: str, opset: int, k: int) -> tuple[str, frozenset[str]]:
 
 def undrawn_values(op: str, opset: int, arity: int) -> str | None:
     """What the op reads (in its first `arity` inputs) or writes that no drawn dtype is:
-    "sequences", "optionals", or the tensor types (None: every slot takes a drawn dtype)."""
+    "optionals", maps, or the tensor types (None: every slot takes a drawn dtype; a sequence of
+    tensors is drawn as a list of them)."""
     s = schema(op, opset)
     if s is None:
         return None
@@ -198,7 +208,7 @@ def undrawn_values(op: str, opset: int, arity: int) -> str | None:
     for formal, (_, dtypes) in slots:
         if not dtypes:
             types = " ".join(allowed.get(formal.type_str, [formal.type_str]))
-            return "sequences" if "seq(" in types else "optionals" if "optional(" in types else types
+            return "optionals" if "optional(" in types else "sequences of maps" if "seq(" in types else types
     return None
 
 
@@ -334,3 +344,25 @@ def attribute_drawer(op: str, key: str, opset: int, rank: Callable[[], int]) -> 
         if kind == AttributeProto.FLOAT:
             return lambda draw, _a: pick(draw, [1.0, 0.5, 2.0])
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def sequence_slots(op: str, opset: int) -> tuple[bool, tuple[bool, ...]]:
+    """(output 0, inputs): which slots of the op take only sequences of tensors (variadic inputs
+    repeat the last formal)."""
+    s = schema(op, opset)
+    if s is None:
+        return False, ()
+    allowed = {c.type_param_str: list(c.allowed_type_strs) for c in s.type_constraints}
+
+    def only_seq(formal: Any) -> bool:
+        types = allowed.get(formal.type_str, [formal.type_str])
+        return bool(types) and all(t.startswith("seq(") for t in types)
+    out = only_seq(s.outputs[0]) if s.outputs else False
+    return out, tuple(only_seq(f) for f in s.inputs)
+
+
+def is_sequence_slot(op: str, opset: int, k: int) -> bool:
+    """Whether input k of the op takes only sequences."""
+    inputs = sequence_slots(op, opset)[1]
+    return bool(inputs) and inputs[min(k, len(inputs) - 1)]

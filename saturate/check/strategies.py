@@ -47,6 +47,46 @@ class Template:
 
 
 
+class SeqShape(tuple):
+    """The "shape" the planner gives a sequence value: its items' shapes, in order (a tuple of
+    tuples; an empty one is an empty sequence)."""
+
+    def item_rank(self) -> int | None:
+        return len(self[0]) if self else None
+
+
+# Sequence lengths drawn, the shrinker moving towards the first: two items mostly show a rule's
+# fault (order, which one is read), one and none the edges.
+SEQUENCE_LENGTHS = (2, 1, 3, 0, 4)
+
+
+def draw_seq_shape(draw, item: tuple[int, ...]) -> SeqShape:
+    """A sequence of 0 to 4 items around the shape `item`: all of that shape (two draws in three:
+    they stack and join along any axis), or with one axis of other sides (they join along it)."""
+    length = draw(st.sampled_from(SEQUENCE_LENGTHS))
+    if not item or draw(st.integers(0, 2)) < 2:
+        return SeqShape(tuple(item) for _ in range(length))
+    axis = draw(st.integers(0, len(item) - 1))
+    return SeqShape(tuple(item[:axis]) + (draw(st.integers(1, MAX_SIDE)),) + tuple(item[axis + 1:])
+                    for _ in range(length))
+
+
+def draw_sequence(draw, shape: SeqShape, sign: str = "any", dtype: Any = np.float32) -> list:
+    """A sequence value (a TensorSequence: a list of arrays of one dtype) of those item shapes."""
+    from saturate.interp.sequences import TensorSequence
+
+    return TensorSequence([draw_constant(draw, tuple(item), sign, dtype) for item in shape], dtype)
+
+
+def sequences(shape: SeqShape | None = None, sign: str = "any", dtype: Any = np.float32) -> st.SearchStrategy[list]:
+    """Sequence values: lists of 0 to 4 tensors of one dtype (of the item shapes `shape`, else
+    drawn around one shape), as the interpreter holds them."""
+    def draw_one(draw) -> list:
+        got = shape if shape is not None else draw_seq_shape(draw, draw(shapes(max_rank=3)))
+        return draw_sequence(draw, got, sign, dtype)
+    return st.composite(draw_one)()
+
+
 def shapes(rank: int | None = None, *, min_rank: int = 0, max_rank: int = MAX_RANK,
            max_side: int = MAX_SIDE) -> st.SearchStrategy[tuple[int, ...]]:
     """Shapes of exactly `rank` dims (or a rank in [min_rank, max_rank]), sides 1..max_side."""

@@ -42,7 +42,11 @@ def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None
     if standard and (node.op in SEQUENCE_OPS or node.op == "Identity" and inputs and is_sequence(inputs[0])):
         if spec(node.op, opset or newest_opset()) is None:
             raise SaturateError(f"{node.where()}: ONNX defines no such op at opset {opset or newest_opset()}")
-        return _checked(node, run_sequence_op(node, [as_value(a) for a in inputs]))
+        try:
+            return _checked(node, run_sequence_op(node, [as_value(a) for a in inputs]))
+        except _NUMPY_ERRORS as err:
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise SaturateError(f"{node.where()}: {reason}") from None
     for k, a in enumerate(inputs):
         if is_sequence(a):
             raise SaturateError(f"{node.where()}: input {k} is a sequence; {node.op} takes tensors")

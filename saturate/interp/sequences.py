@@ -152,15 +152,6 @@ def _erase(node: Node, args: Sequence[Any]) -> list[Any]:
     return [out]
 
 
-def _axis(node: Node, value: Any, rank: int, name: str = "axis") -> int:
-    if value is None:
-        raise SaturateError(f"{node.where()}: attribute '{name}' is required")
-    axis = int(value)
-    if not -rank <= axis < rank:
-        raise SaturateError(f"{node.where()}: {name} {axis} is out of range for rank {rank - 1 if name == 'axis' and rank else rank}")
-    return axis % rank
-
-
 def _split(node: Node, args: Sequence[Any]) -> list[Any]:
     x = _tensor_arg(node, args, 0)
     if x is None:

@@ -240,12 +240,13 @@ def _outcome_of(fn):
 
 def _instances() -> dict[type, list]:
     """Up to 40 objects of each value class: the standard library's rules, their files' statements,
-    the built-in functions, model summaries and graphs."""
+    the built-in functions, model summaries, graphs and fold matches."""
     import dataclasses
 
     from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
     from saturate.frontend.examples import build
     from saturate.lang import builtins, guard_builtins, parser, query_builtins
+    from saturate.lang.fold import Matched
     from saturate.summary import ModelSummary, summarize
 
     seen: dict[type, list] = {}
@@ -257,7 +258,9 @@ def _instances() -> dict[type, list]:
     graphs = [build(name) for name in ("mlp", "chain-2", "chain-1")]
     stack += [ModelSummary(), ModelSummary({"Conv": 2, "Relu": 1}, 10, 120, None), *map(summarize, graphs)]
     stack += [*graphs, Graph(), Node("Relu", ["x"], ["y"]), ValueInfo(), ValueInfo("int64", ("N", 3)),
-              OpaqueAttr("graph", b"\x08\x01"), OpaqueAttr("graph", b""), OpaqueAttr("x", b"")]
+              OpaqueAttr("graph", b"\x08\x01"), OpaqueAttr("graph", b""), OpaqueAttr("x", b""),
+              Matched("Relu", {}), Matched("Cast", {"to": 1}, 0, 1, 17, "", True, 4096, [None]),
+              Matched("Split", {"axis": 0}, 1, 2, opset=13, inputs=[3])]
     while stack:
         x = stack.pop()
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
@@ -272,6 +275,30 @@ def _instances() -> dict[type, list]:
     return seen
 
 
+def _written_out_classes() -> list[type]:
+    import dataclasses
+
+    from saturate import summary
+    from saturate.core import ir
+    from saturate.lang import ast, builtin_kinds, fold, parser
+
+    return [c for m in (ast, builtin_kinds, parser, summary, ir, fold) for c in vars(m).values()
+            if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == m.__name__]
+
+
+def test_no_value_class_method_is_compiled_from_text():
+    """dataclass compiles the methods it writes from text ("<string>"), even those a class then
+    keeps its own of: these classes ask it for none, and theirs are shared functions or written in
+    their module."""
+    for cls in _written_out_classes():
+        params = cls.__dataclass_params__
+        assert not (params.init or params.repr or params.eq or params.order or params.frozen), cls
+        for name in ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__"):
+            method = vars(cls).get(name)
+            code = getattr(method, "__code__", None)
+            assert code is None or code.co_filename != "<string>", (cls, name)
+
+
 def test_value_classes_behave_as_dataclasses():
     """The classes whose methods are not dataclass's compiled ones (value_class, the IR's written
     out) against @dataclass of the same fields: printing, comparing, hashing, copying, assigning
@@ -279,14 +306,9 @@ def test_value_classes_behave_as_dataclasses():
     import copy
     import dataclasses
 
-    from saturate import summary
-    from saturate.core import ir
-    from saturate.lang import ast, builtin_kinds, parser
-
     seen = _instances()
-    classes = [c for m in (ast, builtin_kinds, parser, summary, ir) for c in vars(m).values()
-               if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == m.__name__]
-    assert len(classes) == 23 and set(classes) <= set(seen)
+    classes = _written_out_classes()
+    assert len(classes) == 24 and set(classes) <= set(seen)
     for cls in classes:
         ref, xs = _as_dataclass(cls, frozen="__setattr__" in vars(cls)), seen[cls]
         names = [f.name for f in dataclasses.fields(cls)]

@@ -10,6 +10,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from saturate.core.errors import SaturateError
+from saturate.core.values import FACTORY
 
 # A dimension is a concrete int, a symbolic name ("N"), or None when unknown.
 Dim = int | str | None
@@ -38,14 +39,6 @@ def numpy_native(dtype, kinds: str = "biuf") -> bool:
 # written out below rather than generated: dataclass writes them as Python text and compiles them
 # at every import (about a millisecond a class, at every start of every command). They do what
 # @dataclass (frozen=True for OpaqueAttr) would; tests/test_startup.py holds them against it.
-class _Factory:
-    """An argument left to its field's default_factory (dataclass's own sentinel prints so too)."""
-
-    def __repr__(self) -> str:
-        return "<factory>"
-
-
-_FACTORY: Any = _Factory()
 
 
 @dataclass(init=False, repr=False, eq=False)
@@ -92,12 +85,12 @@ class Node:
     name: str = ""
     domain: str = ""
 
-    def __init__(self, op: str, inputs: list[str], outputs: list[str], attrs: dict[str, Any] = _FACTORY,
+    def __init__(self, op: str, inputs: list[str], outputs: list[str], attrs: dict[str, Any] = FACTORY,
                  name: str = "", domain: str = "") -> None:
         self.op = op
         self.inputs = inputs
         self.outputs = outputs
-        self.attrs = {} if attrs is _FACTORY else attrs
+        self.attrs = {} if attrs is FACTORY else attrs
         self.name = name
         self.domain = domain
 
@@ -154,7 +147,7 @@ class OpaqueAttr:
         super().__delattr__(name)
 
 
-@dataclass
+@dataclass(init=False, repr=False, eq=False)
 class Graph:
     """A dataflow graph.
 
@@ -172,17 +165,17 @@ class Graph:
     # Metadata that import found and export should write back (producer, other opset domains).
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def __init__(self, nodes: list[Node] = _FACTORY, inputs: list[str] = _FACTORY, outputs: list[str] = _FACTORY,
-                 constants: dict[str, np.ndarray] = _FACTORY, values: dict[str, ValueInfo] = _FACTORY,
-                 name: str = "graph", opset: int = 17, meta: dict[str, Any] = _FACTORY) -> None:
-        self.nodes = [] if nodes is _FACTORY else nodes
-        self.inputs = [] if inputs is _FACTORY else inputs
-        self.outputs = [] if outputs is _FACTORY else outputs
-        self.constants = {} if constants is _FACTORY else constants
-        self.values = {} if values is _FACTORY else values
+    def __init__(self, nodes: list[Node] = FACTORY, inputs: list[str] = FACTORY, outputs: list[str] = FACTORY,
+                 constants: dict[str, np.ndarray] = FACTORY, values: dict[str, ValueInfo] = FACTORY,
+                 name: str = "graph", opset: int = 17, meta: dict[str, Any] = FACTORY) -> None:
+        self.nodes = [] if nodes is FACTORY else nodes
+        self.inputs = [] if inputs is FACTORY else inputs
+        self.outputs = [] if outputs is FACTORY else outputs
+        self.constants = {} if constants is FACTORY else constants
+        self.values = {} if values is FACTORY else values
         self.name = name
         self.opset = opset
-        self.meta = {} if meta is _FACTORY else meta
+        self.meta = {} if meta is FACTORY else meta
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__qualname__}(nodes={self.nodes!r}, inputs={self.inputs!r}, "

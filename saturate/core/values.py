@@ -9,6 +9,18 @@ from dataclasses import FrozenInstanceError
 from typing import Any, Callable
 
 
+class _Factory:
+    """dataclass's own sentinel prints so too."""
+
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+# The default of an argument left to its field's default_factory, in a dataclass whose __init__
+# is written out (saturate.core.ir's, for one) rather than compiled by dataclass.
+FACTORY: Any = _Factory()
+
+
 def value_class(cls: type) -> type:
     """`@dataclass(frozen=True)` without the methods dataclass writes as Python text and compiles
     for each class (about a millisecond a class, most of what defining such classes cost each

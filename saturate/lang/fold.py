@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from saturate.core.values import FACTORY
 from saturate.lang.ast import Call, Rule
 from saturate.ops.registry import ops_with
 
@@ -59,7 +60,9 @@ def check_fold_bytes(value: Any) -> int:
     raise SaturateError(f"--max-fold-bytes {str(value)[:40]!r}: expected a size in bytes such as 0, 4096, 512K or 16M")
 
 
-@dataclass
+# A dataclass with its methods written out, as saturate.core.ir's (dataclass compiles them at
+# every import); tests/test_startup.py holds it against @dataclass of the same fields.
+@dataclass(init=False, repr=False, eq=False)
 class Matched:
     """The node a schema rule matched, as its guards and its right side read it."""
 
@@ -72,6 +75,35 @@ class Matched:
     preserved: bool = False     # named by --preserve: the user keeps it as it is
     max_bytes: int = DEFAULT_MAX_FOLD_BYTES
     inputs: list[Any] = field(default_factory=list)   # constant values (None: an omitted input)
+
+    def __init__(self, op: str, attrs: dict[str, Any], output: int = 0, outputs: int = 1, opset: int = 0,
+                 domain: str = "", preserved: bool = False, max_bytes: int = DEFAULT_MAX_FOLD_BYTES,
+                 inputs: list[Any] = FACTORY) -> None:
+        self.op = op
+        self.attrs = attrs
+        self.output = output
+        self.outputs = outputs
+        self.opset = opset
+        self.domain = domain
+        self.preserved = preserved
+        self.max_bytes = max_bytes
+        self.inputs = [] if inputs is FACTORY else inputs
+
+    def _values(self) -> tuple:
+        return (self.op, self.attrs, self.output, self.outputs, self.opset, self.domain, self.preserved,
+                self.max_bytes, self.inputs)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__qualname__}(op={self.op!r}, attrs={self.attrs!r}, output={self.output!r}, "
+                f"outputs={self.outputs!r}, opset={self.opset!r}, domain={self.domain!r}, "
+                f"preserved={self.preserved!r}, max_bytes={self.max_bytes!r}, inputs={self.inputs!r})")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return self._values() == other._values()
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def spec(self) -> tuple:

@@ -373,14 +373,15 @@ def attention_heads(s: int, h: int, d: int, k_perm, shared_v: bool = False):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("seq,k_perm,shared_v", [(70, [0, 2, 3, 1], False), (100, [0, 1, 3, 2], True),
-                                                 (9, [0, 2, 3, 1], False)])
-def test_attention_reads_transposed_heads_in_place(seq, k_perm, shared_v, threads):
+@pytest.mark.parametrize("seq,dim,k_perm,shared_v", [(70, 64, [0, 2, 3, 1], False), (100, 64, [0, 1, 3, 2], True),
+                                                     (100, 36, [0, 2, 3, 1], False), (9, 64, [0, 2, 3, 1], False)])
+def test_attention_reads_transposed_heads_in_place(seq, dim, k_perm, shared_v, threads):
     # Q x K^T and P x V read Q, K and V through their Transposes (plan.transposed_operands): no copy of the
-    # heads, K^T packed from K's rows; on pgemm.h's tile (70 and 100 tokens) and on OpenBLAS (9, and the
-    # build whose products all take OpenBLAS). Copies left: the context's merge, K's heads before the
-    # Sigmoid that K^T is taken of, and V's heads when another node reads them.
-    g = attention_heads(seq, 3, 64, k_perm, shared_v)
+    # heads, K^T packed from K's rows (8 x 8 blocks in registers, a head size of 36 leaving 4 steps); on
+    # pgemm.h's tile (70 and 100 tokens) and on OpenBLAS (9, and the build whose products all take OpenBLAS).
+    # Copies left: the context's merge, K's heads before the Sigmoid that K^T is taken of, and V's heads when
+    # another node reads them.
+    g = attention_heads(seq, 3, dim, k_perm, shared_v)
     source = emit(g).source
     copies = 1 + (k_perm == [0, 1, 3, 2]) + shared_v
     assert source.count("sat_strided(") == copies

@@ -446,7 +446,29 @@ static void sat_pack_b_cols(const float *B, int K, int64_t ldb, int tb, int j0, 
         float *d = bp + (int64_t)(j - j0) * K;
         if (tb) {
             /* a transposed B (attention's K^T read from K): column j's K floats are contiguous */
-            for (int c = 0; c < nr; c++) {
+            int c = 0;
+#if defined(__AVX2__)
+            /* 8 columns by 8 steps at a time, transposed in registers */
+            for (; c + 8 <= nr; c += 8) {
+                const float *s = B + (int64_t)(j + c) * ldb;
+                int k = 0;
+                for (; k + 8 <= K; k += 8) {
+                    __m256 r0 = _mm256_loadu_ps(s + k), r1 = _mm256_loadu_ps(s + ldb + k);
+                    __m256 r2 = _mm256_loadu_ps(s + 2 * ldb + k), r3 = _mm256_loadu_ps(s + 3 * ldb + k);
+                    __m256 r4 = _mm256_loadu_ps(s + 4 * ldb + k), r5 = _mm256_loadu_ps(s + 5 * ldb + k);
+                    __m256 r6 = _mm256_loadu_ps(s + 6 * ldb + k), r7 = _mm256_loadu_ps(s + 7 * ldb + k);
+                    SAT_T8x8(r0, r1, r2, r3, r4, r5, r6, r7);
+                    float *o = d + (int64_t)k * SAT_PN + c;
+                    _mm256_storeu_ps(o, r0), _mm256_storeu_ps(o + SAT_PN, r1);
+                    _mm256_storeu_ps(o + 2 * SAT_PN, r2), _mm256_storeu_ps(o + 3 * SAT_PN, r3);
+                    _mm256_storeu_ps(o + 4 * SAT_PN, r4), _mm256_storeu_ps(o + 5 * SAT_PN, r5);
+                    _mm256_storeu_ps(o + 6 * SAT_PN, r6), _mm256_storeu_ps(o + 7 * SAT_PN, r7);
+                }
+                for (; k < K; k++)
+                    for (int q = 0; q < 8; q++) d[(int64_t)k * SAT_PN + c + q] = s[(int64_t)q * ldb + k];
+            }
+#endif
+            for (; c < nr; c++) {
                 const float *s = B + (int64_t)(j + c) * ldb;
                 for (int k = 0; k < K; k++) d[(int64_t)k * SAT_PN + c] = s[k];
             }

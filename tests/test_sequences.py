@@ -321,3 +321,30 @@ def test_sequence_strategy_draws_lists_of_one_dtype():
         seen.add(len(s))
     prop()
     assert {0, 1, 2} <= seen
+
+
+# ---- optimize over sequence ops -------------------------------------------------------------------
+
+def test_optimize_folds_a_split_joined_back_by_a_rule_naming_sequence_ops(tmp_path, capsys):
+    # The e-graph holds the sequence as a value of unknown shape; a rule naming both ops matches
+    # (no rule of rules/ does), and the result equals ONNX Runtime on the original.
+    m = model([helper.make_node("SplitToSequence", ["x"], ["s"], axis=0),
+               helper.make_node("ConcatFromSequence", ["s"], ["c"], axis=0),
+               helper.make_node("Relu", ["c"], ["y"])],
+              [tensor("x", T.FLOAT, [4, 3])], [tensor("y", T.FLOAT, [4, 3])])
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "seq.rules").write_text(
+        "ruleset seq level 1\nrule concat-split\n"
+        "    ConcatFromSequence(SplitToSequence(x){axis=0, keepdims=1}){axis=0, new_axis=0} => x\n")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "--rules", str(tmp_path / "seq.rules"),
+                 "-o", str(tmp_path / "opt.onnx")]) == 0
+    capsys.readouterr()
+    opt = onnx.load(tmp_path / "opt.onnx")
+    assert [n.op_type for n in opt.graph.node] == ["Relu"]
+    x = (np.arange(12, dtype=np.float32).reshape(4, 3) - 6) / 3
+    np.testing.assert_allclose(ort_run(opt, {"x": x})["y"], ort_run(m, {"x": x})["y"], rtol=1e-6)
+    # Without the rule the ops are kept as they are and run as before.
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "kept.onnx")]) == 0
+    kept = onnx.load(tmp_path / "kept.onnx")
+    assert [n.op_type for n in kept.graph.node] == ["SplitToSequence", "ConcatFromSequence", "Relu"]
+    np.testing.assert_array_equal(run_graph(import_model(kept), {"x": x})["y"], np.maximum(x, 0))

@@ -21,14 +21,15 @@ import onnx.defs
 from machine import cpu_name
 from saturate.check import check_rules
 from saturate.interp.reference import unsupported_reason
-from saturate.interp.sequences import SEQUENCE_OPS
+from saturate.interp.sequences import OPTIONAL_OPS, SEQUENCE_OPS
 from saturate.lang.parser import load_rules
 from saturate.ops.schema import newest_opset
 
 
-# Ops whose required inputs alone do not run (Resize needs scales or sizes) or do nothing (a
-# NonMaxSuppression without a count keeps no box): checked with the optional inputs they need.
-INPUTS = {"Resize": 3, "NonMaxSuppression": 5}
+# Ops whose required inputs alone do not run (Resize needs scales or sizes; an Optional without
+# its input needs a `type`, which is not drawn) or do nothing (a NonMaxSuppression without a count
+# keeps no box): checked with the optional inputs they need.
+INPUTS = {"Resize": 3, "NonMaxSuppression": 5, "Optional": 1}
 
 
 def default_domain_ops(opset: int) -> dict[str, onnx.defs.OpSchema]:
@@ -47,10 +48,10 @@ def main() -> None:
     args = parser.parse_args()
     opset = newest_opset()
     ops = default_domain_ops(opset)
-    # The sequence ops run on the interpreter's own kernels (unsupported_reason keeps them from the
-    # constant folder, which cannot hold a sequence).
+    # The sequence and optional ops run on the interpreter's own kernels (unsupported_reason keeps
+    # them from the constant folder, which cannot hold a sequence or an optional).
     refused = {name: unsupported_reason(name, opset) for name in ops
-               if unsupported_reason(name, opset) and name not in SEQUENCE_OPS}
+               if unsupported_reason(name, opset) and name not in SEQUENCE_OPS and name not in OPTIONAL_OPS}
     lines = ["ruleset coverage level 1"]
     for name, s in sorted(ops.items()):
         if name not in refused:

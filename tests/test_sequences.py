@@ -17,6 +17,7 @@ from saturate.frontend.onnx_io import import_model
 from saturate.interp import run_graph
 from saturate.interp.sequences import TensorSequence
 
+OPTIONAL_OPS = {"Optional", "OptionalHasElement", "OptionalGetElement"}
 SEQUENCE_OPS = {"SequenceConstruct", "SequenceAt", "SequenceLength", "SequenceInsert", "SequenceErase",
                 "SequenceEmpty", "SplitToSequence", "ConcatFromSequence"}
 
@@ -43,7 +44,11 @@ def ort_run(m: onnx.ModelProto, feeds: dict) -> dict:
 
 
 def assert_same(got, want, where=""):
-    """Equal as ONNX Runtime gives them: a sequence item by item (length, dtype, shape, values)."""
+    """Equal as ONNX Runtime gives them: a sequence item by item (length, dtype, shape, values);
+    an empty optional is None."""
+    if want is None or got is None:
+        assert got is None and want is None, (where, got, want)
+        return
     if isinstance(want, list):
         assert isinstance(got, list), where
         assert len(got) == len(want), where
@@ -142,9 +147,10 @@ def _onnx_sequence_cases():
 
     with np.errstate(all="ignore"):
         cases = collect_testcases()
+    ops = SEQUENCE_OPS | OPTIONAL_OPS
     return [c for c in cases
-            if {n.op_type for n in c.model.graph.node} <= SEQUENCE_OPS | {"Identity"}
-            and any(n.op_type in SEQUENCE_OPS or "sequence" in c.name for n in c.model.graph.node)]
+            if {n.op_type for n in c.model.graph.node} <= ops | {"Identity"}
+            and any(n.op_type in ops or "sequence" in c.name or "_opt" in c.name for n in c.model.graph.node)]
 
 
 _CASES = _onnx_sequence_cases()
@@ -161,7 +167,7 @@ def test_onnx_backend_sequence_case(case):
     feeds = {vi.name: v for vi, v in zip(case.model.graph.input, inputs)}
     got = run_graph(graph, feeds)
     for vi, want in zip(case.model.graph.output, outputs):
-        want = [np.asarray(w) for w in want] if isinstance(want, list) else np.asarray(want)
+        want = [np.asarray(w) for w in want] if isinstance(want, list) else None if want is None else np.asarray(want)
         assert_same(got[vi.name], want, vi.name)
 
 
@@ -259,6 +265,9 @@ def _rule(body: str):
     "SequenceErase(SequenceInsert(s, x)) => s",
     "SequenceAt(SplitToSequence(x){axis=0, keepdims=0}, p:const) => Gather(x, p){axis=0}",
     "SequenceLength(SplitToSequence(x){axis=1}) => Gather(Shape(x), 1){axis=0}",
+    "OptionalGetElement(Optional(x)) => x",
+    "SequenceLength(OptionalGetElement(Optional(SplitToSequence(x){axis=0}))) => "
+    "SequenceLength(SplitToSequence(x){axis=0})",
 ])
 def test_sound_sequence_rules_pass(body):
     from saturate.check.checker import check_rule
@@ -277,6 +286,7 @@ def test_sound_sequence_rules_pass(body):
     ("ConcatFromSequence(SplitToSequence(x){axis=0}){axis=0} => x", "shapes differ"),
     ("SequenceInsert(SequenceInsert(s, a), b) => SequenceInsert(SequenceInsert(s, b), a)", "item"),
     ("SequenceConstruct(a) => SequenceConstruct(Cast(a){to=7})", "sequence element types differ"),
+    ("OptionalGetElement(Optional(x)) => Neg(x)", "outputs differ"),
 ])
 def test_unsound_sequence_rules_fail_with_a_counterexample(body, reason):
     from saturate.check.checker import check_rule, format_result
@@ -348,3 +358,27 @@ def test_optimize_folds_a_split_joined_back_by_a_rule_naming_sequence_ops(tmp_pa
     kept = onnx.load(tmp_path / "kept.onnx")
     assert [n.op_type for n in kept.graph.node] == ["SplitToSequence", "ConcatFromSequence", "Relu"]
     np.testing.assert_array_equal(run_graph(import_model(kept), {"x": x})["y"], np.maximum(x, 0))
+
+
+# ---- optionals -----------------------------------------------------------------------------------
+
+def test_optionals_full_and_empty_match_onnxruntime(tmp_path, capsys):
+    empty_type = helper.make_tensor_type_proto(T.FLOAT, None)
+    nodes = [helper.make_node("Optional", ["x"], ["full"]),
+             helper.make_node("Optional", [], ["empty"], type=empty_type),
+             helper.make_node("OptionalHasElement", ["full"], ["has_full"]),
+             helper.make_node("OptionalHasElement", ["empty"], ["has_empty"]),
+             helper.make_node("OptionalGetElement", ["full"], ["got"]),
+             helper.make_node("SplitToSequence", ["x"], ["s"], axis=0),
+             helper.make_node("Optional", ["s"], ["opt_s"]),
+             helper.make_node("OptionalGetElement", ["opt_s"], ["s2"]),
+             helper.make_node("SequenceLength", ["s2"], ["n"])]
+    m = model(nodes, [tensor("x", T.FLOAT, [3, 2])],
+              [tensor("has_full", T.BOOL, []), tensor("has_empty", T.BOOL, []), tensor("got", T.FLOAT, [3, 2]),
+               tensor("n", T.INT64, [])], opset=18)
+    got = against_ort(m, {"x": X[0, :3, :2].copy()})
+    assert bool(got["has_full"]) and not bool(got["has_empty"]) and int(got["n"]) == 3
+    g = _graph([Node("Optional", [], ["e"], {"type": empty_type}), _one("OptionalGetElement", ["e"])], {})
+    g.opset = 18
+    with pytest.raises(SaturateError, match=r"^node 'n' \(OptionalGetElement\): the optional is empty$"):
+        run_graph(g, {})

@@ -204,8 +204,8 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
             return
         if d is not None and not d.standard and d.evaluate is not None:
             return      # an op registered outside ONNX, run by its entry's kernel
-        from saturate.interp.sequences import SEQUENCE_OPS
-        reason = unsupported_reason(op, self.opset) if op not in SEQUENCE_OPS else None
+        from saturate.interp.sequences import OPTIONAL_OPS, SEQUENCE_OPS
+        reason = unsupported_reason(op, self.opset) if op not in SEQUENCE_OPS and op not in OPTIONAL_OPS else None
         if reason is not None:
             raise SaturateError(f"op '{op}' cannot be checked: {reason} (opset {self.opset})")
 

@@ -61,6 +61,8 @@ _ONNX_TYPE = {f"tensor({_ONNX_NAME.get(d, d)})": d for d in DRAWABLE}
 # A sequence slot is drawn by its items' dtype (seq(tensor(float)) as float32): a sequence value
 # is a list of tensors of one dtype (saturate.interp.sequences.TensorSequence).
 _ONNX_TYPE.update({f"seq({t})": d for t, d in list(_ONNX_TYPE.items())})
+# A full optional is held as its value (saturate.interp.sequences): drawn as that tensor.
+_ONNX_TYPE.update({f"optional({t})": d for t, d in list(_ONNX_TYPE.items()) if t.startswith("tensor(")})
 # Sequence ops whose sequence type S holds tensors of their tensor type T (the spec says so in
 # words; the schemas give S and T apart): drawn as one type parameter, T.
 SAME_ITEM_TYPE = frozenset({"SequenceConstruct", "SequenceAt", "SequenceInsert", "SplitToSequence",

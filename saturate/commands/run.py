@@ -116,7 +116,9 @@ def report(outputs: dict[str, np.ndarray], args: argparse.Namespace) -> None:
         print(f"wrote {args.output}: " + ", ".join(_saved(k, a) for k, a in outputs.items()))
     else:
         for name, value in outputs.items():
-            if isinstance(value, list):  # a sequence output: a line for it, then one per item
+            if value is None:
+                print(f"{name}: an empty optional")
+            elif isinstance(value, list):  # a sequence output: a line for it, then one per item
                 print(f"{name}: sequence of {len(value)} {_item_dtype(value)} tensor(s)")
                 for k, item in enumerate(value):
                     print(summary(f"{name}[{k}]", item, args.values))
@@ -130,6 +132,8 @@ def _item_dtype(value: list) -> str:
 
 
 def _saved(name: str, value) -> str:
+    if value is None:
+        return f"{name} an empty optional (nothing saved)"
     if isinstance(value, list):
         items = f" as {name}.0 to {name}.{len(value) - 1}" if len(value) > 1 else f" as {name}.0" if value else \
             " (nothing saved)"
@@ -220,10 +224,12 @@ def check_output_path(path: str, names: list[str]) -> None:
 def save_outputs(outputs: dict[str, np.ndarray], path: str) -> None:
     """Save one output as .npy or all as .npz, atomically (temp file in place, then rename). A
     sequence output is saved item by item in the .npz, as NAME.0, NAME.1, ...; a .npy holds one
-    array, so a sequence is refused there."""
+    array, so a sequence is refused there. An empty optional saves nothing."""
     check_output_path(path, list(outputs))
     arrays: dict[str, np.ndarray] = {}
     for name, value in outputs.items():
+        if value is None:       # an empty optional: nothing to save
+            continue
         if not isinstance(value, list):
             arrays[name] = value
             continue

@@ -12,7 +12,7 @@ from saturate.core.limits import check_allocation, check_bytes
 from saturate.ops.schema import newest_opset, spec
 from saturate.interp.kernels import Unhandled
 from saturate.interp.reference import reference_ops, run_reference
-from saturate.interp.sequences import (SEQUENCE_OPS, as_value, copy_value, is_sequence, run_sequence_op,
+from saturate.interp.sequences import (OPTIONAL_OPS, SEQUENCE_OPS, as_value, copy_value, is_sequence, run_sequence_op,
                                        value_nbytes)
 from saturate.interp.sizes import check_inferred_sizes, check_output_sizes
 from saturate.ops.registry import lookup, ops_with
@@ -27,7 +27,7 @@ def supported_ops(opset: int | None = None) -> list[str]:
     """Names of the standard ops the interpreter can evaluate at `opset` (default: the newest)."""
     version = opset or newest_opset()
     return sorted({op for op in ops_with("evaluates") if spec(op, version) is not None} | reference_ops(version)
-                  | {op for op in SEQUENCE_OPS if spec(op, version) is not None})
+                  | {op for op in (*SEQUENCE_OPS, *OPTIONAL_OPS) if spec(op, version) is not None})
 
 
 def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None = None) -> list[np.ndarray]:
@@ -41,7 +41,7 @@ def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None
     standard = node.domain in ("", "ai.onnx")
     # Tested inline on the way of every tensor op (a node costs microseconds): a sequence op, or
     # a list (a sequence value) among the inputs.
-    if node.op in SEQUENCE_OPS:
+    if node.op in SEQUENCE_OPS or node.op in OPTIONAL_OPS:
         return _eval_sequences(node, inputs, standard, opset)
     for a in inputs:
         if isinstance(a, list):
@@ -91,7 +91,8 @@ def _eval_sequences(node: Node, inputs: Sequence, standard: bool, opset: int | N
     """A sequence op, or Identity of a sequence, on the interpreter's sequence kernels; any other
     op reading a sequence is refused."""
     version = opset or newest_opset()
-    if not (standard and (node.op in SEQUENCE_OPS or node.op == "Identity" and inputs and is_sequence(inputs[0]))):
+    if not (standard and (node.op in SEQUENCE_OPS or node.op in OPTIONAL_OPS
+                          or node.op == "Identity" and inputs and is_sequence(inputs[0]))):
         k = next(k for k, a in enumerate(inputs) if is_sequence(a))
         raise SaturateError(f"{node.where()}: input {k} is a sequence; {node.op} takes tensors")
     if spec(node.op, version) is None:
@@ -207,6 +208,9 @@ def run_graph(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nd
         if name not in env:
             raise SaturateError(f"graph output '{name}' is not defined")
         value = env[name]
+        if value is None:        # an empty optional
+            outputs[name] = None
+            continue
         # Never hand out a constant, an input, or a view into one: callers may write to results.
         if name in graph.constants or name in graph.inputs or is_sequence(value) or not value.flags.owndata:
             value = copy_value(value)

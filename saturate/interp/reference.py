@@ -12,7 +12,7 @@ from onnx import AttributeProto, helper, numpy_helper
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Node, OpaqueAttr
-from saturate.interp.sequences import SEQUENCE_OPS
+from saturate.interp.sequences import OPTIONAL_OPS, SEQUENCE_OPS
 from saturate.ops.registry import lookup
 
 __all__ = ["reference_ops", "run_reference", "unsupported_reason"]
@@ -82,8 +82,10 @@ def reference_reason(op: str, opset: int) -> str | None:
     if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in schema.attributes.values()):
         return "ops with subgraph attributes (control flow) are not supported"
     if not _tensor_only_in_places(schema):
-        return ("a sequence op, run on the interpreter's sequence kernels only (a graph holds no sequence "
-                "constant)" if op in SEQUENCE_OPS else "optional and map values are not supported (tensors and sequences only)")
+        if op in SEQUENCE_OPS or op in OPTIONAL_OPS:
+            return ("a sequence or optional op, run on the interpreter's own kernels only (a graph holds no "
+                    "sequence or optional constant)")
+        return "map values are not supported (tensors, sequences and optionals only)"
     ReferenceEvaluator, RuntimeContextError, load_op = _evaluator()
     try:
         load_op("", op, opset, evaluator_cls=ReferenceEvaluator)

@@ -1,5 +1,6 @@
 """Reference interpreter, sequence values: ONNX's seq(tensor) held as a list of numpy arrays (as
-onnx.reference holds one) that also knows its element type, so that an empty sequence keeps it.
+onnx.reference holds one) that also knows its element type, so that an empty sequence keeps it;
+and optional values, held as onnx.reference holds them (None when empty).
 
 The sequence ops run here rather than on onnx.reference, which does not check what the spec asks
 of a position (its SequenceInsert appends at any index past the end, where ONNX Runtime refuses)
@@ -15,7 +16,7 @@ import numpy as np
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Node
 
-__all__ = ["TensorSequence", "SEQUENCE_OPS", "is_sequence", "as_value", "run_sequence_op", "value_nbytes",
+__all__ = ["TensorSequence", "SEQUENCE_OPS", "OPTIONAL_OPS", "is_sequence", "as_value", "run_sequence_op", "value_nbytes",
            "copy_value"]
 
 
@@ -215,6 +216,28 @@ def _identity(node: Node, args: Sequence[Any]) -> list[Any]:
     return [TensorSequence(seq, seq.dtype)]
 
 
+# Optional values are held as onnx.reference holds them: an empty optional is None (as an omitted
+# input is: OptionalHasElement of either is false), a full one its value, a tensor or a sequence.
+def _optional(node: Node, args: Sequence[Any]) -> list[Any]:
+    value = args[0] if args else None
+    if value is None and "type" not in node.attrs:
+        raise SaturateError(f"{node.where()}: an empty optional needs the attribute 'type'")
+    return [value]
+
+
+def _has_element(node: Node, args: Sequence[Any]) -> list[Any]:
+    return [np.array(bool(args) and args[0] is not None)]
+
+
+def _get_element(node: Node, args: Sequence[Any]) -> list[Any]:
+    if not args or args[0] is None:
+        raise SaturateError(f"{node.where()}: the optional is empty")
+    return [args[0]]
+
+
+OPTIONAL_OPS: dict[str, Callable[[Node, Sequence[Any]], list[Any]]] = {
+    "Optional": _optional, "OptionalHasElement": _has_element, "OptionalGetElement": _get_element}
+
 SEQUENCE_OPS: dict[str, Callable[[Node, Sequence[Any]], list[Any]]] = {
     "SequenceConstruct": _construct, "SequenceEmpty": _empty, "SequenceAt": _at, "SequenceLength": _length,
     "SequenceInsert": _insert, "SequenceErase": _erase, "SplitToSequence": _split,
@@ -223,7 +246,7 @@ SEQUENCE_OPS: dict[str, Callable[[Node, Sequence[Any]], list[Any]]] = {
 
 
 def run_sequence_op(node: Node, args: Sequence[Any]) -> list[Any]:
-    """Run a sequence op (or Identity of a sequence); one value per output."""
+    """Run a sequence or optional op (or Identity of a sequence); one value per output."""
     if node.op == "Identity":
         return _identity(node, args)
-    return SEQUENCE_OPS[node.op](node, args)
+    return (SEQUENCE_OPS.get(node.op) or OPTIONAL_OPS[node.op])(node, args)

@@ -14,8 +14,8 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 from saturate.core.mapped import Arena, file_slice, input_slice
-from saturate.frontend.onnx_meta import _DEFAULT_DOMAINS, _restore_model_fields
-from saturate.frontend.onnx_tensors import _RAW_DTYPES, _SKELETON_ELEMENTS, _first_line, elem_type
+from saturate.frontend.onnx_meta import _DEFAULT_DOMAINS, _restore_model_fields, _strings
+from saturate.frontend.onnx_tensors import _RAW_DTYPES, _SKELETON_ELEMENTS, _first_line, container_type, elem_type
 
 
 def _declare_io_rank_free(model: onnx.ModelProto) -> None:
@@ -31,8 +31,9 @@ def export_model(graph: Graph, weights: bool = True) -> onnx.ModelProto:
     lack one are left out (see `model_pieces`)."""
     g = graph
     nodes = [node_proto(n, g.opset) for n in g.nodes]
-    inputs = [_export_value_info(g, v) for v in g.inputs]
-    outputs = [_export_value_info(g, v) for v in g.outputs]
+    kept = dict(_strings(g.meta.get("value_types"), 2))
+    inputs = [_export_value_info(g, v, kept) for v in g.inputs]
+    outputs = [_export_value_info(g, v, kept) for v in g.outputs]
     internal = set(g.inputs) | set(g.outputs) | set(g.constants)
     value_info = [_export_value_info(g, o) for n in g.nodes for o in n.outputs
                   if o and o not in internal and o in g.values]
@@ -376,7 +377,12 @@ def type_proto(info: ValueInfo) -> onnx.TypeProto:
     return helper.make_tensor_type_proto(elem_type(info.dtype), shape)
 
 
-def _export_value_info(g: Graph, name: str) -> onnx.ValueInfoProto:
+def _export_value_info(g: Graph, name: str, kept: dict[str, str] | None = None) -> onnx.ValueInfoProto:
+    """A value's ValueInfoProto: its tensor type, or the sequence or optional type import kept
+    (graph.meta["value_types"]) for a graph input or output the IR holds no ValueInfo for."""
+    container = container_type(kept[name]) if kept and name in kept and name not in g.values else None
+    if container is not None:
+        return helper.make_value_info(name, container)
     info = g.info(name)
     if info.dtype == "unknown":
         return helper.make_empty_tensor_value_info(name)

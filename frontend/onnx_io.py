@@ -21,8 +21,8 @@ from saturate.frontend.onnx_export import (
 from saturate.frontend.infer import fill_types
 from saturate.frontend.onnx_meta import PRESERVE_KEY, _DEFAULT_DOMAINS, mark_nodes, model_fields, preserve_marks
 from saturate.frontend.onnx_tensors import (
-    _SKELETON_ELEMENTS, _array, _first_line, _short_float, _text, check_tensor, check_tensors, describe,
-    dtype_name, elem_type, mappable, raw_dtype, raw_size, type_info)
+    _SKELETON_ELEMENTS, _array, _first_line, _short_float, _text, check_tensor, check_tensors, container_type_text,
+    describe, dtype_name, elem_type, mappable, raw_dtype, raw_size, type_info)
 
 # Names of this module and of the modules split from it, importable from here as before.
 __all__ = ['check_exported', 'check_tensor', 'check_tensors', 'describe', 'dtype_name', 'elem_type',
@@ -101,6 +101,11 @@ def import_model(model: onnx.ModelProto, mapped: dict[str, np.ndarray] | None = 
     # `keep_initializers_as_inputs`): it stays an input, in `inputs` and in `constants`.
     g.inputs = [vi.name for vi in og.input]
     g.outputs = [vi.name for vi in og.output]
+    # A sequence or optional input or output has no ValueInfo: its type is kept for export.
+    kept = {vi.name: container_type_text(vi.type) for vi in list(og.input) + list(og.output)
+            if not vi.type.HasField("tensor_type")}
+    if any(kept.values()):
+        g.meta["value_types"] = [s for name, text in kept.items() if text for s in (name, text)]
 
 
     for k, on in enumerate(og.node):

@@ -203,6 +203,39 @@ def _text(b: bytes) -> str | bytes:
         return b
 
 
+# How deep a sequence or optional type may nest (ONNX's own types nest two or three deep).
+_TYPE_DEPTH = 8
+
+
+def container_type_text(tp: onnx.TypeProto, depth: int = 0) -> str | None:
+    """A sequence or optional type as text (`seq(float32)`, `optional(seq(int64))`): the type of a
+    graph input or output the IR holds no ValueInfo for, kept so export declares it again. None
+    for a map, an unknown element type or a nesting deeper than _TYPE_DEPTH."""
+    which = tp.WhichOneof("value")
+    if which == "tensor_type":
+        et = tp.tensor_type.elem_type
+        return dtype_name(et) if et and et in _ELEM_TYPES else None
+    if depth >= _TYPE_DEPTH or which not in ("sequence_type", "optional_type"):
+        return None
+    inner = container_type_text(getattr(tp, which).elem_type, depth + 1)
+    if inner is None:
+        return None
+    return f"seq({inner})" if which == "sequence_type" else f"optional({inner})"
+
+
+def container_type(text: str, depth: int = 0) -> onnx.TypeProto | None:
+    """The TypeProto container_type_text wrote (element shapes left unknown); None for text it
+    cannot have written."""
+    for prefix, make in (("seq(", helper.make_sequence_type_proto), ("optional(", helper.make_optional_type_proto)):
+        if text.startswith(prefix) and text.endswith(")"):
+            inner = container_type(text[len(prefix):-1], depth + 1) if depth < _TYPE_DEPTH else None
+            return None if inner is None else make(inner)
+    try:
+        return helper.make_tensor_type_proto(elem_type(text), None) if text.isidentifier() else None
+    except SaturateError:
+        return None
+
+
 def type_info(tp: onnx.TypeProto) -> ValueInfo | None:
     """The ValueInfo of a tensor TypeProto (None for sequences, maps and optionals)."""
     if not tp.HasField("tensor_type"):

@@ -199,16 +199,33 @@ def _compare(session: Any, names: list[str], feeds: list[dict], wants: list[dict
         except Exception as err:
             return CheckFailure("", 0.0, k + 1, len(feeds), f"ONNX Runtime cannot run the result: {_first_line(err)}")
         for name in names:
-            error = _relative_error(got[name], want[name])
-            allowed = tolerance(np.asarray(want[name]).dtype)
-            if not error <= allowed:        # `not <=`: NaN fails
-                step = steps.get(name)
-                if step is None:
-                    return CheckFailure(name, error, k + 1, len(feeds), allowed=allowed)
-                off = _absolute_error(got[name], want[name])
-                if not off <= step * (1 + 1e-6):
-                    return CheckFailure(name, off, k + 1, len(feeds), step=step)
+            pairs = _items(got[name], want[name])
+            if pairs is None:
+                return CheckFailure(name, float("inf"), k + 1, len(feeds), allowed=0.0)
+            for got_item, want_item in pairs:
+                error = _relative_error(got_item, want_item)
+                allowed = tolerance(np.asarray(want_item).dtype)
+                if not error <= allowed:        # `not <=`: NaN fails
+                    step = steps.get(name)
+                    if step is None:
+                        return CheckFailure(name, error, k + 1, len(feeds), allowed=allowed)
+                    off = _absolute_error(got_item, want_item)
+                    if not off <= step * (1 + 1e-6):
+                        return CheckFailure(name, off, k + 1, len(feeds), step=step)
     return None
+
+
+def _items(got: Any, want: Any) -> list[tuple[Any, Any]] | None:
+    """An output's tensors paired for comparison: the one tensor, each item of a sequence (ONNX
+    Runtime hands one over as a list), none of an empty optional; None when the two differ in
+    kind or length."""
+    if isinstance(got, list) or isinstance(want, list):
+        if not (isinstance(got, list) and isinstance(want, list)) or len(got) != len(want):
+            return None
+        return list(zip(got, want))
+    if got is None or want is None:
+        return [] if got is None and want is None else None
+    return [(got, want)]
 
 
 def tolerance(dtype: Any) -> float:

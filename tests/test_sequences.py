@@ -382,3 +382,50 @@ def test_optionals_full_and_empty_match_onnxruntime(tmp_path, capsys):
     g.opset = 18
     with pytest.raises(SaturateError, match=r"^node 'n' \(OptionalGetElement\): the optional is empty$"):
         run_graph(g, {})
+
+
+# ---- sequence and optional graph inputs and outputs ----------------------------------------------
+
+def test_optimize_keeps_sequence_and_optional_outputs_declared_and_checks_them_in_onnxruntime(tmp_path, capsys):
+    # Export once declared every graph output a tensor, and ONNX refused the result; the check
+    # compares a sequence item by item (a wrong item fails it), and the C backend hands the
+    # interpreter's sequence back as it is.
+    nodes = [helper.make_node("SplitToSequence", ["x", "parts"], ["s"], axis=0),
+             helper.make_node("Optional", ["x"], ["o"])]
+    out = [seq("s"), helper.make_value_info("o", helper.make_optional_type_proto(helper.make_tensor_type_proto(T.FLOAT, [4, 3])))]
+    m = model(nodes, [tensor("x", T.FLOAT, [4, 3])], out, [ints("parts", [1, 3])], opset=18)
+    onnx.save(m, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "opt.onnx")]) == 0
+    assert "not checked" not in capsys.readouterr().err
+    opt = onnx.load(tmp_path / "opt.onnx")
+    def kinds(t):   # the type's nesting down to the element type (element shapes are not kept)
+        which = t.WhichOneof("value")
+        return [which, t.tensor_type.elem_type] if which == "tensor_type" else [which] + kinds(getattr(t, which).elem_type)
+    assert [kinds(o.type) for o in opt.graph.output] == [["sequence_type", "tensor_type", T.FLOAT],
+                                                         ["optional_type", "tensor_type", T.FLOAT]]
+    x = X.reshape(4, 6)[:, :3].copy()
+    got, want = ort_run(opt, {"x": x}), ort_run(m, {"x": x})
+    assert_same(got["s"], want["s"], "s")
+    assert [a.shape for a in got["s"]] == [(1, 3), (3, 3)]
+
+    from saturate.simplifier import _items
+    assert _items(want["s"], want["s"]) == list(zip(want["s"], want["s"]))
+    assert _items(want["s"][:1], want["s"]) is None and _items(want["s"][0], want["s"]) is None
+    assert _items(None, None) == [] and _items(None, x) is None
+
+    assert main(["run", str(tmp_path / "opt.onnx"), "--backend", "c", "-o", str(tmp_path / "c.npz")]) == 0
+    with np.load(tmp_path / "c.npz") as saved:
+        np.testing.assert_array_equal(saved["s.0"], run_graph(import_model(m), {"x": np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)})["s"][0])
+        assert saved["s.1"].shape == (3, 3)
+
+
+def test_kept_container_types_read_back_and_refuse_what_they_did_not_write():
+    # The kept types travel in graph.meta, which a text graph (untrusted) also sets.
+    from saturate.frontend.onnx_tensors import container_type, container_type_text
+
+    for t in (helper.make_sequence_type_proto(helper.make_tensor_type_proto(T.INT64, None)),
+              helper.make_optional_type_proto(helper.make_sequence_type_proto(helper.make_tensor_type_proto(T.BFLOAT16, None)))):
+        assert container_type(container_type_text(t)) == t
+    assert container_type_text(helper.make_map_type_proto(T.INT64, helper.make_tensor_type_proto(T.FLOAT, None))) is None
+    for text in ("seq(float32", "seq(nonsense)", "__class__", "seq(" * 10000 + "float32" + ")" * 10000, ""):
+        assert container_type(text) is None

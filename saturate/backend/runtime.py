@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -183,7 +184,7 @@ class CompiledModel:
             for node in piece.nodes:
                 args = [None if not i else env[i] if i in env else g.constants[i] for i in node.inputs]
                 env.update((o, r) for o, r in zip(node.outputs, eval_node(node, args, g.opset)) if o)
-        return {o: np.array(env[o] if o in env else g.constants[o]) for o, _ in self.outputs}
+        return {o: _output(env[o] if o in env else g.constants[o]) for o, _ in self.outputs}
 
     @staticmethod
     def _c_input(value: np.ndarray, name: str, shape: tuple) -> np.ndarray:
@@ -205,6 +206,12 @@ class CompiledModel:
         scratch, per-thread buffers kept between calls), measured on one call per segment on zeros; summed
         over segments, so at most what a call holds at once."""
         return sum(s.scratch_bytes(int(threads or self.threads)) for s in self.segments)
+
+
+def _output(value: Any) -> Any:
+    """A graph output as the interpreter gives it: an array, or a sequence (a list of arrays) or
+    empty optional (None) that an interpreter segment made, as they are."""
+    return value if value is None or isinstance(value, list) else np.array(value)
 
 
 def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = None,

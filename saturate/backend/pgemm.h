@@ -41,6 +41,30 @@
         SAT_TILE_ROW(dst, pitch, acc, 4); SAT_TILE_ROW(dst, pitch, acc, 5);                        \
     } while (0)
 
+/* The tile's accumulators into the mr x nr corner of y (added to it with acc): whole rows of
+ * vectors for a full tile, else through a buffer on the stack. */
+#define SAT_TILE_STORE_PART(y, ldy, mr, nr, acc)                                                   \
+    do {                                                                                           \
+        if ((mr) == SAT_PR && (nr) == SAT_PN) {                                                    \
+            SAT_TILE_STORE(y, ldy, acc);                                                           \
+            break;                                                                                 \
+        }                                                                                          \
+        float t_[SAT_PR][SAT_PN];                                                                  \
+        sat_vstore(t_[0], c00), sat_vstore(t_[0] + SAT_VL, c01);                                   \
+        sat_vstore(t_[1], c10), sat_vstore(t_[1] + SAT_VL, c11);                                   \
+        sat_vstore(t_[2], c20), sat_vstore(t_[2] + SAT_VL, c21);                                   \
+        sat_vstore(t_[3], c30), sat_vstore(t_[3] + SAT_VL, c31);                                   \
+        sat_vstore(t_[4], c40), sat_vstore(t_[4] + SAT_VL, c41);                                   \
+        sat_vstore(t_[5], c50), sat_vstore(t_[5] + SAT_VL, c51);                                   \
+        for (int r_ = 0; r_ < (mr); r_++) {                                                        \
+            float *yr_ = (y) + (int64_t)r_ * (ldy);                                                \
+            if (acc)                                                                               \
+                for (int c_ = 0; c_ < (nr); c_++) yr_[c_] += t_[r_][c_];                           \
+            else                                                                                   \
+                memcpy(yr_, t_[r_], sizeof(float) * (size_t)(nr));                                 \
+        }                                                                                          \
+    } while (0)
+
 /* One reduction step of the 6x16 tile: row r of the accumulators c<r>0, c<r>1 gains a[r] times
  * the 16 floats b0, b1. Both micro-kernels below run it; they differ only in where b comes from. */
 #define SAT_PANEL_STEP(a, b0, b1)                                                                  \
@@ -76,24 +100,7 @@ static inline void sat_ukr(int kc, const float *restrict a, const float *restric
         a += SAT_PR;
         b += SAT_PN;
     }
-    if (mr == SAT_PR && nr == SAT_PN) {
-        SAT_TILE_STORE(y, ldy, acc);
-        return;
-    }
-    float t[SAT_PR][SAT_PN];
-    sat_vstore(t[0], c00), sat_vstore(t[0] + SAT_VL, c01);
-    sat_vstore(t[1], c10), sat_vstore(t[1] + SAT_VL, c11);
-    sat_vstore(t[2], c20), sat_vstore(t[2] + SAT_VL, c21);
-    sat_vstore(t[3], c30), sat_vstore(t[3] + SAT_VL, c31);
-    sat_vstore(t[4], c40), sat_vstore(t[4] + SAT_VL, c41);
-    sat_vstore(t[5], c50), sat_vstore(t[5] + SAT_VL, c51);
-    for (int r = 0; r < mr; r++) {
-        float *yr = y + (int64_t)r * ldy;
-        if (acc)
-            for (int c = 0; c < nr; c++) yr[c] += t[r][c];
-        else
-            memcpy(yr, t[r], sizeof(float) * (size_t)nr);
-    }
+    SAT_TILE_STORE_PART(y, ldy, mr, nr, acc);
 }
 
 /* sat_ukr with A read in place: row r of the tile at ar[r] (k-contiguous, any pitch), so a product whose A is
@@ -113,24 +120,7 @@ static inline void sat_ukr_rows(int kc, const float *const *ar, const float *res
         SAT_PANEL_STEP(a, b0, b1);
         b += SAT_PN;
     }
-    if (mr == SAT_PR && nr == SAT_PN) {
-        SAT_TILE_STORE(y, ldy, acc);
-        return;
-    }
-    float t[SAT_PR][SAT_PN];
-    sat_vstore(t[0], c00), sat_vstore(t[0] + SAT_VL, c01);
-    sat_vstore(t[1], c10), sat_vstore(t[1] + SAT_VL, c11);
-    sat_vstore(t[2], c20), sat_vstore(t[2] + SAT_VL, c21);
-    sat_vstore(t[3], c30), sat_vstore(t[3] + SAT_VL, c31);
-    sat_vstore(t[4], c40), sat_vstore(t[4] + SAT_VL, c41);
-    sat_vstore(t[5], c50), sat_vstore(t[5] + SAT_VL, c51);
-    for (int r = 0; r < mr; r++) {
-        float *yr = y + (int64_t)r * ldy;
-        if (acc)
-            for (int c = 0; c < nr; c++) yr[c] += t[r][c];
-        else
-            memcpy(yr, t[r], sizeof(float) * (size_t)nr);
-    }
+    SAT_TILE_STORE_PART(y, ldy, mr, nr, acc);
 }
 
 typedef struct {

@@ -380,7 +380,7 @@ def type_proto(info: ValueInfo) -> onnx.TypeProto:
 def _export_value_info(g: Graph, name: str, kept: dict[str, str] | None = None) -> onnx.ValueInfoProto:
     """A value's ValueInfoProto: its tensor type, or the sequence or optional type import kept
     (graph.meta["value_types"]) for a graph input or output the IR holds no ValueInfo for."""
-    container = container_type(kept[name]) if kept and name in kept and name not in g.values else None
+    container = container_type(kept[name]) if kept and name in kept else None
     if container is not None:
         return helper.make_value_info(name, container)
     info = g.info(name)

@@ -207,33 +207,31 @@ def _text(b: bytes) -> str | bytes:
 _TYPE_DEPTH = 8
 
 
-def container_type_text(tp: onnx.TypeProto, depth: int = 0) -> str | None:
-    """A sequence or optional type as text (`seq(float32)`, `optional(seq(int64))`): the type of a
-    graph input or output the IR holds no ValueInfo for, kept so export declares it again. None
-    for a map, an unknown element type or a nesting deeper than _TYPE_DEPTH."""
-    which = tp.WhichOneof("value")
-    if which == "tensor_type":
-        et = tp.tensor_type.elem_type
-        return dtype_name(et) if et and et in _ELEM_TYPES else None
-    if depth >= _TYPE_DEPTH or which not in ("sequence_type", "optional_type"):
-        return None
-    inner = container_type_text(getattr(tp, which).elem_type, depth + 1)
-    if inner is None:
-        return None
-    return f"seq({inner})" if which == "sequence_type" else f"optional({inner})"
+def container_type_text(tp: onnx.TypeProto) -> str | None:
+    """A sequence or optional type as text (its serialized TypeProto in hex, element shapes and
+    all): the type of a graph input or output the IR holds no ValueInfo for, kept so export
+    declares it again. None for a tensor or a map type."""
+    return tp.SerializeToString().hex() if _container(tp) else None
 
 
-def container_type(text: str, depth: int = 0) -> onnx.TypeProto | None:
-    """The TypeProto container_type_text wrote (element shapes left unknown); None for text it
-    cannot have written."""
-    for prefix, make in (("seq(", helper.make_sequence_type_proto), ("optional(", helper.make_optional_type_proto)):
-        if text.startswith(prefix) and text.endswith(")"):
-            inner = container_type(text[len(prefix):-1], depth + 1) if depth < _TYPE_DEPTH else None
-            return None if inner is None else make(inner)
+def container_type(text: str) -> onnx.TypeProto | None:
+    """The sequence or optional type container_type_text wrote; None for any text it cannot have
+    written (a text graph's meta is as untrusted as a model)."""
+    tp = onnx.TypeProto()
     try:
-        return helper.make_tensor_type_proto(elem_type(text), None) if text.isidentifier() else None
-    except SaturateError:
+        tp.ParseFromString(bytes.fromhex(text))
+    except Exception:   # not hex, or not a TypeProto (protobuf's DecodeError)
         return None
+    return tp if _container(tp) else None
+
+
+def _container(tp: onnx.TypeProto, depth: int = 0) -> bool:
+    """A sequence or optional type whose innermost element is a tensor, nested at most _TYPE_DEPTH deep."""
+    which = tp.WhichOneof("value")
+    if which not in ("sequence_type", "optional_type") or depth >= _TYPE_DEPTH:
+        return False
+    inner = getattr(tp, which).elem_type
+    return inner.WhichOneof("value") == "tensor_type" or _container(inner, depth + 1)
 
 
 def type_info(tp: onnx.TypeProto) -> ValueInfo | None:

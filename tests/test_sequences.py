@@ -252,6 +252,27 @@ def test_run_prints_and_saves_sequence_outputs(tmp_path, capsys):
     assert not (tmp_path / "y.npy").exists()
 
 
+def test_run_reads_a_sequence_input_as_it_saves_a_sequence_output(tmp_path, capsys):
+    # The items `run -o` saved (s.0, s.1, ...) feed a model whose input is that sequence.
+    split = model([helper.make_node("SplitToSequence", ["x"], ["s"], axis=1)], [tensor("x", T.FLOAT, [2, 3])],
+                  [seq("s")])
+    joined = model([helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=1, new_axis=0)], [seq("s")],
+                   [tensor("y", T.FLOAT, [2, 3])])
+    onnx.save(split, tmp_path / "split.onnx")
+    onnx.save(joined, tmp_path / "joined.onnx")
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(tmp_path / "split.onnx"), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "s.npz")]) == 0
+    assert main(["run", str(tmp_path / "joined.onnx"), "-i", str(tmp_path / "s.npz"), "-o", str(tmp_path / "y.npy")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), x)
+    capsys.readouterr()
+    np.savez(tmp_path / "bad.npz", **{"s.0": x.astype(np.int64)})
+    assert main(["run", str(tmp_path / "joined.onnx"), "-i", str(tmp_path / "bad.npz")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"saturate: error: {tmp_path / 'bad.npz'}: s.0 has dtype int64; input 's' is a sequence of "
+                   "float32 tensors"]
+
+
 def test_run_of_a_bad_position_is_one_line(tmp_path, capsys):
     m = model([helper.make_node("SplitToSequence", ["x"], ["s"], axis=0),
                helper.make_node("SequenceAt", ["s", "p"], ["y"], name="pick")],

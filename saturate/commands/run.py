@@ -147,8 +147,38 @@ def graph_inputs(graph: Graph) -> list[str]:
 
 
 def load_inputs(graph: Graph, path: str) -> dict[str, np.ndarray]:
-    """Read a .npy (single-input models) or .npz (one array per input name)."""
-    return read_inputs(graph_inputs(graph), path)
+    """Read a .npy (single-input models) or .npz (one array per input name; a sequence input's
+    items as NAME.0, NAME.1, ..., as `run -o` saves a sequence output)."""
+    inputs = read_inputs(graph_inputs(graph), path)
+    for name, dtype in _sequence_inputs(graph).items():
+        if name in inputs or f"{name}.0" not in inputs:
+            continue
+        from saturate.interp.sequences import TensorSequence
+
+        items = []
+        while f"{name}.{len(items)}" in inputs:
+            items.append(inputs.pop(f"{name}.{len(items)}"))
+        wrong = next((k for k, a in enumerate(items) if a.dtype != dtype), None)
+        if wrong is not None:
+            raise SaturateError(f"{path}: {name}.{wrong} has dtype {items[wrong].dtype}; input '{name}' is a "
+                                f"sequence of {dtype} tensors")
+        inputs[name] = TensorSequence(items, dtype)
+    return inputs
+
+
+def _sequence_inputs(graph: Graph) -> dict[str, np.dtype]:
+    """The graph's sequence inputs (their types kept on import) and their items' dtype."""
+    from saturate.frontend.onnx_meta import _strings
+    from saturate.frontend.onnx_tensors import container_type, dtype_name
+
+    found = {}
+    for name, text in _strings(graph.meta.get("value_types"), 2):
+        tp = container_type(text)
+        if tp is not None and name in graph.inputs and tp.WhichOneof("value") == "sequence_type":
+            item = tp.sequence_type.elem_type
+            if item.WhichOneof("value") == "tensor_type" and item.tensor_type.elem_type:
+                found[name] = np.dtype(dtype_name(item.tensor_type.elem_type))
+    return found
 
 
 def read_inputs(names: list[str], path: str) -> dict[str, np.ndarray]:

@@ -59,11 +59,12 @@ def _memory_limit_per_test(monkeypatch):
 # the many small files fill in around them at the end; by default xdist orders files by their number of
 # tests, which left single dear tests (the ASan run) to start last and run alone. Only the order depends
 # on this list: a file missing from it runs after those in it.
-DEAREST_FIRST = ["test_corpus.py", "test_check.py", "test_backend_asan.py", "test_backend_binding.py", "test_backend.py",
-                 "test_backend_trust.py", "test_backend_ops.py", "test_faults.py", "test_backend_hypothesis.py",
-                 "test_backend_kernels.py", "test_check_any_op.py", "test_check_blindspots.py", "test_text.py",
-                 "test_onnx_io.py", "test_wheel.py", "test_run_cli.py", "test_interp_conformance.py", "test_optimize.py",
-                 "test_signals.py", "test_kept_egraph.py", "test_startup.py", "test_backend_quant.py", "test_partition.py"]
+DEAREST_FIRST = ["test_corpus.py", "test_check.py", "test_backend_asan.py", "test_backend_binding.py",
+                 "test_backend.py", "test_backend_trust.py", "test_backend_ops.py", "test_faults.py",
+                 "test_backend_hypothesis.py", "test_backend_kernels.py", "test_check_any_op.py",
+                 "test_check_blindspots.py", "test_text.py", "test_onnx_io.py", "test_wheel.py", "test_run_cli.py",
+                 "test_interp_conformance.py", "test_optimize.py", "test_signals.py", "test_kept_egraph.py",
+                 "test_startup.py", "test_backend_quant.py", "test_partition.py"]
 
 
 @pytest.hookimpl(trylast=True)

@@ -314,8 +314,11 @@ def test_a_signal_during_compile_ends_the_compiler_and_leaves_no_temp_files(tmp_
     save_graph(small_graph(4.0), str(tmp_path / "m.onnx"))
     (tmp_path / "tmp").mkdir()
     env = dict(os.environ, SATURATE_CACHE=str(own_cache(tmp_path)), TMPDIR=str(tmp_path / "tmp"))
+    # SIGINT at its default in the child: a run started in the background by a shell without job
+    # control ignores it, and Python then never turns it into KeyboardInterrupt.
     proc = subprocess.Popen([sys.executable, "-m", "saturate", "compile", str(tmp_path / "m.onnx"), "-o",
-                             str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline, seen = time.monotonic() + 120, {}
         while time.monotonic() < deadline and not any(row[2] == "cc1" for row in seen.values()):

@@ -457,14 +457,14 @@ def test_transposed_packed_conv_with_fused_silu(threads):
 
 
 PACKED_GEMMS = [(37, 768, 192, 0, 0), (17, 19, 45, 1, 0), (50, 300, 33, 0, 1), (23, 257, 200, 1, 1), (8, 19, 45, 1, 0),
-                (16, 768, 200, 0, 0)]  # m, k, n, transA, transB
+                (16, 768, 200, 0, 0), (16, 768, 200, 0, 1), (2, 300, 70, 0, 1)]  # m, k, n, transA, transB
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_gemm_on_packed_constant_weights(threads):
-    """Products sat_gemm's own kernels do not take (more rows than the dot products, or a B as stored past
-    the skinny kernel's rows): B packed in 16-column panels (pgemm.h without AVX-512); rows and columns off
-    the panels, reductions over one block boundary, alpha and every transpose."""
+    """Products sat_gemm's own kernels do not take (more than one row against a transposed B, or a B as stored
+    past the skinny kernel's rows): B packed in 16-column panels (pgemm.h without AVX-512); rows and columns
+    off the panels, reductions over one block boundary, alpha and every transpose."""
     graphs = []
     for m, k, n, trans_a, trans_b in PACKED_GEMMS:
         consts = {"w": arr(17, (n, k) if trans_b else (k, n)) * np.float32(0.1), "b": arr(18, (n,))}

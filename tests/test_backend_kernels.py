@@ -474,6 +474,22 @@ def test_gemm_on_packed_constant_weights(threads):
     check_three_way(side_by_side(graphs), threads=threads)
 
 
+IN_PLACE_GEMMS = [(37, 300, 45, 0), (2, 40, 33, 1), (7, 257, 16, 1), (16, 513, 70, 0), (13, 64, 200, 1)]  # m, k, n, transB
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemm_on_packed_weights_reads_a_in_place(threads):
+    """Products of an unscaled A as stored read its rows in place on the packed tile (no A panels): row
+    counts off the tile's 6 (the last tile repeating a row), reductions across a block boundary, columns off
+    the panels, each with its bias and Relu epilogue."""
+    graphs = []
+    for m, k, n, trans_b in IN_PLACE_GEMMS:
+        consts = {"w": arr(21, (n, k) if trans_b else (k, n)) * np.float32(0.1), "b": arr(22, (n,))}
+        nodes = [Node("Gemm", ["x", "w", "b"], ["g"], {"transB": trans_b}), Node("Relu", ["g"], ["y"])]
+        graphs.append(make(nodes, {"x": (m, k)}, consts))
+    check_three_way(side_by_side(graphs), threads=threads)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("tokens", [(2, 37), (1, 16), (1, 7)])
 def test_matmul_of_tokens_by_a_constant_matrix(tokens, threads):

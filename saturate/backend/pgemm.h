@@ -381,7 +381,8 @@ void sat_conv_xdirect(const float *x, const float *wp, int64_t wp_group, float *
  * Gemm and MatMul whose B is a constant (a transformer's projections: 37 tokens x 768 times 768 x 192):
  * B is packed by the emitter in SAT_PN-column panels (k-major, element (k, n) of panel p at
  * [p*K*SAT_PN + k*SAT_PN + n - p*SAT_PN]), where a general sgemm packs all of it again on every call;
- * A, small, is packed per call in SAT_PR-row panels with alpha folded in. Threads split B's panels.
+ * A is read in place, or, transposed or scaled, packed per call in SAT_PR-row panels with alpha folded
+ * in (ap, NULL when in place). Threads split B's panels.
  * AVX-512 builds run these too (a 6 x 32 tile), though their convs take gemm.h's kernels. */
 typedef struct {
     const float *ap, *bp, *A;

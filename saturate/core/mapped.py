@@ -360,8 +360,8 @@ def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[in
     a page for each 4 KiB of the weight and copies it there (what `cp` spends its time on) nor
     holds the weight as dirty pages, throttling the writers once they are many, and the sync
     before the output is renamed into place finds the data written.
-    The rest (the first block, a last piece short of DIRECT_ALIGN, everything where direct
-    writes are refused) goes through the page cache, each block handed to the disk as it ends."""
+    The rest (a last piece short of DIRECT_ALIGN, everything where direct writes are refused)
+    goes through the page cache, each block handed to the disk as it ends."""
     fd = f.fileno()
     row = first.nbytes // first.shape[0]
     rows = max(1, min(step, CACHE_BYTES // row))      # rows computed at a time
@@ -469,7 +469,13 @@ def _fill(f: BinaryIO, start: int, length: int, dtype: np.dtype, shape: tuple[in
             _start_writeback(fd, start + i * row, n * row)
 
     try:
-        put(np.ascontiguousarray(first), 0)
+        head = np.ascontiguousarray(first)
+        if direct is not None and head.ctypes.data % DIRECT_ALIGN:
+            # Where the allocator put the first block decides nothing: it goes to the disk as the others do.
+            aligned = _aligned(head.shape, head.dtype)
+            aligned[...] = head
+            head = aligned
+        put(head, 0)
         for part, s in zip(parts(0), split):
             if s:
                 release(part)

@@ -724,6 +724,24 @@ def test_cli_check_refuses_a_rule_that_changes_outputs_unless_forced(tmp_path, c
     assert main(["optimize", source, "-o", str(out), "--check", "-1"]) == 2
 
 
+def test_cli_names_an_invalid_input_model_rather_than_the_result(tmp_path, capsys):
+    # A MatMul turned into a Tile reading float repeats: the schema refuses the input itself, so
+    # the error is the input's (node and op named), not "the result is not valid".
+    model = examples.build_model("mlp")
+    for node in model.graph.node:
+        if node.name == "matmul2":
+            node.op_type = "Tile"
+    source = tmp_path / "tile.onnx"
+    onnx.save(model, source)
+    before = source.read_bytes()
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", str(source), "-o", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"saturate: error: {source}: not a valid ONNX model: ")
+    assert "Tile" in err and "matmul2" in err
+    assert list(tmp_path.iterdir()) == [source] and source.read_bytes() == before
+
+
 def test_cli_check_passes_a_correct_result_and_a_batch_takes_it_too(tmp_path, capsys):
     source = _named_model(tmp_path)
     assert main(["optimize", source, "-o", str(tmp_path / "ok.onnx"), "--check", "3"]) == 0

@@ -171,7 +171,11 @@ def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str], outp
         save_model(result, args.output)
         functions = summary(result)
     else:
-        save_graph(result, args.output, keep_data_file=args.keep_data_file)
+        try:
+            save_graph(result, args.output, keep_data_file=args.keep_data_file)
+        except SaturateError:
+            _refuse_invalid_input(args.model, graph)
+            raise
     times["export"] = time.perf_counter() - t
     report.times = {"import": times["import"], **report.times, "export": times["export"]}
     sizes = None
@@ -192,6 +196,18 @@ def _optimize_one(args: argparse.Namespace, shown: Status, read: list[str], outp
         shown.stage("html")
         write_html(args.html, graph, result, report, title=args.model)
     return report, functions, failure, sizes
+
+
+def _refuse_invalid_input(model: str, graph) -> None:
+    """When the result fails the ONNX checker, ask the input the same: a model that is itself
+    invalid (an op given a type its schema refuses) is the input's fault, said so."""
+    from saturate.frontend.onnx_io import check_exported, export_model
+
+    try:
+        check_exported(graph, export_model(graph, weights=False))
+    except SaturateError as err:
+        why = str(err).split(": ", 1)[-1]
+        raise SaturateError(f"{model}: not a valid ONNX model: {why}") from None
 
 
 def _check(args: argparse.Namespace, graph, result):

@@ -19,6 +19,7 @@ from saturate.frontend.onnx_export import (
     _declare_io_rank_free, _fill_tensor, check_exported, export_model, external_pieces, infer_strictly, model_pieces,
     node_proto, type_proto)
 from saturate.frontend.infer import fill_types
+from saturate.frontend.onnx_scope import check_scopes, free_names, has_subgraphs, subgraph_reads
 from saturate.frontend.onnx_meta import PRESERVE_KEY, _DEFAULT_DOMAINS, mark_nodes, model_fields, preserve_marks
 from saturate.frontend.onnx_tensors import (
     _SKELETON_ELEMENTS, _array, _first_line, _short_float, _text, check_tensor, check_tensors, container_type_text,
@@ -26,8 +27,8 @@ from saturate.frontend.onnx_tensors import (
 
 # Names of this module and of the modules split from it, importable from here as before.
 __all__ = ['check_exported', 'check_tensor', 'check_tensors', 'describe', 'dtype_name', 'elem_type',
-           'export_model', 'external_pieces', 'import_model', 'infer_strictly', 'mappable', 'mark_nodes',
-           'MAX_OPSET', 'MIN_OPSET', 'model_fields', 'model_pieces', 'node_proto', 'PRESERVE_KEY',
+           'export_model', 'external_pieces', 'import_model', 'import_subgraph', 'infer_strictly', 'mappable',
+           'mark_nodes', 'MAX_OPSET', 'MIN_OPSET', 'model_fields', 'model_pieces', 'node_proto', 'PRESERVE_KEY',
            'preserve_marks', 'raw_dtype', 'raw_size', 'type_info', 'type_proto', '_fill_tensor']
 
 # The engine's rules and the interpreter's numpy kernels are written for the forms ops take from
@@ -108,7 +109,18 @@ def import_model(model: onnx.ModelProto, mapped: dict[str, np.ndarray] | None = 
         g.meta["value_types"] = [s for name, text in kept.items() if text for s in (name, text)]
 
 
-    for k, on in enumerate(og.node):
+    _import_nodes(og.node, g)
+    # ONNX's inference stops at an op it does not know; a registered one (saturate.ops) types on.
+    fill_types(g)
+    # A graph output that is directly a constant or an input needs no node; keep it as is.
+    g.validate()
+    return g
+
+
+def _import_nodes(nodes, g: Graph) -> None:
+    """Append `nodes` (NodeProtos in order) to `g`: Constant nodes as constants, a node with
+    subgraphs listing the outer values they read after its own inputs (frontend.onnx_scope)."""
+    for on in nodes:
         if on.op_type == "Constant" and on.domain in _DEFAULT_DOMAINS and len(on.attribute) == 1:
             value = _constant_node_value(on.attribute[0], on)
             if value is not None:
@@ -121,11 +133,28 @@ def import_model(model: onnx.ModelProto, mapped: dict[str, np.ndarray] | None = 
         node = Node(on.op_type, inputs, list(on.output), name=on.name,
                     domain="" if on.domain == "ai.onnx" else on.domain)
         node.attrs = {a.name: _attr_value(a, node) for a in on.attribute} | _omitted_defaults(on)
+        if has_subgraphs(node):
+            node.inputs += subgraph_reads(node)
         g.nodes.append(node)
-    # ONNX's inference stops at an op it does not know; a registered one (saturate.ops) types on.
-    fill_types(g)
-    # A graph output that is directly a constant or an input needs no node; keep it as is.
-    g.validate()
+
+
+def import_subgraph(sub: onnx.GraphProto, opset: int) -> Graph:
+    """The Graph of a subgraph (If's branch, Loop's or Scan's body) as the interpreter runs it: its
+    own inputs, then the names it reads from enclosing graphs as further inputs (the caller feeds
+    their values); its initializers and Constant nodes as constants. Its inputs keep their element
+    types and no shape: a loop-carried value may change shape from one iteration to the next."""
+    g = Graph(name=sub.name or "subgraph", opset=opset)
+    for init in sub.initializer:
+        g.constants[init.name] = _array(init, f"initializer '{init.name}' of subgraph '{g.name}'")
+    if sub.sparse_initializer:
+        raise SaturateError(f"subgraph '{g.name}': sparse initializers are not supported")
+    for vi in sub.input:
+        info = _value_info(vi)
+        if info is not None and info.dtype != "unknown":
+            g.values[vi.name] = ValueInfo(info.dtype, None)
+    g.inputs = [vi.name for vi in sub.input] + [n for n in free_names(sub) if n]
+    g.outputs = [vi.name for vi in sub.output]
+    _import_nodes(sub.node, g)
     return g
 
 
@@ -246,6 +275,7 @@ def _check(model: onnx.ModelProto) -> None:
         probe.CopyFrom(model)
         _declare_io_rank_free(probe)
     _check_dataflow(model.graph)
+    check_scopes(model.graph)
     try:
         onnx.checker.check_model(probe)
     except onnx.checker.ValidationError as err:

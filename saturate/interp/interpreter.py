@@ -10,6 +10,7 @@ from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node
 from saturate.core.limits import check_allocation, check_bytes
 from saturate.ops.schema import newest_opset, spec
+from saturate.interp.control_flow import CONTROL_FLOW_OPS, run_control_flow
 from saturate.interp.kernels import Unhandled
 from saturate.interp.reference import reference_ops, run_reference
 from saturate.interp.sequences import (OPTIONAL_OPS, SEQUENCE_OPS, as_value, copy_value, is_sequence, run_sequence_op,
@@ -27,7 +28,7 @@ def supported_ops(opset: int | None = None) -> list[str]:
     """Names of the standard ops the interpreter can evaluate at `opset` (default: the newest)."""
     version = opset or newest_opset()
     return sorted({op for op in ops_with("evaluates") if spec(op, version) is not None} | reference_ops(version)
-                  | {op for op in (*SEQUENCE_OPS, *OPTIONAL_OPS) if spec(op, version) is not None})
+                  | {op for op in (*SEQUENCE_OPS, *OPTIONAL_OPS, *CONTROL_FLOW_OPS) if spec(op, version) is not None})
 
 
 def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None = None) -> list[np.ndarray]:
@@ -36,9 +37,16 @@ def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None
     Ops whose registry entry has a numpy kernel (saturate/ops) run on it; every other default-domain op runs
     on onnx.reference at `opset` (pass the graph's; default: the newest ONNX defines).
     Results may be views of the inputs (Reshape, Transpose, Identity): copy before writing to them.
-    A sequence value is a TensorSequence (a list of arrays), in and out.
+    A sequence value is a TensorSequence (a list of arrays), in and out. If, Loop, Scan and
+    SequenceMap run their subgraphs on this interpreter (control_flow), the outer values those
+    read being the node's trailing inputs.
     """
     standard = node.domain in ("", "ai.onnx")
+    if node.op in CONTROL_FLOW_OPS and standard:
+        version = opset or newest_opset()
+        if spec(node.op, version) is None:
+            raise SaturateError(f"{node.where()}: ONNX defines no such op at opset {version}")
+        return _checked(node, run_control_flow(node, inputs, version))
     # Tested inline on the way of every tensor op (a node costs microseconds): a sequence op, or
     # a list (a sequence value) among the inputs.
     if node.op in SEQUENCE_OPS or node.op in OPTIONAL_OPS:
@@ -128,6 +136,8 @@ def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np
             raise SaturateError(f"missing graph input '{name}'")
         arr = as_value(inputs[name])
         info = graph.values.get(name)
+        if info is not None and arr is None:
+            raise SaturateError(f"input '{name}' is an empty optional, the graph expects a tensor")
         if info is not None and is_sequence(arr):
             raise SaturateError(f"input '{name}' is a sequence, the graph expects a tensor")
         if info is not None:

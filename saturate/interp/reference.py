@@ -12,6 +12,7 @@ from onnx import AttributeProto, helper, numpy_helper
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Node, OpaqueAttr
+from saturate.interp.control_flow import CONTROL_FLOW_OPS
 from saturate.interp.sequences import OPTIONAL_OPS, SEQUENCE_OPS
 from saturate.ops.registry import lookup
 
@@ -80,7 +81,10 @@ def reference_reason(op: str, opset: int) -> str | None:
     if schema is None:
         return "ONNX defines no such op at this opset"
     if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in schema.attributes.values()):
-        return "ops with subgraph attributes (control flow) are not supported"
+        if op in CONTROL_FLOW_OPS:
+            return ("control flow, run on the interpreter's own code only (its subgraphs are not folded or "
+                    "drawn)")
+        return "ops with subgraph attributes other than If, Loop, Scan and SequenceMap are not supported"
     if not _tensor_only_in_places(schema):
         if op in SEQUENCE_OPS or op in OPTIONAL_OPS:
             return ("a sequence or optional op, run on the interpreter's own kernels only (a graph holds no "

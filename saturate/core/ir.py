@@ -76,6 +76,8 @@ class Node:
 
     Attribute values are Python ints, floats, strings, bytes, lists of those, numpy arrays
     (tensor attributes) or `OpaqueAttr` for what the project does not interpret (subgraphs).
+    A node with subgraphs (If, Loop, Scan) lists, after its own inputs, the outer values its
+    subgraphs read (frontend.onnx_scope): every stage sees that dependency as an input.
     """
 
     op: str

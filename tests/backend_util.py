@@ -96,16 +96,18 @@ def corpus_reference(name: str):
 
 
 def own_cache(tmp_path: Path) -> Path:
-    """A cache folder of the test's own, holding the run's shared binding object and kernel library (linked by
-    every build; compiling them takes seconds), so what the test leaves in the cache is its own."""
+    """A cache folder of the test's own, holding the run's shared binding object, kernel library and precompiled
+    headers (every build uses them; compiling them takes seconds), so what the test leaves in the cache is its own."""
     import shutil
 
-    from saturate.backend.build import binding_object, kernel_library
+    from saturate.backend.build import BuildConfig, binding_object, kernel_library, model_prelude
 
-    obj, lib = binding_object(), kernel_library()
+    obj, lib, prelude = binding_object(), kernel_library(), model_prelude(BuildConfig.from_env())
     cache = tmp_path / "cache"
     cache.mkdir()
     for path in (obj, obj.with_suffix(".sha256"), lib, lib.with_suffix(".sha256")):
         if path.exists():
             shutil.copyfile(path, cache / path.name)
+    if prelude is not None:
+        shutil.copytree(prelude, cache / prelude.name)
     return cache

@@ -276,6 +276,36 @@ def test_a_changed_kernel_library_in_the_cache_is_rebuilt_before_a_model_links_i
             kernel_library()
 
 
+def test_models_compile_with_the_kernels_headers_precompiled_and_a_changed_one_is_rebuilt(tmp_path, monkeypatch,
+                                                                                          capfd):
+    """A model's compile reads the kernels' headers precompiled (sat_prelude.h.gch, built once per set of
+    flags); one changed in the cache is built again before a compile reads it: a precompiled header is code."""
+    from saturate.backend import compile_graph
+    from saturate.backend.build import PRELUDE, BuildConfig, compile_command, model_prelude
+    from saturate.backend.toolchain import compiler, compiler_version
+
+    if "clang" in compiler_version(compiler()).lower():
+        pytest.skip("precompiled headers are gcc's")
+    cache = own_cache(tmp_path)
+    monkeypatch.setenv("SATURATE_CACHE", str(cache))
+    config = BuildConfig.from_env()
+    prelude = model_prelude(config)
+    assert prelude is not None and prelude.parent == cache
+    source = tmp_path / "m.c"
+    source.write_text('#include "kernels.h"\nint sat_probe(void) { return SAT_PN; }\n')
+    done = subprocess.run(compile_command(source, tmp_path / "m.o", config, prelude=prelude) + ["-H"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"! {prelude / PRELUDE}.gch" in done.stderr.splitlines()     # '!': read precompiled
+    corrupt(prelude / f"{PRELUDE}.gch", "flip")
+    capfd.readouterr()
+    feed = feed_for(small_graph(7.0))
+    model = compile_graph(small_graph(7.0))
+    assert f"saturate: cache entry {prelude.name} did not match its digest; rebuilding" in capfd.readouterr().err
+    np.testing.assert_allclose(model(feed)["y"], expected(small_graph(7.0), feed)["y"], rtol=1e-5, atol=1e-6)
+    assert model_prelude(config) == prelude and "rebuilding" not in capfd.readouterr().err
+
+
 def processes() -> dict[int, tuple[int, int, str, str]]:
     """Every process: pid -> (parent pid, process group, command name, state), from /proc."""
     out = {}

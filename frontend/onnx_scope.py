@@ -44,7 +44,12 @@ def subgraph_reads(node: Node) -> tuple[str, ...]:
     """The outer names a node's subgraphs read, as they spell them, in order of first read (the
     node's last len(...) inputs hold those values, under the graph's names)."""
     attrs = graph_attrs(node)
-    return _reads(tuple(v.payload for _, v in attrs)) if attrs else ()
+    if not attrs:
+        return ()
+    try:
+        return _reads(tuple(v.payload for _, v in attrs))
+    except SaturateError as err:
+        raise SaturateError(f"{node.where()}: {err}") from None
 
 
 def own_inputs(node: Node) -> tuple[list[str], list[str]]:

@@ -8,7 +8,7 @@ Each model is saved as .onnx first (example:NAME or a corpus entry, optimized), 
 same file. The old version runs from `git archive BEFORE` on PYTHONPATH, the new one from this checkout; both
 as `python -m saturate compile MODEL.onnx -o DIR` in a subprocess, wall time. "new model" is a compile into a
 cache that holds what every model shares (the Cython binding object, and for the library build the kernel
-library) but not this model: the time a user waits for a model not compiled before. "cold" starts from an
+library, and where the version has them the precompiled headers) but not this model: the time a user waits for a model not compiled before. "cold" starts from an
 empty cache (the library build included). Compile columns are medians of --compiles runs ("cold" one run).
 
 Run time: both compiled models loaded in one process at 1 thread, their calls interleaved, median of --runs
@@ -73,8 +73,9 @@ def compile_once(tree: Path | None, model: Path, out: Path, cache: Path) -> floa
 
 
 def shared_entries(cache: Path) -> list[Path]:
-    """What every model's build shares in a cache: the binding object and the kernel library (with digests)."""
-    return [p for p in cache.iterdir() if p.name.startswith(("binding-", "libsat-"))]
+    """What every model's build shares in a cache: the binding object, the kernel library (with digests) and
+    the precompiled headers (a folder)."""
+    return [p for p in cache.iterdir() if p.name.startswith(("binding-", "libsat-", "prelude-"))]
 
 
 def compile_times(tree: Path | None, model: Path, work: Path, compiles: int) -> tuple[float, float, Path]:
@@ -88,7 +89,10 @@ def compile_times(tree: Path | None, model: Path, work: Path, compiles: int) -> 
         cache = work / f"warm{k}"
         cache.mkdir()
         for p in shared_entries(cold_cache):
-            shutil.copyfile(p, cache / p.name)
+            if p.is_dir():
+                shutil.copytree(p, cache / p.name)
+            else:
+                shutil.copyfile(p, cache / p.name)
         warm.append(compile_once(tree, model, work / f"w{k}", cache))
     return statistics.median(warm), cold, out
 

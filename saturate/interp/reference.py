@@ -82,8 +82,8 @@ def reference_reason(op: str, opset: int) -> str | None:
         return "ONNX defines no such op at this opset"
     if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in schema.attributes.values()):
         if op in CONTROL_FLOW_OPS:
-            return ("control flow, run on the interpreter's own code only (its subgraphs are not folded or "
-                    "drawn)")
+            return ("ops with subgraph attributes (control flow) run on the interpreter's own code only: "
+                    "they are not folded or drawn")
         return "ops with subgraph attributes other than If, Loop, Scan and SequenceMap are not supported"
     if not _tensor_only_in_places(schema):
         if op in SEQUENCE_OPS or op in OPTIONAL_OPS:

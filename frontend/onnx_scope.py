@@ -153,13 +153,14 @@ def bind_subgraphs(node: Node, proto: onnx.NodeProto, visible: Iterable[str] = (
     del proto.input[len(own):]
     subst = dict(zip(subgraph_reads(node), bound))
     visible = set(visible) | set(bound)
+    taken = set(taken) | visible
     changed = any(k != v for k, v in subst.items())
     for a in proto.attribute:
         if a.type not in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
             continue
         for g in attribute_graphs(a):
             if changed or _hides(g, visible):
-                _rebind(g, subst, visible, set(taken) | visible)
+                _rebind(g, subst, visible, taken)
 
 
 def _hides(g: onnx.GraphProto, visible: set[str]) -> bool:
@@ -187,7 +188,8 @@ def _rebind(g: onnx.GraphProto, subst: dict[str, str], visible: set[str], taken:
     free = set(free_names(g))
     subst = {k: v for k, v in subst.items() if k in free}
     wanted = set(subst.values())
-    taken = _names(g, set(taken) | wanted)
+    # One set through every depth: a name chosen in a nested graph is taken here too.
+    _names(g, taken).update(wanted)
     local: dict[str, str] = {}
 
     def fresh(name: str) -> str:

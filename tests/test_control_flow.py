@@ -191,14 +191,20 @@ def test_a_subgraph_name_an_outer_value_takes_is_renamed_inside(new_name):
         close(run_graph(import_model(out), feed)["final"], ort_run(m, feed)[0])
 
 
-def test_a_subgraph_input_may_shadow_an_outer_name():
-    # ONNX lets a body's input hide an outer value of its name: the body reads its own.
+@pytest.mark.parametrize("op", ["Relu", "Identity"])
+def test_a_subgraph_input_may_shadow_an_outer_name(op):
+    # ONNX lets a body's input hide an outer value of its name: the body reads its own. Once the
+    # optimizer drops t = Identity(x), the body reads the outer x its own input x hides: that
+    # input gives way.
     body = h.make_graph([h.make_node("Identity", ["c"], ["c_out"]), h.make_node("Add", ["x", "t"], ["x_out"])],
                         "body", [vi("i", [], T.INT64), vi("c", [], T.BOOL), vi("x", [4])],
                         [vi("c_out", [], T.BOOL), vi("x_out", [4])])
-    m = model([h.make_node("Relu", ["x"], ["t"]), h.make_node("Loop", ["M", "", "x"], ["y"], body=body)],
+    m = model([h.make_node(op, ["x"], ["t"]), h.make_node("Loop", ["M", "", "x"], ["y"], body=body)],
               [vi("x", [4]), vi("M", [], T.INT64)], [vi("y", [4])])
-    agree(m, [{"x": X, "M": np.array(3, np.int64)}])
+    out = agree(m, [{"x": X, "M": np.array(3, np.int64)}])
+    if op == "Identity":
+        assert [n.op_type for n in out.graph.node] == ["Loop"]
+        assert list(subgraph(out, "Loop", "body").node[1].input) == ["x_1", "x"]
 
 
 # ---- the interpreter ----------------------------------------------------------------------------------

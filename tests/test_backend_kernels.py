@@ -338,8 +338,9 @@ def test_batched_matmul_items_that_split_their_own_product(threads):
 
 PACKED_BMMS = [
     # (A shape, B shape): batched products on pgemm.h's tile with A read in place (sat_ukr_rows): rows off the
-    # 6-row tile, columns off the 16- and 32-column panels, reductions past one 256-step block, more than
-    # SAT_BMM_JC panels, B's batch broadcast, fewer products than two per thread (columns split)
+    # 6-row tile (last tiles of 4, 1 and 2 rows on the 4-row kernel), columns off the 16- and 32-column panels,
+    # reductions past one 256-step block, more than SAT_BMM_JC panels, B's batch broadcast, fewer products than
+    # two per thread (columns split)
     ((1, 6, 70, 64), (1, 6, 64, 64)),
     ((2, 3, 37, 300), (1, 3, 300, 45)),
     ((1, 2, 50, 70), (1, 2, 70, 150)),
@@ -474,14 +475,15 @@ def test_gemm_on_packed_constant_weights(threads):
     check_three_way(side_by_side(graphs), threads=threads)
 
 
-IN_PLACE_GEMMS = [(37, 300, 45, 0), (2, 40, 33, 1), (7, 257, 16, 1), (16, 513, 70, 0), (13, 64, 200, 1)]  # m, k, n, transB
+IN_PLACE_GEMMS = [(37, 300, 45, 0), (2, 40, 33, 1), (7, 257, 16, 1), (16, 513, 70, 0), (13, 64, 200, 1), (9, 100, 50, 1),
+                  (4, 300, 33, 1), (11, 64, 40, 0)]  # m, k, n, transB
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_gemm_on_packed_weights_reads_a_in_place(threads):
     """Products of an unscaled A as stored read its rows in place on the packed tile (no A panels): row
-    counts off the tile's 6 (the last tile repeating a row), reductions across a block boundary, columns off
-    the panels, each with its bias and Relu epilogue."""
+    counts off the tile's 6 (a last tile of 1 to 4 rows on the 4-row kernel, of 5 repeating a row),
+    reductions across a block boundary, columns off the panels, each with its bias and Relu epilogue."""
     graphs = []
     for m, k, n, trans_b in IN_PLACE_GEMMS:
         consts = {"w": arr(21, (n, k) if trans_b else (k, n)) * np.float32(0.1), "b": arr(22, (n,))}

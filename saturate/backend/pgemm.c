@@ -225,10 +225,13 @@ void sat_pmm_item(void *ctx, int64_t item, int tid) {
                             k0 > 0);
                     continue;
                 }
-                /* A read in place (rows past M repeat row i) */
+                /* A read in place (rows past M repeat row i); a last tile of at most 4 rows on the 4-row kernel */
                 const float *ar[SAT_PR];
                 for (int r = 0; r < SAT_PR; r++) ar[r] = a->A + (int64_t)(i + (r < mr ? r : 0)) * a->lda + k0;
-                sat_ukr_rows(kc, ar, bj, Y + (int64_t)i * N + j, N, mr, nr, k0 > 0);
+                if (mr <= 4)
+                    sat_ukr_rows4(kc, ar, bj, Y + (int64_t)i * N + j, N, mr, nr, k0 > 0);
+                else
+                    sat_ukr_rows(kc, ar, bj, Y + (int64_t)i * N + j, N, mr, nr, k0 > 0);
             }
         }
     }

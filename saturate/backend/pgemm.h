@@ -123,6 +123,43 @@ static inline void sat_ukr_rows(int kc, const float *const *ar, const float *res
     SAT_TILE_STORE_PART(y, ldy, mr, nr, acc);
 }
 
+/* sat_ukr_rows on at most 4 rows (mr <= 4; rows past mr may repeat any row): the last row tile of a product
+ * whose rows are not a multiple of 6 (16 tokens: 6 + 6 + 4) computes 4 rows, not 6 of which 2 are thrown
+ * away. Eight accumulators; two loads of B and four broadcasts a step. */
+static inline void sat_ukr_rows4(int kc, const float *const *ar, const float *restrict b, float *restrict y,
+                                 int64_t ldy, int mr, int nr, int acc) {
+    const float *a0 = ar[0], *a1 = ar[1], *a2 = ar[2], *a3 = ar[3];
+    sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
+    for (int k = 0; k < kc; k++) {
+        const sat_vf b0 = sat_vload(b), b1 = sat_vload(b + SAT_VL);
+        __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN);
+#if SAT_PN > 16
+        __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN + 16);
+#endif
+        float s = a0[k];
+        c00 += s * b0, c01 += s * b1;
+        s = a1[k];
+        c10 += s * b0, c11 += s * b1;
+        s = a2[k];
+        c20 += s * b0, c21 += s * b1;
+        s = a3[k];
+        c30 += s * b0, c31 += s * b1;
+        b += SAT_PN;
+    }
+    float t[4][SAT_PN];
+    sat_vstore(t[0], c00), sat_vstore(t[0] + SAT_VL, c01);
+    sat_vstore(t[1], c10), sat_vstore(t[1] + SAT_VL, c11);
+    sat_vstore(t[2], c20), sat_vstore(t[2] + SAT_VL, c21);
+    sat_vstore(t[3], c30), sat_vstore(t[3] + SAT_VL, c31);
+    for (int r = 0; r < mr; r++) {
+        float *yr = y + (int64_t)r * ldy;
+        if (acc)
+            for (int c = 0; c < nr; c++) yr[c] += t[r][c];
+        else
+            memcpy(yr, t[r], sizeof(float) * (size_t)nr);
+    }
+}
+
 typedef struct {
     const float *x, *wp;
     int64_t wp_group;

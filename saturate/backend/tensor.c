@@ -513,9 +513,14 @@ static void sat_bmm_packed_item(const sat_bmm_args *a, int64_t u, int tid) {
                 const int mr = M - i < SAT_PR ? M - i : SAT_PR;
                 const float *rows[SAT_PR];
                 for (int r = 0; r < SAT_PR; r++) rows[r] = A + (int64_t)(i + (r < mr ? r : 0)) * a->lda + k0;
-                for (int j = jc; j < jc1; j += SAT_PN)
-                    sat_ukr_rows(kc, rows, bp + (int64_t)(j - j0) * K + (int64_t)k0 * SAT_PN, Y + (int64_t)i * N + j,
-                                 N, mr, jc1 - j < SAT_PN ? jc1 - j : SAT_PN, k0 > 0);
+                for (int j = jc; j < jc1; j += SAT_PN) {
+                    const float *bj = bp + (int64_t)(j - j0) * K + (int64_t)k0 * SAT_PN;
+                    const int nr = jc1 - j < SAT_PN ? jc1 - j : SAT_PN;
+                    if (mr <= 4)
+                        sat_ukr_rows4(kc, rows, bj, Y + (int64_t)i * N + j, N, mr, nr, k0 > 0);
+                    else
+                        sat_ukr_rows(kc, rows, bj, Y + (int64_t)i * N + j, N, mr, nr, k0 > 0);
+                }
             }
         }
     }

@@ -336,6 +336,17 @@ def test_a_subgraph_reading_a_name_nothing_defines_is_refused_naming_the_node():
                                     "reads 'nowhere'")
 
 
+def test_a_nested_subgraph_reading_a_name_nothing_defines_names_both_nodes():
+    m = loop_with_if("t")
+    inner = next(n for n in subgraph(m, "Loop", "body").node if n.op_type == "If")
+    next(a.g for a in inner.attribute if a.name == "else_branch").node[0].input[1] = "nowhere"
+    with pytest.raises(SaturateError) as err:
+        import_model(m)
+    assert one_line(err) == ("invalid ONNX model: node 'final' (Loop), subgraph 'body': node 'acc_next' (If), "
+                             "subgraph 'else_branch': node 'b2' (Sub) reads 'nowhere', which nothing defines "
+                             "before it")
+
+
 def test_a_subgraph_reading_a_later_value_or_its_own_output_is_refused():
     m = if_model("t")
     subgraph(m, "If", "else_branch").node[0].input[0] = "y"

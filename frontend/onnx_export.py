@@ -14,7 +14,8 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 from saturate.core.mapped import Arena, file_slice, input_slice
-from saturate.frontend.onnx_scope import GRAPH_KINDS, bind_subgraphs, has_subgraphs, outer_names_before
+from saturate.frontend.onnx_scope import (GRAPH_KINDS, bind_subgraphs, has_subgraphs, outer_names_before,
+                                         parse_attribute)
 from saturate.frontend.onnx_meta import _DEFAULT_DOMAINS, _restore_model_fields, _strings
 from saturate.frontend.onnx_tensors import _RAW_DTYPES, _SKELETON_ELEMENTS, _first_line, container_type, elem_type
 
@@ -316,9 +317,10 @@ def node_proto(n: Node, opset: int, scope: tuple[set[str], set[str]] | None = No
 
 def _export_attr(n: Node, key: str, value: Any, opset: int) -> AttributeProto:
     if isinstance(value, OpaqueAttr):
-        a = AttributeProto()
-        a.ParseFromString(value.payload)
-        return a
+        try:
+            return parse_attribute(value.payload)
+        except SaturateError as err:
+            raise SaturateError(f"{n.where()}: attribute '{key}': {err}") from None
     if isinstance(value, np.ndarray):
         return helper.make_attribute(key, _tensor("", value))
     if isinstance(value, (list, tuple)):

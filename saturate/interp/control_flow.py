@@ -49,7 +49,10 @@ class _Body:
         if not isinstance(value, OpaqueAttr) or value.kind != "GRAPH":
             raise SaturateError(f"{node.where()}: attribute '{attr}' (a graph) is missing")
         self.node, self.attr = node, attr
-        self.graph, self.arity, self.declared = _import(value.payload, opset)
+        try:
+            self.graph, self.arity, self.declared = _import(value.payload, opset)
+        except SaturateError as err:
+            raise SaturateError(f"{node.where()}, subgraph '{attr}': {err}") from None
 
     def run(self, own: list[Any], outer: dict[str, Any]) -> list[Any]:
         from saturate.interp.interpreter import run_graph

@@ -365,6 +365,7 @@ def _convert(model: onnx.ModelProto, skeleton: onnx.ModelProto,
         culprit = _conversion_culprit(model, opset, text)
         where = f" at node '{culprit.name or culprit.output[0]}' ({culprit.op_type})" if culprit else ""
         raise SaturateError(f"cannot convert the model from opset {opset} to {MIN_OPSET}{where}: {text}") from None
+    _check_same_io(skeleton.graph, converted.graph, opset)
     if skeleton is model:
         return converted, converted, []
     # The converter serializes what it converts, so it got the skeleton (the weights as typed
@@ -379,6 +380,43 @@ def _convert(model: onnx.ModelProto, skeleton: onnx.ModelProto,
     del graph_model.graph.input[:]
     graph_model.graph.input.extend(inputs)
     return converted, graph_model, big
+
+
+def _check_same_io(before: onnx.GraphProto, after: onnx.GraphProto, opset: int) -> None:
+    """Refuse a conversion that changed a graph input's or output's type: the converter's adapter of
+    opset 8's batched Scan drops the batch axis from the graph's inputs, so the model converted would
+    want other inputs than the one given."""
+    types = {vi.name: vi.type for vi in list(before.input) + list(before.output)}
+    for vi in list(after.input) + list(after.output):
+        old = types.get(vi.name)
+        if old is not None and _contradicts(old, vi.type):
+            raise SaturateError(f"cannot convert the model from opset {opset} to {MIN_OPSET}: the conversion "
+                                f"changes the type of graph input or output '{vi.name}' "
+                                f"({container_type_text(old) or _type_text(old)} to "
+                                f"{container_type_text(vi.type) or _type_text(vi.type)})")
+
+
+def _contradicts(a: onnx.TypeProto, b: onnx.TypeProto) -> bool:
+    """Two tensor types differ in element type, rank or a dimension both know (a shape one of them
+    leaves out is no contradiction); any other types, unless equal."""
+    if not (a.HasField("tensor_type") and b.HasField("tensor_type")):
+        return a != b
+    x, y = a.tensor_type, b.tensor_type
+    if x.elem_type != y.elem_type:
+        return True
+    if not (x.HasField("shape") and y.HasField("shape")):
+        return False
+    if len(x.shape.dim) != len(y.shape.dim):
+        return True
+    return any(d.HasField("dim_value") and e.HasField("dim_value") and d.dim_value != e.dim_value
+               for d, e in zip(x.shape.dim, y.shape.dim))
+
+
+def _type_text(tp: onnx.TypeProto) -> str:
+    info = type_info(tp)
+    if info is None or info.shape is None:
+        return "a tensor" if info is None else f"{info.dtype}"
+    return f"{info.dtype}[{', '.join('?' if d is None else str(d) for d in info.shape)}]"
 
 
 def _conversion_culprit(model: onnx.ModelProto, opset: int, message: str) -> onnx.NodeProto | None:

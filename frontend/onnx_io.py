@@ -392,14 +392,18 @@ def _check_same_io(before: onnx.GraphProto, after: onnx.GraphProto, opset: int) 
         if old is not None and _contradicts(old, vi.type):
             raise SaturateError(f"cannot convert the model from opset {opset} to {MIN_OPSET}: the conversion "
                                 f"changes the type of graph input or output '{vi.name}' "
-                                f"({container_type_text(old) or _type_text(old)} to "
-                                f"{container_type_text(vi.type) or _type_text(vi.type)})")
+                                f"({_type_text(old)} to {_type_text(vi.type)})")
 
 
 def _contradicts(a: onnx.TypeProto, b: onnx.TypeProto) -> bool:
-    """Two tensor types differ in element type, rank or a dimension both know (a shape one of them
-    leaves out is no contradiction); any other types, unless equal."""
-    if not (a.HasField("tensor_type") and b.HasField("tensor_type")):
+    """Two types differ in kind, element type, rank or a dimension both know (a shape one of them
+    leaves out is no contradiction), in their elements for sequences and optionals."""
+    kind = a.WhichOneof("value")
+    if kind != b.WhichOneof("value"):
+        return kind is not None and b.WhichOneof("value") is not None
+    if kind in ("sequence_type", "optional_type"):
+        return _contradicts(getattr(a, kind).elem_type, getattr(b, kind).elem_type)
+    if kind != "tensor_type":
         return a != b
     x, y = a.tensor_type, b.tensor_type
     if x.elem_type != y.elem_type:
@@ -413,9 +417,12 @@ def _contradicts(a: onnx.TypeProto, b: onnx.TypeProto) -> bool:
 
 
 def _type_text(tp: onnx.TypeProto) -> str:
-    info = type_info(tp)
+    kind = tp.WhichOneof("value")
+    if kind in ("sequence_type", "optional_type"):
+        return f"{kind.split('_')[0]}({_type_text(getattr(tp, kind).elem_type)})"
+    info = type_info(tp) if kind == "tensor_type" else None
     if info is None or info.shape is None:
-        return "a tensor" if info is None else f"{info.dtype}"
+        return "a tensor" if info is None else info.dtype
     return f"{info.dtype}[{', '.join('?' if d is None else str(d) for d in info.shape)}]"
 
 

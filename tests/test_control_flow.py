@@ -451,3 +451,20 @@ def test_the_c_backend_runs_control_flow_between_its_segments(build):
     got = compile_graph(graph)({k: v for k, v in feed.items() if k in graph.inputs})
     for name, want in zip([o.name for o in m.graph.output], ort_run(m, feed)):
         close(got[name], want)
+
+
+# ---- saturate check ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,status", [
+    ("Identity(If(x0)) => If(x0)", "PASS"), ("Identity(Loop(x0, x1)) => Loop(x0, x1)", "PASS"),
+    ("Identity(Scan(x0)) => Scan(x0)", "PASS"), ("Identity(If(x0)) => x0", "FAIL"),
+    ("Relu(If(x0)) => If(x0)", "FAIL"), ("Identity(Scan(x0)) => x0", "FAIL")])
+def test_saturate_check_draws_if_loop_and_scan(text, status):
+    # Their subgraphs drawn (constant branches, a body stopping after a drawn iteration, a body
+    # passing slices on along drawn axes and directions) and run by the interpreter on both sides.
+    from saturate.check.checker import check_rule, format_result
+    from saturate.lang.parser import parse_rules
+
+    (rule,) = parse_rules(f"ruleset flow level 1\nrule r {text}\n", "flow.rules")[0].rules
+    result = check_rule(rule, examples=20, seed=0)
+    assert result.status == status, format_result(result)

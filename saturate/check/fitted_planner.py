@@ -1,6 +1,6 @@
 """Rule checking, ops whose inputs must fit each other's values: a sequence length within the
 time axis, a region of interest inside the image, an image shape that the columns tile, an
-equation naming the operands' axes. Each `fit_<op>` draws, in one go, the shapes of the op's
+equation naming the operands' axes, the subgraphs of If, Loop and Scan. Each `fit_<op>` draws, in one go, the shapes of the op's
 inputs, the values of those read as sizes or coordinates, and its attributes; the generic rule
 (generic_planner) runs the node on the draw and keeps it if the interpreter does. A mixin of the
 Planner."""
@@ -351,6 +351,45 @@ class FittedPlanning:
             fixed["value"] = value
         return {}, {}, fixed
 
+    def fit_If(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # A drawn condition, and two branches each computing a constant of the shape and dtype
+        # drawn for the output (a branch reading no outer value: a pattern binds none).
+        shape = out if out is not None else self.shape_for(Template())
+        dtype = self.node_dtypes.get(path, "float32")
+        for key in ("then_branch", "else_branch"):
+            if key not in fixed:
+                fixed[key] = _constant_branch(key, draw_constant(self.draw, tuple(shape), "any", dtype))
+        return {}, {0: np.array(self.draw(st.booleans()))}, fixed
+
+    def fit_Loop(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # A trip count and a condition, no loop-carried value: the body's condition goes on or
+        # stops after a drawn iteration, its scan output a constant of the drawn dtype, so the
+        # output stacks one per iteration run.
+        assume(len(t.args) == 2 and (out is None or len(out) >= 1))
+        dtype = self.node_dtypes.get(path, "float32")
+        item = tuple(out[1:]) if out is not None else self.shape_for(Template(), hi=3)
+        trips = out[0] if out is not None else self.draw(st.integers(0, 3))
+        stop = self.draw(st.integers(0, 4)) if out is None else trips + 1
+        if "body" not in fixed:
+            fixed["body"] = _loop_body(draw_constant(self.draw, item, "any", dtype), stop)
+        return {}, {0: np.array(trips, np.int64), 1: np.array(out is not None or self.draw(st.booleans()))}, fixed
+
+    def fit_Scan(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # One scan input and no state: the body passes each slice on, along drawn axes and
+        # directions, so the output is the input moved or reversed along its scanned axis.
+        assume(len(t.args) == 1)
+        shape = known.get(0) or self.shape_for(Template(min_rank=1), lo=1)
+        assume(len(shape) >= 1)
+        rank = len(shape)
+        fixed.setdefault("num_scan_inputs", 1)
+        fixed.setdefault("scan_input_axes", [self.draw(st.integers(-rank, rank - 1))])
+        fixed.setdefault("scan_input_directions", [self.draw(st.integers(0, 1))])
+        fixed.setdefault("scan_output_axes", [self.draw(st.integers(-rank, rank - 1))])
+        fixed.setdefault("scan_output_directions", [self.draw(st.integers(0, 1))])
+        if "body" not in fixed:
+            fixed["body"] = _pass_body(self.arg_dtype(t, path, 0))
+        return {0: tuple(shape)}, {}, fixed
+
     def fit_MelWeightMatrix(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
         # A few bins over a short DFT, the band's edges inside the Nyquist range: a drawn integer
         # read as the bin count or DFT length would ask for gigabytes.
@@ -453,3 +492,62 @@ class FittedPlanning:
             ids = np.array([[self.draw(st.integers(0, positions - 1)) for _ in range(s)] for _ in range(b)], np.int64)
             return {0: tuple(shape), 1: (positions, half), 2: (positions, half)}, {3: ids}, fixed
         return {0: tuple(shape), 1: (b, s, half), 2: (b, s, half)}, {}, fixed
+
+
+def _graph_attr(name: str, graph: Any) -> Any:
+    from onnx import helper
+
+    from saturate.core.ir import OpaqueAttr
+
+    return OpaqueAttr("GRAPH", helper.make_attribute(name, graph).SerializeToString())
+
+
+def _typed(name: str, dtype: str, shape: Any) -> Any:
+    from onnx import helper
+
+    from saturate.frontend.onnx_tensors import elem_type
+
+    return helper.make_tensor_value_info(name, elem_type(dtype), shape)
+
+
+def _constant(out: str, value: np.ndarray) -> Any:
+    from onnx import helper
+
+    from saturate.frontend.onnx_export import _tensor
+
+    return helper.make_node("Constant", [], [out], value=_tensor("", value))
+
+
+def _constant_branch(name: str, value: np.ndarray) -> Any:
+    """A subgraph attribute computing `value` with a Constant node and reading nothing."""
+    from onnx import helper
+
+    out = f"{name}_value"
+    graph = helper.make_graph([_constant(out, value)], name, [], [_typed(out, _dtype_name(value), list(value.shape))])
+    return _graph_attr(name, graph)
+
+
+def _loop_body(value: np.ndarray, stop: int) -> Any:
+    """A Loop body (iteration, condition) -> (iteration + 1 < stop, value)."""
+    from onnx import helper, numpy_helper
+
+    nodes = [helper.make_node("Add", ["i", "one"], ["next"]), helper.make_node("Less", ["next", "stop"], ["going"]),
+             _constant("item", value)]
+    graph = helper.make_graph(nodes, "body", [_typed("i", "int64", []), _typed("cond", "bool", [])],
+                              [_typed("going", "bool", []), _typed("item", _dtype_name(value), list(value.shape))],
+                              [numpy_helper.from_array(np.array(1, np.int64), "one"),
+                               numpy_helper.from_array(np.array(stop, np.int64), "stop")])
+    return _graph_attr("body", graph)
+
+
+def _pass_body(dtype: str) -> Any:
+    """A Scan body passing each slice of its one scan input on."""
+    from onnx import helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["slice"], ["item"])], "body",
+                              [_typed("slice", dtype, None)], [_typed("item", dtype, None)])
+    return _graph_attr("body", graph)
+
+
+def _dtype_name(value: np.ndarray) -> str:
+    return "object" if value.dtype == object else value.dtype.name

@@ -35,6 +35,7 @@ from saturate.check.schema import (BASE_OPSET, DRAWABLE, EXOTIC_OPS, FLOATS, RAN
                                    draw_dtype, dtype_of_tensor_type, input_slot, np_dtype, schema, slot_types,
                                    undrawn_values)
 from saturate.ops.registry import find, ops_with
+from saturate.interp.control_flow import CONTROL_FLOW_OPS
 from saturate.check.strategies import MAX_RANK, MAX_SIDE, SeqShape, Template, draw_broadcastable, draw_per_axis
 
 _SIGN_GUARDS = {"positive": "positive", "nonnegative": "nonnegative", "nonzero": "nonzero"}
@@ -204,6 +205,10 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
             return
         if d is not None and not d.standard and d.evaluate is not None:
             return      # an op registered outside ONNX, run by its entry's kernel
+        if op in CONTROL_FLOW_OPS and spec(op, self.opset) is not None:
+            if hasattr(self, "fit_" + op):
+                return  # its subgraphs drawn by its fit (fitted_planner), run by the interpreter
+            raise SaturateError(f"op '{op}' cannot be checked: its subgraph is not drawn (opset {self.opset})")
         from saturate.interp.sequences import OPTIONAL_OPS, SEQUENCE_OPS
         reason = unsupported_reason(op, self.opset) if op not in SEQUENCE_OPS and op not in OPTIONAL_OPS else None
         if reason is not None:

@@ -67,7 +67,10 @@ def unsupported_reason(op: str, opset: int) -> str | None:
     """Why a default-domain op cannot run at this opset (None: it can): on its registry entry's
     numpy kernel, else on onnx.reference. The sequence ops run on the interpreter's own kernels
     (saturate/interp/sequences.py) but are refused here: what they make is no tensor a graph can
-    hold as a constant, and the constant folder asks this."""
+    hold as a constant, and the constant folder asks this. Control flow runs on the interpreter's own
+    code (control_flow.py); the folder leaves it alone for its subgraph attributes."""
+    if op in CONTROL_FLOW_OPS and _schema(op, opset) is not None:
+        return None
     entry = lookup(op)
     if entry is not None and entry.evaluate is not None and _schema(op, opset) is not None:
         return None

@@ -122,10 +122,11 @@ def test_pools():
 
 
 STRIDE_TWO_MAX_POOLS = [
-    # max pools at column stride 2 on rows of whole and partial 16-output blocks (sat_pool_max_s2 on AVX-512)
+    # max pools at column stride 2 on rows of whole and partial 16- and 8-output blocks (sat_pool_max_s2)
     ((1, 4, 48, 48), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # ResNet's: 16 + 8
     ((2, 3, 11, 70), {"kernel_shape": [2, 2], "strides": [2, 2]}),                       # VGG's: 35 columns
     ((1, 2, 9, 37), {"kernel_shape": [3, 4], "strides": [1, 2], "pads": [0, 2, 1, 3], "ceil_mode": 1}),
+    ((1, 2, 5, 9), {"kernel_shape": [3, 3], "strides": [2, 2]}),                          # 4 columns: one part block
 ]
 
 

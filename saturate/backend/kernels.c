@@ -291,7 +291,7 @@ void sat_pool_plane(void *ctx, int64_t p, int tid) {
                                  (size_t)3 * W + 2 * (size_t)OW + KW + pw + 40);
     if (!vrow) abort();
     float *eo = vrow + W; /* the row split in even and odd columns */
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
     const int max_s2 = mode == 0 && sw == 2 && dw == 1;
     if (max_s2) {
         /* the rows reduce straight into the middle of their padded copy (see sat_pool_max_s2) */
@@ -316,7 +316,7 @@ void sat_pool_plane(void *ctx, int64_t p, int tid) {
             else
                 for (int iw = 0; iw < W; iw++) vrow[iw] += xr[iw];
         }
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
         if (hvalid && max_s2) {
             sat_pool_max_s2(eo, KW, OW, row);
             continue;

@@ -153,6 +153,27 @@ static inline void sat_pool_max_s2(const float *pr, int KW, int OW, float *row) 
         _mm512_mask_storeu_ps(row + ow, (__mmask16)((1u << n) - 1), m);
     }
 }
+#elif defined(__AVX2__)
+/* sat_pool_max_s2 on 8 outputs at a time: a window column's even lanes of two loads are one shuffle and
+ * one cross-lane permute. gcc's general loops ran ResNet-50's 3x3 stride-2 MaxPool (64 planes of 48 x 48)
+ * at 2.6-4x ONNX Runtime's time on an AVX2 build. */
+static inline __m256 sat_even8(const float *s) {
+    const __m256 e = _mm256_shuffle_ps(_mm256_loadu_ps(s), _mm256_loadu_ps(s + 8), _MM_SHUFFLE(2, 0, 2, 0));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+static inline void sat_pool_max_s2(const float *pr, int KW, int OW, float *row) {
+    for (int ow = 0; ow < OW; ow += 8) {
+        const float *s = pr + 2 * ow;
+        __m256 m = sat_even8(s);
+        for (int kw = 1; kw < KW; kw++) m = _mm256_max_ps(m, sat_even8(s + kw));
+        if (OW - ow >= 8)
+            _mm256_storeu_ps(row + ow, m);
+        else
+            _mm256_maskstore_ps(row + ow, _mm256_cmpgt_epi32(_mm256_set1_epi32(OW - ow),
+                                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), m);
+    }
+}
 #endif
 
 void sat_pool_plane(void *ctx, int64_t p, int tid);

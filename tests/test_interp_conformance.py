@@ -21,8 +21,8 @@ from saturate.interp.reference import unsupported_reason
 # Whole categories, decided by rule from each model (see `_category`): they are not counted.
 CATEGORIES = {
     "domain": "ops outside the default domain (ai.onnx.ml, ai.onnx.preview.training, ai.onnx.preview)",
-    "control-flow": "subgraph attributes (If, Loop, Scan): unsupported by design",
-    "sequence": "sequence, optional or map values: the IR holds tensors only",
+    "control-flow": "subgraph attributes (If, Loop, Scan, SequenceMap): their cases run in tests/test_control_flow.py",
+    "sequence": "sequence, optional or map values: sequence and optional cases run in tests/test_sequences.py",
 }
 # Single cases that are counted but fail, each with why (strict xfail: a fix makes them fail
 # loudly, so this list only shrinks).

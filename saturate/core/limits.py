@@ -3,6 +3,7 @@ allocated, so a model that declares terabytes fails in one line instead of exhau
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -33,8 +34,10 @@ def parse_size(text: str) -> int:
     return int(size)
 
 
+@functools.lru_cache(maxsize=None)
 def machine_memory_bytes() -> int:
-    """Physical memory of this machine (64 GiB when the system does not say)."""
+    """Physical memory of this machine (64 GiB when the system does not say); asked once: every
+    allocation a Loop's iterations make checks the limit."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

@@ -301,3 +301,83 @@ def relu(x: np.ndarray) -> np.ndarray:
 def view(x: np.ndarray) -> np.ndarray:
     # A view, so the interpreter copies it only if it becomes a graph output.
     return x.view()
+
+
+# ---- random -------------------------------------------------------------------------------
+
+def _generator(node: Node) -> np.random.Generator:
+    """A numpy Generator seeded from the node's `seed` (a float attribute): a whole non-negative
+    seed is the generator's seed itself, any other (fractional, negative) is taken by its bits;
+    without one, fresh entropy, so two runs differ."""
+    seed = node.attrs.get("seed")
+    if seed is None:
+        return np.random.default_rng()
+    seed = float(seed)
+    if seed.is_integer() and seed >= 0:
+        return np.random.default_rng(int(seed))
+    return np.random.default_rng(int(np.float64(seed).view(np.uint64)))
+
+
+def multinomial(node: Node, x: np.ndarray) -> np.ndarray:
+    """[batch, class_size] unnormalized log-probabilities -> [batch, sample_size] class indices.
+    As ONNX Runtime draws them: a row's classes with a non-finite logit (-inf mostly) have
+    probability 0, the others exp(logit - the row's largest finite logit) normalized; each sample
+    is the first class whose running total exceeds a uniform draw scaled to the row's total."""
+    from onnx import TensorProto
+
+    dtype = int(node.attrs.get("dtype", TensorProto.INT32))
+    if dtype not in (TensorProto.INT32, TensorProto.INT64):
+        raise fail(node, f"dtype must be int32 (6) or int64 (7), got {dtype}")
+    samples = int(node.attrs.get("sample_size", 1))
+    if samples < 1:
+        raise fail(node, f"sample_size must be at least 1, got {samples}")
+    if x.ndim != 2:
+        raise fail(node, f"input must be [batch_size, class_size], got rank {x.ndim}")
+    if x.dtype.kind != "f":
+        raise fail(node, f"input must hold floats (log-probabilities), got {x.dtype}")
+    batch, classes = x.shape
+    if classes == 0 and batch:
+        raise fail(node, "class_size is 0: no class to draw")
+    logits = x.astype(np.float64)
+    finite = np.isfinite(logits)
+    empty = ~finite.any(axis=1)
+    if empty.any():
+        raise fail(node, f"row {int(np.argmax(empty))} has no class with a finite log-probability")
+    top = np.where(finite, logits, -np.inf).max(axis=1, keepdims=True) if batch else logits
+    weights = np.where(finite, np.exp(logits - top), 0.0)
+    cdf = np.cumsum(weights, axis=1)
+    out = np.empty((batch, samples), np.int32 if dtype == TensorProto.INT32 else np.int64)
+    rng = _generator(node)
+    for b in range(batch):
+        targets = rng.random(samples) * cdf[b, -1]
+        # Rounding may put a target at the total: it belongs to the last class that can be drawn.
+        drawn = np.searchsorted(cdf[b], targets, side="right")
+        out[b] = np.minimum(drawn, int(np.flatnonzero(weights[b])[-1]))
+    return out
+
+
+# ---- scatter ------------------------------------------------------------------------------
+
+def scatter_elements(node: Node, data: np.ndarray, indices: np.ndarray, updates: np.ndarray) -> np.ndarray:
+    """ScatterElements without a reduction, which is Scatter (opsets 9 and 10) under its new name
+    from opset 11: a copy of data with updates[i, j...] written at indices[i, j...] along `axis`
+    and at (i, j...) along the others."""
+    axis = _axis(node, int(node.attrs.get("axis", 0)), data.ndim)
+    _same_dtype(node, data, updates)
+    if indices.dtype not in (np.int32, np.int64):
+        raise fail(node, f"indices must be int32 or int64, got {indices.dtype}")
+    if indices.shape != updates.shape:
+        raise fail(node, f"indices of shape {tuple(indices.shape)} and updates of shape {tuple(updates.shape)} "
+                         "must have one shape")
+    if indices.ndim != data.ndim:
+        raise fail(node, f"indices must have the rank of data ({data.ndim}), got {indices.ndim}")
+    if any(i > d for k, (i, d) in enumerate(zip(indices.shape, data.shape)) if k != axis):
+        raise fail(node, f"indices of shape {tuple(indices.shape)} reach past data of shape {tuple(data.shape)}")
+    n = data.shape[axis]
+    if np.any((indices < -n) | (indices >= n)):
+        raise fail(node, f"indices out of range for axis {axis} of size {n}")
+    out = data.copy()
+    region = tuple(slice(0, i) if k != axis else slice(None) for k, i in enumerate(indices.shape))
+    # A basic slice is a view: writing into it writes into out.
+    np.put_along_axis(out[region], np.where(indices < 0, indices + n, indices).astype(np.int64), updates, axis)
+    return out

@@ -213,6 +213,12 @@ def _random(node, args):
     return [(tuple(_ints(node.attrs.get("shape"))), 8)]
 
 
+@_sizer("Multinomial")
+def _multinomial(node, args):
+    # The uniform draws behind the samples are float64, one per sample.
+    return [((args[0].shape[0], int(node.attrs.get("sample_size", 1))), 8)]
+
+
 @_sizer("Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool")
 def _window(node, args):
     x = args[0]

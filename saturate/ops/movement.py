@@ -128,3 +128,6 @@ define("DepthToSpace", enums={"mode": ("DCR", "CRD")})
 define("GridSample", enums={"mode": ("linear", "nearest", "cubic"), "padding_mode": ("zeros", "border", "reflection")})
 for _name in ("ScatterElements", "ScatterND"):
     define(_name, enums={"reduction": ("none", "add", "mul", "max", "min")})
+# Deprecated at opset 11, where ScatterElements took its place with the same semantics (onnx.reference
+# has no Scatter); run, as the older form of ScatterElements, at any opset.
+define("Scatter", evaluate=k.scatter_elements, arity=(3, 3))

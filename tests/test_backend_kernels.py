@@ -475,8 +475,8 @@ def test_gemm_on_packed_constant_weights(threads):
     check_three_way(side_by_side(graphs), threads=threads)
 
 
-IN_PLACE_GEMMS = [(37, 300, 45, 0), (2, 40, 33, 1), (7, 257, 16, 1), (16, 513, 70, 0), (13, 64, 200, 1), (9, 100, 50, 1),
-                  (4, 300, 33, 1), (11, 64, 40, 0)]  # m, k, n, transB
+IN_PLACE_GEMMS = [(37, 300, 45, 0), (2, 40, 33, 1), (7, 257, 16, 1), (16, 513, 70, 0), (13, 64, 200, 1),
+                  (9, 100, 50, 1), (4, 300, 33, 1), (11, 64, 40, 0)]  # m, k, n, transB
 
 
 @pytest.mark.parametrize("threads", [1, 2])

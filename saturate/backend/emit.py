@@ -216,8 +216,25 @@ class Emitter(NnEmission, MovementEmission):
         lines = []
         for key, fmt in extra or []:
             lines.append(f"        v = {fmt.format(load(key))};\n")
+        # Chain values a later member reads again besides the chain value (plan._diamond: a GELU's x) are kept
+        # in locals, as the step never writes them out.
+        made = {step.anchor.outputs[0]} | {node.outputs[0] for node, _ in members}
+        again = {i for node, chain_in in members for i in node.inputs if i in made and i != chain_in}
+        kept: dict[str, str] = {}
+
+        def keep(value: str) -> None:
+            if value in again and value not in kept:
+                kept[value] = f"c{len(kept)}"
+                lines.append(f"        const float {kept[value]} = v;\n")
+
+        def member_load(k) -> str:
+            return kept[k] if isinstance(k, str) and k in kept else load(self.bn_key(k))
+
+        if start is None:
+            keep(step.anchor.outputs[0])
         for node, chain_in in members:
-            lines.append(f"        v = {step_expr(node, chain_in, lambda k: load(self.bn_key(k)), self.g)};\n")
+            lines.append(f"        v = {step_expr(node, chain_in, member_load, self.g)};\n")
+            keep(node.outputs[0])
         first = load(start) if start is not None else "y[off + i]"
         name = f"pw_{len(self.funcs)}"
         setup = "".join(o.setup(k) for k, o in enumerate(ops))

@@ -242,6 +242,40 @@ def transposed_operands(graph: Graph, mm: Node, producers: dict, consumers: dict
     return found, (reads[0], reads[1])
 
 
+# Products whose epilogue may read a value of its own chain again (a GELU's x * f(x)): their epilogues are
+# the scalar loop of emit.pointwise, which keeps such values in locals (the kernels with vector epilogue forms
+# have no place for them).
+_DIAMOND_HOSTS = frozenset({"Gemm", "MatMul"})
+
+
+def _diamond(step: Step, value: str, users: list[Node], consumers: dict, outputs: set, absorbed: set,
+             shapes: dict) -> list[Node] | None:
+    """The pointwise nodes from one user of `value` on, each the single user of the one before, up to the
+    last of the other users of `value`, each of which reads `value` and the chain value (GELU: x / sqrt 2, erf,
+    + 1, then x * that); None when the users do not close so. Those nodes then run in the step's epilogue,
+    `value` in a local, where the chain stopped at `value` and wrote it for a step of its own."""
+    for first in users:
+        if id(first) in absorbed or not _fusible(step, value, first, shapes):
+            continue
+        path, cur, waiting = [first], first, {id(u) for u in users} - {id(first)}
+        while waiting:
+            out = cur.outputs[0]
+            nxt = consumers.get(out, [])
+            if out in outputs or len(nxt) != 1 or id(nxt[0]) in absorbed or not _fusible(step, out, nxt[0], shapes):
+                break
+            cur = nxt[0]
+            if id(cur) in waiting:
+                if cur.op not in ELEMENTWISE_BINARY or sorted(cur.inputs) != sorted([value, out]):
+                    break
+                waiting.discard(id(cur))
+            elif value in cur.inputs:
+                break
+            path.append(cur)
+        if not waiting:
+            return path
+    return None
+
+
 # Patterns of several nodes run as one kernel, by the op of their last node.
 PATTERNS = {"Add": ("rotary", rotary), "Div": ("rms_norm", rms_norm), "MatMul": ("bmm_views", transposed_operands)}
 
@@ -276,6 +310,13 @@ def fuse(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Step], 
         while hosts_epilogue(node.op):
             value = tail.outputs[0]
             users = consumers.get(value, [])
+            if len(users) > 1 and node.op in _DIAMOND_HOSTS and value not in outputs:
+                path = _diamond(step, value, users, consumers, outputs, absorbed, shapes)
+                if path:
+                    step.chain += path
+                    absorbed.update(id(n) for n in path)
+                    tail = path[-1]
+                    continue
             if (value in outputs or len(users) != 1 or id(users[0]) in absorbed
                     or not _fusible(step, value, users[0], shapes)):
                 break

@@ -250,3 +250,80 @@ def test_the_distribution_test_tells_a_scale_apart_and_not_a_sample():
     c = np.repeat(rng.normal(size=(1000, 1)), 50, axis=1)
     d = np.repeat(rng.normal(size=(1000, 1)), 50, axis=1)
     assert _ks_reason(c, d, DISTRIBUTION_ALPHA, (50,)) is None
+
+
+# The last three ops of ONNX's default domain to be checked: Multinomial (the interpreter's own
+# kernel; seeded alike, else compared in distribution, its logits drawn with classes never drawn
+# and rows of one dominant class), the deprecated Scatter (run as ScatterElements, its new name)
+# and SequenceMap (a body drawn over the items: Identity, an elementwise op with a constant of its
+# own or an extra input, a Cast, a Shape).
+LAST_SOUND = [
+    "Identity(Multinomial(x)) => Multinomial(x)",
+    "Identity(Scatter(x, i, u)) => Scatter(x, i, u)",
+    "Scatter(x, i, u){axis=a} => ScatterElements(x, i, u){axis=a}",
+    "Identity(SequenceMap(s)) => SequenceMap(s)",
+    "Identity(SequenceMap(s, x)) => SequenceMap(s, x)",
+    "SequenceLength(SequenceMap(s, x)) => SequenceLength(s)",
+]
+LAST_UNSOUND = [
+    ("Multinomial(x) => Multinomial(Neg(x))", "distributions differ"),
+    ("Multinomial(Add(x, x)) => Multinomial(x)", "distributions differ"),     # logits scaled by 2
+    ('Scatter(x, i, u){axis=a} => ScatterElements(x, i, u){axis=a, reduction="add"}', "outputs differ"),
+    ("Identity(SequenceMap(s)) => s", "differ"),
+    ("SequenceMap(s, x) => SequenceMap(s, Neg(x))", "outputs differ"),
+]
+
+
+@pytest.mark.parametrize("rule", LAST_SOUND)
+def test_a_sound_rule_over_multinomial_scatter_or_sequence_map_passes(tmp_path, rule):
+    result = _check(tmp_path, rule, examples=10)
+    assert result.status == "PASS" and result.examples == 10, format_result(result)
+
+
+@pytest.mark.parametrize("rule, reason", LAST_UNSOUND)
+def test_a_wrong_rule_over_multinomial_scatter_or_sequence_map_fails(tmp_path, rule, reason):
+    result = _check(tmp_path, rule, examples=10)
+    assert result.status == "FAIL", format_result(result)
+    assert reason in result.counterexample.reason, format_result(result)
+
+
+def test_a_sequence_map_body_shows_in_the_counterexample(tmp_path):
+    result = _check(tmp_path, "Identity(SequenceMap(s)) => s", examples=10)
+    assert "SequenceMap at [0]: body=body (" in format_result(result), format_result(result)
+    assert "OpaqueAttr" not in format_result(result)
+
+
+def _drawn(tmp_path, text: str, count: int) -> list:
+    from hypothesis import HealthCheck, given, settings
+    from saturate.check import rule_examples
+    path = tmp_path / "probe.rules"
+    path.write_text(f"ruleset probe level 1\nrule probe {text}\n")
+    [rule] = load_rules([str(path)])
+    seen = []
+
+    @settings(max_examples=count, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(rule_examples(rule))
+    def draw(example):
+        seen.append(example)
+    draw()
+    return seen
+
+
+def test_multinomial_logits_hold_classes_never_drawn_and_dominant_ones(tmp_path):
+    import numpy as np
+    logits = [ex.values["x"] for ex in _drawn(tmp_path, "Identity(Multinomial(x)) => Multinomial(x)", 60)]
+    assert any(np.isneginf(x).any() for x in logits)
+    assert any((x == 8.0).any() and x.shape[1] > 1 for x in logits)             # one class far above the rest
+    assert all(np.isfinite(row).any() for x in logits for row in x)             # every row has a class to draw
+    dtypes = {ex.node_attrs[(0,)].get("dtype") for ex in _drawn(tmp_path, "Identity(Multinomial(x)) => Multinomial(x)", 60)}
+    assert {None, 6, 7} <= dtypes
+
+
+def test_sequence_map_bodies_are_drawn_of_every_kind(tmp_path):
+    from saturate.frontend.onnx_scope import parse_attribute
+    kinds = set()
+    for text in ("Identity(SequenceMap(s)) => SequenceMap(s)", "Identity(SequenceMap(s, x)) => SequenceMap(s, x)"):
+        for ex in _drawn(tmp_path, text, 80):
+            body = parse_attribute(ex.node_attrs[(0,)]["body"].payload).g
+            kinds |= {n.op_type for n in body.node} | ({"constant"} if body.initializer else set())
+    assert {"Identity", "Neg", "Add", "constant", "Cast", "CastLike", "Shape"} <= kinds, kinds

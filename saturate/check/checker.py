@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import re
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
@@ -807,6 +808,24 @@ def show_array(a: np.ndarray) -> str:
     return f"{head} ({span}) = [{shown}, ...]"
 
 
+def show_attr(value: Any) -> str:
+    """An attribute's value; a subgraph (If's branches, a body) in ONNX's text syntax, on one line."""
+    from saturate.core.ir import OpaqueAttr
+
+    if not (isinstance(value, OpaqueAttr) and value.kind == "GRAPH"):
+        return str(value)
+    import onnx.printer
+
+    from saturate.frontend.onnx_scope import parse_attribute
+
+    text = onnx.printer.to_text(parse_attribute(value.payload).g)
+    # The statements' brace ends its line; an initializer's value is braced too ({0.5}).
+    brace = re.search(r"\{[ \t]*\n", text)
+    head, body = (text[:brace.start()], text[brace.end():]) if brace else (text, "")
+    lines = [ln.strip() for ln in body.rstrip().removesuffix("}").splitlines() if ln.strip()]
+    return " ".join(ln.strip() for ln in head.splitlines() if ln.strip()) + (" { " + "; ".join(lines) + " }" if brace else "")
+
+
 def _nested(a: np.ndarray) -> str:
     if a.ndim == 0:
         return repr(str(a[()]))
@@ -841,7 +860,7 @@ def format_result(result: RuleResult) -> str:
         lines.append(f"        captured attributes: {shown}")
     for path, attrs in sorted(ex.node_attrs.items()):
         if attrs:
-            shown = ", ".join(f"{k}={v}" for k, v in sorted(attrs.items()))
+            shown = ", ".join(f"{k}={show_attr(v)}" for k, v in sorted(attrs.items()))
             lines.append(f"        {_op_at(source, path)} at {list(path)}: {shown}")
     lines.append(f"        left  {show_term(source)}")
     if cx.lhs is not None:

@@ -1,6 +1,6 @@
 """Rule checking, ops whose inputs must fit each other's values: a sequence length within the
 time axis, a region of interest inside the image, an image shape that the columns tile, an
-equation naming the operands' axes, the subgraphs of If, Loop and Scan. Each `fit_<op>` draws, in one go, the shapes of the op's
+equation naming the operands' axes, the subgraphs of If, Loop, Scan and SequenceMap. Each `fit_<op>` draws, in one go, the shapes of the op's
 inputs, the values of those read as sizes or coordinates, and its attributes; the generic rule
 (generic_planner) runs the node on the draw and keeps it if the interpreter does. A mixin of the
 Planner."""
@@ -14,8 +14,9 @@ import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from saturate.check.schema import tensor_type
-from saturate.check.strategies import MAX_SIDE, Template, conv_cases, draw_constant, draw_strings
+from saturate.check.schema import is_exotic, np_dtype, tensor_type
+from saturate.check.strategies import (MAX_SIDE, SeqShape, Template, conv_cases, draw_broadcastable, draw_constant,
+                                       draw_seq_shape, draw_strings)
 from saturate.lang.ast import OpTerm, Var
 
 # A fit is called with the shapes of inputs already drawn (known), the attributes the pattern
@@ -390,6 +391,78 @@ class FittedPlanning:
             fixed["body"] = _pass_body(self.arg_dtype(t, path, 0))
         return {0: tuple(shape)}, {}, fixed
 
+    def fit_SequenceMap(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # A body over each item and the extra inputs: the item alone (Identity, an elementwise op,
+        # plus a constant of its own), with each extra input (a tensor broadcasting into every item,
+        # or a sequence's item beside it) by an elementwise op, then cast to the output's type; or
+        # the item's Shape, where the output holds int64. No outer value is read.
+        seq = known.get(0)
+        paired = next((known[k] for k in range(1, len(t.args)) if isinstance(known.get(k), SeqShape)), None)
+        if seq is None and paired is not None:
+            seq = paired                    # item by item beside a sequence of extra inputs
+        elif seq is None:
+            seq = out if out is not None and self.draw(st.booleans()) else \
+                draw_seq_shape(self.draw, self.shape_for(Template(), hi=3))
+        assume(isinstance(seq, SeqShape))
+        items = [tuple(item) for item in seq]
+        common = tuple(1 if len({item[a] for item in items}) > 1 else items[0][a] for a in range(len(items[0]))) \
+            if items and len({len(item) for item in items}) == 1 else None
+        shapes = {0: seq}
+        for k in range(1, len(t.args)):
+            if k in known:
+                shapes[k] = known[k]
+            elif common is not None:
+                shapes[k] = draw_broadcastable(self.draw, common)
+            else:
+                shapes[k] = self.shape_for(Template(), hi=2)
+        if "body" not in fixed:
+            dtypes = [self.arg_dtype(t, path, k) for k in range(len(t.args))]
+            fixed["body"] = self._map_body(dtypes, self.node_dtypes.get(path, dtypes[0]),
+                                           [isinstance(shapes[k], SeqShape) for k in range(len(t.args))])
+        return shapes, {}, fixed
+
+    def _map_body(self, dtypes: list[str], result: str, sequences: list[bool]) -> Any:
+        """A SequenceMap body reading an item of dtypes[0] and the extra inputs (each a tensor, or a
+        sequence's item), computing an item of dtype `result`."""
+        from onnx import helper, numpy_helper
+
+        item = dtypes[0]
+        kind = np.dtype(np_dtype(item)).kind
+        nodes, inits = [], []
+        inputs = [_typed(f"in{k}", d, None) for k, d in enumerate(dtypes)]
+        numeric = kind in "iuf" and not is_exotic(np_dtype(item))
+        if result == "int64" and len(dtypes) == 1 and self.draw(st.booleans()):
+            nodes.append(helper.make_node("Shape", ["in0"], ["out"]))
+        else:
+            value = "in0"
+            for k in range(1, len(dtypes)):
+                other = f"in{k}"
+                if dtypes[k] != item:
+                    nodes.append(helper.make_node("CastLike", [other, "in0"], [f"like{k}"]))
+                    other = f"like{k}"
+                op = self.draw(st.sampled_from(["Add", "Mul", "Max"])) if numeric else "Xor" if kind == "b" else None
+                if op is not None:
+                    nodes.append(helper.make_node(op, [value, other], [f"v{k}"]))
+                    value = f"v{k}"
+            if len(dtypes) == 1:
+                unary = "Not" if kind == "b" else "Neg" if kind in "if" and numeric else "Abs" if numeric else None
+                choice = self.draw(st.sampled_from(["Identity", "unary", "constant"]))
+                if choice == "unary" and unary is not None:
+                    nodes.append(helper.make_node(unary, [value], ["v0"]))
+                    value = "v0"
+                elif choice == "constant" and numeric:
+                    # A value the body holds itself: an elementwise op over the item and it.
+                    c = np.array(self.draw(st.sampled_from([1, 2, 3] if kind in "iu" else [0.5, -2.0, 3.0])), np_dtype(item))
+                    inits.append(numpy_helper.from_array(c, "c"))
+                    nodes.append(helper.make_node(self.draw(st.sampled_from(["Add", "Mul", "Sub"])), [value, "c"], ["v0"]))
+                    value = "v0"
+            if result != item:
+                nodes.append(helper.make_node("Cast", [value], ["out"], to=tensor_type(result)))
+            else:
+                nodes.append(helper.make_node("Identity", [value], ["out"]))
+        graph = helper.make_graph(nodes, "body", inputs, [_typed("out", result, None)], inits)
+        return _graph_attr("body", graph)
+
     def fit_MelWeightMatrix(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
         # A few bins over a short DFT, the band's edges inside the Nyquist range: a drawn integer
         # read as the bin count or DFT length would ask for gigabytes.
@@ -462,6 +535,30 @@ class FittedPlanning:
         probs = np.resize(np.array(p or [0.5], np.float64), size).reshape(shape)
         self._random_dtype(t, fixed, path)
         return {}, {0: probs}, fixed
+
+    def fit_Multinomial(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
+        # Logits [batch, class_size], a row spread over its classes (some never drawn: -inf) or
+        # held by one dominant class; a few samples per row, int32 (the default, written or not)
+        # or int64.
+        shape = known.get(0) or ((out[0] if out else self.draw(st.integers(1, 3))), self.draw(st.integers(1, 5)))
+        assume(len(shape) == 2 and shape[1] >= 1 and (out is None or len(out) == 2 and out[0] == shape[0]))
+        self._flag(fixed, "sample_size", [out[1]] if out is not None else [1, 3, 2, 5])
+        dtype = self.node_dtypes.get(path, "int32")
+        if "dtype" not in fixed and (dtype != "int32" or self.draw(st.booleans())):
+            fixed["dtype"] = tensor_type(dtype)
+        rows = []
+        for _ in range(shape[0]):
+            classes = shape[1]
+            if self.draw(st.integers(0, 2)) == 0:
+                # One class far above the others (a probability of 0.9997 over four more at 0).
+                row = [self.draw(st.sampled_from([0.0, -np.inf, -1.0])) for _ in range(classes)]
+                row[self.draw(st.integers(0, classes - 1))] = 8.0
+            else:
+                row = [self.draw(st.sampled_from([0.0, 1.0, -1.0, 2.0, -0.5, -np.inf, 3.0])) for _ in range(classes)]
+                if not np.isfinite(row).any():
+                    row[self.draw(st.integers(0, classes - 1))] = 0.0
+            rows.append(row)
+        return {}, {0: np.array(rows, np.float64).reshape(shape)}, fixed
 
     def fit_RotaryEmbedding(self, t: OpTerm, known: dict, fixed: dict, path: tuple, out: tuple | None) -> Fit:
         # X as (batch, heads, seq, head) or (batch, seq, heads * head) with num_heads; the caches

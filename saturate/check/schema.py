@@ -257,10 +257,9 @@ FLAGS = frozenset({"keepdims", "noop_with_empty_axes", "training_mode", "allowze
                    "align_corners", "antialias", "exclude_outside", "largest", "sorted", "upper",
                    "detect_negative", "detect_positive", "new_axis", "inverse", "interleaved", "is_causal",
                    "center_point_box", "storage_order", "periodic", "is_case_sensitive", "saturate"})
-# The ops of ONNX's default domain that draw random numbers and that the interpreter runs
-# (Multinomial it does not): two runs differ, so their rules are compared by seed or by
-# distribution (checker.py).
-RANDOM_OPS = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli")
+# The ops of ONNX's default domain that draw random numbers: two runs differ, so their rules are
+# compared by seed or by distribution (checker.py).
+RANDOM_OPS = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial")
 # Attributes of one op drawn from listed values (None: omitted, the default), the default first.
 # Regular expressions are a fixed set of valid, linear-time ones: anchored words, classes,
 # alternations and repeats over the drawn alphabet (strategies.STRING_ALPHABET); a drawn pattern

@@ -778,3 +778,16 @@ def test_scatter_refuses_bad_input_in_one_line(idx, updates, message):
     with pytest.raises(SaturateError) as err:
         eval_node(Node("Scatter", ["d", "i", "u"], ["y"], {}, name="sc"), [np.zeros((3, 2), np.float32), idx, updates], 10)
     assert str(err.value).startswith("node 'sc' (Scatter): ") and message in str(err.value)
+
+
+def test_scatter_runs_past_opset_10_where_onnx_runtime_refuses_it():
+    # `saturate check` draws its graphs at opset 17; ONNX deprecated Scatter at 11.
+    data, idx, updates = np.zeros(3, np.float32), np.array([-1], np.int64), np.ones(1, np.float32)
+    info = lambda name, a: helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Scatter", ["d", "i", "u"], ["y"])], "scatter",
+        [info("d", data), info("i", idx), info("u", updates)], [info("y", data)]), opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(Exception, match="INVALID_GRAPH"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = eval_node(Node("Scatter", ["d", "i", "u"], ["y"], {}, name="s"), [data, idx, updates], 17)[0]
+    np.testing.assert_array_equal(got, [0, 0, 1])

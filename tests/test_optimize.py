@@ -727,7 +727,8 @@ def test_cli_check_refuses_a_rule_that_changes_outputs_unless_forced(tmp_path, c
 def test_cli_names_an_invalid_input_model_rather_than_the_result(tmp_path, capsys):
     # A MatMul turned into a Tile reading float repeats: the schema refuses the input itself, so
     # the error is the input's (node and op named), not "the result is not valid".
-    model = examples.build_model("mlp")
+    model = onnx.ModelProto()
+    model.CopyFrom(examples.build_model("mlp"))     # the examples' models are shared: edit a copy
     for node in model.graph.node:
         if node.name == "matmul2":
             node.op_type = "Tile"

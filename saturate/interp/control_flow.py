@@ -8,7 +8,7 @@ A node with subgraphs lists, after its own inputs, the outer values its subgraph
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -22,8 +22,9 @@ CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 _ITEM_OVERHEAD = 128
 
 
-def run_control_flow(node: Node, args: Sequence[Any], opset: int) -> list[Any]:
-    """Evaluate a control-flow node on its inputs (its own, then the outer values its subgraphs read)."""
+def run_control_flow(node: Node, args: Sequence[Any], opset: int, run_graph: Callable[..., dict[str, Any]]) -> list[Any]:
+    """Evaluate a control-flow node on its inputs (its own, then the outer values its subgraphs read),
+    its subgraphs run by `run_graph` (the interpreter's, handed in: it runs this module too)."""
     from saturate.frontend.onnx_scope import subgraph_reads
 
     reads = subgraph_reads(node)
@@ -33,7 +34,7 @@ def run_control_flow(node: Node, args: Sequence[Any], opset: int) -> list[Any]:
     cut = len(args) - len(reads)
     outer = dict(zip(reads, args[cut:]))
     run = {"If": _if, "Loop": _loop, "Scan": _scan, "SequenceMap": _sequence_map}[node.op]
-    results = run(node, list(args[:cut]), outer, opset)
+    results = run(node, list(args[:cut]), outer, opset, run_graph)
     if len(node.outputs) > len(results):
         raise SaturateError(f"{node.where()}: lists {len(node.outputs)} outputs, its subgraph computes "
                             f"{len(results)}")
@@ -44,19 +45,17 @@ class _Body:
     """One subgraph attribute of a node, ready to run: its Graph, its own inputs' count and the
     types it declares for its outputs."""
 
-    def __init__(self, node: Node, attr: str, opset: int) -> None:
+    def __init__(self, node: Node, attr: str, opset: int, run_graph: Callable[..., dict[str, Any]]) -> None:
         value = node.attrs.get(attr)
         if not isinstance(value, OpaqueAttr) or value.kind != "GRAPH":
             raise SaturateError(f"{node.where()}: attribute '{attr}' (a graph) is missing")
-        self.node, self.attr = node, attr
+        self.node, self.attr, self.run_graph = node, attr, run_graph
         try:
             self.graph, self.arity, self.declared = _import(value.payload, opset)
         except SaturateError as err:
             raise SaturateError(f"{node.where()}, subgraph '{attr}': {err}") from None
 
     def run(self, own: list[Any], outer: dict[str, Any]) -> list[Any]:
-        from saturate.interp.interpreter import run_graph
-
         if len(own) != self.arity:
             raise SaturateError(f"{self.node.where()}: subgraph '{self.attr}' takes {self.arity} inputs, "
                                 f"the node gives it {len(own)}")
@@ -64,7 +63,7 @@ class _Body:
         feed = dict(zip(names, own))
         feed.update((n, outer[n]) for n in names[self.arity:])
         try:
-            got = run_graph(self.graph, feed)
+            got = self.run_graph(self.graph, feed)
         except SaturateError as err:
             cls = MemoryLimitError if isinstance(err, MemoryLimitError) else SaturateError
             raise cls(f"{self.node.where()}, subgraph '{self.attr}': {err}") from None
@@ -106,11 +105,12 @@ def _flag(node: Node, value: Any, what: str) -> bool:
     return bool(value.reshape(-1)[0])
 
 
-def _if(node: Node, own: list[Any], outer: dict[str, Any], opset: int) -> list[Any]:
+def _if(node: Node, own: list[Any], outer: dict[str, Any], opset: int,
+        run_graph: Callable[..., dict[str, Any]]) -> list[Any]:
     if len(own) != 1:
         raise SaturateError(f"{node.where()}: takes one input, the condition; got {len(own)}")
     branch = "then_branch" if _flag(node, own[0], "the condition") else "else_branch"
-    return _Body(node, branch, opset).run([], outer)
+    return _Body(node, branch, opset, run_graph).run([], outer)
 
 
 class _Stacks:
@@ -146,8 +146,9 @@ class _Stacks:
         return np.stack(items[::-1] if reverse else items, axis=axis)
 
 
-def _loop(node: Node, own: list[Any], outer: dict[str, Any], opset: int) -> list[Any]:
-    body = _Body(node, "body", opset)
+def _loop(node: Node, own: list[Any], outer: dict[str, Any], opset: int,
+          run_graph: Callable[..., dict[str, Any]]) -> list[Any]:
+    body = _Body(node, "body", opset, run_graph)
     trip = own[0] if own else None
     cond = own[1] if len(own) > 1 else None
     carried = list(own[2:])
@@ -188,10 +189,11 @@ def _ints(node: Node, key: str, count: int) -> list[int]:
     return value
 
 
-def _scan(node: Node, own: list[Any], outer: dict[str, Any], opset: int) -> list[Any]:
+def _scan(node: Node, own: list[Any], outer: dict[str, Any], opset: int,
+          run_graph: Callable[..., dict[str, Any]]) -> list[Any]:
     if opset < 9:
         raise SaturateError(f"{node.where()}: Scan before opset 9 (with a batch axis) is not supported")
-    body = _Body(node, "body", opset)
+    body = _Body(node, "body", opset, run_graph)
     count = node.attrs.get("num_scan_inputs")
     if not isinstance(count, int) or not 1 <= count <= len(own):
         raise SaturateError(f"{node.where()}: num_scan_inputs {count} does not fit its {len(own)} inputs")
@@ -223,8 +225,9 @@ def _scan(node: Node, own: list[Any], outer: dict[str, Any], opset: int) -> list
     return states + [stacks.stacked(k, out_axes[k], body, bool(out_directions[k])) for k in range(scans)]
 
 
-def _sequence_map(node: Node, own: list[Any], outer: dict[str, Any], opset: int) -> list[Any]:
-    body = _Body(node, "body", opset)
+def _sequence_map(node: Node, own: list[Any], outer: dict[str, Any], opset: int,
+                  run_graph: Callable[..., dict[str, Any]]) -> list[Any]:
+    body = _Body(node, "body", opset, run_graph)
     if not own or not is_sequence(own[0]):
         raise SaturateError(f"{node.where()}: input 0 must be a sequence")
     length = len(own[0])

@@ -46,7 +46,7 @@ def eval_node(node: Node, inputs: Sequence[np.ndarray | None], opset: int | None
         version = opset or newest_opset()
         if spec(node.op, version) is None:
             raise SaturateError(f"{node.where()}: ONNX defines no such op at opset {version}")
-        return _checked(node, run_control_flow(node, inputs, version))
+        return _checked(node, run_control_flow(node, inputs, version, run_graph))
     # Tested inline on the way of every tensor op (a node costs microseconds): a sequence op, or
     # a list (a sequence value) among the inputs.
     if node.op in SEQUENCE_OPS or node.op in OPTIONAL_OPS:

@@ -5,6 +5,7 @@ over strings; ops that draw random numbers (compared by seed, else in distributi
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from saturate.check import check_rule
@@ -183,8 +184,33 @@ def test_cast_reads_strings_of_numbers(tmp_path):
     assert strings and all(isinstance(s, str) for v in strings for s in v.ravel())
 
 
+def test_chi_square_pvalues_are_the_distributions_tail():
+    from saturate.check.checker import _chi_square_pvalue
+
+    # Critical values from the chi-square table, and the tail far past them.
+    for stat, df, p in [(3.841459, 1, 0.05), (9.487729, 4, 0.05), (23.209251, 10, 0.01), (0.454936, 1, 0.5),
+                        (2.0, 2, 0.36787944117144233), (50.0, 2, 1.388794386496402e-11)]:
+        assert abs(_chi_square_pvalue(stat, df) - p) <= 1e-6 * p
+
+
+def test_counts_of_a_few_values_are_compared_by_chi_square_where_kolmogorov_smirnov_misses():
+    # Six classes drawn 1200 times each side, a tenth of the draws moved from class 2 to class 3: the
+    # distance of the Kolmogorov-Smirnov test moves in steps on so few values and misses it at the
+    # checker's level; the counts do not. The same counts pass.
+    from saturate.check.checker import DISTRIBUTION_ALPHA, _ks_distance, _ks_pvalue, _ks_reason
+
+    left = np.repeat(np.arange(6.0), 200)[:, None]
+    right = np.repeat(np.arange(6.0), [200, 200, 80, 320, 200, 200])[:, None]
+    assert _ks_pvalue(_ks_distance(left[:, 0], right[:, 0]), 1200, 1200) > DISTRIBUTION_ALPHA
+    reason = _ks_reason(left, right, DISTRIBUTION_ALPHA, (1,))
+    assert reason is not None and "chi-square" in reason and "right counts" not in reason
+    assert "left counts {0: 200, 1: 200, 2: 200, 3: 200, 4: 200, 5: 200}, right {0: 200, 1: 200, 2: 80, 3: 320" in reason
+    assert _ks_reason(left, left[::-1], DISTRIBUTION_ALPHA, (1,)) is None
+
+
 # Ops drawing random numbers: seeded alike, a right side keeping the left's random op gives the
-# same numbers; one that does not is compared in distribution (Kolmogorov-Smirnov over runs).
+# same numbers; one that does not is compared in distribution (Kolmogorov-Smirnov over runs, or
+# chi-square over the counts of each value where the values are a few integers).
 RANDOM_SOUND = [
     "Identity(RandomNormal()) => RandomNormal()",
     "Identity(RandomUniform()) => RandomUniform()",

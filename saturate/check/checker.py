@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing
 import os
 import re
@@ -450,6 +451,15 @@ def _ks_reason(a: np.ndarray, b: np.ndarray, alpha: float, shape: tuple[int, ...
         return None
     half = alpha / 2
     for j in range(size):
+        counts = _category_counts(a[:, j], b[:, j])
+        if counts is not None:
+            stat, df = _chi_square(counts[0], counts[1])
+            if df and _chi_square_pvalue(stat, df) < half / size:
+                return (f"distributions differ at index {[int(i) for i in np.unravel_index(j, shape)]}: "
+                        f"chi-square {stat:.1f} on {df} degrees of freedom; left counts "
+                        f"{_counts_text(counts[0], counts[2])}, right {_counts_text(counts[1], counts[2])} "
+                        f"of {runs} runs")
+            continue
         d = _ks_distance(a[:, j], b[:, j])
         if _ks_pvalue(d, runs, runs) < half / size:
             return (f"distributions differ at index {[int(i) for i in np.unravel_index(j, shape)]}: "
@@ -460,6 +470,84 @@ def _ks_reason(a: np.ndarray, b: np.ndarray, alpha: float, shape: tuple[int, ...
         return (f"distributions differ: Kolmogorov-Smirnov distance {d:.3f} over all elements; left mean "
                 f"{a.mean():.4g}, sd {a.std():.4g}, right mean {b.mean():.4g}, sd {b.std():.4g}")
     return None
+
+
+# An element whose values are all integers of at most this many kinds (a class index, a coin) is
+# compared by its counts of each value, a chi-square test: on so few values the Kolmogorov-Smirnov
+# test is conservative (its distance moves in steps), and a rule that shifts one class's share by a
+# few points passed it.
+_MAX_CATEGORIES = 64
+# Values seen fewer times than this in both samples together share one count (the chi-square
+# approximation wants every expected count at about 5 or more).
+_MIN_CATEGORY = 10
+
+
+def _category_counts(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
+    """Counts of each value in `a` and in `b` and the values' labels, rare values pooled as
+    "other"; None when the values are not a few integers."""
+    both = np.concatenate([a, b])
+    if not np.all(np.isfinite(both)) or not np.all(both == np.round(both)):
+        return None
+    values, inverse = np.unique(both, return_inverse=True)
+    if values.size > _MAX_CATEGORIES:
+        return None
+    ca = np.bincount(inverse[:a.size], minlength=values.size)
+    cb = np.bincount(inverse[a.size:], minlength=values.size)
+    common = ca + cb >= _MIN_CATEGORY
+    labels = [f"{v:g}" for v in values[common]]
+    if not common.all():
+        ca = np.append(ca[common], ca[~common].sum())
+        cb = np.append(cb[common], cb[~common].sum())
+        labels.append("other")
+    return ca, cb, labels
+
+
+def _chi_square(ca: np.ndarray, cb: np.ndarray) -> tuple[float, int]:
+    """Pearson's statistic for "both count vectors come from one distribution", and its degrees
+    of freedom (0: a single value, nothing to compare)."""
+    keep = ca + cb > 0
+    ca, cb = ca[keep].astype(np.float64), cb[keep].astype(np.float64)
+    n, m = ca.sum(), cb.sum()
+    share = (ca + cb) / (n + m)
+    stat = float(np.sum((ca - n * share) ** 2 / (n * share)) + np.sum((cb - m * share) ** 2 / (m * share)))
+    return stat, int(ca.size - 1)
+
+
+def _chi_square_pvalue(stat: float, df: int) -> float:
+    """P(X >= stat) for X chi-square on `df` degrees of freedom: the regularized upper incomplete
+    gamma function Q(df / 2, stat / 2), by its series below a + 1 and its continued fraction
+    (Lentz's method) above, where it is accurate far into the tail."""
+    a, x = df / 2, stat / 2
+    if x <= 0:
+        return 1.0
+    front = math.exp(a * math.log(x) - x - math.lgamma(a))
+    if x < a + 1:
+        term = total = 1 / a
+        k = a
+        while abs(term) > abs(total) * 1e-16:
+            k += 1
+            term *= x / k
+            total += term
+        return min(1.0, max(0.0, 1 - front * total))
+    tiny = 1e-300
+    b = x + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = b + an / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        if abs(d * c - 1) < 1e-16:
+            break
+    return min(1.0, front * h)
+
+
+def _counts_text(counts: np.ndarray, labels: list[str]) -> str:
+    return "{" + ", ".join(f"{label}: {int(c)}" for label, c in zip(labels, counts)) + "}"
 
 
 def _ks_distance(a: np.ndarray, b: np.ndarray) -> float:

@@ -65,6 +65,18 @@
         }                                                                                          \
     } while (0)
 
+/* A reduction step's row of the B panel in b0, b1, and the row SAT_PK_AHEAD steps on fetched ahead (a row
+ * of 16-lane vectors spans two cache lines: both are fetched). Every micro-kernel below starts its step so. */
+#if SAT_PN > 16
+#define SAT_PANEL_PREFETCH(b) (__builtin_prefetch((b) + SAT_PK_AHEAD * SAT_PN), \
+                               __builtin_prefetch((b) + SAT_PK_AHEAD * SAT_PN + 16))
+#else
+#define SAT_PANEL_PREFETCH(b) __builtin_prefetch((b) + SAT_PK_AHEAD * SAT_PN)
+#endif
+#define SAT_PANEL_LOAD(b, b0, b1)                                                                  \
+    const sat_vf b0 = sat_vload(b), b1 = sat_vload((b) + SAT_VL);                                  \
+    SAT_PANEL_PREFETCH(b)
+
 /* One reduction step of the 6x16 tile: row r of the accumulators c<r>0, c<r>1 gains a[r] times
  * the 16 floats b0, b1. Both micro-kernels below run it; they differ only in where b comes from. */
 #define SAT_PANEL_STEP(a, b0, b1)                                                                  \
@@ -90,12 +102,7 @@ static inline void sat_ukr(int kc, const float *restrict a, const float *restric
     sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}, c40 = {0},
            c41 = {0}, c50 = {0}, c51 = {0};
     for (int k = 0; k < kc; k++) {
-        const sat_vf b0 = sat_vload(b), b1 = sat_vload(b + SAT_VL);
-        __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN);
-#if SAT_PN > 16
-        /* a step's B row spans two cache lines (16-lane vectors): both are fetched ahead */
-        __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN + 16);
-#endif
+        SAT_PANEL_LOAD(b, b0, b1);
         SAT_PANEL_STEP(a, b0, b1);
         a += SAT_PR;
         b += SAT_PN;
@@ -111,11 +118,7 @@ static inline void sat_ukr_rows(int kc, const float *const *ar, const float *res
     sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}, c40 = {0},
            c41 = {0}, c50 = {0}, c51 = {0};
     for (int k = 0; k < kc; k++) {
-        const sat_vf b0 = sat_vload(b), b1 = sat_vload(b + SAT_VL);
-        __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN);
-#if SAT_PN > 16
-        __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN + 16);
-#endif
+        SAT_PANEL_LOAD(b, b0, b1);
         const float a[SAT_PR] = {a0[k], a1[k], a2[k], a3[k], a4[k], a5[k]};
         SAT_PANEL_STEP(a, b0, b1);
         b += SAT_PN;
@@ -131,11 +134,7 @@ static inline void sat_ukr_rows4(int kc, const float *const *ar, const float *re
     const float *a0 = ar[0], *a1 = ar[1], *a2 = ar[2], *a3 = ar[3];
     sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
     for (int k = 0; k < kc; k++) {
-        const sat_vf b0 = sat_vload(b), b1 = sat_vload(b + SAT_VL);
-        __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN);
-#if SAT_PN > 16
-        __builtin_prefetch(b + SAT_PK_AHEAD * SAT_PN + 16);
-#endif
+        SAT_PANEL_LOAD(b, b0, b1);
         float s = a0[k];
         c00 += s * b0, c01 += s * b1;
         s = a1[k];

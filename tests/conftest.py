@@ -64,7 +64,7 @@ DEAREST_FIRST = ["test_corpus.py", "test_check.py", "test_backend_asan.py", "tes
                  "test_backend_hypothesis.py", "test_backend_kernels.py", "test_check_any_op.py",
                  "test_check_blindspots.py", "test_text.py", "test_onnx_io.py", "test_wheel.py", "test_run_cli.py",
                  "test_interp_conformance.py", "test_optimize.py", "test_signals.py", "test_kept_egraph.py", "test_control_flow.py",
-                 "test_startup.py", "test_backend_quant.py", "test_partition.py"]
+                 "test_startup.py", "test_backend_quant.py", "test_backend_epilogue_reuse.py", "test_partition.py"]
 
 
 @pytest.hookimpl(trylast=True)

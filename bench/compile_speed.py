@@ -1,5 +1,6 @@
-"""Compile time and run time of the C backend: the kernels compiled once into a cached library against the
-monolithic build before it (commit 4349dae, every kernel compiled with each model).
+"""Compile time and run time of the C backend: this checkout against the code at --before (by default commit
+4349dae, the monolithic build that compiled every kernel with each model; the precompiled headers came after
+db6eb25).
 
 Run: python bench/compile_speed.py [--models resnet18,resnet50,mobilenet_v2-ts] [--runs 15] [--compiles 3]
                                    [--before 4349dae]
@@ -124,7 +125,7 @@ def main() -> None:
     ap.add_argument("--compiles", type=int, default=3)
     ap.add_argument("--before", default="4349dae")
     args = ap.parse_args()
-    print(f"# compile and run time, monolithic build ({args.before}) vs kernel library")
+    print(f"# compile and run time, the code at {args.before} (before) vs this checkout (after)")
     print(f"# CPU: {cpu_name()}, {os.cpu_count()} cores; {build_label()}; load average at start "
           f"{os.getloadavg()[0]:.2f}")
     print(f"# compile: wall s of `saturate compile`, median of {args.compiles} (cold: 1); "

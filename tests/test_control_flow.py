@@ -468,3 +468,15 @@ def test_saturate_check_draws_if_loop_and_scan(text, status):
     (rule,) = parse_rules(f"ruleset flow level 1\nrule r {text}\n", "flow.rules")[0].rules
     result = check_rule(rule, examples=20, seed=0)
     assert result.status == status, format_result(result)
+
+
+@pytest.mark.parametrize("attr", ["scan_input_directions", "scan_output_directions"])
+def test_a_scan_direction_other_than_0_or_1_is_one_line(attr):
+    # ONNX Runtime refuses it; read as a truth value it would run the scan in reverse.
+    m = scan_model([0, 0], [0, 0], [0, 0], [0, 0])
+    node = next(n for n in m.graph.node if n.op_type == "Scan")
+    next(a for a in node.attribute if a.name == attr).ints[:] = [2, 0]
+    feed = {"s0": np.zeros(3, np.float32), "xa": np.ones((4, 3), np.float32), "xb": np.ones((4, 3), np.float32)}
+    with pytest.raises(SaturateError) as err:
+        run_graph(import_model(m), feed)
+    assert one_line(err) == f"node 'sN' (Scan): attribute '{attr}' holds [2, 0]: each must be 0 (forward) or 1 (reverse)"

@@ -204,6 +204,11 @@ def _scan(node: Node, own: list[Any], outer: dict[str, Any], opset: int,
         raise SaturateError(f"{node.where()}: body takes {body.arity} inputs and computes "
                             f"{len(body.graph.outputs)} outputs, for {len(states)} states and {count} scan inputs")
     out_axes, out_directions = _ints(node, "scan_output_axes", scans), _ints(node, "scan_output_directions", scans)
+    for key, values in (("scan_input_directions", directions), ("scan_output_directions", out_directions)):
+        if any(d not in (0, 1) for d in values):
+            # 0 is forward, 1 reverse; ONNX Runtime refuses any other value, where truth would read it as reverse.
+            raise SaturateError(f"{node.where()}: attribute '{key}' holds {values}: each must be 0 (forward) "
+                                f"or 1 (reverse)")
     length = None
     for k, (x, axis) in enumerate(zip(xs, axes)):
         if x is None or is_sequence(x) or x.ndim == 0:

@@ -65,6 +65,11 @@ def infer_strictly(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     try:
         return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True), True
     except onnx.shape_inference.InferenceError as err:
+        if "already exists" in str(err):
+            # ONNX's data propagation keeps one entry per value name across subgraphs, and fails
+            # where two subgraphs (two Ifs' branches) each define the same name, as ONNX allows:
+            # infer as strictly without it.
+            return onnx.shape_inference.infer_shapes(model, strict_mode=True), True
         op = re.search(r"\(op_type:([A-Za-z0-9_]+)", str(err))
         if op is None or not _defined_by_function(op.group(1), model):
             raise

@@ -480,3 +480,15 @@ def test_a_scan_direction_other_than_0_or_1_is_one_line(attr):
     with pytest.raises(SaturateError) as err:
         run_graph(import_model(m), feed)
     assert one_line(err) == f"node 'sN' (Scan): attribute '{attr}' holds [2, 0]: each must be 0 (forward) or 1 (reverse)"
+
+
+def test_two_nodes_whose_subgraphs_define_the_same_names_import():
+    # ONNX scopes a subgraph's names to it: two Ifs with the same branches are valid (ONNX Runtime
+    # runs them), though ONNX's data propagation refuses the second definition of 'o'.
+    then_g = branch("b", [h.make_node("Mul", ["x", "x"], ["o"])], "o")
+    else_g = branch("b", [h.make_node("Neg", ["x"], ["o"])], "o")
+    nodes = [h.make_node("ReduceSum", ["x"], ["s"], keepdims=0), h.make_node("Greater", ["s", "zero"], ["cond"]),
+             h.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g),
+             h.make_node("If", ["cond"], ["y2"], then_branch=else_g, else_branch=then_g)]
+    m = model(nodes, [vi("x", [4])], [vi("y", [4]), vi("y2", [4])], [const("zero", np.float32(0))])
+    agree(m, BOTH_BRANCHES)

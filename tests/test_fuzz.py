@@ -85,18 +85,62 @@ def fuzz_settings(request_examples: int):
 
 
 # ---- mutations ---------------------------------------------------------------------------------
+def control_flow_model() -> onnx.ModelProto:
+    """y = If(sum(x) > 0) of x * w or -t (t = x + w), then a Loop of M iterations adding t to its
+    carried value and collecting each one: subgraphs that read outer values at depth 1 and 2."""
+    vi = helper.make_tensor_value_info
+    F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+    then_g = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["o1"], name="mul")], "then", [],
+                               [vi("o1", F, [4])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["t"], ["o2"], name="neg")], "else", [], [vi("o2", F, [4])])
+    inner = helper.make_graph([helper.make_node("Add", ["acc", "t"], ["b1"], name="add")], "inner", [],
+                              [vi("b1", F, [4])])
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c_out"], name="cond"),
+         helper.make_node("If", ["c"], ["acc_out"], then_branch=inner, else_branch=inner, name="inner_if"),
+         helper.make_node("Relu", ["acc_out"], ["s"], name="relu")],
+        "body", [vi("i", I64, []), vi("c", B, []), vi("acc", F, [4])],
+        [vi("c_out", B, []), vi("acc_out", F, [4]), vi("s", F, [4])])
+    nodes = [helper.make_node("Add", ["x", "w"], ["t"], name="t"),
+             helper.make_node("ReduceSum", ["x"], ["sum"], keepdims=0, name="sum"),
+             helper.make_node("Greater", ["sum", "zero"], ["cond"], name="gt"),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g, name="if"),
+             helper.make_node("Loop", ["M", "", "y"], ["final", "all"], body=body, name="loop")]
+    inits = [helper.make_tensor("w", F, [4], [1.0, 2.0, 3.0, 4.0]), helper.make_tensor("zero", F, [], [0.0]),
+             helper.make_tensor("M", I64, [], [3])]
+    graph = helper.make_graph(nodes, "control_flow", [vi("x", F, [4])],
+                              [vi("final", F, [4]), vi("all", F, [None, 4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _subgraphs(g: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """Every subgraph of `g`, at any depth."""
+    found = []
+    for node in g.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                found += [sub, *_subgraphs(sub)]
+    return found
+
+
 @st.composite
 def mutated_model(draw) -> Mutant:
-    """A small valid model with a few structured mutations, sometimes also a few flipped bytes."""
-    base = draw(st.sampled_from(["mlp", "mobilenet", "chain-2"]))
+    """A small valid model with a few structured mutations, sometimes also a few flipped bytes. In
+    the model with control flow, each mutation may land in one of its subgraphs instead."""
+    base = draw(st.sampled_from(["mlp", "mobilenet", "chain-2", "control-flow"]))
     model = onnx.ModelProto()
-    model.CopyFrom(examples.build_model(base))
-    g = model.graph
+    model.CopyFrom(control_flow_model() if base == "control-flow" else examples.build_model(base))
     done = [base]
     for _ in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(["dims", "raw", "name", "attr", "op", "opset", "input", "external",
                                      "value_info", "graph_name"]))
+        g = model.graph
+        subgraphs = _subgraphs(g)
+        if subgraphs and draw(st.booleans()):
+            g = draw(st.sampled_from(subgraphs))
+            kind += f" in subgraph '{g.name}'"
         done.append(kind)
+        kind = kind.split(" ")[0]
         if kind == "dims" and g.initializer:
             t = g.initializer[draw(st.integers(0, len(g.initializer) - 1))]
             k = draw(st.integers(0, max(len(t.dims) - 1, 0)))

@@ -174,7 +174,7 @@ def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
     wants = []
     for feed in feeds:
         try:
-            wants.append(dict(zip(names, session.run(names, {**feed, **session.saturate_feed}))))
+            wants.append(dict(zip(names, run_interruptibly(session, names, {**feed, **session.saturate_feed}))))
         except Exception as err:
             raise Unchecked(f"ONNX Runtime cannot run the input model on a random input: {_first_line(err)}") from None
     del session
@@ -190,12 +190,48 @@ def check_outputs(before: Graph, after: Graph, samples: int, seed: int = 0,
         _give_back(after)
 
 
+def run_interruptibly(session: Any, names: list[str], feed: dict) -> list[Any]:
+    """`session.run(names, feed)` in a thread of its own while this one waits, so that SIGINT and
+    SIGTERM end it: ONNX Runtime's run returns to Python only when done, and a model may ask for a
+    Loop of 2^62 iterations; the signal's exception here sets the run's terminate flag (ONNX Runtime
+    then stops within milliseconds) and goes on once the run has ended."""
+    import threading
+
+    import onnxruntime
+
+    options = onnxruntime.RunOptions()
+    done: dict[str, Any] = {}
+    # Waited on, not the thread: a join interrupted by a signal can leave a thread marked as ended
+    # while it runs on, and the process then exits under ONNX Runtime (which aborts it).
+    finished = threading.Event()
+
+    def work() -> None:
+        try:
+            done["out"] = session.run(names, feed, options)
+        except BaseException as err:  # noqa: BLE001  (raised again in the waiting thread)
+            done["err"] = err
+        finally:
+            finished.set()
+
+    threading.Thread(target=work, name="saturate-check-run", daemon=True).start()
+    try:
+        while not finished.wait(0.05):
+            pass
+    except BaseException:
+        options.terminate = True
+        finished.wait()
+        raise
+    if "err" in done:
+        raise done["err"]
+    return done["out"]
+
+
 def _compare(session: Any, names: list[str], feeds: list[dict], wants: list[dict],
              steps: dict[str, float]) -> CheckFailure | None:
     """The first output of `session` on `feeds` off its `wants` by more than its tolerance."""
     for k, (feed, want) in enumerate(zip(feeds, wants)):
         try:
-            got = dict(zip(names, session.run(names, {**feed, **getattr(session, "saturate_feed", {})})))
+            got = dict(zip(names, run_interruptibly(session, names, {**feed, **getattr(session, "saturate_feed", {})})))
         except Exception as err:
             return CheckFailure("", 0.0, k + 1, len(feeds), f"ONNX Runtime cannot run the result: {_first_line(err)}")
         for name in names:

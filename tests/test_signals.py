@@ -150,3 +150,47 @@ def test_a_temp_file_left_by_sigkill_is_swept_by_the_next_write_there(tmp_path):
     assert left, "the run ended before it wrote"
     assert main(["optimize", "example:mlp", "-o", str(tmp_path / "other.onnx"), "--quiet"]) == 0
     assert _temps(tmp_path) == []
+
+
+def _endless_loop_model(path: Path) -> None:
+    """A Loop of 2^62 iterations (ONNX Runtime runs it for ever, in C++ that never returns to Python)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "go", "x"], ["y"], body=body)], "endless",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(np.array(2**62, np.int64), "trips"), numpy_helper.from_array(np.array(True), "go"),
+         numpy_helper.from_array(np.array([1.0], np.float32), "one")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_ends_the_check_of_a_model_that_loops_for_ever(tmp_path, sig, code, word):
+    # The check runs the model in ONNX Runtime, whose run does not return to Python until it ends:
+    # a signal sets the run's terminate flag, and the command ends as it ends elsewhere.
+    model, out = tmp_path / "endless.onnx", tmp_path / "out.onnx"
+    _endless_loop_model(model)
+    before = model.read_bytes()
+    proc = subprocess.Popen([sys.executable, "-m", "saturate", "optimize", str(model), "-o", str(out)],
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        time.sleep(5)       # import, optimize (the Loop is kept as it is) and into the check
+        assert proc.poll() is None
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == code and took < 2.0, (proc.returncode, took, stderr)
+    assert stderr.splitlines() == [f"saturate: {word}"], stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["endless.onnx"] and model.read_bytes() == before

@@ -347,9 +347,15 @@ def test_multinomial_logits_hold_classes_never_drawn_and_dominant_ones(tmp_path)
 
 def test_sequence_map_bodies_are_drawn_of_every_kind(tmp_path):
     from saturate.frontend.onnx_scope import parse_attribute
+    wanted = {"Identity", "Neg", "Add", "constant", "Cast", "CastLike", "Shape"}
     kinds = set()
-    for text in ("Identity(SequenceMap(s)) => SequenceMap(s)", "Identity(SequenceMap(s, x)) => SequenceMap(s, x)"):
-        for ex in _drawn(tmp_path, text, 80):
-            body = parse_attribute(ex.node_attrs[(0,)]["body"].payload).g
-            kinds |= {n.op_type for n in body.node} | ({"constant"} if body.initializer else set())
-    assert {"Identity", "Neg", "Add", "constant", "Cast", "CastLike", "Shape"} <= kinds, kinds
+    # Which draws come first depends on hypothesis's version: a second, longer round where the
+    # first missed a kind (a Shape body needs an int64 output and one input, a few in a hundred).
+    for count in (80, 400):
+        for text in ("Identity(SequenceMap(s)) => SequenceMap(s)", "Identity(SequenceMap(s, x)) => SequenceMap(s, x)"):
+            for ex in _drawn(tmp_path, text, count):
+                body = parse_attribute(ex.node_attrs[(0,)]["body"].payload).g
+                kinds |= {n.op_type for n in body.node} | ({"constant"} if body.initializer else set())
+        if wanted <= kinds:
+            break
+    assert wanted <= kinds, kinds

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from saturate.backend.cache import (SHARED_BLAS_PREFIX, cache_limit_bytes, cache_root, file_digest, mark_used,
                                      prune_cache, prune_due, regular_file)
@@ -167,12 +167,17 @@ PRELUDE_FILES = (PRELUDE, PRELUDE + ".gch")
 def prelude_key(config: BuildConfig, large: bool) -> str:
     """The hash naming a prelude: the kernels' headers, the model compile's flags, the compiler and its
     version, the CPU's features (-march=native) and the OpenBLAS whose cblas.h the headers include."""
+    return _kernels_key(KERNELS_DIR.glob("*.h"), compile_flags(config, large))
+
+
+def _kernels_key(paths: Iterable[Path], flags: list[str]) -> str:
+    """The hash of kernel files (name and content) compiled with `flags` by this compiler, for this CPU,
+    against this OpenBLAS: what names the cache's kernel library and precompiled headers."""
     h = hashlib.sha256()
-    for path in sorted(KERNELS_DIR.glob("*.h")):
+    for path in sorted(paths):
         h.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     inc, _, _ = openblas()
-    facts = [" ".join(compile_flags(config, large)), compiler_version(compiler()), cpu_features(), openblas_digest(),
-             inc]
+    facts = [" ".join(flags), compiler_version(compiler()), cpu_features(), openblas_digest(), inc]
     h.update("\n".join(facts).encode())
     return h.hexdigest()[:24]
 
@@ -240,13 +245,8 @@ def library_flags(config: BuildConfig) -> list[str]:
 def library_key(config: BuildConfig) -> str:
     """The hash naming a kernel library: its sources and headers, the compiler and its version, the flags, the
     CPU's features (-march=native) and the OpenBLAS whose cblas.h it includes."""
-    h = hashlib.sha256()
-    for path in sorted([*KERNELS_DIR.glob("*.h"), *(KERNELS_DIR / name for name in LIBRARY_SOURCES)]):
-        h.update(path.name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    inc, _, _ = openblas()
-    facts = [" ".join(library_flags(config)), compiler_version(compiler()), cpu_features(), openblas_digest(), inc]
-    h.update("\n".join(facts).encode())
-    return h.hexdigest()[:24]
+    return _kernels_key([*KERNELS_DIR.glob("*.h"), *(KERNELS_DIR / name for name in LIBRARY_SOURCES)],
+                        library_flags(config))
 
 
 # Library objects compiled at once: the sources take seconds each, and a machine's cores share them.

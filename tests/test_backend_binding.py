@@ -410,6 +410,42 @@ def test_the_build_cache_evicts_least_recently_used_builds_past_its_limit(tmp_pa
     assert cache.prune_cache(now=time.time() + cache.IN_USE_SECONDS + 1) == [recent, kept]
 
 
+@pytest.mark.compiler
+def test_shared_cache_entries_unused_for_two_weeks_are_pruned_and_a_use_keeps_them(tmp_path, monkeypatch):
+    """The binding object, kernel library, precompiled headers, peak figure and a failed compile's source are
+    keyed by the sources, flags, compiler and CPU, so an upgrade strands the old ones (28 MB of headers a
+    set): unused for SUPPORT_STALE_SECONDS, each goes with its .sha256 and .lock; the ones the build in
+    force uses are kept, since every use records itself."""
+    from saturate.backend import build, cache
+
+    root = own_cache(tmp_path)
+    monkeypatch.setenv("SATURATE_CACHE", str(root))
+    lib, obj = build.kernel_library(), build.binding_object()
+    prelude = build.model_prelude(build.BuildConfig.from_env())
+    stale = [root / "libsat-0123456789abcdef01234567.a", root / "libsat-0123456789abcdef01234567.sha256",
+             root / "libsat-0123456789abcdef01234567.lock", root / "binding-0123456789abcdef01234567.o",
+             root / "peak-0123456789abcdef01234567.json", root / "failed-0123456789abcdef01234567.c"]
+    for p in stale:
+        p.write_bytes(b"old")
+    (root / "prelude-0123456789abcdef01234567").mkdir()
+    (root / "prelude-0123456789abcdef01234567" / build.PRELUDE).write_text("old")
+    stale.append(root / "prelude-0123456789abcdef01234567")
+    fresh = root / "failed-fedcba9876543210fedcba98.c"
+    fresh.write_text("recent")
+    long_ago = time.time() - 2 * cache.SUPPORT_STALE_SECONDS
+    for p in [*stale, lib, lib.with_suffix(".sha256"), obj, obj.with_suffix(".sha256"),
+              *([prelude] if prelude else [])]:
+        os.utime(p, (long_ago, long_ago))
+    # What the build in force needs is used again before the prune: it stays.
+    assert build.kernel_library() == lib and build.binding_object() == obj
+    assert build.model_prelude(build.BuildConfig.from_env()) == prelude
+    cache.prune_cache(now=time.time())
+    assert not [p for p in stale if os.path.lexists(p)]
+    assert lib.is_file() and lib.with_suffix(".sha256").is_file() and obj.is_file() and fresh.is_file()
+    assert prelude is None or (prelude / build.PRELUDE).is_file()
+    assert not [p.name for p in root.iterdir() if p.name.startswith(".")]  # nothing half removed left
+
+
 def test_a_build_prunes_the_cache_at_most_every_half_minute(tmp_path, monkeypatch):
     from saturate.backend import cache
 

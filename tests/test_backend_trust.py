@@ -233,6 +233,44 @@ def test_a_compiled_directory_whose_files_changed_is_a_one_line_error(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.compiler
+def test_a_key_or_digest_file_too_large_or_not_a_file_is_never_read(tmp_path, monkeypatch, capfd):
+    """Whoever could write the folder wrote a compiled directory's build.key and the cache's digest files, so
+    they are read only as small regular files: a build.key past the limit, even one build.json vouches
+    for, is one line at load; a digest file the size of the disk beside the kernel library is not read
+    whole but the library is rebuilt; a FIFO never blocks a read."""
+    import hashlib
+
+    from saturate.backend import build, cache, compile_graph
+
+    monkeypatch.setenv("SATURATE_CACHE", str(own_cache(tmp_path)))
+    compile_graph(small_graph(), out_dir=tmp_path / "good")
+    bad = tmp_path / "bad"
+    import shutil
+
+    shutil.copytree(tmp_path / "good", bad)
+    with open(bad / "build.key", "wb") as f:
+        f.truncate(cache.SMALL_FILE_MAX_BYTES + 1)
+    facts = json.loads((bad / "build.json").read_text())
+    facts["files"]["build.key"] = hashlib.sha256(b"\0" * (cache.SMALL_FILE_MAX_BYTES + 1)).hexdigest()
+    (bad / "build.json").write_text(json.dumps(facts))
+    proc = saturate_cli("run", bad)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"saturate: error: {bad}: cannot load build.key: "), proc.stderr
+
+    lib = build.kernel_library()
+    stamp = lib.with_suffix(".sha256")
+    stamp.unlink()
+    with open(stamp, "wb") as f:
+        f.truncate(1 << 40)  # sparse: a terabyte nothing may read
+    capfd.readouterr()
+    assert build.kernel_library() == lib and cache.read_small(stamp).strip() == cache.file_digest(lib)
+    assert f"cache entry {lib.name} did not match its digest; rebuilding" in capfd.readouterr().err
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(OSError, match="not a regular file"):
+        cache.read_small(tmp_path / "fifo")
+
+
 def test_a_changed_binding_object_in_the_cache_is_rebuilt(tmp_path, monkeypatch, capfd):
     """The Cython module's object every build links is checked against its digest too."""
     from saturate.backend import compile_graph

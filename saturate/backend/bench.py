@@ -68,12 +68,13 @@ def peak_gflops() -> float:
     """One core's measured peak GFLOP/s (see PROBE_SOURCE), probed once per build setup and cached."""
     import hashlib
     import json
+    import math
     import subprocess
     import tempfile
     from pathlib import Path
 
     from saturate.backend import build
-    from saturate.backend.cache import cache_root
+    from saturate.backend.cache import cache_root, mark_support_used, read_small
 
     inc, libdir, lib = build.openblas()
     cc = build.compiler()
@@ -83,8 +84,11 @@ def peak_gflops() -> float:
     key = hashlib.sha256(kernels + facts.encode()).hexdigest()[:24]
     cached = cache_root() / f"peak-{key}.json"
     try:
-        return float(json.loads(cached.read_text())["gflops"])
-    except (OSError, ValueError, KeyError):
+        gflops = float(json.loads(read_small(cached))["gflops"])
+        if math.isfinite(gflops) and gflops > 0:
+            mark_support_used(cached)
+            return gflops
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         pass
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = Path(tmp) / "probe.c", Path(tmp) / "probe"

@@ -21,8 +21,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from saturate.backend.cache import (SHARED_BLAS_PREFIX, cache_limit_bytes, cache_root, file_digest, mark_used,
-                                     prune_cache, prune_due, regular_file)
+from saturate.backend.cache import (SHARED_BLAS_PREFIX, cache_limit_bytes, cache_root, file_digest,
+                                     mark_support_used, mark_used, prune_cache, prune_due, read_small,
+                                     regular_file)
 # cpu_has_avx512 and isa are read through this module by bench/machine.py and tests.
 from saturate.backend.toolchain import (BLAS_FILE, ISAS, compiler, compiler_version, cpu_features,  # noqa: F401
                                         cpu_has_avx512, isa, openblas, openblas_digest, openblas_library)
@@ -202,7 +203,7 @@ def model_prelude(config: BuildConfig, large: bool = False) -> Path | None:
 
 def _prelude_matches(target: Path) -> bool:
     try:
-        recorded = json.loads((target / "prelude.sha256").read_text())
+        recorded = json.loads(read_small(target / "prelude.sha256"))
         return all(regular_file(target / name) and recorded.get(name) == file_digest(target / name)
                    for name in PRELUDE_FILES)
     except (OSError, ValueError, AttributeError):
@@ -268,9 +269,11 @@ def kernel_library(config: BuildConfig | None = None) -> Path:
 @contextlib.contextmanager
 def _built_once(target: Path, matches: Callable[[], bool]) -> Iterator[bool]:
     """Whether the cache entry `target` must be built (the caller then builds it inside the block): False
-    when it `matches` its digests. One process builds it while others that need it wait on a lock beside it
-    (a test run's workers, parallel compiles), rather than each spending the same seconds of both cores."""
+    when it `matches` its digests (its use is then recorded). One process builds it while others that need it
+    wait on a lock beside it (a test run's workers, parallel compiles), rather than each spending the same
+    seconds of both cores."""
     if matches():
+        mark_support_used(target)
         yield False
         return
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -295,7 +298,7 @@ def _library_matches(target: Path) -> bool:
     """Whether `target` is a regular file matching the sha256 recorded beside it."""
     stamp = target.with_suffix(".sha256")
     try:
-        return regular_file(target) and regular_file(stamp) and stamp.read_text().strip() == file_digest(target)
+        return regular_file(target) and read_small(stamp).strip() == file_digest(target)
     except (OSError, ValueError):
         return False
 
@@ -376,7 +379,8 @@ def binding_object() -> Path:
     target = cache_root() / f"binding-{binding_key()}.o"
     stamp = target.with_suffix(".sha256")
     try:
-        if regular_file(target) and regular_file(stamp) and stamp.read_text().strip() == file_digest(target):
+        if regular_file(target) and read_small(stamp).strip() == file_digest(target):
+            mark_support_used(target)
             return target
     except (OSError, ValueError):
         pass

@@ -32,6 +32,13 @@ IN_USE_SECONDS = 120.0
 PRUNE_EVERY_SECONDS = 30.0
 # A staging or evicted directory (named with a leading dot) this old was left by a killed process.
 STALE_SECONDS = 3600.0
+# What every build shares (the binding object, the kernel library, the precompiled headers, the peak probe's
+# figure) and the sources kept from failed compiles, by name prefix. Each is keyed by the kernels' sources,
+# the flags, the compiler and the CPU, so upgrading any of them leaves the old ones behind for good (the
+# precompiled headers are 28 MB a set); one unused for SUPPORT_STALE_SECONDS is removed by the next prune,
+# with what shares its stem (its .sha256 and .lock).
+SUPPORT_PREFIXES = ("binding-", "libsat-", "prelude-", "peak-", "failed-")
+SUPPORT_STALE_SECONDS = 14 * 24 * 3600.0
 
 
 def cache_limit_bytes() -> int:
@@ -67,6 +74,14 @@ def mark_used(directory: Path) -> None:
         pass
 
 
+def mark_support_used(path: Path) -> None:
+    """Record the use of a shared cache entry (its mtime), which keeps it from being pruned as stale."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
 def prune_due(now: float | None = None) -> bool:
     """Whether PRUNE_EVERY_SECONDS have passed since the cache was last pruned (by any process); claims
     the turn when they have."""
@@ -87,12 +102,17 @@ def prune_due(now: float | None = None) -> bool:
 def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path]:
     """Evict finished builds, least recently used first, until the cache is within cache_limit_bytes().
     `keep` (the build just made) and builds used in the last IN_USE_SECONDS stay; returns what was removed.
-    Only directories holding a build.key are builds: the binding objects, peak probes and anything else
-    in the directory are left alone, except staging directories a killed process left behind."""
+    Only directories holding a build.key are builds; the entries every build shares are removed only when
+    unused for SUPPORT_STALE_SECONDS (_prune_support), staging directories a killed process left behind
+    after STALE_SECONDS, and anything else in the directory is left alone."""
     root, limit = cache_root(), cache_limit_bytes()
     now = time.time() if now is None else now
     builds = []
-    for entry in os.scandir(root) if root.is_dir() else ():
+    entries = list(os.scandir(root)) if root.is_dir() else []
+    _prune_support(root, entries, now)
+    for entry in entries:
+        if entry.name.startswith(SUPPORT_PREFIXES):
+            continue
         stamp = Path(entry.path) / "build.key"
         if not entry.is_dir(follow_symlinks=False):
             _prune_shared_blas(entry, now)
@@ -129,6 +149,37 @@ def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path
     return removed
 
 
+def _prune_support(root: Path, entries: list[os.DirEntry], now: float) -> None:
+    """Remove the shared entries (SUPPORT_PREFIXES) whose stem (the name up to its first dot) has gone
+    unused for SUPPORT_STALE_SECONDS: the newest mtime among the stem's files, which mark_support_used
+    refreshes on every use of the entry itself, decides."""
+    stems: dict[str, list[os.DirEntry]] = {}
+    for entry in entries:
+        if entry.name.startswith(SUPPORT_PREFIXES):
+            stems.setdefault(entry.name.split(".", 1)[0], []).append(entry)
+    for stem, group in stems.items():
+        try:
+            newest = max(e.stat(follow_symlinks=False).st_mtime for e in group)
+        except OSError:  # removed by another process meanwhile
+            continue
+        if now - newest <= SUPPORT_STALE_SECONDS:
+            continue
+        for entry in group:
+            # A folder is renamed out of the way first, so no reader sees half of it.
+            doomed = root / f".evicted.{entry.name}.{os.getpid()}"
+            try:
+                os.rename(entry.path, doomed)
+            except OSError:
+                continue
+            if os.path.isdir(doomed) and not os.path.islink(doomed):
+                shutil.rmtree(doomed, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(doomed)
+                except OSError:
+                    pass
+
+
 def _prune_shared_blas(entry: os.DirEntry, now: float) -> None:
     """Remove a shared OpenBLAS copy no build links any more (an older OpenBLAS's, or one all of whose builds
     were evicted) once STALE_SECONDS old; a build that finds it gone meanwhile copies it again."""
@@ -149,6 +200,28 @@ def regular_file(path: Path) -> bool:
         return stat.S_ISREG(os.stat(path).st_mode)
     except (OSError, ValueError):
         return False
+
+
+# The most a digest, key, peak figure or manifest file is read for: larger is not one saturate wrote.
+SMALL_FILE_MAX_BYTES = 1 << 20
+
+
+def read_small(path: Path, limit: int = SMALL_FILE_MAX_BYTES) -> str:
+    """The text of a small file of the cache or of a compiled directory (a digest, a key, a manifest): whoever
+    could write the folder wrote it, so a FIFO in its place or one of more than `limit` bytes is refused
+    (OSError) before anything is allocated for it. Undecodable bytes become U+FFFD, so they match nothing."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            raise OSError(f"{path}: not a regular file of at most {limit} bytes")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(f"{path}: more than {limit} bytes")
+    return data.decode("utf-8", errors="replace")
 
 
 def file_digest(path: Path) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 
 from saturate.backend.build import (BLAS_FILE, BUILD_FILES, EXTENSION, MODULE, BuildConfig, build, mismatch, runs_here,
                                     verify)
+from saturate.backend.cache import read_small
 from saturate.backend.capi import api_source, header
 from saturate.backend.emit import Emitted, emit
 from saturate.backend.segments import Partition, Piece, partition
@@ -37,7 +38,11 @@ def load_module(directory: Path):
                             "write one with 'saturate compile MODEL -o DIR'")
     runs_here(directory)
     verify(directory)
-    key = (Path(directory) / "build.key").read_text(encoding="utf-8", errors="replace")
+    try:
+        key = read_small(Path(directory) / "build.key")
+    except OSError as err:
+        raise SaturateError(f"{directory}: cannot load build.key: {err.strerror or err}; compile the model again") \
+            from None
     real = str(path.resolve())
     if real in _MODULES and _MODULES[real][0] == key:
         return _MODULES[real][1]
@@ -355,10 +360,10 @@ def load(directory: str | Path, threads: int = 1) -> CompiledModel:
     from saturate.frontend import load_graph
 
     try:
-        data = json.loads(manifest.read_text(encoding="utf-8"))
+        data = json.loads(read_small(manifest))
         shapes = {name: tuple(shape) for name, shape in data["input_shapes"].items()}
         pieces = data["pieces"]
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise SaturateError(f"{manifest}: not a manifest saturate wrote") from None
     part = partition(load_graph(str(root / "graph.onnx")), shapes)
     if [(p.kind, p.inputs, p.outputs) for p in part.pieces] != [(p["kind"], p["inputs"], p["outputs"]) for p in pieces]:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from saturate.core.errors import SaturateError
+from saturate.core.inputs import RefusedFile, read_regular
 
 # The cache's one copy of OpenBLAS is named SHARED_BLAS_PREFIX + its sha256: builds hard-link it rather than
 # each hold tens of megabytes of their own.
@@ -209,19 +210,12 @@ SMALL_FILE_MAX_BYTES = 1 << 20
 def read_small(path: Path, limit: int = SMALL_FILE_MAX_BYTES) -> str:
     """The text of a small file of the cache or of a compiled directory (a digest, a key, a manifest): whoever
     could write the folder wrote it, so a FIFO in its place or one of more than `limit` bytes is refused
-    (OSError) before anything is allocated for it. Undecodable bytes become U+FFFD, so they match nothing."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    before anything is allocated for it, as an OSError whose message says why (the callers treat it as a
+    missing file). Undecodable bytes become U+FFFD, so they match nothing."""
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            raise OSError(f"{path}: not a regular file of at most {limit} bytes")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise OSError(f"{path}: more than {limit} bytes")
-    return data.decode("utf-8", errors="replace")
+        return read_regular(path, limit, "cache file").decode("utf-8", errors="replace")
+    except RefusedFile as err:
+        raise OSError(err.reason) from None
 
 
 def file_digest(path: Path) -> str:

@@ -183,6 +183,29 @@ def test_a_write_sweeps_what_killed_writers_and_the_pickle_format_left(cache, tm
     assert fresh.exists()   # a writer may still be at it
 
 
+def test_entries_not_read_for_two_weeks_are_swept_and_a_read_keeps_one(cache, tmp_path):
+    """A key names the code and the working directory, so an upgrade or loads from many folders strand
+    entries: one not read for UNUSED_SECONDS goes at the next write; a read refreshes the one it uses."""
+    import time
+
+    from saturate.lang import rule_cache
+
+    rules, other = tmp_path / "mine.rules", tmp_path / "other.rules"
+    rules.write_text(RULES)
+    other.write_text(RULES.replace("mine", "other"))
+    _fresh([rules])
+    (kept,) = _entries(cache)
+    long_ago = time.time() - 2 * rule_cache.UNUSED_SECONDS
+    os.utime(kept, (long_ago, long_ago))
+    stranded = cache / ("f" * 64 + "-" + "0" * 64 + ".json")
+    stranded.write_text("{}")
+    os.utime(stranded, (long_ago, long_ago))
+    _fresh([rules])   # a hit: read, so used
+    assert kept.stat().st_mtime > long_ago
+    _fresh([other])   # a miss: the write sweeps
+    assert kept.exists() and not stranded.exists() and len(_entries(cache)) == 2
+
+
 def _wrong(v):
     """A JSON value of another kind than `v`, that no field typed as `v` is may hold."""
     if type(v) is str:

@@ -113,6 +113,10 @@ def _read_entry(path: Path, max_file_bytes: int) -> tuple[list[str], list[RuleSe
                 return None
     except (SaturateError, OSError, ValueError, RecursionError, _Malformed):
         return None
+    try:
+        os.utime(path)  # a use: what _sweep goes by
+    except OSError:
+        pass
     return [p for p, _ in files], rulesets
 
 
@@ -296,16 +300,21 @@ def _encode(v: Any) -> Any:
 
 # A writer's temp file untouched this long was left by a killed process: no write takes minutes.
 STALE_SECONDS = 600.0
+# An entry not read for this long goes: a key names the package's code and the working directory, so an
+# upgrade, or loads from many folders, leave entries nothing will read again.
+UNUSED_SECONDS = 14 * 24 * 3600.0
 
 
-def _sweep(folder: Path) -> None:
-    """Remove what killed writers left in the folder: temp files (`.KEY.XXXXXXXX.tmp`), and the
-    entries of the pickle format, which nothing reads any more."""
-    now = time.time()
+def _sweep(folder: Path, now: float | None = None) -> None:
+    """Remove what killed writers left in the folder (temp files, `.KEY.XXXXXXXX.tmp`), entries not
+    read for UNUSED_SECONDS (a read refreshes an entry's mtime), and the entries of the pickle format,
+    which nothing reads any more."""
+    now = time.time() if now is None else now
     for e in os.scandir(folder):
         try:
-            if e.name.endswith(".pickle") or (e.name.startswith(".") and e.name.endswith(".tmp")
-                                              and now - e.stat(follow_symlinks=False).st_mtime > STALE_SECONDS):
+            age = now - e.stat(follow_symlinks=False).st_mtime
+            if e.name.endswith(".pickle") or (e.name.startswith(".") and e.name.endswith(".tmp") and age > STALE_SECONDS) \
+                    or (not e.name.startswith(".") and e.name.endswith(".json") and age > UNUSED_SECONDS):
                 os.unlink(e.path)
         except OSError:
             continue

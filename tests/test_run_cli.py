@@ -175,6 +175,61 @@ def test_run_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
     assert "Traceback" not in "\n".join(err)
 
 
+def _npy_bytes(header: dict, data: bytes) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, header)
+    return buf.getvalue() + data
+
+
+@pytest.mark.parametrize("kind, extra, message", [
+    ("huge.npy", [], "input 'x' in {tmp}/huge.npy would take 256.0 GiB, over the memory limit of"),
+    ("huge.npz", [], "input 'x' in {tmp}/huge.npz would take 256.0 GiB, over the memory limit of"),
+    ("huge.npy", ["--max-memory", "1T"], "input 'x' in {tmp}/huge.npy: its header says float32[68719476736] "
+                                         "(274877906944 bytes) but the file holds 16 bytes of data"),
+    ("short.npz", [], "input 'x' in {tmp}/short.npz: its header says float32[3] (12 bytes) but the file holds 8"),
+    ("objects.npy", [], "input 'x' in {tmp}/objects.npy: an array of Python objects, which saturate never unpickles"),
+    ("twice.npz", [], "{tmp}/twice.npz: holds the array 'x' twice"),
+])
+def test_an_input_file_is_checked_before_anything_is_allocated_for_it(tmp_path, capsys, kind, extra, message):
+    """An array file is untrusted: a .npy header claiming 256 GiB over 16 bytes of data (alone or in an
+    .npz) was allocated by numpy and ended in a MemoryError traceback; now the claim is checked against
+    --max-memory and against the bytes the file holds before any allocation."""
+    import zipfile
+
+    model = two_in_two_out(tmp_path / "two.onnx") if kind == "twice.npz" else None
+    relu = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n"])]), opset_imports=[helper.make_opsetid("", 17)]),
+        str(relu))
+    huge = _npy_bytes({"descr": "<f4", "fortran_order": False, "shape": (2 ** 36,)}, b"\0" * 16)
+    (tmp_path / "huge.npy").write_bytes(huge)
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("x.npy", huge)
+    with zipfile.ZipFile(tmp_path / "short.npz", "w") as z:
+        z.writestr("x.npy", _npy_bytes({"descr": "<f4", "fortran_order": False, "shape": (3,)}, b"\0" * 8))
+    np.save(tmp_path / "objects.npy", np.array([1, "a"], dtype=object), allow_pickle=True)
+    with zipfile.ZipFile(tmp_path / "twice.npz", "w") as z, pytest.warns(UserWarning, match="Duplicate name"):
+        for _ in range(2):
+            z.writestr("x.npy", _npy_bytes({"descr": "<f4", "fortran_order": False, "shape": (1,)}, b"\0" * 4))
+    argv = ["run", str(model or relu), "-i", str(tmp_path / kind), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("saturate: error: ") and message.format(tmp=tmp_path) in err[0], err
+
+
+def test_input_arrays_in_fortran_order_and_in_a_compressed_npz_read_as_numpy_writes_them(tmp_path):
+    a = np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    b = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    np.savez_compressed(tmp_path / "in.npz", a=a, b=b)
+    assert main(["run", two_in_two_out(tmp_path / "two.onnx"), "-i", str(tmp_path / "in.npz"),
+                 "-o", str(tmp_path / "out.npz")]) == 0
+    with np.load(tmp_path / "out.npz") as out:
+        assert np.array_equal(out["s"], a + b) and np.array_equal(out["p"], a * b)
+
+
 def test_run_text_graph_gives_the_same_outputs_as_the_example(tmp_path):
     from saturate.frontend import save_graph
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import zipfile
 from pathlib import Path
@@ -182,24 +183,74 @@ def _sequence_inputs(graph: Graph) -> dict[str, np.dtype]:
 
 
 def read_inputs(names: list[str], path: str) -> dict[str, np.ndarray]:
-    """Read a .npy (when `names` is one input) or .npz (one array per input name)."""
+    """Read a .npy (when `names` is one input) or .npz (one array per input name). Each array's header
+    is read first and its size checked against --max-memory and against the bytes the file holds for
+    it, so a header claiming terabytes allocates nothing; arrays of Python objects are refused unread."""
     if not Path(path).is_file():
         raise SaturateError(f"{path}: no such file")
     try:
-        data = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile):
+        with open(path, "rb") as f:
+            magic = f.read(6)
+            f.seek(0)
+            if magic.startswith(b"PK"):
+                return _read_npz(path)
+            if len(names) != 1:
+                if magic == b"\x93NUMPY":
+                    raise SaturateError(f"{path}: one array given, but the model has {len(names)} inputs "
+                                        f"({', '.join(names)}); pass a .npz with one array per input name")
+                raise SaturateError(f"{path}: not a .npy or .npz array file")
+            return {names[0]: _read_npy(f, Path(path).stat().st_size, f"input '{names[0]}' in {path}", path)}
+    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile) as err:
+        raise SaturateError(f"{path}: unreadable array file ({str(err).splitlines()[0] if str(err) else 'truncated'})") \
+            from None
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    from saturate.core.limits import check_bytes
+
+    arrays, total = {}, 0
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            name = info.filename.removesuffix(".npy")
+            if name in arrays:
+                raise SaturateError(f"{path}: holds the array '{name}' twice")
+            what = f"input '{name}' in {path}"
+            with z.open(info) as member:
+                arrays[name] = _read_npy(member, info.file_size, what, path)
+            total += arrays[name].nbytes
+            check_bytes(total, f"the arrays of {path}")
+    return arrays
+
+
+def _read_npy(f, size: int, what: str, path: str) -> np.ndarray:
+    """One .npy array from the stream `f` of `size` bytes, checked before it is allocated."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = fmt.read_array_header_2_0(f)
+        else:
+            raise ValueError(version)
+    except (ValueError, SyntaxError, TypeError, EOFError):
         # numpy's own reasons ("pickled data", "cannot reshape") describe its parser, not the file.
         raise SaturateError(f"{path}: not a .npy or .npz array file") from None
-    if isinstance(data, np.ndarray):
-        if len(names) != 1:
-            raise SaturateError(f"{path}: one array given, but the model has {len(names)} inputs "
-                                f"({', '.join(names)}); pass a .npz with one array per input name")
-        return {names[0]: data}
-    with data:
-        try:
-            return {k: data[k] for k in data.files}
-        except (ValueError, OSError, zipfile.BadZipFile) as err:
-            raise SaturateError(f"{path}: unreadable array ({str(err).splitlines()[0]})") from None
+    if dtype.hasobject:
+        raise SaturateError(f"{what}: an array of Python objects, which saturate never unpickles")
+    nbytes = check_allocation(shape, dtype.itemsize, what)
+    held = size - f.tell()
+    if held < nbytes:
+        raise SaturateError(f"{what}: its header says {dtype}{list(shape)} ({nbytes} bytes) but the file holds "
+                            f"{max(held, 0)} bytes of data")
+    array = np.empty(math.prod(shape), dtype=dtype)
+    view, done = memoryview(array).cast("B"), 0
+    while done < nbytes:
+        got = f.readinto(view[done:])
+        if not got:
+            raise SaturateError(f"{what}: the file ends inside the array's data")
+        done += got
+    return array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
 
 
 def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:

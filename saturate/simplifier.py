@@ -200,6 +200,8 @@ def run_interruptibly(session: Any, names: list[str], feed: dict) -> list[Any]:
     import onnxruntime
 
     options = onnxruntime.RunOptions()
+    # The run's own log would add a line of ONNX Runtime's to saturate's one when a signal stops it.
+    options.log_severity_level = 4
     done: dict[str, Any] = {}
     # Waited on, not the thread: a join interrupted by a signal can leave a thread marked as ended
     # while it runs on, and the process then exits under ONNX Runtime (which aborts it).

@@ -198,3 +198,21 @@ def test_a_signal_ends_the_check_of_a_model_that_loops_for_ever(tmp_path, sig, c
     assert proc.returncode == code, (proc.returncode, stderr)
     assert stderr.splitlines() == [f"saturate: {word}"], stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["endless.onnx"] and model.read_bytes() == before
+
+
+@pytest.mark.compiler
+def test_a_signal_ends_bench_of_a_model_that_loops_for_ever(tmp_path):
+    # bench's warm-up runs ONNX Runtime where a signal can stop it, and its one line is all that is printed.
+    model = tmp_path / "endless.onnx"
+    _endless_loop_model(model)
+    proc = subprocess.Popen([sys.executable, "-m", "saturate", "bench", str(model), "--no-reference", "--runs", "1",
+                             "--quiet"], stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        time.sleep(8)       # import, compile (the Loop stays in the interpreter) and into the warm-up
+        assert proc.poll() is None, proc.stderr.read()
+        stderr = _signal_and_wait(proc, signal.SIGINT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (proc.returncode, stderr)
+    assert stderr.splitlines() == ["saturate: interrupted"], stderr

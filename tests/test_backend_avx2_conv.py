@@ -76,3 +76,29 @@ def test_planner_sends_strided_stems_to_the_direct_tiles():
         assert plan.direct_avx2(g.nodes[0], {"x": stem[0], "w": stem[1]}, g.constants, BuildConfig(isa="avx2"))
         assert layout_of(*stem) is None
         assert layout_of(*stem, isa="avx512") is None
+
+
+EXPANSIONS = [
+    # ResNet-50's 1x1 expansions: 128 -> 512 on a 12x12 map (layout 2, the padded grid) and the stride-2
+    # 256 -> 512 projection from a 24x24 map (layout 0, im2col packed for the tile)
+    ((1, 128, 12, 12), (512, 128, 1, 1), {}, 2),
+    ((1, 256, 24, 24), (512, 256, 1, 1), {"strides": [2, 2]}, 0),
+]
+
+
+def test_planner_sends_large_1x1_expansions_to_the_tile():
+    """1x1 convs to at least twice their channels, of at least PACKED_ONE_MINW weights, run on pgemm.h's tile
+    in AVX2 builds; smaller ones and projections stay on OpenBLAS (or the direct tiles)."""
+    for xshape, wshape, attrs, layout in EXPANSIONS:
+        assert layout_of(xshape, wshape, attrs) == layout
+        assert layout_of(xshape, wshape, attrs, isa="avx512") is None
+    assert layout_of((1, 64, 24, 24), (256, 64, 1, 1), {}) is None
+    assert layout_of((1, 512, 12, 12), (128, 512, 1, 1), {}) is None
+
+
+@pytest.mark.compiler
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape,wshape,attrs,layout", EXPANSIONS)
+def test_large_1x1_expansions_as_planned(xshape, wshape, attrs, layout, threads):
+    """The expansions above with the planner's choice, against the interpreter and ONNX Runtime."""
+    check_three_way(conv_relu(xshape, wshape, attrs), threads=threads)

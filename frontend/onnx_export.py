@@ -59,21 +59,23 @@ def export_model(graph: Graph, weights: bool = True) -> onnx.ModelProto:
 
 def infer_strictly(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     """`model` with its value types inferred in ONNX's strict mode, which refuses a node whose
-    inputs contradict its op; and whether strict mode held. ONNX's strict inference fails on some
-    valid ops defined by a function body (MeanVarianceNormalization at every opset): a failure
-    whose first node is such an op falls back to ordinary inference."""
+    inputs contradict its op (their shapes, and with check_type their element types: an Add of
+    float and int64, an If on a float condition); and whether strict mode held. ONNX's strict
+    inference fails on some valid ops defined by a function body (MeanVarianceNormalization at
+    every opset): a failure whose first node is such an op falls back to ordinary inference, which
+    still refuses element types an op does not take."""
     try:
-        return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True), True
+        return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True), True
     except onnx.shape_inference.InferenceError as err:
         if "already exists" in str(err):
             # ONNX's data propagation keeps one entry per value name across subgraphs, and fails
             # where two subgraphs (two Ifs' branches) each define the same name, as ONNX allows:
             # infer as strictly without it.
-            return onnx.shape_inference.infer_shapes(model, strict_mode=True), True
+            return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True), True
         op = re.search(r"\(op_type:([A-Za-z0-9_]+)", str(err))
         if op is None or not _defined_by_function(op.group(1), model):
             raise
-    return onnx.shape_inference.infer_shapes(model, data_prop=True), False
+    return onnx.shape_inference.infer_shapes(model, check_type=True, data_prop=True), False
 
 
 def _defined_by_function(op: str, model: onnx.ModelProto) -> bool:

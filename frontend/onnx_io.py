@@ -173,13 +173,25 @@ def _omitted_defaults(node: onnx.NodeProto) -> dict:
 
 
 def _inference_defaults(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model`, or a copy whose nodes state the defaults of _INFERENCE_DEFAULTS they omit."""
-    if not any(_omitted_defaults(n) for n in model.graph.node):
+    """`model`, or a copy whose nodes state the defaults of _INFERENCE_DEFAULTS they omit and
+    whose unnamed nodes, subgraphs' too, are named by their first output: ONNX's inference names
+    a failing node only by its name, and saturate names an unnamed node by its output."""
+    def unnamed(g: onnx.GraphProto):
+        for n in g.node:
+            if not n.name and any(n.output):
+                yield n
+            for a in n.attribute:
+                for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):
+                    yield from unnamed(sub)
+
+    if not any(_omitted_defaults(n) for n in model.graph.node) and next(unnamed(model.graph), None) is None:
         return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     for node in copy.graph.node:
         node.attribute.extend(helper.make_attribute(k, v) for k, v in _omitted_defaults(node).items())
+    for node in unnamed(copy.graph):
+        node.name = next(o for o in node.output if o)
     return copy
 
 

@@ -317,6 +317,52 @@ def test_an_op_onnx_cannot_infer_strictly_still_imports_and_saves(tmp_path):
     assert onnx.load(str(out)).graph.node[0].op_type == "MeanVarianceNormalization"
 
 
+def _if_on(cond_type):
+    branches = {k: helper.make_graph([helper.make_node("Constant", [], [f"{k}_o"], value=numpy_helper.from_array(
+        np.array([v], np.float32)))], k, [], [tensor_in(f"{k}_o", [1])]) for k, v in (("then", 1.0), ("els", 2.0))}
+    node = helper.make_node("If", ["c"], ["y"], then_branch=branches["then"], else_branch=branches["els"])
+    return [node], [helper.make_tensor_value_info("c", cond_type, [])], [tensor_in("y", [1])]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("add", "(op_type:Add, node name: z): B has inconsistent type tensor(int64)"),
+    ("relu", "(op_type:Relu, node name: z): X typestr: T, has unsupported type: tensor(string)"),
+    ("if", "(op_type:If, node name: y): cond typestr: B, has unsupported type: tensor(float)"),
+    ("inner", "(op_type:Relu, node name: t_o): X typestr: T, has unsupported type: tensor(bool)"),
+])
+def test_a_node_given_element_types_its_op_does_not_take_is_refused_naming_it(tmp_path, capsys, case, message):
+    """ONNX Runtime refuses these models; strict shape inference alone let them in (the type constraints
+    are checked only with check_type), and `show` printed them, `optimize -o x.sat` wrote them."""
+    from saturate.cli import main
+
+    f, i64, s, b = TensorProto.FLOAT, TensorProto.INT64, TensorProto.STRING, TensorProto.BOOL
+    if case == "add":
+        nodes, ins, outs = ([helper.make_node("Add", ["x", "k"], ["z"])],
+                            [helper.make_tensor_value_info("x", f, [2]), helper.make_tensor_value_info("k", i64, [2])],
+                            [tensor_in("z", [2])])
+    elif case == "relu":
+        nodes, ins, outs = ([helper.make_node("Relu", ["x"], ["z"])], [helper.make_tensor_value_info("x", s, [2])],
+                            [helper.make_tensor_value_info("z", s, [2])])
+    elif case == "if":
+        nodes, ins, outs = _if_on(f)
+    else:  # a branch's node reading a bool from the outer graph
+        then = helper.make_graph([helper.make_node("Relu", ["c"], ["t_o"])], "then", [],
+                                 [helper.make_tensor_value_info("t_o", b, [])])
+        els = helper.make_graph([helper.make_node("Identity", ["c"], ["e_o"])], "els", [],
+                                [helper.make_tensor_value_info("e_o", b, [])])
+        nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=els)]
+        ins, outs = [helper.make_tensor_value_info("c", b, [])], [helper.make_tensor_value_info("y", b, [])]
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", ins, outs), opset_imports=[helper.make_opsetid("", 17)]),
+              str(path))
+    for argv in (["show", str(path)], ["optimize", str(path), "-o", str(tmp_path / "m.sat"), "--check", "0"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"saturate: error: {path}: invalid ONNX model: shape inference "
+                                                   "failed: [ShapeInferenceError] ") and message in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
 def test_an_stft_omitting_onesided_imports_optimizes_and_runs_like_the_input(tmp_path):
     """ONNX's STFT inference reads `onesided` as 0 when a node omits it, where the schema says 1: an
     audio front end declaring the onesided bins was refused as invalid. Imported, it states onesided=1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import onnx
@@ -87,12 +87,30 @@ def _defined_by_function(op: str, model: onnx.ModelProto) -> bool:
     return schema.has_function or schema.has_context_dependent_function
 
 
+def unnamed_nodes(g: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """The nodes of `g` and of its subgraphs, at any depth, that have no name but an output."""
+    for n in g.node:
+        if not n.name and any(n.output):
+            yield n
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):
+                yield from unnamed_nodes(sub)
+
+
+def name_unnamed_nodes(g: onnx.GraphProto) -> None:
+    """Name each unnamed node by its first output, as saturate's messages call it: ONNX's inference
+    and checker name a failing node only by its name."""
+    for n in list(unnamed_nodes(g)):
+        n.name = next(o for o in n.output if o)
+
+
 def check_exported(graph: Graph, model: onnx.ModelProto) -> None:
     """Refuse to write a model the ONNX checker would refuse, with types and shapes inferred
     strictly (what its full check adds). `model` is `export_model(graph, weights=False)`; the
     check sees small constants whole (shape arithmetic reads them) and large ones as typed
     inputs, as on import."""
     probe = _light(graph, model)
+    name_unnamed_nodes(probe.graph)
     # Inference takes a declared value type over what it would infer (a Tile reading float
     # repeats passes when its output is declared): infer every value afresh.
     probe.graph.ClearField("value_info")

@@ -17,7 +17,7 @@ from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 from saturate.frontend.onnx_export import (
     _declare_io_rank_free, _fill_tensor, check_exported, export_model, external_pieces, infer_strictly, model_pieces,
-    node_proto, type_proto)
+    name_unnamed_nodes, node_proto, type_proto, unnamed_nodes)
 from saturate.frontend.infer import fill_types
 from saturate.frontend.onnx_scope import check_scopes, free_names, has_subgraphs, subgraph_reads
 from saturate.frontend.onnx_meta import PRESERVE_KEY, _DEFAULT_DOMAINS, mark_nodes, model_fields, preserve_marks
@@ -176,22 +176,13 @@ def _inference_defaults(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model`, or a copy whose nodes state the defaults of _INFERENCE_DEFAULTS they omit and
     whose unnamed nodes, subgraphs' too, are named by their first output: ONNX's inference names
     a failing node only by its name, and saturate names an unnamed node by its output."""
-    def unnamed(g: onnx.GraphProto):
-        for n in g.node:
-            if not n.name and any(n.output):
-                yield n
-            for a in n.attribute:
-                for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):
-                    yield from unnamed(sub)
-
-    if not any(_omitted_defaults(n) for n in model.graph.node) and next(unnamed(model.graph), None) is None:
+    if not any(_omitted_defaults(n) for n in model.graph.node) and next(unnamed_nodes(model.graph), None) is None:
         return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     for node in copy.graph.node:
         node.attribute.extend(helper.make_attribute(k, v) for k, v in _omitted_defaults(node).items())
-    for node in unnamed(copy.graph):
-        node.name = next(o for o in node.output if o)
+    name_unnamed_nodes(copy.graph)
     return copy
 
 

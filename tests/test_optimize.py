@@ -726,7 +726,8 @@ def test_cli_check_refuses_a_rule_that_changes_outputs_unless_forced(tmp_path, c
 
 def test_cli_names_an_invalid_input_model_rather_than_the_result(tmp_path, capsys):
     # A MatMul turned into a Tile reading float repeats: the schema refuses the input itself, so
-    # the error is the input's (node and op named), not "the result is not valid".
+    # the error is the input's (node and op named), not "the result is not valid": import's type
+    # inference finds it.
     model = onnx.ModelProto()
     model.CopyFrom(examples.build_model("mlp"))     # the examples' models are shared: edit a copy
     for node in model.graph.node:
@@ -738,7 +739,7 @@ def test_cli_names_an_invalid_input_model_rather_than_the_result(tmp_path, capsy
     out = tmp_path / "out.onnx"
     assert main(["optimize", str(source), "-o", str(out), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"saturate: error: {source}: not a valid ONNX model: ")
+    assert err.count("\n") == 1 and err.startswith(f"saturate: error: {source}: invalid ONNX model: ")
     assert "Tile" in err and "matmul2" in err
     assert list(tmp_path.iterdir()) == [source] and source.read_bytes() == before
 

@@ -230,6 +230,26 @@ def test_input_arrays_in_fortran_order_and_in_a_compressed_npz_read_as_numpy_wri
         assert np.array_equal(out["s"], a + b) and np.array_equal(out["p"], a * b)
 
 
+def test_a_bfloat16_array_numpy_saved_as_raw_bytes_is_read_as_the_graphs_bfloat16(tmp_path):
+    """numpy writes ml_dtypes' bfloat16 as '|V2' and reads it back as such: `run -o` output fed back
+    with `--input` was refused (void16, the graph expects bfloat16); it is read as the graph's type."""
+    import ml_dtypes
+
+    bf = onnx.TensorProto.BFLOAT16
+    model = tmp_path / "bf.onnx"
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", bf, [4])],
+        [helper.make_tensor_value_info("y", bf, [4])]), opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    x = np.array([-1.5, 2.25, -0.0, 3.0], ml_dtypes.bfloat16)
+    np.save(tmp_path / "x.npy", x)
+    assert np.load(tmp_path / "x.npy").dtype == np.dtype("V2")  # what makes the reading-back necessary
+    assert main(["run", str(model), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy")]) == 0
+    y = np.load(tmp_path / "y.npy").view(ml_dtypes.bfloat16)
+    assert np.array_equal(y, np.maximum(x, 0))
+    assert main(["run", str(model), "-i", str(tmp_path / "y.npy"), "-o", str(tmp_path / "z.npy")]) == 0
+    assert np.array_equal(np.load(tmp_path / "z.npy").view(ml_dtypes.bfloat16), y)
+
+
 def test_run_text_graph_gives_the_same_outputs_as_the_example(tmp_path):
     from saturate.frontend import save_graph
 

@@ -92,7 +92,7 @@ def run_compiled(args: argparse.Namespace) -> int:
         check_output_path(args.output, [name for name, _ in model.outputs])
     specs = [(name, shape, model.input_dtypes[name]) for name, shape in model.inputs]
     if args.input:
-        inputs = read_inputs([name for name, _ in model.inputs], args.input)
+        inputs = read_inputs([name for name, _ in model.inputs], args.input, model.input_dtypes)
     else:
         inputs = random_arrays(specs, args.seed)
         announce(inputs, args.seed)
@@ -150,7 +150,8 @@ def graph_inputs(graph: Graph) -> list[str]:
 def load_inputs(graph: Graph, path: str) -> dict[str, np.ndarray]:
     """Read a .npy (single-input models) or .npz (one array per input name; a sequence input's
     items as NAME.0, NAME.1, ..., as `run -o` saves a sequence output)."""
-    inputs = read_inputs(graph_inputs(graph), path)
+    names = graph_inputs(graph)
+    inputs = read_inputs(names, path, {n: graph.info(n).dtype for n in names if graph.info(n) is not None})
     for name, dtype in _sequence_inputs(graph).items():
         if name in inputs or f"{name}.0" not in inputs:
             continue
@@ -182,10 +183,31 @@ def _sequence_inputs(graph: Graph) -> dict[str, np.dtype]:
     return found
 
 
-def read_inputs(names: list[str], path: str) -> dict[str, np.ndarray]:
+def read_inputs(names: list[str], path: str, dtypes: dict[str, str] | None = None) -> dict[str, np.ndarray]:
     """Read a .npy (when `names` is one input) or .npz (one array per input name). Each array's header
     is read first and its size checked against --max-memory and against the bytes the file holds for
-    it, so a header claiming terabytes allocates nothing; arrays of Python objects are refused unread."""
+    it, so a header claiming terabytes allocates nothing; arrays of Python objects are refused unread.
+    `dtypes` gives the graph's type of each input (see as_declared)."""
+    return as_declared(_read_arrays(names, path), dtypes or {})
+
+
+def as_declared(arrays: dict[str, np.ndarray], dtypes: dict[str, str]) -> dict[str, np.ndarray]:
+    """numpy saves bfloat16, float8 and int4 arrays (ml_dtypes' types) as raw bytes, a void type of
+    their width ('|V2' for bfloat16) that it reads back as such: an input of that width whose graph type
+    is one of these is read as that type."""
+    for name, arr in arrays.items():
+        if arr.dtype.kind != "V" or arr.dtype.names is not None or name not in dtypes:
+            continue
+        try:
+            want = np.dtype(dtypes[name])
+        except TypeError:
+            continue
+        if want.itemsize == arr.dtype.itemsize and want.kind == "V":
+            arrays[name] = arr.view(want)
+    return arrays
+
+
+def _read_arrays(names: list[str], path: str) -> dict[str, np.ndarray]:
     if not Path(path).is_file():
         raise SaturateError(f"{path}: no such file")
     try:

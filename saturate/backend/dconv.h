@@ -148,11 +148,14 @@ static inline __attribute__((always_inline)) void sat_dconv_tile(int rows, int K
 #define SAT_ROWS4H SAT_DROWH(0); SAT_DROWH(1); SAT_DROWH(2); SAT_DROWH(3)
 #define SAT_ROWS2H SAT_DROWH(0); SAT_DROWH(1)
 #define SAT_ROWS1H SAT_DROWH(0)
-#define SAT_PF _mm_prefetch((const char *)(pf + 32 * ((k * pfr) >> 16)), _MM_HINT_T0), \
-               _mm_prefetch((const char *)(pf + 32 * ((k * pfr) >> 16) + 16), _MM_HINT_T0)
     /* Iteration k fetches weight row (k * pfr) >> 16 of this tile's slice of a block two ahead (see
      * sat_dconv_unit); two blocks, not one: ResNet-50's convs at 1 thread on a Zen 5 core took 8.18 -> 7.91
-     * ms in all (three: 7.98). */
+     * ms in all (three: 7.98). Into L2 (prefetcht1): into L1 kept too few lines in flight for weights that
+     * come from DRAM (see pgemm.h's SAT_SP_AHEAD); ResNet-50 at 96x96, avx512 build on the Zen 4, 1 thread,
+     * per-step medians: its layer-4 convs 0.48-0.69 -> 0.38-0.54 ms each, the model 17.4 -> 16.4 ms, the
+     * rest level. */
+#define SAT_PF _mm_prefetch((const char *)(pf + 32 * ((k * pfr) >> 16)), _MM_HINT_T1), \
+               _mm_prefetch((const char *)(pf + 32 * ((k * pfr) >> 16) + 16), _MM_HINT_T1)
 #define SAT_DRUN(ROWS) if (pf) { SAT_DLOOP(ROWS, SAT_PF) } else { SAT_DLOOP(ROWS, (void)0) }
 #define SAT_DRUN_ROWS(S)                          \
     if (rows == 8) {                              \

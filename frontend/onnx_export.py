@@ -62,8 +62,9 @@ def infer_strictly(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
     inputs contradict its op (their shapes, and with check_type their element types: an Add of
     float and int64, an If on a float condition); and whether strict mode held. ONNX's strict
     inference fails on some valid ops defined by a function body (MeanVarianceNormalization at
-    every opset): a failure whose first node is such an op falls back to ordinary inference, which
-    still refuses element types an op does not take."""
+    every opset): a failure whose first node is such an op, failing inside that body, falls back
+    to ordinary inference, which still refuses element types an op does not take. A failure of
+    the op itself (a Relu, which has a body too, declared to give int64) is not the body's fault."""
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True), True
     except onnx.shape_inference.InferenceError as err:
@@ -72,7 +73,9 @@ def infer_strictly(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
             # where two subgraphs (two Ifs' branches) each define the same name, as ONNX allows:
             # infer as strictly without it.
             return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True), True
-        op = re.search(r"\(op_type:([A-Za-z0-9_]+)", str(err))
+        # The body's own failure is nested in the node's: "(op_type:Op...): [...] Inference
+        # error(s): (op_type:Constant): ...".
+        op = re.search(r"\(op_type:([A-Za-z0-9_]+)[^)]*\): \[\w+\] Inference error\(s\): \(op_type:", str(err))
         if op is None or not _defined_by_function(op.group(1), model):
             raise
     return onnx.shape_inference.infer_shapes(model, check_type=True, data_prop=True), False

@@ -317,6 +317,20 @@ def test_an_op_onnx_cannot_infer_strictly_still_imports_and_saves(tmp_path):
     assert onnx.load(str(out)).graph.node[0].op_type == "MeanVarianceNormalization"
 
 
+@pytest.mark.parametrize("op, declared", [("Relu", (TensorProto.INT64, [2, 3])), ("Softmax", (TensorProto.FLOAT, [7])),
+                                          ("LeakyRelu", (TensorProto.FLOAT, [2, 3, 1]))])
+def test_an_op_with_a_function_body_whose_declared_output_contradicts_it_is_refused(op, declared):
+    # Relu, Softmax and LeakyRelu have function bodies too, but strict inference fails on the
+    # node itself, not inside its body: ONNX Runtime refuses the model, and so must import (it was
+    # read, and optimize wrote it with its int64 output on a Relu of floats).
+    node = helper.make_node(op, ["x"], ["y"])
+    y = helper.make_tensor_value_info("y", *declared)
+    model = helper.make_model(helper.make_graph([node], "g", [tensor_in("x", [2, 3])], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(SaturateError, match=f"op_type:{op}, node name: y"):
+        import_model(model)
+
+
 def _if_on(cond_type):
     branches = {k: helper.make_graph([helper.make_node("Constant", [], [f"{k}_o"], value=numpy_helper.from_array(
         np.array([v], np.float32)))], k, [], [tensor_in(f"{k}_o", [1])]) for k, v in (("then", 1.0), ("els", 2.0))}

@@ -14,6 +14,7 @@ import numpy as np
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, ValueInfo
+from saturate.core.limits import check_allocation
 
 # The largest relative error (max |got - want| over max |want|, per output) a check allows: the
 # tolerance the project's other comparisons with ONNX Runtime use (tests/test_corpus.py).
@@ -285,6 +286,9 @@ def _random_feed(graph: Graph, seed: int) -> dict[str, np.ndarray]:
         if name not in graph.constants:
             info = graph.info(name)
             shape = tuple(d if isinstance(d, int) else 1 for d in (info.shape or ()))
+            # An input no node reads (a graph output as it is) has no output size checked by
+            # _check_value_sizes: its declared dims may ask for terabytes. numpy draws 64-bit values.
+            check_allocation(shape, 8, f"input '{name}' ({info.dtype}{list(shape)}), drawn by --check,")
             feed[name] = _random_input(rng, shape, info.dtype)
     return feed
 
@@ -303,9 +307,6 @@ def _check_value_sizes(graph: Graph) -> None:
     larger than --max-memory (a symbolic dim taken as 1, as the check's inputs do). Sizes are
     known from shape inference; an untrusted model's ConstantOfShape or Expand of terabytes is
     refused here instead of left to ONNX Runtime's allocator."""
-    import numpy as np
-    from saturate.core.limits import check_allocation
-
     for node in graph.nodes:
         for out in node.outputs:
             info = graph.info(out) if out else None

@@ -226,6 +226,16 @@ def test_terabyte_input_is_not_drawn(tmp_path, capsys):
     _nothing_written(tmp_path)
 
 
+def test_terabyte_input_no_node_reads_is_not_drawn_by_the_check(tmp_path, capsys):
+    """An input that is a graph output as it is: no node's output size stands for it, and
+    optimize's check drew its values (8 TiB as numpy draws them, 64-bit): a traceback."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1 << 20, 1 << 20])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])
+    model = _model([helper.make_node("Relu", ["z"], ["y"], name="relu")], inputs=[x, z], outputs=("y", "x"))
+    _refused(capsys, _argv("optimize", _save(tmp_path, model), tmp_path), "input 'x'", "8.0 TiB", "--check")
+    _nothing_written(tmp_path)
+
+
 def test_input_over_a_given_limit(tmp_path, capsys):
     model = _save(tmp_path, _relu_of_input([1024, 1024]))
     _refused(capsys, _argv("run", model, tmp_path, "--max-memory", "1M"), "input 'x'", "4.0 MiB")

@@ -94,7 +94,9 @@ def import_model(model: onnx.ModelProto, mapped: dict[str, np.ndarray] | None = 
             g.constants[init.name] = _array(init, f"initializer '{init.name}'")
     if og.sparse_initializer:
         raise SaturateError("sparse initializers are not supported")
-    for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
+    # An input that is also a graph output keeps its input's type: the output's declaration (no
+    # shape, say) would otherwise replace the dims the input is fed with, in the model written too.
+    for vi in list(inferred.value_info) + list(inferred.output) + list(inferred.input):
         info = _value_info(vi)
         if info is not None and vi.name not in g.constants:
             g.values[vi.name] = info

@@ -331,6 +331,21 @@ def test_an_op_with_a_function_body_whose_declared_output_contradicts_it_is_refu
         import_model(model)
 
 
+def test_an_input_that_is_also_an_output_keeps_its_input_type(tmp_path):
+    # The output's declaration, without a shape, replaced the input's dims on import, and the
+    # model written declared its input shapeless.
+    x = tensor_in("x", [2, 3])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x],
+                                                [tensor_in("y", [2, 3]), helper.make_tensor_value_info("x", TensorProto.FLOAT, None)]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    g = import_model(model)
+    assert g.values["x"].shape == (2, 3)
+    out = tmp_path / "m.onnx"
+    save_graph(g, str(out))
+    dims = onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims] == [2, 3]
+
+
 def _if_on(cond_type):
     branches = {k: helper.make_graph([helper.make_node("Constant", [], [f"{k}_o"], value=numpy_helper.from_array(
         np.array([v], np.float32)))], k, [], [tensor_in(f"{k}_o", [1])]) for k, v in (("then", 1.0), ("els", 2.0))}

@@ -13,7 +13,7 @@ import onnx
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from saturate.frontend.onnx_io import MAX_OPSET
+from saturate.frontend.onnx_io import MAX_OPSET, dtype_name, elem_type
 from saturate.core.errors import SaturateError, SourceError
 from saturate.core.ir import Graph, Node, OpaqueAttr, ValueInfo
 from saturate.core.limits import check_allocation
@@ -330,7 +330,20 @@ class _Reader:
     # ---- types, data, attribute values -----------------------------------------------------
     def type(self, t: Tree) -> ValueInfo:
         dtype, shape = (t.children + [None])[:2]
-        return ValueInfo(str(dtype), None if shape is None else self.shape(shape))
+        return ValueInfo(self.value_dtype(dtype), None if shape is None else self.shape(shape))
+
+    def value_dtype(self, tok: Token) -> str:
+        """A value's element type, spelled as ONNX import spells it ("unknown" where none is
+        known): every later stage reads the name with numpy or maps it to ONNX."""
+        if str(tok) == "unknown":
+            return "unknown"
+        try:
+            code = elem_type(str(tok))
+        except SaturateError:
+            code = onnx.TensorProto.UNDEFINED
+        if code == onnx.TensorProto.UNDEFINED:
+            raise self.error(tok, f"unknown dtype '{tok}'")
+        return dtype_name(code)
 
     def shape(self, s: Tree) -> tuple:
         dims = []
@@ -417,18 +430,14 @@ class _Reader:
             raise self.error(tok, f"constant value {bad} is out of range for {_dtype_name(dtype)} ({lo} to {hi})")
 
     def dtype(self, tok: Token) -> np.dtype:
+        """A constant's element type: numpy's name or ONNX's, of a type ONNX has (numpy's
+        datetime64 is neither saved nor run)."""
         if str(tok) == "string":
             return np.dtype(object)
         try:
-            return np.dtype(str(tok))
-        except TypeError:
-            try:
-                from saturate.frontend.onnx_io import elem_type
-                from onnx import helper
-
-                return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type(str(tok))))
-            except Exception:
-                raise self.error(tok, f"unknown dtype '{tok}'") from None
+            return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type(str(tok))))
+        except Exception:
+            raise self.error(tok, f"unknown dtype '{tok}'") from None
 
     def attr_value(self, v: Tree) -> Any:
         kind = v.data

@@ -329,6 +329,10 @@ BAD_TEXT = {
                                "opaque attribute holds an attribute of type UNDEFINED, not GRAPH"),
     "odd-hex-bytes": ("input %x: float32[2]\n  %y = Relu(%x) {foo=b\"fff\"}\n  output %y",
                       "3:22: bytes need an even number of hex digits"),
+    # A value's dtype was taken as written: optimize and run asked numpy for 'quux' (a traceback).
+    "unknown-value-dtype": ("input %x: quux[2]\n  %y: quux[2] = Relu(%x)\n  output %y", "2:13: unknown dtype 'quux'"),
+    # numpy knows datetime64, ONNX does not: run printed it with a traceback.
+    "constant-dtype-onnx-lacks": ("const %c: datetime64[2] = [1, 2]\n  output %c", "2:13: unknown dtype 'datetime64'"),
     "terabyte-constant": ("const %c: float32[1099511627776] = 0x00\n  output %c", "constant float32[1099511627776] would take 4.0 TiB"),
 }
 

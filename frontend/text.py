@@ -299,9 +299,20 @@ class _Reader:
                     node.attrs[str(key)] = self.opaque(*value.children, key=key)
                 else:
                     node.attrs[str(key)] = self.attr_value(value)
+                    self.check_attribute_list(key, node.attrs[str(key)])
                     if domain in ("", "ai.onnx"):
                         self.check_attribute_kind(key, op_name, g.opset, node.attrs[str(key)])
         g.nodes.append(node)
+
+    def check_attribute_list(self, key: Token, value: Any) -> None:
+        """A list attribute is one ONNX can hold: numbers (ints, or floats), strings or tensors,
+        not lists nor a mix of kinds; export could not write any other."""
+        if not isinstance(value, list):
+            return
+        numbers = all(isinstance(x, (int, float)) for x in value)
+        strings = all(isinstance(x, (str, bytes)) for x in value)
+        if not (numbers or strings or all(isinstance(x, np.ndarray) for x in value)):
+            raise self.error(key, f"attribute '{key}' must be a list of numbers, of strings or of tensors")
 
     def check_attribute_kind(self, key: Token, op: str, opset: int, value: Any) -> None:
         """An attribute's value is of the kind the op's schema declares (a float for LeakyRelu's

@@ -333,6 +333,11 @@ BAD_TEXT = {
     "unknown-value-dtype": ("input %x: quux[2]\n  %y: quux[2] = Relu(%x)\n  output %y", "2:13: unknown dtype 'quux'"),
     # numpy knows datetime64, ONNX does not: run printed it with a traceback.
     "constant-dtype-onnx-lacks": ("const %c: datetime64[2] = [1, 2]\n  output %c", "2:13: unknown dtype 'datetime64'"),
+    # ONNX has no list of lists, nor of mixed kinds: export failed on it with a traceback.
+    "nested-list-attribute": ("input %x: float32[2]\n  %y = Relu(%x) {foo=[[1]]}\n  output %y",
+                              "3:18: attribute 'foo' must be a list of numbers, of strings or of tensors"),
+    "mixed-list-attribute": ("input %x: float32[2]\n  %y = Relu(%x) {foo=[1, \"a\"]}\n  output %y",
+                             "3:18: attribute 'foo' must be a list of numbers, of strings or of tensors"),
     "terabyte-constant": ("const %c: float32[1099511627776] = 0x00\n  output %c", "constant float32[1099511627776] would take 4.0 TiB"),
 }
 

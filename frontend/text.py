@@ -191,6 +191,10 @@ def _describe(terminal: str) -> str:
         return terminal
 
 
+# Meta entries saturate keeps in a structure of its own, which a text graph does not write as meta.
+_OWN_META = {"opset_imports": ": write `import \"DOMAIN\" VERSION`", "functions": ""}
+
+
 class _Reader:
     """Turns the parse tree into a Graph, checking names as it goes (text is in topological order)."""
 
@@ -244,7 +248,12 @@ class _Reader:
 
     def st_meta(self, g: Graph, st: Tree) -> None:
         key, value = st.children
+        if str(key) in _OWN_META:
+            raise self.error(key, f"meta '{key}' cannot be set in a text graph{_OWN_META[str(key)]}")
         g.meta[str(key)] = self.attr_value(value)
+        if str(key) == "preserve" and not (isinstance(g.meta["preserve"], list)
+                                           and all(isinstance(v, str) for v in g.meta["preserve"])):
+            raise self.error(key, "meta 'preserve' must be a list of strings (the nodes and ops to keep)")
 
     def st_input(self, g: Graph, st: Tree) -> None:
         decl = st.children[0]

@@ -338,6 +338,13 @@ BAD_TEXT = {
                               "3:18: attribute 'foo' must be a list of numbers, of strings or of tensors"),
     "mixed-list-attribute": ("input %x: float32[2]\n  %y = Relu(%x) {foo=[1, \"a\"]}\n  output %y",
                              "3:18: attribute 'foo' must be a list of numbers, of strings or of tensors"),
+    # Meta entries saturate reads as its own structures: each was a traceback in optimize.
+    "meta-opset-imports": ("meta opset_imports = 5\n  input %x: float32[2]\n  output %x",
+                           "2:8: meta 'opset_imports' cannot be set in a text graph"),
+    "meta-functions": ("meta functions = 1\n  input %x: float32[2]\n  output %x",
+                       "2:8: meta 'functions' cannot be set in a text graph"),
+    "meta-preserve-not-strings": ("meta preserve = [1, 2]\n  input %x: float32[2]\n  output %x",
+                                  "2:8: meta 'preserve' must be a list of strings"),
     "terabyte-constant": ("const %c: float32[1099511627776] = 0x00\n  output %c", "constant float32[1099511627776] would take 4.0 TiB"),
 }
 

@@ -198,11 +198,12 @@ def inline(graph: Graph) -> Graph:
 
 # ---- ONNX output -------------------------------------------------------------------------
 
-def to_model(graph: Graph) -> onnx.ModelProto:
-    """The ONNX model of a (possibly partitioned) graph, with its local functions."""
+def to_model(graph: Graph, weights: bool = True) -> onnx.ModelProto:
+    """The ONNX model of a (possibly partitioned) graph, with its local functions (without the
+    graph's initializers when not `weights`, as export_model)."""
     from saturate.frontend.onnx_io import export_model
 
-    model = export_model(graph)
+    model = export_model(graph, weights=weights)
     for (domain, name), body in graph.meta.get(FUNCTIONS_KEY, {}).items():
         model.functions.append(_function_proto(domain, name, body, export_model))
     return model
@@ -225,10 +226,13 @@ def check_output(path: str) -> None:
 
 
 def save_model(graph: Graph, path: str) -> None:
-    """Write a partitioned graph as .onnx atomically (temp file, then rename)."""
+    """Write a partitioned graph as .onnx atomically (temp file, then rename), once it passes
+    the ONNX checker as every model saturate writes (check_exported)."""
     from saturate.core.fileio import write_atomic
+    from saturate.frontend.onnx_io import check_exported
 
     check_output(path)
+    check_exported(graph, to_model(graph, weights=False))
     model = to_model(graph)
     write_atomic(path, lambda f: f.write(model.SerializeToString()))
 

@@ -234,6 +234,20 @@ def test_partition_command_rejects_text_output(tmp_path, capsys):
     assert not (tmp_path / "p.sat").exists()
 
 
+@pytest.mark.parametrize("flags", [["--no-optimize"], []])
+def test_partition_command_writes_no_model_the_onnx_checker_refuses(tmp_path, capsys, flags):
+    # A text graph is read as written: Split's num_outputs is an attribute from opset 18 on, so
+    # this one is not a valid opset-17 model, and partition wrote it (optimize refused it).
+    src, out = tmp_path / "m.sat", tmp_path / "p.onnx"
+    src.write_text("graph g opset 17\n  input %x: float32[4]\n  %a, %b = Split(%x) {num_outputs=2}\n"
+                   "  output %b\n")
+    assert main(["partition", str(src), "-o", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"saturate: error: {src}: not a valid ONNX model: ") \
+        and "num_outputs" in err[0], err
+    assert list(tmp_path.iterdir()) == [src]
+
+
 # ---- per-target optimization (engine) ---------------------------------------------------------
 
 # A small rule set of its own, so these tests check target-driven extraction whatever the

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from saturate.commands.optimize import command_inputs
+from saturate.commands.optimize import _refuse_invalid_input, command_inputs
+from saturate.core.errors import SaturateError
 from saturate.core.fileio import check_outputs, written_together
 from saturate.frontend import load_graph
 from saturate.partition import check_output, optimize_for_target, partition, save_model, summary
@@ -61,7 +62,11 @@ def run(args: argparse.Namespace) -> int:
                                          keep_constants=args.keep_constants, rules=rules, level=args.level,
                                          progress=saturation_callback(shown))
         shown.stage("export")
-        save_model(out, args.output)
+        try:
+            save_model(out, args.output)
+        except SaturateError:
+            _refuse_invalid_input(args.model, graph)
+            raise
     lines = summary(out)
     calls = sum(1 for n in out.nodes if n.domain == target.domain)
     print(f"{args.output}: {calls} calls to {len(lines)} functions in domain '{target.domain}'")

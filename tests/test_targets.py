@@ -173,6 +173,26 @@ def test_a_formula_dividing_by_zero_names_its_file_line_and_text():
         t.node_cost("Conv", {}, [X, ValueInfo("float32", (0, 3, 3, 3))], Y)
 
 
+@pytest.mark.parametrize("formula, gives", [
+    ("1e400", "inf"),                                       # a literal past float64
+    ("0 * 1e400", "nan"),
+    (" * ".join(["numel"] * 130), "inf"),                   # Python ints past what a float holds
+])
+def test_a_formula_without_a_finite_value_names_its_file_line_and_text(formula, gives):
+    # Extraction read infinity as an op the target cannot run, NaN as a cost of 0, and the
+    # product of ints was a traceback (OverflowError) in optimize.
+    t = parse_target(f"target big\ndefault {formula}\n", "big.target")
+    with pytest.raises(SaturateError, match=rf"^big\.target:2: cost formula '.*' gives {gives} for Relu "
+                                            rf"\(output 1x4x8x8\), not a finite cost$"):
+        t.node_cost("Relu", {}, [Y], Y)
+
+
+@pytest.mark.parametrize("axis", ["1e400", "1.5"])
+def test_dim_axis_must_be_a_whole_number(axis):
+    with pytest.raises(SourceError, match=f"dim's axis must be a whole number, not {axis}"):
+        parse_target(f"default dim(out, {axis})\n", "d.target")
+
+
 # ---- composites as rules and e-nodes ---------------------------------------------------------
 
 def test_composites_become_rules_with_one_enode_on_the_right():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -174,10 +175,16 @@ class _Build:
 
         def cost(f: _Facts) -> float:
             try:
-                return fn(f)
+                # Facts are Python ints: a product of many can pass what a float holds.
+                value = float(fn(f))
             except ZeroDivisionError:
-                shape = "x".join(map(str, f.out.shape)) if f.out is not None and f.out.shape is not None else "?"
-                raise SaturateError(f"{where} divides by zero for {f.op} (output {shape})") from None
+                raise SaturateError(f"{where} divides by zero for {_node_text(f)}") from None
+            except OverflowError:
+                value = math.inf
+            if not math.isfinite(value):
+                # Extraction would read infinity as a node the target cannot run, NaN as anything.
+                raise SaturateError(f"{where} gives {value} for {_node_text(f)}, not a finite cost")
+            return value
         return cost
 
     def preserve_decl(self, items):
@@ -223,7 +230,10 @@ class _Build:
             ref, get = str(refs[0]), _VALUE_CALLS[fn]
             return (lambda f: get(f.value(ref))), name
         if fn == "dim" and len(args) == 2 and _is_value_ref(str(refs[0])) and refs[1].type == "NUMBER":
-            ref, k = str(refs[0]), int(float(refs[1]))
+            ref, axis = str(refs[0]), float(refs[1])
+            if not axis.is_integer():
+                raise self.error(refs[1], f"dim's axis must be a whole number, not {refs[1]}")
+            k = int(axis)
             return (lambda f: _dim(f.value(ref), k)), name
         raise self.error(name, f"bad call '{fn}(...)': use numel(v), bytes(v), rank(v), dim(v, k), "
                                f"max(a, ...) or min(a, ...) where v is out, in0, in1, ...")
@@ -281,6 +291,12 @@ class _Build:
 
     def attr_ints(self, items):
         return str(items[0]), IntList(tuple(int(t) for t in items[1:] if t is not None))
+
+
+def _node_text(f: _Facts) -> str:
+    """The op and output shape a cost formula was priced at, for its errors."""
+    shape = "x".join(map(str, f.out.shape)) if f.out is not None and f.out.shape is not None else "?"
+    return f"{f.op} (output {shape})"
 
 
 def _dim(info: ValueInfo | None, k: int) -> int:

@@ -1,5 +1,7 @@
 """`saturate run` and the example models: interpreter vs ONNX Runtime, CLI outputs and errors."""
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -257,6 +259,30 @@ def test_run_text_graph_gives_the_same_outputs_as_the_example(tmp_path):
     assert main(["run", str(tmp_path / "vgg.sat"), "-o", str(tmp_path / "a.npy")]) == 0
     assert main(["run", "example:vgg", "-o", str(tmp_path / "b.npy")]) == 0
     assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
+
+
+GOOD_PIECE = {"kind": "c", "inputs": ["x"], "outputs": ["y"], "dir": "seg0"}
+
+
+@pytest.mark.parametrize("manifest", [
+    {"input_shapes": {}, "pieces": 5},
+    {"input_shapes": {}, "pieces": [1, 2]},
+    {"input_shapes": {}, "pieces": [{**GOOD_PIECE, "dir": 5}]},
+    {"input_shapes": {}, "pieces": [{k: v for k, v in GOOD_PIECE.items() if k != "dir"}]},
+    {"input_shapes": {}, "pieces": [{**GOOD_PIECE, "inputs": [1]}]},
+    # The segments are folders of the directory itself, as compile writes them.
+    {"input_shapes": {}, "pieces": [{**GOOD_PIECE, "dir": "../elsewhere"}]},
+    {"input_shapes": {}, "pieces": [{**GOOD_PIECE, "dir": "/tmp"}]},
+    {"input_shapes": {"x": "ab"}, "pieces": [GOOD_PIECE]},
+    {"input_shapes": {"x": [4.5, 8]}, "pieces": [GOOD_PIECE]},
+])
+def test_a_damaged_manifest_is_a_one_line_error(tmp_path, capsys, manifest):
+    # Each was a traceback (TypeError, KeyError, ValueError) before graph.onnx or a segment was read.
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["run", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"saturate: error: {tmp_path / 'm' / 'manifest.json'}: not a manifest saturate wrote"], err
 
 
 @pytest.mark.compiler

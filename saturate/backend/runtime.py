@@ -363,6 +363,7 @@ def load(directory: str | Path, threads: int = 1) -> CompiledModel:
         data = json.loads(read_small(manifest))
         shapes = {name: tuple(shape) for name, shape in data["input_shapes"].items()}
         pieces = data["pieces"]
+        _check_manifest(shapes, pieces)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise SaturateError(f"{manifest}: not a manifest saturate wrote") from None
     part = partition(load_graph(str(root / "graph.onnx")), shapes)
@@ -370,6 +371,24 @@ def load(directory: str | Path, threads: int = 1) -> CompiledModel:
         raise SaturateError(f"{manifest}: its pieces do not match {root / 'graph.onnx'}; compile the model again")
     segments = [Segment(root / p["dir"]) for p in pieces if p["kind"] == "c"]
     return CompiledModel(part, segments, root, threads)
+
+
+def _check_manifest(shapes: dict, pieces: Any) -> None:
+    """ValueError unless the manifest's parts have the types write_manifest gives them: dims are
+    ints, pieces are objects of a kind, value names and (a C piece) the name of a folder of the
+    compiled directory itself."""
+    if not all(isinstance(n, str) and all(type(d) is int for d in dims) for n, dims in shapes.items()):
+        raise ValueError("input shapes")
+    if not isinstance(pieces, list):
+        raise ValueError("pieces")
+    for p in pieces:
+        names = [v for key in ("inputs", "outputs") for v in p[key]]
+        if not (isinstance(p["kind"], str) and isinstance(p["inputs"], list) and isinstance(p["outputs"], list)
+                and all(isinstance(v, str) for v in names)):
+            raise ValueError("piece")
+        if p["kind"] == "c" and not (isinstance(p["dir"], str) and p["dir"] not in ("", ".", "..")
+                                     and Path(p["dir"]).name == p["dir"]):
+            raise ValueError("piece folder")
 
 
 def write_manifest(path: Path, part: Partition, input_shapes: dict | None = None) -> None:

@@ -153,7 +153,7 @@ def test_models_over_the_protobuf_limit_save_weights_beside_them(tmp_path, monke
 def test_an_input_file_of_pickled_objects_is_not_taken_for_an_array(tmp_path, capsys):
     np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     assert main(["run", "example:mlp", "-i", str(tmp_path / "obj.npy")]) == 2
-    _one_error_line(capsys, "not a .npy or .npz array file")
+    _one_error_line(capsys, "an array of Python objects, which saturate never unpickles")
 
 
 def _save_nodes(path: Path, nodes) -> str:

@@ -455,7 +455,7 @@ def test_a_build_prunes_the_cache_at_most_every_half_minute(tmp_path, monkeypatc
     assert cache.prune_due(now + cache.PRUNE_EVERY_SECONDS + 1)
 
 
-@pytest.mark.parametrize("text", ["lots", "-1"])
+@pytest.mark.parametrize("text", ["lots", "-1", "inf", "nan", "1e400"])   # float() reads the last three
 def test_a_bad_cache_limit_is_a_one_line_error(tmp_path, text):
     proc = subprocess.run([sys.executable, "-m", "saturate", "compile", "example:mlp", "-o", str(tmp_path / "o")],
                           env=dict(os.environ, SATURATE_CACHE=str(tmp_path / "c"), SATURATE_CACHE_MB=text),

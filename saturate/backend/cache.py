@@ -4,6 +4,7 @@ and the eviction of the least recently used builds and of what killed processes 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 import stat
@@ -48,7 +49,9 @@ def cache_limit_bytes() -> int:
     try:
         mb = float(text) if text else DEFAULT_CACHE_MB
     except ValueError:
-        raise SaturateError(f"SATURATE_CACHE_MB={text!r}: expected a number of megabytes") from None
+        mb = math.nan
+    if not math.isfinite(mb):      # float() reads 'inf' and 'nan' too, and int() of neither is a size
+        raise SaturateError(f"SATURATE_CACHE_MB={text!r}: expected a number of megabytes")
     if mb < 0:
         raise SaturateError(f"SATURATE_CACHE_MB={text!r}: expected a number of megabytes, not a negative one")
     return int(mb * 1024 * 1024)

@@ -261,6 +261,28 @@ def test_run_text_graph_gives_the_same_outputs_as_the_example(tmp_path):
     assert np.array_equal(np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy"))
 
 
+@pytest.mark.compiler
+def test_a_compiled_directory_gives_outputs_that_are_an_input_or_a_constant(tmp_path, capsys):
+    # One C segment gives y alone: installed as a whole directory, `run DIR` dropped x and w,
+    # which the model, ONNX Runtime and `run --backend c` all give.
+    f = lambda name, shape: helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [f("x", [2, 3])],
+                              [f("y", [2, 3]), f("x", [2, 3]), f("w", [2])],
+                              initializer=[helper.make_tensor("w", onnx.TensorProto.FLOAT, [2], [1.0, 2.0])])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["compile", str(model), "-o", str(tmp_path / "m"), "--quiet"]) == 0
+    assert main(["run", str(tmp_path / "m"), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npz")]) == 0
+    got = np.load(tmp_path / "y.npz")
+    want = dict(zip(["y", "x", "w"], ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+                    .run(None, {"x": x})))
+    assert sorted(got.files) == sorted(want)
+    for k in want:
+        assert np.array_equal(got[k], want[k]), k
+
+
 GOOD_PIECE = {"kind": "c", "inputs": ["x"], "outputs": ["y"], "dir": "seg0"}
 
 

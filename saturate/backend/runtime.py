@@ -227,11 +227,12 @@ def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = N
     `config` says how to build (BuildConfig.from_env() with `sanitize` and `profile` when not given): the
     settings are read once, here, for every segment.
 
-    With `out_dir`, a graph that is one C segment on float32 inputs and outputs is installed there (model.c, model.h, weights.bin,
-    model.so, the extension module, a copy of OpenBLAS they find beside them, build.key, build.json); a
-    graph cut by interpreter nodes gets segment k in `out_dir`/segK plus manifest.json and graph.onnx (what
-    the interpreter runs). The directory is assembled beside its final name and renamed into place, so it
-    never mixes two builds."""
+    With `out_dir`, a graph that is one C segment on float32 inputs and outputs, giving every output, is
+    installed there (model.c, model.h, weights.bin, model.so, the extension module, a copy of OpenBLAS they
+    find beside them, build.key, build.json); any other graph (cut by interpreter nodes, or with an output
+    that is an input or a constant) gets segment k in `out_dir`/segK plus manifest.json and graph.onnx
+    (what the interpreter runs and those outputs come from). The directory is assembled beside its final
+    name and renamed into place, so it never mixes two builds."""
     config = config or BuildConfig.from_env(sanitize=sanitize, profile=profile)
     root = Path(out_dir) if out_dir else None
     if root is not None:
@@ -240,8 +241,10 @@ def compile_graph(graph: Graph, threads: int = 1, out_dir: str | Path | None = N
     c_pieces = [p for p in part.pieces if p.kind == "c"]
     # One C segment is installed alone only when it takes and gives float32: integers (quantized values)
     # cross C as floats of their values, and the cut layout's graph.onnx keeps their dtypes for load().
+    # It must also give every graph output: one that is an input or a constant comes from graph.onnx.
     floats = all(part.dtypes.get(n) == "float32" for n in [*(i for i, _, _ in part.inputs), *part.graph.outputs])
-    whole = len(part.pieces) == 1 and len(c_pieces) == 1 and floats
+    whole = (len(part.pieces) == 1 and len(c_pieces) == 1 and floats
+             and set(part.graph.outputs) <= set(c_pieces[0].outputs))
     built = []
     for piece in c_pieces:
         emitted = emit(piece.graph, None, config)

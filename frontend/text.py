@@ -218,11 +218,23 @@ class _Reader:
         return g
 
     def string(self, tok: Token) -> str:
-        return json.loads(tok) if tok.type == "STRING" else str(tok)
+        return self.unquote(tok) if tok.type == "STRING" else str(tok)
+
+    def unquote(self, tok: Token, text: str | None = None) -> Any:
+        """A JSON string (or list of strings) as written: its escapes must spell Unicode text, which
+        every name, attribute and string tensor is in ONNX (a lone surrogate, "\\ud800", cannot
+        be written as UTF-8)."""
+        value = json.loads(tok if text is None else text)
+        for s in value if isinstance(value, list) else [value]:
+            try:
+                str(s).encode("utf-8")
+            except UnicodeEncodeError:
+                raise self.error(tok, f"string {json.dumps(s)} is not valid Unicode (a lone surrogate)") from None
+        return value
 
     def value_name(self, tok: Token) -> str:
         body = tok[1:]
-        return json.loads(body) if body.startswith('"') else body
+        return self.unquote(tok, body) if body.startswith('"') else body
 
     def define(self, tok: Token, g: Graph) -> str:
         name = self.value_name(tok)
@@ -244,7 +256,7 @@ class _Reader:
         domain, version = st.children
         if not 1 <= int(version) <= _INT64.max:
             raise self.error(version, f"opset version {version} is out of range (1 to {_INT64.max})")
-        g.meta.setdefault("opset_imports", {})[json.loads(domain)] = int(version)
+        g.meta.setdefault("opset_imports", {})[self.unquote(domain)] = int(version)
 
     def st_meta(self, g: Graph, st: Tree) -> None:
         key, value = st.children
@@ -287,7 +299,7 @@ class _Reader:
                                   f"as \"my.domain\".{op_name}")
         node = Node(op_name, inputs, [], domain=domain)
         if label is not None:
-            node.name = json.loads(label.children[0])
+            node.name = self.unquote(label.children[0])
         for r in results.children:
             tok = r.children[0]
             if tok.type == "OMITTED":
@@ -376,7 +388,7 @@ class _Reader:
                     raise self.error(tok, f"dimension {tok} is out of range (0 to {_INT64.max})")
                 dims.append(int(tok))
             else:
-                dims.append(None if tok.type == "UNKNOWN_DIM" else json.loads(tok))
+                dims.append(None if tok.type == "UNKNOWN_DIM" else self.unquote(tok))
         return tuple(dims)
 
     def tensor(self, ttype: Tree, data: Tree) -> np.ndarray:
@@ -403,7 +415,7 @@ class _Reader:
                                   "(saturate show --full) to get text that parses back")
         if dtype == object:
             try:
-                flat = np.array(json.loads(tok), dtype=object)
+                flat = np.array(self.unquote(tok), dtype=object)
             except json.JSONDecodeError:
                 raise self.error(tok, "constant data is not a list of strings") from None
         else:
@@ -468,7 +480,7 @@ class _Reader:
         if kind == "float_":
             return float(v.children[0])
         if kind == "str_":
-            return json.loads(v.children[0])
+            return self.unquote(v.children[0])
         if kind == "bytes_":
             return self.hex_bytes(v.children[0])
         if kind == "tensor":

@@ -345,6 +345,11 @@ BAD_TEXT = {
                        "2:8: meta 'functions' cannot be set in a text graph"),
     "meta-preserve-not-strings": ("meta preserve = [1, 2]\n  input %x: float32[2]\n  output %x",
                                   "2:8: meta 'preserve' must be a list of strings"),
+    # JSON escapes that spell no Unicode text: export and print failed on them with a traceback.
+    "lone-surrogate-name": ('input %"\\ud800": float32[2]\n  %y = Relu(%"\\ud800")\n  output %y',
+                            '2:9: string "\\ud800" is not valid Unicode'),
+    "lone-surrogate-string-data": ('const %c: string[1] = ["a\\udc80"]\n  output %c',
+                                   '2:25: string "a\\udc80" is not valid Unicode'),
     "terabyte-constant": ("const %c: float32[1099511627776] = 0x00\n  output %c", "constant float32[1099511627776] would take 4.0 TiB"),
 }
 

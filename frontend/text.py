@@ -442,7 +442,10 @@ class _Reader:
             raise self.error(tok, f"constant data is not a list of {_dtype_name(dtype)} values")
         if dtype.kind in "biu" and flat.size:
             self.check_int_range(tok, body, flat, dtype)
-        return flat.astype(dtype)
+        # A float past the dtype's range (70000 as float16) is infinity, as 1e999 is for float32
+        # already: numpy's overflow warning would be a second line on stderr.
+        with np.errstate(over="ignore"):
+            return flat.astype(dtype)
 
     def check_int_range(self, tok: Token, body: str, flat: np.ndarray, dtype: np.dtype) -> None:
         """Refuse integer data that does not fit its dtype; numpy's reader clamps what does not fit

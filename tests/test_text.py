@@ -1,5 +1,7 @@
 """Text form: print/parse round trips (hypothesis over random graphs), syntax errors, `saturate show`."""
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -202,6 +204,15 @@ def test_constant_data_must_match_its_type():
     assert "needs 4" in err.message
     err = error_of("graph g opset 17\n  const %c: wibble[1] = [1]\n  output %c\n")
     assert "unknown dtype 'wibble'" in err.message
+
+
+def test_a_float_past_its_dtype_reads_as_infinity_without_a_warning(capsys):
+    # numpy's cast warned "overflow encountered in cast": a second line on stderr of show and run.
+    text = "graph g opset 17\n  const %c: float16[2] = [70000, -1e999]\n  output %c\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = parse_graph(text).constants["c"]
+    assert c.dtype == np.float16 and list(c) == [np.inf, -np.inf]
 
 
 # ---- saturate show ---------------------------------------------------------------------------

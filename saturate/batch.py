@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from saturate.core.errors import SaturateError
+from saturate.core.errors import SaturateError, SourceError, one_line
 from saturate.core.fileio import sweep_stale_temps, write_atomic, written_together
 
 MODEL_SUFFIXES = (".onnx", ".sat")
@@ -196,7 +196,11 @@ def optimize_job(job: Job, options: Options) -> Outcome:
     except BaseException as err:  # one model's failure (even an engine panic) must not stop the batch
         if not isinstance(err, Exception) and type(err).__name__ != "PanicException":
             raise  # Ctrl-C, SIGTERM (Stopped, saturate.cli.Terminated), exit: they end the batch
-        text = str(err).splitlines()[0] if str(err) else type(err).__name__
+        # A SaturateError is the whole message (a path in it may hold a line break); a source
+        # error without its excerpt; anything else, its first line.
+        text = (f"{err.file}:{err.line}:{err.col}: {err.message}" if isinstance(err, SourceError)
+                else str(err) if isinstance(err, SaturateError)
+                else str(err).split("\n")[0] or type(err).__name__)
         if not isinstance(err, SaturateError):
             text = f"{type(err).__name__}: {text}"
         return Outcome(job.source, job.output, False, time.perf_counter() - start, error=text,
@@ -457,10 +461,11 @@ def write_summary(outcomes: list[Outcome], path: str | os.PathLike, seconds: flo
 
 def format_table(outcomes: list[Outcome]) -> str:
     """The outcomes as a table: model, nodes before and after, seconds, and the stop reason or error."""
-    width = max([len("model")] + [len(o.source) for o in outcomes])
+    # File names may hold line breaks and terminal escapes: printed escaped, a row stays a line.
+    width = max([len("model")] + [len(one_line(o.source)) for o in outcomes])
     lines = [f"{'model':<{width}}  {'nodes':>13}  {'seconds':>8}  result"]
     for o in outcomes:
         nodes = f"{o.nodes_before} -> {o.nodes_after}" if o.ok else "-"
         result = o.stop_reason if o.ok else f"error: {o.error}"
-        lines.append(f"{o.source:<{width}}  {nodes:>13}  {o.seconds:8.2f}  {result}")
+        lines.append(f"{one_line(o.source):<{width}}  {nodes:>13}  {o.seconds:8.2f}  {one_line(result)}")
     return "\n".join(lines)

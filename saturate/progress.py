@@ -14,6 +14,8 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
+from saturate.core.errors import one_line
+
 DELAY = 1.0     # seconds before anything shows: runs shorter than this stay silent
 TICK = 0.5      # seconds between redraws while one long step (a C compile, a big model) runs
 
@@ -92,7 +94,7 @@ class Status:
         if not self.enabled:
             return
         if detail is not None:
-            self.bar.set_postfix_str(detail, refresh=False)
+            self.bar.set_postfix_str(one_line(detail), refresh=False)
         # tqdm's own update skips draws within its minimum interval, so a fast step (the first
         # iteration, the last model) would never show: draw every step once DELAY has passed.
         self.bar.update(n)

@@ -44,6 +44,24 @@ def test_a_directory_is_optimized_and_one_broken_model_stops_nothing(tmp_path, c
     assert "3 of 4 models optimized" in printed.out and "broken.onnx" in printed.err
 
 
+def test_file_names_with_line_breaks_and_escapes_print_escaped_and_keep_their_error(tmp_path, capsys):
+    # A row of the table was split by a line break and wrote a terminal escape as it is; a failed
+    # model's error was cut at the carriage return in its path, leaving only "…/bad".
+    zoo = tmp_path / "zoo"
+    zoo.mkdir()
+    save_graph(examples.build("mlp"), str(zoo / "a\nb\x1b[31m.onnx"))
+    (zoo / "bad\rx.onnx").write_bytes(b"not a model")
+    out = tmp_path / "out"
+    assert main(["optimize", str(zoo), "-o", str(out), "--jobs", "1", "--check", "0"]) == 2
+    printed = capsys.readouterr()
+    rows = printed.out.splitlines()
+    assert len(rows) == 4 and "a\\nb\\x1b[31m.onnx" in rows[1] and "\x1b" not in printed.out
+    err = printed.err.splitlines()
+    assert len(err) == 1 and "bad\\rx.onnx: not an ONNX model" in err[0], err
+    (result,) = [r for r in json.loads((out / "summary.json").read_text())["results"] if not r["ok"]]
+    assert result["error"].endswith("bad\rx.onnx: not an ONNX model (protobuf decoding failed)")
+
+
 def test_globs_and_example_names_in_parallel_processes(tmp_path):
     models = _models(tmp_path / "zoo", ("vgg", "mlp"))
     out = tmp_path / "out"

@@ -233,6 +233,11 @@ def _check_text(model: onnx.ModelProto) -> None:
             node = f"node {k} ({n.op_type if not bad(n.op_type) else '?'}) of {where}"
             if any(bad(v) for v in (n.name, n.op_type, n.domain, *n.input, *n.output)):
                 raise SaturateError(f"invalid ONNX model: a name of {node} is not UTF-8")
+            # Op types and domains are identifiers (ONNX's IR): every summary prints them as they
+            # are, where a line break or terminal escape in one would act.
+            if not (n.op_type.isprintable() and n.domain.isprintable()):
+                raise SaturateError(f"invalid ONNX model: node {k} of {where} is op {n.op_type!r} of domain "
+                                    f"{n.domain!r}: control characters in an op or domain")
             for a in n.attribute:
                 if bad(a.name):
                     raise SaturateError(f"invalid ONNX model: an attribute name of {node} is not UTF-8")

@@ -293,6 +293,8 @@ class _Reader:
         inputs = [self.use(a) for a in args.children] if args is not None else []
         domain, op_name = (self.string(op.children[0]), str(op.children[1])) if len(op.children) == 2 \
             else ("", str(op.children[0]))
+        if not domain.isprintable():     # an op's domain is printed as it is, in summaries
+            raise self.error(op.children[0], f"domain {json.dumps(domain)} holds control characters")
         if domain in ("", "ai.onnx") and op_name not in op_table():
             tok = op.children[-1]
             raise self.error(tok, f"unknown op '{op_name}': not an ONNX op; write another domain's op "

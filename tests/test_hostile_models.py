@@ -350,6 +350,8 @@ BAD_TEXT = {
                             '2:9: string "\\ud800" is not valid Unicode'),
     "lone-surrogate-string-data": ('const %c: string[1] = ["a\\udc80"]\n  output %c',
                                    '2:25: string "a\\udc80" is not valid Unicode'),
+    "domain-with-control-characters": ('input %x: float32[2]\n  %y = "my\\u001b.d".Foo(%x)\n  output %y',
+                                       '3:8: domain "my\\u001b.d" holds control characters'),
     "terabyte-constant": ("const %c: float32[1099511627776] = 0x00\n  output %c", "constant float32[1099511627776] would take 4.0 TiB"),
 }
 
@@ -436,4 +438,17 @@ def test_a_name_that_is_not_utf8_is_refused(command, tmp_path, capsys):
     path = tmp_path / "m.onnx"
     path.write_bytes(data)
     _refused(capsys, _argv(command, str(path), tmp_path), "not UTF-8")
+    _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("op, domain", [("Fo\x1b]0;t\x07o", "my.d"), ("Foo", "my\n.d")])
+def test_an_op_or_domain_with_control_characters_is_refused(command, op, domain, tmp_path, capsys):
+    # ONNX's checker takes any text in another domain; show's op counts and optimize's summary
+    # printed it as it is (a terminal escape acted, a line break split the table).
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    model = _model([helper.make_node(op, ["x"], ["y"], domain=domain)], inputs=[x])
+    model.opset_import.append(helper.make_opsetid(domain, 1))
+    _refused(capsys, _argv(command, _save(tmp_path, model), tmp_path), "node 0 of the graph", repr(op),
+             "control characters in an op or domain")
     _nothing_written(tmp_path)

@@ -283,6 +283,23 @@ def test_a_compiled_directory_gives_outputs_that_are_an_input_or_a_constant(tmp_
         assert np.array_equal(got[k], want[k]), k
 
 
+def test_names_and_strings_of_a_model_print_escaped(tmp_path, capsys):
+    # Value names and string values went to the terminal as they are: a title-setting escape and a
+    # line break in an output's name, from the model, acted on the terminal and split the line.
+    model = tmp_path / "m.sat"
+    model.write_text('graph g opset 17\n  input %"x\\u001b[31m": float32[2]\n'
+                     '  const %s: string[1] = ["a\\nb\\u0007"]\n'
+                     '  %"y\\u001b]0;t\\u0007\\nz" = Relu(%"x\\u001b[31m")\n  %t = Identity(%s)\n'
+                     '  output %"y\\u001b]0;t\\u0007\\nz"\n  output %t\n')
+    for argv in ([], ["-o", str(tmp_path / "o.npz")]):
+        assert main(["run", str(model), *argv]) == 0
+        printed = capsys.readouterr()
+        text = printed.out + printed.err
+        assert "\x1b" not in text and "\x07" not in text, text
+        assert "y\\x1b]0;t\\x07\\nz" in printed.out and "x\\x1b[31m" in printed.err
+        assert len(printed.out.splitlines()) == (2 if not argv else 1)
+
+
 GOOD_PIECE = {"kind": "c", "inputs": ["x"], "outputs": ["y"], "dir": "seg0"}
 
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from saturate.core.errors import SaturateError
+from saturate.core.errors import SaturateError, one_line
 from saturate.core.fileio import check_outputs, model_files, write_atomic
 from saturate.core.ir import Graph
 from saturate.core.limits import check_allocation
@@ -107,20 +107,21 @@ def _files_under(directory: str) -> list[str]:
 
 def announce(inputs: dict[str, np.ndarray], seed: int) -> None:
     shown = ", ".join(f"{k} {a.dtype}{list(a.shape)}" for k, a in inputs.items())
-    print(f"saturate: no --input given: random normal input from seed {seed}: {shown}", file=sys.stderr)
+    print(f"saturate: no --input given: random normal input from seed {seed}: {one_line(shown)}", file=sys.stderr)
 
 
 def report(outputs: dict[str, np.ndarray], args: argparse.Namespace) -> None:
-    """Save the outputs to -o, or print a summary line per output."""
+    """Save the outputs to -o, or print a summary line per output. A model's names and strings
+    may hold line breaks and terminal escapes: they print escaped (one_line)."""
     if args.output:
         save_outputs(outputs, args.output)
-        print(f"wrote {args.output}: " + ", ".join(_saved(k, a) for k, a in outputs.items()))
+        print(one_line(f"wrote {args.output}: " + ", ".join(_saved(k, a) for k, a in outputs.items())))
     else:
         for name, value in outputs.items():
             if value is None:
-                print(f"{name}: an empty optional")
+                print(one_line(f"{name}: an empty optional"))
             elif isinstance(value, list):  # a sequence output: a line for it, then one per item
-                print(f"{name}: sequence of {len(value)} {_item_dtype(value)} tensor(s)")
+                print(one_line(f"{name}: sequence of {len(value)} {_item_dtype(value)} tensor(s)"))
                 for k, item in enumerate(value):
                     print(summary(f"{name}[{k}]", item, args.values))
             else:
@@ -363,4 +364,4 @@ def summary(name: str, value: np.ndarray, count: int) -> str:
     line = f"{name}: {value.dtype}{list(value.shape)} [{head}{more}]"
     if flat.size and flat.dtype.kind in "fiub":
         line += f" min {flat.min():.6g} max {flat.max():.6g}"
-    return line
+    return one_line(line)

@@ -376,6 +376,21 @@ def test_fallback_for_data_dependent_shapes_and_integer_inputs():
         model({**feed, "ids": feed["ids"].astype(np.int32)})
 
 
+def test_cli_compile_prints_fallback_node_names_escaped(tmp_path, capsys):
+    # The node names come from the model: a terminal escape and a line break in one were printed as
+    # they are, acting on the terminal and splitting the line.
+    from saturate.cli import main
+    from saturate.frontend import save_graph
+
+    g = fallback_graph()
+    next(n for n in g.nodes if n.name == "top").name = "top\x1b]0;t\x07\nk"
+    save_graph(g, str(tmp_path / "m.sat"))
+    assert main(["compile", str(tmp_path / "m.sat"), "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "interpreter fallback: CumSum x1 (cum); TopK x1 (top\\x1b]0;t\\x07\\nk)\n" in out
+    assert "\x1b" not in out and "\x07" not in out
+
+
 def test_cli_compile_names_fallback_ops(tmp_path, capsys):
     import onnx
 

@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from saturate.core.errors import SaturateError
+from saturate.core.errors import SaturateError, one_line
 from saturate.progress import add_quiet_flag, status
 
 NAME = "compile"
@@ -103,8 +103,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{len(graph.nodes)} nodes: {c_nodes} in C as {steps} kernel steps ({fused} fused into epilogues), "
           f"{len(model.partition.fallback)} in the interpreter, the rest folded at compile time")
     if model.fallback_ops:
-        print("interpreter fallback: " + "; ".join(f"{op} x{n} ({', '.join(names[:5])}{', ...' if n > 5 else ''})"
-                                                  for op, n, names in model.fallback_ops))
+        # Node names come from the model: escaped, so a terminal escape or line break in one prints as text.
+        listed = "; ".join(f"{op} x{n} ({', '.join(names[:5])}{', ...' if n > 5 else ''})"
+                           for op, n, names in model.fallback_ops)
+        print(one_line(f"interpreter fallback: {listed}"))
     peak = sum(p.peak_bytes for p in plans)
     # Kernels allocate scratch of their own per extra thread: measured, it joins the workspace reported.
     cores = os.cpu_count() or 1

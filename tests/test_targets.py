@@ -126,6 +126,14 @@ def test_errors_name_line_and_column(source, line, col, words):
     assert str(err).splitlines()[-1].index("^") == 4 + col - 1  # caret under the column
 
 
+@pytest.mark.parametrize("source, col", [('target t "\x1b]0;title\x07"', 10), ('composite c = Pad(x){mode="a\rb"}', 27)])
+def test_a_string_with_control_characters_is_refused(source, col):
+    # `saturate targets` printed a description as it is: a terminal escape acted on the terminal.
+    with pytest.raises(SourceError) as info:
+        parse_target(source + "\n", "t.target")
+    assert (info.value.line, info.value.col) == (1, col) and "may not hold control characters" in str(info.value)
+
+
 def test_declared_name_must_match_file(tmp_path):
     path = tmp_path / "mine.target"
     path.write_text("target other\n")

@@ -156,7 +156,14 @@ class _Build:
         return list(items)
 
     def target_decl(self, items):
-        return ("target", items[0], (str(items[0]), items[1][1:-1] if len(items) > 1 else ""))
+        return ("target", items[0], (str(items[0]), self._text(items[1]) if len(items) > 1 else ""))
+
+    def _text(self, tok) -> str:
+        """A quoted string's text; `saturate targets` prints a description as it is, so a terminal
+        escape or carriage return in one is refused."""
+        if not str(tok)[1:-1].isprintable():
+            raise self.error(tok, "a string here may not hold control characters")
+        return str(tok)[1:-1]
 
     def domain_decl(self, items):
         return ("domain", items[0], ".".join(str(t) for t in items))
@@ -287,7 +294,7 @@ class _Build:
         return str(items[0]), Num(float(text) if any(c in text for c in ".eE") else int(text))
 
     def attr_str(self, items):
-        return str(items[0]), Str(str(items[1])[1:-1])
+        return str(items[0]), Str(self._text(items[1]))
 
     def attr_ints(self, items):
         return str(items[0]), IntList(tuple(int(t) for t in items[1:] if t is not None))

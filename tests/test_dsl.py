@@ -247,6 +247,8 @@ ERRORS = [
     ("op Foo/3..1", "empty range", 2, 1),
     ("op Foo/1\nop Foo/2", "declared with another arity", 3, 1),
     ("rule x Foo(x) => x", "unknown op 'Foo'", 2, 8),
+    # `saturate rules` printed the string as it is: a terminal escape acted on the terminal.
+    ('rule x Pad(x, p:const){mode="\x1b]0;t\x07"} => x', "a string may not hold control characters", 2, 29),
 ]
 
 

@@ -178,7 +178,10 @@ class _ToAst:
         return Num(int(text) if is_int else float(text))
 
     def string(self, meta, items):
-        return Str(str(items[0])[1:-1])
+        text = str(items[0])[1:-1]
+        if not text.isprintable():      # `saturate rules` and check's reports print it as it is
+            raise SourceError(self.file, meta.line, meta.column, "a string may not hold control characters")
+        return Str(text)
 
     def intlist(self, meta, items):
         return IntList(tuple(int(t) for t in items if t is not None))

@@ -492,7 +492,13 @@ class _Reader:
             return self.tensor(*v.children)
         if kind == "opaque":
             return self.opaque(v.children[0], v.children[1])
-        return [self.attr_value(x) for x in v.children if x is not None]
+        items = [x for x in v.children if x is not None]
+        # No attribute or meta value is a list of lists: refused here, before 10,000 nested
+        # brackets would be read recursively.
+        inner = next((x for x in items if x.data == "list_"), None)
+        if inner is not None:
+            raise self.error(inner, "a list may not hold lists")
+        return [self.attr_value(x) for x in items]
 
     def hex_bytes(self, tok: Token) -> bytes:
         digits = tok[2:-1]

@@ -335,7 +335,10 @@ BAD_TEXT = {
     "constant-dtype-onnx-lacks": ("const %c: datetime64[2] = [1, 2]\n  output %c", "2:13: unknown dtype 'datetime64'"),
     # ONNX has no list of lists, nor of mixed kinds: export failed on it with a traceback.
     "nested-list-attribute": ("input %x: float32[2]\n  %y = Relu(%x) {foo=[[1]]}\n  output %y",
-                              "3:18: attribute 'foo' must be a list of numbers, of strings or of tensors"),
+                              "3:23: a list may not hold lists"),
+    # Read recursively, 5000 brackets ended in Python's recursion limit: one line, but no position.
+    "deeply-nested-meta": ("meta foo = " + "[" * 5000 + "]" * 5000 + "\n  input %x: float32[2]\n  output %x",
+                           "2:15: a list may not hold lists"),
     "mixed-list-attribute": ("input %x: float32[2]\n  %y = Relu(%x) {foo=[1, \"a\"]}\n  output %y",
                              "3:18: attribute 'foo' must be a list of numbers, of strings or of tensors"),
     # Meta entries saturate reads as its own structures: each was a traceback in optimize.

@@ -134,6 +134,15 @@ def test_a_string_with_control_characters_is_refused(source, col):
     assert (info.value.line, info.value.col) == (1, col) and "may not hold control characters" in str(info.value)
 
 
+@pytest.mark.parametrize("statement", ["default " + " + ".join(["flops"] * 5000),
+                                       "composite c = " + "Relu(" * 3000 + "x" + ")" * 3000])
+def test_a_statement_nested_past_the_limit_names_its_line(statement):
+    # Built (and a formula evaluated) recursively, these ended in Python's recursion limit: one
+    # line, naming no file.
+    with pytest.raises(SourceError, match=r"^deep\.target:2:[0-9]+: formula or pattern nested more than 200 levels deep"):
+        parse_target("target deep\n" + statement + "\n", "deep.target")
+
+
 def test_declared_name_must_match_file(tmp_path):
     path = tmp_path / "mine.target"
     path.write_text("target other\n")

@@ -346,12 +346,32 @@ def _lark_statements(text: str, file: str, lines: list[str]) -> list:
             else f"unexpected {_describe(err)}"
         raise SourceError(file, line, col, f"syntax error: {what}",
                           lines[line - 1] if 0 < line <= len(lines) else None) from None
+    _check_depth(tree, file, lines)
     try:
         return _lark_build()(file, text).transform(tree)
     except VisitError as err:
         if isinstance(err.orig_exc, SaturateError):
             raise err.orig_exc from None
         raise
+
+
+# Formulas and patterns are built, and formulas evaluated, recursively: a statement nested deeper
+# than this (each + - * / and call is a level, as each op of a pattern) is refused where it is
+# written, not left to Python's recursion limit.
+MAX_DEPTH = 200
+
+
+def _check_depth(tree: Any, file: str, lines: list[str]) -> None:
+    from lark import Tree
+
+    stack = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            line, col = (node.meta.line, node.meta.column) if not node.meta.empty else (1, 1)
+            raise SourceError(file, line, col, f"formula or pattern nested more than {MAX_DEPTH} levels deep",
+                              lines[line - 1] if 0 < line <= len(lines) else None)
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
 
 
 # ---- plain files without lark ----------------------------------------------------------------
@@ -453,6 +473,8 @@ def _quick(text: str, file: str) -> list | None:
     try:
         for number, line in enumerate(text.split("\n"), 1):
             toks = _tokens(line, number)
+            if len(toks) > MAX_DEPTH:
+                return None     # may nest deeper than MAX_DEPTH: lark's reading says where
             if toks:
                 stmts.append(_statement(b, _Line(toks)))
     except Exception:   # _Decline, or an error _Build raises: lark's reading raises it as it would

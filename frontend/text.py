@@ -50,7 +50,9 @@ def print_graph(g: Graph, max_elements: int | None = None, hex_data: bool = Fals
     for n in g.nodes:
         results = ", ".join(_decl(g, o) if o else "_" for o in n.outputs)
         args = ", ".join(_value(i) if i else "_" for i in n.inputs)
-        op = f"{json.dumps(n.domain)}.{n.op}" if n.domain else n.op
+        # An op of another domain may be named anything ONNX holds ("Foo-Bar"): quoted unless a name.
+        op = n.op if _IDENT.fullmatch(n.op) else json.dumps(n.op)
+        op = f"{json.dumps(n.domain)}.{op}" if n.domain else op
         line = f"  {results} = {op}({args})"
         if n.attrs:
             line += " {" + ", ".join(f"{_key(k)}={_attr(v, max_elements, hex_data)}" for k, v in n.attrs.items()) + "}"
@@ -291,10 +293,12 @@ class _Reader:
         if isinstance(attrs, Tree) and attrs.data == "label":
             attrs, label = None, attrs
         inputs = [self.use(a) for a in args.children] if args is not None else []
-        domain, op_name = (self.string(op.children[0]), str(op.children[1])) if len(op.children) == 2 \
-            else ("", str(op.children[0]))
-        if not domain.isprintable():     # an op's domain is printed as it is, in summaries
+        domain, op_name = (self.string(op.children[0]), self.string(op.children[1])) if len(op.children) == 2 \
+            else ("", self.string(op.children[0]))
+        if not domain.isprintable():     # an op and its domain are printed as they are, in summaries
             raise self.error(op.children[0], f"domain {json.dumps(domain)} holds control characters")
+        if not op_name.isprintable():
+            raise self.error(op.children[-1], f"op {json.dumps(op_name)} holds control characters")
         if domain in ("", "ai.onnx") and op_name not in op_table():
             tok = op.children[-1]
             raise self.error(tok, f"unknown op '{op_name}': not an ONNX op; write another domain's op "

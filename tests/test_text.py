@@ -206,6 +206,19 @@ def test_constant_data_must_match_its_type():
     assert "unknown dtype 'wibble'" in err.message
 
 
+def test_an_op_of_another_domain_named_anything_round_trips(tmp_path, capsys):
+    # ONNX holds any op name in another domain; printed bare, "Foo-Bar" made text (optimize -o x.sat,
+    # show) that did not parse back.
+    g = Graph(name="g", opset=17, inputs=["x"], outputs=["y"], nodes=[Node("Foo-Bar", ["x"], ["y"], domain="my.d")])
+    g.values["x"] = ValueInfo("float32", (2,))
+    g.meta["opset_imports"] = {"my.d": 1}
+    text = print_graph(g)
+    assert '"my.d"."Foo-Bar"(%x)' in text
+    assert_same(parse_graph(text), g)
+    err = error_of('graph g opset 17\n  input %x: float32[2]\n  %y = "my.d"."F\\u001bo"(%x)\n  output %y\n')
+    assert (err.line, err.col) == (3, 15) and 'op "F\\u001bo" holds control characters' in err.message
+
+
 def test_a_float_past_its_dtype_reads_as_infinity_without_a_warning(capsys):
     # numpy's cast warned "overflow encountered in cast": a second line on stderr of show and run.
     text = "graph g opset 17\n  const %c: float16[2] = [70000, -1e999]\n  output %c\n"

@@ -256,9 +256,15 @@ class _Reader:
     # ---- statements ----------------------------------------------------------------------
     def st_import_(self, g: Graph, st: Tree) -> None:
         domain, version = st.children
+        if self.unquote(domain) in ("", "ai.onnx"):
+            # One opset per domain: a second for ONNX's own was written beside the graph's.
+            raise self.error(domain, "ONNX's own opset is the graph's: write it after `opset` in the header")
         if not 1 <= int(version) <= _INT64.max:
             raise self.error(version, f"opset version {version} is out of range (1 to {_INT64.max})")
-        g.meta.setdefault("opset_imports", {})[self.unquote(domain)] = int(version)
+        imports = g.meta.setdefault("opset_imports", {})
+        if self.unquote(domain) in imports:
+            raise self.error(domain, f"domain {domain} is imported twice")
+        imports[self.unquote(domain)] = int(version)
 
     def st_meta(self, g: Graph, st: Tree) -> None:
         key, value = st.children

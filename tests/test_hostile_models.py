@@ -355,6 +355,11 @@ BAD_TEXT = {
                                    '2:25: string "a\\udc80" is not valid Unicode'),
     "domain-with-control-characters": ('input %x: float32[2]\n  %y = "my\\u001b.d".Foo(%x)\n  output %y',
                                        '3:8: domain "my\\u001b.d" holds control characters'),
+    # The graph's opset was imported again beside it: optimize wrote a model stamped opset 17 and 5.
+    "import-of-the-default-domain": ('import "" 5\n  input %x: float32[2]\n  output %x',
+                                     "2:10: ONNX's own opset is the graph's"),
+    "import-twice": ('import "a.b" 1\n  import "a.b" 2\n  input %x: float32[2]\n  output %x',
+                     '3:10: domain "a.b" is imported twice'),
     "terabyte-constant": ("const %c: float32[1099511627776] = 0x00\n  output %c", "constant float32[1099511627776] would take 4.0 TiB"),
 }
 

@@ -342,6 +342,12 @@ def _check_dataflow(g: onnx.GraphProto) -> None:
 def _opsets(model: onnx.ModelProto) -> tuple[int, dict[str, int]]:
     opset, extra = None, {}
     for imp in model.opset_import:
+        # A domain stamped twice with two versions says nothing of which one its ops are:
+        # ONNX Runtime takes one, saturate took the other.
+        before = opset if imp.domain in _DEFAULT_DOMAINS else extra.get(imp.domain)
+        if before is not None and before != imp.version:
+            raise SaturateError(f"invalid ONNX model: domain '{imp.domain or 'ai.onnx'}' is imported twice, "
+                                f"at opsets {before} and {imp.version}")
         if imp.domain in _DEFAULT_DOMAINS:
             opset = imp.version
         else:

@@ -450,6 +450,18 @@ def test_a_name_that_is_not_utf8_is_refused(command, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("first, second, words", [(("", 17), ("ai.onnx", 5), "domain 'ai.onnx' is imported twice, at opsets 17 and 5"),
+                                                  (("my.d", 1), ("my.d", 2), "domain 'my.d' is imported twice, at opsets 1 and 2")])
+def test_a_domain_imported_at_two_opsets_is_refused(command, first, second, words, tmp_path, capsys):
+    # ONNX Runtime read the Relu at opset 5 (and refused it), saturate at 17 (the last import won).
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], inputs=[x])
+    model.opset_import.extend([helper.make_opsetid(*first), helper.make_opsetid(*second)])
+    _refused(capsys, _argv(command, _save(tmp_path, model), tmp_path), words)
+    _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("op, domain", [("Fo\x1b]0;t\x07o", "my.d"), ("Foo", "my\n.d")])
 def test_an_op_or_domain_with_control_characters_is_refused(command, op, domain, tmp_path, capsys):
     # ONNX's checker takes any text in another domain; show's op counts and optimize's summary

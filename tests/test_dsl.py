@@ -281,6 +281,21 @@ def test_an_error_on_a_long_line_shows_the_part_around_the_column(tmp_path, caps
     assert shown[at] == source[col - 1]
     assert shown[at - 20:at + 20] == source[col - 21:col + 19]
 
+def test_a_rules_path_with_a_terminal_escape_prints_escaped(tmp_path, capsys):
+    # An include names the file: its path, in the WHERE column of `saturate rules`, check's report and
+    # optimize --trace's matches, was printed as it is (a title-setting escape acted on the terminal).
+    (tmp_path / "a\x1b]0;t\x07.rules").write_text("ruleset h level 1\nrule r Relu(x) => Relu(x)\n")
+    (tmp_path / "main.rules").write_text('include "a\x1b]0;t\x07.rules"\n')
+    main_rules = str(tmp_path / "main.rules")
+    assert main(["rules", "--no-std", "--rules", main_rules]) == 0
+    assert main(["check", main_rules, "--examples", "2"]) == 0
+    assert main(["optimize", "example:mlp", "--no-std", "--rules", main_rules, "-o", str(tmp_path / "o.onnx"),
+                 "--trace", "--check", "0"]) == 0
+    printed = capsys.readouterr()
+    assert "\x1b" not in printed.out + printed.err
+    assert printed.out.count("a\\x1b]0;t\\x07.rules:2") == 2 and "a\\x1b]0;t\\x07.rules:2" in printed.err
+
+
 def test_rule_before_any_ruleset_is_an_error():
     with pytest.raises(SourceError, match="comes before any 'ruleset NAME level N' line") as err:
         dsl.parse_rules("\n rule x Identity(x) => x", "u.rules")

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Unsatisfiable
 
-from saturate.core.errors import MemoryLimitError, SaturateError
+from saturate.core.errors import MemoryLimitError, SaturateError, one_line
 from saturate.core.limits import lowered
 from saturate.interp.interpreter import run_graph
 from saturate.interp.sequences import TensorSequence
@@ -936,7 +936,7 @@ def format_result(result: RuleResult) -> str:
         lines.append(f"      {result.message}")
     cx = result.counterexample
     if cx is None:
-        return "\n".join(lines)
+        return "\n".join(one_line(line) for line in lines)
     source, target = (rule.rhs, rule.lhs) if cx.reverse else (rule.lhs, rule.rhs)
     ex = cx.example
     lines.append(f"      counterexample{' (right to left)' if cx.reverse else ''}: {cx.reason}")
@@ -956,4 +956,5 @@ def format_result(result: RuleResult) -> str:
     lines.append(f"        right {show_term(target)}")
     if cx.rhs is not None:
         lines.append(f"          = {show_array(cx.rhs)}")
-    return "\n".join(lines)
+    # Each line escaped: a rules file's path (an include names it) may hold a terminal escape.
+    return "\n".join(one_line(line) for line in lines)

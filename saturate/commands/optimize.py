@@ -384,4 +384,5 @@ def format_report(report) -> str:
         lines.append(f"  {m['rule']:<{width}}  {m['matches']:6d}  {m['at']}")
     if not fired:
         lines.append("  (no rule matched)")
-    return "\n".join(lines)
+    # Each line escaped: a rules file's path (an include names it) may hold a terminal escape.
+    return "\n".join(one_line(line) for line in lines)

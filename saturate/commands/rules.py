@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from saturate.core.errors import SaturateError
+from saturate.core.errors import SaturateError, one_line
 
 NAME = "rules"
 HELP = "list the rules of the pipeline (standard library and --rules files): name, level, set, file:line"
@@ -28,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
     paths = ([] if args.no_std else [RULES_DIR]) + list(args.rules)
     rules = load_rules(paths, level=args.level, names=args.only)
     header = ("NAME", "LEVEL", "RULESET", "WHERE") + (() if args.no_pattern else ("PATTERN",))
-    rows = [(r.name, str(r.level), r.ruleset, str(r.loc)) + (() if args.no_pattern else (format_rule(r),))
+    # A file's path (an include names it) may hold a terminal escape or line break: printed escaped.
+    rows = [tuple(map(one_line, (r.name, str(r.level), r.ruleset, str(r.loc))
+                      + (() if args.no_pattern else (format_rule(r),))))
             for r in sorted(rules, key=lambda r: (r.level, r.ruleset, r.loc.file, r.loc.line))]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:

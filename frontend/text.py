@@ -416,15 +416,21 @@ class _Reader:
         except SaturateError as err:
             raise self.error(shape_tree, str(err)) from None
         size = math.prod(shape)
+        # The data's length is checked against the shape before it is decoded: numbers decode
+        # to 8 bytes each, several times the text of a list of zeros.
         if tok.type == "HEX_DATA":
-            raw = bytes.fromhex(tok[2:]) if len(tok) % 2 == 0 else b"?"
-            if len(raw) != size * dtype.itemsize or dtype == object:
-                raise self.error(tok, f"hex data holds {len(raw)} bytes; {_dtype_name(dtype)}{list(shape)} needs {size * dtype.itemsize}")
-            return np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype).reshape(shape)
+            digits = len(tok) - 2
+            if digits % 2 or digits // 2 != size * dtype.itemsize or dtype == object:
+                raise self.error(tok, f"hex data holds {digits / 2:g} bytes; {_dtype_name(dtype)}{list(shape)} "
+                                      f"needs {size * dtype.itemsize}")
+            return np.frombuffer(bytes.fromhex(tok[2:]), dtype.newbyteorder("<")).astype(dtype).reshape(shape)
         body = tok[1:-1]
         if "..." in body:
             raise self.error(tok, "constant data is abbreviated ('...'); print the graph in full "
                                   "(saturate show --full) to get text that parses back")
+        written = body.count(",") + 1 if body.strip() else 0
+        if dtype != object and written != size:
+            raise self.error(tok, f"constant data has {written} values; shape {list(shape)} needs {size}")
         if dtype == object:
             try:
                 flat = np.array(self.unquote(tok), dtype=object)

@@ -219,6 +219,21 @@ def test_an_op_of_another_domain_named_anything_round_trips(tmp_path, capsys):
     assert (err.line, err.col) == (3, 15) and 'op "F\\u001bo" holds control characters' in err.message
 
 
+def test_constant_data_is_counted_before_it_is_decoded(monkeypatch):
+    # Decoded first, a list of zeros took 8 bytes a value (several times its text) before its
+    # length was found wrong for the shape.
+    from saturate.frontend import text as text_module
+
+    def decode(*args, **kwargs):
+        raise AssertionError("decoded before its length was checked")
+
+    monkeypatch.setattr(text_module.np, "fromstring", decode)
+    err = error_of("graph g opset 17\n  const %c: float32[1] = [" + "0," * 1000 + "0]\n  output %c\n")
+    assert "has 1001 values; shape [1] needs 1" in err.message
+    err = error_of("graph g opset 17\n  const %c: float32[1] = 0x" + "00" * 1000 + "\n  output %c\n")
+    assert "hex data holds 1000 bytes; float32[1] needs 4" in err.message
+
+
 def test_a_float_past_its_dtype_reads_as_infinity_without_a_warning(capsys):
     # numpy's cast warned "overflow encountered in cast": a second line on stderr of show and run.
     text = "graph g opset 17\n  const %c: float16[2] = [70000, -1e999]\n  output %c\n"

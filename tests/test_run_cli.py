@@ -193,6 +193,8 @@ def _npy_bytes(header: dict, data: bytes) -> bytes:
     ("short.npz", [], "input 'x' in {tmp}/short.npz: its header says float32[3] (12 bytes) but the file holds 8"),
     ("objects.npy", [], "input 'x' in {tmp}/objects.npy: an array of Python objects, which saturate never unpickles"),
     ("twice.npz", [], "{tmp}/twice.npz: holds the array 'x' twice"),
+    ("pair.npz", ["--max-memory", "1200K"], "input 'c' in {tmp}/pair.npz with the arrays before it would take 1.5 MiB, "
+                                            "over the memory limit of"),
 ])
 def test_an_input_file_is_checked_before_anything_is_allocated_for_it(tmp_path, capsys, kind, extra, message):
     """An array file is untrusted: a .npy header claiming 256 GiB over 16 bytes of data (alone or in an
@@ -200,7 +202,7 @@ def test_an_input_file_is_checked_before_anything_is_allocated_for_it(tmp_path, 
     --max-memory and against the bytes the file holds before any allocation."""
     import zipfile
 
-    model = two_in_two_out(tmp_path / "two.onnx") if kind == "twice.npz" else None
+    model = two_in_two_out(tmp_path / "two.onnx") if kind in ("twice.npz", "pair.npz") else None
     relu = tmp_path / "relu.onnx"
     onnx.save(helper.make_model(helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n"])],
@@ -216,6 +218,8 @@ def test_an_input_file_is_checked_before_anything_is_allocated_for_it(tmp_path, 
     with zipfile.ZipFile(tmp_path / "twice.npz", "w") as z, pytest.warns(UserWarning, match="Duplicate name"):
         for _ in range(2):
             z.writestr("x.npy", _npy_bytes({"descr": "<f4", "fortran_order": False, "shape": (1,)}, b"\0" * 4))
+    np.savez(tmp_path / "pair.npz", a=np.zeros((2, 3), np.float32), b=np.zeros(200_000, np.float32),
+             c=np.zeros(200_000, np.float32))
     argv = ["run", str(model or relu), "-i", str(tmp_path / kind), *extra]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

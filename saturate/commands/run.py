@@ -14,7 +14,7 @@ import numpy as np
 from saturate.core.errors import SaturateError, one_line
 from saturate.core.fileio import check_outputs, model_files, write_atomic
 from saturate.core.ir import Graph
-from saturate.core.limits import check_allocation
+from saturate.core.limits import check_allocation, check_bytes
 
 NAME = "run"
 HELP = ("run a model (.onnx, .sat or example:NAME), or a directory 'saturate compile' wrote, on an input and save "
@@ -229,24 +229,21 @@ def _read_arrays(names: list[str], path: str) -> dict[str, np.ndarray]:
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:
-    from saturate.core.limits import check_bytes
-
     arrays, total = {}, 0
     with zipfile.ZipFile(path) as z:
         for info in z.infolist():
             name = info.filename.removesuffix(".npy")
             if name in arrays:
                 raise SaturateError(f"{path}: holds the array '{name}' twice")
-            what = f"input '{name}' in {path}"
             with z.open(info) as member:
-                arrays[name] = _read_npy(member, info.file_size, what, path)
+                arrays[name] = _read_npy(member, info.file_size, f"input '{name}' in {path}", path, total)
             total += arrays[name].nbytes
-            check_bytes(total, f"the arrays of {path}")
     return arrays
 
 
-def _read_npy(f, size: int, what: str, path: str) -> np.ndarray:
-    """One .npy array from the stream `f` of `size` bytes, checked before it is allocated."""
+def _read_npy(f, size: int, what: str, path: str, before: int = 0) -> np.ndarray:
+    """One .npy array from the stream `f` of `size` bytes, checked before it is allocated, alone and
+    with the `before` bytes of the arrays read before it."""
     fmt = np.lib.format
     try:
         version = fmt.read_magic(f)
@@ -262,6 +259,8 @@ def _read_npy(f, size: int, what: str, path: str) -> np.ndarray:
     if dtype.hasobject:
         raise SaturateError(f"{what}: an array of Python objects, which saturate never unpickles")
     nbytes = check_allocation(shape, dtype.itemsize, what)
+    if before:
+        check_bytes(before + nbytes, f"{what} with the arrays before it")
     held = size - f.tell()
     if held < nbytes:
         raise SaturateError(f"{what}: its header says {dtype}{list(shape)} ({nbytes} bytes) but the file holds "

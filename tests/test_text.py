@@ -271,3 +271,22 @@ def test_an_attribute_of_the_wrong_kind_is_refused_where_written(tmp_path):
     with pytest.raises(SourceError, match=r"m.sat:3:.*attribute 'alpha' of LeakyRelu must be FLOAT"):
         parse_graph(text, file="m.sat")
     assert parse_graph(text.replace('"abc"', "2"), file="m.sat").nodes[0].attrs["alpha"] == 2
+
+
+def test_a_long_chain_of_untyped_nodes_optimizes_and_keeps_its_outputs(tmp_path):
+    """A text graph need not declare its values' types: typing a chain of 1500 of them recursed once
+    per node and passed Python's recursion limit at about 250 ("input nested too deeply")."""
+    import onnxruntime as ort
+
+    lines, prev = ["graph g opset 17", "  input %x: float32[4]"], "x"
+    for i in range(1500):
+        lines.append(f"  %v{i} = {('Neg', 'Relu', 'Sigmoid')[i % 3]}(%{prev})")
+        prev = f"v{i}"
+    (tmp_path / "chain.sat").write_text("\n".join([*lines, f"  output %{prev}"]) + "\n")
+    assert main(["optimize", str(tmp_path / "chain.sat"), "-o", str(tmp_path / "chain.onnx"), "--quiet"]) == 0
+    from saturate.interp.interpreter import run_graph
+
+    x = np.array([-2.0, -0.5, 0.5, 2.0], np.float32)
+    want = run_graph(load_graph(str(tmp_path / "chain.sat")), {"x": x})[prev]
+    got = ort.InferenceSession(str(tmp_path / "chain.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -147,6 +147,9 @@ class Facts(ShapeData):
         got = self.infos.get(cls)
         if got is not None and (cls in self._refined or not self.refinable(got)):
             return got
+        if not self._busy:
+            self._type_below(cls)
+            got = self.infos.get(cls)
         # A type fully known in an earlier iteration still holds: an e-class id that is still
         # canonical names the same value, however many classes joined it since.
         settled = self.settled.get(cls)
@@ -184,6 +187,34 @@ class Facts(ShapeData):
         else:
             self.inferred[cls] = result
         return result
+
+    def _type_below(self, top: Any) -> None:
+        """Type the e-classes below `top` deepest first, so that typing each one recurses a level
+        at a time rather than down the whole graph (a text graph's chain of hundreds of untyped
+        nodes passed Python's recursion limit)."""
+        def typed(c: Any) -> bool:
+            got = self.infos.get(c)
+            return got is not None and (c in self._refined or not self.refinable(got))
+
+        order, seen, stack = [], {top}, [(top, False)]
+        while stack:
+            c, expanded = stack.pop()
+            if expanded:
+                order.append(c)
+                continue
+            stack.append((c, True))
+            if c in self.view.consts:  # typed from its value or its function's arguments, not from ops
+                continue
+            for node in self.view.classes.get(c, ()):
+                # The classes _node_info types from: an op's inputs, an opaque node's inputs.
+                opaque = self._opaque_of(node)
+                kids = opaque[1].children if opaque is not None else node.children if node.kind == "op" else ()
+                for k in kids:
+                    if k not in seen and k not in self.view.absent and not typed(k):
+                        seen.add(k)
+                        stack.append((k, False))
+        for c in order[:-1]:
+            self.info(c)
 
     @functools.cached_property
     def _unchanged(self) -> set:

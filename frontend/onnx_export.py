@@ -107,11 +107,12 @@ def name_unnamed_nodes(g: onnx.GraphProto) -> None:
         n.name = next(o for o in n.output if o)
 
 
-def check_exported(graph: Graph, model: onnx.ModelProto) -> None:
+def check_exported(graph: Graph, model: onnx.ModelProto,
+                   refusal: str = "the result is not a valid ONNX model, so it was not written") -> None:
     """Refuse to write a model the ONNX checker would refuse, with types and shapes inferred
-    strictly (what its full check adds). `model` is `export_model(graph, weights=False)`; the
-    check sees small constants whole (shape arithmetic reads them) and large ones as typed
-    inputs, as on import."""
+    strictly (what its full check adds), in one line: `refusal`, then the checker's reason.
+    `model` is `export_model(graph, weights=False)`; the check sees small constants whole (shape
+    arithmetic reads them) and large ones as typed inputs, as on import."""
     probe = _light(graph, model)
     name_unnamed_nodes(probe.graph)
     # Inference takes a declared value type over what it would infer (a Tile reading float
@@ -130,8 +131,7 @@ def check_exported(graph: Graph, model: onnx.ModelProto) -> None:
             _declare_io_rank_free(probe)
             onnx.checker.check_model(probe)
     except Exception as err:  # the checker's own error types differ between onnx versions
-        raise SaturateError(f"the result is not a valid ONNX model, so it was not written: "
-                            f"{_first_line(err)}") from None
+        raise SaturateError(f"{refusal}: {_first_line(err)}") from None
 
 
 def _light(graph: Graph, model: onnx.ModelProto) -> onnx.ModelProto:

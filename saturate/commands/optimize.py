@@ -203,11 +203,7 @@ def _refuse_invalid_input(model: str, graph) -> None:
     invalid (an op given a type its schema refuses) is the input's fault, said so."""
     from saturate.frontend.onnx_io import check_exported, export_model
 
-    try:
-        check_exported(graph, export_model(graph, weights=False))
-    except SaturateError as err:
-        why = str(err).split(": ", 1)[-1]
-        raise SaturateError(f"{model}: not a valid ONNX model: {why}") from None
+    check_exported(graph, export_model(graph, weights=False), f"{model}: not a valid ONNX model")
 
 
 def _check(args: argparse.Namespace, graph, result):

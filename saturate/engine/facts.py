@@ -41,6 +41,7 @@ class Facts(ShapeData):
         # E-classes being evaluated / typed right now: the guards against cycles.
         self._evaluating: set = set()
         self._busy: set = set()
+        self._priming = False  # inside _type_below: the classes it types do not prime again
         # E-classes whose type was inferred from their e-nodes in this e-graph (see `info`).
         self._refined: set = set()
         self.settled: dict[Any, ValueInfo] = self.cache.setdefault("settled types", {})
@@ -147,9 +148,11 @@ class Facts(ShapeData):
         got = self.infos.get(cls)
         if got is not None and (cls in self._refined or not self.refinable(got)):
             return got
-        if not self._busy:
+        if not self._busy and not self._priming:
             self._type_below(cls)
             got = self.infos.get(cls)
+            if got is not None and (cls in self._refined or not self.refinable(got)):
+                return got  # typed on the way, through a cycle back to it
         # A type fully known in an earlier iteration still holds: an e-class id that is still
         # canonical names the same value, however many classes joined it since.
         settled = self.settled.get(cls)
@@ -213,8 +216,14 @@ class Facts(ShapeData):
                     if k not in seen and k not in self.view.absent and not typed(k):
                         seen.add(k)
                         stack.append((k, False))
-        for c in order[:-1]:
-            self.info(c)
+        # Each is typed with its inputs typed before it; priming again from one of them would walk a
+        # cycle of the e-graph (x = Reshape(Reshape(x))) back to `top` and on for ever.
+        self._priming = True
+        try:
+            for c in order[:-1]:
+                self.info(c)
+        finally:
+            self._priming = False
 
     @functools.cached_property
     def _unchanged(self) -> set:

@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from saturate.backend.cache import (SHARED_BLAS_PREFIX, cache_limit_bytes, cache_root, file_digest,
+from saturate.backend.cache import (SHARED_BLAS_PREFIX, cache_limit_bytes, cache_root, evict, file_digest,
                                      mark_support_used, mark_used, prune_cache, prune_due, read_small,
                                      regular_file)
 # cpu_has_avx512 and isa are read through this module by bench/machine.py and tests.
@@ -221,9 +221,7 @@ def _build_prelude(target: Path, config: BuildConfig, large: bool) -> None:
         digests_ = {name: file_digest(stage / name) for name in PRELUDE_FILES}
         (stage / "prelude.sha256").write_text(json.dumps(digests_) + "\n")
         if os.path.lexists(target):
-            doomed = target.parent / f".evicted.{target.name}.{os.getpid()}"
-            os.rename(target, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            evict(target)
         os.rename(stage, target)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -653,12 +651,10 @@ def _build_into(root: Path, key: str, source: str, weights: bytes | WeightsBlob,
                  "files": digests(stage, {BLAS_FILE: blas})}
         (stage / FACTS).write_text(json.dumps(facts, indent=1) + "\n", encoding="utf-8")
         if os.path.lexists(target):  # a build that failed its digests, or a foreign entry under this name
-            doomed = root / f".evicted.{key}.{os.getpid()}"
             try:
-                os.rename(target, doomed)
+                evict(target)
             except FileNotFoundError:  # another process moved it first
                 pass
-            shutil.rmtree(doomed, ignore_errors=True)
         try:
             os.rename(stage, target)
         except OSError:

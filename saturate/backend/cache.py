@@ -72,10 +72,7 @@ def _tree_bytes(directory: Path) -> int:
 
 def mark_used(directory: Path) -> None:
     """Record a build's use (its build.key's mtime), which orders eviction."""
-    try:
-        os.utime(directory / "build.key")
-    except OSError:
-        pass
+    mark_support_used(directory / "build.key")
 
 
 def mark_support_used(path: Path) -> None:
@@ -113,7 +110,7 @@ def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path
     now = time.time() if now is None else now
     builds = []
     entries = list(os.scandir(root)) if root.is_dir() else []
-    _prune_support(root, entries, now)
+    _prune_support(entries, now)
     for entry in entries:
         if entry.name.startswith(SUPPORT_PREFIXES):
             continue
@@ -141,19 +138,31 @@ def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path
             break
         if (keep is not None and path == Path(keep)) or now - used < IN_USE_SECONDS:
             continue
-        # Renamed out of the way first, so no reader ever sees a build that is half deleted.
-        doomed = root / f".evicted.{path.name}.{os.getpid()}"
         try:
-            os.rename(path, doomed)
+            evict(path)
         except OSError:  # evicted or replaced by another process meanwhile
             continue
-        shutil.rmtree(doomed, ignore_errors=True)
         total -= sizes[path]
         removed.append(path)
     return removed
 
 
-def _prune_support(root: Path, entries: list[os.DirEntry], now: float) -> None:
+def evict(path: Path) -> None:
+    """Remove a cache entry, folder or file: renamed out of the way first (a dot name beside it, which a
+    prune sweeps if this process is killed before it is gone), so no reader ever sees it half removed.
+    Raises the rename's OSError: the entry was removed or replaced by another process meanwhile."""
+    doomed = path.parent / f".evicted.{path.name}.{os.getpid()}"
+    os.rename(path, doomed)
+    if os.path.isdir(doomed) and not os.path.islink(doomed):
+        shutil.rmtree(doomed, ignore_errors=True)
+    else:
+        try:
+            os.unlink(doomed)
+        except OSError:
+            pass
+
+
+def _prune_support(entries: list[os.DirEntry], now: float) -> None:
     """Remove the shared entries (SUPPORT_PREFIXES) whose stem (the name up to its first dot) has gone
     unused for SUPPORT_STALE_SECONDS: the newest mtime among the stem's files, which mark_support_used
     refreshes on every use of the entry itself, decides."""
@@ -169,19 +178,10 @@ def _prune_support(root: Path, entries: list[os.DirEntry], now: float) -> None:
         if now - newest <= SUPPORT_STALE_SECONDS:
             continue
         for entry in group:
-            # A folder is renamed out of the way first, so no reader sees half of it.
-            doomed = root / f".evicted.{entry.name}.{os.getpid()}"
             try:
-                os.rename(entry.path, doomed)
-            except OSError:
+                evict(Path(entry.path))
+            except OSError:  # removed by another process meanwhile
                 continue
-            if os.path.isdir(doomed) and not os.path.islink(doomed):
-                shutil.rmtree(doomed, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(doomed)
-                except OSError:
-                    pass
 
 
 def _prune_shared_blas(entry: os.DirEntry, now: float) -> None:

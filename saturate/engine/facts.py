@@ -145,14 +145,15 @@ class Facts(ShapeData):
     def info(self, cls: Any) -> ValueInfo:
         """Static type of an e-class: the input graph's for original values, refined by what its
         e-nodes imply (after Pad's pads fold to a constant, so does Pad's output shape)."""
-        got = self.infos.get(cls)
-        if got is not None and (cls in self._refined or not self.refinable(got)):
-            return got
+        known = self._typed(cls)
+        if known is not None:
+            return known
         if not self._busy and not self._priming:
             self._type_below(cls)
-            got = self.infos.get(cls)
-            if got is not None and (cls in self._refined or not self.refinable(got)):
-                return got  # typed on the way, through a cycle back to it
+            known = self._typed(cls)
+            if known is not None:
+                return known  # typed on the way, through a cycle back to it
+        got = self.infos.get(cls)
         # A type fully known in an earlier iteration still holds: an e-class id that is still
         # canonical names the same value, however many classes joined it since.
         settled = self.settled.get(cls)
@@ -191,14 +192,16 @@ class Facts(ShapeData):
             self.inferred[cls] = result
         return result
 
+    def _typed(self, cls: Any) -> ValueInfo | None:
+        """The type `info` gives `cls` without working: inferred in this e-graph, or one inference
+        could not refine; else None."""
+        got = self.infos.get(cls)
+        return got if got is not None and (cls in self._refined or not self.refinable(got)) else None
+
     def _type_below(self, top: Any) -> None:
         """Type the e-classes below `top` deepest first, so that typing each one recurses a level
         at a time rather than down the whole graph (a text graph's chain of hundreds of untyped
         nodes passed Python's recursion limit)."""
-        def typed(c: Any) -> bool:
-            got = self.infos.get(c)
-            return got is not None and (c in self._refined or not self.refinable(got))
-
         order, seen, stack = [], {top}, [(top, False)]
         while stack:
             c, expanded = stack.pop()
@@ -213,7 +216,7 @@ class Facts(ShapeData):
                 opaque = self._opaque_of(node)
                 kids = opaque[1].children if opaque is not None else node.children if node.kind == "op" else ()
                 for k in kids:
-                    if k not in seen and k not in self.view.absent and not typed(k):
+                    if k not in seen and k not in self.view.absent and self._typed(k) is None:
                         seen.add(k)
                         stack.append((k, False))
         # Each is typed with its inputs typed before it; priming again from one of them would walk a

@@ -305,11 +305,11 @@ STALE_SECONDS = 600.0
 UNUSED_SECONDS = 14 * 24 * 3600.0
 
 
-def _sweep(folder: Path, now: float | None = None) -> None:
+def _sweep(folder: Path) -> None:
     """Remove what killed writers left in the folder (temp files, `.KEY.XXXXXXXX.tmp`), entries not
     read for UNUSED_SECONDS (a read refreshes an entry's mtime), and the entries of the pickle format,
     which nothing reads any more."""
-    now = time.time() if now is None else now
+    now = time.time()
     for e in os.scandir(folder):
         try:
             age = now - e.stat(follow_symlinks=False).st_mtime

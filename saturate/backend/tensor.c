@@ -165,7 +165,8 @@ void sat_layernorm(const float *x, const float *scale, const float *bias, float 
 
 #if (defined(__AVX512F__))
 /* Softmax of one contiguous row of L floats, 16 lanes at a time, two vectors a step with a sum each (rows of
- * 512 on a Zen 4: 0.43 -> 0.35 ns per element with sat_exp512's shorter chain), the last partial ones masked. */
+ * 512 on a Zen 4: 0.43 -> 0.35 ns per element with sat_exp512's shorter chain), the last partial ones masked;
+ * lanes below sat_softmax_floor are 0. */
 void sat_softmax_row512(const float *x, float *y, int64_t L) {
     const int64_t pairs = L - L % 32;
     __m512 mx = _mm512_set1_ps(-INFINITY), mx2 = mx;
@@ -178,10 +179,13 @@ void sat_softmax_row512(const float *x, float *y, int64_t L) {
         mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, x + i));
     }
     const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(mx, mx2)));
+    const __m512 lo = _mm512_set1_ps(sat_softmax_floor(L));
     __m512 sum = _mm512_setzero_ps(), sum2 = sum;
     for (int64_t i = 0; i < pairs; i += 32) {
-        const __m512 e = sat_exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), top));
-        const __m512 e2 = sat_exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), top));
+        const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + i), top);
+        const __m512 d2 = _mm512_sub_ps(_mm512_loadu_ps(x + i + 16), top);
+        const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, lo, _CMP_GE_OQ), sat_exp512(d));
+        const __m512 e2 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d2, lo, _CMP_GE_OQ), sat_exp512(d2));
         _mm512_storeu_ps(y + i, e);
         _mm512_storeu_ps(y + i + 16, e2);
         sum = _mm512_add_ps(sum, e);
@@ -189,9 +193,10 @@ void sat_softmax_row512(const float *x, float *y, int64_t L) {
     }
     for (int64_t i = pairs; i < L; i += 16) {
         const __mmask16 m = L - i >= 16 ? 0xFFFF : (__mmask16)((1u << (L - i)) - 1);
-        const __m512 e = sat_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), top));
+        const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), top);
+        const __m512 e = _mm512_maskz_mov_ps(m & _mm512_cmp_ps_mask(d, lo, _CMP_GE_OQ), sat_exp512(d));
         _mm512_mask_storeu_ps(y + i, m, e);
-        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
+        sum = _mm512_add_ps(sum, e);
     }
     const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(_mm512_add_ps(sum, sum2)));
     for (int64_t i = 0; i < L; i += 16) {
@@ -203,9 +208,9 @@ void sat_softmax_row512(const float *x, float *y, int64_t L) {
 #elif defined(__AVX2__) && defined(__FMA__)
 /* Softmax of one contiguous row of L floats, 8 lanes at a time: libm's expf is one call a float, which
  * left an AVX2 build's attention softmax scalar (as costly as a long sequence's products). x - max is at
- * most 0, and below -87.3 the mask makes the lane 0 (as the AVX-512 row's exp does, so masked-out positions,
- * a causal mask's -3.4e38, weigh nothing), so the exp needs no clamp (sat_exp8_in); two vectors a step, each
- * with its own sum. */
+ * most 0, and below sat_softmax_floor (above -87.3) the mask makes the lane 0 (as the AVX-512 row does, so
+ * masked-out positions, a causal mask's -3.4e38, weigh nothing and no lane is subnormal), so the exp needs
+ * no clamp (sat_exp8_in); two vectors a step, each with its own sum. */
 void sat_softmax_row8(const float *x, float *y, int64_t L) {
     const int64_t body = L - L % 8, pairs = L - L % 16;
     __m256 mx = _mm256_set1_ps(-INFINITY), mx2 = mx;
@@ -220,7 +225,8 @@ void sat_softmax_row8(const float *x, float *y, int64_t L) {
     m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
     float top = _mm_cvtss_f32(m4);
     for (int64_t i = body; i < L; i++) top = x[i] > top ? x[i] : top;
-    const __m256 t = _mm256_set1_ps(top), lo = _mm256_set1_ps(-87.3f);
+    const float floor_ = sat_softmax_floor(L);
+    const __m256 t = _mm256_set1_ps(top), lo = _mm256_set1_ps(floor_);
     __m256 sum = _mm256_setzero_ps(), sum2 = sum;
     for (int64_t i = 0; i < pairs; i += 16) {
         const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), t), d2 = _mm256_sub_ps(_mm256_loadu_ps(x + i + 8), t);
@@ -243,7 +249,7 @@ void sat_softmax_row8(const float *x, float *y, int64_t L) {
     s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
     float total = _mm_cvtss_f32(s4);
     for (int64_t i = body; i < L; i++) {
-        const float d = x[i] - top, e = d < -87.3f ? 0.0f : sat_expf(d);
+        const float d = x[i] - top, e = d < floor_ ? 0.0f : sat_expf(d);
         y[i] = e;
         total += e;
     }

@@ -505,8 +505,10 @@ def test_matmul_of_tokens_by_a_constant_matrix(tokens, threads):
 WINO_CONVS = [
     # (input shape, output channels, pads): 3x3, unit strides. Odd and even maps (partial 2x2 tiles at the
     # right and bottom), pads 0, 1 and asymmetric, channel counts off 6, 8 and 16, two images, blocks of
-    # tiles that split a tile row (56 tiles of 64 channels per block at most) and rows longer than a block
+    # tiles that split a tile row and rows longer than a block (a block is half the L2, 192 KB to 4 MB:
+    # 1025 tiles a row of 32 channels pass the largest)
     ((1, 32, 16, 16), 32, [1, 1, 1, 1]),
+    ((1, 32, 4, 2050), 32, [1, 1, 1, 1]),
     ((2, 37, 15, 13), 45, [1, 1, 1, 1]),
     ((1, 33, 17, 18), 40, [0, 0, 0, 0]),
     ((1, 48, 14, 15), 35, [1, 0, 0, 1]),

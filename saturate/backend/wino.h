@@ -12,13 +12,16 @@
  * side, so the output transform and the 8-channel epilogue run on whole vectors, as sat_pconv_run's do.
  *
  * A work unit is (image, block of tiles in raster order, channel chunk): the block's transformed input
- * (16 x tiles x C floats, about SAT_WINO_VFLOATS) stays in L2 while each channel panel's 16 products pass
- * it, and the panel's sums (16 x tiles x SAT_PN) go through the output transform straight after. */
+ * (16 x tiles x C floats) and one channel panel's sums (16 x tiles x SAT_PN), together about half the L2,
+ * stay there while each channel panel's 16 products pass them, and the sums go through the output
+ * transform straight after. Each weight read from beyond L2 serves the block's tiles, so the block is as
+ * large as the L2 allows. */
 #ifndef SATURATE_WINO_H
 #define SATURATE_WINO_H
 
-/* Floats of one block's transformed input: 192 KB, under half of a Zen 3 core's L2, so the weights
- * streaming past it do not evict it. */
+/* Floats of one block's transformed input and sums when the core's L2 size is unknown: 192 KB, under half
+ * of a Zen 3 core's L2, so the weights streaming past it do not evict it. Where the size is known the block
+ * takes half the L2 (sat_wino_block_floats). */
 #ifndef SAT_WINO_VFLOATS
 #define SAT_WINO_VFLOATS (48 * 1024)
 #endif
@@ -135,6 +138,8 @@ static inline __attribute__((always_inline)) void sat_wino_run(void *ctx, int64_
 }
 
 void sat_wino_unit(void *ctx, int64_t u, int tid);
+
+int64_t sat_wino_block_floats(void);
 
 void sat_conv_wino(const float *x, const float *u, float *y, int N, int C, int H, int W, int M, int OH,
                           int OW, int ph, int pw, sat_epi epi, sat_body body);

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from engine_util import Builder, assert_same, ops
 
+from saturate.interp.interpreter import run_graph
 from saturate.lang.parser import load_rules
 from saturate.pipeline import optimize
 
@@ -201,6 +202,11 @@ CASES = {
                                                           b.const(np.array([2, 3], I64))))), ["Add"], ()),
     "fold-flatten": (_mat(_fold("Flatten", _c(2, 3, 1), axis=1)), ["Add"], ()),
     "fold-softmax": (_mat(_fold("Softmax", _c(2, 3), axis=1)), ["Add"], ()),
+    **{f"{outer.lower()}-{inner.lower()}": (_mat(lambda b, o=outer, i=inner: b.op(o, b.op(i, "x"))), [outer], ())
+       for outer, inner in (("Relu", "Relu"), ("Abs", "Abs"), ("Ceil", "Ceil"), ("Floor", "Floor"),
+                            ("Round", "Round"), ("Sign", "Sign"), ("Abs", "Neg"))},
+    "abs-relu": (_mat(lambda b: b.op("Abs", b.op("Relu", "x"))), ["Relu"], ()),
+    "neg-neg": (_mat(lambda b: b.op("Relu", b.op("Neg", b.op("Neg", "x")))), ["Relu"], ()),
     "concat-single": (_mat(lambda b: b.op("Relu", b.op("Concat", "x", axis=0))), ["Relu"], ()),
     "shape-static": (_mat(_reshape_to("Shape", "x", start=0)), ["Reshape"], ()),
     "shape-gather": (_mat(_reshape_to("Gather", lambda b: b.op("Shape", "x"), _i64(1, 0), axis=0)),
@@ -345,6 +351,19 @@ def test_standard_rule(name):
     assert report.run.matches[name] > 0, f"{name} never matched"
     assert ops(after) == expected
     assert_same(before, after, b.sample())
+
+
+def test_neg_neg_on_int8_keeps_its_wrapped_minimum():
+    # Neg is shape arithmetic, rewritten on every dtype: int8 -128 negates to itself, twice too.
+    from saturate.core.ir import Graph, Node, ValueInfo
+
+    g = Graph(name="g", opset=17, inputs=["x"], outputs=["r"])
+    g.values.update({v: ValueInfo("int8", (4,)) for v in ("x", "n", "r")})
+    g.nodes += [Node("Neg", ["x"], ["n"], name="n1"), Node("Neg", ["n"], ["r"], name="n2")]
+    after, report = optimize(g, [RULES["neg-neg"]])
+    assert ops(after) == ["Identity"] and report.run.matches["neg-neg"] > 0   # the input is the output
+    x = {"x": np.array([-128, -1, 0, 127], np.int8)}
+    assert run_graph(after, x)["r"].tolist() == run_graph(g, x)["r"].tolist() == [-128, -1, 0, 127]
 
 
 def test_a_unit_max_pool_whose_indices_are_read_stays():

@@ -49,12 +49,15 @@ WINO_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0
 
 def wino_weights(w: np.ndarray, pn: int) -> np.ndarray:
     """3x3 conv weights (M x C x 3 x 3) as sat_conv_wino (wino.h) reads them: U = G g G^T per (m, c), in
-    float64 then rounded once, as 16 slices xi = 4 i + j of M x C, each in PN-channel panels over the whole
-    reduction (pack_weights' layout, rows zero-padded to a multiple of PN, the build's panel_width)."""
+    float64 then rounded once; per PN-channel panel (rows zero-padded to a multiple of PN, the build's
+    panel_width) its 16 slices xi = 4 i + j, each C x PN k-major (pack_weights' panel layout). A work unit
+    reads a panel's 16 slices one after the other, so the weights stream in the order they are stored."""
     u = np.einsum("ik,mckl,jl->ijmc", WINO_G, np.asarray(w, np.float64), WINO_G)
     m, c = w.shape[:2]
-    return np.concatenate([pack_weights(u[i, j].astype(np.float32), 1, pn, kc=c)
-                           for i in range(4) for j in range(4)], axis=1)
+    panels = -(-m // pn)
+    slices = [pack_weights(u[i, j].astype(np.float32), 1, pn, kc=c).reshape(panels, c * pn)
+              for i in range(4) for j in range(4)]
+    return np.stack(slices, axis=1).reshape(1, -1)
 
 
 def transposed_product(x, w, win, group: int) -> bool:

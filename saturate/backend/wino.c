@@ -90,8 +90,8 @@ int64_t sat_wino_block_floats(void) {
 }
 
 /* 3x3 convolution, unit strides and dilations, one group, begin pads ph, pw (any end pads: OH, OW say
- * where the output ends), on weights transformed and packed by the emitter (emit.wino_weights: 16 slices
- * of Mp x C, Mp = M rounded up to SAT_PN). `body` is the emitter's instantiation of sat_wino_run with
+ * where the output ends), on weights transformed and packed by the emitter (emit.wino_weights: per
+ * SAT_PN-channel panel, M rounded up to SAT_PN, 16 slices of C x SAT_PN). `body` is the emitter's instantiation of sat_wino_run with
  * its 8-channel epilogue, or NULL (then `epi` runs on the output rows). Blocks hold about
  * sat_wino_block_floats floats of transformed input and sums, evened out over an image's tiles; when the
  * units are too few to share evenly, each is split by channel chunks (each chunk transforms its block's
@@ -113,7 +113,6 @@ void sat_conv_wino(const float *x, const float *u, float *y, int N, int C, int H
     int split = sat_threads > 1 && units % sat_threads != 0 && units < 8 * sat_threads ? sat_threads : 1;
     int chunk = ((M + split - 1) / split + SAT_PN - 1) / SAT_PN * SAT_PN;
     split = (M + chunk - 1) / chunk;
-    const int Mp = (M + SAT_PN - 1) / SAT_PN * SAT_PN;
-    sat_wino_args a = {x, u, y, C, H, W, M, Mp, OH, OW, ph, pw, TW, tiles, tb, blocks, split, chunk, epi};
+    sat_wino_args a = {x, u, y, C, H, W, M, OH, OW, ph, pw, TW, tiles, tb, blocks, split, chunk, epi};
     sat_parallel(units * split, body ? body : sat_wino_unit, &a);
 }

@@ -7,8 +7,8 @@
  * 0, +-1 or +-1/2.
  *
  * Products run on pgemm.h's 6x16 tile in its transposed orientation: tiles take the tile's rows (panels
- * of SAT_PR tiles), channels its columns (U_xi in SAT_PN-channel panels over the whole reduction, as
- * emit.wino_weights packs them). The sums of one channel panel are then SAT_PN channels of a tile side by
+ * of SAT_PR tiles), channels its columns (U_xi in SAT_PN-channel panels over the whole reduction, a
+ * panel's 16 slices side by side, as emit.wino_weights packs them). The sums of one channel panel are then SAT_PN channels of a tile side by
  * side, so the output transform and the 8-channel epilogue run on whole vectors, as sat_pconv_run's do.
  *
  * A work unit is (image, block of tiles in raster order, channel chunk): the block's transformed input
@@ -27,9 +27,9 @@
 #endif
 
 typedef struct {
-    const float *x, *u; /* input N x C x H x W; transformed weights, 16 slices of Mp x C in SAT_PN panels */
+    const float *x, *u; /* input N x C x H x W; transformed weights: per SAT_PN-channel panel, 16 slices of C x SAT_PN */
     float *y;
-    int C, H, W, M, Mp, OH, OW, ph, pw, TW, tiles, tb, blocks, split, chunk;
+    int C, H, W, M, OH, OW, ph, pw, TW, tiles, tb, blocks, split, chunk;
     sat_epi epi;
 } sat_wino_args;
 
@@ -113,7 +113,7 @@ static inline __attribute__((always_inline)) void sat_wino_run(void *ctx, int64_
     for (int j = m0; j < m1; j += SAT_PN) {
         const int nr = m1 - j < SAT_PN ? m1 - j : SAT_PN;
         for (int xi = 0; xi < 16; xi++) {
-            const float *uj = a->u + (int64_t)xi * a->Mp * C + (int64_t)j * C;
+            const float *uj = a->u + ((int64_t)j * 16 + xi * SAT_PN) * C;
             for (int k0 = 0; k0 < C; k0 += SAT_PKC) {
                 const int kc = C - k0 < SAT_PKC ? C - k0 : SAT_PKC;
                 for (int q = 0; q < panels; q++)

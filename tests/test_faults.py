@@ -200,6 +200,51 @@ def test_constant_expressions_that_never_evaluate_end_in_a_graph_not_a_failure(t
     assert graph.op_counts() == examples.build("vgg").op_counts()
 
 
+# ---- a constant a rule builds over --max-memory names that rule ------------------------------------
+
+RELU_ADD_MUL = """graph t opset 17
+  input %x: float32[2, 3]
+  const %c: float32[3] = [1.0, 1.0, 1.0]
+  %r: float32[2, 3] = Relu(%x)
+  %y: float32[2, 3] = Add(%r, %c)
+  %z: float32[2, 3] = Mul(%y, %c)
+  output %z
+"""
+# Each right side builds terabytes; the limit refuses them before anything is allocated.
+HUGE = {"constant_of_shape": "constant_of_shape([100000, 100000, 100], 0.0)",
+        "multiply": "unsqueeze(range(0.0, 200000.0, 1.0), [1]) * range(0.0, 200000.0, 1.0)"}
+
+
+@pytest.mark.parametrize("fn,std", [
+    ("constant_of_shape", False),   # computed first to price extraction
+    ("constant_of_shape", True),    # computed first for add-add's guards, which read it as its `a`
+    # fold-mul, mul-mul and mul-add-const write a * b too, of any form, and compile first (rules
+    # go in name order): named after the one whose form the product has.
+    ("multiply", True),
+])
+def test_a_right_side_constant_over_the_memory_limit_names_its_rule(tmp_path, capsys, fn, std):
+    model, rules, out = tmp_path / "m.sat", tmp_path / "huge.rules", tmp_path / "out.onnx"
+    model.write_text(RELU_ADD_MUL)
+    line = f"rule wide  Relu(x) => Add(Relu(x), {HUGE[fn]})"
+    rules.write_text(f"ruleset huge level 0\n{line}\n")
+    call = HUGE[fn].split("(")[0] if fn != "multiply" else HUGE[fn]
+    col = line.index(call) + 1
+    assert main(["optimize", str(model), "-o", str(out), "--rules", str(rules)] + ([] if std else ["--no-std"])) == 2
+    err = _one_error_line(capsys, "over the memory limit", f"constant expression {fn}: float64[")
+    assert err.startswith(f"saturate: error: {rules}:2:{col}: rule 'wide'"), err
+    assert (" (or " in err) == (fn == "multiply") and not out.exists()
+
+
+def test_a_guard_constant_over_the_memory_limit_names_its_rule(tmp_path, capsys):
+    model, rules = tmp_path / "m.sat", tmp_path / "huge.rules"
+    model.write_text(RELU_ADD_MUL)
+    rules.write_text("ruleset huge level 0\n"
+                     f"rule wide  Relu(x) => x  if broadcasts_into({HUGE['constant_of_shape']}, x)\n")
+    assert main(["optimize", str(model), "-o", str(tmp_path / "o.onnx"), "--no-std", "--rules", str(rules)]) == 2
+    _one_error_line(capsys, f"{rules}:2:1: rule 'wide': constant expression constant_of_shape: float64[",
+                    "over the memory limit")
+
+
 # ---- limits hold inside an iteration --------------------------------------------------------------
 
 # Commutativity and associativity of Add, fed by a rule that keeps making Adds: the matches of one

@@ -92,6 +92,7 @@ class _Compiler:
             args = [self.rhs(a) for a in term.args]
             ctor = k_ctor(term.fn, len(args))
             enc.declare(ctor, len(args), first_i64=False)
+            enc.wrote(len(args), cr.rule, term)
             return f"({ctor} {' '.join(args)})"
         if isinstance(term, (Num, Str, IntList)):
             value = term.value if not isinstance(term, IntList) else tuple(term.values)

@@ -152,6 +152,9 @@ class Encoding:
     declared: dict[str, str] = field(default_factory=dict)
     # The largest result the rule of any op folds to, unless its inputs were as large (--max-fold-bytes).
     max_fold_bytes: int = 1 << 20
+    # (function, arity) -> ("file:line:col: rule 'name'", the call) of each right side writing it:
+    # an e-node does not record the rule that made it, and a constant too large to compute names it.
+    writers: dict[tuple[str, int], list[tuple[str, Any]]] = field(default_factory=dict)
 
     def attr_id(self, op: str, attrs: dict[str, Any]) -> int:
         """Id of an attribute set of `op`, registering it on first sight."""
@@ -161,6 +164,15 @@ class Encoding:
             got = self.attr_ids[key] = len(self.attr_sets)
             self.attr_sets.append((op, dict(attrs)))
         return got
+
+    def wrote(self, arity: int, rule: Any, call: Any) -> None:
+        """Record that `rule`'s right side builds the constant expression `call` (a lang.ast.Call)
+        of `arity` arguments."""
+        loc = call.loc or rule.loc
+        where = f"{loc.file}:{loc.line}:{loc.col}: rule '{rule.name}'"
+        got = self.writers.setdefault((call.fn, arity), [])
+        if all(w != where for w, _ in got):
+            got.append((where, call))
 
     def lit_id(self, value: Any) -> int:
         """Id of a literal (number, string, int list) a rule or an attribute puts in the graph."""

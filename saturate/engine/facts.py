@@ -10,10 +10,12 @@ from typing import Any
 import numpy as np
 
 from saturate.lang import fold
+from saturate.lang.ast import Call, Spread, Var
 from saturate.lang.builtins import CONST_FUNCS
 from saturate.engine.egraph import EGraphView, ENode
 from saturate.engine.encode import Encoding
 from saturate.engine.shape_data import ShapeData, small_ints
+from saturate.core.errors import MemoryLimitError
 from saturate.core.ir import ValueInfo
 from saturate.core import geometry, mapped
 from saturate.frontend.infer import onnx_infer
@@ -22,6 +24,18 @@ from saturate.ops.infer import broadcast_shape
 
 FAILED = object()  # a constant expression numpy could not evaluate
 _ABSENT = ("absent",)   # the structural key of an omitted input, valued None
+
+
+def _form_size(term: Any) -> int:
+    """How much of a constant expression is more than a variable (it fits fewer e-nodes)."""
+    if isinstance(term, (Var, Spread)):
+        return 0
+    return 1 + sum(_form_size(a) for a in getattr(term, "args", ()))
+
+
+class ConstantTooLarge(MemoryLimitError):
+    """A constant expression of the e-graph would pass --max-memory; the message names the rules
+    whose right sides write its function (whichever rule's guard or extraction asked for it)."""
 
 
 class Facts(ShapeData):
@@ -138,8 +152,39 @@ class Facts(ShapeData):
             return None
         key = (node.head, *kids)
         if key not in self.cache:
-            self.cache[key] = evaluate_fn(node.head, [self.cache[k] for k in kids])
+            try:
+                self.cache[key] = evaluate_fn(node.head, [self.cache[k] for k in kids])
+            except MemoryLimitError as err:
+                where = self.made_by(node)
+                raise ConstantTooLarge(f"{where}: {err}" if where else str(err)) from None
         return None if self.cache[key] is FAILED else key
+
+    def made_by(self, node: ENode) -> str:
+        """Where the rule that built the constant e-node `node` writes it: among the right sides
+        calling its function, those whose arguments have the form of its children (a nested call,
+        a literal). When that leaves several (`a * b` of two variables fits any product), the one
+        whose form says most comes first, the others follow in brackets. "" when no rule writes it."""
+        writers = self.enc.writers.get((node.head, len(node.children)), [])
+        fitting = [(w, call) for w, call in writers if self._could_build(call, node)] or writers
+        if not fitting:
+            return ""
+        fitting = [w for w, _ in sorted(fitting, key=lambda wc: -_form_size(wc[1]))]
+        others = fitting[1:]
+        shown = "; ".join(others[:3]) + (f"; {len(others) - 3} more" if len(others) > 3 else "")
+        return fitting[0] + (f" (or {shown})" if others else "")
+
+    def _could_build(self, call: Call, node: ENode) -> bool:
+        """Whether `call`'s arguments have the form of `node`'s children."""
+        if len(call.args) != len(node.children):
+            return True     # a list spread over the inputs (the rule of any op): no form to compare
+        for arg, child in zip(call.args, node.children):
+            nodes = self.view.classes.get(child, ())
+            if isinstance(arg, Call) and arg.fn in CONST_FUNCS:
+                if not any(n.kind == "call" and n.head == arg.fn and self._could_build(arg, n) for n in nodes):
+                    return False
+            elif not isinstance(arg, (Var, Spread)) and not any(n.kind == "lit" for n in nodes):
+                return False     # a literal, a query or a captured attribute: a Lit e-node
+        return True
 
     # ---- static types ---------------------------------------------------------------------
     def info(self, cls: Any) -> ValueInfo:

@@ -95,6 +95,7 @@ def compile_opaque(cr: CompiledRule, enc: Encoding, first: bool) -> None:
     enc.declare(ctor, n)
     body_ctor = k_ctor(fold.EVALUATE, n + 1)
     enc.declare(body_ctor, n + 1, first_i64=False)
+    enc.wrote(n + 1, rule, rule.rhs)
     args = " ".join(f"v_{v}" for v in names)
     query = " ".join(["(= root (Out a_0 t_1))", f"(= t_1 ({ctor} a_1 {args}))"]
                      + [f"(FoldArg v_{v})" for v in names])

@@ -14,7 +14,7 @@ from saturate.engine.egraph import EGraphView
 from saturate.engine.encode import Encoding, Rows
 from saturate.engine import fold_any
 from saturate.engine.compiled_rule import CompiledRule
-from saturate.engine.facts import FAILED, Facts, evaluate_fn
+from saturate.engine.facts import FAILED, ConstantTooLarge, Facts, evaluate_fn
 from saturate.core.errors import SaturateError
 from saturate.lang import fold
 from saturate.lang.ast import AttrVar, Call, IntList, Num, OpTerm, Str, Term, Var
@@ -248,8 +248,11 @@ def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int,
         return computed, [ev.eval(term) for _, term in cr.extras]
     except _Undecided:
         return None
-    except SaturateError as err:   # a constant expression over --max-memory: say which rule read it
-        raise SaturateError(f"{err}, deciding rule '{cr.rule.name}' ({cr.rule.loc})") from None
+    except ConstantTooLarge:       # a value of the e-graph: it names the rules that build it
+        raise
+    except SaturateError as err:   # a guard's or an attribute's constant expression over --max-memory
+        loc = cr.rule.loc
+        raise SaturateError(f"{loc.file}:{loc.line}:{loc.col}: rule '{cr.rule.name}': {err}") from None
 
 
 def _computed_attribute(op: str, key: str, value: Any) -> Any:

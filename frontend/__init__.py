@@ -47,9 +47,14 @@ def load_graph(spec: str) -> Graph:
         except UnicodeDecodeError:
             raise SaturateError(f"{spec}: not a text graph (not UTF-8)") from None
         del data
-        from saturate.frontend import text
+        from saturate.frontend import onnx_export, text
 
-        return text.parse_graph(source, file=str(spec))
+        graph = text.parse_graph(source, file=str(spec))
+        try:
+            onnx_export.check_types(graph)
+        except SaturateError as err:
+            raise SaturateError(f"{spec}: {err}") from None
+        return graph
     import onnx
     from google.protobuf.message import DecodeError
 

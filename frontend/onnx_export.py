@@ -17,7 +17,8 @@ from saturate.core.mapped import Arena, file_slice, input_slice
 from saturate.frontend.onnx_scope import (GRAPH_KINDS, bind_subgraphs, has_subgraphs, outer_names_before,
                                          parse_attribute)
 from saturate.frontend.onnx_meta import _DEFAULT_DOMAINS, _restore_model_fields, _strings
-from saturate.frontend.onnx_tensors import _RAW_DTYPES, _SKELETON_ELEMENTS, _first_line, container_type, elem_type
+from saturate.frontend.onnx_tensors import (_RAW_DTYPES, _SKELETON_ELEMENTS, _first_line, container_type, elem_type,
+                                           type_info)
 
 
 def _declare_io_rank_free(model: onnx.ModelProto) -> None:
@@ -132,6 +133,47 @@ def check_exported(graph: Graph, model: onnx.ModelProto,
             onnx.checker.check_model(probe)
     except Exception as err:  # the checker's own error types differ between onnx versions
         raise SaturateError(f"{refusal}: {_first_line(err)}") from None
+
+
+def check_types(graph: Graph) -> None:
+    """Refuse a graph whose nodes get types their ops refuse (an Add of float and int64, a Relu of
+    strings), or whose declared element types contradict what their nodes give, in one line
+    naming the node and op, as import refuses such an ONNX model. Every value is inferred afresh
+    from the graph's inputs and constants, then compared with its declaration: a declared type
+    given to inference would hide what its node makes of the types it reads. An input the graph
+    leaves untyped is not taken for float: inference then runs in ONNX's ordinary mode, which
+    skips the nodes that read it and still refuses the types the others are given."""
+    probe = _light(graph, export_model(graph, weights=False))
+    name_unnamed_nodes(probe.graph)
+    # A text graph may use another domain's op without importing the domain: inference skips
+    # an op it has no schema for, once its domain is imported.
+    imported = {o.domain for o in probe.opset_import}
+    for domain in sorted({n.domain for n in graph.nodes} - imported - set(_DEFAULT_DOMAINS)):
+        probe.opset_import.append(helper.make_opsetid(domain, 1))
+    probe.graph.ClearField("value_info")
+    for vi in probe.graph.output:
+        vi.ClearField("type")
+    # Typed as the text states: in values, as constants, or (a sequence) in meta value_types.
+    stated = {*graph.values, *graph.constants, *(name for name, _ in _strings(graph.meta.get("value_types"), 2))}
+    for vi in probe.graph.input:
+        if vi.name not in stated:
+            vi.ClearField("type")
+    try:
+        if all(vi.HasField("type") for vi in probe.graph.input):
+            inferred = infer_strictly(probe)[0].graph
+        else:
+            inferred = onnx.shape_inference.infer_shapes(probe, check_type=True, data_prop=True).graph
+    except Exception as err:  # inference failures are the graph's fault, not ours
+        raise SaturateError(f"invalid graph: shape inference failed: {_first_line(err)}") from None
+    found = {vi.name: type_info(vi.type) for vi in list(inferred.value_info) + list(inferred.output)}
+    for node in graph.nodes:
+        for out in node.outputs:
+            declared, got = graph.values.get(out), found.get(out)
+            if declared is None or got is None or "unknown" in (declared.dtype, got.dtype):
+                continue
+            if declared.dtype != got.dtype:
+                raise SaturateError(f"invalid graph: {node.where()}: output '{out}' is declared {declared.dtype}, "
+                                    f"but the op gives {got.dtype}")
 
 
 def _light(graph: Graph, model: onnx.ModelProto) -> onnx.ModelProto:

@@ -1,5 +1,6 @@
 """Text form: print/parse round trips (hypothesis over random graphs), syntax errors, `saturate show`."""
 
+import re
 import warnings
 
 import numpy as np
@@ -290,3 +291,56 @@ def test_a_long_chain_of_untyped_nodes_optimizes_and_keeps_its_outputs(tmp_path)
     want = run_graph(load_graph(str(tmp_path / "chain.sat")), {"x": x})[prev]
     got = ort.InferenceSession(str(tmp_path / "chain.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# ---- types, checked on load as ONNX import checks them ---------------------------------------
+HEADER = "graph g opset 17\n  input %x: float32[2, 3]\n"
+
+
+@pytest.mark.parametrize("body,words", [
+    ("  const %c: int64[3] = [1, 2, 3]\n  %y = Add(%x, %c)\n", "(op_type:Add, node name: y): B has inconsistent type"),
+    ("  input %s: string[2]\n  %y = Relu(%s)\n", "(op_type:Relu, node name: y): X typestr: T, has unsupported type"),
+    # A declared result type does not hide what the node makes of its inputs.
+    ("  const %c: int64[3] = [1, 2, 3]\n  %y: float32[2, 3] = Add(%x, %c) @\"sum\"\n", "(op_type:Add, node name: sum)"),
+    ("  %s: float32[2] = Shape(%x)\n  %y = Relu(%s)\n",
+     "node 's' (Shape): output 's' is declared float32, but the op gives int64"),
+    # Behind an input the text leaves untyped, the nodes that read only typed values are still checked.
+    ("  input %u\n  %r = Relu(%u)\n  const %c: int64[3] = [1, 2, 3]\n  %y = Add(%x, %c)\n",
+     "(op_type:Add, node name: y)"),
+])
+def test_a_text_graph_giving_an_op_types_it_refuses_is_refused_on_load(tmp_path, capsys, body, words):
+    path, out = tmp_path / "bad.sat", tmp_path / "out.sat"
+    path.write_text(HEADER + body + "  output %y\n")
+    for argv in (["show", str(path)], ["optimize", str(path), "-o", str(out)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"saturate: error: {path}: invalid graph: ") and words in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("body", [
+    # An untyped input is not taken for float: here it can only be int64 indices.
+    "  input %i\n  const %t: float32[4] = [1, 2, 3, 4]\n  %y = Gather(%t, %i)\n",
+    # Untyped results, an int64 one among them, and an untyped graph output.
+    "  %s = Shape(%x)\n  %y = Reshape(%x, %s)\n",
+    # An op of a domain the text does not import: inference has no schema for it, and skips it.
+    '  %y = "my.ops".Frobnicate(%x)\n',
+])
+def test_well_typed_text_graphs_load_whatever_they_leave_untyped(tmp_path, body):
+    path = tmp_path / "ok.sat"
+    path.write_text(HEADER + body + "  output %y\n")
+    assert load_graph(str(path)).outputs == ["y"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "vgg", "mobilenet", "resnet18"])
+def test_examples_load_from_text_with_or_without_their_types(tmp_path, name):
+    # Printed with every type, then with none but the input's (an earlier check took the untyped
+    # for float and refused int64 shape arithmetic), then without that too.
+    g = build(name)
+    typed = print_graph(g)
+    bare = re.sub(r"^(  %\S+): [^=\n]+ = ", r"\1 = ", typed, flags=re.M)
+    assert not re.search(r"^  %\S+: ", bare, flags=re.M)
+    for k, text in enumerate([typed, bare, re.sub(r"^(  input %\S+): .*$", r"\1", bare, flags=re.M)]):
+        (tmp_path / f"{k}.sat").write_text(text)
+        assert_same(parse_graph(text), load_graph(str(tmp_path / f"{k}.sat")))

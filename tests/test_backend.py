@@ -193,6 +193,32 @@ def test_two_threads_agree_with_one():
     check_three_way(load_graph("example:resnet18"), ort=False, threads=2)
 
 
+def test_threads_beside_busy_processes_agree_with_one():
+    """Two processes that never sleep take both cores: the caller loses its core to the worker it wakes, and
+    the next runs are the caller's alone (pool.h's SAT_SOLO_NS), then shared again. Every call's result,
+    shared or alone, is the one-thread result."""
+    import subprocess
+    import sys
+
+    from saturate.backend import compile_graph
+    from saturate.frontend import load_graph
+
+    g = load_graph("example:resnet18")
+    feed = feed_for(g, 0)
+    want = compile_graph(g, threads=1)(feed)
+    model = compile_graph(g, threads=2)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        got = [model(feed) for _ in range(12)]
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    for out in got:
+        for k, v in want.items():
+            assert rel_error(out[k], np.asarray(v, np.float64)) <= 1e-5, k
+
+
 def test_fusion_follows_single_consumers():
     from saturate.backend.plan import fuse
     from saturate.backend.shapes import infer_shapes

@@ -1,11 +1,19 @@
 /* The kernel library's half of pool.h: compiled once per instruction set (build.py), linked into every model. */
 #include "pool.h"
 
+#include <sys/resource.h>
 #include <time.h>
+
+/* (glibc declares it only under _GNU_SOURCE, which the headers included before this file's did not set) */
+#if defined(__linux__) && !defined(RUSAGE_THREAD)
+#define RUSAGE_THREAD 1
+#endif
 
 int sat_threads = 1;
 
 _Atomic int sat_pool_active;
+
+_Atomic int sat_pool_share = SAT_MAX_THREADS;
 
 __thread int sat_in_parallel;
 
@@ -80,15 +88,30 @@ void *sat_pool_worker(void *arg) {
             if ((uint32_t)(t >> 32) == seen) continue; /* woken for a run: spin for its first job */
         }
         seen = (uint32_t)(t >> 32);
-        if (tid < sat_threads) sat_pool_drain(seen, tid);
+        if (sat_pool_takes(tid)) sat_pool_drain(seen, tid);
     }
     return NULL;
 }
 
+/* This thread's involuntary context switches so far (-1 where the system does not count them). */
+static long sat_pool_preempted(void) {
+#ifdef RUSAGE_THREAD
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) == 0) return ru.ru_nivcsw;
+#endif
+    return -1;
+}
+
 /* A run begins: sleeping workers wake now, so their wake-up overlaps the caller's first work instead of
- * leaving the first jobs to the caller alone. */
+ * leaving the first jobs to the caller alone; while the caller keeps losing its core, fewer of them (see
+ * SAT_FEWER_NS). */
 void sat_pool_begin(void) {
     if (sat_threads <= 1 || sat_in_parallel) return;
+    const int fewer = sat_pool_ns() < sat_pool.fewer_until && sat_pool.fewer < sat_threads;
+    const int share = fewer ? sat_pool.fewer : sat_threads;
+    atomic_store(&sat_pool_share, share);
+    sat_pool.nivcsw = sat_pool_preempted();
+    if (share <= 1) return;
     pthread_mutex_lock(&sat_pool.mu);
     atomic_store(&sat_pool_active, 1);
     atomic_fetch_add(&sat_pool.runs, 1);
@@ -96,7 +119,25 @@ void sat_pool_begin(void) {
     pthread_mutex_unlock(&sat_pool.mu);
 }
 
-void sat_pool_end(void) { atomic_store(&sat_pool_active, 0); }
+void sat_pool_end(void) {
+    if (sat_threads <= 1 || sat_in_parallel) return;
+    const int share = atomic_load(&sat_pool_share);
+    atomic_store(&sat_pool_active, 0);
+    atomic_store(&sat_pool_share, SAT_MAX_THREADS);
+    if (share <= 1) return;
+    const long switches = sat_pool_preempted();
+    if (sat_pool.nivcsw >= 0 && switches - sat_pool.nivcsw >= SAT_FEWER_SWITCHES) {
+        if (share == sat_threads) {
+            /* every thread again, and the core lost again: the reduction lasts longer than the last */
+            sat_pool.fewer_ns = sat_pool.fewer_ns ? 2 * sat_pool.fewer_ns : SAT_FEWER_NS;
+            if (sat_pool.fewer_ns > SAT_FEWER_MAX_NS) sat_pool.fewer_ns = SAT_FEWER_MAX_NS;
+            sat_pool.fewer_until = sat_pool_ns() + sat_pool.fewer_ns;
+        }
+        sat_pool.fewer = share - 1;
+    } else if (share == sat_threads) {
+        sat_pool.fewer_ns = 0;
+    }
+}
 
 void sat_serial(int64_t n, sat_body fn, void *ctx) {
     /* under the thread's own id when nested in another loop's item */
@@ -106,7 +147,9 @@ void sat_serial(int64_t n, sat_body fn, void *ctx) {
 
 /* Run fn(ctx, i, tid) for i in [0, n) on up to sat_threads threads; returns when all have run. */
 void sat_parallel(int64_t n, sat_body fn, void *ctx) {
-    if (sat_threads <= 1 || n <= 1 || sat_in_parallel) {
+    /* (a share of one: the caller runs this run's jobs alone, see SAT_FEWER_NS) */
+    const int alone = atomic_load_explicit(&sat_pool_share, memory_order_relaxed) < 2;
+    if (sat_threads <= 1 || n <= 1 || sat_in_parallel || alone) {
         sat_serial(n, fn, ctx);
         return;
     }

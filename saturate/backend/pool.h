@@ -19,10 +19,19 @@ extern int sat_threads;
  * as soon as the run ends (sat_pool_begin / sat_pool_end). */
 extern _Atomic int sat_pool_active;
 
+/* At most how many threads this run's jobs are shared among, the caller included: all (SAT_MAX_THREADS), or
+ * fewer than sat_threads while the caller keeps losing its core (see SAT_FEWER_NS). */
+extern _Atomic int sat_pool_share;
+
+/* Whether worker `tid` takes items: it is one of the threads asked for and of those sharing this run. */
+static inline int sat_pool_takes(int tid) {
+    return tid < sat_threads && tid < atomic_load_explicit(&sat_pool_share, memory_order_relaxed);
+}
+
 /* Whether worker `tid` is to stay awake: a run is on and it has a share of the run's threads (a model
  * called with fewer threads than before leaves the extra workers asleep). */
 static inline int sat_pool_wanted(int tid) {
-    return atomic_load_explicit(&sat_pool_active, memory_order_relaxed) && tid < sat_threads;
+    return atomic_load_explicit(&sat_pool_active, memory_order_relaxed) && sat_pool_takes(tid);
 }
 
 /* Set on a thread while it runs items of a parallel loop: a kernel that calls sat_parallel from inside one
@@ -41,6 +50,11 @@ typedef struct {
     int started;
     _Atomic int caller_asleep; /* the caller sleeps on done_cv until the last claimed item is done */
     _Atomic uint32_t runs;     /* sat_pool_begin calls: a worker asleep within one run wakes for the next */
+    /* Runs shared among fewer threads (see SAT_FEWER_NS): the caller's involuntary context switches when this
+     * run began, the threads of the runs before fewer_until, and the time the last reduction lasted */
+    long nivcsw;
+    int fewer;
+    int64_t fewer_until, fewer_ns;
     pthread_mutex_t mu;
     pthread_cond_t cv, done_cv;
 } sat_pool_state;
@@ -63,6 +77,19 @@ typedef struct {
  * build, median of 40 interleaved runs: ResNet-50 28.3 -> 21.2 ms (its CPU time 25.3 -> 20.7 ms), BERT-128
  * 18.3 -> 15.2 ms; spinning SAT_SPIN_NS in both cases was the former. */
 #define SAT_GAP_NS 20000
+
+/* When the caller lost its core SAT_FEWER_SWITCHES times or more in one run (involuntary context switches:
+ * other processes hold cores, and a worker woken for a job took the caller's core from it), the runs of the
+ * next SAT_FEWER_NS share their jobs among one thread fewer, and one fewer again each time such a run too
+ * loses the core, down to the caller alone, which then keeps a core to itself; the first run after that
+ * takes every thread again, and if it too lost its core the next reduction lasts twice as long (up to
+ * SAT_FEWER_MAX_NS). Beside a process spinning on one of a 2-core Xeon's cores, with the worker the caller was
+ * preempted 73 times a run of ResNet-50 at 96x96, and 2 threads took 1.00-1.11x the time of 1 (ResNet-50,
+ * BERT-128, Llama-512; 2-thread C/ORT 0.89-1.27); alone it took 0.97-1.08x (C/ORT 0.78-1.04). On an idle
+ * machine the caller is not preempted, and every thread runs as before. */
+#define SAT_FEWER_SWITCHES 4
+#define SAT_FEWER_NS 50000000
+#define SAT_FEWER_MAX_NS 1600000000
 
 extern sat_pool_state sat_pool;
 

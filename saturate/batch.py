@@ -7,6 +7,7 @@ import fnmatch
 import glob
 import json
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -262,8 +263,10 @@ def run_batch(jobs: list[Job], options: Options, workers: int | None = None, clu
                         worker.take(order, jobs)
     except BaseException:
         # Ctrl-C or SIGTERM (or a bug): the workers end now, not after their models, and the temp
-        # files they were writing go with them.
+        # files they were writing go with them. An outcome a worker already sent counts as done: its
+        # model was written, and the summary says so.
         with signals_ignored():
+            _collect_sent(pool, outcomes, done)
             _kill(pool)
             for folder in {os.path.dirname(job.output) or "." for job in jobs}:
                 sweep_stale_temps(folder)
@@ -360,6 +363,26 @@ def signals_ignored() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _collect_sent(pool: list[_Worker], outcomes: dict[int, Outcome], done: Callable[[Outcome], None] | None) -> None:
+    """Record the outcomes the workers have written to their pipes and the batch has not read yet."""
+    for worker in pool:
+        if worker.job is None or worker.proc.stdout.closed:
+            continue
+        try:
+            ready, _, _ = select.select([worker.proc.stdout], [], [], 0)
+            answers = worker.read() if ready else []
+        except (OSError, ValueError):  # a pipe gone, or a line cut short by the signal
+            continue
+        for answer in answers or []:
+            k = worker.job
+            if k is None:
+                break
+            outcomes[k] = Outcome(**answer)
+            worker.job = None
+            if done:
+                done(outcomes[k])
 
 
 def _kill(pool: list[_Worker]) -> None:

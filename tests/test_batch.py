@@ -122,3 +122,33 @@ def test_the_largest_models_start_first(tmp_path):
     assert order[0] == "corpus:vgg11_bn-ts" and order[-1] == "example:mobilenet"
     assert order.index(str(models / "vgg.onnx")) < order.index(str(models / "mlp.onnx"))
     assert batch.estimated_work("corpus:squeezenet1_1-ts") > (models / "mlp.onnx").stat().st_size
+
+
+def test_a_stopped_batch_counts_the_outcomes_its_workers_already_sent():
+    """Stopped (SIGINT, SIGTERM) before it read them, the batch still records the outcomes waiting on its
+    workers' pipes: their models were written. A worker with nothing sent, or a line cut short, adds none."""
+    import os
+    from dataclasses import asdict
+    from types import SimpleNamespace
+
+    sent = batch.Outcome("a.onnx", "out/a.onnx", True, 1.5, 10, 8, "saturated")
+    pipes = [os.pipe() for _ in range(3)]
+    os.write(pipes[0][1], json.dumps(asdict(sent)).encode() + b"\n")
+    os.write(pipes[2][1], b'{"source": "c.onnx", "out')  # the rest never came
+    workers = []
+    for k, (r, w) in enumerate(pipes):
+        os.close(w)
+        worker = batch._Worker.__new__(batch._Worker)
+        worker.proc = SimpleNamespace(stdout=os.fdopen(r, "rb"))
+        worker.job, worker._partial = k, b""
+        workers.append(worker)
+    outcomes, seen = {}, []
+    try:
+        batch._collect_sent(workers[:1], outcomes, seen.append)
+        assert outcomes == {0: sent} and seen == [sent] and workers[0].job is None
+        # an empty pipe (its writer gone) and a partial line record nothing
+        batch._collect_sent(workers[1:], outcomes, seen.append)
+        assert list(outcomes) == [0] and workers[1].job == 1 and workers[2].job == 2
+    finally:
+        for worker in workers:
+            worker.proc.stdout.close()

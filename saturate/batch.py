@@ -255,11 +255,7 @@ def run_batch(jobs: list[Job], options: Options, workers: int | None = None, clu
                             start_worker()
                         continue
                     for answer in answers:
-                        k = worker.job
-                        outcomes[k] = Outcome(**answer)
-                        worker.job = None
-                        if done:
-                            done(outcomes[k])
+                        _record(worker, answer, outcomes, done)
                         worker.take(order, jobs)
     except BaseException:
         # Ctrl-C or SIGTERM (or a bug): the workers end now, not after their models, and the temp
@@ -375,14 +371,18 @@ def _collect_sent(pool: list[_Worker], outcomes: dict[int, Outcome], done: Calla
             answers = worker.read() if ready else []
         except (OSError, ValueError):  # a pipe gone, or a line cut short by the signal
             continue
-        for answer in answers or []:
-            k = worker.job
-            if k is None:
-                break
-            outcomes[k] = Outcome(**answer)
-            worker.job = None
-            if done:
-                done(outcomes[k])
+        for answer in (answers or [])[:1]:  # a worker has one job at a time
+            _record(worker, answer, outcomes, done)
+
+
+def _record(worker: _Worker, answer: dict, outcomes: dict[int, Outcome],
+            done: Callable[[Outcome], None] | None) -> None:
+    """The outcome a worker sent for its job: recorded, told to `done`, the worker free for the next."""
+    k = worker.job
+    outcomes[k] = Outcome(**answer)
+    worker.job = None
+    if done:
+        done(outcomes[k])
 
 
 def _kill(pool: list[_Worker]) -> None:

@@ -110,8 +110,8 @@ void sat_pool_begin(void) {
     const int fewer = sat_pool_ns() < sat_pool.fewer_until && sat_pool.fewer < sat_threads;
     const int share = fewer ? sat_pool.fewer : sat_threads;
     atomic_store(&sat_pool_share, share);
-    sat_pool.nivcsw = sat_pool_preempted();
     if (share <= 1) return;
+    sat_pool.nivcsw = sat_pool_preempted();
     pthread_mutex_lock(&sat_pool.mu);
     atomic_store(&sat_pool_active, 1);
     atomic_fetch_add(&sat_pool.runs, 1);

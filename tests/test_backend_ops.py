@@ -202,15 +202,18 @@ def test_softmax_rows_with_masked_positions(length):
 
 
 @pytest.mark.parametrize("isa", ["native", "avx2"])
-@pytest.mark.parametrize("length", [37, 512])
-def test_softmax_rows_give_no_subnormal_output(length, isa):
+@pytest.mark.parametrize("length,axis", [(37, -1), (512, -1), (40, 0)])
+def test_softmax_rows_give_no_subnormal_output(length, axis, isa):
     # Logits falling to -120 below the row's largest: the lanes whose result would be subnormal (each costs an
-    # Intel core a microcode assist) are 0, on the AVX-512 and the AVX2 row alike, within tolerance of both.
+    # Intel core a microcode assist) are 0, on the AVX-512 and the AVX2 row and along an outer axis alike,
+    # within tolerance of both.
     from saturate.backend.build import BuildConfig
 
     ramp = -np.linspace(0.0, 120.0, length, dtype=np.float32)
-    nodes = [Node("Add", ["x", "r"], ["s"]), Node("Softmax", ["s"], ["y"], {"axis": -1})]
-    y = check_three_way(make(nodes, {"x": (3, length)}, {"r": ramp}, opset=13), config=BuildConfig(isa=isa))["y"]
+    shape = (3, length) if axis == -1 else (length, 3)
+    ramp = ramp if axis == -1 else ramp[:, None]
+    nodes = [Node("Add", ["x", "r"], ["s"]), Node("Softmax", ["s"], ["y"], {"axis": axis})]
+    y = check_three_way(make(nodes, {"x": shape}, {"r": ramp}, opset=13), config=BuildConfig(isa=isa))["y"]
     tiny = np.finfo(np.float32).tiny
     assert np.all((y == 0) | (np.abs(y) >= tiny)), y[(y != 0) & (np.abs(y) < tiny)]
     assert np.count_nonzero(y == 0) > 0

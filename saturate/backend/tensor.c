@@ -274,6 +274,7 @@ static void sat_softmax_block(const sat_softmax_args *a, int64_t o) {
         return;
     }
 #endif
+    const float floor_ = sat_softmax_floor(L);
     for (int64_t j = 0; j < inner; j++) {
         const float *xi = a->x + o * L * inner + j;
         float *yo = a->y + o * L * inner + j;
@@ -281,7 +282,7 @@ static void sat_softmax_block(const sat_softmax_args *a, int64_t o) {
         for (int64_t i = 0; i < L; i++) mx = xi[i * inner] > mx ? xi[i * inner] : mx;
         double sum = 0.0;
         for (int64_t i = 0; i < L; i++) {
-            const float e = expf(xi[i * inner] - mx);
+            const float d = xi[i * inner] - mx, e = d < floor_ ? 0.0f : expf(d);
             yo[i * inner] = e;
             sum += e;
         }

@@ -10,30 +10,36 @@ pytestmark = pytest.mark.compiler
 BACKEND = Path(__file__).resolve().parents[1] / "saturate" / "backend"
 
 # Jobs of varying sizes back to back, now and then after a pause that lets the workers sleep, in runs
-# (sat_pool_begin / sat_pool_end, as sat_run brackets its jobs) on 2 and then 3 threads;
-# every item checks it belongs to the job it runs in, every job that every item ran once.
+# (sat_pool_begin / sat_pool_end, as sat_run brackets its jobs) on 2, 3 and 4 threads; every item
+# counts its own runs, and each job checks, once it returns, that every item ran exactly once.
+# Every seventh job has up to 300 items, so threads run out of their own range and take from others'.
 STRESS = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include "pool.h"
 
-typedef struct { int64_t n; _Atomic int64_t ran; } job;
+#define MAX_ITEMS 300
+typedef struct { int64_t n; _Atomic int hits[MAX_ITEMS]; } job;
 static _Atomic int64_t outside;
 
 static void body(void *ctx, int64_t i, int tid) {
     job *j = ctx;
     (void)tid;
-    if (i < 0 || i >= j->n) atomic_fetch_add(&outside, 1);
+    if (i < 0 || i >= j->n) {
+        atomic_fetch_add(&outside, 1);
+        return;
+    }
     for (volatile int k = 0; k < 50; k++) {
     }
-    atomic_fetch_add(&j->ran, 1);
+    atomic_fetch_add(&j->hits[i], 1);
 }
 
 int main(int argc, char **argv) {
     sat_threads = 2;
     const long jobs = atol(argv[1]);
-    long early = 0;
+    long wrong = 0;
+    static job j;
     sat_pool_begin();
     for (long g = 0; g < jobs; g++) {
         if (g % 700 == 0) {
@@ -41,19 +47,20 @@ int main(int argc, char **argv) {
             sat_pool_end();
             struct timespec t = {0, 50000 * (g % 3)};
             nanosleep(&t, NULL);
-            sat_threads = 2 + (g / 2100) % 2;
+            sat_threads = 2 + (g / 2100) % 3;
             sat_pool_begin();
         }
-        job j = {.n = 1 + (g * 7919) % 13, .ran = 0};
+        j.n = g % 7 == 0 ? 1 + (g * 7919) % MAX_ITEMS : 1 + (g * 7919) % 13;
+        for (int i = 0; i < MAX_ITEMS; i++) atomic_store(&j.hits[i], 0);
         sat_parallel(j.n, body, &j);
-        if (atomic_load(&j.ran) != j.n) early++;
+        for (int i = 0; i < j.n; i++) wrong += atomic_load(&j.hits[i]) != 1;
         if (g % 1000 == 0) {
             struct timespec t = {0, 100000 * (g % 3)};
             nanosleep(&t, NULL);
         }
     }
     sat_pool_end();
-    printf("%ld %ld\n", (long)atomic_load(&outside), early);
+    printf("%ld %ld\n", (long)atomic_load(&outside), wrong);
     return 0;
 }
 """
@@ -61,10 +68,64 @@ int main(int argc, char **argv) {
 
 def test_every_job_runs_each_of_its_items_once_before_it_returns(tmp_path):
     # A worker late to claim from a finished job once ran an item of the next job under the old
-    # numbering and counted it as the new job's: 506 of 200,000 jobs returned early.
+    # numbering and counted it as the new job's: 506 of 200,000 jobs returned early. (One static job
+    # reused: an item run under another job's numbering shows as a count other than one.)
     src, exe = tmp_path / "stress.c", tmp_path / "stress"
     src.write_text(STRESS)
     subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-pthread", f"-I{BACKEND}", str(src), str(BACKEND / "pool.c"), "-o", str(exe)],
                    check=True)
     out = subprocess.run([str(exe), "200000"], capture_output=True, text=True, check=True, timeout=120).stdout
     assert out.split() == ["0", "0"]
+
+
+# Jobs of 64 items on 2 threads, each item recording the thread that ran it.
+RANGES = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include "pool.h"
+
+#define ITEMS 64
+static int ran_by[ITEMS];
+
+static void body(void *ctx, int64_t i, int tid) {
+    (void)ctx;
+    for (volatile int k = 0; k < 2000; k++) {
+    }
+    ran_by[i] = tid;
+}
+
+int main(int argc, char **argv) {
+    sat_threads = 2;
+    const long jobs = atol(argv[1]);
+    long shared = 0, off_front = 0, caller_past_half = 0;
+    sat_pool_begin();
+    for (long g = 0; g < jobs; g++) {
+        sat_parallel(ITEMS, body, NULL);
+        int worker_ran = 0;
+        for (int i = 0; i < ITEMS; i++) worker_ran += ran_by[i] == 1;
+        if (!worker_ran) continue;
+        shared++;
+        /* the worker starts at the front of its half; the caller reaches into it only from the back */
+        if (ran_by[ITEMS / 2] != 1) off_front++;
+        for (int i = ITEMS / 2; i < ITEMS - 1; i++)
+            if (ran_by[i] == 0 && ran_by[i + 1] == 1) caller_past_half++;
+    }
+    sat_pool_end();
+    printf("%ld %ld %ld\n", shared, off_front, caller_past_half);
+    return 0;
+}
+"""
+
+
+def test_each_thread_runs_its_own_range_of_a_job(tmp_path):
+    # Thread t runs the same contiguous part of every job, so a step reads what the same core wrote
+    # in the step before: the worker's items start at the front of its half, and the caller takes
+    # items of that half only from its back.
+    src, exe = tmp_path / "ranges.c", tmp_path / "ranges"
+    src.write_text(RANGES)
+    subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-pthread", f"-I{BACKEND}", str(src), str(BACKEND / "pool.c"), "-o", str(exe)],
+                   check=True)
+    shared, off_front, caller_past_half = map(int, subprocess.run([str(exe), "2000"], capture_output=True, text=True,
+                                                                  check=True, timeout=120).stdout.split())
+    assert shared > 0
+    assert (off_front, caller_past_half) == (0, 0)

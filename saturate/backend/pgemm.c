@@ -265,8 +265,8 @@ void sat_pmm_pack(void *ctx, int64_t item, int tid) {
         }
 }
 
-/* Panels of B per work item: the count whose busiest thread gets the fewest panels (items are claimed in
- * turn, so a thread runs ceil(items / threads) of them), at least two items per thread where that costs
+/* Panels of B per work item: the count whose busiest thread gets the fewest panels (the pool deals each
+ * thread a range of items, so a thread runs up to ceil(items / threads) of them), at least two items per thread where that costs
  * nothing, so a late thread does not hold the others up; at most as many as fit. A K/V projection's 6
  * panels go one per item (3 + 3), not two (4 + 2). */
 static int sat_pmm_panels_per_item(int panels, int threads) {

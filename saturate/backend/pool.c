@@ -28,19 +28,33 @@ static int64_t sat_pool_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* Claim and run items of the job published as generation `gen` until none are left. */
-void sat_pool_drain(uint32_t gen, int tid) {
+/* Claim an item from range r: its front (the owner's) or its back; -1 when the range is empty. */
+static int64_t sat_pool_claim(int r, int front) {
+    _Atomic uint64_t *span = &sat_pool.range[r].span;
+    uint64_t s = atomic_load_explicit(span, memory_order_relaxed);
     for (;;) {
-        uint64_t t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
-        if ((uint32_t)(t >> 32) != gen || (int64_t)(uint32_t)t >= sat_pool.n) return;
+        const uint32_t lo = (uint32_t)s, hi = (uint32_t)(s >> 32);
+        if (lo >= hi) return -1;
+        const uint64_t next = front ? s + 1 : s - ((uint64_t)1 << 32);
+        if (atomic_compare_exchange_weak_explicit(span, &s, next, memory_order_acq_rel, memory_order_relaxed))
+            return front ? lo : (int64_t)hi - 1;
+    }
+}
+
+/* Claim and run items until every range is empty: this thread's own range first, then the others'. */
+void sat_pool_drain(int tid) {
+    for (;;) {
+        const int ranges = atomic_load_explicit(&sat_pool.ranges, memory_order_acquire);
+        int64_t item = tid < ranges ? sat_pool_claim(tid, 1) : -1;
+        for (int k = 1; item < 0 && k < ranges; k++) item = sat_pool_claim((tid + k) % ranges, 0);
+        if (item < 0) return;
+        /* Read only now: an open range belongs to the job published last, which cannot end (nor its fields
+         * change) before this item is done; a thread that read them before claiming could hold an earlier
+         * job's, if a range of the new job happened to read as the one it saw. */
         sat_body fn = sat_pool.fn;
         void *ctx = sat_pool.ctx;
         const int64_t n = sat_pool.n;
-        /* A successful claim proves the job was still running, so fn, ctx and n read above are its own. */
-        if (!atomic_compare_exchange_weak_explicit(&sat_pool.ticket, &t, t + 1, memory_order_acq_rel,
-                                                   memory_order_relaxed))
-            continue;
-        fn(ctx, (int64_t)(uint32_t)t, tid);
+        fn(ctx, item, tid);
         /* seq_cst, as the caller's store of caller_asleep and its load of done are: one sees the other */
         if (atomic_fetch_add(&sat_pool.done, 1) + 1 == n && tid != 0 && atomic_load(&sat_pool.caller_asleep)) {
             pthread_mutex_lock(&sat_pool.mu);
@@ -56,7 +70,7 @@ void *sat_pool_worker(void *arg) {
     sat_in_parallel = 1; /* a worker only ever runs items */
     sat_pool_tid = tid;
     for (;;) {
-        uint64_t t = 0;
+        uint32_t t = 0;
         /* Spin for the next job while a run lasts (jobs come in bursts within one inference) for up to
          * SAT_SPIN_NS, at most SAT_GAP_NS of it after the job is done (see pool.h), and briefly after the
          * run; then sleep until a job or the next run. */
@@ -64,8 +78,8 @@ void *sat_pool_worker(void *arg) {
         int idle = 0;
         const uint32_t run = atomic_load(&sat_pool.runs);
         for (int spin = 0; spin < 20000 || (sat_pool_wanted(tid) && !idle); spin++) {
-            t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
-            if ((uint32_t)(t >> 32) != seen) break;
+            t = atomic_load_explicit(&sat_pool.job, memory_order_acquire);
+            if (t != seen) break;
             if ((spin & 255) == 255) {
                 const int64_t now = sat_pool_ns();
                 start = start ? start : now;
@@ -77,18 +91,18 @@ void *sat_pool_worker(void *arg) {
                 idle = now - start > SAT_SPIN_NS || (since && now - since > SAT_GAP_NS);
             }
         }
-        if ((uint32_t)(t >> 32) == seen) {
+        if (t == seen) {
             pthread_mutex_lock(&sat_pool.mu);
             /* idle within a run: asleep until the next job, or the next run's start */
-            while ((uint32_t)(atomic_load(&sat_pool.ticket) >> 32) == seen &&
+            while (atomic_load(&sat_pool.job) == seen &&
                    (idle ? atomic_load(&sat_pool.runs) == run : !sat_pool_wanted(tid)))
                 pthread_cond_wait(&sat_pool.cv, &sat_pool.mu);
             pthread_mutex_unlock(&sat_pool.mu);
-            t = atomic_load_explicit(&sat_pool.ticket, memory_order_acquire);
-            if ((uint32_t)(t >> 32) == seen) continue; /* woken for a run: spin for its first job */
+            t = atomic_load_explicit(&sat_pool.job, memory_order_acquire);
+            if (t == seen) continue; /* woken for a run: spin for its first job */
         }
-        seen = (uint32_t)(t >> 32);
-        if (sat_pool_takes(tid)) sat_pool_drain(seen, tid);
+        seen = t;
+        if (sat_pool_takes(tid)) sat_pool_drain(tid);
     }
     return NULL;
 }
@@ -149,7 +163,8 @@ void sat_serial(int64_t n, sat_body fn, void *ctx) {
 void sat_parallel(int64_t n, sat_body fn, void *ctx) {
     /* (a share of one: the caller runs this run's jobs alone, see SAT_FEWER_NS) */
     const int alone = atomic_load_explicit(&sat_pool_share, memory_order_relaxed) < 2;
-    if (sat_threads <= 1 || n <= 1 || sat_in_parallel || alone) {
+    /* (a range holds 32-bit item numbers) */
+    if (sat_threads <= 1 || n <= 1 || n > (int64_t)UINT32_MAX || sat_in_parallel || alone) {
         sat_serial(n, fn, ctx);
         return;
     }
@@ -159,22 +174,26 @@ void sat_parallel(int64_t n, sat_body fn, void *ctx) {
         pthread_detach(th);
         sat_pool.started++;
     }
-    /* Close the last job's ticket before its fields are reused: a worker that read the ticket while that
-     * job ran may reach its claim only now, and must not claim an item of the job written below under the
-     * old numbering (its compare-exchange now fails), nor count it into the new job's `done`. */
-    atomic_store(&sat_pool.ticket, atomic_load(&sat_pool.ticket) | 0xFFFFFFFFu);
-    atomic_thread_fence(memory_order_seq_cst);
+    /* The last job's ranges are all empty (its every item is done), so no claim can succeed until the
+     * ranges below open, each with a release store after the fields it covers are written. */
+    int share = atomic_load_explicit(&sat_pool_share, memory_order_relaxed);
+    share = share < sat_threads ? share : sat_threads;
+    const int ranges = n < share ? (int)n : share;
     sat_pool.fn = fn;
     sat_pool.ctx = ctx;
     sat_pool.n = n;
     atomic_store(&sat_pool.done, 0);
+    atomic_store_explicit(&sat_pool.ranges, ranges, memory_order_release);
+    for (int r = 0; r < ranges; r++) {
+        const uint64_t lo = (uint64_t)(n * r / ranges), hi = (uint64_t)(n * (r + 1) / ranges);
+        atomic_store_explicit(&sat_pool.range[r].span, hi << 32 | lo, memory_order_release);
+    }
     pthread_mutex_lock(&sat_pool.mu);
-    const uint32_t gen = (uint32_t)(atomic_load(&sat_pool.ticket) >> 32) + 1;
-    atomic_store_explicit(&sat_pool.ticket, (uint64_t)gen << 32, memory_order_release);
+    atomic_store_explicit(&sat_pool.job, atomic_load(&sat_pool.job) + 1, memory_order_release);
     pthread_cond_broadcast(&sat_pool.cv);
     pthread_mutex_unlock(&sat_pool.mu);
     sat_in_parallel = 1;
-    sat_pool_drain(gen, 0);
+    sat_pool_drain(0);
     sat_in_parallel = 0;
     /* Items another thread claimed: spin briefly, then sleep until the last one is done (see SAT_SPIN_NS). */
     int64_t since = 0;

@@ -1,6 +1,11 @@
 /* C backend threading: a small work-sharing pool. The caller runs items too and waits only for items
  * another thread has claimed, never for a thread that has not woken up: on a busy machine a parallel
- * loop then costs at most what the serial loop costs, where a fork-join barrier waits a time slice. */
+ * loop then costs at most what the serial loop costs, where a fork-join barrier waits a time slice.
+ * A job's items are dealt out in contiguous ranges, one per thread, each thread running its own range
+ * from the front and, once that is empty, taking items from the back of the others': thread t then runs
+ * the same part of every job, and since kernels number their items in the order of the data they write
+ * (a conv's items run over pixels first), the next step finds most of what it reads in the cache of the
+ * core that wrote it. */
 #ifndef SATURATE_POOL_H
 #define SATURATE_POOL_H
 
@@ -41,11 +46,18 @@ extern __thread int sat_in_parallel;
 /* This thread's id in the pool (0: the caller). */
 extern __thread int sat_pool_tid;
 
+/* One thread's range of a job's items: hi << 32 | lo, items [lo, hi) not yet claimed (lo >= hi: none). Its
+ * owner claims lo, the others hi - 1. A line of its own: the owner claims on every item. */
+typedef struct {
+    _Alignas(64) _Atomic uint64_t span;
+} sat_pool_range;
+
 typedef struct {
     sat_body fn;
     void *ctx;
     int64_t n;
-    _Atomic uint64_t ticket; /* generation << 32 | next item */
+    _Atomic uint32_t job;    /* the generation of the job published last */
+    _Atomic int ranges;      /* ranges (threads sharing the job) */
     _Atomic int64_t done;
     int started;
     _Atomic int caller_asleep; /* the caller sleeps on done_cv until the last claimed item is done */
@@ -57,6 +69,7 @@ typedef struct {
     int64_t fewer_until, fewer_ns;
     pthread_mutex_t mu;
     pthread_cond_t cv, done_cv;
+    sat_pool_range range[SAT_MAX_THREADS];
 } sat_pool_state;
 
 /* How long a thread spins for work (a worker between jobs) or for the last items (the caller) before it
@@ -93,7 +106,7 @@ typedef struct {
 
 extern sat_pool_state sat_pool;
 
-void sat_pool_drain(uint32_t gen, int tid);
+void sat_pool_drain(int tid);
 
 void *sat_pool_worker(void *arg);
 

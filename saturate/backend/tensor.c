@@ -291,8 +291,8 @@ static void sat_softmax_block(const sat_softmax_args *a, int64_t o) {
     }
 }
 
-/* Blocks [item * per, ...) of ~4K floats: an attention's rows of 128 are too short to claim one by one (the
- * claims of two threads bounce the pool's ticket between their caches for every row). */
+/* Blocks [item * per, ...) of ~4K floats: an attention's rows of 128 are too short to claim one by one (each
+ * claim is an atomic compare-exchange, and a thread taking from another's range moves its line over). */
 void sat_softmax_item(void *ctx, int64_t item, int tid) {
     const sat_softmax_args *a = ctx;
     const int64_t o1 = (item + 1) * a->per < a->outer ? (item + 1) * a->per : a->outer;

@@ -12,20 +12,24 @@ float sat_dconv8_acc[SAT_MAX_THREADS][SAT_DCHUNK * SAT_D8R * SAT_D8N] __attribut
 void sat_dconv8_plain(void *ctx, int64_t u, int tid) { sat_dconv8_unit(ctx, u, tid, NULL); }
 #endif
 
-void sat_pad_plane(void *ctx, int64_t c, int tid) {
+void sat_pad_rows(void *ctx, int64_t band, int tid) {
     const sat_dconv_pad_args *a = ctx;
     const int H = a->H, W = a->W, Hq = a->Hq, Wp = a->Wp, ph = a->ph, pw = a->pw;
     (void)tid;
     const int len = W + pw <= Wp ? W : (Wp > pw ? Wp - pw : 0), rend = ph + H < Hq ? ph + H : Hq;
-    float *pc = a->xpad + c * Hq * Wp;
-    memset(pc, 0, sizeof(float) * (size_t)(ph < Hq ? ph : Hq) * Wp);
-    for (int r = ph; r < rend; r++) {
-        float *d = pc + (int64_t)r * Wp;
-        memset(d, 0, sizeof(float) * (size_t)(pw < Wp ? pw : Wp));
-        memcpy(d + pw, a->x + (c * H + r - ph) * W, sizeof(float) * (size_t)len);
-        memset(d + pw + len, 0, sizeof(float) * (size_t)(Wp - pw - len > 0 ? Wp - pw - len : 0));
-    }
-    if (rend < Hq) memset(pc + (int64_t)rend * Wp, 0, sizeof(float) * (size_t)(Hq - rend) * Wp);
+    const int lead = pw < Wp ? pw : Wp, tail = Wp - pw - len > 0 ? Wp - pw - len : 0;
+    const int r0 = (int)(band * Hq / a->bands), r1 = (int)((band + 1) * Hq / a->bands);
+    for (int64_t c = 0; c < a->C; c++)
+        for (int r = r0; r < r1; r++) {
+            float *d = a->xpad + (c * Hq + r) * Wp;
+            if (r < ph || r >= rend) {
+                memset(d, 0, sizeof(float) * (size_t)Wp);
+                continue;
+            }
+            memset(d, 0, sizeof(float) * (size_t)lead);
+            memcpy(d + pw, a->x + (c * H + r - ph) * W, sizeof(float) * (size_t)len);
+            memset(d + pw + len, 0, sizeof(float) * (size_t)tail);
+        }
 }
 
 void sat_gather_plane(void *ctx, int64_t c, int tid) {
@@ -105,8 +109,9 @@ void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y
                 sat_dconv_gather_args ga = {xg, xpad, H, W, OH, OW, sh, sw, ph, pw};
                 sat_parallel(Cg, sat_gather_plane, &ga);
             } else if (!inplace) {
-                sat_dconv_pad_args pa = {xg, xpad, H, W, Hq, Wp, ph, pw};
-                sat_parallel(Cg, sat_pad_plane, &pa);
+                const int bands = Hq < 2 * sat_threads ? Hq : 2 * sat_threads;
+                sat_dconv_pad_args pa = {xg, xpad, Cg, H, W, Hq, Wp, ph, pw, bands};
+                sat_parallel(bands, sat_pad_rows, &pa);
             }
             sat_dconv_args a = {inplace ? xg : xpad, wp + g * wp_group, koff, y,
                                 ((int64_t)n * M + (int64_t)g * Mg) * P, P, K, Mg, OW, Wp, xsh, xsw, R, chunk,

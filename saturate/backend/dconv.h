@@ -30,15 +30,16 @@ typedef struct {
 #define SAT_DKC 128
 #define SAT_DCHUNK 40
 
-/* Copy of one input channel into its zero-padded plane; only the pad border is zeroed, the interior
- * is overwritten by the copy. */
+/* Rows [band * Hq / bands, ...) of every input channel's zero-padded plane; only the pad border is
+ * zeroed, the interior is overwritten by the copy. Bands of rows, not channels: thread t then copies the
+ * pixels it wrote the step before, into the rows its own items of the conv read (see pool.h). */
 typedef struct {
     const float *x;
     float *xpad;
-    int H, W, Hq, Wp, ph, pw;
+    int C, H, W, Hq, Wp, ph, pw, bands;
 } sat_dconv_pad_args;
 
-void sat_pad_plane(void *ctx, int64_t c, int tid);
+void sat_pad_rows(void *ctx, int64_t band, int tid);
 
 /* The pixels a strided 1x1 conv reads, one channel, gathered into a dense OH x OW plane (zero where a pad
  * falls): the tiles then run it at unit stride. In place, a stride-2 conv's reduction block of 256 channels

@@ -66,16 +66,21 @@ int main(int argc, char **argv) {
 """
 
 
+def run_against_pool(tmp_path, name: str, source: str, *args: str) -> list[int]:
+    """Compile `source` with the pool's C and run it: the integers it prints."""
+    src, exe = tmp_path / f"{name}.c", tmp_path / name
+    src.write_text(source)
+    subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-pthread", f"-I{BACKEND}", str(src), str(BACKEND / "pool.c"), "-o", str(exe)],
+                   check=True)
+    return [int(v) for v in subprocess.run([str(exe), *args], capture_output=True, text=True, check=True,
+                                           timeout=120).stdout.split()]
+
+
 def test_every_job_runs_each_of_its_items_once_before_it_returns(tmp_path):
     # A worker late to claim from a finished job once ran an item of the next job under the old
     # numbering and counted it as the new job's: 506 of 200,000 jobs returned early. (One static job
     # reused: an item run under another job's numbering shows as a count other than one.)
-    src, exe = tmp_path / "stress.c", tmp_path / "stress"
-    src.write_text(STRESS)
-    subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-pthread", f"-I{BACKEND}", str(src), str(BACKEND / "pool.c"), "-o", str(exe)],
-                   check=True)
-    out = subprocess.run([str(exe), "200000"], capture_output=True, text=True, check=True, timeout=120).stdout
-    assert out.split() == ["0", "0"]
+    assert run_against_pool(tmp_path, "stress", STRESS, "200000") == [0, 0]
 
 
 # Jobs of 64 items on 2 threads, each item recording the thread that ran it.
@@ -121,11 +126,6 @@ def test_each_thread_runs_its_own_range_of_a_job(tmp_path):
     # Thread t runs the same contiguous part of every job, so a step reads what the same core wrote
     # in the step before: the worker's items start at the front of its half, and the caller takes
     # items of that half only from its back.
-    src, exe = tmp_path / "ranges.c", tmp_path / "ranges"
-    src.write_text(RANGES)
-    subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-pthread", f"-I{BACKEND}", str(src), str(BACKEND / "pool.c"), "-o", str(exe)],
-                   check=True)
-    shared, off_front, caller_past_half = map(int, subprocess.run([str(exe), "2000"], capture_output=True, text=True,
-                                                                  check=True, timeout=120).stdout.split())
+    shared, off_front, caller_past_half = run_against_pool(tmp_path, "ranges", RANGES, "2000")
     assert shared > 0
     assert (off_front, caller_past_half) == (0, 0)

@@ -65,7 +65,7 @@ def test_wrong_rule_is_caught_with_a_readable_counterexample(path):
     result = check_rule(rule, examples=200, seed=1)
     assert result.status == "FAIL", format_result(result)
     text = format_result(result)
-    assert text.startswith(f"FAIL  {rule.name}  {rule.loc.file}:{rule.loc.line}")
+    assert text.startswith(f"FAIL  {rule.name}  {rule.loc.file}:{rule.loc.line}:{rule.loc.col}  ")
     assert "counterexample" in text and "left " in text and "right " in text
     # Every variable of the rule is shown with its shape and (small) values in full.
     for name in result.counterexample.example.values:
@@ -186,6 +186,15 @@ def test_cli_exit_codes(tmp_path, capsys):
     assert "PASS  sub-const" in capsys.readouterr().out
     assert main(["check", str(BAD_DIR / "sub_wrong_sign.rules"), "--examples", "50", "--seed", "0"]) == 1
     assert "FAIL  sub-wrong-sign" in capsys.readouterr().out
+
+
+def test_cli_names_each_rule_at_file_line_col(tmp_path, capsys):
+    # As load errors do: the column of an indented rule is its `rule` keyword's, not 1.
+    path = tmp_path / "indented.rules"
+    path.write_text("ruleset g level 2\n  rule sub-const  Sub(x, c:const) => Add(x, -c)\n")
+    assert main(["check", str(path), "--examples", "5", "--seed", "0", "--jobs", "1"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"PASS  sub-const  {path}:2:3  5 examples  ")
 
 
 def test_cli_jobs_must_be_positive(capsys):

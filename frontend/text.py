@@ -83,7 +83,7 @@ def _decl(g: Graph, name: str) -> str:
         return _value(name)
     info = g.values[name]
     dims = "" if info.shape is None else "[" + ", ".join(_dim(d) for d in info.shape) + "]"
-    return f"{_value(name)}: {info.dtype}{dims}"
+    return f"{_value(name)}: {_dtype_name(info.dtype)}{dims}"
 
 
 def _dim(d: Any) -> str:
@@ -94,8 +94,11 @@ def _tensor_type(arr: np.ndarray) -> str:
     return f"{_dtype_name(arr.dtype)}[{', '.join(str(d) for d in arr.shape)}]"
 
 
-def _dtype_name(dtype: np.dtype) -> str:
-    return "string" if dtype == object else dtype.name
+def _dtype_name(dtype: np.dtype | str) -> str:
+    """A dtype as the text form writes it: numpy's name, but ONNX's `string` for numpy's object
+    (a value's type holds the name import gives it, "object", as a constant's array does)."""
+    name = dtype if isinstance(dtype, str) else dtype.name
+    return "string" if name == "object" else name
 
 
 def _data(arr: np.ndarray, max_elements: int | None, hex_data: bool) -> str:

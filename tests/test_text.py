@@ -256,6 +256,28 @@ def test_show_full_parses_back(capsys):
     assert_same(build("vgg"), parse_graph(capsys.readouterr().out))
 
 
+def test_show_prints_string_tensors_as_string_with_their_values_escaped(capsys, tmp_path):
+    # A value holding ONNX STRING printed as numpy's `object[2, 3]`; its text, which a model may
+    # fill with a newline or a terminal escape, stays one escaped line that parses back.
+    labels = onnx.numpy_helper.from_array(np.array([["a", "b\n\x1b[31mred", "c"], ["d", "e", "f"]], object), "labels")
+    tags = onnx.helper.make_tensor("tags", onnx.TensorProto.STRING, [2], [b"x", b"\x1b]0;t\x07"])
+    nodes = [onnx.helper.make_node("Constant", [], ["k"], value=tags),
+             onnx.helper.make_node("Identity", ["labels"], ["out"]), onnx.helper.make_node("Identity", ["k"], ["tag"])]
+    outs = [onnx.helper.make_tensor_value_info("out", onnx.TensorProto.STRING, [2, 3]),
+            onnx.helper.make_tensor_value_info("tag", onnx.TensorProto.STRING, [2])]
+    graph = onnx.helper.make_graph(nodes, "g", [], outs, [labels])
+    path = tmp_path / "strings.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), str(path))
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "object" not in out and "\x1b" not in out and len(out.splitlines()) == 11
+    assert '  const %labels: string[2, 3] = ["a", "b\\n\\u001b[31mred", "c", "d", "e", "f"]\n' in out
+    assert '  const %k: string[2] = ["x", "\\u001b]0;t\\u0007"]\n' in out
+    assert "  %out: string[2, 3] = Identity(%labels)\n  %tag: string[2] = Identity(%k)\n" in out
+    assert main(["show", "--full", str(path)]) == 0
+    assert_same(load_graph(str(path)), parse_graph(capsys.readouterr().out))
+
+
 def test_show_bad_model_is_exit_2(capsys, tmp_path):
     bad = tmp_path / "bad.sat"
     bad.write_text("graph g opset 17\n  %y = Relu(%x)\n")

@@ -128,7 +128,7 @@ def test_plot_rules_times_and_op_counts_match_the_report(vgg_page):
     fired = {m["rule"]: m for m in data["matches"] if m["matches"]}
     rows = page.rows["rules"][1:]
     assert {r[0]: (int(r[1]), r[2]) for r in rows} == {k: (m["matches"], m["at"]) for k, m in fired.items()}
-    assert all(re.fullmatch(r"rules/\w+\.rules:\d+", r[2]) for r in rows)
+    assert all(re.fullmatch(r"rules/\w+\.rules:\d+:\d+", r[2]) for r in rows)
     assert int(dict((r[0], r[1]) for r in rows)["batchnorm"]) == 5
     assert [r[0] for r in page.rows["times"][1:-1]] == list(data["times"])
     ops = {r[0]: (int(r[1]), int(r[2])) for r in page.rows["ops"][1:-1]}

@@ -929,8 +929,7 @@ def _op_at(term: Term, path: tuple[int, ...]) -> str:
 def format_result(result: RuleResult) -> str:
     """One line per rule; a failing rule adds its shrunk counterexample."""
     rule = result.rule
-    where = f"{rule.loc.file}:{rule.loc.line}:{rule.loc.col}"
-    line = f"{result.status:<5} {rule.name}  {where}  {result.examples} examples  {result.seconds:.2f}s"
+    line = f"{result.status:<5} {rule.name}  {rule.loc}  {result.examples} examples  {result.seconds:.2f}s"
     lines = [line] + [f"      note: {n}" for n in result.notes]
     if result.message:
         lines.append(f"      {result.message}")

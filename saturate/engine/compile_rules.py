@@ -30,10 +30,6 @@ from saturate.lang.variadic import MAX_INPUTS, instances
 QUERY_FNS = tuple(QUERIES)
 
 
-def _where(rule: Rule) -> str:
-    return f"{rule.loc.file}:{rule.loc.line}"
-
-
 class _Compiler:
     def __init__(self, enc: Encoding, cr: CompiledRule):
         self.enc, self.cr = enc, cr
@@ -47,7 +43,7 @@ class _Compiler:
         """Query atoms that bind `target` to an instance of `term`."""
         cr = self.cr
         if not isinstance(term, OpTerm):
-            raise SaturateError(f"{_where(cr.rule)}: rule '{cr.rule.name}': a pattern must be an op, not {term}")
+            raise SaturateError(f"{cr.rule.loc}: rule '{cr.rule.name}': a pattern must be an op, not {term}")
         args = []
         for a in term.args:
             if isinstance(a, Var):
@@ -63,7 +59,7 @@ class _Compiler:
                 args.append(sub)
                 self.pattern(a, sub)
             else:
-                raise SaturateError(f"{_where(cr.rule)}: rule '{cr.rule.name}': literal {a} inside a "
+                raise SaturateError(f"{cr.rule.loc}: rule '{cr.rule.name}': literal {a} inside a "
                                     "pattern is not supported; capture it and add a guard")
         k = len(cr.lhs_ops)
         cr.lhs_ops.append(term)
@@ -78,7 +74,7 @@ class _Compiler:
         cr, enc = self.cr, self.enc
         if isinstance(term, Var):
             if term.name not in cr.vars:
-                raise SaturateError(f"{_where(cr.rule)}: rule '{cr.rule.name}': "
+                raise SaturateError(f"{cr.rule.loc}: rule '{cr.rule.name}': "
                                     f"right-hand variable '{term.name}' is not bound on the left")
             return f"v_{term.name}"
         if isinstance(term, OpTerm):
@@ -99,7 +95,7 @@ class _Compiler:
             return f"(Lit {enc.lit_id(value)})"
         if isinstance(term, AttrVar):
             return self.extra(term)
-        raise SaturateError(f"{_where(cr.rule)}: rule '{cr.rule.name}': cannot build {term}")
+        raise SaturateError(f"{cr.rule.loc}: rule '{cr.rule.name}': cannot build {term}")
 
     def extra(self, term: Term) -> str:
         """A value the Python check computes per match (query, captured attribute)."""
@@ -340,7 +336,7 @@ def _compile_one(cr: CompiledRule, enc: Encoding) -> None:
         more.append(f"v__root{k}")
     for g in rule.guards:
         if g.fn not in GUARDS:
-            raise SaturateError(f"{_where(rule)}: rule '{rule.name}': unknown guard '{g.fn}'")
+            raise SaturateError(f"{rule.loc}: rule '{rule.name}': unknown guard '{g.fn}'")
         c.python = True
     body = c.rhs(cr.rhs)
     unions = " ".join([f"(union root {body})"] + [f"(union {v} {c.rhs(t)})" for v, t in zip(more, rule.more_rhs)])

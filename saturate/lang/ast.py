@@ -17,7 +17,7 @@ class Loc:
     col: int = 1
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}"
+        return f"{self.file}:{self.line}:{self.col}"
 
 
 # ---- patterns (left-hand sides) and replacements (right-hand sides) -----------------------

@@ -83,7 +83,7 @@ def _decl(g: Graph, name: str) -> str:
         return _value(name)
     info = g.values[name]
     dims = "" if info.shape is None else "[" + ", ".join(_dim(d) for d in info.shape) + "]"
-    return f"{_value(name)}: {_dtype_name(info.dtype)}{dims}"
+    return f"{_value(name)}: {written_dtype(info.dtype)}{dims}"
 
 
 def _dim(d: Any) -> str:
@@ -91,10 +91,10 @@ def _dim(d: Any) -> str:
 
 
 def _tensor_type(arr: np.ndarray) -> str:
-    return f"{_dtype_name(arr.dtype)}[{', '.join(str(d) for d in arr.shape)}]"
+    return f"{written_dtype(arr.dtype)}[{', '.join(str(d) for d in arr.shape)}]"
 
 
-def _dtype_name(dtype: np.dtype | str) -> str:
+def written_dtype(dtype: np.dtype | str) -> str:
     """A dtype as the text form writes it: numpy's name, but ONNX's `string` for numpy's object
     (a value's type holds the name import gives it, "object", as a constant's array does)."""
     name = dtype if isinstance(dtype, str) else dtype.name
@@ -415,7 +415,7 @@ class _Reader:
         tok = data.children[0]
         try:
             # The data must be in the file, so a huge shape cannot parse; say why before trying.
-            check_allocation(shape, dtype.itemsize, f"constant {_dtype_name(dtype)}{list(shape)}")
+            check_allocation(shape, dtype.itemsize, f"constant {written_dtype(dtype)}{list(shape)}")
         except SaturateError as err:
             raise self.error(shape_tree, str(err)) from None
         size = math.prod(shape)
@@ -424,7 +424,7 @@ class _Reader:
         if tok.type == "HEX_DATA":
             digits = len(tok) - 2
             if digits % 2 or digits // 2 != size * dtype.itemsize or dtype == object:
-                raise self.error(tok, f"hex data holds {digits / 2:g} bytes; {_dtype_name(dtype)}{list(shape)} "
+                raise self.error(tok, f"hex data holds {digits / 2:g} bytes; {written_dtype(dtype)}{list(shape)} "
                                       f"needs {size * dtype.itemsize}")
             return np.frombuffer(bytes.fromhex(tok[2:]), dtype.newbyteorder("<")).astype(dtype).reshape(shape)
         body = tok[1:-1]
@@ -460,7 +460,7 @@ class _Reader:
             except (ValueError, DeprecationWarning):
                 flat = None
         if flat is None or flat.size != expected:
-            raise self.error(tok, f"constant data is not a list of {_dtype_name(dtype)} values")
+            raise self.error(tok, f"constant data is not a list of {written_dtype(dtype)} values")
         if dtype.kind in "biu" and flat.size:
             self.check_int_range(tok, body, flat, dtype)
         # A float past the dtype's range (70000 as float16) is infinity, as 1e999 is for float32
@@ -478,12 +478,12 @@ class _Reader:
         if np.any(clamped):
             for text in body.split(","):
                 if not limits.min <= int(text) <= limits.max:
-                    raise self.error(tok, f"constant value {text.strip()} is out of range for {_dtype_name(dtype)}")
+                    raise self.error(tok, f"constant value {text.strip()} is out of range for {written_dtype(dtype)}")
         lo, hi = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
         low, high = flat.min(), flat.max()
         if low < lo or high > hi:
             bad = low if low < lo else high
-            raise self.error(tok, f"constant value {bad} is out of range for {_dtype_name(dtype)} ({lo} to {hi})")
+            raise self.error(tok, f"constant value {bad} is out of range for {written_dtype(dtype)} ({lo} to {hi})")
 
     def dtype(self, tok: Token) -> np.dtype:
         """A constant's element type: numpy's name or ONNX's, of a type ONNX has (numpy's

@@ -256,9 +256,8 @@ def test_show_full_parses_back(capsys):
     assert_same(build("vgg"), parse_graph(capsys.readouterr().out))
 
 
-def test_show_prints_string_tensors_as_string_with_their_values_escaped(capsys, tmp_path):
-    # A value holding ONNX STRING printed as numpy's `object[2, 3]`; its text, which a model may
-    # fill with a newline or a terminal escape, stays one escaped line that parses back.
+def string_model(tmp_path):
+    """A model of ONNX STRING values: an initializer and a Constant holding a newline and terminal escapes."""
     labels = onnx.numpy_helper.from_array(np.array([["a", "b\n\x1b[31mred", "c"], ["d", "e", "f"]], object), "labels")
     tags = onnx.helper.make_tensor("tags", onnx.TensorProto.STRING, [2], [b"x", b"\x1b]0;t\x07"])
     nodes = [onnx.helper.make_node("Constant", [], ["k"], value=tags),
@@ -268,6 +267,13 @@ def test_show_prints_string_tensors_as_string_with_their_values_escaped(capsys, 
     graph = onnx.helper.make_graph(nodes, "g", [], outs, [labels])
     path = tmp_path / "strings.onnx"
     onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_show_prints_string_tensors_as_string_with_their_values_escaped(capsys, tmp_path):
+    # A value holding ONNX STRING printed as numpy's `object[2, 3]`; its text, which a model may
+    # fill with a newline or a terminal escape, stays one escaped line that parses back.
+    path = string_model(tmp_path)
     assert main(["show", str(path)]) == 0
     out = capsys.readouterr().out
     assert "object" not in out and "\x1b" not in out and len(out.splitlines()) == 11
@@ -276,6 +282,13 @@ def test_show_prints_string_tensors_as_string_with_their_values_escaped(capsys, 
     assert "  %out: string[2, 3] = Identity(%labels)\n  %tag: string[2] = Identity(%k)\n" in out
     assert main(["show", "--full", str(path)]) == 0
     assert_same(load_graph(str(path)), parse_graph(capsys.readouterr().out))
+
+
+def test_show_svg_names_string_values_string(tmp_path):
+    path, svg = string_model(tmp_path), tmp_path / "strings.svg"
+    assert main(["show", str(path), "--svg", str(svg)]) == 0
+    drawn = svg.read_text()
+    assert "<title>output out string 2×3</title>" in drawn and "object" not in drawn
 
 
 def test_show_bad_model_is_exit_2(capsys, tmp_path):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph
+from saturate.frontend.text import written_dtype
 
 # Pixel sizes of the drawing; dot takes inches, at 72 points per inch.
 ROW = 26          # height of a box without a badge
@@ -131,7 +132,7 @@ def _constant_shape(graph: Graph, value: str, constant_nodes: dict) -> tuple | N
 
 def _value_text(graph: Graph, value: str) -> str:
     info = graph.info(value)
-    return f"{info.dtype} {_shape(info.shape) if info.shape is not None else '?'}"
+    return f"{written_dtype(info.dtype)} {_shape(info.shape) if info.shape is not None else '?'}"
 
 
 def layout(drawing: Drawing, engine: str | None = None) -> Drawing:

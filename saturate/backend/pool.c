@@ -11,6 +11,10 @@
 
 int sat_threads = 1;
 
+void sat_set_threads(int n) {
+    __atomic_store_n(&sat_threads, n < 1 ? 1 : n > SAT_MAX_THREADS ? SAT_MAX_THREADS : n, __ATOMIC_RELAXED);
+}
+
 _Atomic int sat_pool_active;
 
 _Atomic int sat_pool_share = SAT_MAX_THREADS;
@@ -181,7 +185,7 @@ void sat_parallel(int64_t n, sat_body fn, void *ctx) {
     const int ranges = n < share ? (int)n : share;
     sat_pool.fn = fn;
     sat_pool.ctx = ctx;
-    sat_pool.n = n;
+    __atomic_store_n(&sat_pool.n, n, __ATOMIC_RELAXED); /* (read unsynchronized by spinning workers: see pool.h) */
     atomic_store(&sat_pool.done, 0);
     atomic_store_explicit(&sat_pool.ranges, ranges, memory_order_release);
     for (int r = 0; r < ranges; r++) {

@@ -20,6 +20,9 @@ typedef void (*sat_body)(void *ctx, int64_t i, int tid);
 
 extern int sat_threads;
 
+/* Set sat_threads (clamped to 1 .. SAT_MAX_THREADS) between runs: an atomic store, as idle workers read it. */
+void sat_set_threads(int n);
+
 /* Set while sat_run runs: the pool's workers then spin between jobs (each gap up to SAT_SPIN_NS), and sleep
  * as soon as the run ends (sat_pool_begin / sat_pool_end). */
 extern _Atomic int sat_pool_active;
@@ -30,7 +33,8 @@ extern _Atomic int sat_pool_share;
 
 /* Whether worker `tid` takes items: it is one of the threads asked for and of those sharing this run. */
 static inline int sat_pool_takes(int tid) {
-    return tid < sat_threads && tid < atomic_load_explicit(&sat_pool_share, memory_order_relaxed);
+    return tid < __atomic_load_n(&sat_threads, __ATOMIC_RELAXED) &&
+           tid < atomic_load_explicit(&sat_pool_share, memory_order_relaxed);
 }
 
 /* Whether worker `tid` is to stay awake: a run is on and it has a share of the run's threads (a model

@@ -151,8 +151,11 @@ class GenericPlanning:
         fixed: dict[str, Any] = {}
         for key, value in t.attrs:
             if isinstance(value, AttrVar):
+                equal = self.attr_equal.get(value.name)
                 if value.name in self.attrs:
                     fixed[key] = self.attrs[value.name]
+                elif equal in self.attrs and self.draw(st.integers(0, 3)):
+                    fixed[key] = self.attrs[equal]
             elif isinstance(value, (Num, Str)):
                 fixed[key] = value.value
             elif isinstance(value, IntList):

@@ -76,6 +76,8 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
         self.node_attrs: dict[tuple[int, ...], dict[str, Any]] = {}
         self.node_ops: dict[tuple[int, ...], str] = {}
         self.attr_hints: dict[str, str] = {}
+        # Captured attributes a guard compares (a1 == a2): each drawn mostly as the other, once bound.
+        self.attr_equal: dict[str, str] = {}
         self.hints: dict[str, dict[str, Any]] = {}
         self.conv_inputs: dict[str, dict[str, Any]] = {}   # input variable -> first conv's attributes
         # A guard asking for a conv centred on each pixel: draw mostly such convs.
@@ -93,6 +95,9 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
         if g.fn == "identity_perm" and isinstance(first, AttrVar):
             self.attr_hints[first.name] = "identity"
             return
+        if g.fn == "==" and isinstance(first, AttrVar) and isinstance(args[1], AttrVar):
+            self.attr_equal[first.name], self.attr_equal[args[1].name] = args[1].name, first.name
+            return
         if not isinstance(first, Var):
             # `rank(v) == k` pins a rank; other comparisons are checked after drawing.
             if g.fn == "==" and isinstance(first, Call) and first.fn == "rank" and _num(args[1]) is not None:
@@ -101,9 +106,11 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
             return
         hint = self.hints.setdefault(first.name, {})
         if g.fn == "same_quant" and all(isinstance(a, Var) for a in args):
-            # The second (scale, zero point) drawn mostly as a copy of the first.
-            self.hints.setdefault(args[2].name, {})["same_as"] = first.name
-            self.hints.setdefault(args[3].name, {})["same_as"] = args[1].name
+            # Whichever (scale, zero point) is drawn second, mostly as a copy of the other: a rule's
+            # outer op may be drawn first (QuantizeLinear(DequantizeLinear(x, s, z), s2, z2)).
+            for a, b in ((args[0], args[2]), (args[1], args[3])):
+                self.hints.setdefault(b.name, {})["same_as"] = a.name
+                self.hints.setdefault(a.name, {})["same_as"] = b.name
         elif g.fn == "same_shape" and isinstance(args[1], Var):
             # The second value drawn with the first's shape, where its op leaves the shape free.
             self.hints.setdefault(args[1].name, {})["same_shape"] = first.name
@@ -322,8 +329,20 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
             # ONNX's S names its input and output, but the body may change the items' type (a
             # Shape, a Cast of them): one time in four the input's type is drawn on its own.
             bound = {}
+        slots = [input_slot(op, self.opset, k) for k in range(len(t.args))]
         for k, a in enumerate(t.args):
-            param, opts = input_slot(op, self.opset, k)
+            # An input drawn mostly as a copy of a typed value (same_quant's zero point) takes its type
+            # parameter's other inputs with it, drawn before it (DequantizeLinear's x before its zero point).
+            param, opts = slots[k]
+            same = self.dtypes.get(self.hints.get(a.name, {}).get("same_as")) if isinstance(a, Var) else None
+            if param not in bound and not param.startswith("tensor(") and same in opts and self.draw(st.integers(0, 3)):
+                bound[param] = same
+        # Variables of a type already bound first: typed before the ops beside them are, so a copy
+        # drawn below (same_quant's) finds them typed.
+        order = sorted(range(len(t.args)), key=lambda k: not (isinstance(t.args[k], Var) and slots[k][0] in bound))
+        for k in order:
+            a = t.args[k]
+            param, opts = slots[k]
             want = frozenset({bound[param]}) if param in bound else opts
             if op in _FLOAT_SCALES and k == 1:
                 want &= FLOATS | {"bfloat16"}

@@ -420,6 +420,21 @@ def test_cli_takes_extra_rules_level_and_preserve(tmp_path, capsys):
     assert ops(load_graph(str(out))) == ["Sub", "Floor", "Ceil"]
 
 
+def test_a_guard_numpy_cannot_evaluate_leaves_its_rule_unfired(tmp_path):
+    # fine_accumulator multiplies two scales: of shapes (2,) and (3,) numpy refuses, and the
+    # ValueError came out of `saturate optimize` as a traceback.
+    rules, model, out = tmp_path / "mine.rules", tmp_path / "m.sat", tmp_path / "o.sat"
+    rules.write_text("ruleset mine level 2\n"
+                     "rule odd Concat(Mul(x, a:const), Mul(y, b:const)){axis=k} => Concat(x, y){axis=k}"
+                     " if fine_accumulator(a, b, a)\n")
+    model.write_text("graph g opset 17\n  input %x: float32[5, 2]\n  input %y: float32[5, 3]\n"
+                     "  const %a: float32[2] = [2, 3]\n  const %b: float32[3] = [4, 5, 6]\n"
+                     "  %p: float32[5, 2] = Mul(%x, %a)\n  %q: float32[5, 3] = Mul(%y, %b)\n"
+                     "  %z: float32[5, 5] = Concat(%p, %q){axis=1}\n  output %z\n")
+    assert main(["optimize", str(model), "-o", str(out), "--rules", str(rules), "--quiet"]) == 0
+    assert ops(load_graph(str(out))) == ["Mul", "Mul", "Concat"]
+
+
 @pytest.mark.parametrize("name", ["mlp", "mobilenet", "vgg11bn",
                                   pytest.param("resnet50", marks=pytest.mark.slow)])
 def test_examples_match_onnx_runtime_after_optimizing(name):

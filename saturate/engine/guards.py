@@ -230,7 +230,14 @@ def decide(cr: CompiledRule, bindings: Bindings, attrs: list[dict], opset: int,
         for g in cr.rule.guards:
             fn = GUARDS[g.fn]
             args = [ev.arg(t, kind) for t, kind in zip(g.args, fn.params)]
-            if not fn.impl(*args):
+            try:
+                held = fn.impl(*args)
+            except (ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError):
+                # numpy refuses the values (scales that do not broadcast together, for
+                # fine_accumulator): the guard does not hold, as a refused constant expression
+                # leaves a rule unfired
+                return None
+            if not held:
                 return None
         computed = []
         for r in cr.rhs_ops:

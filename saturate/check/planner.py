@@ -173,7 +173,8 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
         if op == "Concat":
             a = self.template(args[0])
             return replace(a, min_rank=max(a.min_rank, 1), fixed=(), unit_spatial=False)
-        if op in ("Cast", "CastLike"):
+        if op in ("Cast", "CastLike", "QuantizeLinear", "DequantizeLinear"):
+            # (elementwise on the first input: Q(Conv(...)) takes the conv's shape)
             return self.template(args[0])
         if op in ("Slice", "ConstantOfShape"):
             return Template(min_rank=1)
@@ -322,6 +323,14 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
         assume(out_opts)
         # A cast's target and a quantization's type one in two, other values one in eight.
         weight = (2 if op in _EXOTIC_TARGETS else 1) if op in EXOTIC_OPS and (exotic or allowed is None) else 0
+        # An input of the output's type a guard wants of some types (quantized(yz): QuantizeLinear's
+        # zero point, whose type its output takes) narrows the output's draw, mostly.
+        hinted = out_opts
+        for k, a in enumerate(t.args):
+            if isinstance(a, Var) and input_slot(op, self.opset, k)[0] == out_param:
+                hinted = hinted & self.hints.get(a.name, {}).get("dtypes", hinted)
+        if hinted and hinted != out_opts and self.draw(st.integers(0, 3)):
+            out_opts = hinted
         dtype = draw_dtype(self.draw, out_opts, exotic=weight)
         self.node_dtypes[path] = dtype
         bound = {out_param: dtype} if not out_param.startswith("tensor(") else {}

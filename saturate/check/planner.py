@@ -78,6 +78,8 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
         self.attr_hints: dict[str, str] = {}
         # Captured attributes a guard compares (a1 == a2): each drawn mostly as the other, once bound.
         self.attr_equal: dict[str, str] = {}
+        # (a, b) of each precedes(a, b) guard: b's first row mostly set after a's once drawn (examples.py).
+        self.precedes: list[tuple[str, str]] = []
         self.hints: dict[str, dict[str, Any]] = {}
         self.conv_inputs: dict[str, dict[str, Any]] = {}   # input variable -> first conv's attributes
         # A guard asking for a conv centred on each pixel: draw mostly such convs.
@@ -111,6 +113,8 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
             for a, b in ((args[0], args[2]), (args[1], args[3])):
                 self.hints.setdefault(b.name, {})["same_as"] = a.name
                 self.hints.setdefault(a.name, {})["same_as"] = b.name
+        elif g.fn == "precedes" and isinstance(args[1], Var):
+            self.precedes.append((first.name, args[1].name))
         elif g.fn == "same_shape" and isinstance(args[1], Var):
             # The second value drawn with the first's shape, where its op leaves the shape free.
             self.hints.setdefault(args[1].name, {})["same_shape"] = first.name

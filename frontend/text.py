@@ -101,13 +101,26 @@ def written_dtype(dtype: np.dtype | str) -> str:
     return "string" if name == "object" else name
 
 
+# Characters of one string element shown when constants are abbreviated (display only).
+_SHOWN_CHARS = 64
+
+
 def _data(arr: np.ndarray, max_elements: int | None, hex_data: bool) -> str:
     flat = arr.reshape(-1)
     short = max_elements is not None and flat.size > max_elements
     if short:
         flat = flat[:max_elements]
     if arr.dtype == object:
-        items = [json.dumps(s.decode("utf-8", "replace") if isinstance(s, bytes) else str(s)) for s in flat]
+        items, cut = [], False
+        for s in flat:
+            # (abbreviated, a long element is cut before it is decoded: a model may hold one of gigabytes)
+            whole = len(s) <= _SHOWN_CHARS or max_elements is None
+            text = s if whole else s[:4 * _SHOWN_CHARS]
+            text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+            items.append(json.dumps(text) if whole else json.dumps(text[:_SHOWN_CHARS]) + "...")
+            cut = cut or not whole
+        if cut and not short:
+            return "[" + ", ".join(items) + f"] # strings cut at {_SHOWN_CHARS} characters"
     elif arr.dtype.kind not in _DECIMAL_KINDS or (hex_data and not short):
         return "0x" + np.ascontiguousarray(arr, arr.dtype.newbyteorder("<")).tobytes().hex()
     elif arr.dtype.kind == "b":

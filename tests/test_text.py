@@ -284,6 +284,21 @@ def test_show_prints_string_tensors_as_string_with_their_values_escaped(capsys, 
     assert_same(load_graph(str(path)), parse_graph(capsys.readouterr().out))
 
 
+def test_show_cuts_long_strings_unless_full(capsys, tmp_path):
+    # --elements bounded how many strings show, not how long each is: a model's one string of a
+    # megabyte printed whole.
+    long = onnx.helper.make_tensor("long", onnx.TensorProto.STRING, [2], [b"a" * 1_000_000, b"b"])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["long"], ["out"])], "g", [],
+                                   [onnx.helper.make_tensor_value_info("out", onnx.TensorProto.STRING, [2])], [long])
+    path = tmp_path / "long.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), str(path))
+    assert main(["show", str(path)]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if "%long" in l)
+    assert line == f'  const %long: string[2] = ["{"a" * 64}"..., "b"] # strings cut at 64 characters'
+    assert main(["show", "--full", str(path)]) == 0
+    assert f'["{"a" * 1_000_000}", "b"]' in capsys.readouterr().out
+
+
 def test_show_svg_names_string_values_string(tmp_path):
     path, svg = string_model(tmp_path), tmp_path / "strings.svg"
     assert main(["show", str(path), "--svg", str(svg)]) == 0

@@ -329,9 +329,10 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
         weight = (2 if op in _EXOTIC_TARGETS else 1) if op in EXOTIC_OPS and (exotic or allowed is None) else 0
         # An input of the output's type a guard wants of some types (quantized(yz): QuantizeLinear's
         # zero point, whose type its output takes) narrows the output's draw, mostly.
+        slots = [input_slot(op, self.opset, k) for k in range(len(t.args))]
         hinted = out_opts
-        for k, a in enumerate(t.args):
-            if isinstance(a, Var) and input_slot(op, self.opset, k)[0] == out_param:
+        for a, (param, _) in zip(t.args, slots):
+            if isinstance(a, Var) and param == out_param:
                 hinted = hinted & self.hints.get(a.name, {}).get("dtypes", hinted)
         if hinted and hinted != out_opts and self.draw(st.integers(0, 3)):
             out_opts = hinted
@@ -342,7 +343,6 @@ class Planner(NnPlanning, MovementPlanning, GenericPlanning, FittedPlanning, Qua
             # ONNX's S names its input and output, but the body may change the items' type (a
             # Shape, a Cast of them): one time in four the input's type is drawn on its own.
             bound = {}
-        slots = [input_slot(op, self.opset, k) for k in range(len(t.args))]
         for k, a in enumerate(t.args):
             # An input drawn mostly as a copy of a typed value (same_quant's zero point) takes its type
             # parameter's other inputs with it, drawn before it (DequantizeLinear's x before its zero point).

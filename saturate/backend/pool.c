@@ -185,7 +185,7 @@ void sat_parallel(int64_t n, sat_body fn, void *ctx) {
     const int ranges = n < share ? (int)n : share;
     sat_pool.fn = fn;
     sat_pool.ctx = ctx;
-    __atomic_store_n(&sat_pool.n, n, __ATOMIC_RELAXED); /* (read unsynchronized by spinning workers: see pool.h) */
+    __atomic_store_n(&sat_pool.n, n, __ATOMIC_RELAXED); /* (spinning workers read it unsynchronized: sat_pool_worker) */
     atomic_store(&sat_pool.done, 0);
     atomic_store_explicit(&sat_pool.ranges, ranges, memory_order_release);
     for (int r = 0; r < ranges; r++) {

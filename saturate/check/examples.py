@@ -89,21 +89,7 @@ def rule_examples(rule: Rule, *, reverse: bool = False) -> st.SearchStrategy[Exa
                     pool = _BEYOND if specials == "int" else _BEYOND + _NONFINITE
                     with np.errstate(over="ignore"):   # 1e6 or 7e4 in a float16 is inf: a special too
                         values[name].reshape(-1)[at] = draw(st.sampled_from(pool))
-        for a, b in planner.precedes:
-            # Weights merged in the order of their first rows (precedes): three drawn apart were in
-            # order once in six draws. Mostly, b's first row is moved after a's (the draw of 0,
-            # hypothesis's simplest, moves it).
-            va, vb = values.get(a), values.get(b)
-            if isinstance(va, np.ndarray) and isinstance(vb, np.ndarray) and b not in planner.forced \
-                    and va.ndim == 2 == vb.ndim and va.shape[0] == vb.shape[0] and va.size and vb.size \
-                    and vb.dtype.kind in "fiu" and not tuple(va[0].tolist()) < tuple(vb[0].tolist()) \
-                    and draw(st.integers(0, 3)) < 3:
-                first = va[0, 0]
-                if vb.dtype.kind == "f":
-                    with np.errstate(over="ignore", invalid="ignore"):
-                        vb[0, 0] = first + abs(first) + 1
-                elif first < np.iinfo(vb.dtype).max:
-                    vb[0, 0] = first + 1
+        _order_for_precedes(draw, planner, values)
         example = Example(values, frozenset(planner.consts), dict(planner.attrs), planner.node_attrs,
                           planner.node_ops, planner.node_dtypes.get((), "float32"), opset,
                           frozenset(planner.forced), draw(st.integers(0, 2**20)) if random else 0)
@@ -148,6 +134,25 @@ def _ops(term: Term) -> set[str]:
     if isinstance(term, OpTerm):
         return {term.op}.union(*(_ops(a) for a in term.args))
     return set()
+
+
+def _order_for_precedes(draw: Any, planner: Planner, values: dict[str, Any]) -> None:
+    """Weights merged in the order of their first rows (precedes(a, b)): three drawn apart were in
+    order once in six draws. Mostly, b's first row is moved after a's (the draw of 0, hypothesis's
+    simplest, moves it)."""
+    for a, b in planner.precedes:
+        va, vb = values.get(a), values.get(b)
+        if not (isinstance(va, np.ndarray) and isinstance(vb, np.ndarray) and b not in planner.forced
+                and va.ndim == 2 == vb.ndim and va.shape[0] == vb.shape[0] and va.size and vb.size
+                and vb.dtype.kind in "fiu" and not tuple(va[0].tolist()) < tuple(vb[0].tolist())
+                and draw(st.integers(0, 3)) < 3):
+            continue
+        first = va[0, 0]
+        if vb.dtype.kind == "f":
+            with np.errstate(over="ignore", invalid="ignore"):
+                vb[0, 0] = first + abs(first) + 1
+        elif first < np.iinfo(vb.dtype).max:
+            vb[0, 0] = first + 1
 
 
 def guards_hold(rule: Rule, example: Example, reverse: bool = False) -> bool:

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     with status(args.quiet, "load") as shown:
         graph, rows = _bench(args, shown)
     title = (f"{args.model}{' (optimized)' if args.optimize else ''}: {len(graph.nodes)} nodes, "
-             f"{args.threads} thread(s), median of {args.runs} interleaved runs")
+             f"{args.threads} thread(s), median of {args.runs} interleaved runs, each after an untimed one")
     print(format_table(rows, title))
     return 0
 

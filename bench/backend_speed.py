@@ -1,7 +1,7 @@
 """Benchmark of the C backend against ONNX Runtime on the corpus models, at 1 thread and at all cores.
 
 Run: python bench/backend_speed.py [--runs 15] [--models resnet18-ts,bert-128,...] [--threads 1,all] [--load]
-                                   [--json out.json] [--overhead | --no-overhead] [--batches 41]
+                                   [--avx2-only] [--json out.json] [--overhead | --no-overhead] [--batches 41]
 
 The header names the CPU, the instruction set the C kernels were built for ($SATURATE_ISA: an "avx2 build on
 an AVX-512 CPU" is the AVX2 kernels measured on a machine that has wider ones, not an AVX2 machine's figure),
@@ -24,12 +24,18 @@ session.run on the same graph and dict, for reference. See saturate.backend.benc
 Models are corpus entries (frontend/corpus) or KIND-SEQ transformers built without torch at sequence
 length SEQ (bench/transformer_models.py: bert, gpt2, llama). Each model is optimized (saturate.optimize), then compiled C and ONNX Runtime (every graph optimization, the
 same intra-op thread count, its threads not spinning between runs: see saturate.backend.bench.ort_session)
-run on the same input, interleaved run by run in one process; the table gives
-their medians and C/ORT. The load average is printed with each row: the machine may be shared, and
+run on the same input, interleaved in one process, each timed run right after an untimed one of the same
+runtime (saturate.backend.bench.benchmark: a run right after the other runtime's measures cache
+eviction, which cost ONNX Runtime far more than the C); the table gives their medians and C/ORT. The load average is printed with each row: the machine may be shared, and
 multi-thread figures only mean something when the load is below the spare cores. "% peak" is of the
 micro-kernel's measured peak (saturate.backend.bench.peak_gflops) times the threads, counting each conv's
 direct-convolution FLOPs: Winograd convs do 2.25x fewer multiplies, so a model of mostly 3x3 convs
 (vgg11_bn) can read above 100%.
+
+--avx2-only (an AVX-512 CPU standing in for an AVX2 machine): the AVX2 build against ONNX Runtime's AVX2
+kernels, AVX-512 hidden from CPUID for the whole process by bench/avx2_only.c (Linux, CPUs with CPUID
+faulting), so numpy and OpenBLAS take their AVX2 kernels too. Still not an AVX2 machine's figure: the
+core, its caches and its clock are the AVX-512 CPU's, and the header says so.
 
 --load runs a process spinning on one core beside both runtimes for the whole table: the pool's loss under
 load reads off as C/ORT against the same row without --load.
@@ -49,7 +55,7 @@ from saturate.backend.toolchain import openblas_core
 from saturate.frontend import load_graph
 
 import transformer_models
-from machine import Spinner, build_label, cpu_name
+import machine
 
 # ResNet-18, ResNet-50, MobileNetV2, EfficientNet-B0, VGG-11-BN, a ViT, the corpus's transformer encoder, and
 # BERT-, GPT-2- and Llama-style models at sequence lengths 128 and 512.
@@ -71,11 +77,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", default="1,all", help="thread counts, comma-separated; 'all' is every core")
     parser.add_argument("--load", action="store_true", help="a process spinning on one core beside every run")
     parser.add_argument("--json", help="also write every row as JSON")
+    parser.add_argument("--avx2-only", action="store_true",
+                        help="the AVX2 build against ONNX Runtime's AVX2 kernels: on an AVX-512 CPU, AVX-512 is "
+                             "hidden from CPUID for the whole run (Linux, CPUs with CPUID faulting)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--overhead", action="store_true", help="only the per-call overhead table")
     which.add_argument("--no-overhead", action="store_true", help="skip the per-call overhead table")
     parser.add_argument("--batches", type=int, default=41, help="interleaved batches of the overhead table (default 41)")
     args = parser.parse_args(argv)
+    if args.avx2_only and not machine.avx2_only():
+        machine.exec_avx2_only(sys.argv[1:] if argv is None else argv)
+    if machine.avx2_only():
+        machine.check_avx2_only()
     counts = [all_cores() if t == "all" else int(t) for t in args.threads.split(",")]
     overhead = []
     if not args.no_overhead:
@@ -96,14 +109,14 @@ def main(argv: list[str] | None = None) -> int:
                     json.dump({"overhead": overhead}, f, indent=2)
             return 0
     peak = peak_gflops()
-    label = build_label()
-    print(f"{cpu_name()}, {all_cores()} cores; {label}; OpenBLAS {openblas_core()}; measured peak {peak:.1f} "
+    label = machine.build_label()
+    print(f"{machine.cpu_name()}, {all_cores()} cores; {label}; OpenBLAS {openblas_core()}; measured peak {peak:.1f} "
           f"GFLOP/s per core")
-    print(f"median of {args.runs} interleaved runs"
+    print(f"median of {args.runs} interleaved runs, each after an untimed one"
           f"{'; a process spinning on one core beside every run (--load)' if args.load else ''}")
     print(f"{'model':<20} {'threads':>7} {'C ms':>9} {'ORT ms':>9} {'C/ORT':>6} {'C % peak':>8} {'load':>5}")
     results = []
-    with Spinner(args.load):
+    with machine.Spinner(args.load):
         for name in args.models.split(","):
             graph, _ = optimize(load(name))
             for threads in counts:
@@ -116,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 results += [dict(model=name, load=load_avg, **asdict(r)) for r in rows.values()]
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"cpu": cpu_name(), "build": label, "spinning_load": args.load, "peak_gflops": peak,
+            json.dump({"cpu": machine.cpu_name(), "build": label, "spinning_load": args.load, "peak_gflops": peak,
                        "rows": results, "overhead": overhead}, f, indent=2)
     return 0
 

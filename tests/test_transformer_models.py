@@ -4,6 +4,10 @@ ONNX Runtime does (reference interpreter, after saturate.optimize, compiled C); 
 from __future__ import annotations
 
 import importlib.util
+import os
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -100,3 +104,51 @@ def test_the_load_option_spins_one_process_for_the_block_only():
     assert proc.poll() is not None and spinner.proc is None
     with machine.Spinner(False) as idle:
         assert idle.proc is None
+
+
+def _can_hide_avx512(machine) -> bool:
+    flags = machine.cpu_flags()
+    return platform.machine() == "x86_64" and {"avx512f", "cpuid_fault"} <= flags
+
+
+def test_avx2_only_hides_avx512_from_the_runtimes_and_from_nothing_else(tmp_path):
+    """--avx2-only's library: numpy and ONNX Runtime, loaded after it, see AVX2 and no AVX-512 and still
+    compute the same; programs the process starts see the real CPU; a real fault still ends the process."""
+    machine = _load("machine")
+    if not _can_hide_avx512(machine):
+        pytest.skip("needs an x86-64 CPU with AVX-512 and CPUID faulting")
+    library = machine.avx2_only_library(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
+    env["LD_PRELOAD"] = str(library)
+    probe = (
+        "import os, subprocess, sys, numpy as np, onnxruntime as ort\n"
+        "from numpy._core._multiarray_umath import __cpu_features__ as f\n"
+        "from onnx import helper as h, TensorProto as T\n"
+        "g = h.make_graph([h.make_node('MatMul', ['a', 'b'], ['c'])], 'm', "
+        "[h.make_tensor_value_info(n, T.FLOAT, [64, 64]) for n in 'ab'], [h.make_tensor_value_info('c', T.FLOAT, None)])\n"
+        "s = ort.InferenceSession(h.make_model(g, opset_imports=[h.make_opsetid('', 17)]).SerializeToString(), "
+        "providers=['CPUExecutionProvider'])\n"
+        "a = np.random.default_rng(0).standard_normal((2, 64, 64)).astype(np.float32)\n"
+        "err = np.abs(s.run(None, {'a': a[0], 'b': a[1]})[0] - a[0].astype(np.float64) @ a[1]).max()\n"
+        "child = subprocess.run([sys.executable, '-c', 'from numpy._core._multiarray_umath import __cpu_features__ "
+        "as f; print(f[\"AVX512F\"])'], capture_output=True, text=True).stdout.strip()\n"
+        "print(os.environ.get('SATURATE_AVX2_ONLY'), f['AVX512F'], f['AVX2'], f['FMA3'], 'LD_PRELOAD' in os.environ, "
+        "err < 1e-3, child)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["masked", "False", "True", "True", "False", "True", "True"]
+    crash = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.string_at(8)"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert crash.returncode == -11
+
+
+def test_avx2_only_is_refused_where_cpuid_cannot_fault(monkeypatch):
+    machine = _load("machine")
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
+    with pytest.raises(SystemExit, match="cannot fault CPUID"):
+        machine.exec_avx2_only([])
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setenv("SATURATE_ISA", "native")
+    machine.exec_avx2_only([])  # an AVX2 machine: nothing to hide, the AVX2 build is chosen
+    assert os.environ["SATURATE_ISA"] == "avx2" and not machine.avx2_only()

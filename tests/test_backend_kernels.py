@@ -458,38 +458,46 @@ def test_transposed_packed_conv_with_fused_silu(threads):
 
 
 PACKED_GEMMS = [(37, 768, 192, 0, 0), (17, 19, 45, 1, 0), (50, 300, 33, 0, 1), (23, 257, 200, 1, 1), (8, 19, 45, 1, 0),
-                (16, 768, 200, 0, 0), (16, 768, 200, 0, 1), (2, 300, 70, 0, 1)]  # m, k, n, transA, transB
+                (16, 768, 200, 0, 0), (16, 768, 200, 0, 1), (2, 300, 70, 0, 1), (23, 260, 530, 1, 0)]  # m, k, n, tA, tB
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_gemm_on_packed_constant_weights(threads):
+def test_gemm_on_packed_constant_weights(threads, isa):
     """Products sat_gemm's own kernels do not take (more than one row against a transposed B, or a B as stored
-    past the skinny kernel's rows): B packed in 16-column panels (pgemm.h without AVX-512); rows and columns
-    off the panels, reductions over one block boundary, alpha and every transpose."""
+    past the skinny kernel's rows): B packed in panels of two vectors' columns (pgemm.h); rows and columns
+    off the panels, reductions over one block boundary, blocks of panels (SAT_PNB: 128 columns on AVX2, 256
+    on AVX-512) with a partial last one, alpha and every transpose."""
+    from saturate.backend.build import BuildConfig
+
     graphs = []
     for m, k, n, trans_a, trans_b in PACKED_GEMMS:
         consts = {"w": arr(17, (n, k) if trans_b else (k, n)) * np.float32(0.1), "b": arr(18, (n,))}
         nodes = [Node("Gemm", ["x", "w", "b"], ["g"], {"transA": trans_a, "transB": trans_b, "alpha": 0.5}),
                  Node("Relu", ["g"], ["y"])]
         graphs.append(make(nodes, {"x": (k, m) if trans_a else (m, k)}, consts))
-    check_three_way(side_by_side(graphs), threads=threads)
+    check_three_way(side_by_side(graphs), threads=threads, config=BuildConfig(isa=isa))
 
 
 IN_PLACE_GEMMS = [(37, 300, 45, 0), (2, 40, 33, 1), (7, 257, 16, 1), (16, 513, 70, 0), (13, 64, 200, 1),
-                  (9, 100, 50, 1), (4, 300, 33, 1), (11, 64, 40, 0)]  # m, k, n, transB
+                  (9, 100, 50, 1), (4, 300, 33, 1), (11, 64, 40, 0), (14, 300, 530, 0)]  # m, k, n, transB
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_gemm_on_packed_weights_reads_a_in_place(threads):
+def test_gemm_on_packed_weights_reads_a_in_place(threads, isa):
     """Products of an unscaled A as stored read its rows in place on the packed tile (no A panels): row
     counts off the tile's 6 (a last tile of 1 to 4 rows on the 4-row kernel, of 5 repeating a row),
-    reductions across a block boundary, columns off the panels, each with its bias and Relu epilogue."""
+    reductions across a block boundary, columns off the panels and over several blocks of panels, each with
+    its bias and Relu epilogue."""
+    from saturate.backend.build import BuildConfig
+
     graphs = []
     for m, k, n, trans_b in IN_PLACE_GEMMS:
         consts = {"w": arr(21, (n, k) if trans_b else (k, n)) * np.float32(0.1), "b": arr(22, (n,))}
         nodes = [Node("Gemm", ["x", "w", "b"], ["g"], {"transB": trans_b}), Node("Relu", ["g"], ["y"])]
         graphs.append(make(nodes, {"x": (m, k)}, consts))
-    check_three_way(side_by_side(graphs), threads=threads)
+    check_three_way(side_by_side(graphs), threads=threads, config=BuildConfig(isa=isa))
 
 
 @pytest.mark.parametrize("threads", [1, 2])

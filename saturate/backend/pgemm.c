@@ -213,25 +213,28 @@ void sat_pmm_item(void *ctx, int64_t item, int tid) {
     const int N = a->N, K = a->K, M = a->M, j0 = (int)item * a->per, j1 = j0 + a->per < N ? j0 + a->per : N;
     float *Y = a->Y + a->yoff;
     (void)tid;
-    for (int j = j0; j < j1; j += SAT_PN) {
-        const int nr = N - j < SAT_PN ? N - j : SAT_PN;
+    for (int jb = j0; jb < j1; jb += SAT_PNB * SAT_PN) {
+        const int jb1 = jb + SAT_PNB * SAT_PN < j1 ? jb + SAT_PNB * SAT_PN : j1;
         for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
             const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
-            const float *bj = a->bp + (int64_t)j * K + (int64_t)k0 * SAT_PN;
             for (int i = 0; i < M; i += SAT_PR) {
                 const int mr = M - i < SAT_PR ? M - i : SAT_PR;
-                if (a->ap) {
-                    sat_ukr(kc, a->ap + (int64_t)i * K + (int64_t)k0 * SAT_PR, bj, Y + (int64_t)i * N + j, N, mr, nr,
-                            k0 > 0);
-                    continue;
-                }
-                /* A read in place (rows past M repeat row i); a last tile of at most 4 rows on the 4-row kernel */
+                /* A read in place (rows past M repeat row i), or its packed panel: the six rows' kc floats
+                   stay in L1 while the block's B panels pass them (SAT_PNB); a last tile of at most 4 rows
+                   runs on the 4-row kernel */
                 const float *ar[SAT_PR];
                 for (int r = 0; r < SAT_PR; r++) ar[r] = a->A + (int64_t)(i + (r < mr ? r : 0)) * a->lda + k0;
-                if (mr <= 4)
-                    sat_ukr_rows4(kc, ar, bj, Y + (int64_t)i * N + j, N, mr, nr, k0 > 0);
-                else
-                    sat_ukr_rows(kc, ar, bj, Y + (int64_t)i * N + j, N, mr, nr, k0 > 0);
+                for (int j = jb; j < jb1; j += SAT_PN) {
+                    const int nr = N - j < SAT_PN ? N - j : SAT_PN;
+                    const float *bj = a->bp + (int64_t)j * K + (int64_t)k0 * SAT_PN;
+                    float *yij = Y + (int64_t)i * N + j;
+                    if (a->ap)
+                        sat_ukr(kc, a->ap + (int64_t)i * K + (int64_t)k0 * SAT_PR, bj, yij, N, mr, nr, k0 > 0);
+                    else if (mr <= 4)
+                        sat_ukr_rows4(kc, ar, bj, yij, N, mr, nr, k0 > 0);
+                    else
+                        sat_ukr_rows(kc, ar, bj, yij, N, mr, nr, k0 > 0);
+                }
             }
         }
     }

@@ -55,7 +55,7 @@ int main(void) {
     const double flops = 2.0 * SAT_PR * SAT_PN * SAT_PKC;
     for (int rep = 0; rep < 30; rep++) {
         const double t = sat_probe_now();
-        for (int i = 0; i < 400; i++) sat_ukr(SAT_PKC, a, b, c, SAT_PN, SAT_PR, SAT_PN, 1);
+        for (int i = 0; i < 400; i++) sat_ukr(SAT_PKC, a, b, c, SAT_PN, SAT_PR, SAT_PN, 1, 1);
         const double g = 400 * flops / (sat_probe_now() - t);
         best = g > best ? g : best;
     }

@@ -229,11 +229,11 @@ void sat_pmm_item(void *ctx, int64_t item, int tid) {
                     const float *bj = a->bp + (int64_t)j * K + (int64_t)k0 * SAT_PN;
                     float *yij = Y + (int64_t)i * N + j;
                     if (a->ap)
-                        sat_ukr(kc, a->ap + (int64_t)i * K + (int64_t)k0 * SAT_PR, bj, yij, N, mr, nr, k0 > 0);
+                        sat_ukr(kc, a->ap + (int64_t)i * K + (int64_t)k0 * SAT_PR, bj, yij, N, mr, nr, k0 > 0, i == 0);
                     else if (mr <= 4)
-                        sat_ukr_rows4(kc, ar, bj, yij, N, mr, nr, k0 > 0);
+                        sat_ukr_rows4(kc, ar, bj, yij, N, mr, nr, k0 > 0, i == 0);
                     else
-                        sat_ukr_rows(kc, ar, bj, yij, N, mr, nr, k0 > 0);
+                        sat_ukr_rows(kc, ar, bj, yij, N, mr, nr, k0 > 0, i == 0);
                 }
             }
         }

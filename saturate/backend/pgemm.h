@@ -27,7 +27,9 @@
  * for every panel. 512 x 1536 x 384 (a BERT feed-forward's second product), 1 thread, medians of 3 runs
  * interleaved on a Xeon (family 6 model 167): AVX2 build 9.03 -> 7.60 ms (ONNX Runtime's AVX2 kernels 7.41),
  * AVX-512 build 6.41 -> 5.38 (ORT 5.18); 512 x 384 x 1536 8.47 -> 8.13 and 6.18 -> 5.70; products of 128
- * rows or of 384 columns level. */
+ * rows or of 384 columns level. Only the first row tile fetches B into L2 ahead (`far`, SAT_PANEL_LOAD):
+ * the others find the block there, and the fetches cost them 2-10% (same runs: 7.86 -> 7.07 ms on AVX2,
+ * 5.61 -> 5.23 on AVX-512; 512 x 384 x 1536 8.03 -> 7.45 and 5.94 -> 5.80). */
 #define SAT_PNB 8
 /* Reduction steps the B panel is fetched ahead (one 64-byte line per step on AVX2): a transposed product's
  * weight panel streams from memory once, and the prefetcher alone left the 3x3 convs of 512 channels
@@ -81,9 +83,9 @@
  * two pairs of runs under load: C/ORT 1.02, 0.96 -> 0.92, 0.93 and 1.01, 1.05 -> 0.99, 0.90 on a Xeon). */
 #define SAT_PK_FAR 16384
 #define SAT_PANEL_PREFETCH(b) (__builtin_prefetch((b) + SAT_PK_AHEAD * SAT_PN), \
-                               __builtin_prefetch((b) + SAT_PK_AHEAD * SAT_PN + 16), \
-                               __builtin_prefetch((b) + SAT_PK_FAR, 0, 2), \
-                               __builtin_prefetch((b) + SAT_PK_FAR + 16, 0, 2))
+                               __builtin_prefetch((b) + SAT_PK_AHEAD * SAT_PN + 16))
+#define SAT_PANEL_PREFETCH_FAR(b) (__builtin_prefetch((b) + SAT_PK_FAR, 0, 2), \
+                                   __builtin_prefetch((b) + SAT_PK_FAR + 16, 0, 2))
 #else
 /* and a line SAT_PK_FAR floats on into L2 (prefetcht1): a weight panel read once per run comes from DRAM, and
  * the fetch 16 steps ahead into L1 alone kept too few lines in flight (see SAT_SP_AHEAD). ResNet-50 at 96x96,
@@ -93,12 +95,15 @@
  * MatMuls (B packed per head) 5.0 -> 4.3 and 4.7 -> 4.2 ms, the projections 1-2%; fetching only on the first
  * pass over a B (or not at all for the per-head ones) kept them at the old times. */
 #define SAT_PK_FAR 16384
-#define SAT_PANEL_PREFETCH(b) (__builtin_prefetch((b) + SAT_PK_AHEAD * SAT_PN), \
-                               __builtin_prefetch((b) + SAT_PK_FAR, 0, 2))
+#define SAT_PANEL_PREFETCH(b) __builtin_prefetch((b) + SAT_PK_AHEAD * SAT_PN)
+#define SAT_PANEL_PREFETCH_FAR(b) __builtin_prefetch((b) + SAT_PK_FAR, 0, 2)
 #endif
-#define SAT_PANEL_LOAD(b, b0, b1)                                                                  \
+/* `far`: fetch into L2 too; a kernel whose B panel another row tile has just read (in L2 now: the packed
+ * products' blocks, sat_pmm_item) leaves it out, a load-port slot and a line fill a step. */
+#define SAT_PANEL_LOAD(b, b0, b1, far)                                                             \
     const sat_vf b0 = sat_vload(b), b1 = sat_vload((b) + SAT_VL);                                  \
-    SAT_PANEL_PREFETCH(b)
+    SAT_PANEL_PREFETCH(b);                                                                         \
+    if (far) SAT_PANEL_PREFETCH_FAR(b)
 
 /* One reduction step of the 6x16 tile: row r of the accumulators c<r>0, c<r>1 gains a[r] times
  * the 16 floats b0, b1. Both micro-kernels below run it; they differ only in where b comes from. */
@@ -121,11 +126,11 @@
 /* y = (acc ? y : 0) + a (kc x SAT_PR panel) * b (kc x SAT_PN panel), its first mr rows and nr columns,
  * row-major at pitch ldy. The accumulators stay in registers through the reduction. */
 static inline void sat_ukr(int kc, const float *restrict a, const float *restrict b, float *restrict y, int64_t ldy,
-                           int mr, int nr, int acc) {
+                           int mr, int nr, int acc, int far) {
     sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}, c40 = {0},
            c41 = {0}, c50 = {0}, c51 = {0};
     for (int k = 0; k < kc; k++) {
-        SAT_PANEL_LOAD(b, b0, b1);
+        SAT_PANEL_LOAD(b, b0, b1, far);
         SAT_PANEL_STEP(a, b0, b1);
         a += SAT_PR;
         b += SAT_PN;
@@ -136,12 +141,12 @@ static inline void sat_ukr(int kc, const float *restrict a, const float *restric
 /* sat_ukr with A read in place: row r of the tile at ar[r] (k-contiguous, any pitch), so a product whose A is
  * a fresh activation (attention's batched MatMuls) packs none of it; rows past mr may repeat any row. */
 static inline void sat_ukr_rows(int kc, const float *const *ar, const float *restrict b, float *restrict y,
-                                int64_t ldy, int mr, int nr, int acc) {
+                                int64_t ldy, int mr, int nr, int acc, int far) {
     const float *a0 = ar[0], *a1 = ar[1], *a2 = ar[2], *a3 = ar[3], *a4 = ar[4], *a5 = ar[5];
     sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}, c40 = {0},
            c41 = {0}, c50 = {0}, c51 = {0};
     for (int k = 0; k < kc; k++) {
-        SAT_PANEL_LOAD(b, b0, b1);
+        SAT_PANEL_LOAD(b, b0, b1, far);
         const float a[SAT_PR] = {a0[k], a1[k], a2[k], a3[k], a4[k], a5[k]};
         SAT_PANEL_STEP(a, b0, b1);
         b += SAT_PN;
@@ -153,11 +158,11 @@ static inline void sat_ukr_rows(int kc, const float *const *ar, const float *res
  * whose rows are not a multiple of 6 (16 tokens: 6 + 6 + 4) computes 4 rows, not 6 of which 2 are thrown
  * away. Eight accumulators; two loads of B and four broadcasts a step. */
 static inline void sat_ukr_rows4(int kc, const float *const *ar, const float *restrict b, float *restrict y,
-                                 int64_t ldy, int mr, int nr, int acc) {
+                                 int64_t ldy, int mr, int nr, int acc, int far) {
     const float *a0 = ar[0], *a1 = ar[1], *a2 = ar[2], *a3 = ar[3];
     sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
     for (int k = 0; k < kc; k++) {
-        SAT_PANEL_LOAD(b, b0, b1);
+        SAT_PANEL_LOAD(b, b0, b1, far);
         float s = a0[k];
         c00 += s * b0, c01 += s * b1;
         s = a1[k];
@@ -246,7 +251,7 @@ static inline __attribute__((always_inline)) void sat_pconv_run(void *ctx, int64
                 const float *bq = buf + (int64_t)q * K * SAT_PN + (int64_t)k0 * SAT_PN;
                 for (int i = m0; i < m1; i += SAT_PR)
                     sat_ukr(kc, wg + (int64_t)i * K + (int64_t)k0 * SAT_PR, bq, yb + (int64_t)i * P + q * SAT_PN, P,
-                            m1 - i < SAT_PR ? m1 - i : SAT_PR, nr, k0 > 0);
+                            m1 - i < SAT_PR ? m1 - i : SAT_PR, nr, k0 > 0, 1);
             }
         }
     } else {
@@ -260,7 +265,7 @@ static inline __attribute__((always_inline)) void sat_pconv_run(void *ctx, int64
                 const float *bj = wg + (int64_t)j * K + (int64_t)k0 * SAT_PN;
                 for (int q = 0; q < panels; q++)
                     sat_ukr(kc, buf + (int64_t)q * K * SAT_PR + (int64_t)k0 * SAT_PR, bj, acc + q * SAT_PR * SAT_PN,
-                            SAT_PN, SAT_PR, SAT_PN, k0 > 0);
+                            SAT_PN, SAT_PR, SAT_PN, k0 > 0, 1);
             }
 #ifdef SAT_HAVE_DWT
             if (epc) {

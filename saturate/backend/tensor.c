@@ -524,9 +524,9 @@ static void sat_bmm_packed_item(const sat_bmm_args *a, int64_t u, int tid) {
                     const float *bj = bp + (int64_t)(j - j0) * K + (int64_t)k0 * SAT_PN;
                     const int nr = jc1 - j < SAT_PN ? jc1 - j : SAT_PN;
                     if (mr <= 4)
-                        sat_ukr_rows4(kc, rows, bj, Y + (int64_t)i * N + j, N, mr, nr, k0 > 0);
+                        sat_ukr_rows4(kc, rows, bj, Y + (int64_t)i * N + j, N, mr, nr, k0 > 0, 1);
                     else
-                        sat_ukr_rows(kc, rows, bj, Y + (int64_t)i * N + j, N, mr, nr, k0 > 0);
+                        sat_ukr_rows(kc, rows, bj, Y + (int64_t)i * N + j, N, mr, nr, k0 > 0, 1);
                 }
             }
         }

@@ -118,7 +118,7 @@ static inline __attribute__((always_inline)) void sat_wino_run(void *ctx, int64_
                 const int kc = C - k0 < SAT_PKC ? C - k0 : SAT_PKC;
                 for (int q = 0; q < panels; q++)
                     sat_ukr(kc, v + xi * vs + q * ps + (int64_t)k0 * SAT_PR, uj + (int64_t)k0 * SAT_PN,
-                            acc + xi * as + q * SAT_PR * SAT_PN, SAT_PN, SAT_PR, SAT_PN, k0 > 0);
+                            acc + xi * as + q * SAT_PR * SAT_PN, SAT_PN, SAT_PR, SAT_PN, k0 > 0, 1);
             }
         }
         sat_wino_out(a, acc, as, yn, (int64_t)n * M, j, nr, t0, nt, epc);

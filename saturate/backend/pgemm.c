@@ -218,7 +218,7 @@ void sat_pmm_item(void *ctx, int64_t item, int tid) {
         for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
             const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
             for (int i = 0; i < M; i += SAT_PR) {
-                const int mr = M - i < SAT_PR ? M - i : SAT_PR;
+                const int mr = M - i < SAT_PR ? M - i : SAT_PR, far = i == 0 || M < SAT_PNB_FAR_ROWS;
                 /* A read in place (rows past M repeat row i), or its packed panel: the six rows' kc floats
                    stay in L1 while the block's B panels pass them (SAT_PNB); a last tile of at most 4 rows
                    runs on the 4-row kernel */
@@ -229,11 +229,11 @@ void sat_pmm_item(void *ctx, int64_t item, int tid) {
                     const float *bj = a->bp + (int64_t)j * K + (int64_t)k0 * SAT_PN;
                     float *yij = Y + (int64_t)i * N + j;
                     if (a->ap)
-                        sat_ukr(kc, a->ap + (int64_t)i * K + (int64_t)k0 * SAT_PR, bj, yij, N, mr, nr, k0 > 0, i == 0);
+                        sat_ukr(kc, a->ap + (int64_t)i * K + (int64_t)k0 * SAT_PR, bj, yij, N, mr, nr, k0 > 0, far);
                     else if (mr <= 4)
-                        sat_ukr_rows4(kc, ar, bj, yij, N, mr, nr, k0 > 0, i == 0);
+                        sat_ukr_rows4(kc, ar, bj, yij, N, mr, nr, k0 > 0, far);
                     else
-                        sat_ukr_rows(kc, ar, bj, yij, N, mr, nr, k0 > 0, i == 0);
+                        sat_ukr_rows(kc, ar, bj, yij, N, mr, nr, k0 > 0, far);
                 }
             }
         }

@@ -29,8 +29,12 @@
  * AVX-512 build 6.41 -> 5.38 (ORT 5.18); 512 x 384 x 1536 8.47 -> 8.13 and 6.18 -> 5.70; products of 128
  * rows or of 384 columns level. Only the first row tile fetches B into L2 ahead (`far`, SAT_PANEL_LOAD):
  * the others find the block there, and the fetches cost them 2-10% (same runs: 7.86 -> 7.07 ms on AVX2,
- * 5.61 -> 5.23 on AVX-512; 512 x 384 x 1536 8.03 -> 7.45 and 5.94 -> 5.80). */
+ * 5.61 -> 5.23 on AVX-512; 512 x 384 x 1536 8.03 -> 7.45 and 5.94 -> 5.80). A product of fewer rows than
+ * SAT_PNB_FAR_ROWS streams its B from memory (a 16-token encoder's 57 MB of weights): there every tile
+ * fetches, as the lines in flight set its pace (encoder-ts, AVX-512 build, 1 thread: 7.1-7.4 ms with the
+ * first tile alone fetching, 6.6-7.0 with all). */
 #define SAT_PNB 8
+#define SAT_PNB_FAR_ROWS 32
 /* Reduction steps the B panel is fetched ahead (one 64-byte line per step on AVX2): a transposed product's
  * weight panel streams from memory once, and the prefetcher alone left the 3x3 convs of 512 channels
  * about 20% slower than the dot products. */

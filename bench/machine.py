@@ -100,7 +100,10 @@ def check_avx2_only() -> None:
         for path in Path(directory).glob("*"):
             path.unlink()
         Path(directory).rmdir()
-    from numpy._core._multiarray_umath import __cpu_features__
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # numpy before 2.0
+        from numpy.core._multiarray_umath import __cpu_features__
 
     if not avx2_only() or __cpu_features__.get("AVX512F"):
         raise SystemExit("--avx2-only: AVX-512 is still visible through CPUID; the figures would not be an "

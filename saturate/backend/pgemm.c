@@ -222,8 +222,9 @@ void sat_pmm_item(void *ctx, int64_t item, int tid) {
                 /* A read in place (rows past M repeat row i), or its packed panel: the six rows' kc floats
                    stay in L1 while the block's B panels pass them (SAT_PNB); a last tile of at most 4 rows
                    runs on the 4-row kernel */
-                const float *ar[SAT_PR];
-                for (int r = 0; r < SAT_PR; r++) ar[r] = a->A + (int64_t)(i + (r < mr ? r : 0)) * a->lda + k0;
+                const float *ar[SAT_PR] = {0};
+                if (!a->ap)
+                    for (int r = 0; r < SAT_PR; r++) ar[r] = a->A + (int64_t)(i + (r < mr ? r : 0)) * a->lda + k0;
                 for (int j = jb; j < jb1; j += SAT_PN) {
                     const int nr = N - j < SAT_PN ? N - j : SAT_PN;
                     const float *bj = a->bp + (int64_t)j * K + (int64_t)k0 * SAT_PN;

@@ -26,8 +26,8 @@ length SEQ (bench/transformer_models.py: bert, gpt2, llama). Each model is optim
 same intra-op thread count, its threads not spinning between runs: see saturate.backend.bench.ort_session)
 run on the same input, interleaved in one process, each timed run right after an untimed one of the same
 runtime (saturate.backend.bench.benchmark: a run right after the other runtime's measures cache
-eviction, which cost ONNX Runtime far more than the C); the table gives their medians and C/ORT. The load average is printed with each row: the machine may be shared, and
-multi-thread figures only mean something when the load is below the spare cores. "% peak" is of the
+eviction, which cost ONNX Runtime far more than the C); the table gives their medians and C/ORT. The
+load average is printed with each row: the machine may be shared, and multi-thread figures only mean something when the load is below the spare cores. "% peak" is of the
 micro-kernel's measured peak (saturate.backend.bench.peak_gflops) times the threads, counting each conv's
 direct-convolution FLOPs: Winograd convs do 2.25x fewer multiplies, so a model of mostly 3x3 convs
 (vgg11_bn) can read above 100%.

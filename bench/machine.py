@@ -13,19 +13,25 @@ from pathlib import Path
 MASKED = "SATURATE_AVX2_ONLY"
 
 
-def cpu_name() -> str:
-    """The CPU's model name as the kernel reports it, with its family and model numbers, which tell the
-    generation when a virtual machine shows only a brand ("AMD EPYC"): every figure names the CPU that gave it."""
+def _cpuinfo() -> dict[str, str]:
+    """/proc/cpuinfo's fields as its first CPU gives them (empty where there is none)."""
+    fields: dict[str, str] = {}
     try:
-        fields = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
             fields.setdefault(key.strip(), value.strip())
-        if "model name" in fields:
-            ids = [f"{k} {fields[k]}" for k in ("cpu family", "model") if k in fields]
-            return fields["model name"] + (f" ({', '.join(ids)})" if ids else "")
     except OSError:
         pass
+    return fields
+
+
+def cpu_name() -> str:
+    """The CPU's model name as the kernel reports it, with its family and model numbers, which tell the
+    generation when a virtual machine shows only a brand ("AMD EPYC"): every figure names the CPU that gave it."""
+    fields = _cpuinfo()
+    if "model name" in fields:
+        ids = [f"{k} {fields[k]}" for k in ("cpu family", "model") if k in fields]
+        return fields["model name"] + (f" ({', '.join(ids)})" if ids else "")
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
@@ -49,13 +55,8 @@ def avx2_only() -> bool:
 
 
 def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return set()
+    """The CPU's feature flags (/proc/cpuinfo's "flags")."""
+    return set(_cpuinfo().get("flags", "").split())
 
 
 def avx2_only_library(directory: Path) -> Path:

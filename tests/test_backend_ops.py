@@ -163,6 +163,50 @@ def test_attention_block_shapes():
     check_three_way(make(nodes, {"q": shp, "k": shp, "v": shp}, {"scale": np.float32(0.5)}, opset=17), threads=2)
 
 
+def attention_scores(heads: int, seq: int, dim: int, axis: int = -1, opset: int = 17):
+    """Q K^T (K^T read through its Transpose), a scale, a causal mask of -3.4e38 with some -inf, Softmax."""
+    mask = np.triu(np.full((seq, seq), -3.4e38, np.float32), 1)
+    mask[np.triu_indices(seq, 2)[0][::3], np.triu_indices(seq, 2)[1][::3]] = -np.inf
+    nodes = [Node("Transpose", ["k"], ["kt"], {"perm": [0, 1, 3, 2]}), Node("MatMul", ["q", "kt"], ["s"]),
+             Node("Mul", ["s", "scale"], ["ss"]), Node("Add", ["ss", "mask"], ["m"]),
+             Node("Softmax", ["m"], ["y"], {"axis": axis})]
+    shp = (1, heads, seq, dim)
+    return make(nodes, {"q": shp, "k": shp}, {"scale": np.float32(dim ** -0.5), "mask": mask}, opset=opset)
+
+
+def fused_softmax(graph, threads: int = 1, config=None) -> bool:
+    from saturate.backend import compile_graph
+
+    steps = compile_graph(graph, threads=threads, config=config).emitted.plan.steps
+    return any(s.softmax is not None for s in steps)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+@pytest.mark.parametrize("heads,seq,dim,threads", [(6, 200, 16, 1), (1, 130, 32, 2), (3, 70, 64, 3), (2, 40, 24, 1),
+                                                   (2, 3, 4, 2)])
+def test_softmax_runs_on_the_rows_its_product_made(heads, seq, dim, threads, isa):
+    # One step: the product's rows through the scale and mask, then the softmax, a block of rows at a time (200
+    # tokens: blocks of 78 rows, the last partial; rows of 200 and 70 lanes end in partial vectors); packed
+    # products with fewer heads than two per thread split by row tiles (130 rows in items of 36 on 2 threads,
+    # 70 in items of 36 on 3), small ones on OpenBLAS a head at a time.
+    from saturate.backend.build import BuildConfig
+
+    graph = attention_scores(heads, seq, dim)
+    y = check_three_way(graph, threads=threads, config=BuildConfig(isa=isa))["y"]
+    assert fused_softmax(graph, threads, BuildConfig(isa=isa))
+    assert np.allclose(y.sum(-1), 1.0, atol=1e-5) and np.all(np.triu(y[0, 0], 1) == 0)
+
+
+@pytest.mark.parametrize("axis,opset,fused", [(3, 11, True), (-2, 17, False), (1, 11, False)])
+def test_softmax_after_a_product_over_other_axes(axis, opset, fused):
+    # Only a softmax over the last axis runs on the product's rows (before opset 13 that is axis 3 of 4, which
+    # flattens nothing); over another axis, or before opset 13 over all axes from 1, it is a step of its own.
+    # (The reference interpreter has opset 13's Softmax only, so opset 11 is checked against ONNX Runtime.)
+    graph = attention_scores(2, 50, 16, axis, opset)
+    check_three_way(graph, threads=2) if opset >= 13 else check_against_ort(graph)
+    assert fused_softmax(graph, 2) == fused
+
+
 @pytest.mark.parametrize("axis,shape,bias", [(-1, (2, 3, 16), True), (1, (2, 3, 4, 5), False), (0, (3, 7), True),
                                              (-2, (2, 5, 3), True)])
 def test_layernorm_axes(axis, shape, bias):

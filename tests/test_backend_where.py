@@ -81,7 +81,8 @@ def test_runtime_bool_condition_broadcast_on_each_input(shapes):
 
 def test_a_constant_condition_and_scalar_operand_join_the_matmul_epilogue():
     """GPT-2's causal mask: MatMul, scale, Where(tril, s, -3.4e38), Softmax; Where rides in the product's
-    output loop, and the graph is one C step list with no interpreter piece."""
+    output loop, the Softmax runs on its rows in the same step, and the graph is one C step list with no
+    interpreter piece."""
     rng = np.random.default_rng(1)
     consts = {"kT": rng.standard_normal((1, 2, 8, 16)).astype(np.float32), "scale": np.float32(8 ** 0.5),
               "tril": np.tril(np.ones((16, 16), bool)), "low": np.float32(-3.4e38)}
@@ -92,7 +93,8 @@ def test_a_constant_condition_and_scalar_operand_join_the_matmul_epilogue():
         model = check(g, threads, exact=False)
     assert [p.kind for p in model.partition.pieces] == ["c"]
     steps = model.emitted.plan.steps
-    assert [(s.anchor.op, [n.op for n in s.chain]) for s in steps] == [("MatMul", ["Div", "Where"]), ("Softmax", [])]
+    assert [(s.anchor.op, [n.op for n in s.chain], s.softmax.op) for s in steps] == [("MatMul", ["Div", "Where"],
+                                                                                      "Softmax")]
 
 
 def test_the_chain_value_may_be_either_operand_or_the_condition():

@@ -267,7 +267,7 @@ class NnEmission:
                 return
             self.body.append(f"    sat_gemm(0, 0, {rows}, {n}, {k}, 1.0f, {ap}, {k}, {bp}, {n}, {out}, 0, {epi});\n")
             return
-        self.batched_product(a2, strides(a2), ap, b2, strides(b2), bp, out, epi)
+        self.batched_product(a2, strides(a2), ap, b2, strides(b2), bp, out, epi, step.softmax is not None)
 
     def emit_bmm_views(self, step, chain, out, oshape):
         """plan.transposed_operands: a batched MatMul reading its transposed operands in place, each through
@@ -288,11 +288,12 @@ class NnEmission:
 
         a_read, b_read = step.operands
         self.batched_product(a2, view(node.inputs[0], a_read, a2), self.ptr(a_read), b,
-                             view(node.inputs[1], b_read, b), self.ptr(b_read), out, epi)
+                             view(node.inputs[1], b_read, b), self.ptr(b_read), out, epi, step.softmax is not None)
 
-    def batched_product(self, a2, ast, ap, b2, bst, bp, out, epi):
+    def batched_product(self, a2, ast, ap, b2, bst, bp, out, epi, softmax=False):
         """sat_matmul_batched of A (a2: ..., m, k) and B (b2: ..., k, n) read at `ap` and `bp` through the
-        strides `ast` and `bst` (floats per step of each axis): A's k and one of B's last two axes contiguous."""
+        strides `ast` and `bst` (floats per step of each axis): A's k and one of B's last two axes contiguous;
+        with `softmax`, each output row's softmax after the epilogue (plan._row_softmax)."""
         m, k, n = a2[-2], a2[-1], b2[-1]
         tb = int(bst[-1] != 1 and n > 1)
         # (the pitch of an axis of one row or column is never stepped; sgemm wants it at least the row's length)
@@ -308,7 +309,7 @@ class NnEmission:
         self.funcs.append(f"static const int64_t {tab}[][2] = {{{', '.join(f'{{{p}, {q}}}' for p, q in offs)}}};\n")
         packed = int(self.packs_batched(m, n, k))
         self.body.append(f"    sat_matmul_batched({ap}, {bp}, {out}, {len(offs)}, {tab}, {m}, {n}, {k}, {lda}, {ldb}, "
-                         f"{tb}, {packed}, {epi});\n")
+                         f"{tb}, {packed}, {epi}, {int(softmax)});\n")
 
     def emit_QLinearConv(self, step, chain, out, oshape):
         emit_qlinear(self, step, chain, out, oshape)

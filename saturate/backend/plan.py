@@ -66,9 +66,11 @@ class Step:
     pattern: str = ""
     inner: list[Node] = field(default_factory=list)
     operands: tuple[str, ...] = ()
+    # A Softmax over the last axis run on the output's rows after the chain (see _row_softmax).
+    softmax: Node | None = None
 
     def nodes(self) -> list[Node]:
-        return [*self.inner, self.anchor, *self.chain]
+        return [*self.inner, self.anchor, *self.chain, *([self.softmax] if self.softmax else [])]
 
     def reads(self) -> list[str]:
         """Every value the fused kernel reads (the chain's own intermediates excluded)."""
@@ -276,6 +278,23 @@ def _diamond(step: Step, value: str, users: list[Node], consumers: dict, outputs
     return None
 
 
+def _row_softmax(graph: Graph, step: Step, value: str, users: list[Node], outputs: set, absorbed: set,
+                 shapes: dict) -> Node | None:
+    """The Softmax that is the only reader of a batched MatMul step's output `value` and normalizes its last
+    axis (attention's probabilities): sat_matmul_batched then runs it on each block of rows it has just made,
+    while they are in cache."""
+    node = step.anchor
+    if (node.op != "MatMul" or step.pattern not in ("", "bmm_views") or value in outputs or len(users) != 1
+            or id(users[0]) in absorbed or users[0].op != "Softmax"):
+        return None
+    sm, shape = users[0], shapes.get(value)
+    b = shapes.get(node.inputs[1])
+    if not shape or not b or len(b) < 3 or min(shape) < 1 or shapes.get(sm.outputs[0]) != shape:
+        return None
+    axis = sm.attr("axis", -1 if graph.opset >= 13 else 1)
+    return sm if axis % len(shape) == len(shape) - 1 else None
+
+
 # Patterns of several nodes run as one kernel, by the op of their last node.
 PATTERNS = {"Add": ("rotary", rotary), "Div": ("rms_norm", rms_norm), "MatMul": ("bmm_views", transposed_operands)}
 
@@ -319,6 +338,10 @@ def fuse(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Step], 
                     continue
             if (value in outputs or len(users) != 1 or id(users[0]) in absorbed
                     or not _fusible(step, value, users[0], shapes)):
+                step.softmax = _row_softmax(graph, step, value, users, outputs, absorbed, shapes)
+                if step.softmax:
+                    tail = step.softmax
+                    absorbed.add(id(tail))
                 break
             tail = users[0]
             step.chain.append(tail)

@@ -260,20 +260,34 @@ void sat_softmax_row8(const float *x, float *y, int64_t L) {
 }
 #endif
 
+/* Softmax of one contiguous row of L floats (x and y may be the same row). */
+void sat_softmax_row(const float *x, float *y, int64_t L) {
+#if defined(__AVX512F__)
+    sat_softmax_row512(x, y, L);
+#elif defined(__AVX2__) && defined(__FMA__)
+    sat_softmax_row8(x, y, L);
+#else
+    const float floor_ = sat_softmax_floor(L);
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < L; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0.0;
+    for (int64_t i = 0; i < L; i++) {
+        const float d = x[i] - mx, e = d < floor_ ? 0.0f : expf(d);
+        y[i] = e;
+        sum += e;
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < L; i++) y[i] *= inv;
+#endif
+}
+
 /* One outer block: every (inner) lane of it along the axis. */
 static void sat_softmax_block(const sat_softmax_args *a, int64_t o) {
     const int64_t L = a->L, inner = a->inner;
-#if defined(__AVX512F__)
     if (inner == 1) {
-        sat_softmax_row512(a->x + o * L, a->y + o * L, L);
+        sat_softmax_row(a->x + o * L, a->y + o * L, L);
         return;
     }
-#elif defined(__AVX2__) && defined(__FMA__)
-    if (inner == 1) {
-        sat_softmax_row8(a->x + o * L, a->y + o * L, L);
-        return;
-    }
-#endif
     const float floor_ = sat_softmax_floor(L);
     for (int64_t j = 0; j < inner; j++) {
         const float *xi = a->x + o * L * inner + j;
@@ -498,26 +512,17 @@ static void sat_pack_b_cols(const float *B, int K, int64_t ldb, int tb, int j0, 
  * (64 KB at 4 panels of 16 and kc 256) stay in L2 while A's rows, read in place, stay in L1. */
 #define SAT_BMM_JC 4
 
-/* Work item of a packed batched product: product bi's columns [j0, j1) (unit u = bi * groups + g), their
- * B panels packed on this thread, A's rows read in place by sat_ukr_rows, the epilogue on the item's
- * columns at its end. */
-static void sat_bmm_packed_item(const sat_bmm_args *a, int64_t u, int tid) {
-    const int M = a->M, N = a->N, K = a->K;
-    const int64_t bi = u / a->groups;
-    const int j0 = (int)(u % a->groups) * a->per, j1 = j0 + a->per < N ? j0 + a->per : N;
-    if (j0 >= N) return;
-    const float *A = a->A + a->offs[bi][0];
-    float *Y = a->Y + bi * (int64_t)M * N;
-    const int64_t padded = (int64_t)(j1 - j0 + SAT_PN - 1) / SAT_PN * SAT_PN;
-    float *bp = sat_thread_buf(&sat_bmm_buf[tid], &sat_bmm_cap[tid], (size_t)(padded * K));
-    if (!bp) abort();
-    sat_pack_b_cols(a->B + a->offs[bi][1], K, a->ldb, a->tb, j0, j1, bp);
+/* Rows [i0, i1) by columns [j0, j1) of a packed batched product: B's panels of those columns packed at bp,
+ * A's rows (from `A`) read in place by sat_ukr_rows, Y the product's output. */
+static void sat_bmm_block(const sat_bmm_args *a, const float *A, float *Y, const float *bp, int i0, int i1, int j0,
+                          int j1) {
+    const int N = a->N, K = a->K;
     for (int jc = j0; jc < j1; jc += SAT_BMM_JC * SAT_PN) {
         const int jc1 = jc + SAT_BMM_JC * SAT_PN < j1 ? jc + SAT_BMM_JC * SAT_PN : j1;
         for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
             const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
-            for (int i = 0; i < M; i += SAT_PR) {
-                const int mr = M - i < SAT_PR ? M - i : SAT_PR;
+            for (int i = i0; i < i1; i += SAT_PR) {
+                const int mr = i1 - i < SAT_PR ? i1 - i : SAT_PR;
                 const float *rows[SAT_PR];
                 for (int r = 0; r < SAT_PR; r++) rows[r] = A + (int64_t)(i + (r < mr ? r : 0)) * a->lda + k0;
                 for (int j = jc; j < jc1; j += SAT_PN) {
@@ -531,8 +536,41 @@ static void sat_bmm_packed_item(const sat_bmm_args *a, int64_t u, int tid) {
             }
         }
     }
-    if (a->epi)
-        for (int m = 0; m < M; m++) a->epi(a->Y, bi * (int64_t)M * N + (int64_t)m * N + j0, j1 - j0);
+}
+
+/* Work item of a packed batched product (unit u = bi * groups + g): product bi's columns [j0, j1), their B
+ * panels packed on this thread, the epilogue on the item's columns at its end. With a softmax after the
+ * product, the item is rows [i0, i1) of all its columns instead, made SAT_BMM_SOFTMAX_FLOATS at a time and
+ * each block's rows through the epilogue and the softmax while they are still in cache: as steps of their
+ * own both passes read a whole attention's scores back from memory (12 MB for 12 heads of 512 tokens). */
+static void sat_bmm_packed_item(const sat_bmm_args *a, int64_t u, int tid) {
+    const int M = a->M, N = a->N, K = a->K;
+    const int64_t bi = u / a->groups;
+    const int g = (int)(u % a->groups);
+    const int i0 = a->softmax ? g * a->per : 0, i1 = !a->softmax ? M : i0 + a->per < M ? i0 + a->per : M;
+    const int j0 = a->softmax ? 0 : g * a->per, j1 = a->softmax ? N : j0 + a->per < N ? j0 + a->per : N;
+    if (i0 >= M || j0 >= N) return;
+    const float *A = a->A + a->offs[bi][0];
+    float *Y = a->Y + bi * (int64_t)M * N;
+    const int64_t padded = (int64_t)(j1 - j0 + SAT_PN - 1) / SAT_PN * SAT_PN;
+    float *bp = sat_thread_buf(&sat_bmm_buf[tid], &sat_bmm_cap[tid], (size_t)(padded * K));
+    if (!bp) abort();
+    sat_pack_b_cols(a->B + a->offs[bi][1], K, a->ldb, a->tb, j0, j1, bp);
+    if (!a->softmax) {
+        sat_bmm_block(a, A, Y, bp, 0, M, j0, j1);
+        if (a->epi)
+            for (int m = 0; m < M; m++) a->epi(a->Y, bi * (int64_t)M * N + (int64_t)m * N + j0, j1 - j0);
+        return;
+    }
+    const int block = sat_bmm_softmax_rows(N);
+    for (int r0 = i0; r0 < i1; r0 += block) {
+        const int r1 = r0 + block < i1 ? r0 + block : i1;
+        sat_bmm_block(a, A, Y, bp, r0, r1, 0, N);
+        for (int m = r0; m < r1; m++) {
+            if (a->epi) a->epi(a->Y, bi * (int64_t)M * N + (int64_t)m * N, N);
+            sat_softmax_row(Y + (int64_t)m * N, Y + (int64_t)m * N, N);
+        }
+    }
 }
 
 void sat_bmm_item(void *ctx, int64_t u, int tid) {
@@ -543,22 +581,30 @@ void sat_bmm_item(void *ctx, int64_t u, int tid) {
     }
     sat_gemm(0, a->tb, a->M, a->N, a->K, 1.0f, a->A + a->offs[u][0], (int)a->lda, a->B + a->offs[u][1], (int)a->ldb,
              a->Y, u * (int64_t)a->M * a->N, a->epi);
+    if (a->softmax)
+        for (int m = 0; m < a->M; m++) {
+            float *row = a->Y + (u * a->M + m) * (int64_t)a->N;
+            sat_softmax_row(row, row, a->N);
+        }
 }
 
 /* `batch` products Y[bi] = A[offs[bi][0]..] B[offs[bi][1]..] (broadcast batch dims resolved in the
  * offsets table), A's rows `lda` floats apart, B's rows `ldb` apart (its columns, when `tb`: B read as the
- * transpose of a row-major N x K, attention's K^T in place). With `packed` (the emitter's choice) on pgemm.h's tile, each product's columns split in
- * runs of whole panels when there are fewer products than two per thread; else one product per work item
- * on single-threaded OpenBLAS. */
+ * transpose of a row-major N x K, attention's K^T in place), then the epilogue and, with `softmax`, a softmax
+ * over each row of the output. With `packed` (the emitter's choice) on pgemm.h's tile, each product is split
+ * when there are fewer products than two per thread: in runs of whole panels of its columns, or with a softmax
+ * in runs of whole row tiles; else one product per work item on single-threaded OpenBLAS. */
 void sat_matmul_batched(const float *A, const float *B, float *Y, int64_t batch, const int64_t (*offs)[2],
-                               int M, int N, int K, int64_t lda, int64_t ldb, int tb, int packed, sat_epi epi) {
-    sat_bmm_args a = {A, B, Y, offs, lda, ldb, M, N, K, tb, packed, 1, N, epi};
+                               int M, int N, int K, int64_t lda, int64_t ldb, int tb, int packed, sat_epi epi,
+                               int softmax) {
+    sat_bmm_args a = {A, B, Y, offs, lda, ldb, M, N, K, tb, packed, softmax, 1, softmax ? M : N, epi};
     if (packed && sat_threads > 1 && !sat_in_parallel && batch < 2 * sat_threads) {
-        const int panels = (N + SAT_PN - 1) / SAT_PN;
+        const int step = softmax ? SAT_PR : SAT_PN, extent = softmax ? M : N;
+        const int runs = (extent + step - 1) / step;
         int groups = (int)((2 * sat_threads + batch - 1) / batch);
-        if (groups > panels) groups = panels;
-        a.per = (panels + groups - 1) / groups * SAT_PN;
-        a.groups = (N + a.per - 1) / a.per;
+        if (groups > runs) groups = runs;
+        a.per = (runs + groups - 1) / groups * step;
+        a.groups = (extent + a.per - 1) / a.per;
     }
     sat_parallel(batch * a.groups, sat_bmm_item, &a);
 }

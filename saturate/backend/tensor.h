@@ -216,6 +216,9 @@ void sat_softmax_row512(const float *x, float *y, int64_t L);
 void sat_softmax_row8(const float *x, float *y, int64_t L);
 #endif
 
+/* Softmax of one contiguous row of L floats (x and y may be the same row). */
+void sat_softmax_row(const float *x, float *y, int64_t L);
+
 void sat_softmax_item(void *ctx, int64_t item, int tid);
 
 void sat_softmax(const float *x, float *y, int64_t outer, int64_t L, int64_t inner);
@@ -277,9 +280,20 @@ typedef struct {
     const int64_t (*offs)[2];
     int64_t lda, ldb;
     int M, N, K, tb, packed;
-    int groups, per;  /* packed products: work items per product, columns per item */
+    int softmax;      /* a softmax over each row of the output, after the epilogue */
+    int groups, per;  /* packed products: work items per product, columns (rows, with softmax) per item */
     sat_epi epi;
 } sat_bmm_args;
+
+/* Floats of the scores a packed product with a softmax makes before it runs the softmax on them: a block
+ * that stays in L2 beside B's packed panels. */
+#define SAT_BMM_SOFTMAX_FLOATS 16384
+
+/* Rows of such a block for rows of N floats: whole row tiles, at least one. */
+static inline int sat_bmm_softmax_rows(int N) {
+    const int rows = SAT_BMM_SOFTMAX_FLOATS / (N > 0 ? N : 1) / SAT_PR * SAT_PR;
+    return rows > SAT_PR ? rows : SAT_PR;
+}
 
 extern float *sat_bmm_buf[SAT_MAX_THREADS];
 
@@ -288,6 +302,7 @@ extern size_t sat_bmm_cap[SAT_MAX_THREADS];
 void sat_bmm_item(void *ctx, int64_t bi, int tid);
 
 void sat_matmul_batched(const float *A, const float *B, float *Y, int64_t batch, const int64_t (*offs)[2],
-                               int M, int N, int K, int64_t lda, int64_t ldb, int tb, int packed, sat_epi epi);
+                               int M, int N, int K, int64_t lda, int64_t ldb, int tb, int packed, sat_epi epi,
+                               int softmax);
 
 #endif

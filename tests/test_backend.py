@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -194,9 +196,10 @@ def test_two_threads_agree_with_one():
 
 
 def test_threads_beside_busy_processes_agree_with_one():
-    """Two processes that never sleep take both cores: the caller loses its core to the worker it wakes, and
-    the next runs are the caller's alone (pool.h's SAT_SOLO_NS), then shared again. Every call's result,
-    shared or alone, is the one-thread result."""
+    """Two processes that never sleep take both cores: the caller loses its core to the worker it wakes, the
+    next runs keep the threads apart, and those losing it too are the caller's alone (pool.h's SAT_APART_NS
+    and SAT_FEWER_NS), then shared again. Every call's result, free, apart or alone, is the one-thread
+    result."""
     import subprocess
     import sys
 
@@ -217,6 +220,77 @@ def test_threads_beside_busy_processes_agree_with_one():
     for out in got:
         for k, v in want.items():
             assert rel_error(out[k], np.asarray(v, np.float64)) <= 1e-5, k
+
+
+def _cpus_of_threads() -> dict[int, frozenset[int]]:
+    """Each thread of this process: the CPUs it may run on (/proc's Cpus_allowed_list)."""
+    import os
+
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                text = f.read()
+        except OSError:  # the thread ended
+            continue
+        spec = next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Cpus_allowed_list"))
+        cpus = set()
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        out[int(tid)] = frozenset(cpus)
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="threads are kept apart by Linux CPU affinity, on 2 or more CPUs")
+def test_threads_apart_beside_a_busy_core_and_back_after_every_call():
+    """Beside processes spinning on all the caller's CPUs but one, a run with the threads free loses the
+    caller's core and the next runs keep them apart: the caller on its CPU alone, the worker on the others
+    (seen in /proc while the calls run); after every call each thread may use the CPUs it could before, and
+    every result is the one-thread result."""
+    import subprocess
+    import threading
+    import time
+
+    from saturate.backend import compile_graph
+    from saturate.frontend import load_graph
+
+    g = load_graph("example:resnet18")
+    feed = feed_for(g, 0)
+    want = compile_graph(g, threads=1)(feed)
+    model = compile_graph(g, threads=2)
+    model(feed)  # the worker exists from the first run on
+    allowed = frozenset(os.sched_getaffinity(0))
+    caller = threading.get_native_id()
+    seen, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            seen.append(_cpus_of_threads())
+            time.sleep(0.0005)
+
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(len(allowed) - 1)]
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        got = []
+        for _ in range(40):
+            got.append(model(feed))
+            assert frozenset(os.sched_getaffinity(0)) == allowed
+    finally:
+        stop.set()
+        sampler.join()
+        for p in spinners:
+            p.kill()
+            p.wait()
+    for out in got:
+        for k, v in want.items():
+            assert rel_error(out[k], np.asarray(v, np.float64)) <= 1e-5, k
+    apart = [m for m in seen if len(m.get(caller, allowed)) == 1
+             and any(cpus == allowed - m[caller] for t, cpus in m.items() if t != caller)]
+    assert apart, "the threads were never kept apart"
+    assert all(cpus == allowed for cpus in _cpus_of_threads().values())
 
 
 def test_fusion_follows_single_consumers():

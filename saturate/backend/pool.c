@@ -3,6 +3,10 @@
 
 #include <sys/resource.h>
 #include <time.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /* (glibc declares it only under _GNU_SOURCE, which the headers included before this file's did not set) */
 #if defined(__linux__) && !defined(RUSAGE_THREAD)
@@ -25,6 +29,26 @@ __thread int sat_pool_tid;
 
 sat_pool_state sat_pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
                            .done_cv = PTHREAD_COND_INITIALIZER};
+
+/* Keeping the threads apart (see SAT_APART_NS), Linux only: each worker's kernel thread id (0 until it has
+ * started), the CPUs the caller may use outside a run apart and the others than its own (words of a
+ * cpu_set_t), whether this run keeps them apart, and whether the workers are let onto the caller's CPU (the
+ * caller waits asleep for the items they hold, see SAT_APART_SPIN_NS). */
+#define SAT_CPU_WORDS 16
+static _Atomic int sat_pool_os_tid[SAT_MAX_THREADS];
+static unsigned long sat_pool_cpus[SAT_CPU_WORDS], sat_pool_others[SAT_CPU_WORDS];
+static _Atomic int sat_pool_kept_apart;
+static int sat_pool_lent;
+/* Whether this run began apart, and how many threads fewer than sat_threads it shares its jobs among. */
+static int sat_pool_run_apart, sat_pool_run_fewer;
+
+static int sat_os_tid(void) {
+#if defined(__linux__)
+    return (int)syscall(SYS_gettid);
+#else
+    return 0;
+#endif
+}
 
 static int64_t sat_pool_ns(void) {
     struct timespec t;
@@ -73,6 +97,7 @@ void *sat_pool_worker(void *arg) {
     uint32_t seen = 0;
     sat_in_parallel = 1; /* a worker only ever runs items */
     sat_pool_tid = tid;
+    sat_pool_os_tid[tid] = sat_os_tid();
     for (;;) {
         uint32_t t = 0;
         /* Spin for the next job while a run lasts (jobs come in bursts within one inference) for up to
@@ -81,7 +106,7 @@ void *sat_pool_worker(void *arg) {
         int64_t start = 0, since = 0;
         int idle = 0;
         const uint32_t run = atomic_load(&sat_pool.runs);
-        for (int spin = 0; spin < 20000 || (sat_pool_wanted(tid) && !idle); spin++) {
+        for (int spin = 0; spin < 20000 || (sat_pool_wanted(tid) && !idle && !sat_pool_kept_apart); spin++) {
             t = atomic_load_explicit(&sat_pool.job, memory_order_acquire);
             if (t != seen) break;
             if ((spin & 255) == 255) {
@@ -96,6 +121,8 @@ void *sat_pool_worker(void *arg) {
             }
         }
         if (t == seen) {
+            /* (threads apart: asleep as soon as the short spin finds no job, see SAT_APART_SPIN_NS) */
+            idle = idle || sat_pool_kept_apart;
             pthread_mutex_lock(&sat_pool.mu);
             /* idle within a run: asleep until the next job, or the next run's start */
             while (atomic_load(&sat_pool.job) == seen &&
@@ -120,16 +147,64 @@ static long sat_pool_preempted(void) {
     return -1;
 }
 
+/* Set the CPUs of workers 1 .. started to cpus. */
+static void sat_pool_pin_workers(const unsigned long *cpus) {
+#if defined(__linux__)
+    for (int t = 1; t <= sat_pool.started && t < SAT_MAX_THREADS; t++) {
+        const int id = atomic_load(&sat_pool_os_tid[t]);
+        if (id > 0) syscall(SYS_sched_setaffinity, id, SAT_CPU_WORDS * sizeof(unsigned long), cpus);
+    }
+#else
+    (void)cpus;
+#endif
+}
+
+/* Pin the caller to the CPU it runs on and the workers to the caller's other CPUs; nothing where a thread's
+ * CPUs cannot be read or set, or the caller has one CPU. */
+static void sat_pool_apart(void) {
+#if defined(__linux__)
+    unsigned cpu = 0;
+    unsigned long own[SAT_CPU_WORDS] = {0};
+    if (syscall(SYS_getcpu, &cpu, NULL, NULL) != 0 || cpu >= 64 * SAT_CPU_WORDS ||
+        syscall(SYS_sched_getaffinity, 0, sizeof sat_pool_cpus, sat_pool_cpus) <= 0)
+        return;
+    own[cpu / 64] = 1ul << (cpu % 64);
+    int others = 0;
+    for (int w = 0; w < SAT_CPU_WORDS; w++) {
+        sat_pool_others[w] = sat_pool_cpus[w] & ~own[w];
+        others |= sat_pool_others[w] != 0;
+    }
+    if (!others || syscall(SYS_sched_setaffinity, 0, sizeof own, own) != 0) return;
+    atomic_store(&sat_pool_kept_apart, 1);
+    sat_pool_lent = 0;
+    sat_pool_pin_workers(sat_pool_others);
+#endif
+}
+
+/* Every thread back on the CPUs the caller had before sat_pool_apart. */
+static void sat_pool_together(void) {
+#if defined(__linux__)
+    if (!atomic_load(&sat_pool_kept_apart)) return;
+    atomic_store(&sat_pool_kept_apart, 0);
+    sat_pool_lent = 0;
+    syscall(SYS_sched_setaffinity, 0, sizeof sat_pool_cpus, sat_pool_cpus);
+    sat_pool_pin_workers(sat_pool_cpus);
+#endif
+}
+
 /* A run begins: sleeping workers wake now, so their wake-up overlaps the caller's first work instead of
- * leaving the first jobs to the caller alone; while the caller keeps losing its core, fewer of them (see
- * SAT_FEWER_NS). */
+ * leaving the first jobs to the caller alone; while the caller keeps losing its core, the threads apart and
+ * then fewer of them (see SAT_APART_NS). */
 void sat_pool_begin(void) {
     if (sat_threads <= 1 || sat_in_parallel) return;
-    const int fewer = sat_pool_ns() < sat_pool.fewer_until && sat_pool.fewer < sat_threads;
-    const int share = fewer ? sat_pool.fewer : sat_threads;
+    const int64_t now = sat_pool_ns();
+    sat_pool_run_apart = now < sat_pool.apart_until;
+    sat_pool_run_fewer = now < sat_pool.fewer_until ? sat_pool.fewer : 0;
+    const int share = sat_pool_run_fewer >= sat_threads ? 1 : sat_threads - sat_pool_run_fewer;
     atomic_store(&sat_pool_share, share);
     if (share <= 1) return;
     sat_pool.nivcsw = sat_pool_preempted();
+    if (sat_pool_run_apart) sat_pool_apart();
     pthread_mutex_lock(&sat_pool.mu);
     atomic_store(&sat_pool_active, 1);
     atomic_fetch_add(&sat_pool.runs, 1);
@@ -143,18 +218,23 @@ void sat_pool_end(void) {
     atomic_store(&sat_pool_active, 0);
     atomic_store(&sat_pool_share, SAT_MAX_THREADS);
     if (share <= 1) return;
+    sat_pool_together();
     const long switches = sat_pool_preempted();
-    if (sat_pool.nivcsw >= 0 && switches - sat_pool.nivcsw >= SAT_FEWER_SWITCHES) {
-        if (share == sat_threads) {
+    if (sat_pool.nivcsw < 0 || switches - sat_pool.nivcsw < SAT_FEWER_SWITCHES) {
+        if (sat_pool_run_apart && !sat_pool_run_fewer) sat_pool.fewer_ns = 0;
+        return;
+    }
+    const int64_t now = sat_pool_ns();
+    if (sat_pool_run_apart) {
+        if (!sat_pool_run_fewer) {
             /* every thread again, and the core lost again: the reduction lasts longer than the last */
             sat_pool.fewer_ns = sat_pool.fewer_ns ? 2 * sat_pool.fewer_ns : SAT_FEWER_NS;
             if (sat_pool.fewer_ns > SAT_FEWER_MAX_NS) sat_pool.fewer_ns = SAT_FEWER_MAX_NS;
-            sat_pool.fewer_until = sat_pool_ns() + sat_pool.fewer_ns;
+            sat_pool.fewer_until = now + sat_pool.fewer_ns;
         }
-        sat_pool.fewer = share - 1;
-    } else if (share == sat_threads) {
-        sat_pool.fewer_ns = 0;
+        sat_pool.fewer = sat_pool_run_fewer + 1;
     }
+    sat_pool.apart_until = now + SAT_APART_NS > sat_pool.fewer_until ? now + SAT_APART_NS : sat_pool.fewer_until;
 }
 
 void sat_serial(int64_t n, sat_body fn, void *ctx) {
@@ -165,7 +245,7 @@ void sat_serial(int64_t n, sat_body fn, void *ctx) {
 
 /* Run fn(ctx, i, tid) for i in [0, n) on up to sat_threads threads; returns when all have run. */
 void sat_parallel(int64_t n, sat_body fn, void *ctx) {
-    /* (a share of one: the caller runs this run's jobs alone, see SAT_FEWER_NS) */
+    /* (a share of one: the caller runs this run's jobs alone, see SAT_APART_NS) */
     const int alone = atomic_load_explicit(&sat_pool_share, memory_order_relaxed) < 2;
     /* (a range holds 32-bit item numbers) */
     if (sat_threads <= 1 || n <= 1 || n > (int64_t)UINT32_MAX || sat_in_parallel || alone) {
@@ -192,6 +272,10 @@ void sat_parallel(int64_t n, sat_body fn, void *ctx) {
         const uint64_t lo = (uint64_t)(n * r / ranges), hi = (uint64_t)(n * (r + 1) / ranges);
         atomic_store_explicit(&sat_pool.range[r].span, hi << 32 | lo, memory_order_release);
     }
+    if (sat_pool_lent) {
+        sat_pool_lent = 0;
+        sat_pool_pin_workers(sat_pool_others);
+    }
     pthread_mutex_lock(&sat_pool.mu);
     atomic_store_explicit(&sat_pool.job, atomic_load(&sat_pool.job) + 1, memory_order_release);
     pthread_cond_broadcast(&sat_pool.cv);
@@ -208,7 +292,12 @@ void sat_parallel(int64_t n, sat_body fn, void *ctx) {
         if ((spin & 255) != 255) continue;
         const int64_t now = sat_pool_ns();
         since = since ? since : now;
-        if (now - since <= SAT_SPIN_NS) continue;
+        const int apart = atomic_load_explicit(&sat_pool_kept_apart, memory_order_relaxed);
+        if (now - since <= (apart ? SAT_APART_SPIN_NS : SAT_SPIN_NS)) continue;
+        if (apart && !sat_pool_lent) {
+            sat_pool_lent = 1;
+            sat_pool_pin_workers(sat_pool_cpus);
+        }
         pthread_mutex_lock(&sat_pool.mu);
         atomic_store(&sat_pool.caller_asleep, 1);
         while (atomic_load(&sat_pool.done) < n) pthread_cond_wait(&sat_pool.done_cv, &sat_pool.mu);

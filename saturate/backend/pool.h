@@ -28,7 +28,7 @@ void sat_set_threads(int n);
 extern _Atomic int sat_pool_active;
 
 /* At most how many threads this run's jobs are shared among, the caller included: all (SAT_MAX_THREADS), or
- * fewer than sat_threads while the caller keeps losing its core (see SAT_FEWER_NS). */
+ * fewer than sat_threads while the caller keeps losing its core even with the threads apart (see SAT_APART_NS). */
 extern _Atomic int sat_pool_share;
 
 /* Whether worker `tid` takes items: it is one of the threads asked for and of those sharing this run. */
@@ -66,9 +66,11 @@ typedef struct {
     int started;
     _Atomic int caller_asleep; /* the caller sleeps on done_cv until the last claimed item is done */
     _Atomic uint32_t runs;     /* sat_pool_begin calls: a worker asleep within one run wakes for the next */
-    /* Runs shared among fewer threads (see SAT_FEWER_NS): the caller's involuntary context switches when this
-     * run began, the threads of the runs before fewer_until, and the time the last reduction lasted */
+    /* Runs beside other work (see SAT_APART_NS): the caller's involuntary context switches when this run
+     * began, the time until which runs keep their threads apart, the threads fewer than sat_threads of the
+     * runs before fewer_until, and how long the last such reduction lasted */
     long nivcsw;
+    int64_t apart_until;
     int fewer;
     int64_t fewer_until, fewer_ns;
     pthread_mutex_t mu;
@@ -96,17 +98,35 @@ typedef struct {
 #define SAT_GAP_NS 20000
 
 /* When the caller lost its core SAT_FEWER_SWITCHES times or more in one run (involuntary context switches:
- * other processes hold cores, and a worker woken for a job took the caller's core from it), the runs of the
- * next SAT_FEWER_NS share their jobs among one thread fewer, and one fewer again each time such a run too
- * loses the core, down to the caller alone, which then keeps a core to itself; the first run after that
- * takes every thread again, and if it too lost its core the next reduction lasts twice as long (up to
- * SAT_FEWER_MAX_NS). Beside a process spinning on one of a 2-core Xeon's cores, with the worker the caller was
- * preempted 73 times a run of ResNet-50 at 96x96, and 2 threads took 1.00-1.11x the time of 1 (ResNet-50,
- * BERT-128, Llama-512; 2-thread C/ORT 0.89-1.27); alone it took 0.97-1.08x (C/ORT 0.78-1.04). On an idle
- * machine the caller is not preempted, and every thread runs as before. */
+ * other processes hold cores, or a worker woken for a job took the caller's core from it), the runs of the
+ * next SAT_APART_NS keep the threads apart: the caller on the CPU it is on, the workers on the others it may
+ * use, each thread's CPUs as they were again when the run ends. Left to the scheduler, beside a process
+ * spinning on one of two cores the caller and its worker shared one core and left the other to the spinner
+ * (perf sched: both on CPU 0 for a whole run of BERT at 512 tokens, 1.03 cores of CPU time per core of wall
+ * time), where ONNX Runtime's threads had 1.3-1.45. Apart, the caller has its core and the worker shares the
+ * other: `bench/backend_speed.py --avx2-only --load` on the 2-core Xeon, 2 threads, C/ORT 0.54-0.90 on the
+ * eleven models where it was up to 1.22 (BERT-512) and 1.23 (Llama-512) with the runs falling back to the
+ * caller alone; 2 threads took 0.72-0.93x the time of 1 on the transformers (up to 1.05x before). A run apart that still loses the core extends the time apart, and the runs of the next
+ * SAT_FEWER_NS share their jobs among one thread fewer, one fewer again each time such a run too loses the
+ * core, down to the caller alone; the first run after that takes every thread again, and if it too lost its
+ * core the next reduction lasts twice as long (up to SAT_FEWER_MAX_NS). Apart costs little on an idle machine
+ * (each thread stays where it would run anyway; a run pays 2 system calls a thread), so the time apart is long:
+ * a free run beside a busy core costs far more. On an idle machine the caller is not preempted, and every
+ * thread runs free as before. */
 #define SAT_FEWER_SWITCHES 4
+#define SAT_APART_NS 2000000000
 #define SAT_FEWER_NS 50000000
 #define SAT_FEWER_MAX_NS 1600000000
+
+/* With the threads apart, how long the caller spins for the items its workers hold before it lets them onto
+ * its own CPU and sleeps until they are done: a worker preempted on its shared core mid-item then finishes
+ * it on the caller's, where before the caller waited out the other process's time slice. Workers apart sleep
+ * once a short spin (20000 checks) finds no job, rather than spinning on for the next: the scheduler then
+ * counts them as the sleepers they are and lets them in as soon as a job wakes them. Beside a spinning process, 2 threads of
+ * the avx2 build on the 2-core Xeon, medians of 15 interleaved calls: BERT-512 44.4 -> 39.8 ms and Llama-512
+ * 40.7 -> 34.9 against spinning SAT_SPIN_NS and no lending (1 thread 45.2 and 40.8); spinning 30 us or 3 ms
+ * was no better, nor spinning 1 ms without lending. */
+#define SAT_APART_SPIN_NS 1000000
 
 extern sat_pool_state sat_pool;
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -200,9 +202,6 @@ def test_threads_beside_busy_processes_agree_with_one():
     next runs keep the threads apart, and those losing it too are the caller's alone (pool.h's SAT_APART_NS
     and SAT_FEWER_NS), then shared again. Every call's result, free, apart or alone, is the one-thread
     result."""
-    import subprocess
-    import sys
-
     from saturate.backend import compile_graph
     from saturate.frontend import load_graph
 
@@ -210,13 +209,24 @@ def test_threads_beside_busy_processes_agree_with_one():
     feed = feed_for(g, 0)
     want = compile_graph(g, threads=1)(feed)
     model = compile_graph(g, threads=2)
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
+    with _spinning(2):
         got = [model(feed) for _ in range(12)]
+    _all_agree(got, want)
+
+
+@contextlib.contextmanager
+def _spinning(processes: int):
+    """That many processes that never sleep, for as long as the block runs."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
     finally:
         for p in spinners:
             p.kill()
             p.wait()
+
+
+def _all_agree(got: list[dict], want: dict) -> None:
     for out in got:
         for k, v in want.items():
             assert rel_error(out[k], np.asarray(v, np.float64)) <= 1e-5, k
@@ -249,7 +259,6 @@ def test_threads_apart_beside_a_busy_core_and_back_after_every_call():
     caller's core and the next runs keep them apart: the caller on its CPU alone, the worker on the others
     (seen in /proc while the calls run); after every call each thread may use the CPUs it could before, and
     every result is the one-thread result."""
-    import subprocess
     import threading
     import time
 
@@ -270,23 +279,18 @@ def test_threads_apart_beside_a_busy_core_and_back_after_every_call():
             seen.append(_cpus_of_threads())
             time.sleep(0.0005)
 
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(len(allowed) - 1)]
     sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
-        got = []
-        for _ in range(40):
-            got.append(model(feed))
-            assert frozenset(os.sched_getaffinity(0)) == allowed
-    finally:
-        stop.set()
-        sampler.join()
-        for p in spinners:
-            p.kill()
-            p.wait()
-    for out in got:
-        for k, v in want.items():
-            assert rel_error(out[k], np.asarray(v, np.float64)) <= 1e-5, k
+    with _spinning(len(allowed) - 1):
+        sampler.start()
+        try:
+            got = []
+            for _ in range(40):
+                got.append(model(feed))
+                assert frozenset(os.sched_getaffinity(0)) == allowed
+        finally:
+            stop.set()
+            sampler.join()
+    _all_agree(got, want)
     apart = [m for m in seen if len(m.get(caller, allowed)) == 1
              and any(cpus == allowed - m[caller] for t, cpus in m.items() if t != caller)]
     assert apart, "the threads were never kept apart"

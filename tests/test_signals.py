@@ -144,9 +144,10 @@ def test_a_batch_worker_that_dies_fails_its_model_and_the_rest_go_on(tmp_path, m
 @pytest.mark.slow
 def test_a_temp_file_left_by_sigkill_is_swept_by_the_next_write_there(tmp_path):
     out = tmp_path / "out.onnx"
-    # The temp file lives only while the outputs are written: a busy machine's poll can miss it, so the run
-    # is repeated (its outputs removed) until one is killed with it on disk.
-    for _ in range(5):
+    # The temp file lives only while the outputs are written: a busy machine's poll can miss it, or see it
+    # just before it is renamed, so the run is repeated (its outputs removed) until one is killed with it on
+    # disk.
+    for _ in range(10):
         for done in (out, tmp_path / "out.html"):
             done.unlink(missing_ok=True)
         proc = subprocess.Popen([sys.executable, "-m", "saturate", "optimize", "corpus:mobilenet_v3_small-ts",
@@ -160,7 +161,7 @@ def test_a_temp_file_left_by_sigkill_is_swept_by_the_next_write_there(tmp_path):
             proc.kill()
         if _temps(tmp_path):
             break
-        assert proc.returncode == 0, "the run failed before it wrote"
+        assert proc.returncode in (0, -signal.SIGKILL), "the run failed before it wrote"
     left = _temps(tmp_path)
     assert left, "every run ended before it wrote"
     assert main(["optimize", "example:mlp", "-o", str(tmp_path / "other.onnx"), "--quiet"]) == 0

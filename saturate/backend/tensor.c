@@ -260,6 +260,21 @@ void sat_softmax_row8(const float *x, float *y, int64_t L) {
 }
 #endif
 
+/* Softmax of L floats `stride` apart, scalar (x and y may be the same floats). */
+static void sat_softmax_strided(const float *x, float *y, int64_t L, int64_t stride) {
+    const float floor_ = sat_softmax_floor(L);
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < L; i++) mx = x[i * stride] > mx ? x[i * stride] : mx;
+    double sum = 0.0;
+    for (int64_t i = 0; i < L; i++) {
+        const float d = x[i * stride] - mx, e = d < floor_ ? 0.0f : expf(d);
+        y[i * stride] = e;
+        sum += e;
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < L; i++) y[i * stride] *= inv;
+}
+
 /* Softmax of one contiguous row of L floats (x and y may be the same row). */
 void sat_softmax_row(const float *x, float *y, int64_t L) {
 #if defined(__AVX512F__)
@@ -267,17 +282,7 @@ void sat_softmax_row(const float *x, float *y, int64_t L) {
 #elif defined(__AVX2__) && defined(__FMA__)
     sat_softmax_row8(x, y, L);
 #else
-    const float floor_ = sat_softmax_floor(L);
-    float mx = -INFINITY;
-    for (int64_t i = 0; i < L; i++) mx = x[i] > mx ? x[i] : mx;
-    double sum = 0.0;
-    for (int64_t i = 0; i < L; i++) {
-        const float d = x[i] - mx, e = d < floor_ ? 0.0f : expf(d);
-        y[i] = e;
-        sum += e;
-    }
-    const float inv = (float)(1.0 / sum);
-    for (int64_t i = 0; i < L; i++) y[i] *= inv;
+    sat_softmax_strided(x, y, L, 1);
 #endif
 }
 
@@ -288,21 +293,7 @@ static void sat_softmax_block(const sat_softmax_args *a, int64_t o) {
         sat_softmax_row(a->x + o * L, a->y + o * L, L);
         return;
     }
-    const float floor_ = sat_softmax_floor(L);
-    for (int64_t j = 0; j < inner; j++) {
-        const float *xi = a->x + o * L * inner + j;
-        float *yo = a->y + o * L * inner + j;
-        float mx = -INFINITY;
-        for (int64_t i = 0; i < L; i++) mx = xi[i * inner] > mx ? xi[i * inner] : mx;
-        double sum = 0.0;
-        for (int64_t i = 0; i < L; i++) {
-            const float d = xi[i * inner] - mx, e = d < floor_ ? 0.0f : expf(d);
-            yo[i * inner] = e;
-            sum += e;
-        }
-        const float inv = (float)(1.0 / sum);
-        for (int64_t i = 0; i < L; i++) yo[i * inner] *= inv;
-    }
+    for (int64_t j = 0; j < inner; j++) sat_softmax_strided(a->x + o * L * inner + j, a->y + o * L * inner + j, L, inner);
 }
 
 /* Blocks [item * per, ...) of ~4K floats: an attention's rows of 128 are too short to claim one by one (each

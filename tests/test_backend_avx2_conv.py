@@ -6,6 +6,8 @@ AVX-512 kernels (the checks still hold; the planner cases below fix the instruct
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -79,21 +81,80 @@ def test_planner_sends_strided_stems_to_the_direct_tiles():
 
 
 EXPANSIONS = [
-    # ResNet-50's 1x1 expansions: 128 -> 512 on a 12x12 map (layout 2, the padded grid) and the stride-2
-    # 256 -> 512 projection from a 24x24 map (layout 0, im2col packed for the tile)
-    ((1, 128, 12, 12), (512, 128, 1, 1), {}, 2),
+    # ResNet-50's 1x1 expansions: 128 -> 512 on a 12x12 map (layout 0 reading its input in place) and the
+    # stride-2 256 -> 512 projection from a 24x24 map (layout 0, im2col packed for the tile)
+    ((1, 128, 12, 12), (512, 128, 1, 1), {}, 0),
     ((1, 256, 24, 24), (512, 256, 1, 1), {"strides": [2, 2]}, 0),
 ]
 
 
 def test_planner_sends_large_1x1_expansions_to_the_tile():
     """1x1 convs to at least twice their channels, of at least PACKED_ONE_MINW weights, run on pgemm.h's tile
-    in AVX2 builds; smaller ones and projections stay on OpenBLAS (or the direct tiles)."""
+    in AVX2 builds; smaller ones of short reductions stay on OpenBLAS (or the direct tiles)."""
     for xshape, wshape, attrs, layout in EXPANSIONS:
         assert layout_of(xshape, wshape, attrs) == layout
         assert layout_of(xshape, wshape, attrs, isa="avx512") is None
     assert layout_of((1, 64, 24, 24), (256, 64, 1, 1), {}) is None
-    assert layout_of((1, 512, 12, 12), (128, 512, 1, 1), {}) is None
+
+
+# 1x1 convs of unit strides and no padding over at least IN_PLACE_MINK channels: the usual product reads its
+# whole 16-pixel panels from the input planes in place, a last partial panel packed.
+IN_PLACE = [
+    # (input shape, weight shape, attrs, residual)
+    ((1, 256, 24, 24), (64, 256, 1, 1), {}, False),     # ResNet-50's projection: 36 whole panels, 64 = 10 x 6 + 4
+    ((2, 100, 7, 9), (13, 100, 1, 1), {}, True),        # 63 px: 3 panels + 15 packed; 13 = 6 + 6 + 1; two images
+    ((1, 300, 5, 7), (20, 300, 1, 1), {}, False),       # K = 300: two reduction blocks, the second accumulating
+    ((1, 96, 3, 5), (7, 96, 1, 1), {}, True),           # 15 px: no whole panel, all packed
+    ((1, 192, 10, 10), (24, 96, 1, 1), {"group": 2}, False),  # per group, its channels' planes in place
+]
+
+
+def test_planner_reads_1x1_inputs_in_place():
+    """Projections and expansions of at least IN_PLACE_MINK input channels take the usual product in place
+    (layout 0) in AVX2 builds; reductions over fewer stay where they ran (sgemm, the short-reduction kernel)."""
+    assert layout_of((1, 512, 12, 12), (128, 512, 1, 1), {}) == 0
+    assert layout_of((1, 256, 24, 24), (64, 256, 1, 1), {}) == 0
+    assert layout_of((1, 96, 24, 24), (24, 96, 1, 1), {}) == 0
+    assert layout_of((1, 24, 24, 24), (144, 24, 1, 1), {}) is None
+    assert layout_of((1, 256, 24, 24), (64, 256, 1, 1), {}, isa="avx512") is None
+    node = conv_relu((1, 256, 24, 24), (64, 256, 1, 1), {}).nodes[0]
+    win = conv_window(node, (1, 256, 24, 24), (64, 256, 1, 1))
+    assert plan.reads_in_place((1, 256, 24, 24), (64, 256, 1, 1), win)
+    for xshape, wshape, attrs in [((1, 256, 24, 24), (64, 256, 1, 1), {"pads": [1, 1, 1, 1]}),
+                                  ((1, 256, 24, 24), (64, 256, 1, 1), {"strides": [2, 2]}),
+                                  ((1, 64, 24, 24), (64, 64, 1, 1), {})]:
+        node = conv_relu(xshape, wshape, attrs).nodes[0]
+        assert not plan.reads_in_place(xshape, wshape, conv_window(node, xshape, wshape)), (xshape, wshape, attrs)
+
+
+def conv_residual(xshape, wshape, attrs: dict, residual: bool, seed: int = 5):
+    """Conv + bias, then a residual Add and Relu (the scalar epilogue), or Relu alone."""
+    g = conv_relu(xshape, wshape, attrs, seed)
+    if not residual:
+        return g
+    win = conv_window(g.nodes[0], xshape, wshape)
+    consts = {"w": g.constants["w"], "b": g.constants["b"]}
+    nodes = [Node("Conv", ["x", "w", "b"], ["c"], attrs), Node("Add", ["c", "r"], ["a"]), Node("Relu", ["a"], ["y"])]
+    return make(nodes, {"x": xshape, "r": (xshape[0], wshape[0], win.oh, win.ow)}, consts)
+
+
+@pytest.mark.compiler
+@pytest.mark.skipif(" avx2 " not in Path("/proc/cpuinfo").read_text().replace("\n", " "), reason="the CPU has no AVX2")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape,wshape,attrs,residual", IN_PLACE)
+def test_1x1_convs_read_in_place(xshape, wshape, attrs, residual, threads):
+    """The avx2 build (whatever the machine's ISA) with layout 0 forced (the planner's own choice for the
+    first), against the interpreter and ONNX Runtime, on one thread and two."""
+    forced = {} if attrs == {} and wshape == (64, 256, 1, 1) else {"conv_layout": 0}
+    check_three_way(conv_residual(xshape, wshape, attrs, residual), threads=threads,
+                    config=BuildConfig(isa="avx2", **forced))
+
+
+@pytest.mark.compiler
+@pytest.mark.parametrize("xshape,wshape,attrs,residual", IN_PLACE[1:3])
+def test_1x1_convs_read_in_place_on_the_portable_build(xshape, wshape, attrs, residual):
+    """The portable build's 8-wide panels (4-float vectors) take the same path."""
+    check_three_way(conv_residual(xshape, wshape, attrs, residual), config=BuildConfig(isa="portable", conv_layout=0))
 
 
 @pytest.mark.compiler

@@ -102,12 +102,18 @@
 #define SAT_PANEL_PREFETCH(b) __builtin_prefetch((b) + SAT_PK_AHEAD * SAT_PN)
 #define SAT_PANEL_PREFETCH_FAR(b) __builtin_prefetch((b) + SAT_PK_FAR, 0, 2)
 #endif
-/* `far`: fetch into L2 too; a kernel whose B panel another row tile has just read (in L2 now: the packed
+/* A conv's packed weights (the usual product's A) come from memory on the first pixel panel that passes them
+ * and from L2 on the others: kernels given `far` & 2 fetch the A panel SAT_PA_FAR floats on into L2. ResNet-50
+ * at 96x96, avx2 build, 1 thread, per-step medians on the Xeon (family 6 model 167): its stride-2 1x1 conv of
+ * 256 -> 512 channels (im2col packed) 0.51 -> 0.455 ms, the 512 -> 128 convs read in place on 12x12 maps
+ * 0.24 -> 0.21-0.22. */
+#define SAT_PA_FAR 2048
+/* `far` & 1: fetch B into L2 too; a kernel whose B panel another row tile has just read (in L2 now: the packed
  * products' blocks, sat_pmm_item) leaves it out, a load-port slot and a line fill a step. */
 #define SAT_PANEL_LOAD(b, b0, b1, far)                                                             \
     const sat_vf b0 = sat_vload(b), b1 = sat_vload((b) + SAT_VL);                                  \
     SAT_PANEL_PREFETCH(b);                                                                         \
-    if (far) SAT_PANEL_PREFETCH_FAR(b)
+    if ((far) & 1) SAT_PANEL_PREFETCH_FAR(b)
 
 /* One reduction step of the 6x16 tile: row r of the accumulators c<r>0, c<r>1 gains a[r] times
  * the 16 floats b0, b1. Both micro-kernels below run it; they differ only in where b comes from. */
@@ -135,11 +141,33 @@ static inline void sat_ukr(int kc, const float *restrict a, const float *restric
            c41 = {0}, c50 = {0}, c51 = {0};
     for (int k = 0; k < kc; k++) {
         SAT_PANEL_LOAD(b, b0, b1, far);
+        if (far & 2) __builtin_prefetch(a + SAT_PA_FAR, 0, 2);
         SAT_PANEL_STEP(a, b0, b1);
         a += SAT_PR;
         b += SAT_PN;
     }
     SAT_TILE_STORE_PART(y, ldy, mr, nr, acc);
+}
+
+/* sat_ukr with B read in place: reduction step k's SAT_PN floats at b + k * ldb (a 1x1 conv's input planes,
+ * ldb its pixels), so a plain 1x1 conv packs none of its input; each step fetches the row SAT_PK_AHEAD steps on,
+ * and with `far` the weights SAT_PA_FAR floats on. */
+static inline void sat_ukr_strided(int kc, const float *restrict a, const float *restrict b, int64_t ldb,
+                                   float *restrict y, int64_t ldy, int mr, int acc, int far) {
+    sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}, c40 = {0},
+           c41 = {0}, c50 = {0}, c51 = {0};
+    for (int k = 0; k < kc; k++) {
+        const sat_vf b0 = sat_vload(b), b1 = sat_vload(b + SAT_VL);
+        __builtin_prefetch(b + SAT_PK_AHEAD * ldb);
+        if (far) __builtin_prefetch(a + SAT_PA_FAR, 0, 2);
+#if SAT_PN > 16
+        __builtin_prefetch(b + SAT_PK_AHEAD * ldb + 16);
+#endif
+        SAT_PANEL_STEP(a, b0, b1);
+        a += SAT_PR;
+        b += ldb;
+    }
+    SAT_TILE_STORE_PART(y, ldy, mr, SAT_PN, acc);
 }
 
 /* sat_ukr with A read in place: row r of the tile at ar[r] (k-contiguous, any pitch), so a product whose A is
@@ -225,13 +253,26 @@ static inline __attribute__((always_inline)) void sat_pconv_run(void *ctx, int64
     const int64_t P = (int64_t)a->OH * a->OW;
     const int cols = (oh1 - oh0) * a->OW, width = a->trans ? SAT_PR : SAT_PN;
     const int panels = (cols + width - 1) / width, padded = panels * width;
-    /* the packed tile, one unfolded row, and (transposed product) one channel panel's sums */
-    float *buf = sat_thread_buf(&sat_pk_buf[tid], &sat_pk_cap[tid], (size_t)padded * (K + 1 + SAT_PN));
-    if (!buf) abort();
-    float *row = buf + (int64_t)padded * K; /* one unfolded row, zero past `cols` so panels pad with zeros */
     const float *xg = a->x + ((int64_t)n * a->C + (int64_t)g * Cg) * a->H * a->W;
-    for (int c = cols; c < padded; c++) row[c] = 0.0f;
-    for (int r = 0; r < K; r++) {
+    /* A plain 1x1 conv's usual product reads its whole panels from the input planes in place (row r of the
+     * column matrix is input plane r): only a last, partial panel is packed, as loads past a plane's end
+     * would leave the input at its last plane. */
+    const int inplace = !a->trans && a->KH == 1 && a->KW == 1 && a->sh == 1 && a->sw == 1 && a->ph == 0 &&
+                        a->pw == 0 && a->OH == a->H && a->OW == a->W;
+    const int first = inplace ? cols / SAT_PN : 0, pk = padded - first * width; /* packed panels' columns */
+    /* the packed panels, one unfolded row, and (transposed product) one channel panel's sums */
+    float *buf = sat_thread_buf(&sat_pk_buf[tid], &sat_pk_cap[tid], (size_t)pk * (K + 1 + SAT_PN) + SAT_PN);
+    if (!buf) abort();
+    float *row = buf + (int64_t)pk * K; /* one unfolded row, zero past `cols` so panels pad with zeros */
+    for (int c = cols - first * width; c < pk; c++) row[c] = 0.0f;
+    if (inplace && pk > 0)
+        for (int r = 0; r < K; r++) {
+            float *d = buf + (int64_t)r * SAT_PN;
+            const int tail = cols - first * SAT_PN;
+            memcpy(d, xg + (int64_t)r * P + (int64_t)oh0 * a->OW + first * SAT_PN, sizeof(float) * (size_t)tail);
+            for (int c = tail; c < SAT_PN; c++) d[c] = 0.0f;
+        }
+    for (int r = 0; r < K && !inplace; r++) {
         sat_im2col_row(xg, row, r, a->H, a->W, a->KH, a->KW, oh0, oh1, a->OW, a->sh, a->sw, a->ph, a->pw, a->dh,
                        a->dw);
         if (!a->trans)
@@ -247,21 +288,34 @@ static inline __attribute__((always_inline)) void sat_pconv_run(void *ctx, int64
     const float *wg = a->wp + g * a->wp_group;
     float *yb = a->y + ((int64_t)n * a->M + (int64_t)g * Mg) * P + (int64_t)oh0 * a->OW;
     if (!a->trans) {
-        /* per reduction block, each pixel panel's slice stays in L1 while the chunk's weight panels pass it */
+        /* in place, per pixel panel and reduction block: the panel's slice of the input planes stays in L1
+         * while the chunk's weight panels pass it, and the panel's sums of the first block are still there
+         * for the next */
+        for (int q = 0; q < first; q++)
+            for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
+                const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
+                const float *xq = xg + (int64_t)k0 * P + (int64_t)oh0 * a->OW + q * SAT_PN;
+                for (int i = m0; i < m1; i += SAT_PR)
+                    sat_ukr_strided(kc, wg + (int64_t)i * K + (int64_t)k0 * SAT_PR, xq, P,
+                                    yb + (int64_t)i * P + q * SAT_PN, P, m1 - i < SAT_PR ? m1 - i : SAT_PR, k0 > 0,
+                                    q == 0);
+            }
+        /* per reduction block, each packed pixel panel's slice stays in L1 while the chunk's weight panels
+         * pass it */
         for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
             const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
-            for (int q = 0; q < panels; q++) {
+            for (int q = first; q < panels; q++) {
                 const int nr = cols - q * SAT_PN < SAT_PN ? cols - q * SAT_PN : SAT_PN;
-                const float *bq = buf + (int64_t)q * K * SAT_PN + (int64_t)k0 * SAT_PN;
+                const float *bq = buf + (int64_t)(q - first) * K * SAT_PN + (int64_t)k0 * SAT_PN;
                 for (int i = m0; i < m1; i += SAT_PR)
                     sat_ukr(kc, wg + (int64_t)i * K + (int64_t)k0 * SAT_PR, bq, yb + (int64_t)i * P + q * SAT_PN, P,
-                            m1 - i < SAT_PR ? m1 - i : SAT_PR, nr, k0 > 0, 1);
+                            m1 - i < SAT_PR ? m1 - i : SAT_PR, nr, k0 > 0, q == first ? 2 : 0);
             }
         }
     } else {
         /* per channel panel: its sums over the tile's pixels gather in `acc` (pixels x SAT_PN), each weight
          * block staying in L1 while the pixel panels pass it, then go to the channels' planes */
-        float *acc = row + padded;
+        float *acc = row + pk;
         for (int j = m0; j < m1; j += SAT_PN) {
             const int nr = m1 - j < SAT_PN ? m1 - j : SAT_PN;
             for (int k0 = 0; k0 < K; k0 += SAT_PKC) {

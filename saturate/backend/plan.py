@@ -449,6 +449,22 @@ def panel_width(cfg: BuildConfig) -> int:
 XSTRIDED_MINK = 128
 
 
+# Shortest reduction of a 1x1 conv whose usual product reads its input in place (reads_in_place).
+IN_PLACE_MINK = 96
+
+
+def reads_in_place(x, w, win) -> bool:
+    """Whether a conv's usual product on pgemm.h's tile reads its column matrix from the input planes
+    themselves (sat_pconv_run): 1x1, unit strides, no padding, and a reduction of at least IN_PLACE_MINK
+    channels. Per-step medians in the models (avx2 build, 1 thread, the Xeon of family 6 model 167):
+    ResNet-50's 256 -> 64 and 512 -> 128 on 24x24 and 12x12 maps 0.26-0.285 -> 0.22-0.24 ms (OpenBLAS before),
+    its 512 -> 256 0.49 -> 0.41-0.44, MobileNetV2's projections of 96 and 144 channels on 24x24 maps 0.054 ->
+    0.033 and 0.061 -> 0.044; reductions over 16 to 32 channels ran 3-25% slower than sgemm and sat_gemm_nn,
+    their twelve stores a tile no longer small beside 16 to 32 reduction steps."""
+    return (w[1] >= IN_PLACE_MINK and win.kh == win.kw == 1 and win.sh == win.sw == 1 and win.ph == win.pw == 0
+            and (win.oh, win.ow) == ((x[2] if len(x) == 4 else 1), x[-1]))
+
+
 def conv_layout(x, w, win, group: int, cfg: BuildConfig) -> int:
     """How a conv runs on pgemm.h's tile: 0 the usual product (channels on the tile's 6 rows, im2col pixels
     on its PN columns), 1 the transposed one (pixels on the rows, channels on the columns: a deep layer's
@@ -460,7 +476,8 @@ def conv_layout(x, w, win, group: int, cfg: BuildConfig) -> int:
     layouts' score is scaled by M / (M + 16). cfg.conv_layout forces one (tests reach each that way)."""
     mg, k, PN = w[0] // group, w[1] * win.kh * win.kw, panel_width(cfg)
     p = tile_rows(k, win.oh, win.ow) * win.ow
-    pack = mg / (mg + 16)
+    # a 1x1 conv's usual product may read its input planes in place (sat_pconv_run): nothing to pack
+    pack = 1.0 if reads_in_place(x, w, win) else mg / (mg + 16)
     scores = [pack * p / (-(-p // PN) * PN) * mg / (-(-mg // PR) * PR),
               pack * p / (-(-p // PR) * PR) * mg / (-(-mg // PN) * PN)]
     if p * min(k, 256) > 16384:
@@ -586,10 +603,12 @@ def runs_packed(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     # the layout it scores best (ResNet-50's 128 -> 512 on 12x12 maps and its stride-2 256 -> 512 from 24x24):
     # per-step medians in the model at 96x96, avx2 build on the Zen 4, 1 thread, 0.21 -> 0.18-0.19 and 0.43 ->
     # 0.37-0.39 ms against OpenBLAS sgemm (and the strided one's im2col). Smaller ones (64 -> 256 on 24x24 maps,
-    # MobileNetV2's and EfficientNet-B0's) ran level or slower there, and so did the projections (512 -> 128).
+    # MobileNetV2's and EfficientNet-B0's) ran level or slower there, and so did the projections (512 -> 128)
+    # while the tile packed their input; reading it in place (reads_in_place) they run faster (layout 0 below).
     if win.kh * win.kw == 1 and mg >= 2 * k and mg * k >= PACKED_ONE_MINW:
         return True
-    return layout == 1 or (layout == 2 and win.kh * win.kw > 1) or cfg.conv_layout is not None
+    return (layout == 1 or (layout == 2 and win.kh * win.kw > 1) or (layout == 0 and reads_in_place(x, w, win))
+            or cfg.conv_layout is not None)
 
 
 def im2col_bytes(step: Step, shapes: dict, cfg: BuildConfig, constants=()) -> int:

@@ -122,6 +122,44 @@ def test_plain_import_of_the_module_describes_and_runs_the_model(tmp_path):
         "ValueError input 'x' has shape (1, 2, 8, 8); the compiled model expects (1, 3, 8, 8)"]
 
 
+def test_weights_of_2_mb_and_more_are_copied_onto_huge_pages_and_smaller_ones_stay_mapped(tmp_path):
+    """A model's weights from 2 MB to 1 GiB are copied once, at load, into memory the kernel is asked to back with
+    2 MB pages (their file is no longer mapped); smaller ones stay a shared mapping of weights.bin. Both run the
+    same, and release() frees either (a new Model loads them again)."""
+    from saturate.backend import compile_graph
+
+    dirs, wants, feeds = {}, {}, {}
+    for name, n in (("small", 64), ("large", 1024)):  # 16 KB and 4 MB of weights
+        g = make([Node("MatMul", ["x", "k"], ["m"]), Node("Relu", ["m"], ["y"])], {"x": (4, n)}, {"k": w(n, n)})
+        feeds[name] = feed_for(g)
+        wants[name] = compile_graph(g, out_dir=tmp_path / name)(feeds[name])["y"]
+        np.save(tmp_path / f"{name}.npy", feeds[name]["x"])
+        dirs[name] = tmp_path / name
+    script = ("import sys, json, numpy as np; sys.path.insert(0, sys.argv[1]); import saturate_model as s\n"
+              "def huge():\n"
+              "    return sum(int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages'))\n"
+              "def mapped():\n"
+              "    return any(l.rstrip().endswith('/weights.bin') for l in open('/proc/self/maps'))\n"
+              "x = np.load(sys.argv[2]); before = huge(); m = s.Model(); after = huge(); y = m(x)['y']\n"
+              "was_mapped = mapped(); s.release(); gone = not mapped()\n"
+              "again = s.Model()(x)['y']; np.save(sys.argv[3], y)\n"
+              "thp = open('/sys/kernel/mm/transparent_hugepage/enabled').read()\n"
+              "print(json.dumps({'mapped': was_mapped, 'huge_kb': after - before, 'gone': gone,\n"
+              "                  'same': bool(np.array_equal(y, again)), 'thp': thp}))\n")
+    seen = {}
+    for name in dirs:
+        proc = subprocess.run([sys.executable, "-I", "-c", script, str(dirs[name]), str(tmp_path / f"{name}.npy"),
+                               str(tmp_path / f"{name}_y.npy")], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert np.array_equal(np.load(tmp_path / f"{name}_y.npy"), wants[name])
+        assert seen[name]["same"] and seen[name]["gone"], seen[name]
+    assert seen["small"]["mapped"] and not seen["large"]["mapped"], seen
+    if "[never]" not in seen["large"]["thp"]:
+        assert seen["large"]["huge_kb"] >= 2048, seen["large"]
+    assert seen["small"]["huge_kb"] == 0, seen["small"]
+
+
 def test_load_runs_a_directory_like_the_compiled_model_and_refuses_what_is_not_one(tmp_path, monkeypatch):
     from saturate.backend import compile_graph, load
 

@@ -414,9 +414,43 @@ void sat_copy_blocks(const float *x, float *y, int64_t outer, int64_t inner, int
     for (int64_t o = 0; o < outer; o++) memcpy(y + o * pitch, x + o * inner, sizeof(float) * inner);
 }
 
-/* Map the weights file read-only (page-aligned, so 64-byte aligned): no heap copy, and every process running
- * the model shares one copy in the page cache. It must be a regular file of exactly `nfloats` floats. Its
- * pages are faulted in here, so the first run does not pay for them. */
+/* Weights of SAT_HUGE_MIN to SAT_HUGE_MAX bytes are copied into memory of 2 MB pages (transparent huge pages,
+ * asked for with madvise): a model's weights stream from memory on every run (100 MB for ResNet-50), and on
+ * 4 KB pages of the file mapping every 4 KB of that stream took a TLB miss and stopped the hardware
+ * prefetcher. `bench/backend_speed.py --avx2-only`, 1 thread, two A/B rounds on the Xeon (family 6 model 167):
+ * ResNet-50 21.7, 23.4 -> 20.2, 21.1 ms (C/ORT 0.96, 0.94 -> 0.90, 0.89), ResNet-18 9.5, 9.1 -> 8.1, 8.2 ms, the
+ * 16-token encoder 8.0, 8.5 -> 7.5, 7.4 ms; chains of ResNet-50's 3x3 convs of 512 channels on 3x3 maps 0.72-0.79
+ * -> 0.67-0.68 ms each. The copy
+ * is the process's own; larger weights (models of several GB) stay a shared mapping of the file. The copy
+ * starts SAT_HUGE_HEAD bytes into its region, so sat_release_weights tells it from a page-aligned mapping. */
+#define SAT_HUGE_PAGE ((size_t)2 << 20)
+#define SAT_HUGE_MIN SAT_HUGE_PAGE
+#define SAT_HUGE_MAX ((size_t)1 << 30)
+#define SAT_HUGE_HEAD 64
+
+static size_t sat_huge_len(size_t bytes) { return (bytes + SAT_HUGE_HEAD + SAT_HUGE_PAGE - 1) / SAT_HUGE_PAGE * SAT_HUGE_PAGE; }
+
+/* The file's bytes in memory of 2 MB pages (see above), or NULL (then the mapping stays). */
+static float *sat_huge_copy(const float *w, size_t bytes) {
+    const size_t len = sat_huge_len(bytes);
+    char *r = mmap(NULL, len + SAT_HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) return NULL;
+    /* the region's 2 MB-aligned part; the pieces before and after go back */
+    char *a = (char *)(((uintptr_t)r + SAT_HUGE_PAGE - 1) / SAT_HUGE_PAGE * SAT_HUGE_PAGE);
+    if (a > r) munmap(r, (size_t)(a - r));
+    munmap(a + len, (size_t)(r + len + SAT_HUGE_PAGE - (a + len)));
+#ifdef MADV_HUGEPAGE
+    madvise(a, len, MADV_HUGEPAGE);
+#endif
+    memcpy(a + SAT_HUGE_HEAD, w, bytes);
+    mprotect(a, len, PROT_READ);
+    return (float *)(a + SAT_HUGE_HEAD);
+}
+
+/* Map the weights file read-only (page-aligned, so 64-byte aligned) and, within the sizes above, copy it onto
+ * huge pages; else no heap copy, and every process running the model shares one copy in the page cache. It
+ * must be a regular file of exactly `nfloats` floats. Its pages are faulted in here, so the first run does not
+ * pay for them. */
 float *sat_read_weights(const char *path, int64_t nfloats) {
     static float none[16] __attribute__((aligned(64)));
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -430,6 +464,10 @@ float *sat_read_weights(const char *path, int64_t nfloats) {
 #endif
         void *m = nfloats ? mmap(NULL, (size_t)st.st_size, PROT_READ, flags, fd, 0) : (void *)none;
         w = m == MAP_FAILED ? NULL : m;
+        if (w && (size_t)st.st_size >= SAT_HUGE_MIN && (size_t)st.st_size <= SAT_HUGE_MAX) {
+            float *h = sat_huge_copy(w, (size_t)st.st_size);
+            if (h) munmap(w, (size_t)st.st_size), w = h;
+        }
     }
     close(fd);
     return w;
@@ -437,5 +475,9 @@ float *sat_read_weights(const char *path, int64_t nfloats) {
 
 /* Unmap what sat_read_weights mapped. */
 void sat_release_weights(const float *w, int64_t nfloats) {
-    if (w && nfloats) munmap((void *)w, (size_t)(nfloats * 4));
+    if (!w || !nfloats) return;
+    if ((uintptr_t)w % 4096 == SAT_HUGE_HEAD) /* a huge-page copy (sat_huge_copy) */
+        munmap((char *)w - SAT_HUGE_HEAD, sat_huge_len((size_t)nfloats * 4));
+    else
+        munmap((void *)w, (size_t)(nfloats * 4));
 }

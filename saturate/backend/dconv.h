@@ -62,6 +62,8 @@ void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y
 #if defined(__AVX512F__)
 
 /* Vector epilogue: v holds 8 consecutive outputs starting at flat index `off` (lanes in `mk`). */
+/* Floats ahead along a plane at which a residual operand of an epilogue is fetched (emit.vector_form). */
+#define SAT_EPI_AHEAD 64
 typedef __m256 (*sat_epv)(__m256 v, int64_t off, __mmask8 mk);
 /* Per-channel part of an epilogue: v holds 16 channels (planes q .. q+15, lanes `mc`) of one pixel. */
 typedef __m512 (*sat_epc)(__m512 v, int64_t q, __mmask16 mc);
@@ -272,11 +274,16 @@ static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int6
             const int s0 = e0 < pn ? (int)(e0 * kc / pn) : kc, s1 = e1 < pn ? (int)(e1 * kc / pn) : kc;
             const int staged = a->stage && last, odd = (q - q0) & 1;
             float *st = sat_dconv_stage[tid];
-            sat_dconv_tile(rows, kc, a->koff + k0, xr, w + (int64_t)k0 * 32, staged ? st : a->y,
-                           staged ? odd * 8 : a->ybase + (int64_t)j * 32 * P + p0, staged ? 16 : P, mr, nr,
-                           k0 ? buf : NULL, last ? NULL : buf,
-                           s1 > s0 ? w + (int64_t)(k0 + kc + SAT_DKC + s0) * 32 : NULL, ((s1 - s0) << 16) / kc,
-                           a->ybase / P + j * 32, epc, staged ? NULL : epv);
+            /* (two calls, so each sees its epilogue as a constant and inlines it: a pointer chosen by `staged`
+             * stayed an indirect call per 8 outputs) */
+            const float *pfw = s1 > s0 ? w + (int64_t)(k0 + kc + SAT_DKC + s0) * 32 : NULL;
+            if (staged)
+                sat_dconv_tile(rows, kc, a->koff + k0, xr, w + (int64_t)k0 * 32, st, odd * 8, 16, mr, nr,
+                               k0 ? buf : NULL, NULL, pfw, ((s1 - s0) << 16) / kc, a->ybase / P + j * 32, epc, NULL);
+            else
+                sat_dconv_tile(rows, kc, a->koff + k0, xr, w + (int64_t)k0 * 32, a->y,
+                               a->ybase + (int64_t)j * 32 * P + p0, P, mr, nr, k0 ? buf : NULL, last ? NULL : buf,
+                               pfw, ((s1 - s0) << 16) / kc, a->ybase / P + j * 32, epc, epv);
             if (staged && (odd || q + 1 == q1))
                 sat_dconv_flush(st, a->y, a->ybase + (int64_t)j * 32 * P + p0 - odd * 8, P, nr, odd * 8 + mr, epv);
         }

@@ -163,3 +163,25 @@ def test_1x1_convs_read_in_place_on_the_portable_build(xshape, wshape, attrs, re
 def test_large_1x1_expansions_as_planned(xshape, wshape, attrs, layout, threads):
     """The expansions above with the planner's choice, against the interpreter and ONNX Runtime."""
     check_three_way(conv_relu(xshape, wshape, attrs), threads=threads)
+
+
+def test_avx512_tiles_leave_1x1_convs_of_large_inputs_to_the_packed_product():
+    """AVX-512 builds read a plain 1x1 conv's input in place on dconv.h's tiles only up to DIRECT_ONE_MAXB bytes
+    of input (one image and group); larger ones (ResNet-50's on 56x56 maps at 224x224) take the packed product."""
+    cfg = BuildConfig(isa="avx512")
+    for xshape, wshape, attrs, direct in [((1, 64, 56, 56), (64, 64, 1, 1), {}, False),         # 784 KB
+                                          ((1, 16, 56, 56), (64, 16, 1, 1), {}, True),          # 196 KB
+                                          ((1, 256, 14, 14), (1024, 256, 1, 1), {}, True),      # 196 KB
+                                          ((1, 64, 24, 24), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, True),
+                                          ((1, 256, 56, 56), (512, 256, 1, 1), {"strides": [2, 2]}, True)]:
+        g = conv_relu(xshape, wshape, attrs)
+        shapes = {"x": xshape, "w": wshape}
+        assert plan.runs_direct(g.nodes[0], shapes, g.constants, cfg) == direct, (xshape, wshape, attrs)
+
+
+@pytest.mark.compiler
+@pytest.mark.parametrize("threads", [1, 2])
+def test_1x1_convs_of_large_inputs_as_planned(threads):
+    """A 1x1 conv over more than DIRECT_ONE_MAXB bytes of input with a residual epilogue, on the machine's own
+    build (AVX-512: the packed product; AVX2: the tile or sgemm), against the interpreter and ONNX Runtime."""
+    check_three_way(conv_residual((1, 96, 30, 30), (40, 96, 1, 1), {}, True), threads=threads)

@@ -424,9 +424,9 @@ def direct_avx2(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     return strided or p <= DIRECT8_MAXP
 
 
-# Largest input (bytes, of one image and group) of a 1x1 conv of unit strides and no padding that the AVX-512
-# tiles of dconv.h read in place (runs_direct).
-DIRECT_ONE_MAXB = 256 * 1024
+# Largest input (bytes, of one image and group) of a 1x1 conv of unit strides and no padding to at least
+# DIRECT_ONE_MINM channels that the AVX-512 tiles of dconv.h read in place (runs_direct).
+DIRECT_ONE_MAXB, DIRECT_ONE_MINM = 256 * 1024, 64
 
 
 def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
@@ -437,7 +437,8 @@ def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     (sat_conv2d) copies its blocks plane by plane. ResNet-50 at 224x224, AVX-512 build, 1 thread, per-step
     medians on the Xeon (family 6 model 167): 256 -> 64 on 56x56 maps 1.41 -> 0.90 ms, its Conv+Add+Relu 64 ->
     256 2.0 -> 1.4, 512 -> 128 on 28x28 0.88 -> 0.76; the steps in all 66.9 -> 63.7 ms. A cap of 64 KB (14x14
-    maps' 256 -> 1024 too) ran 66.8, of 1 MB 65.0."""
+    maps' 256 -> 1024 too) ran 66.8, of 1 MB 65.0. Convs to fewer channels keep the tiles: the packed
+    product's 32-channel panels ran EfficientNet-B0's 32 -> 16 on a 48x48 map 4x slower (0.036 -> 0.143 ms), its 144 -> 24 on 24x24 0.048 -> 0.082."""
     if direct_avx2(node, shapes, constants, cfg):
         return True
     if node.op != "Conv" or not cfg.packed_gemm or node.inputs[1] not in constants:
@@ -445,7 +446,7 @@ def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     if len(x) == 4 and plain_pointwise(x, conv_window(node, x, w)):
         win = conv_window(node, x, w)
-        if w[1] * win.oh * win.ow * 4 > DIRECT_ONE_MAXB:
+        if w[1] * win.oh * win.ow * 4 > DIRECT_ONE_MAXB and w[0] // int(node.attr("group", 1)) >= DIRECT_ONE_MINM:
             return False
     return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20 and not runs_wino(node, shapes, constants, cfg)
 

@@ -428,7 +428,9 @@ void sat_copy_blocks(const float *x, float *y, int64_t outer, int64_t inner, int
 #define SAT_HUGE_MAX ((size_t)1 << 30)
 #define SAT_HUGE_HEAD 64
 
-static size_t sat_huge_len(size_t bytes) { return (bytes + SAT_HUGE_HEAD + SAT_HUGE_PAGE - 1) / SAT_HUGE_PAGE * SAT_HUGE_PAGE; }
+static size_t sat_huge_len(size_t bytes) {
+    return (bytes + SAT_HUGE_HEAD + SAT_HUGE_PAGE - 1) / SAT_HUGE_PAGE * SAT_HUGE_PAGE;
+}
 
 /* The file's bytes in memory of 2 MB pages (see above), or NULL (then the mapping stays). */
 static float *sat_huge_copy(const float *w, size_t bytes) {

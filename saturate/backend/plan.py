@@ -438,7 +438,8 @@ def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     medians on the Xeon (family 6 model 167): 256 -> 64 on 56x56 maps 1.41 -> 0.90 ms, its Conv+Add+Relu 64 ->
     256 2.0 -> 1.4, 512 -> 128 on 28x28 0.88 -> 0.76; the steps in all 66.9 -> 63.7 ms. A cap of 64 KB (14x14
     maps' 256 -> 1024 too) ran 66.8, of 1 MB 65.0. Convs to fewer channels keep the tiles: the packed
-    product's 32-channel panels ran EfficientNet-B0's 32 -> 16 on a 48x48 map 4x slower (0.036 -> 0.143 ms), its 144 -> 24 on 24x24 0.048 -> 0.082."""
+    product's 32-channel panels ran EfficientNet-B0's 32 -> 16 on a 48x48 map 4x slower (0.036 -> 0.143 ms),
+    its 144 -> 24 on 24x24 0.048 -> 0.082."""
     if direct_avx2(node, shapes, constants, cfg):
         return True
     if node.op != "Conv" or not cfg.packed_gemm or node.inputs[1] not in constants:

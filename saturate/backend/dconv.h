@@ -62,8 +62,6 @@ void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y
 #if defined(__AVX512F__)
 
 /* Vector epilogue: v holds 8 consecutive outputs starting at flat index `off` (lanes in `mk`). */
-/* Floats ahead along a plane at which a residual operand of an epilogue is fetched (emit.vector_form). */
-#define SAT_EPI_AHEAD 64
 typedef __m256 (*sat_epv)(__m256 v, int64_t off, __mmask8 mk);
 /* Per-channel part of an epilogue: v holds 16 channels (planes q .. q+15, lanes `mc`) of one pixel. */
 typedef __m512 (*sat_epc)(__m512 v, int64_t q, __mmask16 mc);

@@ -43,7 +43,7 @@ void sat_conv_packed(const float *x, const float *wp, int64_t wp_group, float *y
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
     if ((int64_t)OH * OW <= 0 || Mg <= 0) return;
     /* tiles of equal rows (12 rows in tiles of 8 gave one thread 8 and the other 4) */
-    const int tiles = (OH + sat_tile_rows(K, OH, OW) - 1) / sat_tile_rows(K, OH, OW), tile = (OH + tiles - 1) / tiles;
+    const int rows = sat_tile_rows(K, OH, OW), tiles = (OH + rows - 1) / rows, tile = (OH + tiles - 1) / tiles;
     const int64_t units = (int64_t)N * G * tiles;
     const int small = (int64_t)N * OH * OW * M * K < SAT_CONV_PAR_MACS;
     int split = sat_threads > 1 && !small && units % sat_threads != 0 && units < 8 * sat_threads ? sat_threads : 1;

@@ -445,10 +445,10 @@ def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     if node.op != "Conv" or not cfg.packed_gemm or node.inputs[1] not in constants:
         return False
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
-    if len(x) == 4 and plain_pointwise(x, conv_window(node, x, w)):
-        win = conv_window(node, x, w)
-        if w[1] * win.oh * win.ow * 4 > DIRECT_ONE_MAXB and w[0] // int(node.attr("group", 1)) >= DIRECT_ONE_MINM:
-            return False
+    win = conv_window(node, x, w) if len(x) == 4 else None
+    if (win and plain_pointwise(x, win) and w[1] * win.oh * win.ow * 4 > DIRECT_ONE_MAXB
+            and w[0] // int(node.attr("group", 1)) >= DIRECT_ONE_MINM):
+        return False
     return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20 and not runs_wino(node, shapes, constants, cfg)
 
 
@@ -477,7 +477,9 @@ def reads_in_place(x, w, win) -> bool:
     ResNet-50's 256 -> 64 and 512 -> 128 on 24x24 and 12x12 maps 0.26-0.285 -> 0.22-0.24 ms (OpenBLAS before),
     its 512 -> 256 0.49 -> 0.41-0.44, MobileNetV2's projections of 96 and 144 channels on 24x24 maps 0.054 ->
     0.033 and 0.061 -> 0.044; reductions over 16 to 32 channels ran 3-25% slower than sgemm and sat_gemm_nn,
-    their twelve stores a tile no longer small beside 16 to 32 reduction steps."""
+    their twelve stores a tile no longer small beside 16 to 32 reduction steps. At 224x224 the 56x56 maps'
+    inputs (3 MB) leave L2 and these run level with sgemm (1.3-1.6 ms for 256 -> 64), where ONNX Runtime's
+    NCHWc kernel takes 1.0 (docs/benchmarks.md)."""
     return w[1] >= IN_PLACE_MINK and plain_pointwise(x, win)
 
 

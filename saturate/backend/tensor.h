@@ -191,25 +191,7 @@ static inline float sat_softmax_floor(int64_t L) {
 }
 
 #if defined(__AVX512F__)
-/* expf on 16 lanes (Cephes polynomial after n = round(x log2 e), 2^n applied by scalef): within 2 ulp,
- * subnormal from -87.3 down and 0 below -103, clamped to FLT_MAX's range above; libm's expf does not
- * vectorize without -ffast-math. The polynomial is evaluated in pairs of terms (Estrin), as sat_exp8_in
- * does, for a shorter dependent chain. A caller whose lanes may fall below -87.3 masks them (softmax does,
- * see sat_softmax_floor): on Intel cores a subnormal result costs a microcode assist. */
-static inline __m512 sat_exp512(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.72f)), _mm512_set1_ps(-103.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    const __m512 r2 = _mm512_mul_ps(r, r);
-    const __m512 a = _mm512_fmadd_ps(_mm512_set1_ps(1.6666665459e-1f), r, _mm512_set1_ps(5.0000001201e-1f));
-    const __m512 b = _mm512_fmadd_ps(_mm512_set1_ps(8.3334519073e-3f), r, _mm512_set1_ps(4.1665795894e-2f));
-    const __m512 c = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
-    const __m512 p = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_fmadd_ps(c, r2, b), r2, a), r2,
-                                     _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
+/* (sat_exp512, expf on 16 lanes, is in vec.h beside sat_exp16) */
 
 void sat_softmax_row512(const float *x, float *y, int64_t L);
 #elif defined(__AVX2__) && defined(__FMA__)

@@ -261,12 +261,15 @@ static inline __m512 sat_rcp16(__m512 d) {
     return _mm512_mul_ps(r, _mm512_sub_ps(_mm512_set1_ps(2.0f), _mm512_mul_ps(d, r)));
 }
 
-static inline __m512 sat_exp16(__m512 x) {
-    /* sat_exp8_in on 16 lanes: Estrin's pairs and 2^n off the rounding sum's low bits */
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-    const __m512 big = _mm512_set1_ps(12582912.0f);
-    const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), big);
-    const __m512 n = _mm512_sub_ps(t, big);
+/* expf on 16 lanes (Cephes polynomial after n = round(x log2 e), 2^n applied by scalef): within 2 ulp,
+ * subnormal from -87.3 down and 0 below -103, clamped to FLT_MAX's range above; libm's expf does not
+ * vectorize without -ffast-math. The polynomial is evaluated in pairs of terms (Estrin), as sat_exp8_in
+ * does, for a shorter dependent chain. A caller whose lanes may fall below -87.3 masks them (softmax does,
+ * see sat_softmax_floor): on Intel cores a subnormal result costs a microcode assist. */
+static inline __m512 sat_exp512(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.72f)), _mm512_set1_ps(-103.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
     const __m512 r2 = _mm512_mul_ps(r, r);
@@ -275,9 +278,11 @@ static inline __m512 sat_exp16(__m512 x) {
     const __m512 c = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
     const __m512 p = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_fmadd_ps(c, r2, b), r2, a), r2,
                                      _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i e = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000 - 127));
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
+    return _mm512_scalef_ps(p, n);
 }
+
+/* sat_exp8's clamp on 16 lanes: no lane below -87.3, so no subnormal result (a microcode assist on Intel). */
+static inline __m512 sat_exp16(__m512 x) { return sat_exp512(_mm512_max_ps(x, _mm512_set1_ps(-87.3f))); }
 #endif
 
 /* Lanes below n set: the mask of maskload and maskstore. */

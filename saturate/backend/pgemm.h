@@ -133,41 +133,33 @@
         c50 += s_ * (b0), c51 += s_ * (b1);                                                        \
     } while (0)
 
-/* y = (acc ? y : 0) + a (kc x SAT_PR panel) * b (kc x SAT_PN panel), its first mr rows and nr columns,
- * row-major at pitch ldy. The accumulators stay in registers through the reduction. */
-static inline void sat_ukr(int kc, const float *restrict a, const float *restrict b, float *restrict y, int64_t ldy,
-                           int mr, int nr, int acc, int far) {
-    sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}, c40 = {0},
-           c41 = {0}, c50 = {0}, c51 = {0};
-    for (int k = 0; k < kc; k++) {
-        SAT_PANEL_LOAD(b, b0, b1, far);
-        if (far & 2) __builtin_prefetch(a + SAT_PA_FAR, 0, 2);
-        SAT_PANEL_STEP(a, b0, b1);
-        a += SAT_PR;
-        b += SAT_PN;
-    }
-    SAT_TILE_STORE_PART(y, ldy, mr, nr, acc);
-}
-
-/* sat_ukr with B read in place: reduction step k's SAT_PN floats at b + k * ldb (a 1x1 conv's input planes,
- * ldb its pixels), so a plain 1x1 conv packs none of its input; each step fetches the row SAT_PK_AHEAD steps on,
- * and with `far` the weights SAT_PA_FAR floats on. */
-static inline void sat_ukr_strided(int kc, const float *restrict a, const float *restrict b, int64_t ldb,
-                                   float *restrict y, int64_t ldy, int mr, int acc, int far) {
+/* y = (acc ? y : 0) + a (kc x SAT_PR panel) * b (kc rows of SAT_PN floats, ldb apart: SAT_PN for a packed panel,
+ * a 1x1 conv's pixels for its input planes read in place), its first mr rows and nr columns, row-major at pitch
+ * ldy. The accumulators stay in registers through the reduction; each step fetches B's row SAT_PK_AHEAD steps
+ * on, with `far` & 1 B into L2 further on, with `far` & 2 the weights SAT_PA_FAR floats on. */
+static inline void sat_ukr_ld(int kc, const float *restrict a, const float *restrict b, int64_t ldb,
+                              float *restrict y, int64_t ldy, int mr, int nr, int acc, int far) {
     sat_vf c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}, c40 = {0},
            c41 = {0}, c50 = {0}, c51 = {0};
     for (int k = 0; k < kc; k++) {
         const sat_vf b0 = sat_vload(b), b1 = sat_vload(b + SAT_VL);
         __builtin_prefetch(b + SAT_PK_AHEAD * ldb);
-        if (far) __builtin_prefetch(a + SAT_PA_FAR, 0, 2);
 #if SAT_PN > 16
         __builtin_prefetch(b + SAT_PK_AHEAD * ldb + 16);
 #endif
+        if (far & 1) SAT_PANEL_PREFETCH_FAR(b);
+        if (far & 2) __builtin_prefetch(a + SAT_PA_FAR, 0, 2);
         SAT_PANEL_STEP(a, b0, b1);
         a += SAT_PR;
         b += ldb;
     }
-    SAT_TILE_STORE_PART(y, ldy, mr, SAT_PN, acc);
+    SAT_TILE_STORE_PART(y, ldy, mr, nr, acc);
+}
+
+/* sat_ukr_ld on a packed B panel. */
+static inline void sat_ukr(int kc, const float *restrict a, const float *restrict b, float *restrict y, int64_t ldy,
+                           int mr, int nr, int acc, int far) {
+    sat_ukr_ld(kc, a, b, SAT_PN, y, ldy, mr, nr, acc, far);
 }
 
 /* sat_ukr with A read in place: row r of the tile at ar[r] (k-contiguous, any pitch), so a product whose A is
@@ -296,9 +288,8 @@ static inline __attribute__((always_inline)) void sat_pconv_run(void *ctx, int64
                 const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
                 const float *xq = xg + (int64_t)k0 * P + (int64_t)oh0 * a->OW + q * SAT_PN;
                 for (int i = m0; i < m1; i += SAT_PR)
-                    sat_ukr_strided(kc, wg + (int64_t)i * K + (int64_t)k0 * SAT_PR, xq, P,
-                                    yb + (int64_t)i * P + q * SAT_PN, P, m1 - i < SAT_PR ? m1 - i : SAT_PR, k0 > 0,
-                                    q == 0);
+                    sat_ukr_ld(kc, wg + (int64_t)i * K + (int64_t)k0 * SAT_PR, xq, P, yb + (int64_t)i * P + q * SAT_PN,
+                               P, m1 - i < SAT_PR ? m1 - i : SAT_PR, SAT_PN, k0 > 0, q == 0 ? 2 : 0);
             }
         /* per reduction block, each packed pixel panel's slice stays in L1 while the chunk's weight panels
          * pass it */

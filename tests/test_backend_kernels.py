@@ -555,7 +555,8 @@ def wino_conv(xshape, m, pads, act):
 def test_winograd_switch_and_rule():
     """BuildConfig(wino="off") keeps 3x3 convs on the kernels before it; outputs under WINO_MINP pixels
     (WINO_DEEP_MINP from 512 channels), fewer than WINO_MINC channels, strides, dilations and groups never
-    take it; AVX-512 builds keep maps under WINO_AVX512_MINP pixels on their direct conv, and AVX2 builds maps
+    take it; AVX-512 builds keep maps under WINO_AVX512_MINP pixels, and convs of fewer than WINO_AVX512_MINCM
+    channel pairs, on their direct conv, and AVX2 builds maps
     of at most plan.DIRECT8_MAXP pixels on theirs (off here but for the last check)."""
     def conv(xshape, m, wino="auto", direct=False, **attrs):
         g = make([Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1], **attrs})], {"x": xshape},
@@ -565,12 +566,13 @@ def test_winograd_switch_and_rule():
     if vector_lanes() < 6:
         pytest.skip("portable builds' 4-float vectors cannot hold a 6-tile panel: no Winograd")
     if packed_gemm():
-        assert conv((1, 64, 28, 28), 64) and conv((1, 512, 28, 28), 512)
-        assert not conv((1, 64, 27, 27), 64)        # 729 pixels
+        assert conv((1, 64, 28, 28), 128) and conv((1, 512, 28, 28), 512)
+        assert not conv((1, 64, 27, 27), 128)       # 729 pixels
+        assert not conv((1, 64, 56, 56), 64) and not conv((1, 32, 112, 112), 128)  # 4096 channel pairs
         assert not conv((1, 128, 12, 12), 128) and not conv((1, 512, 14, 14), 512)
         assert not conv((1, 16, 56, 56), 64)        # 16 input channels
         assert not conv((1, 64, 56, 56), 64, strides=[2, 2])
-        assert conv((1, 64, 56, 56), 64) and not conv((1, 64, 56, 56), 64, wino="off")
+        assert conv((1, 128, 56, 56), 64) and not conv((1, 128, 56, 56), 64, wino="off")
         return
     assert conv((1, 32, 6, 6), 32)
     assert not conv((1, 32, 5, 5), 32)              # 25 pixels

@@ -532,8 +532,12 @@ WINO_MINP, WINO_MINC, WINO_DEEP_C, WINO_DEEP_MINP = 36, 32, 512, 144
 # AVX-512 builds, whose direct conv (dconv.h) runs at 60-75% of the machine's peak, take Winograd only on
 # maps of at least WINO_AVX512_MINP pixels: on a Zen 5 core (1 thread, per-step profile) VGG-11's convs
 # on 224x224 to 28x28 maps took 0.64-0.79x the direct conv's time, ResNet-18's on 24x24 maps 1.00-1.02x,
-# 14x14 maps of 512 channels 1.03-1.06x and 6x6 maps of 256 channels 1.25-1.29x.
-WINO_AVX512_MINP = 784
+# 14x14 maps of 512 channels 1.03-1.06x and 6x6 maps of 256 channels 1.25-1.29x. They also need at least
+# WINO_AVX512_MINCM products of an input and an output channel: the transforms, per tile O(C + M) against the
+# product's O(C * M), lost with few channels (Xeon of family 6 model 167, 1 thread, single Conv+Relu, medians:
+# 64 -> 64 on 56x56 maps 2.21 ms as Winograd, 1.77 direct; 32 -> 32 on 112x112 3.24 and 1.98; 64 -> 128 on
+# 56x56 3.13 and 3.25; 128 -> 128 on 28x28 1.43 and 1.63).
+WINO_AVX512_MINP, WINO_AVX512_MINCM = 784, 8192
 
 # Largest output (pixels) of a conv run on streamed weights (sat_conv_stream, SAT_SP in pgemm.h).
 STREAM_MAXP = C["SAT_SP"]
@@ -586,7 +590,7 @@ def runs_wino(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w)
     p = win.oh * win.ow
-    if cfg.packed_gemm and p < WINO_AVX512_MINP:
+    if cfg.packed_gemm and (p < WINO_AVX512_MINP or w[0] * w[1] < WINO_AVX512_MINCM):
         return False
     return p >= WINO_MINP and min(w[0], w[1]) >= WINO_MINC and (w[1] < WINO_DEEP_C or p >= WINO_DEEP_MINP)
 

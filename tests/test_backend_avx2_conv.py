@@ -14,6 +14,7 @@ import pytest
 from backend_util import check_three_way, make
 from saturate.backend import plan
 from saturate.backend.build import BuildConfig
+from saturate.backend.emit import emit
 from saturate.backend.shapes import conv_window
 from saturate.core.ir import Node
 
@@ -179,6 +180,29 @@ def test_avx512_tiles_leave_1x1_convs_of_large_inputs_to_the_packed_product():
         g = conv_relu(xshape, wshape, attrs)
         shapes = {"x": xshape, "w": wshape}
         assert plan.runs_direct(g.nodes[0], shapes, g.constants, cfg) == direct, (xshape, wshape, attrs)
+
+
+# Plain 1x1 convs the AVX-512 build runs on the packed product (over DIRECT_ONE_MAXB bytes of input, at least
+# DIRECT_ONE_MINM channels out), in each loop order of sat_conv_tile: one reduction block (channel panels
+# outer), two blocks and small weights (pixel panels outer), two blocks and weights of more than 2^18 floats
+# (channel panels outer, the epilogue after the last block); channel and pixel tails throughout.
+PACKED_ONE = [((1, 72, 31, 31), (70, 72, 1, 1)), ((1, 300, 16, 16), (72, 300, 1, 1)),
+              ((1, 600, 12, 12), (440, 600, 1, 1))]
+
+
+@pytest.mark.compiler
+@pytest.mark.skipif(" avx512f " not in Path("/proc/cpuinfo").read_text().replace("\n", " "),
+                    reason="the CPU has no AVX-512")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape,wshape", PACKED_ONE)
+def test_packed_1x1_convs_in_both_loop_orders(xshape, wshape, threads):
+    """Conv + bias + residual Add + Relu on the AVX-512 build's packed product, against the interpreter and ONNX
+    Runtime, on one thread and two (two channel chunks)."""
+    cfg = BuildConfig(isa="avx512")
+    g = conv_residual(xshape, wshape, {}, True)
+    assert not plan.runs_direct(g.nodes[0], {"x": xshape, "w": wshape}, g.constants, cfg)
+    assert "sat_conv2d(" in emit(g, config=cfg).source
+    check_three_way(g, threads=threads, config=cfg)
 
 
 @pytest.mark.compiler

@@ -155,22 +155,46 @@ void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_g
         /* Unfolded columns arrive packed; a direct conv's input is packed here, block by block. */
         const int64_t panels = (cols + SAT_NR - 1) / SAT_NR;
         float *bp = direct ? aligned_alloc(64, sizeof(float) * (size_t)SAT_KC * SAT_NR * panels + 64) : NULL;
+        /* Channel panels outer, pixel panels inner, where the reduction is one block (each panel's 8 output rows
+           are then written front to back, 8 streams the prefetcher follows, and the epilogue finds them in L1)
+           or the weights are larger than L2 (they are then read once a tile, not once a pixel panel). Else the
+           pixel panel stays in L1 and the weights stream past it. At 1 thread on the Xeon (family 6 model 167),
+           per-step medians: ResNet-50's 64 -> 256 on 56x56 maps 0.86 -> 0.77 ms alone, 1.10 -> 0.93 in the
+           model at 224x224 (1.24-1.74 -> 1.10-1.19 with the residual Add), its 2048 -> 512 on 7x7 maps 1.33 ->
+           1.08 in the model; with longer reductions and smaller weights (512 -> 256 on 28x28, 1024 -> 256 on
+           14x14) the other order ran 5% faster. */
+        const int rows_outer = K <= SAT_KC || (int64_t)Mg * K > (1 << 18);
         for (int k0 = 0; k0 < K; k0 += SAT_KC) {
             const int kc = K - k0 < SAT_KC ? K - k0 : SAT_KC;
             if (direct)
                 sat_pack_b(b, ldb, k0, kc, 0, (int)cols, bp);
             else
                 bp = col + (int64_t)k0 * panels * SAT_NR;
-            for (int q = 0; q * SAT_NR < cols; q++) {
-                const int nr = cols - q * SAT_NR < SAT_NR ? (int)cols - q * SAT_NR : SAT_NR;
-                for (int i = m0; i < m1; i += SAT_MR) {
-                    const int mr = m1 - i < SAT_MR ? m1 - i : SAT_MR;
+            if (!rows_outer) {
+                for (int q = 0; q * SAT_NR < cols; q++) {
+                    const int nr = cols - q * SAT_NR < SAT_NR ? (int)cols - q * SAT_NR : SAT_NR;
+                    for (int i = m0; i < m1; i += SAT_MR)
+                        sat_kernel_8x32(kc, wg + (int64_t)k0 * Mp + (int64_t)i * kc, bp + (int64_t)q * kc * SAT_NR,
+                                        yt + (int64_t)(i - m0) * P + q * SAT_NR, P, k0 > 0,
+                                        m1 - i < SAT_MR ? m1 - i : SAT_MR, nr);
+                }
+                continue;
+            }
+            for (int i = m0; i < m1; i += SAT_MR) {
+                const int mr = m1 - i < SAT_MR ? m1 - i : SAT_MR;
+                for (int q = 0; q * SAT_NR < cols; q++) {
+                    const int nr = cols - q * SAT_NR < SAT_NR ? (int)cols - q * SAT_NR : SAT_NR;
                     sat_kernel_8x32(kc, wg + (int64_t)k0 * Mp + (int64_t)i * kc, bp + (int64_t)q * kc * SAT_NR,
                                     yt + (int64_t)(i - m0) * P + q * SAT_NR, P, k0 > 0, mr, nr);
                 }
+                if (epi && k0 + kc == K)
+                    for (int m = i; m < i + mr; m++) epi(y, (yt - y) + (int64_t)(m - m0) * P, cols);
             }
         }
         if (direct) free(bp);
+        if (epi && !rows_outer)
+            for (int m = 0; m < m1 - m0; m++) epi(y, (yt - y) + (int64_t)m * P, cols);
+        return;
     } else
 #endif
     if (K <= SAT_SHORT_K)

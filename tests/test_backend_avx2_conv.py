@@ -107,6 +107,7 @@ IN_PLACE = [
     ((1, 300, 5, 7), (20, 300, 1, 1), {}, False),       # K = 300: two reduction blocks, the second accumulating
     ((1, 96, 3, 5), (7, 96, 1, 1), {}, True),           # 15 px: no whole panel, all packed
     ((1, 192, 10, 10), (24, 96, 1, 1), {"group": 2}, False),  # per group, its channels' planes in place
+    ((1, 1024, 9, 9), (140, 1024, 1, 1), {}, True),     # 560 KB of weights: channel blocks of 126 and 14
 ]
 
 

@@ -21,6 +21,9 @@
  * (16 KB on AVX2), stays in L1 while the other side's panels pass it, so a long reduction (4608 for a
  * 3x3 conv of 512 channels) reads each weight from memory once and from L1 after. */
 #define SAT_PKC 256
+/* Weights of a usual conv product's channel block (sat_pconv_run), bytes: the block stays in L2 while the tile's
+ * pixel panels pass it. */
+#define SAT_PMB_BYTES (512 * 1024)
 /* B panels per block of a product with B packed (sat_gemm_packed): for each SAT_PKC-step slice, a row tile's
  * six rows of A (6 KB) stay in L1 while the block's panels (128 KB on AVX2) pass them from L2, each row tile
  * in turn. One panel against every row tile before the next panel (the order before) read all of A from L2
@@ -280,27 +283,35 @@ static inline __attribute__((always_inline)) void sat_pconv_run(void *ctx, int64
     const float *wg = a->wp + g * a->wp_group;
     float *yb = a->y + ((int64_t)n * a->M + (int64_t)g * Mg) * P + (int64_t)oh0 * a->OW;
     if (!a->trans) {
-        /* in place, per pixel panel and reduction block: the panel's slice of the input planes stays in L1
-         * while the chunk's weight panels pass it, and the panel's sums of the first block are still there
-         * for the next */
-        for (int q = 0; q < first; q++)
+        /* channel blocks whose weights stay in L2 while every pixel panel passes them (1024 -> 512 on a 14x14
+         * map, 2 MB of weights, from L3 once a pixel panel before: 2.66 -> 2.37 ms, avx2 build on the Xeon) */
+        int mstep = SAT_PMB_BYTES / ((int)sizeof(float) * K) / SAT_PR * SAT_PR;
+        if (mstep < SAT_PR) mstep = SAT_PR;
+        for (int mb0 = m0; mb0 < m1; mb0 += mstep) {
+            const int mb1 = mb0 + mstep < m1 ? mb0 + mstep : m1;
+            /* in place, per pixel panel and reduction block: the panel's slice of the input planes stays in L1
+             * while the block's weight panels pass it, and the panel's sums of the first block are still there
+             * for the next */
+            for (int q = 0; q < first; q++)
+                for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
+                    const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
+                    const float *xq = xg + (int64_t)k0 * P + (int64_t)oh0 * a->OW + q * SAT_PN;
+                    for (int i = mb0; i < mb1; i += SAT_PR)
+                        sat_ukr_ld(kc, wg + (int64_t)i * K + (int64_t)k0 * SAT_PR, xq, P,
+                                   yb + (int64_t)i * P + q * SAT_PN, P, mb1 - i < SAT_PR ? mb1 - i : SAT_PR, SAT_PN,
+                                   k0 > 0, q == 0 ? 2 : 0);
+                }
+            /* per reduction block, each packed pixel panel's slice stays in L1 while the block's weight panels
+             * pass it */
             for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
                 const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
-                const float *xq = xg + (int64_t)k0 * P + (int64_t)oh0 * a->OW + q * SAT_PN;
-                for (int i = m0; i < m1; i += SAT_PR)
-                    sat_ukr_ld(kc, wg + (int64_t)i * K + (int64_t)k0 * SAT_PR, xq, P, yb + (int64_t)i * P + q * SAT_PN,
-                               P, m1 - i < SAT_PR ? m1 - i : SAT_PR, SAT_PN, k0 > 0, q == 0 ? 2 : 0);
-            }
-        /* per reduction block, each packed pixel panel's slice stays in L1 while the chunk's weight panels
-         * pass it */
-        for (int k0 = 0; k0 < K; k0 += SAT_PKC) {
-            const int kc = K - k0 < SAT_PKC ? K - k0 : SAT_PKC;
-            for (int q = first; q < panels; q++) {
-                const int nr = cols - q * SAT_PN < SAT_PN ? cols - q * SAT_PN : SAT_PN;
-                const float *bq = buf + (int64_t)(q - first) * K * SAT_PN + (int64_t)k0 * SAT_PN;
-                for (int i = m0; i < m1; i += SAT_PR)
-                    sat_ukr(kc, wg + (int64_t)i * K + (int64_t)k0 * SAT_PR, bq, yb + (int64_t)i * P + q * SAT_PN, P,
-                            m1 - i < SAT_PR ? m1 - i : SAT_PR, nr, k0 > 0, q == first ? 2 : 0);
+                for (int q = first; q < panels; q++) {
+                    const int nr = cols - q * SAT_PN < SAT_PN ? cols - q * SAT_PN : SAT_PN;
+                    const float *bq = buf + (int64_t)(q - first) * K * SAT_PN + (int64_t)k0 * SAT_PN;
+                    for (int i = mb0; i < mb1; i += SAT_PR)
+                        sat_ukr(kc, wg + (int64_t)i * K + (int64_t)k0 * SAT_PR, bq, yb + (int64_t)i * P + q * SAT_PN, P,
+                                mb1 - i < SAT_PR ? mb1 - i : SAT_PR, nr, k0 > 0, q == first ? 2 : 0);
+                }
             }
         }
     } else {

@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from saturate.backend.plan import (DOT_MINK, PR, SKINNY, C, conv_layout, runs_direct, runs_packed,
-                                   runs_stream, runs_wino, tile_rows)
+from saturate.backend.plan import (DOT_MINK, PR, SKINNY, C, accumulating_kernel, conv_layout, runs_direct,
+                                   runs_packed, runs_stream, runs_wino, tile_rows, transposed_product)
 from saturate.backend.pointwise import c_float, c_ints, strides
 from saturate.backend.quant import emit_qlinear
 from saturate.backend.shapes import conv_window, pool_window, reduce_axes, unsupported
@@ -60,21 +60,6 @@ def wino_weights(w: np.ndarray, pn: int) -> np.ndarray:
     return np.stack(slices, axis=1).reshape(1, -1)
 
 
-def transposed_product(x, w, win, group: int) -> bool:
-    """Whether a conv runs as Y^T = X^T W^T (pixels on the kernel's 8 rows, channels on its 32 columns):
-    when its output is one im2col tile (see sat_conv2d) whose pixel count fills 32-wide panels clearly
-    worse than 8-row ones, as 7x7 and 14x14 outputs do; direct 1x1 convs keep their im2col-free path."""
-    mg, k = w[0] // group, w[1] * win.kh * win.kw
-    direct = (win.kh == win.kw == 1 and win.sh == win.sw == 1 and win.ph == win.pw == 0
-              and (win.oh, win.ow) == ((x[2] if len(x) == 4 else 1), x[-1]))
-    if direct or tile_rows(k, win.oh, win.ow) < win.oh:
-        return False
-    p = win.oh * win.ow
-    usual = p / (-(-p // NR) * NR) * mg / (-(-mg // PANEL) * PANEL)
-    trans = p / (-(-p // PANEL) * PANEL) * mg / (-(-mg // NR) * NR)
-    return trans > usual + 0.03
-
-
 class NnEmission:
     """The Emitter's emission of products, windows and normalizations."""
 
@@ -86,6 +71,12 @@ class NnEmission:
         if len(node.inputs) > 2 and node.inputs[2]:
             extra.append(((node.inputs[2], None, (w[0],) + (1,) * (len(x) - 2)), "v + {}"))
         cfg = self.cfg
+        acc = int(bool(step.accumulates))
+        if acc:
+            # the kernel adds its sums onto the residual, whose storage the output took (plan.in_place_residual):
+            # the chain's leading Add is done
+            assert chain[0][0] is step.chain[0] and accumulating_kernel(node, sh, self.g.constants, cfg)
+            chain = chain[1:]
         direct = runs_direct(node, sh, self.g.constants, cfg)
         lanes = w[1] == 1
         packed_trans = (not direct and w[1] != 1 and runs_packed(node, sh, self.g.constants, cfg)
@@ -165,7 +156,7 @@ class NnEmission:
                 # the transposed product's sums take the epilogue 8 channels at a time (pgemm.h)
                 unit = self._unit8("pconv", "sat_pconv_run", epi)
             self.body.append(f"    sat_conv_packed({xp}, {packed}, {arr.size // group}, {out}, {x[0]}, {x[1]}, {H}, "
-                             f"{W}, {w[0]}, {geo}, {group}, {layout}, {epi}, {unit});\n")
+                             f"{W}, {w[0]}, {geo}, {group}, {layout}, {acc}, {epi}, {unit});\n")
             return
         # Constant weights are stored once, packed for the micro-kernel; others go to OpenBLAS as they are.
         wp, packed, per_group, trans = "NULL", "NULL", 0, 0
@@ -177,7 +168,7 @@ class NnEmission:
         else:
             wp = self.ptr(node.inputs[1])
         self.body.append(f"    sat_conv2d({xp}, {wp}, {packed}, {per_group}, {out}, COL, {x[0]}, {x[1]}, {H}, {W}, "
-                         f"{w[0]}, {geo}, {group}, {trans}, {epi});\n")
+                         f"{w[0]}, {geo}, {group}, {trans}, {acc}, {epi});\n")
 
     def emit_pool(self, step, chain, out, oshape, mode):
         node, x = step.anchor, self.shapes[step.anchor.inputs[0]]

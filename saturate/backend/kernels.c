@@ -124,7 +124,7 @@ void sat_conv_trans(const float *wg, const float *ap, float *yt, int64_t P, int 
 void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                           int n, int g, int oh0, int oh1, int m0, int m1, int C, int H, int W, int M, int KH, int KW,
                           int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int G, int direct,
-                          int trans, int tid, sat_epi epi) {
+                          int trans, int acc, int tid, sat_epi epi) {
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
     const int64_t P = (int64_t)OH * OW, cols = (int64_t)(oh1 - oh0) * OW;
     const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
@@ -175,7 +175,7 @@ void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_g
                     const int nr = cols - q * SAT_NR < SAT_NR ? (int)cols - q * SAT_NR : SAT_NR;
                     for (int i = m0; i < m1; i += SAT_MR)
                         sat_kernel_8x32(kc, wg + (int64_t)k0 * Mp + (int64_t)i * kc, bp + (int64_t)q * kc * SAT_NR,
-                                        yt + (int64_t)(i - m0) * P + q * SAT_NR, P, k0 > 0,
+                                        yt + (int64_t)(i - m0) * P + q * SAT_NR, P, k0 > 0 || acc,
                                         m1 - i < SAT_MR ? m1 - i : SAT_MR, nr);
                 }
                 continue;
@@ -185,7 +185,7 @@ void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_g
                 for (int q = 0; q * SAT_NR < cols; q++) {
                     const int nr = cols - q * SAT_NR < SAT_NR ? (int)cols - q * SAT_NR : SAT_NR;
                     sat_kernel_8x32(kc, wg + (int64_t)k0 * Mp + (int64_t)i * kc, bp + (int64_t)q * kc * SAT_NR,
-                                    yt + (int64_t)(i - m0) * P + q * SAT_NR, P, k0 > 0, mr, nr);
+                                    yt + (int64_t)(i - m0) * P + q * SAT_NR, P, k0 > 0 || acc, mr, nr);
                 }
                 if (epi && k0 + kc == K)
                     for (int m = i; m < i + mr; m++) epi(y, (yt - y) + (int64_t)(m - m0) * P, cols);
@@ -198,10 +198,10 @@ void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_g
     } else
 #endif
     if (K <= SAT_SHORT_K)
-        sat_gemm_nn(m1 - m0, (int)cols, K, w + ((int64_t)g * Mg + m0) * K, K, b, ldb, yt, P);
+        sat_gemm_nn(m1 - m0, (int)cols, K, w + ((int64_t)g * Mg + m0) * K, K, b, ldb, yt, P, acc);
     else
         scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m1 - m0, (int)cols, K, 1.0f,
-                          w + ((int64_t)g * Mg + m0) * K, K, b, (int)ldb, 0.0f, yt, (int)P);
+                          w + ((int64_t)g * Mg + m0) * K, K, b, (int)ldb, acc ? 1.0f : 0.0f, yt, (int)P);
     if (epi)
         for (int m = 0; m < m1 - m0; m++) epi(y, (yt - y) + (int64_t)m * P, cols);
 }
@@ -215,7 +215,7 @@ void sat_conv_unit(void *ctx, int64_t u, int tid) {
     const int oh0 = t * a->tile, oh1 = oh0 + a->tile < a->OH ? oh0 + a->tile : a->OH;
     sat_conv_tile(a->x, a->w, a->wp, a->wp_group, a->y, a->cols[tid], n, g, oh0, oh1, m0, m1, a->C, a->H, a->W,
                   a->M, a->KH, a->KW, a->OH, a->OW, a->sh, a->sw, a->ph, a->pw, a->dh, a->dw, a->G, a->direct,
-                  a->trans, tid, a->epi);
+                  a->trans, a->acc, tid, a->epi);
 }
 
 /* Grouped 2-D convolution. With `wp` (weights packed by the emitter, `wp_group` floats per group) the
@@ -223,7 +223,7 @@ void sat_conv_unit(void *ctx, int64_t u, int tid) {
  * are too few tiles), so one parallel region covers the conv; else OpenBLAS sgemm, tile by tile. */
 void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                        int N, int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
-                       int pw, int dh, int dw, int G, int trans, sat_epi epi) {
+                       int pw, int dh, int dw, int G, int trans, int acc, sat_epi epi) {
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
     const int direct = !trans && KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
     const int tile = sat_tile_rows(K, OH, OW);
@@ -232,7 +232,7 @@ void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_grou
 #ifndef SAT_HAVE_PACKED_GEMM
     wp = NULL;
 #endif
-    if (!wp && (int64_t)OH * OW <= SAT_DOT_MAXP && K >= SAT_DOT_MINK) {
+    if (!wp && !acc && (int64_t)OH * OW <= SAT_DOT_MAXP && K >= SAT_DOT_MINK) {
         sat_conv_dot(x, w, y, col, N, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, epi);
         return;
     }
@@ -241,7 +241,8 @@ void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_grou
             for (int g = 0; g < G; g++)
                 for (int t = 0; t < tiles; t++)
                     sat_conv_tile(x, w, wp, wp_group, y, col, n, g, t * tile, (t + 1) * tile < OH ? (t + 1) * tile : OH,
-                                  0, Mg, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, trans, 0, epi);
+                                  0, Mg, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, trans, acc, 0,
+                                  epi);
         return;
     }
     /* Channel chunks are multiples of 8 so each starts a packed panel. */
@@ -255,7 +256,7 @@ void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_grou
     float *cols[SAT_MAX_THREADS] = {col};
     for (int t = 1; t < sat_threads && col_floats; t++) cols[t] = aligned_alloc(64, sizeof(float) * (size_t)col_floats + 64);
     sat_conv_args a = {x, w, wp, wp_group, y, cols, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G,
-                       direct, trans, tile, tiles, split, chunk, epi};
+                       direct, trans, acc, tile, tiles, split, chunk, epi};
     sat_parallel(units * split, sat_conv_unit, &a);
     for (int t = 1; t < sat_threads && col_floats; t++) free(cols[t]);
 }

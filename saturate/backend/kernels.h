@@ -94,13 +94,13 @@ void sat_conv_trans(const float *wg, const float *ap, float *yt, int64_t P, int 
 void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                           int n, int g, int oh0, int oh1, int m0, int m1, int C, int H, int W, int M, int KH, int KW,
                           int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int G, int direct,
-                          int trans, int tid, sat_epi epi);
+                          int trans, int acc, int tid, sat_epi epi);
 
 typedef struct {
     const float *x, *w, *wp;
     int64_t wp_group;
     float *y, **cols;
-    int C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, trans, tile, tiles, split, chunk;
+    int C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, trans, acc, tile, tiles, split, chunk;
     sat_epi epi;
 } sat_conv_args;
 
@@ -108,7 +108,7 @@ void sat_conv_unit(void *ctx, int64_t u, int tid);
 
 void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                        int N, int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
-                       int pw, int dh, int dw, int G, int trans, sat_epi epi);
+                       int pw, int dh, int dw, int G, int trans, int acc, sat_epi epi);
 
 /* Columns [j0, j0 + per) of an sgemm and their epilogue, one work item of a threaded product (OpenBLAS runs
  * on one thread inside the model, so threads split the product between them). */

@@ -39,7 +39,7 @@ void sat_pconv_unit(void *ctx, int64_t u, int tid) { sat_pconv_run(ctx, u, tid, 
  * instantiation of sat_pconv_run with its 8-channel epilogue, or NULL. */
 void sat_conv_packed(const float *x, const float *wp, int64_t wp_group, float *y, int N, int C, int H, int W,
                             int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,
-                            int G, int trans, sat_epi epi, sat_body body) {
+                            int G, int trans, int acc, sat_epi epi, sat_body body) {
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
     if ((int64_t)OH * OW <= 0 || Mg <= 0) return;
     /* tiles of equal rows (12 rows in tiles of 8 gave one thread 8 and the other 4) */
@@ -51,7 +51,7 @@ void sat_conv_packed(const float *x, const float *wp, int64_t wp_group, float *y
     int chunk = ((Mg + split - 1) / split + unit - 1) / unit * unit;
     split = (Mg + chunk - 1) / chunk;
     sat_pconv_args a = {x, wp, wp_group, y, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, trans, tile,
-                        tiles, split, chunk, epi};
+                        tiles, split, chunk, acc && !trans, epi};
     sat_parallel(units * split, body ? body : sat_pconv_unit, &a);
 }
 

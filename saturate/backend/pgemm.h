@@ -219,6 +219,7 @@ typedef struct {
     int64_t wp_group;
     float *y;
     int C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, trans, tile, tiles, split, chunk;
+    int acc; /* the usual product adds its sums onto y as it is (a residual, in place) */
     sat_epi epi;
 } sat_pconv_args;
 
@@ -299,7 +300,7 @@ static inline __attribute__((always_inline)) void sat_pconv_run(void *ctx, int64
                     for (int i = mb0; i < mb1; i += SAT_PR)
                         sat_ukr_ld(kc, wg + (int64_t)i * K + (int64_t)k0 * SAT_PR, xq, P,
                                    yb + (int64_t)i * P + q * SAT_PN, P, mb1 - i < SAT_PR ? mb1 - i : SAT_PR, SAT_PN,
-                                   k0 > 0, q == 0 ? 2 : 0);
+                                   k0 > 0 || a->acc, q == 0 ? 2 : 0);
                 }
             /* per reduction block, each packed pixel panel's slice stays in L1 while the block's weight panels
              * pass it */
@@ -310,7 +311,7 @@ static inline __attribute__((always_inline)) void sat_pconv_run(void *ctx, int64
                     const float *bq = buf + (int64_t)(q - first) * K * SAT_PN + (int64_t)k0 * SAT_PN;
                     for (int i = mb0; i < mb1; i += SAT_PR)
                         sat_ukr(kc, wg + (int64_t)i * K + (int64_t)k0 * SAT_PR, bq, yb + (int64_t)i * P + q * SAT_PN, P,
-                                mb1 - i < SAT_PR ? mb1 - i : SAT_PR, nr, k0 > 0, q == first ? 2 : 0);
+                                mb1 - i < SAT_PR ? mb1 - i : SAT_PR, nr, k0 > 0 || a->acc, q == first ? 2 : 0);
                 }
             }
         }
@@ -347,7 +348,7 @@ void sat_pconv_unit(void *ctx, int64_t u, int tid);
 
 void sat_conv_packed(const float *x, const float *wp, int64_t wp_group, float *y, int N, int C, int H, int W,
                             int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,
-                            int G, int trans, sat_epi epi, sat_body body);
+                            int G, int trans, int acc, sat_epi epi, sat_body body);
 
 /* ---- convolution of few output pixels on streamed weights ------------------------------------------
  * A conv whose output has at most SAT_SP pixels (the 3x3 maps ending ResNets and MobileNets) reads each

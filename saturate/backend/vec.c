@@ -333,7 +333,7 @@ float *sat_tail_buf[SAT_MAX_THREADS];
 size_t sat_tail_cap[SAT_MAX_THREADS];
 
 void sat_gemm_nn(int M, int N, int K, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
-                        int64_t ldc) {
+                        int64_t ldc, int acc) {
     enum { NB = 3 * SAT_VL };
     /* The last, partial panel is first copied into a zero-padded K x NB block, so its loads never pass the
      * end of B's rows and the loop below reads every panel alike. */
@@ -370,6 +370,18 @@ void sat_gemm_nn(int M, int N, int K, const float *A, int64_t lda, const float *
                 c30 += w * v0, c31 += w * v1, c32 += w * v2;
             }
             float *y = C + (int64_t)i * ldc + j;
+            if (nj == NB && acc) {
+                /* onto C as it is (a residual the conv adds onto in place) */
+                c00 += sat_vload(y), c01 += sat_vload(y + SAT_VL), c02 += sat_vload(y + 2 * SAT_VL);
+                if (mi > 1)
+                    c10 += sat_vload(y + ldc), c11 += sat_vload(y + ldc + SAT_VL), c12 += sat_vload(y + ldc + 2 * SAT_VL);
+                if (mi > 2)
+                    c20 += sat_vload(y + 2 * ldc), c21 += sat_vload(y + 2 * ldc + SAT_VL),
+                        c22 += sat_vload(y + 2 * ldc + 2 * SAT_VL);
+                if (mi > 3)
+                    c30 += sat_vload(y + 3 * ldc), c31 += sat_vload(y + 3 * ldc + SAT_VL),
+                        c32 += sat_vload(y + 3 * ldc + 2 * SAT_VL);
+            }
             if (nj == NB) {
                 sat_vstore(y, c00), sat_vstore(y + SAT_VL, c01), sat_vstore(y + 2 * SAT_VL, c02);
                 if (mi > 1) sat_vstore(y + ldc, c10), sat_vstore(y + ldc + SAT_VL, c11), sat_vstore(y + ldc + 2 * SAT_VL, c12);
@@ -383,7 +395,11 @@ void sat_gemm_nn(int M, int N, int K, const float *A, int64_t lda, const float *
             sat_vstore(out[1], c10), sat_vstore(out[1] + SAT_VL, c11), sat_vstore(out[1] + 2 * SAT_VL, c12);
             sat_vstore(out[2], c20), sat_vstore(out[2] + SAT_VL, c21), sat_vstore(out[2] + 2 * SAT_VL, c22);
             sat_vstore(out[3], c30), sat_vstore(out[3] + SAT_VL, c31), sat_vstore(out[3] + 2 * SAT_VL, c32);
-            for (int r = 0; r < mi; r++) memcpy(y + (int64_t)r * ldc, out[r], sizeof(float) * (size_t)nj);
+            for (int r = 0; r < mi; r++)
+                if (acc)
+                    for (int c = 0; c < nj; c++) y[(int64_t)r * ldc + c] += out[r][c];
+                else
+                    memcpy(y + (int64_t)r * ldc, out[r], sizeof(float) * (size_t)nj);
         }
     }
 }

@@ -618,7 +618,7 @@ extern float *sat_tail_buf[SAT_MAX_THREADS];
 extern size_t sat_tail_cap[SAT_MAX_THREADS];
 
 void sat_gemm_nn(int M, int N, int K, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
-                        int64_t ldc);
+                        int64_t ldc, int acc);
 
 /* Largest pixel count (and least reduction length) of a conv run as dot products of its transposed
  * columns with each channel's weights (sat_conv_dot): past it the sgemm register tile fills. */

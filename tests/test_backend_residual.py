@@ -1,0 +1,125 @@
+"""C backend: convs that add their sums onto a residual in place (plan.in_place_residual): the step's output
+takes the residual's storage and the kernel accumulates onto it, the chain's leading Add left out. The planner
+cases (which steps do, which must not), then each accumulating kernel against the reference interpreter and
+ONNX Runtime, on one thread and two."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backend_util import check_three_way, make
+from saturate.backend.build import BuildConfig
+from saturate.backend.emit import emit
+from saturate.backend.shapes import conv_window
+from saturate.core.ir import Node
+
+CPU_FLAGS = Path("/proc/cpuinfo").read_text().replace("\n", " ")
+
+
+def arr(seed: int, shape) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def block(xshape, wshape, attrs=None, group=1, tail=(), outputs=None):
+    """y = Relu(Conv(x) + b + r), r = Relu(s) a workspace value (after the conv in node order, so the Add joins
+    the conv's step, as a ResNet's identity, read by two nodes, never joins its producer's), then `tail`."""
+    attrs = {**(attrs or {}), **({"group": group} if group > 1 else {})}
+    consts = {"w": arr(3, wshape) * np.float32(0.2), "b": arr(4, (wshape[0],))}
+    conv = Node("Conv", ["x", "w", "b"], ["c"], attrs)
+    win = conv_window(conv, xshape, wshape)
+    rshape = (xshape[0], wshape[0], win.oh, win.ow)
+    nodes = [conv, Node("Relu", ["s"], ["r"]), Node("Add", ["c", "r"], ["a"]), Node("Relu", ["a"], ["y"]), *tail]
+    return make(nodes, {"x": xshape, "s": rshape}, consts, outputs=outputs)
+
+
+def conv_step(graph, cfg):
+    emitted = emit(graph, config=cfg)
+    return next(s for s in emitted.plan.steps if s.anchor.op == "Conv"), emitted
+
+
+def test_planner_adds_a_conv_onto_its_residual_in_place():
+    """The residual's storage is the output's (one buffer fewer); not where the residual is read again, is a
+    graph input or output, is the conv's own input, or where the chain reads the conv's sums again, nor on
+    kernels that do not accumulate (depthwise)."""
+    cfg = BuildConfig(isa="avx2")
+    g = block((1, 128, 20, 20), (96, 128, 1, 1))
+    step, emitted = conv_step(g, cfg)
+    assert step.accumulates == "r" and emitted.plan.root("y") == "r"
+    assert [n.op for n in step.chain] == ["Add", "Relu"]
+    assert ", 1, pw_" in emitted.source  # the kernel's accumulate flag, before its epilogue
+    kept = block((1, 128, 20, 20), (96, 128, 1, 1), outputs=["y", "r"])
+    step, other = conv_step(kept, cfg)
+    assert not step.accumulates and other.plan.arena_bytes > emitted.plan.arena_bytes
+    again = block((1, 128, 20, 20), (96, 128, 1, 1), tail=[Node("Add", ["y", "r"], ["z"])])
+    assert not conv_step(again, cfg)[0].accumulates
+    sums_again = block((1, 128, 20, 20), (96, 128, 1, 1), tail=[Node("Mul", ["y", "c"], ["z"])])
+    assert not conv_step(sums_again, cfg)[0].accumulates
+    own_input = make([Node("Relu", ["s"], ["r"]), Node("Conv", ["r", "w"], ["c"]), Node("Add", ["c", "r"], ["y"])],
+                     {"s": (1, 96, 20, 20)}, {"w": arr(5, (96, 96, 1, 1))})
+    assert not conv_step(own_input, cfg)[0].accumulates
+    graph_input = make([Node("Conv", ["x", "w"], ["c"]), Node("Add", ["c", "s"], ["y"])],
+                       {"x": (1, 128, 20, 20), "s": (1, 96, 20, 20)}, {"w": arr(6, (96, 128, 1, 1))})
+    assert not conv_step(graph_input, cfg)[0].accumulates
+    depthwise = block((1, 32, 20, 20), (32, 1, 3, 3), {"pads": [1, 1, 1, 1]}, group=32)
+    assert not conv_step(depthwise, cfg)[0].accumulates
+
+
+# (input shape, weight shape, the kernel's call in the emitted C)
+AVX2_CASES = [
+    ((1, 128, 20, 20), (96, 128, 1, 1), "sat_conv_packed("),   # input planes read in place, 25 whole panels
+    ((1, 1024, 9, 9), (140, 1024, 1, 1), "sat_conv_packed("),  # two channel blocks, four reduction blocks
+    ((2, 100, 10, 11), (26, 100, 1, 1), "sat_conv_packed("),   # a packed last panel, 26 = 4 x 6 + 2, 2 images
+    ((1, 64, 20, 20), (70, 64, 1, 1), "sat_conv2d("),          # sat_gemm_nn: a partial 24-wide panel, 70 rows
+    ((1, 80, 12, 12), (40, 80, 1, 1), "sat_conv2d("),          # sgemm onto its output (beta 1)
+]
+
+
+@pytest.mark.compiler
+@pytest.mark.skipif(" avx2 " not in CPU_FLAGS, reason="the CPU has no AVX2")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape,wshape,kernel", AVX2_CASES)
+def test_avx2_kernels_add_onto_the_residual(xshape, wshape, kernel, threads):
+    cfg = BuildConfig(isa="avx2")
+    g = block(xshape, wshape)
+    step, emitted = conv_step(g, cfg)
+    assert step.accumulates == "r" and kernel in emitted.source
+    check_three_way(g, threads=threads, config=cfg)
+
+
+# AVX-512 builds run plain 1x1 convs over more than 256 KB of input on sat_conv2d's packed product: one
+# reduction block (channel panels outer), two blocks (pixel panels outer), two blocks with weights of more
+# than 2^18 floats.
+AVX512_CASES = [((1, 72, 31, 31), (70, 72, 1, 1)), ((1, 300, 16, 16), (72, 300, 1, 1)),
+                ((1, 600, 12, 12), (440, 600, 1, 1))]
+
+
+@pytest.mark.compiler
+@pytest.mark.skipif(" avx512f " not in CPU_FLAGS, reason="the CPU has no AVX-512")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape,wshape", AVX512_CASES)
+def test_avx512_packed_product_adds_onto_the_residual(xshape, wshape, threads):
+    cfg = BuildConfig(isa="avx512")
+    g = block(xshape, wshape)
+    step, emitted = conv_step(g, cfg)
+    assert step.accumulates == "r" and "sat_conv2d(" in emitted.source
+    check_three_way(g, threads=threads, config=cfg)
+
+
+@pytest.mark.compiler
+def test_a_chain_of_residual_blocks_each_adding_onto_the_last():
+    """Three blocks, each adding onto the previous block's output (itself stored in the first residual's
+    buffer), on the machine's own build."""
+    consts, nodes = {}, [Node("Relu", ["s"], ["r0"])]
+    for k in range(3):
+        consts[f"w{k}"] = arr(10 + k, (96, 96, 1, 1)) * np.float32(0.2)
+        nodes += [Node("Conv", [f"r{k}", f"w{k}"], [f"c{k}"]), Node("Relu", [f"c{k}"], [f"h{k}"]),
+                  Node("Conv", [f"h{k}", f"w{k}"], [f"d{k}"]), Node("Add", [f"d{k}", f"r{k}"], [f"a{k}"]),
+                  Node("Relu", [f"a{k}"], [f"r{k + 1}"])]
+    g = make(nodes, {"s": (1, 96, 24, 24)}, consts)
+    emitted = emit(g, config=BuildConfig.from_env())
+    roots = {emitted.plan.root(s.out) for s in emitted.plan.steps if s.accumulates}
+    assert len(roots) <= 1
+    check_three_way(g, threads=2)

@@ -1,6 +1,6 @@
 """Benchmark of the C backend against ONNX Runtime on the corpus models, at 1 thread and at all cores.
 
-Run: python bench/backend_speed.py [--runs 15] [--models resnet18-ts,bert-128,...] [--threads 1,all] [--load]
+Run: python bench/backend_speed.py [--runs 15] [--models resnet18-ts,example:resnet50,...] [--threads 1,all] [--load]
                                    [--avx2-only] [--json out.json] [--overhead | --no-overhead] [--batches 41]
 
 The header names the CPU, the instruction set the C kernels were built for ($SATURATE_ISA: an "avx2 build on
@@ -21,7 +21,9 @@ which time slices lost to other processes do not inflate (every kernel runs on t
 threads it is wall time, and only meaningful when the load is below the spare cores. ORT is
 session.run on the same graph and dict, for reference. See saturate.backend.bench.call_overhead.
 
-Models are corpus entries (frontend/corpus) or KIND-SEQ transformers built without torch at sequence
+Models are corpus entries (frontend/corpus: their vision models are 96x96 exports), built-in examples
+(example:NAME, as `saturate bench` takes them: example:resnet18 and example:resnet50 are torchvision's at
+224x224, where the early layers' maps leave L2) or KIND-SEQ transformers built without torch at sequence
 length SEQ (bench/transformer_models.py: bert, gpt2, llama). Each model is optimized (saturate.optimize), then compiled C and ONNX Runtime (every graph optimization, the
 same intra-op thread count, its threads not spinning between runs: see saturate.backend.bench.ort_session)
 run on the same input, interleaved in one process, each timed run right after an untimed one of the same
@@ -57,23 +59,25 @@ from saturate.frontend import load_graph
 import transformer_models
 import machine
 
-# ResNet-18, ResNet-50, MobileNetV2, EfficientNet-B0, VGG-11-BN, a ViT, the corpus's transformer encoder, and
-# BERT-, GPT-2- and Llama-style models at sequence lengths 128 and 512.
-MODELS = ("resnet18-ts,resnet50-ts,mobilenet_v2-ts,efficientnet_b0-ts,vgg11_bn-ts,deit_tiny-ts,encoder-ts,"
-          "bert-128,bert-512,gpt2-128,gpt2-512,llama-128,llama-512")
+# ResNet-18, ResNet-50, MobileNetV2, EfficientNet-B0, VGG-11-BN (96x96), ResNet-18 and ResNet-50 at 224x224, a
+# ViT, the corpus's transformer encoder, and BERT-, GPT-2- and Llama-style models at sequence lengths 128 and 512.
+MODELS = ("resnet18-ts,resnet50-ts,mobilenet_v2-ts,efficientnet_b0-ts,vgg11_bn-ts,example:resnet18,example:resnet50,"
+          "deit_tiny-ts,encoder-ts,bert-128,bert-512,gpt2-128,gpt2-512,llama-128,llama-512")
 
 
 def load(name: str):
-    """A bench model by name: KIND-SEQ from transformer_models, else a corpus entry."""
+    """A bench model by name: KIND-SEQ from transformer_models, example:NAME, else a corpus entry."""
     if transformer_models.is_spec(name):
         return transformer_models.graph(name)
+    if name.startswith("example:"):
+        return load_graph(name)
     return load_graph(f"corpus:{name}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15, help="interleaved runs per runtime (default 15)")
-    parser.add_argument("--models", default=MODELS, help="corpus entries, comma-separated")
+    parser.add_argument("--models", default=MODELS, help="corpus entries, example:NAME or KIND-SEQ, comma-separated")
     parser.add_argument("--threads", default="1,all", help="thread counts, comma-separated; 'all' is every core")
     parser.add_argument("--load", action="store_true", help="a process spinning on one core beside every run")
     parser.add_argument("--json", help="also write every row as JSON")

@@ -347,11 +347,17 @@ void sat_gemm_nn(int M, int N, int K, const float *A, int64_t lda, const float *
             memset(tail + (int64_t)k * NB + nj, 0, sizeof(float) * (size_t)(NB - nj));
         }
     }
-    for (int j = 0; j < N; j += NB) {
+    /* Adding onto C, row groups go outermost instead: C's 4 rows are then read front to back, streams the
+       prefetcher follows, where a panel's tiles read a line of every row (ResNet-50's 64 -> 256 + residual on
+       56x56 maps, in the model, avx2 build: 1.59-1.80 -> 1.41-1.48 ms; without a residual that order was no
+       faster). */
+    const int panels = (N + NB - 1) / NB, groups = (M + 3) / 4;
+    for (int64_t t = 0; t < (int64_t)panels * groups; t++) {
+        const int j = (int)(acc ? t % panels : t / groups) * NB, i = (int)(acc ? t / panels : t % groups) * 4;
         const int nj = N - j < NB ? N - j : NB;
         const float *bp = nj < NB ? tail : B + j;
         const int64_t bs = nj < NB ? NB : ldb;
-        for (int i = 0; i < M; i += 4) {
+        {
             const int mi = M - i < 4 ? M - i : 4;
             const float *a0 = A + (int64_t)i * lda, *a1 = mi > 1 ? a0 + lda : a0, *a2 = mi > 2 ? a0 + 2 * lda : a0,
                         *a3 = mi > 3 ? a0 + 3 * lda : a0;
@@ -374,7 +380,8 @@ void sat_gemm_nn(int M, int N, int K, const float *A, int64_t lda, const float *
                 /* onto C as it is (a residual the conv adds onto in place) */
                 c00 += sat_vload(y), c01 += sat_vload(y + SAT_VL), c02 += sat_vload(y + 2 * SAT_VL);
                 if (mi > 1)
-                    c10 += sat_vload(y + ldc), c11 += sat_vload(y + ldc + SAT_VL), c12 += sat_vload(y + ldc + 2 * SAT_VL);
+                    c10 += sat_vload(y + ldc), c11 += sat_vload(y + ldc + SAT_VL),
+                        c12 += sat_vload(y + ldc + 2 * SAT_VL);
                 if (mi > 2)
                     c20 += sat_vload(y + 2 * ldc), c21 += sat_vload(y + 2 * ldc + SAT_VL),
                         c22 += sat_vload(y + 2 * ldc + 2 * SAT_VL);

@@ -607,11 +607,11 @@ void sat_skinny_item(void *ctx, int64_t item, int tid);
 void sat_skinny_nn(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                           float *Y);
 
-/* C (M x N, pitch ldc) = A (M x K, pitch lda) * B (K x N, pitch ldb), for convs' short reductions (a 1x1
- * conv widening 16 channels to 96, a first layer's 27): there a general sgemm spends more time packing than
- * multiplying. Register tile of 4 rows by 3 vectors of columns: per k, three loads of B's row and four
- * broadcasts of A feed twelve FMAs. Column panels go outermost, so a panel of B (K x 3 SAT_VL) stays in
- * cache while every row of A passes it. */
+/* C (M x N, pitch ldc) = (acc ? C : 0) + A (M x K, pitch lda) * B (K x N, pitch ldb), for convs' short
+ * reductions (a 1x1 conv widening 16 channels to 96, a first layer's 27): there a general sgemm spends more
+ * time packing than multiplying. Register tile of 4 rows by 3 vectors of columns: per k, three loads of B's
+ * row and four broadcasts of A feed twelve FMAs. Column panels go outermost, so a panel of B (K x 3 SAT_VL)
+ * stays in cache while every row of A passes it (with acc, row groups: see sat_gemm_nn). */
 #define SAT_SHORT_K 64
 
 extern float *sat_tail_buf[SAT_MAX_THREADS];

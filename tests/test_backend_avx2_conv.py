@@ -169,15 +169,16 @@ def test_large_1x1_expansions_as_planned(xshape, wshape, attrs, layout, threads)
 
 def test_avx512_tiles_leave_1x1_convs_of_large_inputs_to_the_packed_product():
     """AVX-512 builds read a plain 1x1 conv's input in place on dconv.h's tiles only up to DIRECT_ONE_MAXB bytes
-    of input (one image and group); larger ones to at least DIRECT_ONE_MINM channels (ResNet-50's on 56x56 maps
-    at 224x224) take the packed product."""
+    of input (one image and group), a strided one's up to DIRECT_STRIDED_ONE_MAXB; larger ones to at least
+    DIRECT_ONE_MINM channels (ResNet-50's on 56x56 maps at 224x224) take the packed product."""
     cfg = BuildConfig(isa="avx512")
     for xshape, wshape, attrs, direct in [((1, 64, 56, 56), (64, 64, 1, 1), {}, False),         # 784 KB
                                           ((1, 16, 56, 56), (64, 16, 1, 1), {}, True),          # 196 KB
                                           ((1, 32, 48, 48), (16, 32, 1, 1), {}, True),          # to 16 channels
                                           ((1, 256, 14, 14), (1024, 256, 1, 1), {}, True),      # 196 KB
                                           ((1, 64, 24, 24), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, True),
-                                          ((1, 256, 56, 56), (512, 256, 1, 1), {"strides": [2, 2]}, True)]:
+                                          ((1, 256, 56, 56), (512, 256, 1, 1), {"strides": [2, 2]}, False),
+                                          ((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}, True)]:
         g = conv_relu(xshape, wshape, attrs)
         shapes = {"x": xshape, "w": wshape}
         assert plan.runs_direct(g.nodes[0], shapes, g.constants, cfg) == direct, (xshape, wshape, attrs)
@@ -203,6 +204,19 @@ def test_packed_1x1_convs_in_both_loop_orders(xshape, wshape, threads):
     g = conv_residual(xshape, wshape, {}, True)
     assert not plan.runs_direct(g.nodes[0], {"x": xshape, "w": wshape}, g.constants, cfg)
     assert "sat_conv2d(" in emit(g, config=cfg).source
+    check_three_way(g, threads=threads, config=cfg)
+
+
+@pytest.mark.compiler
+@pytest.mark.skipif(" avx512f " not in Path("/proc/cpuinfo").read_text().replace("\n", " "),
+                    reason="the CPU has no AVX-512")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_strided_1x1_conv_of_a_large_input_on_the_packed_product(threads):
+    """A stride-2 1x1 conv over more than DIRECT_STRIDED_ONE_MAXB of input (odd map: the last row and column are
+    not read) with a residual, on the AVX-512 build's packed product."""
+    cfg = BuildConfig(isa="avx512")
+    g = conv_residual((1, 96, 55, 53), (70, 96, 1, 1), {"strides": [2, 2]}, True)
+    assert not plan.runs_direct(g.nodes[0], {"x": (1, 96, 55, 53), "w": (70, 96, 1, 1)}, g.constants, cfg)
     check_three_way(g, threads=threads, config=cfg)
 
 

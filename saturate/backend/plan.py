@@ -428,8 +428,8 @@ def direct_avx2(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
 
 
 # Largest input (bytes, of one image and group) of a 1x1 conv of unit strides and no padding to at least
-# DIRECT_ONE_MINM channels that the AVX-512 tiles of dconv.h read in place (runs_direct).
-DIRECT_ONE_MAXB, DIRECT_ONE_MINM = 256 * 1024, 64
+# DIRECT_ONE_MINM channels that the AVX-512 tiles of dconv.h read in place (runs_direct), and of a strided one.
+DIRECT_ONE_MAXB, DIRECT_ONE_MINM, DIRECT_STRIDED_ONE_MAXB = 256 * 1024, 64, 1024 * 1024
 
 
 def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
@@ -442,7 +442,10 @@ def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     256 2.0 -> 1.4, 512 -> 128 on 28x28 0.88 -> 0.76; the steps in all 66.9 -> 63.7 ms. A cap of 64 KB (14x14
     maps' 256 -> 1024 too) ran 66.8, of 1 MB 65.0. Convs to fewer channels keep the tiles: the packed
     product's 32-channel panels ran EfficientNet-B0's 32 -> 16 on a 48x48 map 4x slower (0.036 -> 0.143 ms),
-    its 144 -> 24 on 24x24 0.048 -> 0.082."""
+    its 144 -> 24 on 24x24 0.048 -> 0.082. Strided 1x1 convs (no padding) over more than DIRECT_STRIDED_ONE_MAXB
+    take the packed product too, their im2col the pixels they read: ResNet-50's 256 -> 512 of stride 2 from a
+    56x56 map 2.0 -> 1.6-1.66 ms, 512 -> 1024 from 28x28 2.0-2.07 -> 1.87-1.93; its 1024 -> 2048 from 14x14
+    (800 KB) ran 1.6 -> 2.35 there and keeps the tiles."""
     if direct_avx2(node, shapes, constants, cfg):
         return True
     if node.op != "Conv" or not cfg.packed_gemm or node.inputs[1] not in constants:
@@ -450,6 +453,10 @@ def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w) if len(x) == 4 else None
     if (win and plain_pointwise(x, win) and w[1] * win.oh * win.ow * 4 > DIRECT_ONE_MAXB
+            and w[0] // int(node.attr("group", 1)) >= DIRECT_ONE_MINM):
+        return False
+    if (win and win.kh == win.kw == 1 and win.ph == win.pw == 0 and (win.sh > 1 or win.sw > 1)
+            and w[1] * x[2] * x[3] * 4 > DIRECT_STRIDED_ONE_MAXB
             and w[0] // int(node.attr("group", 1)) >= DIRECT_ONE_MINM):
         return False
     return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20 and not runs_wino(node, shapes, constants, cfg)

@@ -714,9 +714,10 @@ def in_place_residual(step: Step, k: int, pl: Plan, graph: Graph, shapes: dict, 
     chain (a residual block's identity: relu(conv(x) + b + r)), of the output's shape, stored in the
     workspace, read last by this step (so its storage is free to take) and by nothing else in the step, on a
     kernel that accumulates (accumulating_kernel). The kernel then reads the residual as it adds, where the
-    epilogue read it in a pass of its own beside the sums' lines: ResNet-50's 64 -> 256 on a 56x56 map with
-    its residual Add and Relu, 1 thread, AVX-512 build on the Xeon (family 6 model 167), 1.09-1.25 -> 0.81-0.84
-    ms (the step without the Add: 0.84-0.93)."""
+    epilogue read it in a pass of its own beside the sums' lines. ResNet-50 at 224x224, 1 thread, per-step
+    medians in the model on the Xeon (family 6 model 167), AVX-512 build: its 64 -> 256 + residual + Relu on
+    56x56 maps 1.11-1.19 -> 0.88-0.94 ms (the plain 64 -> 256 beside them: 0.87-0.89), 128 -> 512 on 28x28
+    0.93-0.98 -> 0.85-0.90; avx2 build (with sat_gemm_nn's row-group order) 1.52-1.82 -> 1.41-1.48."""
     node = step.anchor
     if node.op != "Conv" or not step.chain or step.pattern or step.softmax:
         return ""

@@ -220,7 +220,9 @@ void sat_conv_unit(void *ctx, int64_t u, int tid) {
 
 /* Grouped 2-D convolution. With `wp` (weights packed by the emitter, `wp_group` floats per group) the
  * AVX-512 micro-kernel runs the products and threads take whole tiles (split by channels when there
- * are too few tiles), so one parallel region covers the conv; else OpenBLAS sgemm, tile by tile. */
+ * are too few tiles), so one parallel region covers the conv; else OpenBLAS sgemm, tile by tile. With `acc` the
+ * products add onto y as it stands (a residual the output's storage holds; not with `trans`, whose tiles are
+ * written whole). */
 void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                        int N, int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
                        int pw, int dh, int dw, int G, int trans, int acc, sat_epi epi) {

@@ -26,12 +26,12 @@ CATEGORIES = {
 }
 # Single cases that are counted but fail, each with why (strict xfail: a fix makes them fail
 # loudly, so this list only shrinks).
-_RANDOM = "a random op: the expected output is one particular draw, not a property to check"
-KNOWN_FAILURES: dict[str, str] = {
-    name: _RANDOM for name in (
-        "test_bernoulli", "test_bernoulli_double", "test_bernoulli_double_expanded",
-        "test_bernoulli_expanded", "test_bernoulli_seed", "test_bernoulli_seed_expanded")
-}
+KNOWN_FAILURES: dict[str, str] = {}
+# Cases of a random op: the expected output is one draw (made when the cases are generated, unseeded), which
+# another draw matches by chance ((2/3)^10 for ten uniform probabilities: a strict xfail failed so in CI). Their
+# outputs are checked for what every draw has: shape, dtype and values of 0 and 1 only.
+RANDOM_CASES = ("test_bernoulli", "test_bernoulli_double", "test_bernoulli_double_expanded",
+                "test_bernoulli_expanded", "test_bernoulli_seed", "test_bernoulli_seed_expanded")
 MIN_PASS_RATE = 0.95
 
 
@@ -148,7 +148,13 @@ def test_node_case(name):
     got = run_graph(graph, inputs)
     entry = INDEX[name]
     for k, vi in enumerate(model.graph.output):
-        _assert_similar(got[vi.name], _read(folder / f"output_{k}.pb"), entry["rtol"], entry["atol"], k)
+        want = _read(folder / f"output_{k}.pb")
+        if name in RANDOM_CASES:
+            value = got[vi.name]
+            assert value.shape == want.shape and value.dtype == want.dtype, (value.shape, value.dtype)
+            assert set(np.unique(value).tolist()) <= {0, 1}, np.unique(value)
+            continue
+        _assert_similar(got[vi.name], want, entry["rtol"], entry["atol"], k)
 
 
 def test_pass_rate_and_skip_list():

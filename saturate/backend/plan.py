@@ -452,12 +452,9 @@ def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
         return False
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w) if len(x) == 4 else None
-    if (win and plain_pointwise(x, win) and w[1] * win.oh * win.ow * 4 > DIRECT_ONE_MAXB
-            and w[0] // int(node.attr("group", 1)) >= DIRECT_ONE_MINM):
-        return False
-    if (win and win.kh == win.kw == 1 and win.ph == win.pw == 0 and (win.sh > 1 or win.sw > 1)
-            and w[1] * x[2] * x[3] * 4 > DIRECT_STRIDED_ONE_MAXB
-            and w[0] // int(node.attr("group", 1)) >= DIRECT_ONE_MINM):
+    if (win and win.kh == win.kw == 1 and win.ph == win.pw == 0
+            and w[0] // int(node.attr("group", 1)) >= DIRECT_ONE_MINM
+            and w[1] * x[2] * x[3] * 4 > (DIRECT_ONE_MAXB if plain_pointwise(x, win) else DIRECT_STRIDED_ONE_MAXB)):
         return False
     return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20 and not runs_wino(node, shapes, constants, cfg)
 
@@ -663,8 +660,7 @@ def im2col_bytes(step: Step, shapes: dict, cfg: BuildConfig, constants=()) -> in
     k = (x[1] // group) * win.kh * win.kw
     if w[1] != 1 and win.oh * win.ow <= DOT_MAXP and k >= DOT_MINK:
         return k * win.oh * win.ow * 4  # sat_conv_dot's transposed columns (convs not on packed weights)
-    if w[1] == 1 or (win.kh == win.kw == 1 and win.sh == win.sw == 1 and win.ph == win.pw == 0
-                     and (win.oh, win.ow) == ((x[2] if len(x) == 4 else 1), x[-1])):
+    if w[1] == 1 or plain_pointwise(x, win):
         return 0
     cols = tile_rows(k, win.oh, win.ow) * win.ow
     return k * (-(-cols // 32) * 32 if cfg.packed_gemm else cols) * 4
@@ -677,9 +673,7 @@ def transposed_product(x, w, win, group: int) -> bool:
     im2col-free path."""
     nr, panel = C["SAT_NR"], C["SAT_MR"]
     mg, k = w[0] // group, w[1] * win.kh * win.kw
-    direct = (win.kh == win.kw == 1 and win.sh == win.sw == 1 and win.ph == win.pw == 0
-              and (win.oh, win.ow) == ((x[2] if len(x) == 4 else 1), x[-1]))
-    if direct or tile_rows(k, win.oh, win.ow) < win.oh:
+    if plain_pointwise(x, win) or tile_rows(k, win.oh, win.ow) < win.oh:
         return False
     p = win.oh * win.ow
     usual = p / (-(-p // nr) * nr) * mg / (-(-mg // panel) * panel)

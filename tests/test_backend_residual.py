@@ -1,7 +1,8 @@
 """C backend: convs that add their sums onto a residual in place (plan.in_place_residual): the step's output
 takes the residual's storage and the kernel accumulates onto it, the chain's leading Add left out. The planner
 cases (which steps do, which must not), then each accumulating kernel against the reference interpreter and
-ONNX Runtime, on one thread and two."""
+ONNX Runtime, on one thread and two. The AVX-512 build's direct tiles (dconv.h) take the residual's storage too
+but keep the Add, in the vector epilogue of their stores."""
 
 from __future__ import annotations
 
@@ -126,3 +127,43 @@ def test_a_chain_of_residual_blocks_each_adding_onto_the_last():
     accumulating = [s for s in emitted.plan.steps if s.accumulates]
     assert len(accumulating) == 3 and {emitted.plan.root(s.out) for s in accumulating} == {"r0"}
     check_three_way(g, threads=2, config=cfg)
+
+
+def test_avx512_direct_tiles_take_the_residuals_storage():
+    """On dconv.h's tiles the output takes the residual's storage and the epilogue keeps its Add (the tiles
+    read each residual element where they store its sum); not where anything but Relus follows the Add, nor
+    on the AVX2 build's tiles, whose epilogue with a residual runs after their stores."""
+    cfg = BuildConfig(isa="avx512")
+    g = block((1, 64, 14, 14), (256, 64, 1, 1))
+    step, emitted = conv_step(g, cfg)
+    assert step.shares == "r" and not step.accumulates and emitted.plan.root("y") == "r"
+    assert [n.op for n in step.chain] == ["Add", "Relu"] and "sat_conv_direct(" in emitted.source
+    kept = block((1, 64, 14, 14), (256, 64, 1, 1), outputs=["y", "r"])
+    step, other = conv_step(kept, cfg)
+    assert not step.shares and other.plan.arena_bytes > emitted.plan.arena_bytes
+    sigmoid = make([Node("Conv", ["x", "w", "b"], ["c"]), Node("Relu", ["s"], ["r"]), Node("Add", ["c", "r"], ["a"]),
+                    Node("Sigmoid", ["a"], ["y"])], {"x": (1, 64, 14, 14), "s": (1, 256, 14, 14)},
+                   {"w": arr(3, (256, 64, 1, 1)), "b": arr(4, (256,))})
+    assert not conv_step(sigmoid, cfg)[0].shares
+    step, emitted = conv_step(block((1, 96, 7, 7), (64, 96, 1, 1)), BuildConfig(isa="avx2"))
+    assert not step.shares and not step.accumulates and "sat_conv_direct(" in emitted.source
+
+
+# dconv.h's tiles: a 1x1 conv in 8-pixel rows over two 32-channel panels and a tail of 8; a padded 3x3 (its
+# input copied); 7-pixel rows (7x7 map); a map whose planes are a multiple of 2 KB (outputs staged, the
+# epilogue at the flush); two images.
+DIRECT_CASES = [((1, 64, 14, 14), (72, 64, 1, 1), {}), ((1, 24, 13, 11), (40, 24, 3, 3), {"pads": [1, 1, 1, 1]}),
+                ((1, 96, 7, 7), (64, 96, 1, 1), {}), ((1, 16, 16, 32), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+                ((2, 32, 9, 9), (48, 32, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]})]
+
+
+@pytest.mark.compiler
+@pytest.mark.skipif(" avx512f " not in CPU_FLAGS, reason="the CPU has no AVX-512")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xshape,wshape,attrs", DIRECT_CASES)
+def test_avx512_direct_tiles_add_the_residual_in_its_storage(xshape, wshape, attrs, threads):
+    cfg = BuildConfig(isa="avx512")
+    g = block(xshape, wshape, attrs)
+    step, emitted = conv_step(g, cfg)
+    assert step.shares == "r" and "sat_conv_direct(" in emitted.source
+    check_three_way(g, threads=threads, config=cfg)

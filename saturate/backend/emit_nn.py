@@ -108,9 +108,12 @@ class NnEmission:
             unit = self.unit("dconv", "sat_dconv_unit", "defined(SAT_HAVE_PACKED_GEMM)",
                              list(self.vector.get(epi, (None, None))))
             scalar = epi if epi not in self.vector else "NULL"
+            # (an output in its residual's storage needs the epilogue in the stores: see plan.in_place_residual)
+            assert not step.shares or scalar == "NULL", node.name
             self.body.append(f"    sat_conv_direct({xp}, {packed}, {arr.size // group}, {out}, COL, {x[0]}, {x[1]}, "
                              f"{H}, {W}, {w[0]}, {geo}, {group}, {scalar}, {unit});\n")
             return
+        assert not step.shares, node.name
         if stream:
             # Weights packed once here in vector-wide channel panels over the whole reduction (pgemm.h).
             arr = pack_weights(self.g.constants[node.inputs[1]], 1, self.pn // 2, kc=w[1] * win.kh * win.kw)

@@ -71,6 +71,9 @@ class Step:
     # The residual a conv adds its sums onto in place, its chain's leading Add then left out: the step's
     # output takes that value's storage (see in_place_residual).
     accumulates: str = ""
+    # The residual whose storage the output takes while the epilogue still adds it, each output read and
+    # written by the one tile that makes it (dconv.h's vector epilogue; see in_place_residual).
+    shares: str = ""
 
     def nodes(self) -> list[Node]:
         return [*self.inner, self.anchor, *self.chain, *([self.softmax] if self.softmax else [])]
@@ -707,37 +710,48 @@ def accumulating_kernel(node: Node, shapes: dict, constants, cfg: BuildConfig) -
 
 
 def in_place_residual(step: Step, k: int, pl: Plan, graph: Graph, shapes: dict, cfg: BuildConfig,
-                      last_read: dict[str, int], external: set) -> str:
-    """The value a conv step adds its sums onto in place, or "": the other operand of an Add leading its
+                      last_read: dict[str, int], external: set) -> tuple[str, bool]:
+    """The value a conv step adds its sums onto in place and whether its kernel does the adding, or ("", False):
+    the other operand of an Add leading its
     chain (a residual block's identity: relu(conv(x) + b + r)), of the output's shape, stored in the
     workspace, read last by this step (so its storage is free to take) and by nothing else in the step, on a
     kernel that accumulates (accumulating_kernel). The kernel then reads the residual as it adds, where the
     epilogue read it in a pass of its own beside the sums' lines. ResNet-50 at 224x224, 1 thread, per-step
     medians in the model on the Xeon (family 6 model 167), AVX-512 build: its 64 -> 256 + residual + Relu on
     56x56 maps 1.11-1.19 -> 0.88-0.94 ms (the plain 64 -> 256 beside them: 0.87-0.89), 128 -> 512 on 28x28
-    0.93-0.98 -> 0.85-0.90; avx2 build (with sat_gemm_nn's row-group order) 1.52-1.82 -> 1.41-1.48."""
-    node = step.anchor
+    0.93-0.98 -> 0.85-0.90; avx2 build (with sat_gemm_nn's row-group order) 1.52-1.82 -> 1.41-1.48.
+
+    The AVX-512 build's direct tiles (dconv.h) add the residual in their vector epilogue as each output is
+    stored, reading it at the very offset they write: the output takes its storage there too, the Add kept
+    (where only Relus follow it, whose vector forms always exist: a scalar epilogue would run after the
+    stores, on sums that overwrote the residual). ResNet-50's 256 -> 1024 + residual + Relu on 14x14 maps (x6),
+    each store's line in cache from the residual's read, not fetched for a buffer of its own: 0.81-0.83 ->
+    0.78-0.80 ms; 512 -> 2048 on 7x7 (x3) 0.85-0.88 -> 0.84-0.86."""
+    node, none = step.anchor, ("", False)
     if node.op != "Conv" or not step.chain or step.pattern or step.softmax:
-        return ""
+        return none
     add, c = step.chain[0], node.outputs[0]
     if add.op != "Add" or len(add.inputs) != 2 or add.inputs.count(c) != 1:
-        return ""
+        return none
     r = add.inputs[1] if add.inputs[0] == c else add.inputs[0]
     root = pl.root(r)
     if root in external or shapes.get(r) != shapes.get(c) or last_read.get(root) != k:
-        return ""
+        return none
     later = step.chain[1:]
     # the residual's storage is overwritten as the kernel goes: nothing else in the step may read it, nor the
     # conv's own output (its sums alone exist nowhere) or the Add's (but as the next member's chain value)
     if any(i and pl.root(i) == root for i in node.inputs):
-        return ""
+        return none
     if any(i and (pl.root(i) == root or i == c) for n in later for i in n.inputs):
-        return ""
+        return none
     if any(n.inputs.count(add.outputs[0]) > (1 if j == 0 else 0) for j, n in enumerate(later)):
-        return ""
-    if not accumulating_kernel(node, shapes, graph.constants, cfg):
-        return ""
-    return r
+        return none
+    if accumulating_kernel(node, shapes, graph.constants, cfg):
+        return r, True
+    if (cfg.packed_gemm and runs_direct(node, shapes, graph.constants, cfg) and shapes[r][1:2] == shapes[c][1:2]
+            and all(n.op == "Relu" for n in later)):
+        return r, False
+    return none
 
 
 def tile_rows(k: int, oh: int, ow: int) -> int:
@@ -763,9 +777,12 @@ def plan(graph: Graph, shapes: dict[str, tuple[int, ...]], cfg: BuildConfig, red
     for o in graph.outputs:
         last_read[pl.root(o)] = len(steps)
     for k, step in enumerate(steps):
-        r = in_place_residual(step, k, pl, graph, shapes, cfg, last_read, external)
+        r, by_kernel = in_place_residual(step, k, pl, graph, shapes, cfg, last_read, external)
         if r:
-            step.accumulates = r
+            if by_kernel:
+                step.accumulates = r
+            else:
+                step.shares = r
             alias[step.out] = r
             root = pl.root(r)
             last_read[root] = max(last_read[root], last_read.pop(step.out, k))

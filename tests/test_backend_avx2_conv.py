@@ -171,16 +171,16 @@ def test_avx512_tiles_leave_1x1_convs_of_large_inputs_to_the_packed_product():
     """AVX-512 builds read a plain 1x1 conv's input in place on dconv.h's tiles only up to DIRECT_ONE_MAXB bytes
     of input (one image and group), a strided one's up to DIRECT_STRIDED_ONE_MAXB; larger ones to at least
     DIRECT_ONE_MINM channels (ResNet-50's on 56x56 maps at 224x224) take the packed product, unless a plain one's
-    32-pixel panels would pad its map by more than an eighth."""
+    32-pixel panels would pad its map by more than a quarter."""
     cfg = BuildConfig(isa="avx512")
     for xshape, wshape, attrs, direct in [((1, 64, 56, 56), (64, 64, 1, 1), {}, False),         # 784 KB
                                           ((1, 16, 56, 56), (64, 16, 1, 1), {}, True),          # 196 KB
                                           ((1, 32, 48, 48), (16, 32, 1, 1), {}, True),          # to 16 channels
                                           ((1, 256, 14, 14), (1024, 256, 1, 1), {}, True),      # 196 KB
                                           ((1, 512, 28, 28), (128, 512, 1, 1), {}, False),      # 1.6 MB
-                                          ((1, 1024, 14, 14), (256, 1024, 1, 1), {}, True),     # panels pad
-                                          ((1, 2048, 7, 7), (512, 2048, 1, 1), {}, True),       # 196 to 224,
-                                          ((1, 600, 12, 12), (440, 600, 1, 1), {}, False),      # 144 to 160
+                                          ((1, 2048, 7, 7), (512, 2048, 1, 1), {}, True),       # 49 in 64
+                                          ((1, 1024, 14, 14), (256, 1024, 1, 1), {}, False),    # 196 in 224
+                                          ((1, 2048, 6, 6), (256, 2048, 1, 1), {}, True),       # 36 in 64
                                           ((1, 64, 24, 24), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, True),
                                           ((1, 256, 56, 56), (512, 256, 1, 1), {"strides": [2, 2]}, False),
                                           ((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}, True)]:

@@ -449,9 +449,10 @@ def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     take the packed product too, their im2col the pixels they read: ResNet-50's 256 -> 512 of stride 2 from a
     56x56 map 2.0 -> 1.6-1.66 ms, 512 -> 1024 from 28x28 2.0-2.07 -> 1.87-1.93; its 1024 -> 2048 from 14x14
     (800 KB) ran 1.6 -> 2.35 there and keeps the tiles. Nor does a plain 1x1 conv whose 32-pixel panels would pad
-    its map by more than an eighth (14x14: 196 pixels in 224; 7x7: 49 in 64), whose tiles run its pixels in
-    rows of 8 or 7 without waste: ResNet-50 at 224x224, per-step medians beside ONNX Runtime's, 2048 -> 512 on
-    7x7 maps 1.05-1.08 -> 0.83 ms, 1024 -> 256 on 14x14 0.79-0.86 -> 0.76-0.83 (x5), 1024 -> 512 1.66 -> 1.52."""
+    its map by more than a quarter (7x7: 49 pixels in 64), whose tiles run its pixels in rows of 7 without
+    waste: ResNet-50's 2048 -> 512 on 7x7 maps at 224x224, per-step medians, 1.05-1.08 -> 0.83 ms at 1 thread,
+    0.59-0.60 -> 0.48-0.50 at 2. Its 1024 -> 256 on 14x14 (196 pixels in 224) ran 0.79-0.86 -> 0.76-0.83 at 1
+    thread but 0.48-0.50 -> 0.55-0.61 at 2, and keeps the packed product."""
     if direct_avx2(node, shapes, constants, cfg):
         return True
     if node.op != "Conv" or not cfg.packed_gemm or node.inputs[1] not in constants:
@@ -461,7 +462,7 @@ def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     if (win and win.kh == win.kw == 1 and win.ph == win.pw == 0
             and w[0] // int(node.attr("group", 1)) >= DIRECT_ONE_MINM
             and w[1] * x[2] * x[3] * 4 > (DIRECT_ONE_MAXB if plain_pointwise(x, win) else DIRECT_STRIDED_ONE_MAXB)
-            and not (plain_pointwise(x, win) and -(-x[2] * x[3] // C["SAT_NR"]) * C["SAT_NR"] * 8 > 9 * x[2] * x[3])):
+            and not (plain_pointwise(x, win) and -(-x[2] * x[3] // C["SAT_NR"]) * C["SAT_NR"] * 4 > 5 * x[2] * x[3])):
         return False
     return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20 and not runs_wino(node, shapes, constants, cfg)
 

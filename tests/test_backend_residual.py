@@ -90,22 +90,25 @@ def test_avx2_kernels_add_onto_the_residual(xshape, wshape, kernel, threads):
     check_three_way(g, threads=threads, config=cfg)
 
 
-# AVX-512 builds run plain 1x1 convs over more than 256 KB of input on sat_conv2d's packed product: one
-# reduction block (channel panels outer), two blocks (pixel panels outer), two blocks with weights of more
-# than 2^18 floats.
-AVX512_CASES = [((1, 72, 31, 31), (70, 72, 1, 1)), ((1, 300, 16, 16), (72, 300, 1, 1)),
-                ((1, 600, 12, 12), (440, 600, 1, 1))]
+# AVX-512 builds run plain 1x1 convs over more than 256 KB of input on the packed product: sat_conv_pw's pixel
+# panels (one reduction block; two blocks, three panels: split by channels too at 2 threads) up to PW_MAXW
+# packed weights and PW_ACC_MAXB of output, else sat_conv2d's tiles: more output (2.4 MB), one reduction block
+# (channel panels outer), two blocks (pixel panels outer), two blocks with weights of more than 2^18 floats.
+AVX512_CASES = [((1, 72, 31, 31), (70, 72, 1, 1), "sat_conv_pw("), ((1, 700, 8, 12), (100, 700, 1, 1), "sat_conv_pw("),
+                ((1, 72, 48, 48), (256, 72, 1, 1), "sat_conv2d("),
+                ((1, 200, 24, 23), (700, 200, 1, 1), "sat_conv2d("), ((1, 300, 16, 16), (440, 300, 1, 1), "sat_conv2d("),
+                ((1, 600, 12, 12), (440, 600, 1, 1), "sat_conv2d(")]
 
 
 @pytest.mark.compiler
 @pytest.mark.skipif(" avx512f " not in CPU_FLAGS, reason="the CPU has no AVX-512")
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("xshape,wshape", AVX512_CASES)
-def test_avx512_packed_product_adds_onto_the_residual(xshape, wshape, threads):
+@pytest.mark.parametrize("xshape,wshape,kernel", AVX512_CASES)
+def test_avx512_packed_product_adds_onto_the_residual(xshape, wshape, kernel, threads):
     cfg = BuildConfig(isa="avx512")
     g = block(xshape, wshape)
     step, emitted = conv_step(g, cfg)
-    assert step.accumulates == "r" and "sat_conv2d(" in emitted.source
+    assert step.accumulates == "r" and kernel in emitted.source
     check_three_way(g, threads=threads, config=cfg)
 
 

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from saturate.backend.plan import (DOT_MINK, PR, SKINNY, C, accumulating_kernel, conv_layout, runs_direct,
+from saturate.backend.plan import (DOT_MINK, PR, SKINNY, C, accumulating_kernel, conv_layout, runs_direct, runs_pw,
                                    runs_packed, runs_stream, runs_wino, tile_rows, transposed_product)
 from saturate.backend.pointwise import c_float, c_ints, strides
 from saturate.backend.quant import emit_qlinear
@@ -83,7 +83,9 @@ class NnEmission:
                         and conv_layout(x, w, win, int(node.attr("group", 1)), cfg) == 1)
         stream = runs_stream(node, sh, self.g.constants, cfg)
         wino = runs_wino(node, sh, self.g.constants, cfg)
-        epi = self.epilogue(step, chain, oshape, 2, extra, vector=direct or lanes or packed_trans or stream or wino)
+        pw = runs_pw(node, sh, self.g.constants, cfg, bool(acc))
+        epi = self.epilogue(step, chain, oshape, 2, extra,
+                            vector=direct or lanes or packed_trans or stream or wino or pw)
         H, W = (x[2], x[3]) if len(x) == 4 else (1, x[2])
         geo = f"{win.kh}, {win.kw}, {win.oh}, {win.ow}, {win.sh}, {win.sw}, {win.ph}, {win.pw}, {win.dh}, {win.dw}"
         xp = self.ptr(node.inputs[0])
@@ -160,6 +162,16 @@ class NnEmission:
                 unit = self._unit8("pconv", "sat_pconv_run", epi)
             self.body.append(f"    sat_conv_packed({xp}, {packed}, {arr.size // group}, {out}, {x[0]}, {x[1]}, {H}, "
                              f"{W}, {w[0]}, {geo}, {group}, {layout}, {acc}, {epi}, {unit});\n")
+            return
+        if pw and (epi == "NULL" or epi in self.vector_rows):
+            # Weights packed as sat_conv2d's; a unit function per conv inlines the epilogue's row form.
+            arr = pack_weights(self.g.constants[node.inputs[1]], 1, PANEL)
+            packed = self.weight(("packed", node.inputs[1], 1, 0), arr)
+            self.needs_packed = True
+            unit = self.unit("pwconv", "sat_pw_unit", "defined(SAT_HAVE_PACKED_GEMM)",
+                             [self.vector_rows[epi] if epi != "NULL" else None])
+            self.body.append(f"    sat_conv_pw({xp}, {packed}, {out}, {x[0]}, {x[1]}, {w[0]}, {x[2] * x[3]}, {acc}, "
+                             f"{unit});\n")
             return
         # Constant weights are stored once, packed for the micro-kernel; others go to OpenBLAS as they are.
         wp, packed, per_group, trans = "NULL", "NULL", 0, 0

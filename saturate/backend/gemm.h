@@ -24,20 +24,31 @@ void sat_pack_b(const float *B, int64_t ldb, int k0, int kc, int64_t j0, int nc,
         c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1);                  \
     } while (0)
 
-#define SAT_STORE(r)                                                                               \
-    if (r < mr) {                                                                                  \
-        float *cr = C + (int64_t)r * ldc;                                                          \
-        if (acc) {                                                                                 \
-            c##r##0 = _mm512_add_ps(c##r##0, _mm512_maskz_loadu_ps(m0, cr));                       \
-            c##r##1 = _mm512_add_ps(c##r##1, _mm512_maskz_loadu_ps(m1, cr + 16));                  \
-        }                                                                                          \
-        _mm512_mask_storeu_ps(cr, m0, c##r##0);                                                    \
-        _mm512_mask_storeu_ps(cr + 16, m1, c##r##1);                                               \
+/* A 1x1 conv's epilogue on 16 outputs of one channel: plane q (image * channels + channel), flat output index
+ * `off` of the first lane, lanes `mk` (vector_form's row form, instantiated per conv by the emitter). */
+typedef __m512 (*sat_epr)(__m512 v, int64_t q, int64_t off, __mmask16 mk);
+
+#define SAT_STORE_EPR(r)                                                                                    \
+    if (r < mr) {                                                                                          \
+        float *cr = C + (int64_t)r * ldc;                                                                  \
+        if (acc) {                                                                                         \
+            c##r##0 = _mm512_add_ps(c##r##0, _mm512_maskz_loadu_ps(m0, cr));                               \
+            c##r##1 = _mm512_add_ps(c##r##1, _mm512_maskz_loadu_ps(m1, cr + 16));                          \
+        }                                                                                                  \
+        if (epr) {                                                                                         \
+            c##r##0 = epr(c##r##0, q + r, off + (int64_t)r * ldc, m0);                                     \
+            c##r##1 = epr(c##r##1, q + r, off + (int64_t)r * ldc + 16, m1);                                \
+        }                                                                                                  \
+        _mm512_mask_storeu_ps(cr, m0, c##r##0);                                                            \
+        _mm512_mask_storeu_ps(cr + 16, m1, c##r##1);                                                       \
     }
 
-/* C (mr x nr of an 8 x 32 tile, pitch ldc) = (acc ? C : 0) + a (kc x 8 panel) * b (kc x 32 panel). */
-static inline void sat_kernel_8x32(int kc, const float *restrict a, const float *restrict b, float *C,
-                                   int64_t ldc, int acc, int mr, int nr) {
+/* C (mr x nr of an 8 x 32 tile, pitch ldc) = epr((acc ? C : 0) + a (kc x 8 panel) * b (kc x 32 panel)): rows
+ * are channels q .. q+7, C is the output at flat index `off`; no epilogue where `epr` is NULL. */
+static inline __attribute__((always_inline)) void sat_kernel_8x32_epr(int kc, const float *restrict a,
+                                                                      const float *restrict b, float *C,
+                                                                      int64_t ldc, int acc, int mr, int nr,
+                                                                      sat_epr epr, int64_t q, int64_t off) {
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
            c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
     for (int k = 0; k < kc; k++) {
@@ -49,8 +60,14 @@ static inline void sat_kernel_8x32(int kc, const float *restrict a, const float 
     }
     const __mmask16 m0 = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);
     const __mmask16 m1 = nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
-    SAT_STORE(0) SAT_STORE(1) SAT_STORE(2) SAT_STORE(3)
-    SAT_STORE(4) SAT_STORE(5) SAT_STORE(6) SAT_STORE(7)
+    SAT_STORE_EPR(0) SAT_STORE_EPR(1) SAT_STORE_EPR(2) SAT_STORE_EPR(3)
+    SAT_STORE_EPR(4) SAT_STORE_EPR(5) SAT_STORE_EPR(6) SAT_STORE_EPR(7)
+}
+
+/* C (mr x nr of an 8 x 32 tile, pitch ldc) = (acc ? C : 0) + a (kc x 8 panel) * b (kc x 32 panel). */
+static inline void sat_kernel_8x32(int kc, const float *restrict a, const float *restrict b, float *C,
+                                   int64_t ldc, int acc, int mr, int nr) {
+    sat_kernel_8x32_epr(kc, a, b, C, ldc, acc, mr, nr, NULL, 0, 0);
 }
 
 #endif

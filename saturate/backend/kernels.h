@@ -110,6 +110,52 @@ void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_grou
                        int N, int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
                        int pw, int dh, int dw, int G, int trans, int acc, sat_epi epi);
 
+#ifdef SAT_HAVE_PACKED_GEMM
+/* A plain 1x1 conv (N x K x P input, M x K weights packed as gemm.h's A) on the packed product, pixel panels
+ * outer: each 32-pixel panel of the input is packed, a reduction block at a time, into the thread's buffer,
+ * where it stays in L1 while every 8-channel panel of the weights passes it, and each 8 x 32 tile takes the
+ * epilogue in registers as it is stored (sat_pw_unit, instantiated per conv). A unit is a run of `chunk`
+ * pixel panels of one image times the channels [mpart * mchunk, ...). */
+typedef struct {
+    const float *x, *wp;
+    float *y;
+    int64_t P;
+    int K, M, Mp, acc, chunk, pchunks, mchunk, mparts;
+} sat_pw_args;
+
+extern float sat_pw_pack[SAT_MAX_THREADS][SAT_KC * SAT_NR] __attribute__((aligned(64)));
+
+static inline __attribute__((always_inline)) void sat_pw_unit(void *ctx, int64_t u, int tid, sat_epr epr) {
+    const sat_pw_args *a = ctx;
+    const int64_t P = a->P, Q = (P + SAT_NR - 1) / SAT_NR;
+    const int mpart = (int)(u % a->mparts), pc = (int)(u / a->mparts % a->pchunks);
+    const int64_t n = u / a->mparts / a->pchunks;
+    const int m0 = mpart * a->mchunk, m1 = m0 + a->mchunk < a->M ? m0 + a->mchunk : a->M;
+    const int64_t q0 = (int64_t)pc * a->chunk, q1 = q0 + a->chunk < Q ? q0 + a->chunk : Q;
+    const float *xn = a->x + n * a->K * P;
+    float *bp = sat_pw_pack[tid];
+    for (int64_t q = q0; q < q1; q++) {
+        const int nr = P - q * SAT_NR < SAT_NR ? (int)(P - q * SAT_NR) : SAT_NR;
+        for (int k0 = 0; k0 < a->K; k0 += SAT_KC) {
+            const int kc = a->K - k0 < SAT_KC ? a->K - k0 : SAT_KC;
+            sat_pack_b(xn, P, k0, kc, q * SAT_NR, nr, bp);
+            const float *w = a->wp + (int64_t)k0 * a->Mp;
+            for (int i = m0; i < m1; i += SAT_MR) {
+                const int mr = m1 - i < SAT_MR ? m1 - i : SAT_MR, acc = k0 > 0 || a->acc;
+                const int64_t off = (n * a->M + i) * P + q * SAT_NR;
+                /* (two calls, so the last block's sees its epilogue as a constant and inlines it) */
+                if (k0 + kc == a->K)
+                    sat_kernel_8x32_epr(kc, w + (int64_t)i * kc, bp, a->y + off, P, acc, mr, nr, epr, n * a->M + i, off);
+                else
+                    sat_kernel_8x32_epr(kc, w + (int64_t)i * kc, bp, a->y + off, P, acc, mr, nr, NULL, 0, 0);
+            }
+        }
+    }
+}
+
+void sat_conv_pw(const float *x, const float *wp, float *y, int N, int K, int M, int64_t P, int acc, sat_body unit);
+#endif
+
 /* Columns [j0, j0 + per) of an sgemm and their epilogue, one work item of a threaded product (OpenBLAS runs
  * on one thread inside the model, so threads split the product between them). */
 typedef struct {

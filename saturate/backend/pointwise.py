@@ -101,6 +101,17 @@ class Operand:
             return f"_mm256_maskload_ps(p{k} + {base} + q % {c}, mc)"
         return None
 
+    def row_load(self, k: int) -> str | None:
+        """AVX load (widened to AVX-512 by its user) of this operand for 16 consecutive outputs of one channel
+        of an N x C x ... output (plane q, flat index off, lanes mk): per-channel operands by q, a constant
+        divisor; others as vload."""
+        if self.kind == "scalar" and len(self.oshape) >= 2 and not any(self.bstr[2:]):
+            n, c = self.oshape[0], self.oshape[1]
+            terms = ([f"((q / {c}) % {n}) * {self.bstr[0]}"] if self.bstr[0] and n > 1 else []) + \
+                    ([f"(q % {c}) * {self.bstr[1]}"] if self.bstr[1] and c > 1 else [])
+            return f"_mm256_set1_ps(p{k}[{' + '.join(terms) or '0'}])"
+        return self.vload(k)
+
     def vload(self, k: int) -> str | None:
         """AVX-512VL load of 8 consecutive outputs' operands (lanes `mk`), None for gathers."""
         if self.kind == "literal":

@@ -457,7 +457,7 @@ class Emitter(NnEmission, MovementEmission):
             return "", ""
         init = "".join(f"    ASAN_UNPOISON_MEMORY_REGION((void *)(WT + {o}), {4 * self.wsizes[k]});\n"
                        for k, o in self.woff.items())
-        run = "".join(f"    ASAN_UNPOISON_MEMORY_REGION(WS + {o // 4}, {4 * math.prod(self.shapes[r])});\n"
+        run = "".join(f"    ASAN_UNPOISON_MEMORY_REGION(WS + {o // 4}, {4 * self.plan.floats(r, self.shapes[r])});\n"
                       for r, o in self.plan.offsets.items())
         return (f"    if (WT) ASAN_POISON_MEMORY_REGION((void *)WT, {4 * self.nweights});\n{init}",
                 f"    ASAN_POISON_MEMORY_REGION(ws, {self.plan.arena_bytes});\n{run}")

@@ -77,13 +77,15 @@ class NnEmission:
             # the chain's leading Add is done
             assert chain[0][0] is step.chain[0] and accumulating_kernel(node, sh, self.g.constants, cfg)
             chain = chain[1:]
-        direct = runs_direct(node, sh, self.g.constants, cfg)
+        # a conv reading or writing pixel panels runs on sat_conv_pw whatever else would take it (plan.panel_roots)
+        xpan, ypan = self.plan.root(node.inputs[0]) in self.plan.panels, self.plan.root(step.out) in self.plan.panels
+        direct = runs_direct(node, sh, self.g.constants, cfg) and not (xpan or ypan)
         lanes = w[1] == 1
         packed_trans = (not direct and w[1] != 1 and runs_packed(node, sh, self.g.constants, cfg)
                         and conv_layout(x, w, win, int(node.attr("group", 1)), cfg) == 1)
         stream = runs_stream(node, sh, self.g.constants, cfg)
         wino = runs_wino(node, sh, self.g.constants, cfg)
-        pw = runs_pw(node, sh, self.g.constants, cfg, bool(acc))
+        pw = xpan or ypan or runs_pw(node, sh, self.g.constants, cfg, bool(acc))
         epi = self.epilogue(step, chain, oshape, 2, extra,
                             vector=direct or lanes or packed_trans or stream or wino or pw)
         H, W = (x[2], x[3]) if len(x) == 4 else (1, x[2])
@@ -115,7 +117,8 @@ class NnEmission:
             self.body.append(f"    sat_conv_direct({xp}, {packed}, {arr.size // group}, {out}, COL, {x[0]}, {x[1]}, "
                              f"{H}, {W}, {w[0]}, {geo}, {group}, {scalar}, {unit});\n")
             return
-        assert not step.shares, node.name
+        # (sat_conv_pw's row form reads a shared residual where it stores too)
+        assert not step.shares or (pw and epi in self.vector_rows), node.name
         if stream:
             # Weights packed once here in vector-wide channel panels over the whole reduction (pgemm.h).
             arr = pack_weights(self.g.constants[node.inputs[1]], 1, self.pn // 2, kc=w[1] * win.kh * win.kw)
@@ -163,6 +166,7 @@ class NnEmission:
             self.body.append(f"    sat_conv_packed({xp}, {packed}, {arr.size // group}, {out}, {x[0]}, {x[1]}, {H}, "
                              f"{W}, {w[0]}, {geo}, {group}, {layout}, {acc}, {epi}, {unit});\n")
             return
+        assert not (xpan or ypan) or epi == "NULL" or epi in self.vector_rows, node.name
         if pw and (epi == "NULL" or epi in self.vector_rows):
             # Weights packed as sat_conv2d's; a unit function per conv inlines the epilogue's row form.
             arr = pack_weights(self.g.constants[node.inputs[1]], 1, PANEL)
@@ -170,8 +174,8 @@ class NnEmission:
             self.needs_packed = True
             unit = self.unit("pwconv", "sat_pw_unit", "defined(SAT_HAVE_PACKED_GEMM)",
                              [self.vector_rows[epi] if epi != "NULL" else None])
-            self.body.append(f"    sat_conv_pw({xp}, {packed}, {out}, {x[0]}, {x[1]}, {w[0]}, {x[2] * x[3]}, {acc}, "
-                             f"{unit});\n")
+            self.body.append(f"    sat_conv_pw({xp}, {packed}, {out}, {x[0]}, {x[1]}, {w[0]}, {H}, {W}, {win.oh}, {win.ow}, "
+                             f"{win.sh}, {win.sw}, {acc}, {int(xpan)}, {int(ypan)}, {unit});\n")
             return
         # Constant weights are stored once, packed for the micro-kernel; others go to OpenBLAS as they are.
         wp, packed, per_group, trans = "NULL", "NULL", 0, 0

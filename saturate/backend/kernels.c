@@ -202,8 +202,9 @@ float sat_pw_pack[SAT_MAX_THREADS][SAT_KC * SAT_NR] __attribute__((aligned(64)))
 
 /* Units of 8 pixel panels (256 pixels) of one image, fewer where that leaves fewer than 4 per thread, split by
  * channels too where even single panels do (a panel's packing is then done once per channel part). */
-void sat_conv_pw(const float *x, const float *wp, float *y, int N, int K, int M, int64_t P, int acc, sat_body unit) {
-    const int64_t Q = (P + SAT_NR - 1) / SAT_NR, want = 4 * (int64_t)sat_threads;
+void sat_conv_pw(const float *x, const float *wp, float *y, int N, int K, int M, int H, int W, int OH, int OW, int sh,
+                 int sw, int acc, int xpan, int ypan, sat_body unit) {
+    const int64_t P = (int64_t)OH * OW, Q = (P + SAT_NR - 1) / SAT_NR, want = 4 * (int64_t)sat_threads;
     int64_t chunk = 8;
     if (sat_threads > 1 && N * ((Q + chunk - 1) / chunk) < want) chunk = (N * Q + want - 1) / want > 1 ? (N * Q + want - 1) / want : 1;
     const int64_t pchunks = (Q + chunk - 1) / chunk;
@@ -211,7 +212,8 @@ void sat_conv_pw(const float *x, const float *wp, float *y, int N, int K, int M,
     if (sat_threads > 1 && N * pchunks < 2 * sat_threads) mparts = (int)((2 * sat_threads + N * pchunks - 1) / (N * pchunks));
     int mchunk = ((M + mparts - 1) / mparts + SAT_MR - 1) / SAT_MR * SAT_MR;
     mparts = (M + mchunk - 1) / mchunk;
-    sat_pw_args a = {x, wp, y, P, K, M, (M + SAT_MR - 1) / SAT_MR * SAT_MR, acc, (int)chunk, (int)pchunks, mchunk, mparts};
+    sat_pw_args a = {x, wp, y, P, K, M, (M + SAT_MR - 1) / SAT_MR * SAT_MR, acc, (int)chunk, (int)pchunks, mchunk, mparts,
+                     H, W, OW, sh, sw, xpan, ypan};
     sat_parallel((int64_t)N * pchunks * mparts, unit, &a);
 }
 #endif

@@ -1,0 +1,83 @@
+"""C backend, AVX-512 builds: values stored in pixel panels (plan.panel_roots). A ResNet stage's residual stream,
+written by its 1x1 convs (one adding onto it in place) and read only by 1x1 convs (one of stride 2, which gathers
+its pixels), is stored as 32-pixel panels of all its channels, read by sat_conv_pw in place; the planner cases
+(which streams may, which must not), then stages against the reference interpreter and ONNX Runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backend_util import check_three_way, make
+from saturate.backend.build import BuildConfig
+from saturate.backend.emit import emit
+from saturate.core.ir import Node
+
+AVX512 = " avx512f " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
+
+
+def arr(seed: int, shape) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * 0.15).astype(np.float32)
+
+
+def stage(n=1, hw=(47, 47), blocks=2, tail=(), outputs=None):
+    """x -> 1x1 conv 48 -> 96 (the stream s0), then `blocks` bottlenecks (1x1 96 -> 32 + Relu, 3x3 32 -> 32 +
+    Relu, 1x1 32 -> 96 + s + Relu: the stream s1, s2 ...), then a 1x1 conv of stride 2 (96 -> 40) and one of
+    stride 1 (96 -> 24) reading the last stream, their outputs the graph's; then `tail`."""
+    consts = {"wd": arr(1, (96, 48, 1, 1)), "bd": arr(2, (96,))}
+    nodes = [Node("Conv", ["x", "wd", "bd"], ["s0"])]
+    for k in range(blocks):
+        s, t = f"s{k}", f"s{k + 1}"
+        consts.update({f"w1_{k}": arr(10 + k, (32, 96, 1, 1)), f"b1_{k}": arr(20 + k, (32,)),
+                       f"w2_{k}": arr(30 + k, (32, 32, 3, 3)), f"w3_{k}": arr(40 + k, (96, 32, 1, 1)),
+                       f"b3_{k}": arr(50 + k, (96,))})
+        nodes += [Node("Conv", [s, f"w1_{k}", f"b1_{k}"], [f"c{k}"]), Node("Relu", [f"c{k}"], [f"h{k}"]),
+                  Node("Conv", [f"h{k}", f"w2_{k}"], [f"e{k}"], {"pads": [1, 1, 1, 1]}),
+                  Node("Relu", [f"e{k}"], [f"g{k}"]), Node("Conv", [f"g{k}", f"w3_{k}", f"b3_{k}"], [f"d{k}"]),
+                  Node("Add", [f"d{k}", s], [f"a{k}"]), Node("Relu", [f"a{k}"], [t])]
+    last = f"s{blocks}"
+    consts.update({"ws": arr(60, (40, 96, 1, 1)), "wt": arr(61, (24, 96, 1, 1)), "bt": arr(62, (24,))})
+    nodes += [Node("Conv", [last, "ws"], ["down"], {"strides": [2, 2]}), Node("Conv", [last, "wt", "bt"], ["u"]),
+              Node("Relu", ["u"], ["next"]), *tail]
+    return make(nodes, {"x": (n, 48, *hw)}, consts, outputs=outputs or ["down", "next"])
+
+
+@pytest.mark.skipif(not AVX512, reason="the CPU has no AVX-512")
+def test_a_residual_stream_is_stored_in_pixel_panels():
+    """The stream (one buffer: each block adds onto it in place) is in panels and every conv touching it runs on
+    sat_conv_pw; not where the stream is also a graph output, is read by another op (a MaxPool) or by an
+    epilogue's Add that is not added in place, nor on the AVX2 build."""
+    cfg = BuildConfig(isa="avx512")
+    emitted = emit(stage(), config=cfg)
+    assert emitted.plan.panels == {"s0"} and {emitted.plan.root(f"s{k}") for k in range(3)} == {"s0"}
+    calls = [line for line in emitted.source.splitlines() if line.strip().startswith("sat_conv_pw(")]
+    flags = sorted(tuple(int(f) for f in line.split(",")[-3:-1]) for line in calls)
+    assert flags == [(0, 1)] * 3 + [(1, 0)] * 4  # stream written thrice, read by 2 blocks and 2 convs after
+    assert ", 2, 2, 0, 1, 0, pwconv" in emitted.source  # the strided conv gathers from the panels
+    assert not emit(stage(outputs=["down", "next", "s2"]), config=cfg).plan.panels
+    pooled = stage(tail=[Node("MaxPool", ["s2"], ["p"], {"kernel_shape": [2, 2], "strides": [2, 2]})],
+                   outputs=["down", "next", "p"])
+    assert not emit(pooled, config=cfg).plan.panels
+    added = stage(tail=[Node("Conv", ["s2", "wt"], ["v"]), Node("Add", ["v", "next"], ["z"])],
+                  outputs=["down", "z"])
+    assert emit(added, config=cfg).plan.panels == {"s0"}  # the Add reads `next`, not the stream
+    read_by_add = stage(blocks=1, tail=[Node("Conv", ["x", "wd"], ["v"]), Node("Add", ["v", "s1"], ["z"])],
+                        outputs=["down", "next", "z"])
+    assert not emit(read_by_add, config=cfg).plan.panels
+    assert not emit(stage(), config=BuildConfig(isa="avx2")).plan.panels
+
+
+@pytest.mark.compiler
+@pytest.mark.skipif(not AVX512, reason="the CPU has no AVX-512")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,hw", [(1, (47, 47)), (2, (48, 46)), (1, (40, 60))])
+def test_a_stage_on_pixel_panels_matches_the_references(n, hw, threads):
+    """47x47 maps end on a panel of one pixel; 48x46 (two images) on whole panels; 40x60 has panels crossing
+    rows of 60 and a stride-2 output of 20x30 (600 pixels: a partial last panel). (Maps of at least 2048 pixels:
+    smaller ones put the 32 -> 96 convs on dconv.h's tiles, which do not write panels.)"""
+    cfg = BuildConfig(isa="avx512")
+    g = stage(n, hw)
+    assert emit(g, config=cfg).plan.panels == {"s0"}
+    check_three_way(g, threads=threads, config=cfg)

@@ -81,3 +81,32 @@ def test_a_stage_on_pixel_panels_matches_the_references(n, hw, threads):
     g = stage(n, hw)
     assert emit(g, config=cfg).plan.panels == {"s0"}
     check_three_way(g, threads=threads, config=cfg)
+
+
+def fan_out(n=1, hw=(40, 40)):
+    """x -> 1x1 conv 48 -> 520 (s, in panels), read by convs of stride 2 and 4 with more than PW_MAXW weights
+    (sat_conv2d's tiles, their im2col gathering from the panels; onto 10x10 the transposed product), by one of
+    stride 2 to 64 channels (sat_conv_pw, writing t in panels too) and one of stride 1; t read by a 1x1 conv."""
+    consts = {"w0": arr(1, (520, 48, 1, 1)), "b0": arr(2, (520,)), "w1": arr(3, (300, 520, 1, 1)),
+              "w2": arr(4, (300, 520, 1, 1)), "w3": arr(5, (64, 520, 1, 1)), "w4": arr(6, (24, 520, 1, 1)),
+              "w5": arr(7, (24, 64, 1, 1))}
+    nodes = [Node("Conv", ["x", "w0", "b0"], ["c"]), Node("Relu", ["c"], ["s"]),
+             Node("Conv", ["s", "w1"], ["y1"], {"strides": [2, 2]}), Node("Conv", ["s", "w2"], ["y2"], {"strides": [4, 4]}),
+             Node("Conv", ["s", "w3"], ["t"], {"strides": [2, 2]}), Node("Conv", ["s", "w4"], ["y4"]),
+             Node("Conv", ["t", "w5"], ["y5"])]
+    return make(nodes, {"x": (n, 48, *hw)}, consts, outputs=["y1", "y2", "y4", "y5"])
+
+
+@pytest.mark.compiler
+@pytest.mark.skipif(not AVX512, reason="the CPU has no AVX-512")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,hw", [(1, (40, 40)), (2, (38, 42))])
+def test_convs_of_large_weights_and_strided_writers_on_pixel_panels(n, hw, threads):
+    cfg = BuildConfig(isa="avx512")
+    g = fan_out(n, hw)
+    emitted = emit(g, config=cfg)
+    assert emitted.plan.panels == {"s", "t"}
+    calls = [line.strip() for line in emitted.source.splitlines() if line.strip().startswith("sat_conv2d(")]
+    assert len(calls) == 2 and all(line.split(",")[-2].strip() == "1" for line in calls)  # xpan
+    assert {line.split(",")[-4].strip() for line in calls} == {"0", "1"}  # one transposed, one not
+    check_three_way(g, threads=threads, config=cfg)

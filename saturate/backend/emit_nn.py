@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from saturate.backend.plan import (DOT_MINK, PR, SKINNY, C, accumulating_kernel, conv_layout, runs_direct, runs_pw,
-                                   runs_packed, runs_stream, runs_wino, tile_rows, transposed_product)
+from saturate.backend.plan import (DOT_MINK, PR, SKINNY, C, accumulating_kernel, conv_layout, pw_capable,
+                                   runs_direct, runs_packed, runs_pw, runs_stream, runs_wino, tile_rows, transposed_product)
 from saturate.backend.pointwise import c_float, c_ints, strides
 from saturate.backend.quant import emit_qlinear
 from saturate.backend.shapes import conv_window, pool_window, reduce_axes, unsupported
@@ -85,7 +85,8 @@ class NnEmission:
                         and conv_layout(x, w, win, int(node.attr("group", 1)), cfg) == 1)
         stream = runs_stream(node, sh, self.g.constants, cfg)
         wino = runs_wino(node, sh, self.g.constants, cfg)
-        pw = xpan or ypan or runs_pw(node, sh, self.g.constants, cfg, bool(acc))
+        pw = (ypan or xpan and pw_capable(node, sh, self.g.constants, cfg, True)
+              or runs_pw(node, sh, self.g.constants, cfg, bool(acc)))
         epi = self.epilogue(step, chain, oshape, 2, extra,
                             vector=direct or lanes or packed_trans or stream or wino or pw)
         H, W = (x[2], x[3]) if len(x) == 4 else (1, x[2])
@@ -166,7 +167,7 @@ class NnEmission:
             self.body.append(f"    sat_conv_packed({xp}, {packed}, {arr.size // group}, {out}, {x[0]}, {x[1]}, {H}, "
                              f"{W}, {w[0]}, {geo}, {group}, {layout}, {acc}, {epi}, {unit});\n")
             return
-        assert not (xpan or ypan) or epi == "NULL" or epi in self.vector_rows, node.name
+        assert not (ypan or xpan and pw) or epi == "NULL" or epi in self.vector_rows, node.name
         if pw and (epi == "NULL" or epi in self.vector_rows):
             # Weights packed as sat_conv2d's; a unit function per conv inlines the epilogue's row form.
             arr = pack_weights(self.g.constants[node.inputs[1]], 1, PANEL)
@@ -186,8 +187,9 @@ class NnEmission:
             self.needs_packed = True
         else:
             wp = self.ptr(node.inputs[1])
+        assert not xpan or wp == "NULL", node.name
         self.body.append(f"    sat_conv2d({xp}, {wp}, {packed}, {per_group}, {out}, COL, {x[0]}, {x[1]}, {H}, {W}, "
-                         f"{w[0]}, {geo}, {group}, {trans}, {acc}, {epi});\n")
+                         f"{w[0]}, {geo}, {group}, {trans}, {acc}, {int(xpan)}, {epi});\n")
 
     def emit_pool(self, step, chain, out, oshape, mode):
         node, x = step.anchor, self.shapes[step.anchor.inputs[0]]

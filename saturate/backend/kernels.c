@@ -61,6 +61,40 @@ void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, int KW,
     free(tmp);
 }
 
+#ifdef SAT_HAVE_PACKED_GEMM
+/* sat_im2col of a 1x1 window without padding (any strides) from one image stored in pixel panels (pixel p,
+ * channel c at (p / 32 * C + c) * 32 + p % 32; plan.panel_roots), into the micro-kernel's panels `packed`
+ * (SAT_NR or SAT_MR) columns wide, as sat_im2col writes them. */
+void sat_im2col_panels(const float *x, float *col, int C, int W, int oh0, int oh1, int OW, int sh, int sw, int packed) {
+    const int64_t cols = (int64_t)(oh1 - oh0) * OW, panels = (cols + packed - 1) / packed;
+    for (int64_t q = 0; q < panels; q++) {
+        int32_t idx[SAT_NR] = {0};
+        const int64_t left = cols - q * packed;
+        for (int j = 0; j < packed && j < left; j++) {
+            const int64_t p = q * packed + j, ip = (oh0 + p / OW) * sh * W + p % OW * sw;
+            idx[j] = (int32_t)(ip / SAT_NR * C * SAT_NR + ip % SAT_NR);
+        }
+        const __m512i i0 = _mm512_loadu_si512(idx), i1 = _mm512_loadu_si512(idx + 16);
+        const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+        const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+        for (int k0 = 0; k0 < C; k0 += SAT_KC) {
+            const int kc = C - k0 < SAT_KC ? C - k0 : SAT_KC;
+            float *d = col + (int64_t)k0 * panels * packed + q * kc * packed;
+            for (int k = 0; k < kc; k++) {
+                const float *src = x + (int64_t)(k0 + k) * SAT_NR;
+                const __m512 v0 = _mm512_maskz_mov_ps(m0, _mm512_i32gather_ps(i0, src, 4));
+                if (packed == SAT_NR) {
+                    _mm512_storeu_ps(d + k * SAT_NR, v0);
+                    _mm512_storeu_ps(d + k * SAT_NR + 16, _mm512_maskz_mov_ps(m1, _mm512_i32gather_ps(i1, src, 4)));
+                } else {
+                    _mm256_storeu_ps(d + k * SAT_MR, _mm512_castps512_ps256(v0));
+                }
+            }
+        }
+    }
+}
+#endif
+
 int sat_tile_rows(int K, int OH, int OW) {
     int64_t rows = SAT_TILE_BYTES / ((int64_t)K * OW * 4);
     if (rows * OW < 256) rows = (256 + OW - 1) / OW; /* keep sgemm's N wide enough to run at speed */
@@ -124,14 +158,19 @@ void sat_conv_trans(const float *wg, const float *ap, float *yt, int64_t P, int 
 void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                           int n, int g, int oh0, int oh1, int m0, int m1, int C, int H, int W, int M, int KH, int KW,
                           int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int G, int direct,
-                          int trans, int acc, int tid, sat_epi epi) {
+                          int trans, int acc, int xpan, int tid, sat_epi epi) {
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
     const int64_t P = (int64_t)OH * OW, cols = (int64_t)(oh1 - oh0) * OW;
-    const float *xg = x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
+    /* (an input in pixel panels: one group, a 1x1 window without padding, not transposed; plan.panel_roots) */
+    const float *xg = xpan ? x + (int64_t)n * C * (((int64_t)H * W + SAT_NR - 1) / SAT_NR * SAT_NR)
+                           : x + ((int64_t)n * C + (int64_t)g * Cg) * H * W;
     float *yt = y + ((int64_t)n * M + (int64_t)g * Mg + m0) * P + (int64_t)oh0 * OW;
 #ifdef SAT_HAVE_PACKED_GEMM
     if (trans) {
-        sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw, SAT_MR);
+        if (xpan)
+            sat_im2col_panels(xg, col, Cg, W, oh0, oh1, OW, sh, sw, SAT_MR);
+        else
+            sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw, SAT_MR);
         sat_conv_trans(wp + g * wp_group, col, yt, P, K, (int)cols, Mg, m0, m1, tid);
         if (epi)
             for (int m = 0; m < m1 - m0; m++) epi(y, (yt - y) + (int64_t)m * P, cols);
@@ -143,7 +182,12 @@ void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_g
     const float *b = xg + (int64_t)oh0 * OW;
     int64_t ldb = P;
     if (!direct) {
-        sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw, wp != NULL ? SAT_NR : 0);
+#ifdef SAT_HAVE_PACKED_GEMM
+        if (xpan)
+            sat_im2col_panels(xg, col, Cg, W, oh0, oh1, OW, sh, sw, SAT_NR);
+        else
+#endif
+            sat_im2col(xg, col, Cg, H, W, KH, KW, oh0, oh1, OW, sh, sw, ph, pw, dh, dw, wp != NULL ? SAT_NR : 0);
         b = col;
         ldb = cols;
     }
@@ -227,7 +271,7 @@ void sat_conv_unit(void *ctx, int64_t u, int tid) {
     const int oh0 = t * a->tile, oh1 = oh0 + a->tile < a->OH ? oh0 + a->tile : a->OH;
     sat_conv_tile(a->x, a->w, a->wp, a->wp_group, a->y, a->cols[tid], n, g, oh0, oh1, m0, m1, a->C, a->H, a->W,
                   a->M, a->KH, a->KW, a->OH, a->OW, a->sh, a->sw, a->ph, a->pw, a->dh, a->dw, a->G, a->direct,
-                  a->trans, a->acc, tid, a->epi);
+                  a->trans, a->acc, a->xpan, tid, a->epi);
 }
 
 /* Grouped 2-D convolution. With `wp` (weights packed by the emitter, `wp_group` floats per group) the
@@ -237,9 +281,10 @@ void sat_conv_unit(void *ctx, int64_t u, int tid) {
  * written whole). */
 void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                        int N, int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
-                       int pw, int dh, int dw, int G, int trans, int acc, sat_epi epi) {
+                       int pw, int dh, int dw, int G, int trans, int acc, int xpan, sat_epi epi) {
     const int Cg = C / G, Mg = M / G, K = Cg * KH * KW;
-    const int direct = !trans && KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W;
+    const int direct = !trans && !xpan && KH == 1 && KW == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H &&
+                       OW == W;
     const int tile = sat_tile_rows(K, OH, OW);
     const int tiles = (OH + tile - 1) / tile;
     const int64_t col_floats = direct ? 0 : (int64_t)K * sat_col_width((int64_t)tile * OW, wp != NULL);
@@ -255,8 +300,8 @@ void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_grou
             for (int g = 0; g < G; g++)
                 for (int t = 0; t < tiles; t++)
                     sat_conv_tile(x, w, wp, wp_group, y, col, n, g, t * tile, (t + 1) * tile < OH ? (t + 1) * tile : OH,
-                                  0, Mg, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, trans, acc, 0,
-                                  epi);
+                                  0, Mg, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, trans, acc, xpan,
+                                  0, epi);
         return;
     }
     /* Channel chunks are multiples of 8 so each starts a packed panel. */
@@ -270,7 +315,7 @@ void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_grou
     float *cols[SAT_MAX_THREADS] = {col};
     for (int t = 1; t < sat_threads && col_floats; t++) cols[t] = aligned_alloc(64, sizeof(float) * (size_t)col_floats + 64);
     sat_conv_args a = {x, w, wp, wp_group, y, cols, C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G,
-                       direct, trans, acc, tile, tiles, split, chunk, epi};
+                       direct, trans, acc, xpan, tile, tiles, split, chunk, epi};
     sat_parallel(units * split, sat_conv_unit, &a);
     for (int t = 1; t < sat_threads && col_floats; t++) free(cols[t]);
 }

@@ -74,6 +74,8 @@ static inline void sat_valid_cols(int iw0, int W, int OW, int *lo, int *hi) { sa
 void sat_im2col(const float *x, float *col, int C, int H, int W, int KH, int KW, int oh0, int oh1, int OW,
                        int sh, int sw, int ph, int pw, int dh, int dw, int packed);
 
+void sat_im2col_panels(const float *x, float *col, int C, int W, int oh0, int oh1, int OW, int sh, int sw, int packed);
+
 /* Output rows per im2col tile: the column tile stays near SAT_TILE_BYTES so it is still in
  * cache when sgemm packs it and the output tile is still in cache for the epilogue. */
 #define SAT_TILE_BYTES 196608 /* 192 KB */
@@ -94,13 +96,13 @@ void sat_conv_trans(const float *wg, const float *ap, float *yt, int64_t P, int 
 void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                           int n, int g, int oh0, int oh1, int m0, int m1, int C, int H, int W, int M, int KH, int KW,
                           int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int G, int direct,
-                          int trans, int acc, int tid, sat_epi epi);
+                          int trans, int acc, int xpan, int tid, sat_epi epi);
 
 typedef struct {
     const float *x, *w, *wp;
     int64_t wp_group;
     float *y, **cols;
-    int C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, trans, acc, tile, tiles, split, chunk;
+    int C, H, W, M, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, G, direct, trans, acc, xpan, tile, tiles, split, chunk;
     sat_epi epi;
 } sat_conv_args;
 
@@ -108,7 +110,7 @@ void sat_conv_unit(void *ctx, int64_t u, int tid);
 
 void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_group, float *y, float *col,
                        int N, int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
-                       int pw, int dh, int dw, int G, int trans, int acc, sat_epi epi);
+                       int pw, int dh, int dw, int G, int trans, int acc, int xpan, sat_epi epi);
 
 #ifdef SAT_HAVE_PACKED_GEMM
 /* A 1x1 conv without padding (N x K x H x W input, M x K weights packed as gemm.h's A) on the packed product,

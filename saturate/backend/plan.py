@@ -820,16 +820,17 @@ def panel_roots(pl: Plan, graph: Graph, shapes: dict, cfg: BuildConfig) -> set[s
     """Roots stored in pixel panels, the layout sat_conv_pw's kernel reads its input in: each 32-pixel panel's
     channels one after another, so a panel of a reduction block is one run of memory, read in place, where an
     N x C x H x W input is packed a panel at a time from a line of every channel plane. A root qualifies when
-    sat_conv_pw writes all of it (convs of unit strides whose epilogue is Relus, each adding onto it in place
-    or not; no Add reading it in the epilogue, whose operand would be read as N x C x H x W) and every step
-    reading it is a conv that sat_conv_pw runs on it as its input (any stride) or one adding onto it: a ResNet
-    stage's residual stream with its 1x1 convs, not its 3x3 convs' inputs (dconv.h reads planes). Graph inputs
-    and outputs and views keep N x C x H x W. ResNet-50 at 224x224, 1 thread, per-step medians beside ONNX
+    sat_conv_pw writes all of it (convs whose epilogue is Relus, each adding onto it in place or not; no Add
+    reading it in the epilogue, whose operand would be read as N x C x H x W; strided ones only from panels,
+    which they gather from) and every step reading it is a conv that sat_conv_pw runs on it as its input (any
+    stride), one adding onto it, or a strided 1x1 conv of larger weights on sat_conv2d's tiles (its im2col
+    gathers from the panels): a ResNet stage's residual stream with its 1x1 convs, not its 3x3 convs' inputs
+    (dconv.h reads planes). Graph inputs and outputs and views keep N x C x H x W. ResNet-50 at 224x224, 1 thread, per-step medians beside ONNX
     Runtime's (Xeon, family 6 model 167), its first stage's stream (3.2 MB): 64 -> 256 + residual 0.92-0.96 ->
     0.75-0.80 ms (x3, level with ONNX Runtime's NCHWc kernel), 256 -> 64 0.87-0.89 -> 0.76-0.79 (x2), 256 ->
     128 1.51 -> 1.40, the stride-2 256 -> 512 1.75 -> 1.52; the model 62.3-64.9 -> 61.9-63.5 ms (C/ORT
-    1.03-1.05 -> 0.96-1.03), at 2 threads 35.5-36.4 -> 33.4-35.4 (1.02-1.03 -> 0.97). Its later streams are
-    read by convs of larger weights (512 -> 1024 of stride 2) or written by direct tiles and stay."""
+    1.03-1.05 -> 0.96-1.03), at 2 threads 35.5-36.4 -> 33.4-35.4 (1.02-1.03 -> 0.97). Its second stage's
+    stream (28x28) is in panels too; the third's is written by direct tiles (dconv.h) and stays."""
     if not cfg.packed_gemm:
         return set()
     external = set(graph.inputs) | set(graph.constants) | {pl.root(o) for o in graph.outputs}
@@ -839,18 +840,36 @@ def panel_roots(pl: Plan, graph: Graph, shapes: dict, cfg: BuildConfig) -> set[s
         writers.setdefault(pl.root(step.out), []).append(step)
         for v in step.reads():
             readers.setdefault(pl.root(v), []).append((step, v))
-    found = set()
-    for r, steps in writers.items():
-        if r in external or len(shapes.get(r, ())) != 4:
+    found: set[str] = set()
+
+    def writes(s: Step) -> bool:
+        # sat_conv_pw, its epilogue Relus (past an Add it accumulates); of stride 2 only from panels it gathers
+        if s.shares or not pw_capable(s.anchor, shapes, graph.constants, cfg, True):
+            return False
+        x, w = shapes[s.anchor.inputs[0]], shapes[s.anchor.inputs[1]]
+        return ((plain_pointwise(x, conv_window(s.anchor, x, w)) or pl.root(s.anchor.inputs[0]) in found)
+                and all(n.op == "Relu" for n in (s.chain[1:] if s.accumulates else s.chain)))
+
+    def reads(s: Step, v: str, r: str) -> bool:
+        if s.accumulates and pl.root(s.accumulates) == r and v == s.accumulates:
+            return True
+        node = s.anchor
+        if (node.op != "Conv" or v != node.inputs[0] or shapes.get(v) != shapes[r]
+                or r in [pl.root(i) for n in s.nodes() for i in n.inputs[1:]]):
+            return False
+        if pw_capable(node, shapes, graph.constants, cfg, True) and _row_chain(s, shapes):
+            return True
+        # a strided 1x1 conv of larger weights on sat_conv2d's tiles, its im2col gathering from the panels
+        x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
+        win = conv_window(node, x, w)
+        return (node.inputs[1] in graph.constants and int(node.attr("group", 1)) == 1 and win.kh == win.kw == 1
+                and not (win.ph or win.pw or plain_pointwise(x, win)) and not s.accumulates and not s.shares
+                and not runs_direct(node, shapes, graph.constants, cfg))
+
+    for r, steps in writers.items():  # in the order of their first writes: a stride-2 writer's input is decided
+        if r in external or len(shapes.get(r, ())) != 4 or not all(writes(s) for s in steps):
             continue
-        if not all(not s.shares and pw_capable(s.anchor, shapes, graph.constants, cfg, False) and _row_chain(s, shapes)
-                   and all(n.op == "Relu" for n in (s.chain[1:] if s.accumulates else s.chain)) for s in steps):
-            continue
-        if all((v == s.anchor.inputs[0] and shapes.get(v) == shapes[r] and s.anchor.op == "Conv" and _row_chain(s, shapes)
-                and pw_capable(s.anchor, shapes, graph.constants, cfg, True)
-                and r not in [pl.root(i) for n in s.nodes() for i in n.inputs[1:]])
-               or (s.accumulates and pl.root(s.accumulates) == r and v == s.accumulates)
-               for s, v in readers.get(r, [])):
+        if all(reads(s, v, r) for s, v in readers.get(r, [])):
             found.add(r)
     return found
 

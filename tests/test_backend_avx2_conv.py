@@ -190,50 +190,33 @@ def test_avx512_tiles_leave_1x1_convs_of_large_inputs_to_the_packed_product():
 
 
 # Plain 1x1 convs the AVX-512 build runs on the packed product (over DIRECT_ONE_MAXB bytes of input, at least
-# DIRECT_ONE_MINM channels out) with more than PW_MAXW packed weights, in each loop order of sat_conv_tile:
-# one reduction block (channel panels outer), two blocks and weights of at most 2^18 floats (pixel panels
-# outer), two blocks and more (channel panels outer, the epilogue after the last block); channel and pixel
-# tails throughout.
-PACKED_ONE = [((1, 200, 24, 23), (700, 200, 1, 1)), ((1, 300, 16, 16), (440, 300, 1, 1)),
-              ((1, 600, 12, 12), (440, 600, 1, 1))]
+# DIRECT_ONE_MINM channels out). With more than PW_MAXW packed weights on sat_conv2d's tiles, in each loop order
+# of sat_conv_tile: one reduction block (channel panels outer), two blocks and weights of at most 2^18 floats
+# (pixel panels outer), two blocks and more (channel panels outer, the epilogue after the last block). Else on
+# sat_conv_pw, the epilogue's row form in the kernel's stores: one reduction block (70 = 8 x 8 + 6 channels,
+# 961 = 30 x 32 + 1 pixels), two blocks (300 = 256 + 44), two images, three pixel panels (at 2 threads also
+# split by channels: 56 + 44). Channel and pixel tails throughout.
+PACKED_ONE = [((1, 200, 24, 23), (700, 200, 1, 1), "sat_conv2d("), ((1, 300, 16, 16), (440, 300, 1, 1), "sat_conv2d("),
+              ((1, 600, 12, 12), (440, 600, 1, 1), "sat_conv2d("), ((1, 72, 31, 31), (70, 72, 1, 1), "sat_conv_pw("),
+              ((1, 300, 16, 16), (72, 300, 1, 1), "sat_conv_pw("), ((2, 96, 24, 30), (64, 96, 1, 1), "sat_conv_pw("),
+              ((1, 700, 8, 12), (100, 700, 1, 1), "sat_conv_pw(")]
 
 
 @pytest.mark.compiler
 @pytest.mark.skipif(" avx512f " not in Path("/proc/cpuinfo").read_text().replace("\n", " "),
                     reason="the CPU has no AVX-512")
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("xshape,wshape", PACKED_ONE)
-def test_packed_1x1_convs_in_both_loop_orders(xshape, wshape, threads):
-    """Conv + bias + residual Add + Relu on the AVX-512 build's packed product, against the interpreter and ONNX
-    Runtime, on one thread and two (two channel chunks)."""
-    cfg = BuildConfig(isa="avx512")
-    g = conv_residual(xshape, wshape, {}, True)
-    assert not plan.runs_direct(g.nodes[0], {"x": xshape, "w": wshape}, g.constants, cfg)
-    assert "sat_conv2d(" in emit(g, config=cfg).source
-    check_three_way(g, threads=threads, config=cfg)
-
-
-# Plain 1x1 convs on sat_conv_pw (at most PW_MAXW packed weights): one reduction block with channel and pixel
-# tails (70 = 8 x 8 + 6 channels, 961 = 30 x 32 + 1 pixels), two blocks (300 = 256 + 44), two images, three
-# pixel panels (at 2 threads also split by channels: 56 + 44).
-PW_ONE = [((1, 72, 31, 31), (70, 72, 1, 1)), ((1, 300, 16, 16), (72, 300, 1, 1)), ((2, 96, 24, 30), (64, 96, 1, 1)),
-          ((1, 700, 8, 12), (100, 700, 1, 1))]
-
-
-@pytest.mark.compiler
-@pytest.mark.skipif(" avx512f " not in Path("/proc/cpuinfo").read_text().replace("\n", " "),
-                    reason="the CPU has no AVX-512")
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("xshape,wshape", PW_ONE)
+@pytest.mark.parametrize("xshape,wshape,kernel", PACKED_ONE)
 @pytest.mark.parametrize("residual", [False, True])
-def test_pixel_panel_1x1_convs_with_the_epilogue_in_their_stores(xshape, wshape, residual, threads):
-    """Conv + bias (+ a residual Add read by the epilogue: a graph input, not added in place) + Relu on
-    sat_conv_pw, the epilogue's row form in the kernel's stores, against the interpreter and ONNX Runtime."""
+def test_packed_1x1_convs_on_each_kernel(xshape, wshape, kernel, residual, threads):
+    """Conv + bias (+ a residual Add read by the epilogue: a graph input, not added in place) + Relu on the
+    AVX-512 build's packed product, against the interpreter and ONNX Runtime, on one thread and two."""
     cfg = BuildConfig(isa="avx512")
     g = conv_residual(xshape, wshape, {}, residual)
-    assert plan.runs_pw(g.nodes[0], {"x": xshape, "w": wshape}, g.constants, cfg)
+    assert not plan.runs_direct(g.nodes[0], {"x": xshape, "w": wshape}, g.constants, cfg)
+    assert plan.runs_pw(g.nodes[0], {"x": xshape, "w": wshape}, g.constants, cfg) == (kernel == "sat_conv_pw(")
     source = emit(g, config=cfg).source
-    assert "sat_conv_pw(" in source and "sat_conv2d(" not in source
+    assert kernel in source and ("sat_conv2d(" in source) == (kernel == "sat_conv2d(")
     check_three_way(g, threads=threads, config=cfg)
 
 

@@ -83,10 +83,15 @@ AVX2_CASES = [
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("xshape,wshape,kernel", AVX2_CASES)
 def test_avx2_kernels_add_onto_the_residual(xshape, wshape, kernel, threads):
-    cfg = BuildConfig(isa="avx2")
-    g = block(xshape, wshape)
+    check_block(block(xshape, wshape), "avx2", "accumulates", kernel, threads)
+
+
+def check_block(g, isa: str, how: str, kernel: str, threads: int) -> None:
+    """The conv step of `g` takes the residual's storage (`how`: the Step field naming it) on `kernel`, and the
+    build of `isa` matches the interpreter and ONNX Runtime."""
+    cfg = BuildConfig(isa=isa)
     step, emitted = conv_step(g, cfg)
-    assert step.accumulates == "r" and kernel in emitted.source
+    assert getattr(step, how) == "r" and kernel in emitted.source
     check_three_way(g, threads=threads, config=cfg)
 
 
@@ -105,11 +110,7 @@ AVX512_CASES = [((1, 72, 31, 31), (70, 72, 1, 1), "sat_conv_pw("), ((1, 700, 8, 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("xshape,wshape,kernel", AVX512_CASES)
 def test_avx512_packed_product_adds_onto_the_residual(xshape, wshape, kernel, threads):
-    cfg = BuildConfig(isa="avx512")
-    g = block(xshape, wshape)
-    step, emitted = conv_step(g, cfg)
-    assert step.accumulates == "r" and kernel in emitted.source
-    check_three_way(g, threads=threads, config=cfg)
+    check_block(block(xshape, wshape), "avx512", "accumulates", kernel, threads)
 
 
 @pytest.mark.compiler
@@ -165,8 +166,4 @@ DIRECT_CASES = [((1, 64, 14, 14), (72, 64, 1, 1), {}), ((1, 24, 13, 11), (40, 24
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("xshape,wshape,attrs", DIRECT_CASES)
 def test_avx512_direct_tiles_add_the_residual_in_its_storage(xshape, wshape, attrs, threads):
-    cfg = BuildConfig(isa="avx512")
-    g = block(xshape, wshape, attrs)
-    step, emitted = conv_step(g, cfg)
-    assert step.shares == "r" and "sat_conv_direct(" in emitted.source
-    check_three_way(g, threads=threads, config=cfg)
+    check_block(block(xshape, wshape, attrs), "avx512", "shares", "sat_conv_direct(", threads)

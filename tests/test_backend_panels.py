@@ -110,3 +110,19 @@ def test_convs_of_large_weights_and_strided_writers_on_pixel_panels(n, hw, threa
     assert len(calls) == 2 and all(line.split(",")[-2].strip() == "1" for line in calls)  # xpan
     assert {line.split(",")[-4].strip() for line in calls} == {"0", "1"}  # one transposed, one not
     check_three_way(g, threads=threads, config=cfg)
+
+
+@pytest.mark.compiler
+@pytest.mark.skipif(not AVX512, reason="the CPU has no AVX-512")
+def test_a_strided_conv_whose_epilogue_has_no_row_form_gathers_panels_on_the_tiles():
+    """A stride-2 conv reading panels with an epilogue sat_conv_pw has no row form for (a per-pixel operand of
+    another shape, read by a gather) runs on sat_conv2d's tiles, gathering the panels in its im2col."""
+    g = fan_out()
+    g.constants["q"] = arr(8, (1, 1, 1, 20))
+    g.nodes[4] = Node("Conv", ["s", "w3"], ["t0"], {"strides": [2, 2]})
+    g.nodes.insert(5, Node("Mul", ["t0", "q"], ["t"]))
+    cfg = BuildConfig(isa="avx512")
+    emitted = emit(g, config=cfg)
+    assert emitted.plan.panels == {"s"}
+    assert sum(line.strip().startswith("sat_conv2d(") for line in emitted.source.splitlines()) == 3
+    check_three_way(g, threads=2, config=cfg)

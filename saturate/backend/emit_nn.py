@@ -9,8 +9,9 @@ import math
 
 import numpy as np
 
-from saturate.backend.plan import (DOT_MINK, PR, SKINNY, C, accumulating_kernel, conv_layout, pw_capable,
-                                   runs_direct, runs_packed, runs_pw, runs_stream, runs_wino, tile_rows, transposed_product)
+from saturate.backend.plan import (DOT_MINK, PR, SKINNY, C, accumulating_kernel, conv_layout, plain_pointwise,
+                                   pw_capable, runs_direct, runs_packed, runs_pw, runs_stream, runs_wino, tile_rows,
+                                   transposed_product)
 from saturate.backend.pointwise import c_float, c_ints, strides
 from saturate.backend.quant import emit_qlinear
 from saturate.backend.shapes import conv_window, pool_window, reduce_axes, unsupported
@@ -87,6 +88,7 @@ class NnEmission:
         wino = runs_wino(node, sh, self.g.constants, cfg)
         pw = (ypan or xpan and pw_capable(node, sh, self.g.constants, cfg, True)
               or runs_pw(node, sh, self.g.constants, cfg, bool(acc)))
+        plain = plain_pointwise(x, win) if len(x) == 4 else False
         epi = self.epilogue(step, chain, oshape, 2, extra,
                             vector=direct or lanes or packed_trans or stream or wino or pw)
         H, W = (x[2], x[3]) if len(x) == 4 else (1, x[2])
@@ -167,16 +169,19 @@ class NnEmission:
             self.body.append(f"    sat_conv_packed({xp}, {packed}, {arr.size // group}, {out}, {x[0]}, {x[1]}, {H}, "
                              f"{W}, {w[0]}, {geo}, {group}, {layout}, {acc}, {epi}, {unit});\n")
             return
-        assert not (ypan or xpan and pw) or epi == "NULL" or epi in self.vector_rows, node.name
-        if pw and (epi == "NULL" or epi in self.vector_rows):
+        rows = epi == "NULL" or epi in self.vector_rows
+        # panels are written, and read at unit stride, by sat_conv_pw alone (plan.panel_roots: its epilogue has a
+        # row form there); a strided conv reading them without one gathers them on sat_conv2d's tiles
+        assert rows or not (ypan or xpan and plain), node.name
+        if pw and rows:
             # Weights packed as sat_conv2d's; a unit function per conv inlines the epilogue's row form.
             arr = pack_weights(self.g.constants[node.inputs[1]], 1, PANEL)
             packed = self.weight(("packed", node.inputs[1], 1, 0), arr)
             self.needs_packed = True
             unit = self.unit("pwconv", "sat_pw_unit", "defined(SAT_HAVE_PACKED_GEMM)",
                              [self.vector_rows[epi] if epi != "NULL" else None])
-            self.body.append(f"    sat_conv_pw({xp}, {packed}, {out}, {x[0]}, {x[1]}, {w[0]}, {H}, {W}, {win.oh}, {win.ow}, "
-                             f"{win.sh}, {win.sw}, {acc}, {int(xpan)}, {int(ypan)}, {unit});\n")
+            self.body.append(f"    sat_conv_pw({xp}, {packed}, {out}, {x[0]}, {x[1]}, {w[0]}, {H}, {W}, {win.oh}, "
+                             f"{win.ow}, {win.sh}, {win.sw}, {acc}, {int(xpan)}, {int(ypan)}, {unit});\n")
             return
         # Constant weights are stored once, packed for the micro-kernel; others go to OpenBLAS as they are.
         wp, packed, per_group, trans = "NULL", "NULL", 0, 0

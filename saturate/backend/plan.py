@@ -780,14 +780,12 @@ def runs_pw(node: Node, shapes: dict, constants, cfg: BuildConfig, accumulates: 
     512 -> 128 0.81-0.82 -> 0.74-0.76 (x3), 64 -> 64 on 56x56 0.30 -> 0.23-0.24, 256 -> 128 1.63-1.67 ->
     1.55-1.56, 64 -> 256 0.90 -> 0.84-0.92; its 64 -> 256 + residual on 56x56 (3.2 MB) 0.86-0.96 -> 0.92-1.10
     and keeps the tiles."""
-    if node.op != "Conv" or not cfg.packed_gemm or node.inputs[1] not in constants or int(node.attr("group", 1)) != 1:
+    if not pw_capable(node, shapes, constants, cfg, False):
         return False
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
-    if len(x) != 4 or not plain_pointwise(x, conv_window(node, x, w)):
-        return False
     if accumulates and x[0] * w[0] * x[2] * x[3] * 4 > PW_ACC_MAXB:
         return False
-    return -(-w[0] // C["SAT_MR"]) * C["SAT_MR"] * w[1] <= PW_MAXW and not runs_direct(node, shapes, constants, cfg)
+    return not runs_direct(node, shapes, constants, cfg)
 
 
 PANEL_PIXELS = C["SAT_NR"]
@@ -825,8 +823,9 @@ def panel_roots(pl: Plan, graph: Graph, shapes: dict, cfg: BuildConfig) -> set[s
     which they gather from) and every step reading it is a conv that sat_conv_pw runs on it as its input (any
     stride), one adding onto it, or a strided 1x1 conv of larger weights on sat_conv2d's tiles (its im2col
     gathers from the panels): a ResNet stage's residual stream with its 1x1 convs, not its 3x3 convs' inputs
-    (dconv.h reads planes). Graph inputs and outputs and views keep N x C x H x W. ResNet-50 at 224x224, 1 thread, per-step medians beside ONNX
-    Runtime's (Xeon, family 6 model 167), its first stage's stream (3.2 MB): 64 -> 256 + residual 0.92-0.96 ->
+    (dconv.h reads planes). Graph inputs and outputs and views keep N x C x H x W. ResNet-50 at 224x224, 1
+    thread, per-step medians beside ONNX Runtime's (Xeon, family 6 model 167), its first stage's stream (3.2 MB):
+    64 -> 256 + residual 0.92-0.96 ->
     0.75-0.80 ms (x3, level with ONNX Runtime's NCHWc kernel), 256 -> 64 0.87-0.89 -> 0.76-0.79 (x2), 256 ->
     128 1.51 -> 1.40, the stride-2 256 -> 512 1.75 -> 1.52; the model 62.3-64.9 -> 61.9-63.5 ms (C/ORT
     1.03-1.05 -> 0.96-1.03), at 2 threads 35.5-36.4 -> 33.4-35.4 (1.02-1.03 -> 0.97). Its second stage's

@@ -78,14 +78,6 @@ AVX2_CASES = [
 ]
 
 
-@pytest.mark.compiler
-@pytest.mark.skipif(" avx2 " not in CPU_FLAGS, reason="the CPU has no AVX2")
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("xshape,wshape,kernel", AVX2_CASES)
-def test_avx2_kernels_add_onto_the_residual(xshape, wshape, kernel, threads):
-    check_block(block(xshape, wshape), "avx2", "accumulates", kernel, threads)
-
-
 def check_block(g, isa: str, how: str, kernel: str, threads: int) -> None:
     """The conv step of `g` takes the residual's storage (`how`: the Step field naming it) on `kernel`, and the
     build of `isa` matches the interpreter and ONNX Runtime."""
@@ -106,11 +98,15 @@ AVX512_CASES = [((1, 72, 31, 31), (70, 72, 1, 1), "sat_conv_pw("), ((1, 700, 8, 
 
 
 @pytest.mark.compiler
-@pytest.mark.skipif(" avx512f " not in CPU_FLAGS, reason="the CPU has no AVX-512")
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("xshape,wshape,kernel", AVX512_CASES)
-def test_avx512_packed_product_adds_onto_the_residual(xshape, wshape, kernel, threads):
-    check_block(block(xshape, wshape), "avx512", "accumulates", kernel, threads)
+@pytest.mark.parametrize("isa,xshape,wshape,kernel", [
+    *(pytest.param("avx2", *case, marks=pytest.mark.skipif(" avx2 " not in CPU_FLAGS, reason="the CPU has no AVX2"))
+      for case in AVX2_CASES),
+    *(pytest.param("avx512", *case, marks=pytest.mark.skipif(" avx512f " not in CPU_FLAGS,
+                                                            reason="the CPU has no AVX-512"))
+      for case in AVX512_CASES)])
+def test_kernels_add_onto_the_residual(isa, xshape, wshape, kernel, threads):
+    check_block(block(xshape, wshape), isa, "accumulates", kernel, threads)
 
 
 @pytest.mark.compiler

@@ -126,3 +126,17 @@ def test_a_strided_conv_whose_epilogue_has_no_row_form_gathers_panels_on_the_til
     assert emitted.plan.panels == {"s"}
     assert sum(line.strip().startswith("sat_conv2d(") for line in emitted.source.splitlines()) == 3
     check_three_way(g, threads=2, config=cfg)
+
+
+@pytest.mark.skipif(not AVX512, reason="the CPU has no AVX-512")
+def test_panels_only_for_images_of_fewer_than_2_31_floats():
+    """The kernels' gathers index an image's panels with 32-bit offsets: a 2048-channel 1024x1024 map (2^31
+    floats) stays N x C x H x W, a 64-channel 64x64 one takes panels."""
+    def graph(c, hw):
+        consts = {"w0": arr(1, (c, 48, 1, 1)), "w1": arr(2, (16, c, 1, 1))}
+        nodes = [Node("Conv", ["x", "w0"], ["s0"]), Node("Relu", ["s0"], ["s"]), Node("Conv", ["s", "w1"], ["y"])]
+        return make(nodes, {"x": (1, 48, *hw)}, consts)
+
+    cfg = BuildConfig(isa="avx512")
+    assert emit(graph(64, (64, 64)), config=cfg).plan.panels == {"s"}
+    assert not emit(graph(2048, (1024, 1024)), config=cfg).plan.panels

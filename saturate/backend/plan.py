@@ -868,6 +868,9 @@ def panel_roots(pl: Plan, graph: Graph, shapes: dict, cfg: BuildConfig) -> set[s
     for r, steps in writers.items():  # in the order of their first writes: a stride-2 writer's input is decided
         if r in external or len(shapes.get(r, ())) != 4 or not all(writes(s) for s in steps):
             continue
+        # (the kernels' gathers index an image's panels with 32-bit offsets)
+        if shapes[r][1] * -(-shapes[r][2] * shapes[r][3] // PANEL_PIXELS) * PANEL_PIXELS >= 2**31:
+            continue
         if all(reads(s, v, r) for s, v in readers.get(r, [])):
             found.add(r)
     return found

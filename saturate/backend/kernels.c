@@ -250,7 +250,10 @@ void sat_conv_pw(const float *x, const float *wp, float *y, int N, int K, int M,
                  int sw, int acc, int xpan, int ypan, sat_body unit) {
     const int64_t P = (int64_t)OH * OW, Q = (P + SAT_NR - 1) / SAT_NR, want = 4 * (int64_t)sat_threads;
     int64_t chunk = 8;
-    if (sat_threads > 1 && N * ((Q + chunk - 1) / chunk) < want) chunk = (N * Q + want - 1) / want > 1 ? (N * Q + want - 1) / want : 1;
+    if (sat_threads > 1 && N * ((Q + chunk - 1) / chunk) < want) {
+        chunk = (N * Q + want - 1) / want;
+        if (chunk < 1) chunk = 1;
+    }
     const int64_t pchunks = (Q + chunk - 1) / chunk;
     int mparts = 1;
     if (sat_threads > 1 && N * pchunks < 2 * sat_threads) mparts = (int)((2 * sat_threads + N * pchunks - 1) / (N * pchunks));

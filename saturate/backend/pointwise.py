@@ -71,15 +71,23 @@ class Operand:
         return f"p{k}[{self.index('(off + i)', range(len(self.oshape)))}]"
 
 
+    def image_base(self) -> str | None:
+        """Index of this operand's value for plane q (image q / C, channel q % C) of an N x C x ... output, less
+        the channel's own term: None unless the operand is constant over the pixel axes."""
+        if self.kind != "scalar" or len(self.oshape) < 2 or any(self.bstr[2:]):
+            return None
+        n, c = self.oshape[0], self.oshape[1]
+        return f"((q / {c}) % {n}) * {self.bstr[0]}" if self.bstr[0] and n > 1 else "0"
+
     def chan_load(self, k: int) -> str | None:
         """AVX-512 load of this operand for 16 consecutive channels at one pixel of an N x C x ... output
         (planes q .. q+15 of one image, lanes `mc`), None unless it is constant over the pixel axes."""
         if self.kind == "literal":
             return f"_mm512_set1_ps({c_float(self.literal)})"
-        if self.kind != "scalar" or len(self.oshape) < 2 or any(self.bstr[2:]):
+        base = self.image_base()
+        if base is None:
             return None
-        n, c = self.oshape[0], self.oshape[1]
-        base = f"((q / {c}) % {n}) * {self.bstr[0]}" if self.bstr[0] and n > 1 else "0"
+        c = self.oshape[1]
         if self.bstr[1] == 0 or c == 1:
             return f"_mm512_set1_ps(p{k}[{base}])"
         if self.bstr[1] == 1:
@@ -91,10 +99,10 @@ class Operand:
         __m256i mask), None unless it is constant over the pixel axes."""
         if self.kind == "literal":
             return f"_mm256_set1_ps({c_float(self.literal)})"
-        if self.kind != "scalar" or len(self.oshape) < 2 or any(self.bstr[2:]):
+        base = self.image_base()
+        if base is None:
             return None
-        n, c = self.oshape[0], self.oshape[1]
-        base = f"((q / {c}) % {n}) * {self.bstr[0]}" if self.bstr[0] and n > 1 else "0"
+        c = self.oshape[1]
         if self.bstr[1] == 0 or c == 1:
             return f"_mm256_set1_ps(p{k}[{base}])"
         if self.bstr[1] == 1:
@@ -105,12 +113,12 @@ class Operand:
         """AVX load (widened to AVX-512 by its user) of this operand for 16 consecutive outputs of one channel
         of an N x C x ... output (plane q, flat index off, lanes mk): per-channel operands by q, a constant
         divisor; others as vload."""
-        if self.kind == "scalar" and len(self.oshape) >= 2 and not any(self.bstr[2:]):
-            n, c = self.oshape[0], self.oshape[1]
-            terms = ([f"((q / {c}) % {n}) * {self.bstr[0]}"] if self.bstr[0] and n > 1 else []) + \
-                    ([f"(q % {c}) * {self.bstr[1]}"] if self.bstr[1] and c > 1 else [])
-            return f"_mm256_set1_ps(p{k}[{' + '.join(terms) or '0'}])"
-        return self.vload(k)
+        base = self.image_base()
+        if base is None:
+            return self.vload(k)
+        c = self.oshape[1]
+        channel = f" + (q % {c}) * {self.bstr[1]}" if self.bstr[1] and c > 1 else ""
+        return f"_mm256_set1_ps(p{k}[{base}{channel}])"
 
     def vload(self, k: int) -> str | None:
         """AVX-512VL load of 8 consecutive outputs' operands (lanes `mk`), None for gathers."""

@@ -1,7 +1,8 @@
-"""C backend, AVX-512 builds: values stored in pixel panels (plan.panel_roots). A ResNet stage's residual stream,
-written by its 1x1 convs (one adding onto it in place) and read only by 1x1 convs (one of stride 2, which gathers
-its pixels), is stored as 32-pixel panels of all its channels, read by sat_conv_pw in place; the planner cases
-(which streams may, which must not), then stages against the reference interpreter and ONNX Runtime."""
+"""C backend, AVX-512 and AVX2 builds: values stored in pixel panels (plan.panel_roots). A ResNet stage's residual
+stream, written by its 1x1 convs (one adding onto it in place) and read only by 1x1 convs (one of stride 2, which
+gathers its pixels), is stored as panels of all its channels (32 pixels on AVX-512, 16 on AVX2), read by
+sat_conv_pw in place; the planner cases (which streams may, which must not), then stages against the reference
+interpreter and ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ from saturate.backend.build import BuildConfig
 from saturate.backend.emit import emit
 from saturate.core.ir import Node
 
-AVX512 = " avx512f " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
+CPU_FLAGS = Path("/proc/cpuinfo").read_text().replace("\n", " ")
+AVX512 = " avx512f " in CPU_FLAGS
+# each build, skipped where the CPU cannot run it
+ISAS = [pytest.param("avx512", marks=pytest.mark.skipif(not AVX512, reason="the CPU has no AVX-512")),
+        pytest.param("avx2", marks=pytest.mark.skipif(" avx2 " not in CPU_FLAGS, reason="the CPU has no AVX2"))]
 
 
 def arr(seed: int, shape) -> np.ndarray:
@@ -44,12 +49,12 @@ def stage(n=1, hw=(47, 47), blocks=2, tail=(), outputs=None):
     return make(nodes, {"x": (n, 48, *hw)}, consts, outputs=outputs or ["down", "next"])
 
 
-@pytest.mark.skipif(not AVX512, reason="the CPU has no AVX-512")
-def test_a_residual_stream_is_stored_in_pixel_panels():
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_a_residual_stream_is_stored_in_pixel_panels(isa):
     """The stream (one buffer: each block adds onto it in place) is in panels and every conv touching it runs on
     sat_conv_pw; not where the stream is also a graph output, is read by another op (a MaxPool) or by an
-    epilogue's Add that is not added in place, nor on the AVX2 build."""
-    cfg = BuildConfig(isa="avx512")
+    epilogue's Add that is not added in place, nor on the portable build or with sat_conv_pw turned off."""
+    cfg = BuildConfig(isa=isa)
     emitted = emit(stage(), config=cfg)
     assert emitted.plan.panels == {"s0"} and {emitted.plan.root(f"s{k}") for k in range(3)} == {"s0"}
     calls = [line for line in emitted.source.splitlines() if line.strip().startswith("sat_conv_pw(")]
@@ -66,18 +71,20 @@ def test_a_residual_stream_is_stored_in_pixel_panels():
     read_by_add = stage(blocks=1, tail=[Node("Conv", ["x", "wd"], ["v"]), Node("Add", ["v", "s1"], ["z"])],
                         outputs=["down", "next", "z"])
     assert not emit(read_by_add, config=cfg).plan.panels
-    assert not emit(stage(), config=BuildConfig(isa="avx2")).plan.panels
+    assert not emit(stage(), config=BuildConfig(isa="portable")).plan.panels
+    assert not emit(stage(), config=BuildConfig(isa=isa, pw=False)).plan.panels
 
 
 @pytest.mark.compiler
-@pytest.mark.skipif(not AVX512, reason="the CPU has no AVX-512")
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n,hw", [(1, (47, 47)), (2, (48, 46)), (1, (40, 60))])
-def test_a_stage_on_pixel_panels_matches_the_references(n, hw, threads):
-    """47x47 maps end on a panel of one pixel; 48x46 (two images) on whole panels; 40x60 has panels crossing
-    rows of 60 and a stride-2 output of 20x30 (600 pixels: a partial last panel). (Maps of at least 2048 pixels:
-    smaller ones put the 32 -> 96 convs on dconv.h's tiles, which do not write panels.)"""
-    cfg = BuildConfig(isa="avx512")
+def test_a_stage_on_pixel_panels_matches_the_references(n, hw, threads, isa):
+    """47x47 maps end on a panel of one pixel; 48x46 (two images) on whole panels of 32 (on AVX2 of 16); 40x60
+    has panels crossing rows of 60 and a stride-2 output of 20x30 (600 pixels: a partial last panel of 32, a
+    whole one of 16). (Maps of at least 2048 pixels: smaller ones put the 32 -> 96 convs on dconv.h's tiles on
+    AVX-512, which do not write panels.)"""
+    cfg = BuildConfig(isa=isa)
     g = stage(n, hw)
     assert emit(g, config=cfg).plan.panels == {"s0"}
     check_three_way(g, threads=threads, config=cfg)
@@ -113,6 +120,34 @@ def test_convs_of_large_weights_and_strided_writers_on_pixel_panels(n, hw, threa
 
 
 @pytest.mark.compiler
+@pytest.mark.skipif(" avx2 " not in CPU_FLAGS, reason="the CPU has no AVX2")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,hw", [(1, (48, 48)), (2, (38, 42))])
+def test_avx2_convs_of_large_weights_read_pixel_panels_in_channel_blocks(n, hw, threads):
+    """The AVX2 build has no other kernel reading panels: sat_conv_pw runs every conv touching them, weights of
+    more than PW_MAXW floats in channel blocks (520 -> 300 of strides 2 and 4: two blocks; 520 -> 400 of stride 1
+    reading the panels in place: three), each block gathering or reading its pixels again; not onto fewer than
+    PW_BLOCK_MINPANELS panels (a 24x24 map: 36 pixels of stride 4, three panels), whose blocks would come from
+    memory each time."""
+    cfg = BuildConfig(isa="avx2")
+
+    def graph(n, hw):
+        g = fan_out(n, hw)
+        g.constants["w6"] = arr(9, (400, 520, 1, 1))
+        g.nodes.append(Node("Conv", ["s", "w6"], ["y6"], name="n7"))
+        g.outputs.append("y6")
+        return g
+
+    assert not emit(graph(1, (24, 24)), config=cfg).plan.panels
+    g = graph(n, hw)
+    emitted = emit(g, config=cfg)
+    assert emitted.plan.panels == {"s", "t"}
+    calls = [line.strip() for line in emitted.source.splitlines() if line.strip().startswith("sat_conv")]
+    assert len(calls) == 7 and all(line.startswith("sat_conv_pw(") for line in calls)
+    check_three_way(g, threads=threads, config=cfg)
+
+
+@pytest.mark.compiler
 @pytest.mark.skipif(not AVX512, reason="the CPU has no AVX-512")
 def test_a_strided_conv_whose_epilogue_has_no_row_form_gathers_panels_on_the_tiles():
     """A stride-2 conv reading panels with an epilogue sat_conv_pw has no row form for (a per-pixel operand of
@@ -128,8 +163,8 @@ def test_a_strided_conv_whose_epilogue_has_no_row_form_gathers_panels_on_the_til
     check_three_way(g, threads=2, config=cfg)
 
 
-@pytest.mark.skipif(not AVX512, reason="the CPU has no AVX-512")
-def test_panels_only_for_images_of_fewer_than_2_31_floats():
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_panels_only_for_images_of_fewer_than_2_31_floats(isa):
     """The kernels' gathers index an image's panels with 32-bit offsets: a 2048-channel 1024x1024 map (2^31
     floats) stays N x C x H x W, a 64-channel 64x64 one takes panels."""
     def graph(c, hw):
@@ -137,6 +172,6 @@ def test_panels_only_for_images_of_fewer_than_2_31_floats():
         nodes = [Node("Conv", ["x", "w0"], ["s0"]), Node("Relu", ["s0"], ["s"]), Node("Conv", ["s", "w1"], ["y"])]
         return make(nodes, {"x": (1, 48, *hw)}, consts)
 
-    cfg = BuildConfig(isa="avx512")
+    cfg = BuildConfig(isa=isa)
     assert emit(graph(64, (64, 64)), config=cfg).plan.panels == {"s"}
     assert not emit(graph(2048, (1024, 1024)), config=cfg).plan.panels

@@ -50,7 +50,7 @@ def test_planner_adds_a_conv_onto_its_residual_in_place():
     step, emitted = conv_step(g, cfg)
     assert step.accumulates == "r" and emitted.plan.root("y") == "r"
     assert [n.op for n in step.chain] == ["Add", "Relu"]
-    assert ", 1, pw_" in emitted.source  # the kernel's accumulate flag, before its epilogue
+    assert ", 1, 0, 0, pwconv_" in emitted.source  # sat_conv_pw's accumulate flag, before its panel flags
     kept = block((1, 128, 20, 20), (96, 128, 1, 1), outputs=["y", "r"])
     step, other = conv_step(kept, cfg)
     assert not step.accumulates and other.plan.arena_bytes > emitted.plan.arena_bytes
@@ -68,20 +68,25 @@ def test_planner_adds_a_conv_onto_its_residual_in_place():
     assert not conv_step(depthwise, cfg)[0].accumulates
 
 
-# (input shape, weight shape, the kernel's call in the emitted C)
+# (input shape, weight shape, the kernel's call in the emitted C, sat_conv_pw allowed). The AVX2 build runs plain
+# 1x1 convs on sat_conv_pw's 6 x 16 tiles up to PW_MAXW weights and PW_ACC_MAXB of output (one reduction block,
+# whole panels; two blocks, 70 = 11 x 6 + 4 rows; two images, a last panel of 14 pixels), more output (2.4 MB) or
+# more weights on pgemm.h's tile; with sat_conv_pw turned off, the kernels before it.
 AVX2_CASES = [
-    ((1, 128, 20, 20), (96, 128, 1, 1), "sat_conv_packed("),   # input planes read in place, 25 whole panels
-    ((1, 1024, 9, 9), (140, 1024, 1, 1), "sat_conv_packed("),  # two channel blocks, four reduction blocks
-    ((2, 100, 10, 11), (26, 100, 1, 1), "sat_conv_packed("),   # a packed last panel, 26 = 4 x 6 + 2, 2 images
-    ((1, 64, 20, 20), (70, 64, 1, 1), "sat_conv2d("),          # sat_gemm_nn: a partial 24-wide panel, 70 rows
-    ((1, 80, 12, 12), (40, 80, 1, 1), "sat_conv2d("),          # sgemm onto its output (beta 1)
+    ((1, 128, 20, 20), (96, 128, 1, 1), "sat_conv_pw(", True), ((1, 300, 16, 17), (70, 300, 1, 1), "sat_conv_pw(", True),
+    ((2, 100, 10, 11), (26, 100, 1, 1), "sat_conv_pw(", True),
+    ((1, 128, 48, 48), (256, 128, 1, 1), "sat_conv_packed(", True),
+    ((1, 1024, 9, 9), (140, 1024, 1, 1), "sat_conv_packed(", True),  # two channel blocks, four reduction blocks
+    ((1, 128, 20, 20), (96, 128, 1, 1), "sat_conv_packed(", False),  # input planes read in place, 25 whole panels
+    ((2, 100, 10, 11), (26, 100, 1, 1), "sat_conv_packed(", False),  # a packed last panel, 26 = 4 x 6 + 2, 2 images
+    ((1, 64, 20, 20), (70, 64, 1, 1), "sat_conv2d(", False),         # sat_gemm_nn: a partial 24-wide panel, 70 rows
+    ((1, 80, 12, 12), (40, 80, 1, 1), "sat_conv2d(", False),         # sgemm onto its output (beta 1)
 ]
 
 
-def check_block(g, isa: str, how: str, kernel: str, threads: int) -> None:
+def check_block(g, cfg: BuildConfig, how: str, kernel: str, threads: int) -> None:
     """The conv step of `g` takes the residual's storage (`how`: the Step field naming it) on `kernel`, and the
-    build of `isa` matches the interpreter and ONNX Runtime."""
-    cfg = BuildConfig(isa=isa)
+    build of `cfg` matches the interpreter and ONNX Runtime."""
     step, emitted = conv_step(g, cfg)
     assert getattr(step, how) == "r" and kernel in emitted.source
     check_three_way(g, threads=threads, config=cfg)
@@ -91,22 +96,23 @@ def check_block(g, isa: str, how: str, kernel: str, threads: int) -> None:
 # panels (one reduction block; two blocks, three panels: split by channels too at 2 threads) up to PW_MAXW
 # packed weights and PW_ACC_MAXB of output, else sat_conv2d's tiles: more output (2.4 MB), one reduction block
 # (channel panels outer), two blocks (pixel panels outer), two blocks with weights of more than 2^18 floats.
-AVX512_CASES = [((1, 72, 31, 31), (70, 72, 1, 1), "sat_conv_pw("), ((1, 700, 8, 12), (100, 700, 1, 1), "sat_conv_pw("),
-                ((1, 72, 48, 48), (256, 72, 1, 1), "sat_conv2d("),
-                ((1, 200, 24, 23), (700, 200, 1, 1), "sat_conv2d("), ((1, 300, 16, 16), (440, 300, 1, 1), "sat_conv2d("),
-                ((1, 600, 12, 12), (440, 600, 1, 1), "sat_conv2d(")]
+AVX512_CASES = [((1, 72, 31, 31), (70, 72, 1, 1), "sat_conv_pw(", True),
+                ((1, 700, 8, 12), (100, 700, 1, 1), "sat_conv_pw(", True), ((1, 72, 48, 48), (256, 72, 1, 1), "sat_conv2d(", True),
+                ((1, 200, 24, 23), (700, 200, 1, 1), "sat_conv2d(", True),
+                ((1, 300, 16, 16), (440, 300, 1, 1), "sat_conv2d(", True),
+                ((1, 600, 12, 12), (440, 600, 1, 1), "sat_conv2d(", True)]
 
 
 @pytest.mark.compiler
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("isa,xshape,wshape,kernel", [
+@pytest.mark.parametrize("isa,xshape,wshape,kernel,pw", [
     *(pytest.param("avx2", *case, marks=pytest.mark.skipif(" avx2 " not in CPU_FLAGS, reason="the CPU has no AVX2"))
       for case in AVX2_CASES),
     *(pytest.param("avx512", *case, marks=pytest.mark.skipif(" avx512f " not in CPU_FLAGS,
                                                             reason="the CPU has no AVX-512"))
       for case in AVX512_CASES)])
-def test_kernels_add_onto_the_residual(isa, xshape, wshape, kernel, threads):
-    check_block(block(xshape, wshape), isa, "accumulates", kernel, threads)
+def test_kernels_add_onto_the_residual(isa, xshape, wshape, kernel, pw, threads):
+    check_block(block(xshape, wshape), BuildConfig(isa=isa, pw=pw), "accumulates", kernel, threads)
 
 
 @pytest.mark.compiler
@@ -162,4 +168,4 @@ DIRECT_CASES = [((1, 64, 14, 14), (72, 64, 1, 1), {}), ((1, 24, 13, 11), (40, 24
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("xshape,wshape,attrs", DIRECT_CASES)
 def test_avx512_direct_tiles_add_the_residual_in_its_storage(xshape, wshape, attrs, threads):
-    check_block(block(xshape, wshape, attrs), "avx512", "shares", "sat_conv_direct(", threads)
+    check_block(block(xshape, wshape, attrs), BuildConfig(isa="avx512"), "shares", "sat_conv_direct(", threads)

@@ -49,7 +49,8 @@ class BuildConfig:
     on it, else the planner's. stream: few-pixel convs on streamed weights (builds without AVX-512). im2col:
     every conv on im2col and OpenBLAS, the path of convs whose weights are not constants. direct: kxk convs
     on the AVX2 direct tiles (dconv8.h) where the planner picks them (AVX2 builds), else on the kernels before
-    (tests of those kernels turn it off)."""
+    (tests of those kernels turn it off). pw: 1x1 convs on sat_conv_pw (pw.h) and pixel panels where the planner
+    picks them (AVX-512 and AVX2 builds), else on the kernels before (tests of those kernels turn it off)."""
 
     isa: str = "native"
     sanitize: bool = False
@@ -59,6 +60,7 @@ class BuildConfig:
     stream: bool = True
     im2col: bool = False
     direct: bool = True
+    pw: bool = True
 
     def __post_init__(self):
         if self.isa not in ISAS:

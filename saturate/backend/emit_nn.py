@@ -86,7 +86,7 @@ class NnEmission:
                         and conv_layout(x, w, win, int(node.attr("group", 1)), cfg) == 1)
         stream = runs_stream(node, sh, self.g.constants, cfg)
         wino = runs_wino(node, sh, self.g.constants, cfg)
-        pw = (ypan or xpan and pw_capable(node, sh, self.g.constants, cfg, True)
+        pw = (ypan or xpan and pw_capable(node, sh, self.g.constants, cfg, True, not cfg.packed_gemm)
               or runs_pw(node, sh, self.g.constants, cfg, bool(acc)))
         plain = plain_pointwise(x, win) if len(x) == 4 else False
         epi = self.epilogue(step, chain, oshape, 2, extra,
@@ -152,6 +152,27 @@ class NnEmission:
             self.body.append(f"    sat_conv_dw_lanes({xp}, {self.ptr(node.inputs[1])}, {out}, {x[0]}, {x[1]}, {H}, {W}, "
                              f"{w[0]}, {geo}, {epi}{item});\n")
             return
+        row_forms = self.vector_rows if cfg.packed_gemm else self.vector_rows8
+        rows = epi == "NULL" or epi in row_forms
+        # panels are written, and read at unit stride, by sat_conv_pw alone (plan.panel_roots: its epilogue has a
+        # row form there); a strided conv reading them without one gathers them on sat_conv2d's tiles (AVX-512)
+        assert rows or not (ypan or xpan and (plain or not cfg.packed_gemm)), node.name
+        if pw and rows:
+            # Weights packed as sat_conv2d's (AVX-512) or pgemm.h's usual product's (AVX2); a unit function per
+            # conv inlines the epilogue's row form.
+            if cfg.packed_gemm:
+                arr = pack_weights(self.g.constants[node.inputs[1]], 1, PANEL)
+                packed = self.weight(("packed", node.inputs[1], 1, 0), arr)
+                self.needs_packed = True
+                guard = "defined(SAT_HAVE_PACKED_GEMM)"
+            else:
+                arr = pack_weights(self.g.constants[node.inputs[1]], 1, PR, kc=w[1])
+                packed = self.weight(("pgemm", node.inputs[1], 1, False), arr)
+                guard = "defined(SAT_HAVE_PW) && !defined(SAT_HAVE_PACKED_GEMM)"
+            unit = self.unit("pwconv", "sat_pw_unit", guard, [row_forms[epi] if epi != "NULL" else None])
+            self.body.append(f"    sat_conv_pw({xp}, {packed}, {out}, {x[0]}, {x[1]}, {w[0]}, {H}, {W}, {win.oh}, "
+                             f"{win.ow}, {win.sh}, {win.sw}, {acc}, {int(xpan)}, {int(ypan)}, {unit});\n")
+            return
         if runs_packed(node, sh, self.g.constants, cfg):
             # Weights packed once here in the panels of the tile side they take (pgemm.h).
             layout = conv_layout(x, w, win, group, cfg)
@@ -168,20 +189,6 @@ class NnEmission:
                 unit = self._unit8("pconv", "sat_pconv_run", epi)
             self.body.append(f"    sat_conv_packed({xp}, {packed}, {arr.size // group}, {out}, {x[0]}, {x[1]}, {H}, "
                              f"{W}, {w[0]}, {geo}, {group}, {layout}, {acc}, {epi}, {unit});\n")
-            return
-        rows = epi == "NULL" or epi in self.vector_rows
-        # panels are written, and read at unit stride, by sat_conv_pw alone (plan.panel_roots: its epilogue has a
-        # row form there); a strided conv reading them without one gathers them on sat_conv2d's tiles
-        assert rows or not (ypan or xpan and plain), node.name
-        if pw and rows:
-            # Weights packed as sat_conv2d's; a unit function per conv inlines the epilogue's row form.
-            arr = pack_weights(self.g.constants[node.inputs[1]], 1, PANEL)
-            packed = self.weight(("packed", node.inputs[1], 1, 0), arr)
-            self.needs_packed = True
-            unit = self.unit("pwconv", "sat_pw_unit", "defined(SAT_HAVE_PACKED_GEMM)",
-                             [self.vector_rows[epi] if epi != "NULL" else None])
-            self.body.append(f"    sat_conv_pw({xp}, {packed}, {out}, {x[0]}, {x[1]}, {w[0]}, {H}, {W}, {win.oh}, "
-                             f"{win.ow}, {win.sh}, {win.sw}, {acc}, {int(xpan)}, {int(ypan)}, {unit});\n")
             return
         # Constant weights are stored once, packed for the micro-kernel; others go to OpenBLAS as they are.
         wp, packed, per_group, trans = "NULL", "NULL", 0, 0

@@ -241,15 +241,16 @@ void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_g
         for (int m = 0; m < m1 - m0; m++) epi(y, (yt - y) + (int64_t)m * P, cols);
 }
 
-#ifdef SAT_HAVE_PACKED_GEMM
-float sat_pw_pack[SAT_MAX_THREADS][SAT_KC * SAT_NR] __attribute__((aligned(64)));
+#ifdef SAT_HAVE_PW
+float sat_pw_pack[SAT_MAX_THREADS][SAT_PW_KC * SAT_PW_NR] __attribute__((aligned(64)));
 
-/* Units of 8 pixel panels (256 pixels) of one image, fewer where that leaves fewer than 4 per thread, split by
- * channels too where even single panels do (a panel's packing is then done once per channel part). */
+/* Units of 256 pixels (whole panels) of one image, fewer where that leaves fewer than 4 per thread, split by channels too
+ * where even single panels do, or where the weights are more than SAT_PW_MAXW floats (a panel's packing is then done
+ * once per channel part). */
 void sat_conv_pw(const float *x, const float *wp, float *y, int N, int K, int M, int H, int W, int OH, int OW, int sh,
                  int sw, int acc, int xpan, int ypan, sat_body unit) {
-    const int64_t P = (int64_t)OH * OW, Q = (P + SAT_NR - 1) / SAT_NR, want = 4 * (int64_t)sat_threads;
-    int64_t chunk = 8;
+    const int64_t P = (int64_t)OH * OW, Q = (P + SAT_PW_NR - 1) / SAT_PW_NR, want = 4 * (int64_t)sat_threads;
+    int64_t chunk = 256 / SAT_PW_NR;
     if (sat_threads > 1 && N * ((Q + chunk - 1) / chunk) < want) {
         chunk = (N * Q + want - 1) / want;
         if (chunk < 1) chunk = 1;
@@ -257,10 +258,16 @@ void sat_conv_pw(const float *x, const float *wp, float *y, int N, int K, int M,
     const int64_t pchunks = (Q + chunk - 1) / chunk;
     int mparts = 1;
     if (sat_threads > 1 && N * pchunks < 2 * sat_threads) mparts = (int)((2 * sat_threads + N * pchunks - 1) / (N * pchunks));
-    int mchunk = ((M + mparts - 1) / mparts + SAT_MR - 1) / SAT_MR * SAT_MR;
+    int mchunk = ((M + mparts - 1) / mparts + SAT_PW_MR - 1) / SAT_PW_MR * SAT_PW_MR;
+    int mblock = SAT_PW_MAXW / K / SAT_PW_MR * SAT_PW_MR;
+    if (mblock < SAT_PW_MR) mblock = SAT_PW_MR;
+    if (mchunk > mblock) { /* blocks of even size */
+        const int blocks = (M + mblock - 1) / mblock;
+        mchunk = ((M + blocks - 1) / blocks + SAT_PW_MR - 1) / SAT_PW_MR * SAT_PW_MR;
+    }
     mparts = (M + mchunk - 1) / mchunk;
-    sat_pw_args a = {x, wp, y, P, K, M, (M + SAT_MR - 1) / SAT_MR * SAT_MR, acc, (int)chunk, (int)pchunks, mchunk, mparts,
-                     H, W, OW, sh, sw, xpan, ypan};
+    sat_pw_args a = {x, wp, y, P, N, K, M, (M + SAT_PW_MR - 1) / SAT_PW_MR * SAT_PW_MR, acc, (int)chunk, (int)pchunks,
+                     mchunk, mparts, H, W, OW, sh, sw, xpan, ypan};
     sat_parallel((int64_t)N * pchunks * mparts, unit, &a);
 }
 #endif

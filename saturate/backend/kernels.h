@@ -112,79 +112,6 @@ void sat_conv2d(const float *x, const float *w, const float *wp, int64_t wp_grou
                        int N, int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
                        int pw, int dh, int dw, int G, int trans, int acc, int xpan, sat_epi epi);
 
-#ifdef SAT_HAVE_PACKED_GEMM
-/* A 1x1 conv without padding (N x K x H x W input, M x K weights packed as gemm.h's A) on the packed product,
- * pixel panels outer: each 32-pixel panel of the output takes its input panel a reduction block at a time,
- * read in place from an input stored in pixel panels (`xpan`: image n's pixel p, channel k at
- * ((n * Qin + p / 32) * K + k) * 32 + p % 32, see plan.panel_roots) or packed into the thread's buffer from
- * N x K x H x W planes, or gathered (a strided conv, from pixel panels). The panel stays in L1 while every
- * 8-channel panel of the weights passes it, and each 8 x 32 tile takes the epilogue in registers as it is
- * stored, into N x M x OH x OW or pixel panels (`ypan`). A unit is a run of `chunk` pixel panels of one image
- * times the channels [mpart * mchunk, ...). */
-typedef struct {
-    const float *x, *wp;
-    float *y;
-    int64_t P; /* output pixels */
-    int K, M, Mp, acc, chunk, pchunks, mchunk, mparts, H, W, OW, sh, sw, xpan, ypan;
-} sat_pw_args;
-
-extern float sat_pw_pack[SAT_MAX_THREADS][SAT_KC * SAT_NR] __attribute__((aligned(64)));
-
-/* Rows [k0, k0 + kc) of output panel q's input pixels gathered from pixel panels (a strided conv's). */
-static inline void sat_pw_gather(const sat_pw_args *a, const float *xn, int64_t q, int nr, int k0, int kc, float *bp) {
-    int32_t idx[SAT_NR];
-    for (int c = 0; c < SAT_NR; c++) {
-        const int64_t p = q * SAT_NR + (c < nr ? c : 0), ip = p / a->OW * a->sh * a->W + p % a->OW * a->sw;
-        idx[c] = (int32_t)(ip / SAT_NR * a->K * SAT_NR + ip % SAT_NR);
-    }
-    const __m512i i0 = _mm512_loadu_si512(idx), i1 = _mm512_loadu_si512(idx + 16);
-    const float *src = xn + (int64_t)k0 * SAT_NR;
-    for (int k = 0; k < kc; k++, src += SAT_NR) {
-        _mm512_store_ps(bp + k * SAT_NR, _mm512_i32gather_ps(i0, src, 4));
-        _mm512_store_ps(bp + k * SAT_NR + 16, _mm512_i32gather_ps(i1, src, 4));
-    }
-}
-
-static inline __attribute__((always_inline)) void sat_pw_unit(void *ctx, int64_t u, int tid, sat_epr epr) {
-    const sat_pw_args *a = ctx;
-    const int64_t P = a->P, Q = (P + SAT_NR - 1) / SAT_NR, Pin = (int64_t)a->H * a->W;
-    const int64_t Qin = (Pin + SAT_NR - 1) / SAT_NR;
-    const int mpart = (int)(u % a->mparts), pc = (int)(u / a->mparts % a->pchunks);
-    const int64_t n = u / a->mparts / a->pchunks;
-    const int m0 = mpart * a->mchunk, m1 = m0 + a->mchunk < a->M ? m0 + a->mchunk : a->M;
-    const int64_t q0 = (int64_t)pc * a->chunk, q1 = q0 + a->chunk < Q ? q0 + a->chunk : Q;
-    const int strided = a->sh != 1 || a->sw != 1;
-    const float *xn = a->x + n * a->K * (a->xpan ? Qin * SAT_NR : Pin);
-    const int64_t ldc = a->ypan ? SAT_NR : P;
-    float *bp = sat_pw_pack[tid];
-    for (int64_t q = q0; q < q1; q++) {
-        const int nr = P - q * SAT_NR < SAT_NR ? (int)(P - q * SAT_NR) : SAT_NR;
-        for (int k0 = 0; k0 < a->K; k0 += SAT_KC) {
-            const int kc = a->K - k0 < SAT_KC ? a->K - k0 : SAT_KC;
-            const float *b = bp;
-            if (strided)
-                sat_pw_gather(a, xn, q, nr, k0, kc, bp);
-            else if (a->xpan)
-                b = xn + (q * a->K + k0) * SAT_NR;
-            else
-                sat_pack_b(xn, P, k0, kc, q * SAT_NR, nr, bp);
-            const float *w = a->wp + (int64_t)k0 * a->Mp;
-            for (int i = m0; i < m1; i += SAT_MR) {
-                const int mr = m1 - i < SAT_MR ? m1 - i : SAT_MR, acc = k0 > 0 || a->acc;
-                const int64_t off = a->ypan ? ((n * Q + q) * a->M + i) * SAT_NR : (n * a->M + i) * P + q * SAT_NR;
-                /* (two calls, so the last block's sees its epilogue as a constant and inlines it) */
-                if (k0 + kc == a->K)
-                    sat_kernel_8x32_epr(kc, w + (int64_t)i * kc, b, a->y + off, ldc, acc, mr, nr, epr, n * a->M + i, off);
-                else
-                    sat_kernel_8x32_epr(kc, w + (int64_t)i * kc, b, a->y + off, ldc, acc, mr, nr, NULL, 0, 0);
-            }
-        }
-    }
-}
-
-void sat_conv_pw(const float *x, const float *wp, float *y, int N, int K, int M, int H, int W, int OH, int OW, int sh,
-                 int sw, int acc, int xpan, int ypan, sat_body unit);
-#endif
 
 /* Columns [j0, j0 + per) of an sgemm and their epilogue, one work item of a threaded product (OpenBLAS runs
  * on one thread inside the model, so threads split the product between them). */
@@ -272,6 +199,7 @@ void sat_copy_blocks(const float *x, float *y, int64_t outer, int64_t inner, int
 #include "pgemm.h"
 #include "wino.h"
 #include "dconv8.h"
+#include "pw.h"
 #include "tensor.h"
 #include "qgemm.h"
 

@@ -214,6 +214,61 @@ static inline void sat_ukr_rows4(int kc, const float *const *ar, const float *re
     }
 }
 
+#if defined(SAT_HAVE_DWT) && SAT_VL == 8
+/* A 1x1 conv's epilogue on 8 outputs of one channel: plane q (image * channels + channel), flat output index
+ * `off` of the first lane, lanes `mk` (vector_form's AVX2 row form, instantiated per conv by the emitter). */
+typedef __m256 (*sat_epr8)(__m256 v, int64_t q, int64_t off, __m256i mk);
+
+#define SAT_STORE_EPR8(r)                                                                                  \
+    if (r < mr) {                                                                                          \
+        float *cr = y + (int64_t)r * ldy;                                                                  \
+        __m256 v0 = c##r##0, v1 = c##r##1;                                                                 \
+        if (acc) {                                                                                         \
+            v0 = _mm256_add_ps(v0, full ? _mm256_loadu_ps(cr) : _mm256_maskload_ps(cr, m0));               \
+            v1 = _mm256_add_ps(v1, full ? _mm256_loadu_ps(cr + 8) : _mm256_maskload_ps(cr + 8, m1));       \
+        }                                                                                                  \
+        if (epr) {                                                                                         \
+            v0 = epr(v0, q + r, off + (int64_t)r * ldy, m0);                                               \
+            v1 = epr(v1, q + r, off + (int64_t)r * ldy + 8, m1);                                           \
+        }                                                                                                  \
+        if (full)                                                                                          \
+            _mm256_storeu_ps(cr, v0), _mm256_storeu_ps(cr + 8, v1);                                        \
+        else                                                                                               \
+            _mm256_maskstore_ps(cr, m0, v0), _mm256_maskstore_ps(cr + 8, m1, v1);                          \
+    }
+
+/* y (mr x nr of the 6 x 16 tile, pitch ldy) = epr((acc ? y : 0) + a (kc x 6 panel) * b (kc x 16 panel)): rows are
+ * channels q .. q+5, y is the output at flat index `off`; no epilogue where `epr` is NULL. */
+static inline __attribute__((always_inline)) void sat_ukr_epr(int kc, const float *restrict a, const float *restrict b,
+                                                              float *y, int64_t ldy, int acc, int mr, int nr,
+                                                              sat_epr8 epr, int64_t q, int64_t off) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+           c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (int k = 0; k < kc; k++) {
+        const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        __m256 s = _mm256_broadcast_ss(a);
+        c00 = _mm256_fmadd_ps(s, b0, c00), c01 = _mm256_fmadd_ps(s, b1, c01);
+        s = _mm256_broadcast_ss(a + 1);
+        c10 = _mm256_fmadd_ps(s, b0, c10), c11 = _mm256_fmadd_ps(s, b1, c11);
+        s = _mm256_broadcast_ss(a + 2);
+        c20 = _mm256_fmadd_ps(s, b0, c20), c21 = _mm256_fmadd_ps(s, b1, c21);
+        s = _mm256_broadcast_ss(a + 3);
+        c30 = _mm256_fmadd_ps(s, b0, c30), c31 = _mm256_fmadd_ps(s, b1, c31);
+        s = _mm256_broadcast_ss(a + 4);
+        c40 = _mm256_fmadd_ps(s, b0, c40), c41 = _mm256_fmadd_ps(s, b1, c41);
+        s = _mm256_broadcast_ss(a + 5);
+        c50 = _mm256_fmadd_ps(s, b0, c50), c51 = _mm256_fmadd_ps(s, b1, c51);
+        a += SAT_PR;
+        b += 16;
+    }
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), lane);
+    const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr - 8), lane);
+    const int full = nr == 16;
+    SAT_STORE_EPR8(0) SAT_STORE_EPR8(1) SAT_STORE_EPR8(2) SAT_STORE_EPR8(3) SAT_STORE_EPR8(4) SAT_STORE_EPR8(5)
+}
+#endif
+
 typedef struct {
     const float *x, *wp;
     int64_t wp_group;

@@ -95,8 +95,9 @@ class Plan:
     scratch_bytes: int             # im2col columns, live only inside one conv
     naive_bytes: int               # what one buffer per intermediate would take
     # Roots stored in pixel panels (see panel_roots): image n, pixel p, channel c of an N x C x H x W value at
-    # ((n * Q + p / 32) * C + c) * 32 + p % 32, Q = ceil(H * W / 32).
+    # ((n * Q + p / R) * C + c) * R + p % R, Q = ceil(H * W / R), R = panel_pixels (the build's sat_conv_pw tile).
     panels: set[str] = field(default_factory=set)
+    panel_pixels: int = 1
 
     @property
     def peak_bytes(self) -> int:
@@ -111,7 +112,8 @@ class Plan:
     def floats(self, root: str, shape: tuple[int, ...]) -> int:
         """Floats a root's storage holds: pixel panels round each image's pixels up to whole panels."""
         if root in self.panels:
-            return shape[0] * shape[1] * -(-shape[2] * shape[3] // PANEL_PIXELS) * PANEL_PIXELS
+            r = self.panel_pixels
+            return shape[0] * shape[1] * -(-shape[2] * shape[3] // r) * r
         return math.prod(shape)
 
 
@@ -767,11 +769,13 @@ def in_place_residual(step: Step, k: int, pl: Plan, graph: Graph, shapes: dict, 
 # Most packed weight floats (Mp x K) for sat_conv_pw: pixel panels outer read all of them from L2 for every
 # 32-pixel panel. Most output bytes it adds onto in place (a residual it reads a line of every channel of per
 # panel).
-PW_MAXW, PW_ACC_MAXB = 1 << 17, 2 << 20
+PW_MAXW, PW_ACC_MAXB = C["SAT_PW_MAXW"], 2 << 20
+# Fewest pixel panels in the output (all images) of a conv whose weights sat_conv_pw splits into channel blocks.
+PW_BLOCK_MINPANELS = 8
 
 
 def runs_pw(node: Node, shapes: dict, constants, cfg: BuildConfig, accumulates: bool = False) -> bool:
-    """Whether a conv runs on sat_conv_pw (AVX-512 builds; with an epilogue, where it has a row form): a plain
+    """Whether a conv runs on sat_conv_pw (AVX-512 and AVX2 builds; with an epilogue, where it has a row form): a plain
     1x1 conv of one group with constant weights the packed product takes (not dconv.h's tiles), of at most
     PW_MAXW packed weights, adding onto at most PW_ACC_MAXB of output where it `accumulates`. Others keep
     sat_conv2d's tiles: with larger weights their channel panels outer read the weights once a tile, and
@@ -785,17 +789,32 @@ def runs_pw(node: Node, shapes: dict, constants, cfg: BuildConfig, accumulates: 
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     if accumulates and x[0] * w[0] * x[2] * x[3] * 4 > PW_ACC_MAXB:
         return False
-    return not runs_direct(node, shapes, constants, cfg)
+    if cfg.packed_gemm:
+        return not runs_direct(node, shapes, constants, cfg)
+    # AVX2: not the few-pixel convs the streamed kernel or the transposed product runs
+    return (not runs_stream(node, shapes, constants, cfg) and not direct_avx2(node, shapes, constants, cfg)
+            and conv_layout(x, w, conv_window(node, x, w), 1, cfg) != 1)
 
 
-PANEL_PIXELS = C["SAT_NR"]
+def pw_tile(cfg: BuildConfig) -> tuple[int, int] | None:
+    """sat_conv_pw's register tile, (channels, pixels): gemm.h's 8 x 32 on AVX-512 builds, pgemm.h's 6 x 16 on AVX2
+    ones (pw.h), None on others."""
+    if not cfg.pw:
+        return None
+    if cfg.packed_gemm:
+        return C["SAT_MR"], C["SAT_NR"]
+    if cfg.pgemm and cfg.lanes == 8:
+        return PR, 16
+    return None
 
 
-def pw_capable(node: Node, shapes: dict, constants, cfg: BuildConfig, strided: bool) -> bool:
-    """Whether sat_conv_pw can run a conv whatever its input's and output's storage: AVX-512 builds, one
-    group, constant weights of at most PW_MAXW packed floats, a 1x1 window without padding, of unit strides
-    unless `strided` (a strided one gathers its pixels from an input in pixel panels)."""
-    if node.op != "Conv" or not cfg.packed_gemm or node.inputs[1] not in constants or int(node.attr("group", 1)) != 1:
+def pw_capable(node: Node, shapes: dict, constants, cfg: BuildConfig, strided: bool, blocked: bool = False) -> bool:
+    """Whether sat_conv_pw can run a conv whatever its input's and output's storage: AVX-512 and AVX2 builds,
+    one group, constant weights of at most PW_MAXW floats (any number where `blocked`: the kernel splits them
+    into channel blocks), a 1x1 window without padding, of unit strides unless `strided` (a strided one gathers
+    its pixels from an input in pixel panels)."""
+    tile = pw_tile(cfg)
+    if node.op != "Conv" or not tile or node.inputs[1] not in constants or int(node.attr("group", 1)) != 1:
         return False
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     if len(x) != 4 or len(w) != 4 or w[1] == 1:
@@ -803,7 +822,11 @@ def pw_capable(node: Node, shapes: dict, constants, cfg: BuildConfig, strided: b
     win = conv_window(node, x, w)
     if win.kh != 1 or win.kw != 1 or win.ph or win.pw or not (strided or plain_pointwise(x, win)):
         return False
-    return -(-w[0] // C["SAT_MR"]) * C["SAT_MR"] * w[1] <= PW_MAXW
+    if w[0] * w[1] <= PW_MAXW:
+        return True
+    # each channel block's weights pass every pixel panel of the output from L2: on few panels they come from
+    # memory as often as they are used (ResNet-50's 1024 -> 2048 of stride 2 onto 7x7, 4 panels: 2.9 -> 4.4 ms)
+    return blocked and x[0] * -(-win.oh * win.ow // tile[1]) >= PW_BLOCK_MINPANELS
 
 
 def _row_chain(step: Step, shapes: dict) -> bool:
@@ -830,7 +853,8 @@ def panel_roots(pl: Plan, graph: Graph, shapes: dict, cfg: BuildConfig) -> set[s
     128 1.51 -> 1.40, the stride-2 256 -> 512 1.75 -> 1.52; the model 62.3-64.9 -> 61.9-63.5 ms (C/ORT
     1.03-1.05 -> 0.96-1.03), at 2 threads 35.5-36.4 -> 33.4-35.4 (1.02-1.03 -> 0.97). Its second stage's
     stream (28x28) is in panels too; the third's is written by direct tiles (dconv.h) and stays."""
-    if not cfg.packed_gemm:
+    tile = pw_tile(cfg)
+    if not tile:
         return set()
     external = set(graph.inputs) | set(graph.constants) | {pl.root(o) for o in graph.outputs}
     writers: dict[str, list[Step]] = {}
@@ -840,10 +864,13 @@ def panel_roots(pl: Plan, graph: Graph, shapes: dict, cfg: BuildConfig) -> set[s
         for v in step.reads():
             readers.setdefault(pl.root(v), []).append((step, v))
     found: set[str] = set()
+    # (AVX2 builds run convs of any weights on sat_conv_pw's channel blocks there: they have no other kernel
+    # reading panels)
+    blocked = not cfg.packed_gemm
 
     def writes(s: Step) -> bool:
         # sat_conv_pw, its epilogue Relus (past an Add it accumulates); of stride 2 only from panels it gathers
-        if s.shares or not pw_capable(s.anchor, shapes, graph.constants, cfg, True):
+        if s.shares or not pw_capable(s.anchor, shapes, graph.constants, cfg, True, blocked):
             return False
         x, w = shapes[s.anchor.inputs[0]], shapes[s.anchor.inputs[1]]
         return ((plain_pointwise(x, conv_window(s.anchor, x, w)) or pl.root(s.anchor.inputs[0]) in found)
@@ -856,12 +883,12 @@ def panel_roots(pl: Plan, graph: Graph, shapes: dict, cfg: BuildConfig) -> set[s
         if (node.op != "Conv" or v != node.inputs[0] or shapes.get(v) != shapes[r]
                 or r in [pl.root(i) for n in s.nodes() for i in n.inputs[1:]]):
             return False
-        if pw_capable(node, shapes, graph.constants, cfg, True) and _row_chain(s, shapes):
+        if pw_capable(node, shapes, graph.constants, cfg, True, blocked) and _row_chain(s, shapes):
             return True
-        # a strided 1x1 conv of larger weights on sat_conv2d's tiles, its im2col gathering from the panels
+        # a strided 1x1 conv of larger weights on sat_conv2d's tiles (AVX-512), its im2col gathering from the panels
         x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
         win = conv_window(node, x, w)
-        return (node.inputs[1] in graph.constants and int(node.attr("group", 1)) == 1 and win.kh == win.kw == 1
+        return (cfg.packed_gemm and node.inputs[1] in graph.constants and int(node.attr("group", 1)) == 1 and win.kh == win.kw == 1
                 and not (win.ph or win.pw or plain_pointwise(x, win)) and not s.accumulates and not s.shares
                 and not runs_direct(node, shapes, graph.constants, cfg))
 
@@ -869,7 +896,7 @@ def panel_roots(pl: Plan, graph: Graph, shapes: dict, cfg: BuildConfig) -> set[s
         if r in external or len(shapes.get(r, ())) != 4 or not all(writes(s) for s in steps):
             continue
         # (the kernels' gathers index an image's panels with 32-bit offsets)
-        if shapes[r][1] * -(-shapes[r][2] * shapes[r][3] // PANEL_PIXELS) * PANEL_PIXELS >= 2**31:
+        if shapes[r][1] * -(-shapes[r][2] * shapes[r][3] // tile[1]) * tile[1] >= 2**31:
             continue
         if all(reads(s, v, r) for s, v in readers.get(r, [])):
             found.add(r)
@@ -925,6 +952,7 @@ def plan(graph: Graph, shapes: dict[str, tuple[int, ...]], cfg: BuildConfig, red
     # Greedy placement, largest first: lowest offset clear of every buffer live at the same time.
     placed: list[tuple[int, int, int, int]] = []
     pl.panels = panel_roots(pl, graph, shapes, cfg)
+    pl.panel_pixels = (pw_tile(cfg) or (1, 1))[1]
     for r in sorted(first, key=lambda v: (-_nbytes(pl.floats(v, shapes[v])), first[v])):
         size, lo, hi = _nbytes(pl.floats(r, shapes[r])) + redzone, first[r], last[r]
         busy = sorted((o, e) for o, e, a, b in placed if not (b < lo or hi < a))

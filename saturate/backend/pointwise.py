@@ -109,25 +109,26 @@ class Operand:
             return f"_mm256_maskload_ps(p{k} + {base} + q % {c}, mc)"
         return None
 
-    def row_load(self, k: int) -> str | None:
+    def row_load(self, k: int, avx2: bool = False) -> str | None:
         """AVX load (widened to AVX-512 by its user) of this operand for 16 consecutive outputs of one channel
-        of an N x C x ... output (plane q, flat index off, lanes mk): per-channel operands by q, a constant
-        divisor; others as vload."""
+        of an N x C x ... output (plane q, flat index off, lanes mk), or with `avx2` for 8 of them (mk an
+        __m256i mask): per-channel operands by q, a constant divisor; others as vload."""
         base = self.image_base()
         if base is None:
-            return self.vload(k)
+            return self.vload(k, avx2)
         c = self.oshape[1]
         channel = f" + (q % {c}) * {self.bstr[1]}" if self.bstr[1] and c > 1 else ""
         return f"_mm256_set1_ps(p{k}[{base}{channel}])"
 
-    def vload(self, k: int) -> str | None:
-        """AVX-512VL load of 8 consecutive outputs' operands (lanes `mk`), None for gathers."""
+    def vload(self, k: int, avx2: bool = False) -> str | None:
+        """AVX-512VL load of 8 consecutive outputs' operands (lanes `mk`; with `avx2` an AVX2 masked load, mk an
+        __m256i mask), None for gathers."""
         if self.kind == "literal":
             return f"_mm256_set1_ps({c_float(self.literal)})"
         if self.kind == "scalar":
             return f"_mm256_set1_ps(p{k}[b{k}])"
         if self.kind == "contig":
-            return f"_mm256_maskz_loadu_ps(mk, p{k} + b{k})"
+            return f"_mm256_maskload_ps(p{k} + b{k}, mk)" if avx2 else f"_mm256_maskz_loadu_ps(mk, p{k} + b{k})"
         return None
 
 

@@ -70,15 +70,16 @@ def test_planner_adds_a_conv_onto_its_residual_in_place():
 
 # (input shape, weight shape, the kernel's call in the emitted C, sat_conv_pw allowed). The AVX2 build runs plain
 # 1x1 convs on sat_conv_pw's 6 x 16 tiles up to PW_MAXW weights and PW_ACC_MAXB of output (one reduction block,
-# whole panels; two blocks, 70 = 11 x 6 + 4 rows; two images, a last panel of 14 pixels), more output (2.4 MB) or
-# more weights on pgemm.h's tile; with sat_conv_pw turned off, the kernels before it.
+# whole panels; two blocks, 70 = 11 x 6 + 4 rows; two images, a last panel of 13 pixels), more output (2.4 MB),
+# more weights or maps of fewer than 256 pixels on pgemm.h's tile; with sat_conv_pw turned off, the kernels
+# before it.
 AVX2_CASES = [
     ((1, 128, 20, 20), (96, 128, 1, 1), "sat_conv_pw(", True), ((1, 300, 16, 17), (70, 300, 1, 1), "sat_conv_pw(", True),
-    ((2, 100, 10, 11), (26, 100, 1, 1), "sat_conv_pw(", True),
+    ((2, 100, 15, 19), (26, 100, 1, 1), "sat_conv_pw(", True),
     ((1, 128, 48, 48), (256, 128, 1, 1), "sat_conv_packed(", True),
     ((1, 1024, 9, 9), (140, 1024, 1, 1), "sat_conv_packed(", True),  # two channel blocks, four reduction blocks
     ((1, 128, 20, 20), (96, 128, 1, 1), "sat_conv_packed(", False),  # input planes read in place, 25 whole panels
-    ((2, 100, 10, 11), (26, 100, 1, 1), "sat_conv_packed(", False),  # a packed last panel, 26 = 4 x 6 + 2, 2 images
+    ((2, 100, 10, 11), (26, 100, 1, 1), "sat_conv_packed(", True),   # a packed last panel, 26 = 4 x 6 + 2, 2 images
     ((1, 64, 20, 20), (70, 64, 1, 1), "sat_conv2d(", False),         # sat_gemm_nn: a partial 24-wide panel, 70 rows
     ((1, 80, 12, 12), (40, 80, 1, 1), "sat_conv2d(", False),         # sgemm onto its output (beta 1)
 ]

@@ -74,7 +74,8 @@ def test_planner_adds_a_conv_onto_its_residual_in_place():
 # more weights or maps of fewer than 256 pixels on pgemm.h's tile; with sat_conv_pw turned off, the kernels
 # before it.
 AVX2_CASES = [
-    ((1, 128, 20, 20), (96, 128, 1, 1), "sat_conv_pw(", True), ((1, 300, 16, 17), (70, 300, 1, 1), "sat_conv_pw(", True),
+    ((1, 128, 20, 20), (96, 128, 1, 1), "sat_conv_pw(", True),
+    ((1, 300, 16, 17), (70, 300, 1, 1), "sat_conv_pw(", True),
     ((2, 100, 15, 19), (26, 100, 1, 1), "sat_conv_pw(", True),
     ((1, 128, 48, 48), (256, 128, 1, 1), "sat_conv_packed(", True),
     ((1, 1024, 9, 9), (140, 1024, 1, 1), "sat_conv_packed(", True),  # two channel blocks, four reduction blocks

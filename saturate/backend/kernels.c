@@ -244,9 +244,9 @@ void sat_conv_tile(const float *x, const float *w, const float *wp, int64_t wp_g
 #ifdef SAT_HAVE_PW
 float sat_pw_pack[SAT_MAX_THREADS][SAT_PW_KC * SAT_PW_NR] __attribute__((aligned(64)));
 
-/* Units of 256 pixels (whole panels) of one image, fewer where that leaves fewer than 4 per thread, split by channels too
- * where even single panels do, or where the weights are more than SAT_PW_MAXW floats (a panel's packing is then done
- * once per channel part). */
+/* Units of 256 pixels (whole panels) of one image, fewer where that leaves fewer than 4 per thread, split by
+ * channels too where even single panels do, or where the weights are more than SAT_PW_MAXW floats (a panel's
+ * packing is then done once per channel part). */
 void sat_conv_pw(const float *x, const float *wp, float *y, int N, int K, int M, int H, int W, int OH, int OW, int sh,
                  int sw, int acc, int xpan, int ypan, sat_body unit) {
     const int64_t P = (int64_t)OH * OW, Q = (P + SAT_PW_NR - 1) / SAT_PW_NR, want = 4 * (int64_t)sat_threads;

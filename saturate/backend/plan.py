@@ -766,9 +766,9 @@ def in_place_residual(step: Step, k: int, pl: Plan, graph: Graph, shapes: dict, 
     return none
 
 
-# Most packed weight floats (Mp x K) for sat_conv_pw: pixel panels outer read all of them from L2 for every
-# 32-pixel panel. Most output bytes it adds onto in place (a residual it reads a line of every channel of per
-# panel).
+# Most weight floats (M x K) for sat_conv_pw (pw.h's SAT_PW_MAXW): pixel panels outer read all of them from L2 for
+# every pixel panel; larger ones it splits into channel blocks. Most output bytes it adds onto in place (a residual
+# it reads a line of every channel of per panel).
 PW_MAXW, PW_ACC_MAXB = C["SAT_PW_MAXW"], 2 << 20
 # Fewest input pixels of a 1x1 conv on sat_conv_pw's AVX2 tile outside pixel panels.
 PW_AVX2_MINP = 256
@@ -777,8 +777,8 @@ PW_BLOCK_MINPANELS = 8
 
 
 def runs_pw(node: Node, shapes: dict, constants, cfg: BuildConfig, accumulates: bool = False) -> bool:
-    """Whether a conv runs on sat_conv_pw (AVX-512 and AVX2 builds; with an epilogue, where it has a row form): a plain
-    1x1 conv of one group with constant weights the packed product takes (not dconv.h's tiles), of at most
+    """Whether a conv runs on sat_conv_pw (AVX-512 and AVX2 builds; with an epilogue, where it has a row form): a
+    plain 1x1 conv of one group with constant weights the packed product takes (not dconv.h's tiles), of at most
     PW_MAXW packed weights, adding onto at most PW_ACC_MAXB of output where it `accumulates`. Others keep
     sat_conv2d's tiles: with larger weights their channel panels outer read the weights once a tile, and
     read a residual as 8 rows front to back. ResNet-50 at 224x224, 1 thread, per-step medians beside ONNX
@@ -797,12 +797,13 @@ def runs_pw(node: Node, shapes: dict, constants, cfg: BuildConfig, accumulates: 
     # runs. ResNet-50 at 96x96, avx2 build, 1 thread, per step beside the build before (Xeon, family 6 model
     # 167): its 1x1 convs on 24x24 maps 0.21-0.25 -> 0.20-0.22 ms, on 12x12 maps 0.21-0.23 -> 0.23-0.25.
     return (x[2] * x[3] >= PW_AVX2_MINP and not runs_stream(node, shapes, constants, cfg)
-            and not direct_avx2(node, shapes, constants, cfg) and conv_layout(x, w, conv_window(node, x, w), 1, cfg) != 1)
+            and not direct_avx2(node, shapes, constants, cfg)
+            and conv_layout(x, w, conv_window(node, x, w), 1, cfg) != 1)
 
 
 def pw_tile(cfg: BuildConfig) -> tuple[int, int] | None:
-    """sat_conv_pw's register tile, (channels, pixels): gemm.h's 8 x 32 on AVX-512 builds, pgemm.h's 6 x 16 on AVX2
-    ones (pw.h), None on others."""
+    """sat_conv_pw's register tile, (channels, pixels): gemm.h's 8 x 32 on AVX-512 builds, pgemm.h's 6 x 16 on
+    AVX2 ones (pw.h), None on others or with BuildConfig.pw off."""
     if not cfg.pw:
         return None
     if cfg.packed_gemm:
@@ -829,7 +830,8 @@ def pw_capable(node: Node, shapes: dict, constants, cfg: BuildConfig, strided: b
     if w[0] * w[1] <= PW_MAXW:
         return True
     # each channel block's weights pass every pixel panel of the output from L2: on few panels they come from
-    # memory as often as they are used (ResNet-50's 1024 -> 2048 of stride 2 onto 7x7, 4 panels: 2.9 -> 4.4 ms)
+    # memory as often as they are used (ResNet-50's 1024 -> 2048 of stride 2 onto 7x7, 4 panels, AVX2 build:
+    # 2.9 -> 4.4 ms)
     return blocked and x[0] * -(-win.oh * win.ow // tile[1]) >= PW_BLOCK_MINPANELS
 
 
@@ -842,7 +844,8 @@ def _row_chain(step: Step, shapes: dict) -> bool:
 
 
 def panel_roots(pl: Plan, graph: Graph, shapes: dict, cfg: BuildConfig) -> set[str]:
-    """Roots stored in pixel panels, the layout sat_conv_pw's kernel reads its input in: each 32-pixel panel's
+    """Roots stored in pixel panels, the layout sat_conv_pw's kernel reads its input in: each panel's (32 pixels on
+    AVX-512, 16 on AVX2: the tile's columns)
     channels one after another, so a panel of a reduction block is one run of memory, read in place, where an
     N x C x H x W input is packed a panel at a time from a line of every channel plane. A root qualifies when
     sat_conv_pw writes all of it (convs whose epilogue is Relus, each adding onto it in place or not; no Add
@@ -856,7 +859,11 @@ def panel_roots(pl: Plan, graph: Graph, shapes: dict, cfg: BuildConfig) -> set[s
     0.75-0.80 ms (x3, level with ONNX Runtime's NCHWc kernel), 256 -> 64 0.87-0.89 -> 0.76-0.79 (x2), 256 ->
     128 1.51 -> 1.40, the stride-2 256 -> 512 1.75 -> 1.52; the model 62.3-64.9 -> 61.9-63.5 ms (C/ORT
     1.03-1.05 -> 0.96-1.03), at 2 threads 35.5-36.4 -> 33.4-35.4 (1.02-1.03 -> 0.97). Its second stage's
-    stream (28x28) is in panels too; the third's is written by direct tiles (dconv.h) and stays."""
+    stream (28x28) is in panels too; the third's is written by direct tiles (dconv.h) and stays.
+    AVX2 builds (pw.h's 6 x 16 tile), same model, per step interleaved with the build before: 64 -> 256 + residual
+    1.44-1.55 -> 1.21-1.29 ms (x3), 256 -> 64 1.45-1.51 -> 1.14-1.21 (x2), 256 -> 128 2.73-2.78 -> 2.28-2.33, the
+    stride-2 256 -> 512 2.72-2.75 -> 2.38, 128 -> 512 + residual on 28x28 1.32-1.37 -> 1.13-1.16 (x4); the
+    third stage's stream stays, its stride-2 reader writing 7x7 maps (PW_BLOCK_MINPANELS)."""
     tile = pw_tile(cfg)
     if not tile:
         return set()

@@ -341,7 +341,9 @@ def test_softmax_before_opset_13_flattens_from_axis():
 
 @pytest.mark.parametrize("op,opset,axes,keep", [("ReduceMean", 17, [2, 3], 1), ("ReduceMean", 18, [-1], 0),
                                                  ("ReduceMean", 18, None, 1), ("ReduceSum", 13, [0, 2], 0),
-                                                 ("ReduceMax", 17, [1], 1), ("ReduceMin", 18, [1, 3], 0)])
+                                                 ("ReduceMax", 17, [1], 1), ("ReduceMin", 18, [1, 3], 0),
+                                                 ("ReduceL2", 17, [2, 3], 1), ("ReduceL2", 18, [-1], 0),
+                                                 ("ReduceSumSquare", 13, [0, 2], 0), ("ReduceSumSquare", 18, None, 1)])
 def test_reductions_axes_attribute_and_input(op, opset, axes, keep):
     as_input = opset >= 18 or (op == "ReduceSum" and opset >= 13)
     consts = {"ax": ints(*axes)} if as_input and axes is not None else {}
@@ -355,7 +357,9 @@ def test_reductions_axes_attribute_and_input(op, opset, axes, keep):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("op,shape,axes", [("ReduceMean", (1, 128, 384), [-1]), ("ReduceSum", (37, 1, 1000), [2]),
                                            ("ReduceMax", (3, 5, 7, 9), [3]), ("ReduceMin", (2, 700, 13), [-1]),
-                                           ("ReduceMean", (3, 40, 300), [1, 2]), ("ReduceSum", (1, 1, 11), [2])])
+                                           ("ReduceMean", (3, 40, 300), [1, 2]), ("ReduceSum", (1, 1, 11), [2]),
+                                           ("ReduceL2", (2, 96, 4096), [-1]), ("ReduceL2", (4, 24, 33), [1]),
+                                           ("ReduceSumSquare", (3, 40, 300), [1, 2])])
 def test_reductions_of_the_last_axis_share_rows_among_threads(op, shape, axes, threads):
     # The last axis alone (an RMSNorm's mean of squares): rows in items of ~4K floats; last and other axes: one pass.
     node = Node(op, ["x", "ax"], ["y"], {"keepdims": 1})

@@ -394,6 +394,12 @@ class NnEmission:
     def emit_ReduceMin(self, step, chain, out, oshape):
         self.emit_reduce(step, chain, out, oshape, 3)
 
+    def emit_ReduceSumSquare(self, step, chain, out, oshape):
+        self.emit_reduce(step, chain, out, oshape, 4)
+
+    def emit_ReduceL2(self, step, chain, out, oshape):
+        self.emit_reduce(step, chain, out, oshape, 5)
+
     def emit_Softmax(self, step, chain, out, oshape):
         node = step.anchor
         default = -1 if self.g.opset >= 13 else 1

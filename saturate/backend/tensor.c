@@ -338,9 +338,21 @@ void sat_rotary(const float *x, const float *cs, const float *sn, float *y, int6
     sat_parallel((rows + a.per - 1) / a.per, sat_rotary_item, &a);
 }
 
-/* One row's sum (mode 0, 1) from `init` in 8 lanes, or its max (2) or min (3) from `init`. */
+/* One row's sum (mode 0, 1) or sum of squares (4, 5) from `init` in 8 lanes, or its max (2) or min (3) from
+ * `init`. */
 static float sat_reduce_row(const float *xr, int64_t inner, int mode, float init) {
     int64_t i = 0;
+    if (mode >= 4) {
+        float acc[8];
+        for (int k = 0; k < 8; k++) acc[k] = 0.0f;
+        const int64_t body = inner - inner % 8; /* explicit bound: see below */
+        for (; i < body; i += 8)
+            for (int k = 0; k < 8; k++) acc[k] += xr[i + k] * xr[i + k];
+        float t = 0.0f;
+        for (int k = 0; k < 8; k++) t += acc[k];
+        for (; i < inner; i++) t += xr[i] * xr[i];
+        return init + t;
+    }
     if (mode < 2) {
         float acc[8];
         for (int k = 0; k < 8; k++) acc[k] = 0.0f;
@@ -367,13 +379,13 @@ void sat_reduce_rows(void *ctx, int64_t item, int tid) {
     (void)tid;
     for (int64_t r = item * a->per; r < r1; r++) {
         const float t = sat_reduce_row(a->x + r * a->inner, a->inner, a->mode, init);
-        a->y[r] = a->mode == 1 ? t * a->scale : t;
+        a->y[r] = a->mode == 1 ? t * a->scale : a->mode == 5 ? sqrtf(t) : t;
     }
 }
 
 /* Reduce x (shape `shape`) into y: ystride[d] is y's stride along kept axes and 0 along reduced ones.
- * mode 0 sum, 1 mean (sum times `scale`), 2 max, 3 min. One pass over x, in order; a reduction of the
- * last axis alone shares its rows among the threads. */
+ * mode 0 sum, 1 mean (sum times `scale`), 2 max, 3 min, 4 sum of squares, 5 its square root (ReduceL2). One
+ * pass over x, in order; a reduction of the last axis alone shares its rows among the threads. */
 void sat_reduce(const float *x, float *y, int rank, const int64_t *shape, const int64_t *ystride,
                        int64_t ysize, int mode, float scale) {
     const float init = mode == 2 ? -INFINITY : (mode == 3 ? INFINITY : 0.0f);
@@ -399,7 +411,9 @@ void sat_reduce(const float *x, float *y, int rank, const int64_t *shape, const 
             y[o] = sat_reduce_row(xr, inner, mode, y[o]);
         } else {
             float *yr = y + o;
-            if (mode < 2)
+            if (mode >= 4)
+                for (int64_t i = 0; i < inner; i++) yr[i] += xr[i] * xr[i];
+            else if (mode < 2)
                 for (int64_t i = 0; i < inner; i++) yr[i] += xr[i];
             else if (mode == 2)
                 for (int64_t i = 0; i < inner; i++) yr[i] = xr[i] > yr[i] ? xr[i] : yr[i];
@@ -413,6 +427,8 @@ void sat_reduce(const float *x, float *y, int rank, const int64_t *shape, const 
     }
     if (mode == 1)
         for (int64_t i = 0; i < ysize; i++) y[i] *= scale;
+    if (mode == 5)
+        for (int64_t i = 0; i < ysize; i++) y[i] = sqrtf(y[i]);
 }
 
 /* One plane: bilinear blend of the tabled source pixels, or a gather for nearest. */

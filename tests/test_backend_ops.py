@@ -577,3 +577,20 @@ def test_flatten_at_every_axis_negative_ones_too():
     graphs = [make([Node("Flatten", ["x"], ["f"], {"axis": a}), Node("Relu", ["f"], ["y"])], {"x": (2, 3, 4, 5)})
               for a in range(-4, 5)]
     check_three_way(side_by_side(graphs))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_isnan_runs_in_c_as_the_condition_of_a_where(threads):
+    """IsNaN's bool output is held as 0.0f / 1.0f in C: the exporters' Softmax guard, Where(IsNaN(p), 0, p), and
+    NaNs made by Sqrt of the negative half of the input, compile to one C segment, no interpreter between."""
+    from saturate import compile_graph
+
+    nodes = [Node("Softmax", ["x"], ["p"], {"axis": -1}), Node("IsNaN", ["p"], ["m"]),
+             Node("Where", ["m", "zero", "p"], ["y"]), Node("Sqrt", ["x"], ["r"]), Node("IsNaN", ["r"], ["n"]),
+             Node("Where", ["n", "zero", "r"], ["z"])]
+    g = make(nodes, {"x": (4, 6, 33)}, {"zero": np.zeros((), np.float32)}, outputs=["y", "z"], opset=18)
+    model = compile_graph(g, threads=threads)
+    assert model.emitted is not None  # one C segment
+    got = check_three_way(g, threads=threads)
+    x = feed_for(g, 0)["x"]
+    assert (x < 0).any() and np.array_equal(got["z"] == 0, x <= 0)

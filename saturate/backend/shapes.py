@@ -447,6 +447,16 @@ def _where_dtype(graph: Graph, node: Node, dtypes: list) -> str:
 attach("Where", c_shape=_where_shape, c_dtype=_where_dtype)
 
 
+def _isnan_dtype(graph: Graph, node: Node, dtypes: list) -> str:
+    """IsNaN in C: of a float32 input, a bool output (held as 0.0f and 1.0f)."""
+    if dtypes[0] != "float32":
+        raise unsupported(node, f"runs IsNaN on float32 only (got {dtypes[0]})")
+    return "bool"
+
+
+attach("IsNaN", c_dtype=_isnan_dtype)
+
+
 # The shapes the C kernels compute, and what they refuse: hooks of the ops' registry entries.
 _C_SHAPES = {
     "Cast": _cast_shape, "LayerNormalization": _layer_norm_shape,

@@ -134,6 +134,9 @@ define("Log", elementwise=True, evaluate=k.unary(np.log), arity=(1, 1), draw="un
 define("Abs", elementwise=True, evaluate=k.unary(np.abs), arity=(1, 1), draw="unary", c="unary",
        c_expr=_scalar("fabsf(v)"), c_vec=_scalar("_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v)"))
 define("Floor", elementwise=True, c="unary", c_expr=_scalar("floorf(v)"))
+# C holds the bool output as 0.0f or 1.0f, as Where's condition (backend.shapes: its dtype). No vector form: the
+# AVX-512 kernels widen vector forms, and a 512-bit compare gives a mask, not a vector.
+define("IsNaN", arity=(1, 1), draw="unary", c="unary", c_expr=_scalar("v != v ? 1.0f : 0.0f"))
 define("Ceil", elementwise=True, c="unary", c_expr=_scalar("ceilf(v)"))
 define("Sign", elementwise=True)
 define("PRelu", elementwise=True)

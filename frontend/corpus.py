@@ -195,13 +195,28 @@ def _consumer_role(node, k, dims, transposed, reshaped):
     return None
 
 
+# Floats drawn per call: one call is one C loop that Python's signal handlers wait for (VGG's 130 M weights
+# took 2.7 s, and a batch's SIGINT or SIGTERM waited as long). Drawn in pieces, the values are the same.
+_DRAW = 1 << 20
+
+
+def _standard_normal(rng: np.random.Generator, dims: tuple[int, ...]) -> np.ndarray:
+    out = np.empty(dims, np.float32)
+    flat = out.reshape(-1)
+    for i in range(0, flat.size, _DRAW):
+        rng.standard_normal(out=flat[i:i + _DRAW], dtype=np.float32)
+    return out
+
+
 def _fill(rng: np.random.Generator, dims: tuple[int, ...], role: tuple) -> np.ndarray:
     kind = role[0]
     if kind == "weight":
         # Variance 1/fan_in, not He's 2/fan_in: with batch-norm scales up to 1.5 over variances
         # down to 0.5, He's gain compounds through residual sums (ResNet-50's logits reach 5e3,
         # GhostNet's 3e5); at 1/fan_in every corpus model's output std lies in [0.02, 2.5].
-        return rng.standard_normal(dims, dtype=np.float32) * np.float32(math.sqrt(1.0 / max(1, role[1])))
+        w = _standard_normal(rng, dims)
+        w *= np.float32(math.sqrt(1.0 / max(1, role[1])))
+        return w
     if kind == "bn_scale":
         return rng.uniform(0.5, 1.5, dims)
     if kind == "bn_bias":

@@ -143,8 +143,8 @@ class Emitter(NnEmission, MovementEmission):
         self.body: list[str] = []
         self.vector: dict[str, tuple] = {}  # scalar epilogue name -> its vector forms (per channel, per pixel)
         self.vector8: dict[str, Lifted] = {}  # scalar epilogue name -> its 8-channel form (every step per channel)
-        self.vector_rows: dict[str, Lifted] = {}  # scalar epilogue name -> its row form (sat_epr)
-        self.vector_rows8: dict[str, Lifted] = {}  # scalar epilogue name -> its AVX2 row form (sat_epr8)
+        # scalar epilogue name -> its row form for the build's sat_conv_pw (sat_epr or, on AVX2, sat_epr8)
+        self.vector_rows: dict[str, Lifted] = {}
         self.units: dict[tuple, str] = {}  # (runner, guard, epilogue templates) -> its work-item function
         self.ek: list[int] = []  # the running step's epilogue constants (see unit)
 
@@ -277,15 +277,16 @@ class Emitter(NnEmission, MovementEmission):
         def wide(e: str) -> str:
             return re.sub('|'.join(map(re.escape, widen)), lambda m: widen[m.group(0)], e)
 
-        # The row forms of 1x1 convs on sat_conv_pw (sat_epr on AVX-512, sat_epr8 on AVX2), when every step has one.
-        for avx2, form, forms in ((False, EPR_FORM, self.vector_rows), (True, EPR8_FORM, self.vector_rows8)):
-            rows = [st(lambda key: operand(key)[1].row_load(operand(key)[0], avx2)) for st in steps]
-            if all(rows):
-                text = "".join(f"    v = {e if avx2 else wide(e)};\n" for e in rows)
-                decl = "".join(o.setup(k) if re.search(rf"\bb{k}\b", text) else
-                               f"    const float *restrict p{k} = {o.ptr};\n" for k, o in enumerate(ops)
-                               if o.ptr and re.search(rf"\b[pb]{k}\b", text))
-                forms[name] = lift(form, decl + text, pointers_only=True)
+        # The row form of 1x1 convs on sat_conv_pw (sat_epr on AVX-512 builds, sat_epr8 on AVX2 ones), when every
+        # step has one.
+        avx2 = not self.cfg.packed_gemm
+        rows = [st(lambda key: operand(key)[1].row_load(operand(key)[0], avx2)) for st in steps]
+        if all(rows):
+            text = "".join(f"    v = {e if avx2 else wide(e)};\n" for e in rows)
+            decl = "".join(o.setup(k) if re.search(rf"\bb{k}\b", text) else
+                           f"    const float *restrict p{k} = {o.ptr};\n" for k, o in enumerate(ops)
+                           if o.ptr and re.search(rf"\b[pb]{k}\b", text))
+            self.vector_rows[name] = lift(EPR8_FORM if avx2 else EPR_FORM, decl + text, pointers_only=True)
         per_channel, rest = [], []
         for st in steps:
             e = None if rest else st(lambda key: operand(key)[1].chan_load(operand(key)[0]))

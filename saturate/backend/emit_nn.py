@@ -152,8 +152,7 @@ class NnEmission:
             self.body.append(f"    sat_conv_dw_lanes({xp}, {self.ptr(node.inputs[1])}, {out}, {x[0]}, {x[1]}, {H}, {W}, "
                              f"{w[0]}, {geo}, {epi}{item});\n")
             return
-        row_forms = self.vector_rows if cfg.packed_gemm else self.vector_rows8
-        rows = epi == "NULL" or epi in row_forms
+        rows = epi == "NULL" or epi in self.vector_rows
         # panels are written, and read at unit stride, by sat_conv_pw alone (plan.panel_roots: its epilogue has a
         # row form there); a strided conv reading them without one gathers them on sat_conv2d's tiles (AVX-512)
         assert rows or not (ypan or xpan and (plain or not cfg.packed_gemm)), node.name
@@ -169,7 +168,7 @@ class NnEmission:
                 arr = pack_weights(self.g.constants[node.inputs[1]], 1, PR, kc=w[1])
                 packed = self.weight(("pgemm", node.inputs[1], 1, False), arr)
                 guard = "defined(SAT_HAVE_PW) && !defined(SAT_HAVE_PACKED_GEMM)"
-            unit = self.unit("pwconv", "sat_pw_unit", guard, [row_forms[epi] if epi != "NULL" else None])
+            unit = self.unit("pwconv", "sat_pw_unit", guard, [self.vector_rows[epi] if epi != "NULL" else None])
             self.body.append(f"    sat_conv_pw({xp}, {packed}, {out}, {x[0]}, {x[1]}, {w[0]}, {H}, {W}, {win.oh}, "
                              f"{win.ow}, {win.sh}, {win.sw}, {acc}, {int(xpan)}, {int(ypan)}, {unit});\n")
             return

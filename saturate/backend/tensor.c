@@ -342,18 +342,8 @@ void sat_rotary(const float *x, const float *cs, const float *sn, float *y, int6
  * `init`. */
 static float sat_reduce_row(const float *xr, int64_t inner, int mode, float init) {
     int64_t i = 0;
-    if (mode >= 4) {
-        float acc[8];
-        for (int k = 0; k < 8; k++) acc[k] = 0.0f;
-        const int64_t body = inner - inner % 8; /* explicit bound: see below */
-        for (; i < body; i += 8)
-            for (int k = 0; k < 8; k++) acc[k] += xr[i + k] * xr[i + k];
-        float t = 0.0f;
-        for (int k = 0; k < 8; k++) t += acc[k];
-        for (; i < inner; i++) t += xr[i] * xr[i];
-        return init + t;
-    }
-    if (mode < 2) {
+    if (mode < 2 || mode >= 4) {
+        const int sq = mode >= 4;
         float acc[8];
         for (int k = 0; k < 8; k++) acc[k] = 0.0f;
         /* The 8-wide part ends at an explicit bound: with `i + 8 <= inner` as the test, gcc (12, once the shape
@@ -361,10 +351,10 @@ static float sat_reduce_row(const float *xr, int64_t inner, int mode, float init
            overflow the pointer (-Werror=aggressive-loop-optimizations). */
         const int64_t body = inner - inner % 8;
         for (; i < body; i += 8)
-            for (int k = 0; k < 8; k++) acc[k] += xr[i + k];
+            for (int k = 0; k < 8; k++) acc[k] += sq ? xr[i + k] * xr[i + k] : xr[i + k];
         float t = 0.0f;
         for (int k = 0; k < 8; k++) t += acc[k];
-        for (; i < inner; i++) t += xr[i];
+        for (; i < inner; i++) t += sq ? xr[i] * xr[i] : xr[i];
         return init + t;
     }
     float t = init;

@@ -10,12 +10,18 @@
 #define SAT_PW_NR SAT_NR
 #define SAT_PW_KC SAT_KC
 typedef sat_epr sat_pw_epi;
+#define SAT_PW_KERNEL sat_kernel_8x32_epr
+/* weight panel i's block k0 (kc deep): gemm.h's blocks of 8-row panels */
+#define SAT_PW_WEIGHTS(a, i, k0, kc) ((a)->wp + (int64_t)(k0) * (a)->Mp + (int64_t)(i) * (kc))
 #elif defined(SAT_HAVE_DWT) && SAT_VL == 8
 #define SAT_HAVE_PW 1
 #define SAT_PW_MR SAT_PR
 #define SAT_PW_NR 16
 #define SAT_PW_KC SAT_PKC
 typedef sat_epr8 sat_pw_epi;
+#define SAT_PW_KERNEL sat_ukr_epr
+/* weight panel i's block k0: pgemm.h's panels over all K */
+#define SAT_PW_WEIGHTS(a, i, k0, kc) ((a)->wp + (int64_t)(i) * (a)->K + (int64_t)(k0) * SAT_PR)
 #endif
 
 #ifdef SAT_HAVE_PW
@@ -107,19 +113,12 @@ static inline __attribute__((always_inline)) void sat_pw_unit(void *ctx, int64_t
             for (int i = m0; i < m1; i += SAT_PW_MR) {
                 const int mr = m1 - i < SAT_PW_MR ? m1 - i : SAT_PW_MR, acc = k0 > 0 || a->acc;
                 const int64_t off = a->ypan ? ((n * Q + q) * a->M + i) * SAT_PW_NR : (n * a->M + i) * P + q * SAT_PW_NR;
-#ifdef SAT_HAVE_PACKED_GEMM
-                const float *w = a->wp + (int64_t)k0 * a->Mp + (int64_t)i * kc; /* gemm.h's blocks of 8-row panels */
-#define SAT_PW_KERNEL sat_kernel_8x32_epr
-#else
-                const float *w = a->wp + (int64_t)i * a->K + (int64_t)k0 * SAT_PR; /* pgemm.h's panels over all K */
-#define SAT_PW_KERNEL sat_ukr_epr
-#endif
+                const float *w = SAT_PW_WEIGHTS(a, i, k0, kc);
                 /* (two calls, so the last block's sees its epilogue as a constant and inlines it) */
                 if (k0 + kc == a->K)
                     SAT_PW_KERNEL(kc, w, b, a->y + off, ldc, acc, mr, nr, epr, n * a->M + i, off);
                 else
                     SAT_PW_KERNEL(kc, w, b, a->y + off, ldc, acc, mr, nr, NULL, 0, 0);
-#undef SAT_PW_KERNEL
             }
         }
     }

@@ -456,7 +456,8 @@ def test_fallback_for_data_dependent_shapes_and_integer_inputs():
     g.inputs.append("ids")
     g.values["ids"] = ValueInfo("int64", (2, 5))
     model = compile_graph(g)
-    assert {op for op, _, _ in model.fallback_ops} == {"NonZero", "Cast", "Neg", "Gather"}
+    # the Gather on the int64 ids runs in C (test_gather_by_run_time_indices_runs_in_c)
+    assert {op for op, _, _ in model.fallback_ops} == {"NonZero", "Cast", "Neg"}
     rng = np.random.default_rng(0)
     feed = {"x": arr(10, (3, 4)), "x2": arr(11, (2, 5, 8)), "ids": rng.integers(0, 10, (2, 5))}
     got, ref = model(feed), run_graph(g, feed)
@@ -594,3 +595,95 @@ def test_isnan_runs_in_c_as_the_condition_of_a_where(threads):
     got = check_three_way(g, threads=threads)
     x = feed_for(g, 0)["x"]
     assert (x < 0).any() and np.array_equal(got["z"] == 0, x <= 0)
+
+
+def gather_graph(table: tuple, ids: tuple, axis: int, dtype: str = "int64", data_input: bool = False):
+    """y = Gather(table, ids) + 1 (token ids into an embedding table, then C work on the rows): the table a
+    constant, or Relu of a graph input (`data_input`)."""
+    nodes = [Node("Gather", ["t", "ids"], ["e"], {"axis": axis}, name="g"), Node("Add", ["e", "one"], ["y"])]
+    consts = {"one": np.float32(1.0)}
+    if data_input:
+        nodes.insert(0, Node("Relu", ["x"], ["t"]))
+        g = make(nodes, {"x": table}, consts)
+    else:
+        g = make(nodes, {}, {**consts, "t": arr(3, table)})
+    g.inputs.append("ids")
+    g.values["ids"] = ValueInfo(dtype, ids)
+    return g
+
+
+def gather_feed(g, seed: int = 0) -> dict:
+    """Random data, and ids over the whole axis: the first is -n (the axis's first row counted from the end),
+    the last (of two or more) n - 1."""
+    rng = np.random.default_rng(seed)
+    gather = next(n for n in g.nodes if n.op == "Gather")
+    shape = g.constants["t"].shape if "t" in g.constants else g.info("x").shape
+    n = shape[int(gather.attr("axis")) % len(shape)]
+    feed = {i: rng.standard_normal(g.info(i).shape).astype(np.float32) for i in g.inputs if i != "ids"}
+    ids = rng.integers(-n, n, g.info("ids").shape).astype(g.info("ids").dtype)
+    ids.reshape(-1)[-1] = n - 1
+    ids.reshape(-1)[0] = -n
+    feed["ids"] = ids
+    return feed
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("table,ids,axis,dtype,data_input", [
+    ((1000, 96), (1, 128), 0, "int64", False),  # token embedding: rows shared among threads
+    ((11, 6, 9), (2, 3), 1, "int32", False),
+    ((4, 5, 7), (), -1, "int64", True),  # a scalar index drops the axis
+    ((3, 8), (4, 2, 2), 0, "int32", True),
+])
+def test_gather_by_run_time_indices_runs_in_c(table, ids, axis, dtype, data_input, threads):
+    """A Gather whose indices are a graph input (int32 or int64, negatives too) runs in C, one segment with the
+    ops around it: the same rows as the interpreter and ONNX Runtime."""
+    from saturate import compile_graph
+    from saturate.backend.bench import ort_session
+    from saturate.interp import run_graph
+
+    g = gather_graph(table, ids, axis, dtype, data_input)
+    model = compile_graph(g, threads=threads)
+    assert model.fallback_ops == [] and len(model.segments) == 1
+    feed = gather_feed(g)
+    got, ref = model(feed), run_graph(g, feed)
+    assert got["y"].shape == ref["y"].shape and np.array_equal(got["y"], ref["y"])
+    (ort,) = ort_session(g, 1).run(None, feed)
+    assert np.array_equal(got["y"], ort)
+
+
+def test_gather_indices_out_of_range_are_refused_before_c_and_in_c(tmp_path):
+    """An index outside the axis is an error naming the node, before the call (the C kernel checks too: a
+    segment called with one gives an error, never a read outside the table), also from a compiled directory."""
+    from saturate import compile_graph
+    from saturate.backend.runtime import load
+
+    g = gather_graph((11, 6), (2, 4), 0)
+    feed = gather_feed(g)
+    compile_graph(g, out_dir=tmp_path / "m")
+    for model in (compile_graph(g), load(tmp_path / "m")):
+        ok = model(feed)["y"]
+        for bad in (11, -12, 2 ** 40):
+            ids = feed["ids"].copy()
+            ids[1, 2] = bad
+            with pytest.raises(SaturateError, match=rf"node 'g' \(Gather\): index {bad} in 'ids' is out of range "
+                                                    r"for an axis of 11 \(indices go from -11 to 10\)"):
+                model({"ids": ids})
+        assert np.array_equal(model(feed)["y"], ok)
+        seg = model.segments[0]
+        for bad in (11.0, -11.5, 2.0 ** 30, np.nan):
+            ids = feed["ids"].astype(np.float32)
+            ids[0, 1] = bad
+            with pytest.raises(SaturateError, match="an index input of the compiled model is out of range"):
+                seg.run([ids], 1)
+
+
+def test_gather_by_run_time_indices_falls_back_where_c_cannot_hold_them():
+    from saturate.backend.segments import partition
+
+    cases = {"int64 data": (gather_graph((11, 6), (2,), 0), "gathers by run-time indices from float32 data only"),
+             "axis of 2^24 + 1": (gather_graph((1, 2 ** 24 + 1), (3,), 1, data_input=True),
+                                  "along axes of at most 16777216 entries")}
+    cases["int64 data"][0].constants["t"] = np.arange(66, dtype=np.int64).reshape(11, 6)
+    for what, (g, why) in cases.items():
+        fallback = partition(g).fallback
+        assert [(n.op, why in reason) for n, reason in fallback][:1] == [("Gather", True)], (what, fallback)

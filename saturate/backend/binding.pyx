@@ -205,6 +205,8 @@ cdef class Model:
             _pointers(arrays, given, fresh is not None, ptrs, &views)
             with nogil:
                 rc = satb_run(ptrs, ptrs + _NIN, self._ws, threads)
+            if rc == 2:
+                raise IndexError("an index input of the compiled model is out of range (its rows came out as zeros)")
             if rc != 0:
                 raise RuntimeError("compiled model failed to run (weights not loaded)")
         finally:

@@ -452,7 +452,8 @@ class Emitter(NnEmission, MovementEmission):
                f"int sat_run(const float *const *inputs, float *const *outputs, float *ws, int threads) {{\n"
                f"    if (!WT) return 1;\n    /* any count: the pool and the per-thread buffers hold SAT_MAX_THREADS */\n    sat_set_threads(threads);\n    scipy_openblas_set_num_threads(1);\n"
                f"    IN = inputs;\n    WS = ws;\n    COL = ws + {self.plan.arena_bytes // 4};\n    (void)COL;\n{poison_run}"
-               f"    sat_pool_begin();\n{''.join(self.body)}{copies}    sat_pool_end();\n    return 0;\n}}\n")
+               f"    int status = 0;\n    sat_pool_begin();\n{''.join(self.body)}{copies}    sat_pool_end();\n"
+               f"    return status;\n}}\n")
         return head + "".join(self.funcs) + api
 
     def poison(self) -> tuple[str, str]:

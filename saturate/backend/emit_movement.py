@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 from saturate.backend.pointwise import c_float, c_floats, c_ints, strides
-from saturate.backend.shapes import gather_view, pad_params, resize_tables, slice_params, unsupported
+from saturate.backend.shapes import (gather_rows, gather_view, pad_params, resize_tables, runtime_indices,
+                                     slice_params, unsupported)
 
 
 class MovementEmission:
@@ -53,6 +54,12 @@ class MovementEmission:
     def emit_Gather(self, step, chain, out, oshape):
         node = step.anchor
         x = self.shapes[node.inputs[0]]
+        if runtime_indices(self.g, node):
+            axis, n, inner, _ = gather_rows(node, x, self.shapes[node.inputs[1]])
+            self.body.append(f"    status |= sat_gather_rows({self.ptr(node.inputs[0])}, {self.ptr(node.inputs[1])}, "
+                             f"{out}, {math.prod(x[:axis])}, {n}, {math.prod(self.shapes[node.inputs[1]])}, "
+                             f"{inner});\n")
+            return
         axis, first, stride, _ = gather_view(self.g, node, x)
         count = math.prod(oshape) // max(math.prod(x[:axis] + x[axis + 1:]), 1)
         ist = strides(x)

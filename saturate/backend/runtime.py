@@ -19,7 +19,7 @@ from saturate.backend.cache import read_small
 from saturate.backend.capi import api_source, header
 from saturate.backend.emit import Emitted, emit
 from saturate.backend.segments import Partition, Piece, partition
-from saturate.backend.shapes import HELD
+from saturate.backend.shapes import HELD, INDEX_DTYPES
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph
 from saturate.core.limits import check_allocation, check_bytes
@@ -89,7 +89,7 @@ class Segment:
         """Run on contiguous float32 arrays of the planned shapes, on `n` threads."""
         try:
             return self.model.run(arrays, n)
-        except (TypeError, ValueError, RuntimeError) as err:
+        except (TypeError, ValueError, RuntimeError, IndexError) as err:
             raise SaturateError(str(err)) from None
 
     def scratch_bytes(self, threads: int) -> int:
@@ -181,7 +181,8 @@ class CompiledModel:
         for piece in self.partition.pieces:
             if piece.kind == "c":
                 seg = next(segments)
-                outs = seg.run([self._c_input(env[i], i, shape) for i, (_, shape) in zip(piece.inputs, seg.inputs)], n)
+                outs = seg.run([self._c_input(env[i], i, shape, self.partition.indices.get(i))
+                                for i, (_, shape) in zip(piece.inputs, seg.inputs)], n)
                 # integers and bools come out of C as floats of their values (shapes.HELD)
                 env.update((o, v if self.partition.dtypes.get(o) in (None, "float32")
                             else v.astype(self.partition.dtypes[o])) for o, v in zip(piece.outputs, outs))
@@ -192,9 +193,17 @@ class CompiledModel:
         return {o: _output(env[o] if o in env else g.constants[o]) for o, _ in self.outputs}
 
     @staticmethod
-    def _c_input(value: np.ndarray, name: str, shape: tuple) -> np.ndarray:
-        """An interpreter result handed to a C segment: it must have the shape the segment was planned for."""
+    def _c_input(value: np.ndarray, name: str, shape: tuple, index: tuple[int, str] | None = None) -> np.ndarray:
+        """An input or interpreter result handed to a C segment: it must have the shape the segment was planned
+        for. Indices (`index`: the axis they pick from and its node) must pick inside it."""
         a = np.asarray(value)
+        if index is not None and a.dtype.name in INDEX_DTYPES and a.size:
+            n, where = index
+            lo, hi = int(a.min()), int(a.max())
+            if lo < -n or hi >= n:
+                raise SaturateError(f"{where}: index {lo if lo < -n else hi} in '{name}' is out of range for an axis "
+                                    f"of {n} (indices go from {-n} to {n - 1})")
+            a = a.astype(np.float32)
         if a.dtype.name in HELD:  # quantized values and bools enter C as floats of the same values
             a = a.astype(np.float32)
         if a.dtype != np.float32 or tuple(a.shape) != tuple(shape):

@@ -15,7 +15,9 @@
  *   int sat_run(const float *const *inputs, float *const *outputs, float *workspace, int threads)
  *       inputs[k] points at input k, outputs[k] at a buffer for output k (both in the order of the
  *       queries below); `threads` >= 1 threads compute (the caller plus threads - 1 pool threads,
- *       started on first use and kept). Returns 0, or 1 if sat_init has not succeeded. Each thread
+ *       started on first use and kept). Returns 0, 1 if sat_init has not succeeded, or 2 if an index input
+ *       (a Gather's indices given at run time, as floats of their integer values) is outside the axis it
+ *       picks from: those rows are zeros, the rest computed. Each thread
  *       past the first allocates its own convolution scratch during a call (at most what
  *       sat_workspace_bytes counts for one thread) and frees it before returning.
  *       One call at a time per process: the library keeps its inputs, workspace and thread pool in

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from saturate.backend import quant
-from saturate.backend.shapes import HELD, _out_shape, runs_in_c, unsupported
+from saturate.backend.shapes import (HELD, INDEX_DTYPES, _out_shape, gather_rows, runs_in_c, runtime_indices,
+                                     unsupported)
 from saturate.core import geometry
 from saturate.core.errors import SaturateError
 from saturate.core.ir import Graph, Node, ValueInfo
@@ -43,6 +44,9 @@ class Partition:
     dtypes: dict[str, str | None]
     inputs: list[tuple[str, tuple[int, ...], str]]
     fallback: list[tuple[Node, str]]
+    # Values C kernels read as indices (shapes.runtime_indices) -> (the smallest axis they index, the node of
+    # that axis): each call checks them before they enter C.
+    indices: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def fallback_ops(self) -> list[tuple[str, int, list[str]]]:
         """(op, count, node names) of the nodes the interpreter runs, most frequent first."""
@@ -236,6 +240,7 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
     read = {i for n in nodes for i in n.inputs if i} | graph_outputs
     kinds: list[str] = []
     fallback: list[tuple[Node, str]] = []
+    indices: dict[str, tuple[int, str]] = {}
     pending = list(nodes)
     while pending:
         node = pending.pop(0)
@@ -266,10 +271,17 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
             held = HELD if _has(node, "int_view") or node.op == "Cast" else ("float32",)
             bad = [i for i in data if i not in g.constants
                    and (shapes.get(i) is None or not typed and dtypes.get(i) not in held)]
+            index = runtime_indices(g, node)
             if bad:
                 why = (f"needs a static shape for '{bad[0]}'" if shapes.get(bad[0]) is None
                        else f"runs float32 only ('{bad[0]}' is {dtypes.get(bad[0])})")
-            elif _has(node, "param_inputs") and any(i not in g.constants for i in present[1:]):
+            elif index and (shapes.get(index) is None or dtypes.get(index) not in INDEX_DTYPES):
+                why = (f"needs a static shape for '{index}'" if shapes.get(index) is None
+                       else f"reads int32 or int64 indices only ('{index}' is {dtypes.get(index)})")
+            elif index and dtypes.get(node.inputs[0]) != "float32":
+                why = f"gathers by run-time indices from float32 data only ('{node.inputs[0]}' is " \
+                      f"{dtypes.get(node.inputs[0])})"
+            elif _has(node, "param_inputs") and any(i not in g.constants and i != index for i in present[1:]):
                 why = f"needs the parameter inputs of '{node.op}' to be constants"
             elif typed:
                 try:
@@ -295,6 +307,11 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
                 g.nodes.append(node)
                 kinds.append("c")
                 shapes[node.outputs[0]] = tuple(int(d) for d in out)
+                index = runtime_indices(g, node)
+                if index:
+                    bound = gather_rows(node, shapes[node.inputs[0]], shapes[index])[1]
+                    if bound < indices.get(index, (bound + 1,))[0]:
+                        indices[index] = (bound, node.where())
                 dtypes[node.outputs[0]] = (quant.out_dtype(g, node) if quantized
                                            else dtypes.get(node.inputs[0]) if _has(node, "int_view") else out_dtype)
                 continue
@@ -314,7 +331,7 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
     pieces = _segments(g, kinds, shapes)
     running = {id(n) for p in pieces for n in p.nodes}
     fallback = [(n, why) for n, why in fallback if id(n) in running]
-    return Partition(g, pieces, shapes, dtypes, inputs, fallback)
+    return Partition(g, pieces, shapes, dtypes, inputs, fallback, indices)
 
 
 def _fold(g: Graph, node: Node, shapes: dict, dtypes: dict) -> bool:

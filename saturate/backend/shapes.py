@@ -263,6 +263,43 @@ def gather_view(graph: Graph, node: Node, x: tuple[int, ...]) -> tuple[int, int,
     return axis, int(flat[0]), int(steps[0]) if steps.size else 1, x[:axis] + tuple(idx.shape) + x[axis + 1:]
 
 
+# Index dtypes a C kernel reads at run time (OpDef.c_indices); they enter C as floats of their values, exact below
+# 2^24: an axis of at most MAX_INDEXED entries, so an index too large for a float's exact range is out of range
+# too and never lands on a valid row.
+INDEX_DTYPES = ("int32", "int64")
+MAX_INDEXED = 1 << 24
+
+
+def runtime_indices(graph: Graph, node: Node) -> str | None:
+    """The value a node's kernel reads as indices at run time (its c_indices input, when not a constant)."""
+    entry = lookup(node.op, node.domain)
+    k = entry.c_indices if entry is not None else None
+    if k is None or k >= len(node.inputs) or not node.inputs[k] or node.inputs[k] in graph.constants:
+        return None
+    return node.inputs[k]
+
+
+def gather_rows(node: Node, x: tuple[int, ...], idx: tuple[int, ...]) -> tuple[int, int, int, tuple[int, ...]]:
+    """(axis, its size, elements after it, output shape) of a Gather on indices known at run time only (token
+    ids into an embedding table): rows copied by index, each index checked against the axis when it runs."""
+    if not x:
+        raise unsupported(node, "cannot gather from a scalar")
+    axis = int(node.attr("axis", 0))
+    if not -len(x) <= axis < len(x):
+        raise unsupported(node, f"got Gather axis {axis} for data of rank {len(x)}")
+    axis %= len(x)
+    if x[axis] > MAX_INDEXED:
+        raise unsupported(node, f"gathers by run-time indices along axes of at most {MAX_INDEXED} entries "
+                                f"(axis {axis} of {x})")
+    return axis, x[axis], math.prod(x[axis + 1:]), x[:axis] + tuple(idx) + x[axis + 1:]
+
+
+def _gather_shape(graph: Graph, node: Node, ins: list) -> tuple[int, ...]:
+    if runtime_indices(graph, node):
+        return gather_rows(node, ins[0], ins[1])[3]
+    return gather_view(graph, node, ins[0])[3]
+
+
 def infer_shapes(graph: Graph, input_shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """Static shape of every value the graph computes; raises for ops the backend lacks."""
     shapes: dict[str, tuple[int, ...]] = {k: tuple(int(d) for d in v.shape) for k, v in graph.constants.items()}
@@ -455,6 +492,7 @@ def _isnan_dtype(graph: Graph, node: Node, dtypes: list) -> str:
 
 
 attach("IsNaN", c_dtype=_isnan_dtype)
+attach("Gather", c_indices=1)
 
 
 # The shapes the C kernels compute, and what they refuse: hooks of the ops' registry entries.
@@ -467,7 +505,7 @@ _C_SHAPES = {
     **{op: _reduce_shape for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare",
                                      "ReduceL2")},
     "Resize": lambda graph, node, ins: resize_tables(graph, node, ins[0])[0],
-    "Gather": lambda graph, node, ins: gather_view(graph, node, ins[0])[3],
+    "Gather": _gather_shape,
     "QLinearMatMul": lambda graph, node, ins: _matmul_shape(graph, node, ins[::3]),
     "Conv": _conv_shape, "QLinearConv": _conv_shape, "MaxPool": _pool_shape, "AveragePool": _pool_shape,
     "GlobalAveragePool": lambda graph, node, ins: (ins[0][0], ins[0][1]) + (1,) * (len(ins[0]) - 2),

@@ -48,6 +48,38 @@ void sat_strided(const float *x, float *y, int rank, const int64_t *oshape, cons
     sat_parallel((rows + a.per - 1) / a.per, sat_strided_item, &a);
 }
 
+/* Output rows [r0, r1) of a gather: row r = (o, j) is x's row (o, idx[j]) of `inner` floats. */
+void sat_gather_item(void *ctx, int64_t item, int tid) {
+    sat_gather_args *a = ctx;
+    const int64_t r0 = item * a->per, r1 = r0 + a->per < a->rows ? r0 + a->per : a->rows, n = a->n;
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t o = r / a->count;
+        /* indices are floats of their integer values (exact: the axis has at most 2^24 entries, and any larger
+         * value, rounded or not, stays out of range); NaN fails both comparisons */
+        const float f = a->idx[r % a->count];
+        float *y = a->y + r * a->inner;
+        if (!(f >= (float)-n && f < (float)n)) {
+            memset(y, 0, sizeof(float) * (size_t)a->inner);
+            __atomic_store_n(&a->bad, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        const int64_t i = (int64_t)f < 0 ? (int64_t)f + n : (int64_t)f;
+        memcpy(y, a->x + (o * n + i) * a->inner, sizeof(float) * (size_t)a->inner);
+    }
+}
+
+/* y (outer x count x inner) = rows of x (outer x n x inner) picked by idx (count floats of integer values,
+ * negative ones from the end); 2 if an index is out of range (its row then zeros), else 0. */
+int sat_gather_rows(const float *x, const float *idx, float *y, int64_t outer, int64_t n, int64_t count,
+                    int64_t inner) {
+    const int64_t rows = outer * count;
+    if (rows == 0 || inner == 0) return 0;
+    sat_gather_args a = {x, idx, y, n, count, inner, rows, sat_rows_per_item(rows, inner), 0};
+    sat_parallel((rows + a.per - 1) / a.per, sat_gather_item, &a);
+    return a.bad ? 2 : 0;
+}
+
 void sat_pad_item(void *ctx, int64_t item, int tid) {
     const sat_pad_args *a = ctx;
     const int rank = a->rank, mode = a->mode;

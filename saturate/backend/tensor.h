@@ -127,6 +127,19 @@ void sat_strided_item(void *ctx, int64_t item, int tid);
 
 void sat_strided(const float *x, float *y, int rank, const int64_t *oshape, const int64_t *istride);
 
+/* ---- gather by run-time indices ---------------------------------------------------------------- */
+typedef struct {
+    const float *x, *idx;
+    float *y;
+    int64_t n, count, inner, rows, per;
+    int bad; /* set when an index is out of range */
+} sat_gather_args;
+
+void sat_gather_item(void *ctx, int64_t item, int tid);
+
+int sat_gather_rows(const float *x, const float *idx, float *y, int64_t outer, int64_t n, int64_t count,
+                    int64_t inner);
+
 /* ---- pad --------------------------------------------------------------------------------------- */
 typedef struct {
     const float *x;

@@ -83,6 +83,9 @@ class OpDef:
     c_dtype: Callable[..., str] | None = None
     # Inputs after the first are parameters the C emitter reads at compile time.
     param_inputs: bool = False
+    # The input a C kernel may also read at run time as integer indices (int32 or int64, entering C as floats
+    # of their values: Gather's token ids), though the op's other inputs after the first are parameters.
+    c_indices: int | None = None
     # A view that also takes integers the C backend holds as floats: keeps its input's dtype.
     int_view: bool = False
     # Extra outputs a C kernel may drop when nothing reads them.

@@ -680,7 +680,7 @@ def test_gather_indices_out_of_range_are_refused_before_c_and_in_c(tmp_path):
 def test_gather_by_run_time_indices_falls_back_where_c_cannot_hold_them():
     from saturate.backend.segments import partition
 
-    cases = {"int64 data": (gather_graph((11, 6), (2,), 0), "gathers by run-time indices from float32 data only"),
+    cases = {"int64 data": (gather_graph((11, 6), (2,), 0), "gathers by run-time indices from data C holds only"),
              "axis of 2^24 + 1": (gather_graph((1, 2 ** 24 + 1), (3,), 1, data_input=True),
                                   "along axes of at most 16777216 entries")}
     cases["int64 data"][0].constants["t"] = np.arange(66, dtype=np.int64).reshape(11, 6)

@@ -161,6 +161,62 @@ def test_portable_int8_loop_matches_ort(tmp_path):
     assert proc.returncode == 0 and "portable ok" in proc.stdout, proc.stderr[-3000:]
 
 
+@pytest.mark.parametrize("adtype,bdtype,az,bz,ashape,bshape,extreme", [
+    (np.int8, np.int8, -3, 3, (1, 4, 16, 16), (1, 4, 16, 16), False),  # attention's scores
+    (np.uint8, np.int8, 128, 0, (2, 3, 7, 40), (2, 3, 40, 5), False),
+    (np.uint8, np.uint8, 0, 255, (5, 258), (258, 6), True),  # K |a - az| |b - bz| = 2^24 - 766
+    (np.int8, np.int8, -128, 127, (1, 259), (259, 4), False),  # 259 x 255 x 255: past 2^24, the interpreter's
+])
+def test_qlinearmatmul_of_two_activations_runs_in_c(adtype, bdtype, az, bz, ashape, bshape, extreme):
+    """A QLinearMatMul whose B is an activation too (an int8 transformer's attention products) runs in C as
+    float ops on the integers (dequantized with scale 1, a float MatMul, requantized): its sums are exact
+    while K |a - az| |b - bz| < 2^24, so the outputs are ONNX Runtime's; past that bound it stays in the
+    interpreter."""
+    from saturate.backend import compile_graph
+
+    consts = {"as": np.float32(0.03), "az": np.array(az, adtype), "bs": np.float32(0.011),
+              "bz": np.array(bz, bdtype), "ys": np.float32(0.7 if not extreme else 2000.0),
+              "yz": np.array(1, adtype)}
+    g = make([Node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])],
+             {"a": ashape, "b": bshape}, consts)
+    g.values["a"], g.values["b"] = ValueInfo(np.dtype(adtype).name, ashape), ValueInfo(np.dtype(bdtype).name, bshape)
+    g.values["y"] = ValueInfo(np.dtype(adtype).name, None)
+    feed = {"a": ints(5, ashape, adtype), "b": ints(6, bshape, bdtype)}
+    if extreme:  # every product (255 - 0)(0 - 255): the largest sum the bound allows
+        feed = {"a": np.full(ashape, 255, adtype), "b": np.zeros(bshape, bdtype)}
+    model = compile_graph(g)
+    bounded = ashape[-1] * max(abs(az - np.iinfo(adtype).min), abs(np.iinfo(adtype).max - az)) * \
+        max(abs(bz - np.iinfo(bdtype).min), abs(np.iinfo(bdtype).max - bz)) < 2 ** 24
+    assert [op for op, _, _ in model.fallback_ops] == ([] if bounded else ["QLinearMatMul"])
+    got, want = model(feed)["y"], ort_plain(g, feed)["y"]
+    if extreme:
+        assert np.array_equal(got, want) and len(np.unique(got)) == 1 and got.reshape(-1)[0] != 1
+    assert_steps(got, want, 1)
+
+
+def test_int8_values_move_in_c_and_keep_their_dtype():
+    """Transpose, Slice, Concat, Expand, Gather and Split copy the integers C holds as floats (an int8
+    transformer transposes its quantized heads): one C segment, an int8 output given back as int8."""
+    from saturate.backend import compile_graph
+
+    nodes = [Node("QuantizeLinear", ["x", "s", "z"], ["q"]), Node("Transpose", ["q"], ["t"], {"perm": [0, 2, 1, 3]}),
+             Node("Slice", ["t", "st", "en", "ax"], ["sl"]), Node("Concat", ["sl", "t"], ["c"], {"axis": 1}),
+             Node("Expand", ["c", "shape"], ["e"]), Node("Gather", ["e", "idx"], ["g"], {"axis": 3}),
+             Node("Split", ["g"], ["p0", "p1"], {"axis": 2, "num_outputs": 2}),
+             Node("DequantizeLinear", ["p1", "s", "z"], ["y"])]
+    consts = {"s": np.float32(0.05), "z": np.array(-4, np.int8), "st": np.array([1], np.int64),
+              "en": np.array([3], np.int64), "ax": np.array([1], np.int64), "shape": np.array([2, 1, 1, 1], np.int64),
+              "idx": np.array([4, 2, 0], np.int64)}
+    g = make(nodes, {"x": (1, 3, 4, 5)}, consts, outputs=["p0", "y"], opset=18)
+    g.values["p0"] = ValueInfo("int8", None)
+    model = compile_graph(g)
+    assert model.fallback_ops == [] and len(model.segments) == 1
+    feed = {"x": arr(7, (1, 3, 4, 5)) * 4}
+    got, want = model(feed), ort_plain(g, feed)
+    assert got["p0"].dtype == np.int8 and np.array_equal(got["p0"], want["p0"])
+    assert np.array_equal(got["y"], want["y"])
+
+
 @pytest.mark.parametrize("case,reason", [
     ("runtime scale", "to be a constant"), ("zero scale", "positive, finite scales"),
     ("axis mismatch", "3 scales for axis 1"), ("runtime weights", "'b' to be a constant"),
@@ -173,10 +229,12 @@ def test_quantized_nodes_c_cannot_run_fall_back_with_a_reason(case, reason):
     consts = {"s": np.float32(0.1), "z": np.array(0, np.uint8)}
     inputs = {"x": (2, 4)}
     if case == "runtime weights":
+        # a reduction of 259: past what a float product of two uint8 activations sums exactly
+        # (test_qlinearmatmul_of_two_activations_runs_in_c)
         consts.update({"ys": np.float32(0.5)})
         g = make([Node("QLinearMatMul", ["xq", "s", "z", "b", "s", "z", "ys", "z"], ["y"])],
-                 {"xq": (2, 4), "b": (4, 3)}, consts)
-        g.values["xq"], g.values["b"] = ValueInfo("uint8", (2, 4)), ValueInfo("uint8", (4, 3))
+                 {"xq": (2, 259), "b": (259, 3)}, consts)
+        g.values["xq"], g.values["b"] = ValueInfo("uint8", (2, 259)), ValueInfo("uint8", (259, 3))
     else:
         if case == "zero scale":
             consts["s"] = np.float32(0.0)

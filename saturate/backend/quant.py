@@ -183,6 +183,60 @@ def qlinear_params(graph: Graph, node: Node) -> dict:
             "w": wk, "bias": np.zeros(m, np.int64) if bias is None else bias.reshape(-1).astype(np.int64)}
 
 
+def lower_matmul_of_activations(graph: Graph, node: Node, shapes: dict, dtypes: dict) -> list[Node] | None:
+    """A QLinearMatMul of two activations (an int8 transformer's attention products) as ops C runs on floats,
+    all standard ONNX: DequantizeLinear(a, 1, za) and (b, 1, zb), MatMul, Mul by sa * sb / sy (float32, as
+    qgemm.h's), QuantizeLinear(., 1, zy). The MatMul multiplies and adds integers (a - za)(b - zb): exact, the
+    int32 sum ONNX Runtime makes, while K |a - za| |b - zb| stays below 2^24; then float(sum) times the
+    multiplier, rounded half to even, plus zy, saturated, as ONNX Runtime requantizes. None (the node stays as
+    it is) where a parameter is not a per-tensor constant, a shape is unknown or the bound does not hold. New
+    constants go into `graph`, `shapes` and `dtypes`."""
+    if len(node.inputs) != 8 or node.inputs[3] in graph.constants or node.domain not in ("", "ai.onnx"):
+        return None
+    a, b, y = node.inputs[0], node.inputs[3], node.outputs[0]
+    try:
+        sa, sb, sy = (_scale(graph, node, k) for k in (1, 4, 6))
+        za, zb, zy = (_const(graph, node, k, "zero point") for k in (2, 5, 7))
+    except SaturateError:
+        return None
+    if any(z is None or z.size != 1 for z in (za, zb, zy)) or any(s.size != 1 for s in (sa, sb, sy)):
+        return None
+    if dtypes.get(a) != za.dtype.name or dtypes.get(b) != zb.dtype.name or zy.dtype.name not in ("int8", "uint8"):
+        return None
+    if za.dtype.name not in ("int8", "uint8") or zb.dtype.name not in ("int8", "uint8"):
+        return None
+    if shapes.get(a) is None or shapes.get(b) is None or not shapes[a]:
+        return None
+
+    def spread(z: np.ndarray) -> int:
+        lo, hi = INT_CODED[z.dtype.name]
+        return max(abs(lo - int(z.reshape(-1)[0])), abs(hi - int(z.reshape(-1)[0])))
+
+    if shapes[a][-1] * spread(za) * spread(zb) >= 2 ** 24:
+        return None
+    names = set(graph.constants) | set(graph.values) | {v for n in graph.nodes for v in (*n.inputs, *n.outputs)}
+
+    def fresh(tag: str) -> str:
+        name, k = f"{y}/{tag}", 1
+        while name in names:
+            name, k = f"{y}/{tag}{k}", k + 1
+        names.add(name)
+        return name
+
+    unit, scale = fresh("qmm_unit"), fresh("qmm_scale")
+    graph.constants[unit] = np.float32(1.0)
+    graph.constants[scale] = np.float32(np.float32(sa[0]) * np.float32(sb[0]) / np.float32(sy[0]))
+    for c in (unit, scale):
+        shapes[c], dtypes[c] = (), "float32"
+    ta, tb, s, m = fresh("qmm_a"), fresh("qmm_b"), fresh("qmm_sum"), fresh("qmm_scaled")
+    label = node.name or y
+    return [Node("DequantizeLinear", [a, unit, node.inputs[2]], [ta], {}, f"{label}/a"),
+            Node("DequantizeLinear", [b, unit, node.inputs[5]], [tb], {}, f"{label}/b"),
+            Node("MatMul", [ta, tb], [s], {}, f"{label}/matmul"),
+            Node("Mul", [s, scale], [m], {}, f"{label}/scale"),
+            Node("QuantizeLinear", [m, unit, node.inputs[7]], [y], {}, label)]
+
+
 def _bytes_as_floats(arr: np.ndarray) -> np.ndarray:
     """Raw bytes of `arr` as float32 words for the weights blob (bits kept: only copied, never computed)."""
     raw = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)

@@ -261,6 +261,10 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
         out_dtype = "float32"
         if not runs_in_c(node) and not (standard and node.op == "Split"):
             why = f"has no kernel for op '{node.op}'"
+        elif quantized and node.op == "QLinearMatMul" and standard and (
+                lowered := quant.lower_matmul_of_activations(g, node, shapes, dtypes)):
+            pending[:0] = lowered
+            continue
         elif quantized:
             x = node.inputs[0]
             why = (f"needs a static shape for '{x}'" if x not in g.constants and shapes.get(x) is None
@@ -268,7 +272,7 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
         else:
             data = present[:1] if _has(node, "param_inputs") else present
             # Views and casts take every dtype C holds; an entry's c_dtype hook judges the dtypes itself.
-            held = HELD if _has(node, "int_view") or node.op == "Cast" else ("float32",)
+            held = HELD if _has(node, "int_move") or node.op == "Cast" else ("float32",)
             bad = [i for i in data if i not in g.constants
                    and (shapes.get(i) is None or not typed and dtypes.get(i) not in held)]
             index = runtime_indices(g, node)
@@ -278,8 +282,8 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
             elif index and (shapes.get(index) is None or dtypes.get(index) not in INDEX_DTYPES):
                 why = (f"needs a static shape for '{index}'" if shapes.get(index) is None
                        else f"reads int32 or int64 indices only ('{index}' is {dtypes.get(index)})")
-            elif index and dtypes.get(node.inputs[0]) != "float32":
-                why = f"gathers by run-time indices from float32 data only ('{node.inputs[0]}' is " \
+            elif index and dtypes.get(node.inputs[0]) not in HELD:
+                why = f"gathers by run-time indices from data C holds only ('{node.inputs[0]}' is " \
                       f"{dtypes.get(node.inputs[0])})"
             elif _has(node, "param_inputs") and any(i not in g.constants and i != index for i in present[1:]):
                 why = f"needs the parameter inputs of '{node.op}' to be constants"
@@ -313,7 +317,7 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
                     if bound < indices.get(index, (bound + 1,))[0]:
                         indices[index] = (bound, node.where())
                 dtypes[node.outputs[0]] = (quant.out_dtype(g, node) if quantized
-                                           else dtypes.get(node.inputs[0]) if _has(node, "int_view") else out_dtype)
+                                           else dtypes.get(node.inputs[0]) if _has(node, "int_move") else out_dtype)
                 continue
             except SaturateError as err:
                 why = str(err).split("the C backend ", 1)[-1]

@@ -125,7 +125,7 @@ define("LeakyRelu", **_ACTIVATION, evaluate=k.leaky_relu, arity=(1, 1),
        c_expr=lambda node, a, operand, graph: f"v >= 0.0f ? v : {c_float(node.attr('alpha', 0.01))} * v")
 # Views, so the interpreter copies them only if they become graph outputs.
 define("Identity", elementwise=True, shape_arith=True, engine=True, evaluate=k.unary(k.view), arity=(1, 1),
-       draw="unary", c="view", int_view=True, flops=no_flops, c_expr=_scalar("v"), c_vec=_scalar("v"))
+       draw="unary", c="view", int_move=True, flops=no_flops, c_expr=_scalar("v"), c_vec=_scalar("v"))
 # libm's expf: the full range (overflow to inf) matters when Exp stands alone.
 define("Exp", elementwise=True, evaluate=k.unary(np.exp), arity=(1, 1), draw="unary", c="unary",
        c_expr=_scalar("expf(v)"))

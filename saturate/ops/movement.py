@@ -15,7 +15,9 @@ from saturate.ops.registry import define
 
 _MOVE = dict(flops=no_flops)
 # Views of their input in C, whose shape and values pass through; they also take integers.
-_VIEW = dict(c="view", int_view=True, empty_safe=True, flops=no_flops)
+_VIEW = dict(c="view", int_move=True, empty_safe=True, flops=no_flops)
+# Copies of their input's values in C: they also take integers.
+_COPY = dict(c="kernel", int_move=True)
 
 
 def _concat_shape(attrs: dict, ins: list) -> ValueInfo | None:
@@ -102,21 +104,21 @@ define("Cast", shape_arith=True, engine=True, evaluate=k.cast, arity=(1, 1), sha
        empty_safe=True)
 define("CastLike", shape_arith=True, shape=_cast_like_shape, c="view", empty_safe=True)
 define("Transpose", shape_arith=True, engine=True, evaluate=k.transpose, arity=(1, 1), shape=_transpose_shape,
-       c="kernel", empty_safe=True, **_MOVE)
+       empty_safe=True, **_MOVE, **_COPY)
 define("Concat", shape_arith=True, engine=True, evaluate=k.concat, arity=(1, VARIADIC), shape=_concat_shape,
-       c="kernel", empty_safe=True, **_MOVE)
-define("Expand", shape_arith=True, c="kernel", param_inputs=True, empty_safe=True)
-define("Slice", shape_arith=True, c="kernel", param_inputs=True, shape_by_data=_slice_by_data)
+       empty_safe=True, **_MOVE, **_COPY)
+define("Expand", shape_arith=True, param_inputs=True, empty_safe=True, **_COPY)
+define("Slice", shape_arith=True, param_inputs=True, shape_by_data=_slice_by_data, **_COPY)
 define("Pad", shape_arith=True, c="kernel", param_inputs=True, reference_args=pad_crops_first,
        shape_by_data=_pad_by_data,
        enums={"mode": ("constant", "reflect", "edge", "wrap")})
-define("Gather", shape_arith=True, engine=True, evaluate=k.gather, arity=(2, 2), c="kernel", param_inputs=True)
+define("Gather", shape_arith=True, engine=True, evaluate=k.gather, arity=(2, 2), param_inputs=True, **_COPY)
 define("GatherElements", evaluate=k.gather_elements, arity=(2, 2))
 define("Shape", shape_arith=True, engine=True, evaluate=k.shape, arity=(1, 1))
 define("Range", shape_arith=True)
 define("ConstantOfShape", shape_arith=True)
 define("Constant", evaluate=k.constant, arity=(0, 0), **_MOVE)
-define("Split", param_inputs=True, shape_by_data=_split_by_data)
+define("Split", param_inputs=True, int_move=True, shape_by_data=_split_by_data)
 define("Resize", c="kernel", param_inputs=True, reference_args=resize_as_specified, enums={
     "mode": ("nearest", "linear", "cubic"),
     "nearest_mode": ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"),

@@ -79,15 +79,16 @@ class OpDef:
     c_vec: Callable[..., str | None] | None = None
     # What the C kernel takes beyond float32 data: (graph, node, input dtypes) -> the output's
     # dtype, raising the backend's SaturateError for what it refuses (Where's bool condition); None:
-    # float32 data (int_view: the integers C holds as floats too) and a float32 output.
+    # float32 data (int_move: the integers C holds as floats too) and a float32 output.
     c_dtype: Callable[..., str] | None = None
     # Inputs after the first are parameters the C emitter reads at compile time.
     param_inputs: bool = False
     # The input a C kernel may also read at run time as integer indices (int32 or int64, entering C as floats
     # of their values: Gather's token ids), though the op's other inputs after the first are parameters.
     c_indices: int | None = None
-    # A view that also takes integers the C backend holds as floats: keeps its input's dtype.
-    int_view: bool = False
+    # Only moves its input's values (a view or a copy, no arithmetic), so it also takes the integers the C
+    # backend holds as floats (a quantized transformer's int8 activations), keeping its input's dtype.
+    int_move: bool = False
     # Extra outputs a C kernel may drop when nothing reads them.
     droppable_outputs: bool = False
 
@@ -103,7 +104,7 @@ _INDEX: dict[tuple[str, Any], set[str]] = {}
 # Op name -> its domain, for the ops outside ONNX's default one.
 _OTHER_DOMAIN: dict[str, str] = {}
 _INDEXED = ("elementwise", "same_shape", "shape_arith", "quant", "engine", "commutative",
-            "nondeterministic", "param_inputs", "int_view", "droppable_outputs", "empty_safe")
+            "nondeterministic", "param_inputs", "int_move", "droppable_outputs", "empty_safe")
 _loaded = False
 
 

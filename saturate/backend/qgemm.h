@@ -16,6 +16,13 @@
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define SAT_HAVE_VNNI 1
+#elif defined(__AVX2__)
+/* Without VNNI, AVX2 multiplies 16-bit lanes: the pixels' bytes widened once per work item, the weight bytes
+ * as each step loads them, and vpmaddwd sums two exact products per 32-bit lane (vpmaddubsw's faster
+ * byte products saturate their 16-bit pair sums, 2 x 255 x 128 > 32767, so they would differ from ONNX's
+ * int32 sums). */
+#include <immintrin.h>
+#define SAT_HAVE_QDOT16 1
 #endif
 
 #define SAT_QROWS 6    /* pixels per register tile */
@@ -41,6 +48,10 @@ void sat_qdw_plane(void *ctx, int64_t item, int tid);
 
 void sat_qdot_panels(const uint8_t *a, int64_t lda, const int8_t *w, int64_t K4, int np,
                             int32_t acc[SAT_QROWS][32]);
+
+#ifdef SAT_HAVE_QDOT16
+void sat_qdot_panels16(const int16_t *a, int64_t lda, const int8_t *w, int64_t K4, int np, int32_t acc[SAT_QROWS][32]);
+#endif
 
 void sat_qconv_item(void *ctx, int64_t item, int tid);
 

@@ -40,6 +40,9 @@ typedef struct {
     int64_t images, C, H, W, M, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, group, K, K4, tiles;
     int xoff, xpad, matmul;
     float zy, lo, hi;
+    /* corr[m] modulo 2^32: a sum corr + dot - bz rowsum fits 32 bits (qlinear_params bounds K), so 32-bit
+     * lanes that wrap give it exactly, whatever corr's own size */
+    const int32_t *corr32;
 } sat_qconv_args;
 
 int32_t sat_qgather(const sat_qconv_args *q, int64_t n, int64_t g, int64_t p, uint8_t *restrict a);

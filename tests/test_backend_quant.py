@@ -112,6 +112,7 @@ def qlinear_conv(xdtype, wdtype, cin, cout, hw, kernel, attrs, bias=True, per_ch
 @pytest.mark.parametrize("xdtype,wdtype,cin,cout,hw,kernel,attrs,bias,per_channel", [
     (np.uint8, np.int8, 16, 20, 9, 3, {"pads": [1, 1, 1, 1]}, True, True),
     (np.int8, np.int8, 8, 8, 10, 3, {"group": 8, "strides": [2, 2], "pads": [1, 0, 1, 1]}, True, False),
+    (np.uint8, np.int8, 6, 6, 23, 3, {"group": 6, "strides": [2, 2], "pads": [1, 1, 0, 1]}, True, True),
     (np.uint8, np.uint8, 12, 34, 7, 1, {"group": 2}, False, True),
     (np.uint8, np.uint8, 6, 6, 9, 3, {"group": 6, "dilations": [2, 2], "pads": [2, 1, 2, 3]}, True, True),
     (np.int8, np.int8, 3, 5, 11, 5, {"strides": [2, 1], "dilations": [1, 2], "pads": [2, 2, 2, 2]}, True, True),
@@ -248,6 +249,21 @@ def test_quantized_nodes_c_cannot_run_fall_back_with_a_reason(case, reason):
     part = partition(g)
     assert [n.op for n, _ in part.fallback] == [g.nodes[0].op]
     assert reason in part.fallback[0][1], part.fallback[0][1]
+
+
+def test_qlinearconv_whose_sums_may_pass_32_bits_stays_in_the_interpreter():
+    """The kernels add a conv's sums, bias included, in 32-bit lanes: a bias that, with the taps' largest sum,
+    could pass 2^31 keeps the node out of C (a bias 1000 smaller runs there)."""
+    from saturate.backend.segments import partition
+
+    graph, _ = qlinear_conv(np.uint8, np.int8, 4, 3, 5, 3, {"pads": [1, 1, 1, 1]})
+    taps = 4 * 3 * 3 * 255 * 255
+    for bias, falls_back in ((2**31 - taps, True), (2**31 - taps - 1000, False)):
+        graph.constants["b"] = np.array([5, -bias, 7], np.int32)
+        fallback = partition(graph).fallback
+        assert [n.op for n, _ in fallback] == (["QLinearConv"] if falls_back else [])
+        if falls_back:
+            assert "sums that fit 32 bits" in fallback[0][1]
 
 
 def test_compiled_directory_of_an_int8_model_takes_and_gives_integers(tmp_path):

@@ -97,7 +97,20 @@ void sat_qdw_plane(void *ctx, int64_t item, int tid) {
                         rs[ox] += src[ox * sw];
                     }
             }
-        for (int64_t ox = 0; ox < ow; ox++) {
+        int64_t ox = 0;
+#ifdef __AVX2__
+        /* 8 outputs at a time: the float sums are exact integers (under 2^24), the sum in wrapping 32-bit lanes
+         * (exact, see corr32), then the scalar loop's arithmetic */
+        const __m256i c32 = _mm256_set1_epi32(q->corr32[m]), b32 = _mm256_set1_epi32((int32_t)bz);
+        for (; ox + 8 <= ow; ox += 8) {
+            const __m256i sum = _mm256_sub_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(_mm256_loadu_ps(acc + ox)), c32),
+                                                 _mm256_mullo_epi32(_mm256_cvttps_epi32(_mm256_loadu_ps(rs + ox)), b32));
+            __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(scale));
+            v = _mm256_add_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), _mm256_set1_ps(zy));
+            _mm256_storeu_ps(y + oy * ow + ox, _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(lo)), _mm256_set1_ps(hi)));
+        }
+#endif
+        for (; ox < ow; ox++) {
             const int64_t sum = (int64_t)acc[ox] + corr - bz * (int64_t)rs[ox];
             const float v = rintf((float)sum * scale) + zy;
             y[oy * ow + ox] = v < lo ? lo : (v > hi ? hi : v);
@@ -281,8 +294,16 @@ void sat_qconv(const float *x, const void *w, const void *corr, const void *bz, 
     const int64_t P = matmul ? images : oh * ow;
     q.tiles = (P + SAT_QTILE - 1) / SAT_QTILE;
     if (P == 0 || M == 0) return;
+    int32_t *corr32 = malloc(sizeof(int32_t) * (size_t)M);
+    if (!corr32) {
+        fprintf(stderr, "saturate: out of memory in a quantized conv\n");
+        abort();
+    }
+    for (int64_t m = 0; m < M; m++) corr32[m] = (int32_t)(uint32_t)(uint64_t)((const int64_t *)corr)[m];
+    q.corr32 = corr32;
     if (!matmul && group == C && group == M && kh * kw <= 64) {
         sat_parallel(images * M, sat_qdw_plane, &q);
+        free(corr32);
         return;
     }
     uint8_t *xb = NULL;
@@ -307,13 +328,6 @@ void sat_qconv(const float *x, const void *w, const void *corr, const void *bz, 
                 }
         q.xb = xb;
     }
-    int32_t *corr32 = malloc(sizeof(int32_t) * (size_t)M);
-    if (!corr32) {
-        fprintf(stderr, "saturate: out of memory in a quantized conv\n");
-        abort();
-    }
-    for (int64_t m = 0; m < M; m++) corr32[m] = (int32_t)(uint32_t)(uint64_t)((const int64_t *)corr)[m];
-    q.corr32 = corr32;
     sat_parallel((matmul ? 1 : images) * group * q.tiles, sat_qconv_item, &q);
     free(corr32);
     free(xb);

@@ -177,6 +177,9 @@ def qlinear_params(graph: Graph, node: Node) -> dict:
         raise unsupported(node, f"needs an int32 bias of {m} values")
     if wk.shape[1] == 0 or wk.shape[1] * 255 * 128 >= 2**31:
         raise unsupported(node, f"runs reductions of 1 to {(2**31 - 1) // (255 * 128)} taps, not {wk.shape[1]}")
+    # the kernels' epilogues add the sums in 32-bit lanes: every sum, bias included, must fit them
+    if bias is not None and wk.shape[1] * 255 * 255 + int(np.abs(bias.astype(np.int64)).max()) >= 2**31:
+        raise unsupported(node, "runs sums that fit 32 bits only (its bias is too large for its taps)")
     return {"zx": 0 if zx is None else int(zx.reshape(-1)[0]), "xdtype": "uint8" if zx is None else zx.dtype.name,
             "zy": 0 if zy is None else int(zy.reshape(-1)[0]), "ydtype": "uint8" if zy is None else zy.dtype.name,
             "zw": np.broadcast_to(zwv, (m,)), "sx": sx[0], "sw": np.broadcast_to(sw, (m,)), "sy": sy[0],

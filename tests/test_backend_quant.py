@@ -35,10 +35,10 @@ def ort_plain(graph, feed) -> dict:
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
 
 
-def run_c(graph, feed, all_c: bool = True) -> dict:
+def run_c(graph, feed, all_c: bool = True, threads: int = 1) -> dict:
     from saturate.backend import compile_graph
 
-    model = compile_graph(graph)
+    model = compile_graph(graph, threads=threads)
     if all_c:
         assert model.fallback_ops == [], model.fallback_ops
     return model(feed)
@@ -116,15 +116,20 @@ def qlinear_conv(xdtype, wdtype, cin, cout, hw, kernel, attrs, bias=True, per_ch
     (np.uint8, np.uint8, 12, 34, 7, 1, {"group": 2}, False, True),
     (np.uint8, np.uint8, 6, 6, 9, 3, {"group": 6, "dilations": [2, 2], "pads": [2, 1, 2, 3]}, True, True),
     (np.int8, np.int8, 3, 5, 11, 5, {"strides": [2, 1], "dilations": [1, 2], "pads": [2, 2, 2, 2]}, True, True),
+    (np.uint8, np.int8, 16, 100, 4, 3, {"pads": [1, 1, 1, 1]}, True, True),  # 2 threads: channel chunks
 ])
 def test_qlinearconv_matches_ort(xdtype, wdtype, cin, cout, hw, kernel, attrs, bias, per_channel):
     graph, feed = qlinear_conv(xdtype, wdtype, cin, cout, hw, kernel, attrs, bias, per_channel)
-    assert_steps(run_c(graph, feed)["y"], ort_plain(graph, feed)["y"], 1)
+    got = run_c(graph, feed)["y"]
+    assert_steps(got, ort_plain(graph, feed)["y"], 1)
+    # two threads share the input's padded copy by rows and the products by pixel tiles
+    assert np.array_equal(run_c(graph, feed, threads=2)["y"], got)
 
 
 @pytest.mark.parametrize("ashape,k,n,adtype,bdtype", [((7, 40), 40, 24, np.uint8, np.int8),
                                                        ((2, 3, 5, 33), 33, 17, np.int8, np.int8),
-                                                       ((4, 16), 16, 9, np.uint8, np.uint8)])
+                                                       ((4, 16), 16, 9, np.uint8, np.uint8),
+                                                       ((3, 50), 50, 150, np.uint8, np.int8)])
 def test_qlinearmatmul_matches_ort(ashape, k, n, adtype, bdtype):
     consts = {"as": np.float32(0.03), "az": np.array(7, adtype), "b": ints(3, (k, n), bdtype),
               "bs": np.linspace(0.01, 0.02, n).astype(np.float32) if bdtype == np.int8 else np.float32(0.01),
@@ -134,7 +139,9 @@ def test_qlinearmatmul_matches_ort(ashape, k, n, adtype, bdtype):
     g.values["a"] = ValueInfo(np.dtype(adtype).name, ashape)
     g.values["y"] = ValueInfo(np.dtype(adtype).name, None)
     feed = {"a": ints(4, ashape, adtype)}
-    assert_steps(run_c(g, feed)["y"], ort_plain(g, feed)["y"], 1)
+    got = run_c(g, feed)["y"]
+    assert_steps(got, ort_plain(g, feed)["y"], 1)
+    assert np.array_equal(run_c(g, feed, threads=2)["y"], got)  # 150 channels: chunks of panels on 2 threads
 
 
 @pytest.mark.parametrize("isa,march", [("avx2", ["-march=x86-64-v3"]), ("portable", [])])

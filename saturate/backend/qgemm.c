@@ -206,6 +206,8 @@ void sat_qconv_item(void *ctx, int64_t item, int tid) {
     const sat_qconv_args *q = ctx;
     (void)tid;
     const int64_t P = q->matmul ? q->images : q->oh * q->ow, Mg = q->M / q->group, panels = (Mg + 15) / 16;
+    const int64_t s = item % q->split;
+    item /= q->split;
     const int64_t t = item % q->tiles, g = (item / q->tiles) % q->group, n = item / (q->tiles * q->group);
     const int64_t p0 = t * SAT_QTILE, p1 = p0 + SAT_QTILE < P ? p0 + SAT_QTILE : P, lda = 4 * q->K4;
     uint8_t *a = malloc((size_t)(SAT_QTILE * lda));
@@ -232,7 +234,8 @@ void sat_qconv_item(void *ctx, int64_t item, int tid) {
     }
     for (int64_t i = 0; i < SAT_QTILE * lda; i++) a16[i] = a[i];
 #endif
-    for (int64_t j = 0; j < panels; j += 2) {
+    const int64_t j1 = 2 * (s + 1) * q->pairs < panels ? 2 * (s + 1) * q->pairs : panels;
+    for (int64_t j = 2 * s * q->pairs; j < j1; j += 2) {
         const int np = panels - j >= 2 ? 2 : 1;
         const int64_t m0 = g * Mg + j * 16, mc = Mg - j * 16 < 16 * np ? Mg - j * 16 : 16 * np;
         for (int64_t r0 = 0; r0 < p1 - p0; r0 += SAT_QROWS) {
@@ -283,6 +286,19 @@ void sat_qconv_item(void *ctx, int64_t item, int tid) {
     free(a);
 }
 
+/* Input row `item` (image n, row iy) of a conv as bytes (x + xoff) into its padded channels-last copy. */
+static void sat_qpad_row(void *ctx, int64_t item, int tid) {
+    const sat_qconv_args *q = ctx;
+    const int64_t n = item / q->H, iy = item % q->H, C = q->C, W = q->W;
+    uint8_t *xb = (uint8_t *)q->xb;
+    (void)tid;
+    for (int64_t c = 0; c < C; c++) {
+        const float *restrict src = q->x + ((n * C + c) * q->H + iy) * W;
+        uint8_t *restrict dst = xb + ((n * q->Hp + q->ph + iy) * q->Wp + q->pw) * C + c;
+        for (int64_t ix = 0; ix < W; ix++) dst[ix * C] = (uint8_t)((int)src[ix] + q->xoff);
+    }
+}
+
 /* QLinearConv (matmul = 0: x is images x C x H x W, y images x M x oh x ow) or QLinearMatMul (matmul = 1:
  * x is `images` rows of K, y those rows of M; one group, a 1 x 1 window). */
 void sat_qconv(const float *x, const void *w, const void *corr, const void *bz, const float *scale, float *y,
@@ -319,16 +335,21 @@ void sat_qconv(const float *x, const void *w, const void *corr, const void *bz, 
             abort();
         }
         memset(xb, xpad, bytes);
-        for (int64_t n = 0; n < images; n++)
-            for (int64_t c = 0; c < C; c++)
-                for (int64_t iy = 0; iy < H; iy++) {
-                    const float *restrict src = x + ((n * C + c) * H + iy) * W;
-                    uint8_t *restrict dst = xb + ((n * q.Hp + ph + iy) * q.Wp + pw) * C + c;
-                    for (int64_t ix = 0; ix < W; ix++) dst[ix * C] = (uint8_t)((int)src[ix] + xoff);
-                }
+        /* the copy row by row, shared among the threads */
         q.xb = xb;
+        sat_parallel(images * H, sat_qpad_row, &q);
     }
-    sat_parallel((matmul ? 1 : images) * group * q.tiles, sat_qconv_item, &q);
+    /* Fewer (image, group, tile) units than four per thread (a late layer's 6x6 or 3x3 map is one tile): each
+     * split by channel panels, or one thread would run the conv alone (ResNet-18 int8's 512-channel convs on
+     * 3x3 maps took as long at 2 threads as at 1) */
+    const int64_t units = (matmul ? 1 : images) * group * q.tiles, all = (M / group + 31) / 32;
+    q.split = 1, q.pairs = all;
+    if (sat_threads > 1 && !sat_in_parallel && units < 4 * sat_threads) {
+        q.pairs = (all * units + 4 * sat_threads - 1) / (4 * sat_threads);
+        q.pairs = q.pairs < 1 ? 1 : q.pairs;
+        q.split = (all + q.pairs - 1) / q.pairs;
+    }
+    sat_parallel(units * q.split, sat_qconv_item, &q);
     free(corr32);
     free(xb);
 }

@@ -43,6 +43,8 @@ typedef struct {
     /* corr[m] modulo 2^32: a sum corr + dot - bz rowsum fits 32 bits (qlinear_params bounds K), so 32-bit
      * lanes that wrap give it exactly, whatever corr's own size */
     const int32_t *corr32;
+    /* each (image, group, pixel tile) is `split` items, each `pairs` consecutive pairs of channel panels */
+    int64_t split, pairs;
 } sat_qconv_args;
 
 int32_t sat_qgather(const sat_qconv_args *q, int64_t n, int64_t g, int64_t p, uint8_t *restrict a);

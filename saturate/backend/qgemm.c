@@ -216,7 +216,10 @@ void sat_qconv_item(void *ctx, int64_t item, int tid) {
         fprintf(stderr, "saturate: out of memory in a quantized conv\n");
         abort();
     }
-    for (int64_t p = p0; p < p0 + SAT_QTILE; p++) {
+    /* the rows the register tiles read: the tile's pixels, rounded up to whole tiles (a 3x3 map's 9 pixels are
+     * 12 rows, not SAT_QTILE) */
+    const int64_t rows = (p1 - p0 + SAT_QROWS - 1) / SAT_QROWS * SAT_QROWS;
+    for (int64_t p = p0; p < p0 + rows; p++) {
         if (p < p1) {
             rowsum[p - p0] = sat_qgather(q, n, g, p, a + (p - p0) * lda);
         } else {  /* rows past the last pixel are computed and dropped */
@@ -232,7 +235,7 @@ void sat_qconv_item(void *ctx, int64_t item, int tid) {
         fprintf(stderr, "saturate: out of memory in a quantized conv\n");
         abort();
     }
-    for (int64_t i = 0; i < SAT_QTILE * lda; i++) a16[i] = a[i];
+    for (int64_t i = 0; i < rows * lda; i++) a16[i] = a[i];
 #endif
     const int64_t j1 = 2 * (s + 1) * q->pairs < panels ? 2 * (s + 1) * q->pairs : panels;
     for (int64_t j = 2 * s * q->pairs; j < j1; j += 2) {

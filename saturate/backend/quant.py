@@ -204,9 +204,8 @@ def lower_matmul_of_activations(graph: Graph, node: Node, shapes: dict, dtypes: 
         return None
     if any(z is None or z.size != 1 for z in (za, zb, zy)) or any(s.size != 1 for s in (sa, sb, sy)):
         return None
-    if dtypes.get(a) != za.dtype.name or dtypes.get(b) != zb.dtype.name or zy.dtype.name not in ("int8", "uint8"):
-        return None
-    if za.dtype.name not in ("int8", "uint8") or zb.dtype.name not in ("int8", "uint8"):
+    if any(z.dtype.name not in ("int8", "uint8") for z in (za, zb, zy)) or \
+            (dtypes.get(a), dtypes.get(b)) != (za.dtype.name, zb.dtype.name):
         return None
     if shapes.get(a) is None or shapes.get(b) is None or not shapes[a]:
         return None

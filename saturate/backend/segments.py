@@ -255,6 +255,7 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
             if folded:
                 continue
         ins = [shapes.get(i) if i else None for i in node.inputs]
+        index = runtime_indices(g, node)  # the input its kernel reads as indices at run time, if any
         why = None
         quantized = _has(node, "quant")
         typed = getattr(lookup(node.op, node.domain), "c_dtype", None)
@@ -275,7 +276,6 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
             held = HELD if _has(node, "int_move") or node.op == "Cast" else ("float32",)
             bad = [i for i in data if i not in g.constants
                    and (shapes.get(i) is None or not typed and dtypes.get(i) not in held)]
-            index = runtime_indices(g, node)
             if bad:
                 why = (f"needs a static shape for '{bad[0]}'" if shapes.get(bad[0]) is None
                        else f"runs float32 only ('{bad[0]}' is {dtypes.get(bad[0])})")
@@ -311,10 +311,9 @@ def partition(graph: Graph, input_shapes: dict | None = None) -> Partition:
                 g.nodes.append(node)
                 kinds.append("c")
                 shapes[node.outputs[0]] = tuple(int(d) for d in out)
-                index = runtime_indices(g, node)
                 if index:
                     bound = gather_rows(node, shapes[node.inputs[0]], shapes[index])[1]
-                    if bound < indices.get(index, (bound + 1,))[0]:
+                    if index not in indices or bound < indices[index][0]:
                         indices[index] = (bound, node.where())
                 dtypes[node.outputs[0]] = (quant.out_dtype(g, node) if quantized
                                            else dtypes.get(node.inputs[0]) if _has(node, "int_move") else out_dtype)

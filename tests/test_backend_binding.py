@@ -96,6 +96,60 @@ def test_header_documents_the_api_the_library_exports(tmp_path):
         assert declared <= set(re.findall(r"\b(sat_\w+)$", dyn, re.M)), lib
 
 
+# Run in a process of its own: a process has one model.so loaded (dlopen finds a second by its soname).
+WORKSPACE_PROBE = r"""
+import ctypes, json, re, sys
+import numpy as np
+lib = ctypes.CDLL(sys.argv[1] + "/model.so")
+lib.sat_workspace_bytes.restype = ctypes.c_int64
+lib.sat_workspace_alloc.restype = ctypes.c_void_p
+lib.sat_workspace_free.argtypes = [ctypes.c_void_p]
+lib.sat_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+
+
+def vm_flags(address):
+    lines = open("/proc/self/smaps").read().splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+        if m and int(m[1], 16) <= address < int(m[2], 16):
+            return next(ln.split()[1:] for ln in lines[i + 1:] if ln.startswith("VmFlags:"))
+    return None
+
+
+ws = lib.sat_workspace_alloc()
+flags = vm_flags(ws)
+x = np.load(sys.argv[1] + "/x.npy")
+y = np.empty_like(x)
+ins, outs = (ctypes.c_void_p * 1)(x.ctypes.data), (ctypes.c_void_p * 1)(y.ctypes.data)
+rc = [lib.sat_init((sys.argv[1] + "/weights.bin").encode()), lib.sat_run(ins, outs, ws, 1)]
+lib.sat_workspace_free(ctypes.c_void_p(ws))
+np.save(sys.argv[1] + "/y.npy", y)
+print(json.dumps({"bytes": lib.sat_workspace_bytes(), "ws": ws, "flags": flags, "rc": rc, "after": vm_flags(ws)}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads the mappings from /proc (Linux)")
+@pytest.mark.parametrize("n, huge", [(3 << 18, True), (1 << 10, False)])
+def test_workspace_alloc_asks_for_huge_pages_from_two_megabytes(tmp_path, n, huge):
+    """sat_workspace_alloc maps a workspace of 2 MB or more 2 MB-aligned and advised for huge pages (VmFlags hg),
+    a smaller one on plain pages; the model runs on it and sat_workspace_free unmaps it."""
+    from saturate.backend import compile_graph
+
+    g = make([Node("Relu", ["x"], ["r"]), Node("Mul", ["r", "r"], ["s"]), Node("Add", ["s", "x"], ["y"])],
+             {"x": (1, n)}, {})
+    m = compile_graph(g, out_dir=tmp_path / "m")
+    x = w(1, n)
+    np.save(tmp_path / "m" / "x.npy", x)
+    out = subprocess.run([sys.executable, "-c", WORKSPACE_PROBE, str(tmp_path / "m")], capture_output=True,
+                         text=True, check=True).stdout
+    got = json.loads(out)
+    assert (got["bytes"] >= 2 << 20) == huge and got["rc"] == [0, 0]
+    assert got["ws"] % ((2 << 20) if huge else 4096) == 0
+    assert ("hg" in got["flags"]) == huge and got["after"] is None
+    expect = np.maximum(x, 0) ** 2 + x
+    assert rel_error(np.load(tmp_path / "m" / "y.npy"), expect) < 1e-6 and rel_error(m({"x": x})["y"], expect) < 1e-6
+
+
 def test_plain_import_of_the_module_describes_and_runs_the_model(tmp_path):
     from saturate.backend import compile_graph
 

@@ -42,7 +42,4 @@ double *sat_profile(void) __attribute__((weak));
 
 static double *satb_profile(void) { return sat_profile ? sat_profile() : NULL; }
 
-/* The workspace, 64-byte aligned as sat_api.h asks (at least one line, so the pointer is never NULL). */
-static void *satb_alloc(int64_t bytes) { return aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64 + 64)); }
-
 #endif

@@ -43,6 +43,8 @@ cdef extern from *:
 cdef extern from "binding.h" nogil:
     int sat_init(const char *weights_path)
     int64_t sat_workspace_bytes()
+    float *sat_workspace_alloc()
+    void sat_workspace_free(float *ws)
     void sat_free()
     int sat_num_inputs()
     int sat_num_outputs()
@@ -57,7 +59,6 @@ cdef extern from "binding.h" nogil:
     int satb_run(void **inputs, void **outputs, void *workspace, int threads)
     double satb_time_runs(void **inputs, void **outputs, void *workspace, int threads, int64_t calls, int cpu_clock)
     double *satb_profile()
-    void *satb_alloc(int64_t nbytes)
     int64_t sat_heap_bytes()
     int64_t sat_heap_peak_bytes()
     void sat_heap_reset_peak()
@@ -119,7 +120,7 @@ cdef class Model:
     Model(weights=None, threads=1): `weights` defaults to weights.bin beside this module; `threads` is
     the default thread count of a call."""
 
-    cdef void *_ws
+    cdef float *_ws
     cdef public int threads
     cdef readonly list inputs, outputs
     cdef readonly int64_t workspace_bytes
@@ -145,12 +146,12 @@ cdef class Model:
         self.inputs, self.outputs = INPUTS, OUTPUTS
         self.workspace_bytes = WORKSPACE_BYTES
         self._kept = [None] * _NOUT
-        self._ws = satb_alloc(WORKSPACE_BYTES)
+        self._ws = sat_workspace_alloc()
         if self._ws == NULL:
             raise MemoryError(f"cannot allocate the {WORKSPACE_BYTES}-byte workspace")
 
     def __dealloc__(self):
-        free(self._ws)
+        sat_workspace_free(self._ws)
 
     def run(self, arrays, int threads=0, outputs=None):
         """Run on a sequence of float32, C-contiguous arrays (or any buffers) of the input shapes, in order;

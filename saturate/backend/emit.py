@@ -449,6 +449,8 @@ class Emitter(NnEmission, MovementEmission):
                f"{poison_init}    }}\n"
                f"    return WT ? 0 : 1;\n}}\n\n"
                f"int64_t sat_workspace_bytes(void) {{ return {self.plan.peak_bytes}; }}\n\n"
+               f"float *sat_workspace_alloc(void) {{ return sat_workspace_map({self.plan.peak_bytes}); }}\n\n"
+               f"void sat_workspace_free(float *ws) {{ sat_workspace_unmap(ws, {self.plan.peak_bytes}); }}\n\n"
                f"int sat_run(const float *const *inputs, float *const *outputs, float *ws, int threads) {{\n"
                f"    if (!WT) return 1;\n    /* any count: the pool and the per-thread buffers hold SAT_MAX_THREADS */\n    sat_set_threads(threads);\n    scipy_openblas_set_num_threads(1);\n"
                f"    IN = inputs;\n    WS = ws;\n    COL = ws + {self.plan.arena_bytes // 4};\n    (void)COL;\n{poison_run}"

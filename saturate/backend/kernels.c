@@ -526,9 +526,9 @@ static size_t sat_huge_len(size_t bytes) {
     return (bytes + SAT_HUGE_HEAD + SAT_HUGE_PAGE - 1) / SAT_HUGE_PAGE * SAT_HUGE_PAGE;
 }
 
-/* The file's bytes in memory of 2 MB pages (see above), or NULL (then the mapping stays). */
-static float *sat_huge_copy(const float *w, size_t bytes) {
-    const size_t len = sat_huge_len(bytes);
+/* `len` (a multiple of SAT_HUGE_PAGE) bytes of zeros, 2 MB-aligned, asked for on 2 MB pages before their first
+ * touch (pages faulted in as 4 KB ones stay so until khugepaged merges them); NULL if the map fails. */
+static char *sat_huge_region(size_t len) {
     char *r = mmap(NULL, len + SAT_HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (r == MAP_FAILED) return NULL;
     /* the region's 2 MB-aligned part; the pieces before and after go back */
@@ -538,9 +538,38 @@ static float *sat_huge_copy(const float *w, size_t bytes) {
 #ifdef MADV_HUGEPAGE
     madvise(a, len, MADV_HUGEPAGE);
 #endif
+    return a;
+}
+
+/* The file's bytes in memory of 2 MB pages (see above), or NULL (then the mapping stays). */
+static float *sat_huge_copy(const float *w, size_t bytes) {
+    const size_t len = sat_huge_len(bytes);
+    char *a = sat_huge_region(len);
+    if (!a) return NULL;
     memcpy(a + SAT_HUGE_HEAD, w, bytes);
     mprotect(a, len, PROT_READ);
     return (float *)(a + SAT_HUGE_HEAD);
+}
+
+/* A model's workspace (sat_api.h's sat_workspace_alloc): every intermediate value lives in it, tens of MB for
+ * a CNN at 224x224, and on 4 KB pages its tensors, each read and written once per run in a different place,
+ * took TLB misses throughout. ResNet-50 at 224x224, AVX-512 build, 1 thread, per-step medians on the Xeon
+ * (family 6 model 167): the stem 2.24 -> 1.89 ms, its MaxPool 0.43 -> 0.28, the steps in all 66.0 -> 62.4.
+ * Below 2 MB the workspace keeps 4 KB pages (a huge page would mostly hold nothing). */
+static size_t sat_workspace_len(int64_t bytes) {
+    const size_t b = (size_t)(bytes > 64 ? bytes : 64);
+    return b >= SAT_HUGE_PAGE ? (b + SAT_HUGE_PAGE - 1) / SAT_HUGE_PAGE * SAT_HUGE_PAGE : (b + 4095) / 4096 * 4096;
+}
+
+float *sat_workspace_map(int64_t bytes) {
+    const size_t len = sat_workspace_len(bytes);
+    if (len >= SAT_HUGE_PAGE) return (float *)sat_huge_region(len);
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return m == MAP_FAILED ? NULL : m;
+}
+
+void sat_workspace_unmap(float *ws, int64_t bytes) {
+    if (ws) munmap(ws, sat_workspace_len(bytes));
 }
 
 /* Map the weights file read-only (page-aligned, so 64-byte aligned) and, within the sizes above, copy it onto

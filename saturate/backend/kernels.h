@@ -207,6 +207,10 @@ float *sat_read_weights(const char *path, int64_t nfloats);
 
 void sat_release_weights(const float *w, int64_t nfloats);
 
+/* A workspace of `bytes` for sat_run, page-aligned, on 2 MB pages from 2 MB up (kernels.c); NULL if none. */
+float *sat_workspace_map(int64_t bytes);
+void sat_workspace_unmap(float *ws, int64_t bytes);
+
 #pragma GCC visibility pop
 
 #endif

@@ -11,7 +11,11 @@
  *   int64_t sat_workspace_bytes(void)
  *       Bytes of scratch sat_run needs: intermediate values (reused by liveness) and the convolution
  *       scratch of the calling thread. Allocate it 64-byte aligned (aligned_alloc(64, n rounded up to
- *       64)); its contents need not be kept between calls.
+ *       64)), or take sat_workspace_alloc's; its contents need not be kept between calls.
+ *   float *sat_workspace_alloc(void), void sat_workspace_free(float *ws)
+ *       A workspace of sat_workspace_bytes, zeroed, on 2 MB pages (Linux transparent huge pages, where the
+ *       system allows them) when it is 2 MB or more: a model whose values span tens of MB runs faster on it
+ *       than on 4 KB pages. NULL if the memory cannot be mapped. Free it with sat_workspace_free alone.
  *   int sat_run(const float *const *inputs, float *const *outputs, float *workspace, int threads)
  *       inputs[k] points at input k, outputs[k] at a buffer for output k (both in the order of the
  *       queries below); `threads` >= 1 threads compute (the caller plus threads - 1 pool threads,
@@ -48,6 +52,8 @@ extern "C" {
 
 int sat_init(const char *weights_path);
 int64_t sat_workspace_bytes(void);
+float *sat_workspace_alloc(void);
+void sat_workspace_free(float *ws);
 int sat_run(const float *const *inputs, float *const *outputs, float *workspace, int threads);
 void sat_free(void);
 

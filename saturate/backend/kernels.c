@@ -553,8 +553,9 @@ static float *sat_huge_copy(const float *w, size_t bytes) {
 
 /* A model's workspace (sat_api.h's sat_workspace_alloc): every intermediate value lives in it, tens of MB for
  * a CNN at 224x224, and on 4 KB pages its tensors, each read and written once per run in a different place,
- * took TLB misses throughout. ResNet-50 at 224x224, AVX-512 build, 1 thread, per-step medians on the Xeon
- * (family 6 model 167): the stem 2.24 -> 1.89 ms, its MaxPool 0.43 -> 0.28, the steps in all 66.0 -> 62.4.
+ * took TLB misses throughout. ResNet-50 at 224x224, AVX2 build (AVX-512 hidden), 1 thread, per-step medians on
+ * the Xeon (family 6 model 167), three rounds each: MaxPool 0.39-0.42 -> 0.28-0.30 ms, the stem 3.02-3.34 ->
+ * 2.91-3.06; the steps in all moved less than the machine's noise.
  * Below 2 MB the workspace keeps 4 KB pages (a huge page would mostly hold nothing). */
 static size_t sat_workspace_len(int64_t bytes) {
     const size_t b = (size_t)(bytes > 64 ? bytes : 64);

@@ -445,12 +445,14 @@ class Emitter(NnEmission, MovementEmission):
                 f"static const float *const *IN;\n"
                 f"/* The integer constants of the running step's epilogue (see Emitter.unit). */\n"
                 f"static const int64_t *EK __attribute__((unused));\n\n")
+        # (sanitizer builds: a later mapping at these addresses would keep the run's poisoned shadow)
+        unpoison_free = f"    if (ws) ASAN_UNPOISON_MEMORY_REGION(ws, {self.plan.peak_bytes});\n" if self.sanitize else ""
         api = (f"\nint sat_init(const char *path) {{\n    if (!WT) {{\n        WT = sat_read_weights(path, NWT);\n"
                f"{poison_init}    }}\n"
                f"    return WT ? 0 : 1;\n}}\n\n"
                f"int64_t sat_workspace_bytes(void) {{ return {self.plan.peak_bytes}; }}\n\n"
                f"float *sat_workspace_alloc(void) {{ return sat_workspace_map({self.plan.peak_bytes}); }}\n\n"
-               f"void sat_workspace_free(float *ws) {{ sat_workspace_unmap(ws, {self.plan.peak_bytes}); }}\n\n"
+               f"void sat_workspace_free(float *ws) {{\n{unpoison_free}    sat_workspace_unmap(ws, {self.plan.peak_bytes});\n}}\n\n"
                f"int sat_run(const float *const *inputs, float *const *outputs, float *ws, int threads) {{\n"
                f"    if (!WT) return 1;\n    /* any count: the pool and the per-thread buffers hold SAT_MAX_THREADS */\n    sat_set_threads(threads);\n    scipy_openblas_set_num_threads(1);\n"
                f"    IN = inputs;\n    WS = ws;\n    COL = ws + {self.plan.arena_bytes // 4};\n    (void)COL;\n{poison_run}"
@@ -467,6 +469,9 @@ class Emitter(NnEmission, MovementEmission):
         run = "".join(f"    ASAN_UNPOISON_MEMORY_REGION(WS + {o // 4}, {4 * self.plan.floats(r, self.shapes[r])});\n"
                       for r, o in self.plan.offsets.items())
         return (f"    if (WT) ASAN_POISON_MEMORY_REGION((void *)WT, {4 * self.nweights});\n{init}",
+                # (the whole workspace first: memory mapped where an earlier mapping was poisoned keeps its
+                # shadow, so the scratch after the arena is cleared here too)
+                f"    ASAN_UNPOISON_MEMORY_REGION(ws, {self.plan.peak_bytes});\n"
                 f"    ASAN_POISON_MEMORY_REGION(ws, {self.plan.arena_bytes});\n{run}")
 
 

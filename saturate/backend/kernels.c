@@ -551,9 +551,9 @@ static float *sat_huge_copy(const float *w, size_t bytes) {
     return (float *)(a + SAT_HUGE_HEAD);
 }
 
-/* A model's workspace (sat_api.h's sat_workspace_alloc): every intermediate value lives in it, tens of MB for
- * a CNN at 224x224, and on 4 KB pages its tensors, each read and written once per run in a different place,
- * took TLB misses throughout. ResNet-50 at 224x224, AVX2 build (AVX-512 hidden), 1 thread, per-step medians on
+/* A model's workspace (sat_api.h's sat_workspace_alloc): every intermediate value lives in it (6.9 MB for
+ * ResNet-50 at 224x224), each tensor written and read once per run, between the weights' 100 MB passing
+ * through the caches; on 4 KB pages its large maps ran slower. ResNet-50 at 224x224, AVX2 build (AVX-512 hidden), 1 thread, per-step medians on
  * the Xeon (family 6 model 167), three rounds each: MaxPool 0.39-0.42 -> 0.28-0.30 ms, the stem 3.02-3.34 ->
  * 2.91-3.06; the steps in all moved less than the machine's noise.
  * Below 2 MB the workspace keeps 4 KB pages (a huge page would mostly hold nothing). */

@@ -250,23 +250,23 @@ def test_convs_with_short_reductions(threads):
     check_three_way(side_by_side(graphs), threads=threads)
 
 
-# Reductions past a multiple of the direct tiles' block of 128 (AVX-512, dconv.h): a remainder of at most 32 joins
-# the last block (K = 147, 160, 288, 416), one of 33 or more runs as a block of its own (K = 417, 360).
-LONG_BLOCK_CONVS = [
-    ((1, 3, 40, 38), (19, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # a stem, K = 147: one block
-    ((1, 160, 9, 9), (40, 160, 1, 1), {}),                                      # K = 160: one block
-    ((1, 32, 11, 12), (36, 32, 3, 3), {"pads": [1, 1, 1, 1]}),                   # K = 288: 128 + 160
-    ((1, 416, 6, 6), (33, 416, 1, 1), {}),                                      # K = 416: 3 x 128 ... + 160
-    ((1, 417, 6, 6), (33, 417, 1, 1), {}),                                      # K = 417: 3 x 128 + 33
-    ((1, 40, 9, 9), (24, 40, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # K = 360: 2 x 128 + 104
+# Reductions the direct tiles (AVX-512, dconv.h) split into equal blocks of at most 160: K = 147 and 160 in one,
+# 288 in two of 144, 416 in three of 139 (the last 138), 417 in three of 139, 360 in three of 120.
+EQUAL_BLOCK_CONVS = [
+    ((1, 3, 40, 38), (19, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # a stem
+    ((1, 160, 9, 9), (40, 160, 1, 1), {}),
+    ((1, 32, 11, 12), (36, 32, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 416, 6, 6), (33, 416, 1, 1), {}),
+    ((1, 417, 6, 6), (33, 417, 1, 1), {}),
+    ((1, 40, 9, 9), (24, 40, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
 ]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_direct_convs_whose_last_block_takes_a_short_remainder(threads):
+def test_direct_convs_in_equal_reduction_blocks(threads):
     from saturate.backend.plan import runs_direct
 
-    graphs = [conv_then("Relu", xshape, wshape, attrs, 19, 0.2) for xshape, wshape, attrs in LONG_BLOCK_CONVS]
+    graphs = [conv_then("Relu", xshape, wshape, attrs, 19, 0.2) for xshape, wshape, attrs in EQUAL_BLOCK_CONVS]
     for g in graphs:
         em = emit(g)
         conv = next(n for n in g.nodes if n.op == "Conv")

@@ -242,14 +242,16 @@ static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int6
     const int nr = a->Mg - j * 32 < 32 ? a->Mg - j * 32 : 32;
     const float *w = a->wp + (int64_t)j * a->K * 32;
     const int q0 = c * a->chunk, q1 = q0 + a->chunk < a->panels ? q0 + a->chunk : a->panels;
-    /* K in blocks of SAT_DKC so a block of the weight panel (SAT_DKC x 32) stays in L1 across the panels;
-     * 8 x 32 partial sums per panel wait in this thread's buffer between blocks. A remainder of at
-     * most SAT_DKC / 4 joins the last block (20 KB of weights): the stem's K = 147 had run as 128 + 19, its partial
-     * sums stored and reloaded for 19 steps (ResNet-50 at 224x224, 1 thread, per-step medians of three rounds on
-     * the Xeon, family 6 model 167: 1.75-1.86 -> 1.69-1.72 ms). */
+    /* K in blocks of equal size, at most SAT_DKC * 5 / 4 (20 KB of the weight panel), so a block stays in L1 across
+     * the panels; 8 x 32 partial sums per panel wait in this thread's buffer between blocks. Blocks of SAT_DKC and
+     * a short last one had stored and reloaded those sums for a stem's last 19 of K = 147, a 3x3 conv of 64
+     * channels' last 64 of 576. ResNet-50 at 224x224, 1 thread, per-step medians of three rounds on the Xeon
+     * (family 6 model 167): the stem 1.77 -> 1.67 ms, the 3x3 convs of 64 channels on 56x56 1.56-1.60 -> 1.53-1.56,
+     * the stride-2 one of 128 1.71 -> 1.66. */
     float *acc = sat_dconv_acc[tid];
+    const int blocks = (a->K + SAT_DKC + SAT_DKC / 4 - 1) / (SAT_DKC + SAT_DKC / 4), kb = (a->K + blocks - 1) / blocks;
     for (int k0 = 0, kc; k0 < a->K; k0 += kc) {
-        kc = a->K - k0 <= SAT_DKC + SAT_DKC / 4 ? a->K - k0 : SAT_DKC;
+        kc = a->K - k0 < kb ? a->K - k0 : kb;
         const int last = k0 + kc >= a->K;
         for (int q = q0; q < q1; q++) {
             const int64_t p0 = (int64_t)q * R;
@@ -277,7 +279,7 @@ static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int6
             float *st = sat_dconv_stage[tid];
             /* (two calls, so each sees its epilogue as a constant and inlines it: a pointer chosen by `staged`
              * stayed an indirect call per 8 outputs) */
-            const float *pfw = s1 > s0 ? w + (int64_t)(k0 + kc + SAT_DKC + s0) * 32 : NULL;
+            const float *pfw = s1 > s0 ? w + (int64_t)(k0 + kc + kb + s0) * 32 : NULL;
             /* the output lines 16 pixels on, fetched while the tile runs (see dconv8.h): ResNet-50's stem on
              * AVX-512, per-step medians of three rounds, 1.86 -> 1.77 ms */
             if (last && p0 + 16 < P)

@@ -44,15 +44,18 @@ typedef __m512 (*sat_epr)(__m512 v, int64_t q, int64_t off, __mmask16 mk);
     }
 
 /* C (mr x nr of an 8 x 32 tile, pitch ldc) = epr((acc ? C : 0) + a (kc x 8 panel) * b (kc x 32 panel)): rows
- * are channels q .. q+7, C is the output at flat index `off`; no epilogue where `epr` is NULL. */
-static inline __attribute__((always_inline)) void sat_kernel_8x32_epr(int kc, const float *restrict a,
-                                                                      const float *restrict b, float *C,
-                                                                      int64_t ldc, int acc, int mr, int nr,
-                                                                      sat_epr epr, int64_t q, int64_t off) {
+ * are channels q .. q+7, C is the output at flat index `off`; no epilogue where `epr` is NULL. With `pf`, the
+ * kc * 8 floats there are fetched into L2 meanwhile, a line every other step. */
+static inline __attribute__((always_inline)) void sat_kernel_8x32_body(int kc, const float *restrict a,
+                                                                       const float *restrict b, float *C,
+                                                                       int64_t ldc, int acc, int mr, int nr,
+                                                                       sat_epr epr, int64_t q, int64_t off,
+                                                                       const float *pf) {
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
            c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
     for (int k = 0; k < kc; k++) {
         const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+        if (pf && !(k & 1)) _mm_prefetch((const char *)(pf + k * SAT_MR), _MM_HINT_T1);
         SAT_ROW(0); SAT_ROW(1); SAT_ROW(2); SAT_ROW(3);
         SAT_ROW(4); SAT_ROW(5); SAT_ROW(6); SAT_ROW(7);
         a += SAT_MR;
@@ -64,10 +67,24 @@ static inline __attribute__((always_inline)) void sat_kernel_8x32_epr(int kc, co
     SAT_STORE_EPR(4) SAT_STORE_EPR(5) SAT_STORE_EPR(6) SAT_STORE_EPR(7)
 }
 
+/* sat_kernel_8x32_body without fetching (sat_conv_pw's kernel, pw.h). */
+static inline __attribute__((always_inline)) void sat_kernel_8x32_epr(int kc, const float *restrict a,
+                                                                      const float *restrict b, float *C,
+                                                                      int64_t ldc, int acc, int mr, int nr,
+                                                                      sat_epr epr, int64_t q, int64_t off) {
+    sat_kernel_8x32_body(kc, a, b, C, ldc, acc, mr, nr, epr, q, off, NULL);
+}
+
 /* C (mr x nr of an 8 x 32 tile, pitch ldc) = (acc ? C : 0) + a (kc x 8 panel) * b (kc x 32 panel). */
 static inline void sat_kernel_8x32(int kc, const float *restrict a, const float *restrict b, float *C,
                                    int64_t ldc, int acc, int mr, int nr) {
-    sat_kernel_8x32_epr(kc, a, b, C, ldc, acc, mr, nr, NULL, 0, 0);
+    sat_kernel_8x32_body(kc, a, b, C, ldc, acc, mr, nr, NULL, 0, 0, NULL);
+}
+
+/* sat_kernel_8x32 fetching the kc * 8 floats at `pf` into L2 meanwhile. */
+static inline void sat_kernel_8x32_pf(int kc, const float *restrict a, const float *restrict b, float *C,
+                                      int64_t ldc, int acc, int mr, int nr, const float *pf) {
+    sat_kernel_8x32_body(kc, a, b, C, ldc, acc, mr, nr, NULL, 0, 0, pf);
 }
 
 #endif

@@ -1,6 +1,16 @@
 /* The kernel library's half of qgemm.h: compiled once per instruction set (build.py), linked into every model. */
 #include "kernels.h"
 
+/* `bytes` of the heap, or the process ends with a message: a kernel has no error path back to sat_run. */
+static void *sat_qalloc(size_t bytes) {
+    void *m = malloc(bytes);
+    if (!m) {
+        fprintf(stderr, "saturate: out of memory in a quantized conv\n");
+        abort();
+    }
+    return m;
+}
+
 /* Gather pixel p's K taps as bytes into row a (K4 * 4 bytes, zero past K); returns their sum. The fields are
  * read into locals first: stores through a byte pointer may alias anything, so the compiler would reload
  * them after every byte. */
@@ -50,11 +60,7 @@ void sat_qdw_plane(void *ctx, int64_t item, int tid) {
      * channels on 3x3 maps) */
     float small[2048];
     const int64_t need = Hp * Wp + 2 * ow;
-    float *buf = need <= 2048 ? small : malloc(sizeof(float) * (size_t)need);
-    if (!buf) {
-        fprintf(stderr, "saturate: out of memory in a quantized conv\n");
-        abort();
-    }
+    float *buf = need <= 2048 ? small : sat_qalloc(sizeof(float) * (size_t)need);
     float *restrict pad = buf, *restrict acc = buf + Hp * Wp, *restrict rs = acc + ow;
     const float xoff = (float)q->xoff, xpad = (float)q->xpad;
     for (int64_t i = 0; i < Hp * Wp; i++) pad[i] = xpad;
@@ -210,15 +216,11 @@ void sat_qconv_item(void *ctx, int64_t item, int tid) {
     item /= q->split;
     const int64_t t = item % q->tiles, g = (item / q->tiles) % q->group, n = item / (q->tiles * q->group);
     const int64_t p0 = t * SAT_QTILE, p1 = p0 + SAT_QTILE < P ? p0 + SAT_QTILE : P, lda = 4 * q->K4;
-    uint8_t *a = malloc((size_t)(SAT_QTILE * lda));
-    int32_t rowsum[SAT_QTILE];
-    if (!a) {
-        fprintf(stderr, "saturate: out of memory in a quantized conv\n");
-        abort();
-    }
     /* the rows the register tiles read: the tile's pixels, rounded up to whole tiles (a 3x3 map's 9 pixels are
      * 12 rows, not SAT_QTILE) */
     const int64_t rows = (p1 - p0 + SAT_QROWS - 1) / SAT_QROWS * SAT_QROWS;
+    uint8_t *a = sat_qalloc((size_t)(rows * lda));
+    int32_t rowsum[SAT_QTILE];
     for (int64_t p = p0; p < p0 + rows; p++) {
         if (p < p1) {
             rowsum[p - p0] = sat_qgather(q, n, g, p, a + (p - p0) * lda);
@@ -230,11 +232,7 @@ void sat_qconv_item(void *ctx, int64_t item, int tid) {
     const int8_t *wg = q->w + g * panels * q->K4 * 64;
     int32_t acc[SAT_QROWS][32];
 #ifdef SAT_HAVE_QDOT16
-    int16_t *a16 = malloc(sizeof(int16_t) * (size_t)(SAT_QTILE * lda));
-    if (!a16) {
-        fprintf(stderr, "saturate: out of memory in a quantized conv\n");
-        abort();
-    }
+    int16_t *a16 = sat_qalloc(sizeof(int16_t) * (size_t)(rows * lda));
     for (int64_t i = 0; i < rows * lda; i++) a16[i] = a[i];
 #endif
     const int64_t j1 = 2 * (s + 1) * q->pairs < panels ? 2 * (s + 1) * q->pairs : panels;
@@ -313,11 +311,7 @@ void sat_qconv(const float *x, const void *w, const void *corr, const void *bz, 
     const int64_t P = matmul ? images : oh * ow;
     q.tiles = (P + SAT_QTILE - 1) / SAT_QTILE;
     if (P == 0 || M == 0) return;
-    int32_t *corr32 = malloc(sizeof(int32_t) * (size_t)M);
-    if (!corr32) {
-        fprintf(stderr, "saturate: out of memory in a quantized conv\n");
-        abort();
-    }
+    int32_t *corr32 = sat_qalloc(sizeof(int32_t) * (size_t)M);
     for (int64_t m = 0; m < M; m++) corr32[m] = (int32_t)(uint32_t)(uint64_t)((const int64_t *)corr)[m];
     q.corr32 = corr32;
     if (!matmul && group == C && group == M && kh * kw <= 64) {
@@ -332,11 +326,7 @@ void sat_qconv(const float *x, const void *w, const void *corr, const void *bz, 
         q.Hp = hs > ph + H ? hs : ph + H;
         q.Wp = ws > pw + W ? ws : pw + W;
         const size_t bytes = (size_t)(images * q.Hp * q.Wp * C);
-        xb = malloc(bytes);
-        if (!xb) {
-            fprintf(stderr, "saturate: out of memory in a quantized conv\n");
-            abort();
-        }
+        xb = sat_qalloc(bytes);
         memset(xb, xpad, bytes);
         /* the copy row by row, shared among the threads */
         q.xb = xb;

@@ -171,7 +171,8 @@ def test_avx512_tiles_leave_1x1_convs_of_large_inputs_to_the_packed_product():
     """AVX-512 builds read a plain 1x1 conv's input in place on dconv.h's tiles only up to DIRECT_ONE_MAXB bytes
     of input (one image and group), a strided one's up to DIRECT_STRIDED_ONE_MAXB; larger ones to at least
     DIRECT_ONE_MINM channels (ResNet-50's on 56x56 maps at 224x224) take the packed product, unless a plain one's
-    32-pixel panels would pad its map by more than a quarter."""
+    32-pixel panels would pad its map by more than a quarter or it runs on the 6 x 64 tiles (a multiple of 64
+    channels onto at most DIRECT_WIDE_MAXP pixels)."""
     cfg = BuildConfig(isa="avx512")
     for xshape, wshape, attrs, direct in [((1, 64, 56, 56), (64, 64, 1, 1), {}, False),         # 784 KB
                                           ((1, 16, 56, 56), (64, 16, 1, 1), {}, True),          # 196 KB
@@ -179,7 +180,10 @@ def test_avx512_tiles_leave_1x1_convs_of_large_inputs_to_the_packed_product():
                                           ((1, 256, 14, 14), (1024, 256, 1, 1), {}, True),      # 196 KB
                                           ((1, 512, 28, 28), (128, 512, 1, 1), {}, False),      # 1.6 MB
                                           ((1, 2048, 7, 7), (512, 2048, 1, 1), {}, True),       # 49 in 64
-                                          ((1, 1024, 14, 14), (256, 1024, 1, 1), {}, False),    # 196 in 224
+                                          ((1, 1024, 14, 14), (256, 1024, 1, 1), {}, True),     # 6 x 64 tiles
+                                          ((1, 1024, 14, 14), (200, 1024, 1, 1), {}, False),    # 196 in 224
+                                          ((1, 512, 28, 28), (1024, 512, 1, 1), {"strides": [2, 2]}, True),
+                                          ((1, 512, 34, 34), (1024, 512, 1, 1), {"strides": [2, 2]}, False),
                                           ((1, 2048, 6, 6), (256, 2048, 1, 1), {}, True),       # 36 in 64
                                           ((1, 64, 24, 24), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, True),
                                           ((1, 256, 56, 56), (512, 256, 1, 1), {"strides": [2, 2]}, False),

@@ -274,6 +274,38 @@ def test_direct_convs_in_equal_reduction_blocks(threads):
     check_three_way(side_by_side(graphs), threads=threads)
 
 
+# Convs on the AVX-512 6 pixel x 64 channel direct tiles (plan.direct_width): a 7x7 map (eight 6-pixel panels and
+# one of a pixel) of K = 180 in three blocks of 60; 14x14 (32 panels and one of 4) of 128 channels in two panels; a
+# 1x1 conv over more than 256 KB of input and 13x13 (28 panels and one of 1), which the 8 x 32 tiles leave to the
+# packed product; a strided 1x1 onto 10x10 (gathered); two groups of 64; 5- and 3-pixel maps (one short panel
+# each); two images.
+WIDE_CONVS = [
+    ((1, 20, 7, 7), (64, 20, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 24, 14, 14), (128, 24, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 400, 13, 13), (64, 400, 1, 1), {}),
+    ((1, 48, 20, 20), (64, 48, 1, 1), {"strides": [2, 2]}),
+    ((1, 32, 9, 9), (128, 16, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),
+    ((1, 40, 1, 5), (64, 40, 1, 3), {"pads": [0, 1, 0, 1]}),
+    ((2, 16, 3, 3), (64, 16, 3, 3), {"strides": [2, 2], "pads": [2, 2, 2, 2]}),
+]
+
+
+@pytest.mark.skipif(not packed_gemm(), reason="builds here hold no AVX-512 kernels")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_direct_convs_on_64_channel_tiles(threads):
+    from saturate.backend.plan import DIRECT_WIDE, direct_width, runs_direct
+
+    graphs = [conv_then("Relu", xshape, wshape, attrs, 23, 0.2) for xshape, wshape, attrs in WIDE_CONVS]
+    cfg = BuildConfig.from_env()
+    for g in graphs:
+        em = emit(g, config=cfg)
+        conv = next(n for n in g.nodes if n.op == "Conv")
+        assert runs_direct(conv, em.shapes, g.constants, cfg) and direct_width(conv, em.shapes, cfg) == DIRECT_WIDE
+        call = next(line for line in em.source.splitlines() if line.strip().startswith("sat_conv_direct("))
+        assert call.split(",")[-4].strip() == "64", call  # the panels' width
+    check_three_way(side_by_side(graphs), threads=threads)
+
+
 FEW_ROW_GEMMS = [(1, 1024, 1000, 1), (1, 45, 13, 1), (3, 77, 45, 1), (16, 33, 9, 1), (1, 8, 5, 1), (1, 300, 70, 0),
                  (4, 19, 33, 0), (2, 64, 16, 0), (5, 300, 33, 0), (16, 96, 70, 0), (9, 20, 40, 1)]  # m, k, n, transB
 

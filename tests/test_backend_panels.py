@@ -120,6 +120,24 @@ def test_convs_of_large_weights_and_strided_writers_on_pixel_panels(n, hw, threa
 
 
 @pytest.mark.compiler
+@pytest.mark.skipif(not AVX512, reason="the CPU has no AVX-512")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,hw", [(1, (28, 28)), (2, (27, 25))])
+def test_a_strided_conv_on_64_channel_tiles_gathers_its_pixels_from_panels(n, hw, threads):
+    """fan_out's stride-2 conv to 320 channels (five 64-channel panels) onto at most 196 pixels runs on the
+    6 x 64 direct tiles (plan.direct_width), gathering its pixels from the panels (sat_gather_plane); the panels
+    stay."""
+    cfg = BuildConfig(isa="avx512")
+    g = fan_out(n, hw)
+    g.constants["w1"] = arr(3, (320, 520, 1, 1))
+    emitted = emit(g, config=cfg)
+    assert emitted.plan.panels == {"s", "t"}
+    calls = [line.strip() for line in emitted.source.splitlines() if line.strip().startswith("sat_conv_direct(")]
+    assert len(calls) == 1 and [v.strip() for v in calls[0].split(",")[-4:-2]] == ["64", "1"]  # width, xpan
+    check_three_way(g, threads=threads, config=cfg)
+
+
+@pytest.mark.compiler
 @pytest.mark.skipif(" avx2 " not in CPU_FLAGS, reason="the CPU has no AVX2")
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n,hw", [(1, (48, 48)), (2, (38, 42))])

@@ -3,7 +3,9 @@
  * of the input, so each row's operand is a broadcast from `x_r + koff[k]` for any stride or dilation.
  * Weights are packed by the emitter in 32-channel panels, k-major over the whole K (panel j of group g
  * at wp + g*wp_group + j*K*32, element (k, c) at [k*32 + c]). Results are transposed in registers and
- * stored channel-major with the fused epilogue applied as vector code on the way out. */
+ * stored channel-major with the fused epilogue applied as vector code on the way out. Convs onto small
+ * maps whose groups have a multiple of 64 channels take 6 pixel x 64 channel tiles on 64-channel panels
+ * instead (sat_dconv_tile64; the emitter chooses, plan.direct_width). */
 #ifndef SATURATE_DCONV_H
 #define SATURATE_DCONV_H
 
@@ -20,6 +22,7 @@ typedef struct {
     int K, Mg, OW, Wp, sh, sw, rows, chunk, panels, jpanels;
     int stage;            /* outputs pass through the thread's stage, two panels at a time (sat_dconv_flush) */
     int kc;               /* reduction indices per block of the AVX2 tiles (dconv8.h) */
+    int wide;             /* 6 pixel x 64 channel tiles on 64-channel panels (AVX-512) */
     sat_epi epi;          /* scalar epilogue when no vector one exists */
 } sat_dconv_args;
 
@@ -29,6 +32,10 @@ typedef struct {
  * with 128; 192 level with 128, 64 slower). */
 #define SAT_DKC 128
 #define SAT_DCHUNK 40
+/* The 6 x 64 tiles' reduction block, at most: its weights (64 floats a step, 20 KB) stay in L1 across the
+ * panels. ResNet-50's 3x3 conv of 64 channels on 56x56 at 1 thread: blocks of at most 40 ran 3-5% slower than
+ * 80, 150 level with 80. */
+#define SAT_DKC64 80
 
 /* Rows [band * Hq / bands, ...) of every input channel's zero-padded plane; only the pad border is
  * zeroed, the interior is overwritten by the copy. Bands of rows, not channels: thread t then copies the
@@ -50,13 +57,14 @@ typedef struct {
     const float *x;
     float *xs;
     int H, W, OH, OW, sh, sw, ph, pw;
+    int xpan; /* 0: x is N x C x H x W; else x is in pixel panels (see sat_conv_direct) of this many channels */
 } sat_dconv_gather_args;
 
 void sat_gather_plane(void *ctx, int64_t c, int tid);
 
 void sat_conv_direct(const float *x, const float *wp, int64_t wp_group, float *y, float *scratch, int N,
                             int C, int H, int W, int M, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
-                            int pw, int dh, int dw, int G, sat_epi epi, sat_body unit);
+                            int pw, int dh, int dw, int G, int width, int xpan, sat_epi epi, sat_body unit);
 #endif
 
 #if defined(__AVX512F__)
@@ -213,7 +221,7 @@ static inline __attribute__((always_inline)) void sat_dconv_tile(int rows, int K
 
 /* Rows a tile runs for `mr` pixels: all of a full panel's `R`, else the next of 1, 2, 4, 7. */
 static inline int sat_dconv_run_rows(int mr, int R) { return mr == R ? R : mr <= 1 ? 1 : mr <= 2 ? 2 : mr <= 4 ? 4 : 7; }
-extern float sat_dconv_acc[SAT_MAX_THREADS][SAT_DCHUNK * 256] __attribute__((aligned(64)));
+extern float sat_dconv_acc[SAT_MAX_THREADS][SAT_DCHUNK * 384] __attribute__((aligned(64)));
 extern float sat_dconv_stage[SAT_MAX_THREADS][32 * 16] __attribute__((aligned(64)));
 
 /* Output planes whose size is a multiple of 2 KB (a 224x224 map's is 196 KB) start at addresses equal modulo
@@ -231,13 +239,146 @@ static inline __attribute__((always_inline)) void sat_dconv_flush(const float *s
     }
 }
 
-/* Work unit u of one (image, group): a chunk of pixel panels times one 32-channel panel. Instantiated per
- * conv by the emitter with its vector epilogue, so the epilogue inlines into the store. */
+/* The input origins of a tile's `mr` pixels from flat output index p0 (one division per tile: the pixels
+ * advance along the output row, then wrap); rows past `mr` up to `n` repeat the first. */
+static inline __attribute__((always_inline)) void sat_dconv_origins(const sat_dconv_args *a, int64_t p0, int mr,
+                                                                    const float **xr, int n) {
+    int64_t oh = p0 / a->OW, ow = p0 - oh * a->OW;
+    for (int r = 0; r < mr; r++) {
+        xr[r] = a->x + oh * a->sh * a->Wp + ow * a->sw;
+        if (++ow == a->OW) ow = 0, oh++;
+    }
+    for (int r = mr; r < n; r++) xr[r] = xr[0];
+}
+
+#define SAT_DROW64(r)                                                \
+    do {                                                             \
+        const __m512 a_ = _mm512_set1_ps(x##r[o]);                   \
+        c##r##0 = _mm512_fmadd_ps(a_, b0, c##r##0);                  \
+        c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1);                  \
+        c##r##2 = _mm512_fmadd_ps(a_, b2, c##r##2);                  \
+        c##r##3 = _mm512_fmadd_ps(a_, b3, c##r##3);                  \
+    } while (0)
+
+/* One 6 pixel x 64 channel tile over a block of K: 24 sums, and four weight vectors and six broadcasts a
+ * step, where the 8 x 32 tile has 16 sums for two and eight. Arguments as sat_dconv_tile's; all 64 channels
+ * are stored. `pf` is the tile's slice of the block two ahead, `pfr` its half-rows (32 floats) per step,
+ * times 65536. */
+static inline __attribute__((always_inline)) void sat_dconv_tile64(int rows, int K, const int32_t *restrict koff,
+                                                                   const float *const *xr, const float *restrict w,
+                                                                   float *y, int64_t off0, int64_t P, int mr,
+                                                                   const float *cin, float *cout, const float *pf,
+                                                                   int pfr, int64_t plane, sat_epc epc, sat_epv epv) {
+    const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3], *x4 = xr[4], *x5 = xr[5];
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00, c13 = c00,
+           c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00, c33 = c00, c40 = c00,
+           c41 = c00, c42 = c00, c43 = c00, c50 = c00, c51 = c00, c52 = c00, c53 = c00;
+#define SAT_W64(OP, r) OP(r, 0); OP(r, 1); OP(r, 2); OP(r, 3)
+#define SAT_W64ALL(OP) SAT_W64(OP, 0); SAT_W64(OP, 1); SAT_W64(OP, 2); SAT_W64(OP, 3); SAT_W64(OP, 4); SAT_W64(OP, 5)
+#define SAT_WLOAD(r, g) c##r##g = _mm512_load_ps(cin + r * 64 + g * 16)
+#define SAT_WSAVE(r, g) _mm512_store_ps(cout + r * 64 + g * 16, c##r##g)
+#define SAT_WEPC(r, g) c##r##g = epc(c##r##g, plane + g * 16, 0xFFFF)
+    if (cin) {
+        SAT_W64ALL(SAT_WLOAD);
+    }
+#define SAT_WLOOP(ROWS, PF)                                                         \
+    for (int k = 0; k < K; k++) {                                                   \
+        const int64_t o = koff[k];                                                  \
+        const __m512 b0 = _mm512_loadu_ps(w), b1 = _mm512_loadu_ps(w + 16);         \
+        const __m512 b2 = _mm512_loadu_ps(w + 32), b3 = _mm512_loadu_ps(w + 48);    \
+        ROWS;                                                                       \
+        PF;                                                                         \
+        w += 64;                                                                    \
+    }
+#define SAT_WROWS6 SAT_DROW64(0); SAT_DROW64(1); SAT_DROW64(2); SAT_DROW64(3); SAT_DROW64(4); SAT_DROW64(5)
+#define SAT_WROWS4 SAT_DROW64(0); SAT_DROW64(1); SAT_DROW64(2); SAT_DROW64(3)
+#define SAT_WROWS2 SAT_DROW64(0); SAT_DROW64(1)
+#define SAT_WROWS1 SAT_DROW64(0)
+#define SAT_WRUN(ROWS) if (pf) { SAT_WLOOP(ROWS, SAT_PF) } else { SAT_WLOOP(ROWS, (void)0) }
+    if (rows == 6) {
+        SAT_WRUN(SAT_WROWS6)
+    } else if (rows == 4) {
+        SAT_WRUN(SAT_WROWS4)
+    } else if (rows == 2) {
+        SAT_WRUN(SAT_WROWS2)
+    } else {
+        SAT_WRUN(SAT_WROWS1)
+    }
+    if (cout) {
+        SAT_W64ALL(SAT_WSAVE);
+        return;
+    }
+    if (epc) {
+        SAT_W64ALL(SAT_WEPC);
+    }
+    /* each 16 channels' six pixels through the 8-row transpose, two zero rows that the stores mask off */
+    const __mmask8 mk = (__mmask8)((1u << mr) - 1);
+    const __m512 z = _mm512_setzero_ps();
+    __m512 t[8];
+#define SAT_WPUT(g)                                                                          \
+    do {                                                                                     \
+        SAT_T8x16(c0##g, c1##g, c2##g, c3##g, c4##g, c5##g, z, z, t);                        \
+        for (int i = 0; i < 8; i++) {                                                        \
+            const int ch = g * 16 + (i & 3) + 8 * (i >> 2);                                  \
+            sat_dconv_put(_mm512_castps512_ps256(t[i]), y, off0 + ch * P, mk, epv);          \
+            sat_dconv_put(_mm512_extractf32x8_ps(t[i], 1), y, off0 + (ch + 4) * P, mk, epv); \
+        }                                                                                    \
+    } while (0)
+    SAT_WPUT(0); SAT_WPUT(1); SAT_WPUT(2); SAT_WPUT(3);
+}
+
+/* Work unit u of one (image, group) on the 6 x 64 tiles (see sat_dconv_unit): a chunk of 6-pixel panels
+ * times one 64-channel panel, K in equal blocks of at most SAT_DKC64. */
+static inline __attribute__((always_inline)) void sat_dconv_unit64(const sat_dconv_args *a, int64_t u, int tid,
+                                                                   sat_epc epc, sat_epv epv) {
+    const int j = (int)(u % a->jpanels), c = (int)(u / a->jpanels);
+    const int R = a->rows;
+    const int64_t P = a->P;
+    const float *w = a->wp + (int64_t)j * a->K * 64;
+    const int q0 = c * a->chunk, q1 = q0 + a->chunk < a->panels ? q0 + a->chunk : a->panels;
+    float *acc = sat_dconv_acc[tid];
+    const int blocks = (a->K + SAT_DKC64 - 1) / SAT_DKC64, kb = (a->K + blocks - 1) / blocks;
+    for (int k0 = 0, kc; k0 < a->K; k0 += kc) {
+        kc = a->K - k0 < kb ? a->K - k0 : kb;
+        const int last = k0 + kc >= a->K;
+        for (int q = q0; q < q1; q++) {
+            const int64_t p0 = (int64_t)q * R;
+            const int mr = P - p0 < R ? (int)(P - p0) : R;
+            const float *xr[6] = {a->x};
+            sat_dconv_origins(a, p0, mr, xr, 6);
+            const int rows = mr == R ? R : mr <= 1 ? 1 : mr <= 2 ? 2 : mr <= 4 ? 4 : 6;
+            float *buf = acc + (int64_t)(q - q0) * 6 * 64;
+            /* the block two ahead shared by the run's first (up to) four panels as in sat_dconv_unit, in
+             * half-rows of 32 floats */
+            const int64_t pf4 = (int64_t)(q1 - q0 < 4 ? q1 - q0 : 4) * R, rest = P - (int64_t)q0 * R;
+            const int64_t pn = rest < pf4 ? rest : pf4, e0 = p0 - (int64_t)q0 * R, e1 = e0 + mr;
+            const int s0 = e0 < pn ? (int)(e0 * 2 * kc / pn) : 2 * kc, s1 = e1 < pn ? (int)(e1 * 2 * kc / pn) : 2 * kc;
+            const float *pfw = s1 > s0 ? w + (int64_t)(k0 + kc + kb) * 64 + (int64_t)s0 * 32 : NULL;
+            if (last && p0 + 16 < P)
+                for (int ch = 0; ch < 64; ch++)
+                    __builtin_prefetch(a->y + a->ybase + (int64_t)(j * 64 + ch) * P + p0 + 16, 1, 3);
+            sat_dconv_tile64(rows, kc, a->koff + k0, xr, w + (int64_t)k0 * 64, a->y,
+                             a->ybase + (int64_t)j * 64 * P + p0, P, mr, k0 ? buf : NULL, last ? NULL : buf, pfw,
+                             ((s1 - s0) << 16) / kc, a->ybase / P + j * 64, epc, epv);
+        }
+    }
+    if (!epc && !epv && a->epi) {
+        const int64_t p0 = (int64_t)q0 * R, p1 = (int64_t)q1 * R < P ? (int64_t)q1 * R : P;
+        for (int m = 0; m < 64; m++) a->epi(a->y, a->ybase + (int64_t)(j * 64 + m) * P + p0, p1 - p0);
+    }
+}
+
+/* Work unit u of one (image, group): a chunk of pixel panels times one 32-channel panel (or 64: a->wide).
+ * Instantiated per conv by the emitter with its vector epilogue, so the epilogue inlines into the store. */
 static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int64_t u, int tid, sat_epc epc,
                                                                  sat_epv epv) {
     const sat_dconv_args *a = ctx;
+    if (a->wide) {
+        sat_dconv_unit64(a, u, tid, epc, epv);
+        return;
+    }
     const int j = (int)(u % a->jpanels), c = (int)(u / a->jpanels);
-    const int R = a->rows, OW = a->OW;
+    const int R = a->rows;
     const int64_t P = a->P;
     const int nr = a->Mg - j * 32 < 32 ? a->Mg - j * 32 : 32;
     const float *w = a->wp + (int64_t)j * a->K * 32;
@@ -257,13 +398,7 @@ static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int6
             const int64_t p0 = (int64_t)q * R;
             const int mr = P - p0 < R ? (int)(P - p0) : R;
             const float *xr[8] = {a->x}; /* mr >= 1 always; the initializer says so to the compiler */
-            /* One division per tile: the rows' pixels advance along the output row, then wrap. */
-            int64_t oh = p0 / OW, ow = p0 - oh * OW;
-            for (int r = 0; r < mr; r++) {
-                xr[r] = a->x + oh * a->sh * a->Wp + ow * a->sw;
-                if (++ow == OW) ow = 0, oh++;
-            }
-            for (int r = mr; r < 8; r++) xr[r] = xr[0];
+            sat_dconv_origins(a, p0, mr, xr, 8);
             /* A last, short panel runs only the rows it needs (of 1, 2, 4, 7): a 3x3 map's 9 pixels are
              * 8 + 1 rows, not 7 + 7. Rows not run keep zero sums, which the masked stores skip. */
             const int rows = sat_dconv_run_rows(mr, R);

@@ -9,9 +9,9 @@ import math
 
 import numpy as np
 
-from saturate.backend.plan import (DOT_MINK, PR, SKINNY, C, accumulating_kernel, conv_layout, plain_pointwise,
-                                   pw_capable, runs_direct, runs_packed, runs_pw, runs_stream, runs_wino, tile_rows,
-                                   transposed_product)
+from saturate.backend.plan import (DIRECT_WIDE, DOT_MINK, PR, SKINNY, C, accumulating_kernel, conv_layout,
+                                   direct_width, plain_pointwise, pw_capable, runs_direct, runs_packed, runs_pw,
+                                   runs_stream, runs_wino, tile_rows, transposed_product)
 from saturate.backend.pointwise import c_float, c_ints, strides
 from saturate.backend.quant import emit_qlinear
 from saturate.backend.shapes import conv_window, pool_window, reduce_axes, unsupported
@@ -80,7 +80,10 @@ class NnEmission:
             chain = chain[1:]
         # a conv reading or writing pixel panels runs on sat_conv_pw whatever else would take it (plan.panel_roots)
         xpan, ypan = self.plan.root(node.inputs[0]) in self.plan.panels, self.plan.root(step.out) in self.plan.panels
-        direct = runs_direct(node, sh, self.g.constants, cfg) and not (xpan or ypan)
+        # but for a strided 1x1 conv on the 6 x 64 direct tiles, which gathers its pixels from the panels
+        gathers = (xpan and not ypan and direct_width(node, sh, cfg) == DIRECT_WIDE
+                   and not pw_capable(node, sh, self.g.constants, cfg, True, not cfg.packed_gemm))
+        direct = runs_direct(node, sh, self.g.constants, cfg) and (gathers or not (xpan or ypan))
         lanes = w[1] == 1
         packed_trans = (not direct and w[1] != 1 and runs_packed(node, sh, self.g.constants, cfg)
                         and conv_layout(x, w, win, int(node.attr("group", 1)), cfg) == 1)
@@ -104,13 +107,15 @@ class NnEmission:
             unit = self._unit8("dconv8", "sat_dconv8_unit", epi) if epi in self.vector8 else "sat_dconv8_plain"
             scalar = epi if epi not in self.vector8 else "NULL"
             self.body.append(f"    sat_conv_direct({xp}, {packed}, {arr.size // group}, {out}, COL, {x[0]}, {x[1]}, "
-                             f"{H}, {W}, {w[0]}, {geo}, {group}, {scalar}, {unit});\n")
+                             f"{H}, {W}, {w[0]}, {geo}, {group}, {D8N}, 0, {scalar}, {unit});\n")
             return
         if direct:
-            # Weights in 32-channel panels over the whole K; a unit function per conv inlines its epilogue.
+            # Weights in 32- or 64-channel panels (direct_width) over the whole K; a unit function per conv
+            # inlines its epilogue.
             k = w[1] * win.kh * win.kw
-            arr = pack_weights(self.g.constants[node.inputs[1]], group, NR, kc=k)
-            packed = self.weight(("direct", node.inputs[1], group), arr)
+            width = direct_width(node, sh, cfg)
+            arr = pack_weights(self.g.constants[node.inputs[1]], group, width, kc=k)
+            packed = self.weight(("direct", node.inputs[1], group, width), arr)
             self.needs_packed = True
             unit = self.unit("dconv", "sat_dconv_unit", "defined(SAT_HAVE_PACKED_GEMM)",
                              list(self.vector.get(epi, (None, None))))
@@ -118,7 +123,7 @@ class NnEmission:
             # (an output in its residual's storage needs the epilogue in the stores: see plan.in_place_residual)
             assert not step.shares or scalar == "NULL", node.name
             self.body.append(f"    sat_conv_direct({xp}, {packed}, {arr.size // group}, {out}, COL, {x[0]}, {x[1]}, "
-                             f"{H}, {W}, {w[0]}, {geo}, {group}, {scalar}, {unit});\n")
+                             f"{H}, {W}, {w[0]}, {geo}, {group}, {width}, {int(xpan)}, {scalar}, {unit});\n")
             return
         # (sat_conv_pw's row form reads a shared residual where it stores too)
         assert not step.shares or (pw and epi in self.vector_rows), node.name

@@ -373,20 +373,40 @@ def _nbytes(floats: int) -> int:
     return (floats * 4 + ALIGN - 1) // ALIGN * ALIGN
 
 
-# Largest output (pixels) of a strided 1x1 conv that sat_conv_direct runs on its gathered input (dconv.h).
+# Largest output (pixels) of a strided 1x1 conv that sat_conv_direct runs on its gathered input (dconv.h);
+# on the 6 x 64 tiles (direct_width) every strided 1x1 conv is gathered.
 GATHER_MAXP = C["SAT_GATHER_MAXP"]
 
+# Output channels per weight panel of the AVX-512 direct tiles on small maps (dconv.h's sat_dconv_tile64), and
+# the most output pixels they take. ResNet-50 at 224x224, AVX-512 build, 1 thread, per-step medians on the Xeon
+# (family 6 model 167), two runs side by side on its two cores: 7x7 maps' 3x3 convs of 512 channels 1.56-1.69 ->
+# 1.47-1.64 ms and 1x1 convs 0.74-0.79 -> 0.71-0.73, 14x14's 256 -> 1024 with the residual 0.68-0.72 -> 0.64-0.68;
+# on 56x56 maps the 3x3 convs of 64 channels ran 1.38-1.43 -> 1.42-1.61 and the stem 1.50-1.53 -> 1.56-1.65, on
+# 28x28 level.
+DIRECT_WIDE, DIRECT_WIDE_MAXP = 64, 256
 
-def direct_scratch(node: Node, shapes: dict) -> int:
-    """Floats of scratch sat_conv_direct (dconv.h) needs: the offset table and the zero-padded input of
-    one (image, group); mirrors its geometry."""
+
+def direct_width(node: Node, shapes: dict, cfg: BuildConfig) -> int:
+    """Channels per weight panel of a conv on the AVX-512 direct tiles: DIRECT_WIDE (6 pixel x 64 channel
+    tiles) where its groups have a multiple of 64 output channels and its map at most DIRECT_WIDE_MAXP pixels,
+    else SAT_NR (8 x 32)."""
+    x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
+    win = conv_window(node, x, w)
+    mg = w[0] // int(node.attr("group", 1))
+    return DIRECT_WIDE if cfg.packed_gemm and mg % DIRECT_WIDE == 0 and win.oh * win.ow <= DIRECT_WIDE_MAXP else C["SAT_NR"]
+
+
+def direct_scratch(node: Node, shapes: dict, width: int = 0) -> int:
+    """Floats of scratch sat_conv_direct (dconv.h) needs on panels of `width` channels: the offset table and
+    the zero-padded input of one (image, group); mirrors its geometry."""
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w)
     h, wd = (x[2], x[3]) if len(x) == 4 else (1, x[-1])
     cg = x[1] // int(node.attr("group", 1))
     hp, wq = (win.oh - 1) * win.sh + (win.kh - 1) * win.dh + 1, (win.ow - 1) * win.sw + (win.kw - 1) * win.dw + 1
     k = cg * win.kh * win.kw
-    if win.kh == win.kw == 1 and (win.sh > 1 or win.sw > 1) and win.oh * win.ow <= GATHER_MAXP:
+    if (win.kh == win.kw == 1 and (win.sh > 1 or win.sw > 1)
+            and (win.oh * win.ow <= GATHER_MAXP or width == DIRECT_WIDE)):
         return -(-k // 16) * 16 + cg * win.oh * win.ow  # the gathered pixels of a strided 1x1 conv
     inplace = win.ph == 0 and win.pw == 0 and hp <= h and wq <= wd
     return -(-k // 16) * 16 + (0 if inplace else cg * hp * wq)
@@ -463,7 +483,9 @@ def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     its map by more than a quarter (7x7: 49 pixels in 64), whose tiles run its pixels in rows of 7 without
     waste: ResNet-50's 2048 -> 512 on 7x7 maps at 224x224, per-step medians, 1.05-1.08 -> 0.83 ms at 1 thread,
     0.59-0.60 -> 0.48-0.50 at 2. Its 1024 -> 256 on 14x14 (196 pixels in 224) ran 0.79-0.86 -> 0.76-0.83 at 1
-    thread but 0.48-0.50 -> 0.55-0.61 at 2, and keeps the packed product."""
+    thread but 0.48-0.50 -> 0.55-0.61 at 2 on the 8 x 32 tiles. On the 6 x 64 tiles (direct_width) every 1x1 conv
+    stays: alone, warm, 1 thread (two runs side by side on the two cores), 1024 -> 256 on 14x14 0.67-0.72 ->
+    0.59-0.65 ms, 1024 -> 512 1.37-1.43 -> 1.22-1.27; 2 threads 0.40-0.41 -> 0.35-0.37."""
     if direct_avx2(node, shapes, constants, cfg):
         return True
     if node.op != "Conv" or not cfg.packed_gemm or node.inputs[1] not in constants:
@@ -473,7 +495,8 @@ def runs_direct(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     if (win and win.kh == win.kw == 1 and win.ph == win.pw == 0
             and w[0] // int(node.attr("group", 1)) >= DIRECT_ONE_MINM
             and w[1] * x[2] * x[3] * 4 > (DIRECT_ONE_MAXB if plain_pointwise(x, win) else DIRECT_STRIDED_ONE_MAXB)
-            and not (plain_pointwise(x, win) and -(-x[2] * x[3] // C["SAT_NR"]) * C["SAT_NR"] * 4 > 5 * x[2] * x[3])):
+            and not (plain_pointwise(x, win) and -(-x[2] * x[3] // C["SAT_NR"]) * C["SAT_NR"] * 4 > 5 * x[2] * x[3])
+            and direct_width(node, shapes, cfg) != DIRECT_WIDE):
         return False
     return w[1] != 1 and direct_scratch(node, shapes) < 2**31 - 2**20 and not runs_wino(node, shapes, constants, cfg)
 
@@ -669,7 +692,7 @@ def im2col_bytes(step: Step, shapes: dict, cfg: BuildConfig, constants=()) -> in
     """Scratch a conv step needs for its column matrix or padded input (0 for depthwise convs)."""
     node = step.anchor
     if runs_direct(node, shapes, constants, cfg):
-        return direct_scratch(node, shapes) * 4 + 64
+        return direct_scratch(node, shapes, direct_width(node, shapes, cfg)) * 4 + 64
     if node.op != "Conv" or runs_packed(node, shapes, constants, cfg) or runs_stream(node, shapes, constants, cfg) \
             or runs_wino(node, shapes, constants, cfg):
         return 0
@@ -896,12 +919,13 @@ def panel_roots(pl: Plan, graph: Graph, shapes: dict, cfg: BuildConfig) -> set[s
             return False
         if pw_capable(node, shapes, graph.constants, cfg, True, blocked) and _row_chain(s, shapes):
             return True
-        # a strided 1x1 conv of larger weights on sat_conv2d's tiles (AVX-512), its im2col gathering from the panels
+        # a strided 1x1 conv of larger weights on sat_conv2d's tiles (AVX-512), its im2col gathering from the
+        # panels, or on the 6 x 64 direct tiles, which gather its pixels from them (sat_gather_plane)
         x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
         win = conv_window(node, x, w)
         return (cfg.packed_gemm and node.inputs[1] in graph.constants and int(node.attr("group", 1)) == 1 and win.kh == win.kw == 1
                 and not (win.ph or win.pw or plain_pointwise(x, win)) and not s.accumulates and not s.shares
-                and not runs_direct(node, shapes, graph.constants, cfg))
+                and (not runs_direct(node, shapes, graph.constants, cfg) or direct_width(node, shapes, cfg) == DIRECT_WIDE))
 
     for r, steps in writers.items():  # in the order of their first writes: a stride-2 writer's input is decided
         if r in external or len(shapes.get(r, ())) != 4 or not all(writes(s) for s in steps):

@@ -502,6 +502,26 @@ def test_the_build_cache_evicts_least_recently_used_builds_past_its_limit(tmp_pa
     assert cache.prune_cache(now=time.time() + cache.IN_USE_SECONDS + 1) == [recent, kept]
 
 
+def test_a_build_found_while_the_cache_is_sized_is_not_evicted(tmp_path, monkeypatch):
+    """A prune sizes every build before it evicts (most of a second for thousands of builds); another process
+    that found a build in the cache meanwhile and is loading it has marked it used, and the prune leaves it."""
+    from saturate.backend import cache
+
+    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path))
+    monkeypatch.setenv("SATURATE_CACHE_MB", "0")
+    now = time.time()
+    found, idle = _fake_build(tmp_path, "found", 1, now - 3000), _fake_build(tmp_path, "idle", 1, now - 4000)
+    sized = cache._tree_bytes
+
+    def sizing(directory):  # the other process's cache hit lands while this one sizes the builds
+        cache.mark_used(found)
+        return sized(directory)
+
+    monkeypatch.setattr(cache, "_tree_bytes", sizing)
+    assert cache.prune_cache(now=now) == [idle]
+    assert (found / "build.key").exists()
+
+
 @pytest.mark.compiler
 def test_shared_cache_entries_unused_for_two_weeks_are_pruned_and_a_use_keeps_them(tmp_path, monkeypatch):
     """The binding object, kernel library, precompiled headers, peak figure and a failed compile's source are

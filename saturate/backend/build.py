@@ -601,9 +601,10 @@ def build(source: str, weights: bytes | WeightsBlob, header: str, config: BuildC
     target = root / key
     cache_limit_bytes()  # a bad $SATURATE_CACHE_MB is refused on every build, not only when a prune is due
     if os.path.lexists(target):
+        # marked before its digests are read (seconds for large weights): a prune meanwhile leaves it be
+        mark_used(target)
         problem = mismatch(target, key)
         if problem is None:
-            mark_used(target)
             return target
         print(f"saturate: cache entry {key} did not match its digests ({problem}); rebuilding", file=sys.stderr)
     try:

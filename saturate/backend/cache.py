@@ -107,7 +107,8 @@ def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path
     unused for SUPPORT_STALE_SECONDS (_prune_support), staging directories a killed process left behind
     after STALE_SECONDS, and anything else in the directory is left alone."""
     root, limit = cache_root(), cache_limit_bytes()
-    now = time.time() if now is None else now
+    start = time.time()
+    now = start if now is None else now
     builds = []
     entries = list(os.scandir(root)) if root.is_dir() else []
     _prune_support(entries, now)
@@ -137,6 +138,13 @@ def prune_cache(keep: Path | None = None, now: float | None = None) -> list[Path
         if total <= limit:
             break
         if (keep is not None and path == Path(keep)) or now - used < IN_USE_SECONDS:
+            continue
+        # Sizing took time (most of a second for thousands of builds), in which another process may have found
+        # this build and be loading it: its use as it stands now decides.
+        try:
+            if now + (time.time() - start) - (path / "build.key").stat().st_mtime < IN_USE_SECONDS:
+                continue
+        except OSError:
             continue
         try:
             evict(path)

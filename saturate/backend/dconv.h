@@ -251,6 +251,29 @@ static inline __attribute__((always_inline)) void sat_dconv_origins(const sat_dc
     for (int r = mr; r < n; r++) xr[r] = xr[0];
 }
 
+/* The panels of a run share the fetching of the weight block two ahead, each a slice spread over its whole k
+ * loop: when the first panel fetched it all, its loop ran at the speed of memory and the others' at none
+ * (ResNet-50's 3x3 convs on 6x6 maps, weights from memory: 20% over their time with the weights in cache).
+ * The run's first (up to) four panels divide the block's `n` fetch units (weight rows or half-rows) by their
+ * pixels; the tile at flat pixel p0 (mr pixels) of the run of panels [q0, q1) takes units [*s0, *s1). */
+static inline __attribute__((always_inline)) void sat_dconv_pf_share(const sat_dconv_args *a, int q0, int q1,
+                                                                     int64_t p0, int mr, int n, int *s0, int *s1) {
+    const int R = a->rows;
+    const int64_t pf4 = (int64_t)(q1 - q0 < 4 ? q1 - q0 : 4) * R, rest = a->P - (int64_t)q0 * R;
+    const int64_t pn = rest < pf4 ? rest : pf4, e0 = p0 - (int64_t)q0 * R, e1 = e0 + mr;
+    *s0 = e0 < pn ? (int)(e0 * n / pn) : n;
+    *s1 = e1 < pn ? (int)(e1 * n / pn) : n;
+}
+
+/* The output lines 16 pixels past a tile's own (flat pixel p0) in channels [m0, m0 + nr), fetched for writing
+ * while the tile runs (see dconv8.h): ResNet-50's stem on AVX-512, per-step medians of three rounds, 1.86 ->
+ * 1.77 ms. */
+static inline __attribute__((always_inline)) void sat_dconv_pf_out(const sat_dconv_args *a, int m0, int nr,
+                                                                   int64_t p0) {
+    if (p0 + 16 < a->P)
+        for (int ch = 0; ch < nr; ch++) __builtin_prefetch(a->y + a->ybase + (int64_t)(m0 + ch) * a->P + p0 + 16, 1, 3);
+}
+
 #define SAT_DROW64(r)                                                \
     do {                                                             \
         const __m512 a_ = _mm512_set1_ps(x##r[o]);                   \
@@ -348,15 +371,10 @@ static inline __attribute__((always_inline)) void sat_dconv_unit64(const sat_dco
             sat_dconv_origins(a, p0, mr, xr, 6);
             const int rows = mr == R ? R : mr <= 1 ? 1 : mr <= 2 ? 2 : mr <= 4 ? 4 : 6;
             float *buf = acc + (int64_t)(q - q0) * 6 * 64;
-            /* the block two ahead shared by the run's first (up to) four panels as in sat_dconv_unit, in
-             * half-rows of 32 floats */
-            const int64_t pf4 = (int64_t)(q1 - q0 < 4 ? q1 - q0 : 4) * R, rest = P - (int64_t)q0 * R;
-            const int64_t pn = rest < pf4 ? rest : pf4, e0 = p0 - (int64_t)q0 * R, e1 = e0 + mr;
-            const int s0 = e0 < pn ? (int)(e0 * 2 * kc / pn) : 2 * kc, s1 = e1 < pn ? (int)(e1 * 2 * kc / pn) : 2 * kc;
+            int s0, s1; /* in half-rows of 32 floats */
+            sat_dconv_pf_share(a, q0, q1, p0, mr, 2 * kc, &s0, &s1);
             const float *pfw = s1 > s0 ? w + (int64_t)(k0 + kc + kb) * 64 + (int64_t)s0 * 32 : NULL;
-            if (last && p0 + 16 < P)
-                for (int ch = 0; ch < 64; ch++)
-                    __builtin_prefetch(a->y + a->ybase + (int64_t)(j * 64 + ch) * P + p0 + 16, 1, 3);
+            if (last) sat_dconv_pf_out(a, j * 64, 64, p0);
             sat_dconv_tile64(rows, kc, a->koff + k0, xr, w + (int64_t)k0 * 64, a->y,
                              a->ybase + (int64_t)j * 64 * P + p0, P, mr, k0 ? buf : NULL, last ? NULL : buf, pfw,
                              ((s1 - s0) << 16) / kc, a->ybase / P + j * 64, epc, epv);
@@ -403,23 +421,14 @@ static inline __attribute__((always_inline)) void sat_dconv_unit(void *ctx, int6
              * 8 + 1 rows, not 7 + 7. Rows not run keep zero sums, which the masked stores skip. */
             const int rows = sat_dconv_run_rows(mr, R);
             float *buf = acc + (int64_t)(q - q0) * 256;
-            /* The panels of a block share the fetching of the block two ahead, each a slice spread over its
-             * whole k loop: when the first panel fetched it all, its loop ran at the speed of memory and the
-             * others' at none (ResNet-50's 3x3 convs on 6x6 maps, weights from memory: 20% over their time
-             * with the weights in cache). */
-            const int64_t pf4 = (int64_t)(q1 - q0 < 4 ? q1 - q0 : 4) * R, rest = P - (int64_t)q0 * R;
-            const int64_t pn = rest < pf4 ? rest : pf4, e0 = p0 - (int64_t)q0 * R, e1 = e0 + mr;
-            const int s0 = e0 < pn ? (int)(e0 * kc / pn) : kc, s1 = e1 < pn ? (int)(e1 * kc / pn) : kc;
+            int s0, s1;
+            sat_dconv_pf_share(a, q0, q1, p0, mr, kc, &s0, &s1);
             const int staged = a->stage && last, odd = (q - q0) & 1;
             float *st = sat_dconv_stage[tid];
             /* (two calls, so each sees its epilogue as a constant and inlines it: a pointer chosen by `staged`
              * stayed an indirect call per 8 outputs) */
             const float *pfw = s1 > s0 ? w + (int64_t)(k0 + kc + kb + s0) * 32 : NULL;
-            /* the output lines 16 pixels on, fetched while the tile runs (see dconv8.h): ResNet-50's stem on
-             * AVX-512, per-step medians of three rounds, 1.86 -> 1.77 ms */
-            if (last && p0 + 16 < P)
-                for (int ch = 0; ch < nr; ch++)
-                    __builtin_prefetch(a->y + a->ybase + (int64_t)(j * 32 + ch) * P + p0 + 16, 1, 3);
+            if (last) sat_dconv_pf_out(a, j * 32, nr, p0);
             if (staged)
                 sat_dconv_tile(rows, kc, a->koff + k0, xr, w + (int64_t)k0 * 32, st, odd * 8, 16, mr, nr,
                                k0 ? buf : NULL, NULL, pfw, ((s1 - s0) << 16) / kc, a->ybase / P + j * 32, epc, NULL);

@@ -38,16 +38,13 @@ void sat_gather_plane(void *ctx, int64_t c, int tid) {
     const float *xc = a->x + c * a->H * a->W;
     float *d = a->xs + c * a->OH * a->OW;
     if (a->xpan) {
-        /* pixel ip of channel c at (ip / SAT_NR * C + c) * SAT_NR + ip % SAT_NR (SAT_NR a power of two) */
         const float *xc0 = a->x + c * SAT_NR;
-        const int64_t qstride = (int64_t)a->xpan * SAT_NR;
         for (int oh = 0; oh < a->OH; oh++) {
             const int ih = oh * a->sh - a->ph;
             for (int ow = 0; ow < a->OW; ow++) {
                 const int iw = ow * a->sw - a->pw;
-                const uint64_t ip = (uint64_t)ih * (uint64_t)a->W + (uint64_t)iw;
                 *d++ = ih >= 0 && ih < a->H && iw >= 0 && iw < a->W
-                           ? xc0[(int64_t)(ip / SAT_NR) * qstride + (int64_t)(ip % SAT_NR)] : 0.0f;
+                           ? xc0[sat_panel_at((int64_t)ih * a->W + iw, a->xpan, SAT_NR)] : 0.0f;
             }
         }
         return;

@@ -72,7 +72,7 @@ void sat_im2col_panels(const float *x, float *col, int C, int W, int oh0, int oh
         const int64_t left = cols - q * packed;
         for (int j = 0; j < packed && j < left; j++) {
             const int64_t p = q * packed + j, ip = (oh0 + p / OW) * sh * W + p % OW * sw;
-            idx[j] = (int32_t)(ip / SAT_NR * C * SAT_NR + ip % SAT_NR);
+            idx[j] = (int32_t)sat_panel_at(ip, C, SAT_NR);
         }
         const __m512i i0 = _mm512_loadu_si512(idx), i1 = _mm512_loadu_si512(idx + 16);
         const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);

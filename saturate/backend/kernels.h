@@ -33,6 +33,10 @@
 #define SAT_NR 32
 #endif
 
+/* Pixel panels (plan.panel_roots): an image of C channels in panels of `nr` pixels holds channel c of pixel ip
+ * at sat_panel_at(ip, C, nr) + c * nr; an image takes C * ceil(pixels / nr) * nr floats. */
+static inline int64_t sat_panel_at(int64_t ip, int64_t C, int nr) { return ip / nr * C * nr + ip % nr; }
+
 
 /* Per-step time, compiled in only with -DSAT_PROFILE (saturate.backend profiling builds): wall time, or at
  * one thread the caller's CPU time, which time slices lost to other processes on a shared machine do not

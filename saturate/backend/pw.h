@@ -52,7 +52,7 @@ static inline void sat_pw_gather(const sat_pw_args *a, const float *xn, int64_t 
     int32_t idx[SAT_PW_NR];
     for (int c = 0; c < SAT_PW_NR; c++) {
         const int64_t p = q * SAT_PW_NR + (c < nr ? c : 0), ip = p / a->OW * a->sh * a->W + p % a->OW * a->sw;
-        idx[c] = (int32_t)(ip / SAT_PW_NR * a->K * SAT_PW_NR + ip % SAT_PW_NR);
+        idx[c] = (int32_t)sat_panel_at(ip, a->K, SAT_PW_NR);
     }
     const float *src = xn + (int64_t)k0 * SAT_PW_NR;
 #ifdef SAT_HAVE_PACKED_GEMM

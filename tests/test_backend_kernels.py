@@ -262,6 +262,7 @@ EQUAL_BLOCK_CONVS = [
 ]
 
 
+@pytest.mark.skipif(not packed_gemm(), reason="builds here hold no AVX-512 kernels")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_direct_convs_in_equal_reduction_blocks(threads):
     from saturate.backend.plan import runs_direct

@@ -7,6 +7,7 @@ channel counts off the 8 lanes of the channels-in-lanes kernel."""
 from __future__ import annotations
 
 
+import re
 import numpy as np
 import pytest
 
@@ -579,6 +580,8 @@ WINO_CONVS = [
     ((1, 48, 14, 15), 35, [1, 0, 0, 1]),
     ((1, 64, 56, 56), 64, [1, 1, 1, 1]),
     ((2, 40, 30, 140), 34, [1, 1, 1, 1]),
+    # AVX-512 (sat_conv_wino16): more input channels than a reduction block, output channels past two passes
+    ((1, 300, 10, 12), 150, [1, 1, 1, 1]),
 ]
 
 
@@ -591,10 +594,24 @@ def test_winograd_3x3_convs(act, threads):
     one build, each emitted alone too."""
     config = BuildConfig.from_env(wino="all")
     graphs = [wino_conv(xshape, m, pads, act) for xshape, m, pads in WINO_CONVS]
+    kernel = "sat_conv_wino16(" if packed_gemm() else "sat_conv_wino("
     if vector_lanes() >= 6:  # not the portable build's 4-float vectors
         for k, g in enumerate(graphs):
-            assert "sat_conv_wino(" in emit(g, config=config).source, WINO_CONVS[k]
+            assert kernel in emit(g, config=config).source, WINO_CONVS[k]
     check_three_way(side_by_side(graphs), threads=threads, config=config)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_winograd_epilogue_without_a_row_form(threads):
+    """An epilogue with no vector form in the output transform's stores (an Add of a constant that varies
+    along the rows alone, read by a gather) runs on each run of stored outputs instead."""
+    consts = {"w": arr(34, (40, 32, 3, 3)) * np.float32(0.2), "r": arr(35, (1, 1, 30, 1))}
+    g = make([Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}), Node("Add", ["c", "r"], ["y"])],
+             {"x": (1, 32, 30, 34)}, consts)
+    config = BuildConfig.from_env(wino="all")
+    if packed_gemm():
+        assert re.search(r"sat_conv_wino16\(.*, pw_\d+, NULL\);", emit(g, config=config).source)
+    check_three_way(g, threads=threads, config=config)
 
 
 def wino_conv(xshape, m, pads, act):
@@ -612,21 +629,21 @@ def wino_conv(xshape, m, pads, act):
 def test_winograd_switch_and_rule():
     """BuildConfig(wino="off") keeps 3x3 convs on the kernels before it; outputs under WINO_MINP pixels
     (WINO_DEEP_MINP from 512 channels), fewer than WINO_MINC channels, strides, dilations and groups never
-    take it; AVX-512 builds keep maps under WINO_AVX512_MINP pixels, and convs of fewer than WINO_AVX512_MINCM
-    channel pairs, on their direct conv, and AVX2 builds maps
-    of at most plan.DIRECT8_MAXP pixels on theirs (off here but for the last check)."""
+    take it; AVX-512 builds keep maps under WINO16_MINP pixels, or of fewer than WINO16_MINC channels under
+    WINO16_WIDE_MINP, and convs of more than WINO16_MAXCM channel pairs, on their direct conv, and AVX2 builds
+    maps of at most plan.DIRECT8_MAXP pixels on theirs (off here but for the last check)."""
     def conv(xshape, m, wino="auto", direct=False, **attrs):
         g = make([Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1], **attrs})], {"x": xshape},
                  {"w": arr(33, (m, xshape[1] // attrs.get("group", 1), 3, 3))})
-        return "sat_conv_wino(" in emit(g, config=BuildConfig.from_env(wino=wino, direct=direct)).source
+        return re.search(r"sat_conv_wino(16)?\(", emit(g, config=BuildConfig.from_env(wino=wino, direct=direct)).source)
 
     if vector_lanes() < 6:
         pytest.skip("portable builds' 4-float vectors cannot hold a 6-tile panel: no Winograd")
     if packed_gemm():
-        assert conv((1, 64, 28, 28), 128) and conv((1, 512, 28, 28), 512)
-        assert not conv((1, 64, 27, 27), 128)       # 729 pixels
-        assert not conv((1, 64, 56, 56), 64) and not conv((1, 32, 112, 112), 128)  # 4096 channel pairs
-        assert not conv((1, 128, 12, 12), 128) and not conv((1, 512, 14, 14), 512)
+        assert conv((1, 64, 56, 56), 64) and conv((1, 128, 28, 28), 128) and conv((1, 64, 14, 14), 128)
+        assert not conv((1, 64, 13, 13), 128)       # 169 pixels
+        assert not conv((1, 256, 14, 14), 256) and not conv((1, 128, 28, 28), 256)  # more than 16384 pairs
+        assert not conv((1, 32, 28, 28), 32) and conv((1, 32, 56, 56), 32)  # 32 channels: from 3136 pixels
         assert not conv((1, 16, 56, 56), 64)        # 16 input channels
         assert not conv((1, 64, 56, 56), 64, strides=[2, 2])
         assert conv((1, 128, 56, 56), 64) and not conv((1, 128, 56, 56), 64, wino="off")

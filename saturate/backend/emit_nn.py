@@ -48,17 +48,29 @@ BMM_MIN_MACS = 1 << 18
 WINO_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 
 
+def wino_slices(w: np.ndarray) -> np.ndarray:
+    """U = G g G^T of 3x3 conv weights (M x C x 3 x 3) per (m, c), in float64 then rounded once: 4 x 4 x M x C,
+    slice xi = 4 i + j at [i, j]."""
+    return np.einsum("ik,mckl,jl->ijmc", WINO_G, np.asarray(w, np.float64), WINO_G).astype(np.float32)
+
+
 def wino_weights(w: np.ndarray, pn: int) -> np.ndarray:
-    """3x3 conv weights (M x C x 3 x 3) as sat_conv_wino (wino.h) reads them: U = G g G^T per (m, c), in
-    float64 then rounded once; per PN-channel panel (rows zero-padded to a multiple of PN, the build's
-    panel_width) its 16 slices xi = 4 i + j, each C x PN k-major (pack_weights' panel layout). A work unit
-    reads a panel's 16 slices one after the other, so the weights stream in the order they are stored."""
-    u = np.einsum("ik,mckl,jl->ijmc", WINO_G, np.asarray(w, np.float64), WINO_G)
+    """3x3 conv weights (M x C x 3 x 3) as sat_conv_wino (wino.h) reads them: per PN-channel panel (rows
+    zero-padded to a multiple of PN, the build's panel_width) its 16 slices (wino_slices), each C x PN k-major
+    (pack_weights' panel layout). A work unit reads a panel's 16 slices one after the other, so the weights
+    stream in the order they are stored."""
+    u = wino_slices(w)
     m, c = w.shape[:2]
     panels = -(-m // pn)
-    slices = [pack_weights(u[i, j].astype(np.float32), 1, pn, kc=c).reshape(panels, c * pn)
-              for i in range(4) for j in range(4)]
+    slices = [pack_weights(u[i, j], 1, pn, kc=c).reshape(panels, c * pn) for i in range(4) for j in range(4)]
     return np.stack(slices, axis=1).reshape(1, -1)
+
+
+def wino16_weights(w: np.ndarray) -> np.ndarray:
+    """3x3 conv weights (M x C x 3 x 3) as sat_conv_wino16 (wino.h) reads them: the 16 slices (wino_slices) one
+    after another, each M x C in pack_weights' order for the 8 x 32 tile's A side."""
+    u = wino_slices(w)
+    return np.concatenate([pack_weights(u[i, j], 1, PANEL) for i in range(4) for j in range(4)], axis=1)
 
 
 class NnEmission:
@@ -134,6 +146,17 @@ class NnEmission:
             unit = self._unit8("sconv", "sat_sconv_run", epi) if epi in self.vector8 else "NULL"
             self.body.append(f"    sat_conv_stream({xp}, {packed}, {out}, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {geo}, "
                              f"{epi}, {unit});\n")
+            return
+        if wino and cfg.packed_gemm:
+            # Weights transformed once here, each of the 16 slices packed as the 8 x 32 tile's A (wino.h); a
+            # unit function per conv inlines the epilogue's row form, where it has one, into the stores.
+            packed = self.weight(("wino16", node.inputs[1]), wino16_weights(self.g.constants[node.inputs[1]]))
+            self.needs_packed = True
+            rows = epi == "NULL" or epi in self.vector_rows
+            unit = (self.unit("wino16", "sat_wino16_run", "defined(SAT_HAVE_PACKED_GEMM)",
+                              [self.vector_rows[epi] if epi != "NULL" else None]) if rows else "NULL")
+            self.body.append(f"    sat_conv_wino16({xp}, {packed}, {out}, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {win.oh}, "
+                             f"{win.ow}, {win.ph}, {win.pw}, {'NULL' if rows else epi}, {unit});\n")
             return
         if wino:
             # Weights transformed and packed once here (16 slices of M x C); see wino.h.

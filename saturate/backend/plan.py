@@ -578,15 +578,20 @@ def conv_layout(x, w, win, group: int, cfg: BuildConfig) -> int:
 # Smallest output (pixels) and channel counts (in and out) of a conv run as Winograd (runs_wino); from
 # WINO_DEEP_C input channels on, at least WINO_DEEP_MINP pixels.
 WINO_MINP, WINO_MINC, WINO_DEEP_C, WINO_DEEP_MINP = 36, 32, 512, 144
-# AVX-512 builds, whose direct conv (dconv.h) runs at 60-75% of the machine's peak, take Winograd only on
-# maps of at least WINO_AVX512_MINP pixels: on a Zen 5 core (1 thread, per-step profile) VGG-11's convs
-# on 224x224 to 28x28 maps took 0.64-0.79x the direct conv's time, ResNet-18's on 24x24 maps 1.00-1.02x,
-# 14x14 maps of 512 channels 1.03-1.06x and 6x6 maps of 256 channels 1.25-1.29x. They also need at least
-# WINO_AVX512_MINCM products of an input and an output channel: the transforms, per tile O(C + M) against the
-# product's O(C * M), lost with few channels (Xeon of family 6 model 167, 1 thread, single Conv+Relu, medians:
-# 64 -> 64 on 56x56 maps 2.21 ms as Winograd, 1.77 direct; 32 -> 32 on 112x112 3.24 and 1.98; 64 -> 128 on
-# 56x56 3.13 and 3.25; 128 -> 128 on 28x28 1.43 and 1.63).
-WINO_AVX512_MINP, WINO_AVX512_MINCM = 784, 8192
+# AVX-512 builds run Winograd on sat_conv_wino16 (wino.h) for outputs of at least WINO16_MINP pixels and
+# WINO16_MINC channels in and out, and from WINO16_WIDE_MINP pixels on for WINO_MINC channels, where the
+# transformed weights (16 C M floats) are at most WINO16_MAXCM * 16 floats (1 MB: half the L2, so a model's
+# weights come from memory once for all the blocks of tiles); the rest stay on their direct conv (dconv.h),
+# which reads each weight once for all a small map's pixels. ResNet-50 at 224x224 in the model (1 thread,
+# per-step medians): its 3x3 convs of 64 channels on 56x56 1.30-1.37 -> 0.99-1.07 ms, of 128 on 28x28
+# (Winograd before too, on pgemm.h's 6 x 32 tile) 1.11-1.20 -> 0.98-1.02, but of 256 on 14x14 (4 MB of
+# transformed weights, passed once per block of 32 tiles) 1.23-1.30 -> 1.61-1.67 where alone 0.77-0.82x the
+# direct conv's time. Single Conv+Relu, 1 thread, medians, Xeon (family 6 model 167),
+# time as Winograd over time direct: 64 -> 64 on 56x56 0.72-0.74, 128 -> 128 on 28x28 0.65-0.68, 256 -> 256 on
+# 14x14 0.77-0.82, 64 -> 64 on 24x24 0.81, VGG's 64 -> 128 on 48x48 and 128/256 -> 256 on 24x24 0.60-0.61,
+# 32 -> 64 on 56x56 0.77, 32 -> 32 on 112x112 0.89; against 512 -> 512 on 7x7 1.43, 128 -> 128 on 12x12 1.16,
+# 256/512 -> 512 on 12x12 0.98-1.01, 256 -> 256 on 6x6 1.83, 32 -> 32 on 28x28 1.09.
+WINO16_MINP, WINO16_MINC, WINO16_WIDE_MINP, WINO16_MAXCM = 196, 64, 3136, 16384
 
 # Largest output (pixels) of a conv run on streamed weights (sat_conv_stream, SAT_SP in pgemm.h).
 STREAM_MAXP = C["SAT_SP"]
@@ -639,8 +644,10 @@ def runs_wino(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     x, w = shapes[node.inputs[0]], shapes[node.inputs[1]]
     win = conv_window(node, x, w)
     p = win.oh * win.ow
-    if cfg.packed_gemm and (p < WINO_AVX512_MINP or w[0] * w[1] < WINO_AVX512_MINCM):
-        return False
+    if cfg.packed_gemm:
+        c = min(w[0], w[1])
+        return w[0] * w[1] <= WINO16_MAXCM and (p >= WINO16_MINP and c >= WINO16_MINC
+                                                or p >= WINO16_WIDE_MINP and c >= WINO_MINC)
     return p >= WINO_MINP and min(w[0], w[1]) >= WINO_MINC and (w[1] < WINO_DEEP_C or p >= WINO_DEEP_MINP)
 
 

@@ -614,6 +614,18 @@ def test_winograd_epilogue_without_a_row_form(threads):
     check_three_way(g, threads=threads, config=config)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_avx512_winograd_of_many_channel_pairs(threads):
+    """AVX-512 builds run a conv of more than WINO16_MAXCM channel pairs on a map of at least WINO_AVX512_MINP
+    pixels on the first form (sat_conv_wino, pgemm.h's 6 x 32 tile), with a Relu and with an Add."""
+    if not packed_gemm():
+        pytest.skip("the AVX-512 builds' choice")
+    graphs = [wino_conv((1, 136, 28, 29), 130, [1, 1, 1, 1], act) for act in ("Relu", "Add")]
+    for g in graphs:
+        assert "sat_conv_wino(" in emit(g).source
+    check_three_way(side_by_side(graphs), threads=threads)
+
+
 def wino_conv(xshape, m, pads, act):
     consts = {"w": arr(31, (m, xshape[1], 3, 3)) * np.float32(0.2), "b": arr(32, (m,))}
     nodes = [Node("Conv", ["x", "w", "b"], ["c"], {"pads": pads})]
@@ -629,21 +641,24 @@ def wino_conv(xshape, m, pads, act):
 def test_winograd_switch_and_rule():
     """BuildConfig(wino="off") keeps 3x3 convs on the kernels before it; outputs under WINO_MINP pixels
     (WINO_DEEP_MINP from 512 channels), fewer than WINO_MINC channels, strides, dilations and groups never
-    take it; AVX-512 builds keep maps under WINO16_MINP pixels, or of fewer than WINO16_MINC channels under
-    WINO16_WIDE_MINP, and convs of more than WINO16_MAXCM channel pairs, on their direct conv, and AVX2 builds
-    maps of at most plan.DIRECT8_MAXP pixels on theirs (off here but for the last check)."""
+    take it; AVX-512 builds keep maps under WINO16_MINP pixels and convs of more than WINO16_MAXCM channel
+    pairs on their direct conv (or, from WINO_AVX512_MINP pixels and WINO_AVX512_MINCM pairs, on the first form,
+    sat_conv_wino), and AVX2 builds maps of at most plan.DIRECT8_MAXP pixels on theirs (off here but for the last
+    check)."""
     def conv(xshape, m, wino="auto", direct=False, **attrs):
         g = make([Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1], **attrs})], {"x": xshape},
                  {"w": arr(33, (m, xshape[1] // attrs.get("group", 1), 3, 3))})
-        return re.search(r"sat_conv_wino(16)?\(", emit(g, config=BuildConfig.from_env(wino=wino, direct=direct)).source)
+        found = re.search(r"sat_conv_wino(16)?\(", emit(g, config=BuildConfig.from_env(wino=wino, direct=direct)).source)
+        return found and found.group(0)
 
     if vector_lanes() < 6:
         pytest.skip("portable builds' 4-float vectors cannot hold a 6-tile panel: no Winograd")
     if packed_gemm():
-        assert conv((1, 64, 56, 56), 64) and conv((1, 128, 28, 28), 128) and conv((1, 64, 14, 14), 128)
-        assert not conv((1, 64, 13, 13), 128)       # 169 pixels
-        assert not conv((1, 256, 14, 14), 256) and not conv((1, 128, 28, 28), 256)  # more than 16384 pairs
-        assert not conv((1, 32, 28, 28), 32) and conv((1, 32, 56, 56), 32)  # 32 channels: from 3136 pixels
+        wino16 = "sat_conv_wino16("
+        assert conv((1, 64, 56, 56), 64) == conv((1, 128, 28, 28), 128) == conv((1, 32, 12, 12), 128) == wino16
+        assert not conv((1, 64, 11, 11), 128)       # 121 pixels
+        assert not conv((1, 256, 14, 14), 256)      # more than 16384 pairs, under 784 pixels
+        assert conv((1, 128, 28, 28), 256) == "sat_conv_wino(" and conv((1, 128, 28, 28), 256, wino="all") == wino16
         assert not conv((1, 16, 56, 56), 64)        # 16 input channels
         assert not conv((1, 64, 56, 56), 64, strides=[2, 2])
         assert conv((1, 128, 56, 56), 64) and not conv((1, 128, 56, 56), 64, wino="off")

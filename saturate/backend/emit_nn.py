@@ -11,7 +11,7 @@ import numpy as np
 
 from saturate.backend.plan import (DIRECT_WIDE, DOT_MINK, PR, SKINNY, C, accumulating_kernel, conv_layout,
                                    direct_width, plain_pointwise, pw_capable, runs_direct, runs_packed, runs_pw,
-                                   runs_stream, runs_wino, tile_rows, transposed_product)
+                                   runs_stream, runs_wino, runs_wino16, tile_rows, transposed_product)
 from saturate.backend.pointwise import c_float, c_ints, strides
 from saturate.backend.quant import emit_qlinear
 from saturate.backend.shapes import conv_window, pool_window, reduce_axes, unsupported
@@ -147,7 +147,7 @@ class NnEmission:
             self.body.append(f"    sat_conv_stream({xp}, {packed}, {out}, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {geo}, "
                              f"{epi}, {unit});\n")
             return
-        if wino and cfg.packed_gemm:
+        if runs_wino16(node, sh, self.g.constants, cfg):
             # Weights transformed once here, each of the 16 slices packed as the 8 x 32 tile's A (wino.h); a
             # unit function per conv inlines the epilogue's row form, where it has one, into the stores.
             packed = self.weight(("wino16", node.inputs[1]), wino16_weights(self.g.constants[node.inputs[1]]))

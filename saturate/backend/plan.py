@@ -578,20 +578,22 @@ def conv_layout(x, w, win, group: int, cfg: BuildConfig) -> int:
 # Smallest output (pixels) and channel counts (in and out) of a conv run as Winograd (runs_wino); from
 # WINO_DEEP_C input channels on, at least WINO_DEEP_MINP pixels.
 WINO_MINP, WINO_MINC, WINO_DEEP_C, WINO_DEEP_MINP = 36, 32, 512, 144
-# AVX-512 builds run Winograd on sat_conv_wino16 (wino.h) for outputs of at least WINO16_MINP pixels and
-# WINO16_MINC channels in and out, and from WINO16_WIDE_MINP pixels on for WINO_MINC channels, where the
-# transformed weights (16 C M floats) are at most WINO16_MAXCM * 16 floats (1 MB: half the L2, so a model's
-# weights come from memory once for all the blocks of tiles); the rest stay on their direct conv (dconv.h),
-# which reads each weight once for all a small map's pixels. ResNet-50 at 224x224 in the model (1 thread,
-# per-step medians): its 3x3 convs of 64 channels on 56x56 1.30-1.37 -> 0.99-1.07 ms, of 128 on 28x28
-# (Winograd before too, on pgemm.h's 6 x 32 tile) 1.11-1.20 -> 0.98-1.02, but of 256 on 14x14 (4 MB of
-# transformed weights, passed once per block of 32 tiles) 1.23-1.30 -> 1.61-1.67 where alone 0.77-0.82x the
-# direct conv's time. Single Conv+Relu, 1 thread, medians, Xeon (family 6 model 167),
-# time as Winograd over time direct: 64 -> 64 on 56x56 0.72-0.74, 128 -> 128 on 28x28 0.65-0.68, 256 -> 256 on
-# 14x14 0.77-0.82, 64 -> 64 on 24x24 0.81, VGG's 64 -> 128 on 48x48 and 128/256 -> 256 on 24x24 0.60-0.61,
-# 32 -> 64 on 56x56 0.77, 32 -> 32 on 112x112 0.89; against 512 -> 512 on 7x7 1.43, 128 -> 128 on 12x12 1.16,
-# 256/512 -> 512 on 12x12 0.98-1.01, 256 -> 256 on 6x6 1.83, 32 -> 32 on 28x28 1.09.
-WINO16_MINP, WINO16_MINC, WINO16_WIDE_MINP, WINO16_MAXCM = 196, 64, 3136, 16384
+# AVX-512 builds run Winograd on sat_conv_wino16 (wino.h) for outputs of at least WINO16_MINP pixels whose
+# transformed weights (16 C M floats) are at most WINO16_MAXCM * 16 floats (1 MB); the rest stay on their direct
+# conv (dconv.h), which reads each weight once for all a small map's pixels. Single Conv+Relu, 1 thread,
+# medians, Xeon (family 6 model 167), time as Winograd over time direct: 64 -> 64 on 56x56 0.63, 128 -> 128 on
+# 28x28 0.71, 64 -> 64 on 24x24 0.63, 128 -> 128 on 12x12 0.92, 64 -> 64 on 14x14 0.80, 32 -> 32 on 28x28 0.73,
+# 64 -> 128 on 48x48 0.53. ResNet-50 at 224x224 in the model (1 thread, per-step medians beside each other):
+# its 3x3 convs of 64 channels on 56x56 1.39-1.46 -> 0.82-0.93 ms, of 128 on 28x28 (Winograd before too, on
+# pgemm.h's 6 x 32 tile) 1.20-1.29 -> 0.80-0.89; those of 256 on 14x14 (4 MB of transformed weights, fetched
+# into L2 a slice ahead) level with the direct tiles in the model where alone 0.75x their time.
+# Convs of more channel pairs, on maps of at least WINO_AVX512_MINP pixels and with at least WINO_AVX512_MINCM
+# pairs, keep the first form on pgemm.h's 6 x 32 tile: blocks of its tiles are larger for the same L2, and VGG-11's
+# 3x3 convs of 128 -> 256 to 512 -> 512 channels on 48x48 to 24x24 maps (1 thread, per-step medians) took
+# 7.5-15.4 ms there, 10.5-21.4 on sat_conv_wino16 (blocks of 32 tiles: the weights, 4 to 16 MB, come from
+# memory for every 32 tiles).
+WINO16_MINP, WINO16_MAXCM = 144, 16384
+WINO_AVX512_MINP, WINO_AVX512_MINCM = 784, 8192
 
 # Largest output (pixels) of a conv run on streamed weights (sat_conv_stream, SAT_SP in pgemm.h).
 STREAM_MAXP = C["SAT_SP"]
@@ -629,7 +631,8 @@ def wino_eligible(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool
 
 
 def runs_wino(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
-    """Whether a conv runs as Winograd F(2x2, 3x3) (sat_conv_wino): outputs of at least WINO_MINP pixels,
+    """Whether a conv runs as Winograd F(2x2, 3x3) (sat_conv_wino; AVX-512 builds: sat_conv_wino16, see
+    WINO16_MINP): outputs of at least WINO_MINP pixels,
     at least WINO_MINC channels in and out, and from WINO_DEEP_C input channels on at least WINO_DEEP_MINP
     pixels. Single convs with bias and Relu (1 thread, medians of interleaved runs on a shared 2-core
     Zen 3) took 0.52-0.74x the time of the kernels before from 6x6 maps of 256 channels and 12x12 of 128
@@ -645,10 +648,18 @@ def runs_wino(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
     win = conv_window(node, x, w)
     p = win.oh * win.ow
     if cfg.packed_gemm:
-        c = min(w[0], w[1])
-        return w[0] * w[1] <= WINO16_MAXCM and (p >= WINO16_MINP and c >= WINO16_MINC
-                                                or p >= WINO16_WIDE_MINP and c >= WINO_MINC)
+        return (p >= WINO16_MINP and min(w[0], w[1]) >= WINO_MINC and w[0] * w[1] <= WINO16_MAXCM
+                or p >= WINO_AVX512_MINP and w[0] * w[1] >= WINO_AVX512_MINCM and min(w[0], w[1]) >= WINO_MINC)
     return p >= WINO_MINP and min(w[0], w[1]) >= WINO_MINC and (w[1] < WINO_DEEP_C or p >= WINO_DEEP_MINP)
+
+
+def runs_wino16(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
+    """Whether a conv runs on AVX-512 builds' sat_conv_wino16: every Winograd conv (runs_wino) under
+    BuildConfig(wino="all"), else those of at most WINO16_MAXCM channel pairs; the others keep sat_conv_wino."""
+    if not (cfg.packed_gemm and runs_wino(node, shapes, constants, cfg)):
+        return False
+    w = shapes[node.inputs[1]]
+    return cfg.wino == "all" or w[0] * w[1] <= WINO16_MAXCM
 
 
 # Weights (K x M) from which a 1x1 conv expanding its channels runs on pgemm.h's tile, not OpenBLAS (runs_packed).

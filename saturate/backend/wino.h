@@ -158,7 +158,7 @@ void sat_conv_wino(const float *x, const float *u, float *y, int N, int C, int H
  * runs of tiles, which the output transform turns into whole runs of output rows, the epilogue's row form
  * applied as they are stored. A work unit is (image, range of its tiles in raster order, block of the range, channel chunk): the block's V (16
  * slices of panels x C x 32) and the sums of SAT_WINO16_MPASS channels at a time (16 x channels x tiles)
- * share half the L2 (sat_wino_block_floats); each B panel (C x 32) stays in L1 while the pass's channels go
+ * share a quarter of the L2 (sat_conv_wino16); each B panel (C x 32) stays in L1 while the pass's channels go
  * by it, each U_xi block in L1 across the block's panels. The first form (6 x 16 tiles, scalar transforms
  * and stores) ran ResNet-50's 3x3 convs of 64 channels on 56x56 maps at 1.25x the direct conv's time. */
 #define SAT_WINO16_MPASS 64
@@ -183,7 +183,9 @@ static inline __attribute__((always_inline)) void sat_wino16_run(void *ctx, int6
     const int tb = ((r1 - r0 + a->blocks - 1) / a->blocks + SAT_NR - 1) / SAT_NR * SAT_NR, t0 = r0 + b * tb;
     if (t0 >= r1) return;
     const int nt = r1 - t0 < tb ? r1 - t0 : tb, NP = (nt + SAT_NR - 1) / SAT_NR;
-    const int64_t tbp = (int64_t)NP * SAT_NR, slice = tbp * C, as = SAT_WINO16_MPASS * tbp;
+    /* (slices and their sums one line pair further apart than their sizes: at sizes of a multiple of 4 KB the
+     * transforms' 16 streams all fell in one set of L1) */
+    const int64_t tbp = (int64_t)NP * SAT_NR, slice = tbp * C + SAT_NR, as = SAT_WINO16_MPASS * tbp + SAT_NR;
     const int m0 = s * a->chunk, m1 = m0 + a->chunk < M ? m0 + a->chunk : M;
     /* (the output transform's loads of a last run reach up to 15 floats past the sums) */
     float *buf = sat_thread_buf(&sat_wino_buf[tid], &sat_wino_cap[tid], (size_t)(16 * slice + 16 * as + 16));
@@ -205,10 +207,16 @@ static inline __attribute__((always_inline)) void sat_wino16_run(void *ctx, int6
                 const int kc = C - k0 < SAT_KC ? C - k0 : SAT_KC;
                 for (int p = 0; p < NP; p++) {
                     const float *bp = v + xi * slice + ((int64_t)p * C + k0) * SAT_NR;
-                    for (int i = mp; i < mp + mq; i += SAT_MR)
-                        sat_kernel_8x32(kc, ux + (int64_t)k0 * a->Mp + (int64_t)i * kc, bp,
-                                        acc + xi * as + (int64_t)(i - mp) * tbp + p * SAT_NR, tbp, k0 > 0,
-                                        mp + mq - i < SAT_MR ? mp + mq - i : SAT_MR, SAT_NR);
+                    for (int i = mp; i < mp + mq; i += SAT_MR) {
+                        const int64_t at = (int64_t)k0 * a->Mp + (int64_t)i * kc;
+                        float *cp = acc + xi * as + (int64_t)(i - mp) * tbp + p * SAT_NR;
+                        const int mr = mp + mq - i < SAT_MR ? mp + mq - i : SAT_MR;
+                        /* the first tile panel fetches the next slice's weights into L2 as it goes */
+                        if (p == 0 && xi < 15)
+                            sat_kernel_8x32_pf(kc, ux + at, bp, cp, tbp, k0 > 0, mr, SAT_NR, ux + (int64_t)a->Mp * C + at);
+                        else
+                            sat_kernel_8x32(kc, ux + at, bp, cp, tbp, k0 > 0, mr, SAT_NR);
+                    }
                 }
             }
         }

@@ -594,7 +594,7 @@ def test_winograd_3x3_convs(act, threads):
     one build, each emitted alone too."""
     config = BuildConfig.from_env(wino="all")
     graphs = [wino_conv(xshape, m, pads, act) for xshape, m, pads in WINO_CONVS]
-    kernel = "sat_conv_wino16(" if packed_gemm() else "sat_conv_wino("
+    kernel = "sat_conv_wino16(" if vector_lanes() >= 8 else "sat_conv_wino("
     if vector_lanes() >= 6:  # not the portable build's 4-float vectors
         for k, g in enumerate(graphs):
             assert kernel in emit(g, config=config).source, WINO_CONVS[k]
@@ -609,17 +609,17 @@ def test_winograd_epilogue_without_a_row_form(threads):
     g = make([Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}), Node("Add", ["c", "r"], ["y"])],
              {"x": (1, 32, 30, 34)}, consts)
     config = BuildConfig.from_env(wino="all")
-    if packed_gemm():
+    if vector_lanes() >= 8:
         assert re.search(r"sat_conv_wino16\(.*, pw_\d+, NULL\);", emit(g, config=config).source)
     check_three_way(g, threads=threads, config=config)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_avx512_winograd_of_many_channel_pairs(threads):
-    """AVX-512 builds run a conv of more than WINO16_MAXCM channel pairs on a map of at least WINO_AVX512_MINP
-    pixels on the first form (sat_conv_wino, pgemm.h's 6 x 32 tile), with a Relu and with an Add."""
-    if not packed_gemm():
-        pytest.skip("the AVX-512 builds' choice")
+def test_winograd_of_many_channel_pairs(threads):
+    """AVX-512 and AVX2 builds run a conv of more than WINO16_MAXCM channel pairs (on AVX-512 on a map of at
+    least WINO_AVX512_MINP pixels) on the first form (sat_conv_wino, pgemm.h's tile), with a Relu and an Add."""
+    if vector_lanes() < 8:
+        pytest.skip("portable builds have no Winograd")
     graphs = [wino_conv((1, 136, 28, 29), 130, [1, 1, 1, 1], act) for act in ("Relu", "Add")]
     for g in graphs:
         assert "sat_conv_wino(" in emit(g).source

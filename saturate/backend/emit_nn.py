@@ -66,11 +66,14 @@ def wino_weights(w: np.ndarray, pn: int) -> np.ndarray:
     return np.stack(slices, axis=1).reshape(1, -1)
 
 
-def wino16_weights(w: np.ndarray) -> np.ndarray:
+def wino16_weights(w: np.ndarray, packed_gemm: bool) -> np.ndarray:
     """3x3 conv weights (M x C x 3 x 3) as sat_conv_wino16 (wino.h) reads them: the 16 slices (wino_slices) one
-    after another, each M x C in pack_weights' order for the 8 x 32 tile's A side."""
+    after another, each M x C packed as the tile's A: gemm.h's 8-row panels in blocks of KC (AVX-512 builds),
+    pgemm.h's PR-row panels over the whole reduction (AVX2)."""
     u = wino_slices(w)
-    return np.concatenate([pack_weights(u[i, j], 1, PANEL) for i in range(4) for j in range(4)], axis=1)
+    c = w.shape[1]
+    return np.concatenate([pack_weights(u[i, j], 1, PANEL) if packed_gemm else pack_weights(u[i, j], 1, PR, kc=c)
+                           for i in range(4) for j in range(4)], axis=1)
 
 
 class NnEmission:
@@ -150,10 +153,10 @@ class NnEmission:
         if runs_wino16(node, sh, self.g.constants, cfg):
             # Weights transformed once here, each of the 16 slices packed as the 8 x 32 tile's A (wino.h); a
             # unit function per conv inlines the epilogue's row form, where it has one, into the stores.
-            packed = self.weight(("wino16", node.inputs[1]), wino16_weights(self.g.constants[node.inputs[1]]))
-            self.needs_packed = True
+            packed = self.weight(("wino16", node.inputs[1]), wino16_weights(self.g.constants[node.inputs[1]], cfg.packed_gemm))
+            self.needs_packed = self.needs_packed or cfg.packed_gemm
             rows = epi == "NULL" or epi in self.vector_rows
-            unit = (self.unit("wino16", "sat_wino16_run", "defined(SAT_HAVE_PACKED_GEMM)",
+            unit = (self.unit("wino16", "sat_wino16_run", "defined(SAT_HAVE_WINO16)",
                               [self.vector_rows[epi] if epi != "NULL" else None]) if rows else "NULL")
             self.body.append(f"    sat_conv_wino16({xp}, {packed}, {out}, {x[0]}, {x[1]}, {H}, {W}, {w[0]}, {win.oh}, "
                              f"{win.ow}, {win.ph}, {win.pw}, {'NULL' if rows else epi}, {unit});\n")

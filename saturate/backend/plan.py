@@ -580,7 +580,11 @@ def conv_layout(x, w, win, group: int, cfg: BuildConfig) -> int:
 WINO_MINP, WINO_MINC, WINO_DEEP_C, WINO_DEEP_MINP = 36, 32, 512, 144
 # AVX-512 builds run Winograd on sat_conv_wino16 (wino.h) for outputs of at least WINO16_MINP pixels whose
 # transformed weights (16 C M floats) are at most WINO16_MAXCM * 16 floats (1 MB); the rest stay on their direct
-# conv (dconv.h), which reads each weight once for all a small map's pixels. Single Conv+Relu, 1 thread,
+# conv (dconv.h), which reads each weight once for all a small map's pixels. AVX2 builds take it for the
+# Winograd convs (runs_wino) of at most WINO16_MAXCM pairs (runs_wino16): ResNet-50 at 224x224, AVX2 build with
+# AVX-512 hidden, 1 thread, per-step medians beside the build before, its 3x3 convs on 56x56 1.83-1.94 ->
+# 1.36-1.50 ms, on 28x28 (the first form before) 1.45-1.49 -> 1.27-1.36, while those of 256 channels on 14x14
+# took 1.47-1.58 on the first form, 2.07-2.17 on this one. Single Conv+Relu, 1 thread,
 # medians, Xeon (family 6 model 167), time as Winograd over time direct: 64 -> 64 on 56x56 0.63, 128 -> 128 on
 # 28x28 0.71, 64 -> 64 on 24x24 0.63, 128 -> 128 on 12x12 0.92, 64 -> 64 on 14x14 0.80, 32 -> 32 on 28x28 0.73,
 # 64 -> 128 on 48x48 0.53. ResNet-50 at 224x224 in the model (1 thread, per-step medians beside each other):
@@ -654,9 +658,9 @@ def runs_wino(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
 
 
 def runs_wino16(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
-    """Whether a conv runs on AVX-512 builds' sat_conv_wino16: every Winograd conv (runs_wino) under
+    """Whether a conv runs on sat_conv_wino16 (AVX-512 and AVX2 builds): every Winograd conv (runs_wino) under
     BuildConfig(wino="all"), else those of at most WINO16_MAXCM channel pairs; the others keep sat_conv_wino."""
-    if not (cfg.packed_gemm and runs_wino(node, shapes, constants, cfg)):
+    if not (cfg.lanes >= 8 and runs_wino(node, shapes, constants, cfg)):
         return False
     w = shapes[node.inputs[1]]
     return cfg.wino == "all" or w[0] * w[1] <= WINO16_MAXCM

@@ -117,60 +117,54 @@ void sat_conv_wino(const float *x, const float *u, float *y, int N, int C, int H
     sat_parallel(units * split, body ? body : sat_wino_unit, &a);
 }
 
-#if defined(SAT_HAVE_PACKED_GEMM)
-/* Lanes l of a 16-float load from column c0 + l of a row of W that fall inside it. */
-static inline __mmask16 sat_wino16_cols(int c0, int W) {
-    const int lo = c0 < 0 ? -c0 : 0, hi = W - c0 < 16 ? W - c0 : 16;
-    return hi <= lo ? 0 : (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-}
-
+#if defined(SAT_HAVE_WINO16)
 /* Tiles [t0, t0 + nt) of one image (raster order), channel c (plane xc), into the 16 slices of v (`slice`
- * floats apart): tile t0 + t at [(t / 32 * C + c) * 32 + t % 32]. 16 tiles of a row at a time: their columns
- * 2 tw .. 2 tw + 3 of each of the 4 input rows are the even and odd lanes of two pairs of loads straight from
- * the plane (masked where a pad falls), and B^T d B runs on those vectors. */
+ * floats apart): tile t0 + t at [(t / NR * C + c) * NR + t % NR], NR = SAT_WZ_NR. A vector of tiles of a row at
+ * a time: their columns 2 tw .. 2 tw + 3 of each of the 4 input rows are the even and odd lanes of two pairs
+ * of loads straight from the plane (masked where a pad falls), and B^T d B runs on those vectors. */
 void sat_wino16_in(const sat_wino16_args *a, const float *xc, float *v, int64_t slice, int c, int t0, int nt) {
-    const int TW = a->TW, H = a->H, W = a->W, C = a->C;
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const int TW = a->TW, H = a->H, W = a->W, C = a->C, NR = SAT_WZ_NR, VL = SAT_WZ_VL;
     const int th0 = t0 / TW, th1 = (t0 + nt - 1) / TW;
     for (int th = th0; th <= th1; th++) {
         const int tw1 = th == th1 ? (t0 + nt - 1) % TW + 1 : TW;
-        for (int tw0 = th == th0 ? t0 % TW : 0; tw0 < tw1; tw0 += 16) {
-            const int n = tw1 - tw0 < 16 ? tw1 - tw0 : 16, c0 = 2 * tw0 - a->pw;
-            const __mmask16 k0 = sat_wino16_cols(c0, W), k1 = sat_wino16_cols(c0 + 16, W);
-            const __mmask16 k2 = sat_wino16_cols(c0 + 2, W), k3 = sat_wino16_cols(c0 + 18, W);
-            __m512 d[4][4];
+        for (int tw0 = th == th0 ? t0 % TW : 0; tw0 < tw1; tw0 += VL) {
+            const int n = tw1 - tw0 < VL ? tw1 - tw0 : VL, c0 = 2 * tw0 - a->pw;
+            /* lanes of each load inside the row */
+            const sat_wz_m k0 = sat_wz_lanes(-c0, W - c0), k1 = sat_wz_lanes(-c0 - VL, W - c0 - VL);
+            const sat_wz_m k2 = sat_wz_lanes(-c0 - 2, W - c0 - 2), k3 = sat_wz_lanes(-c0 - 2 - VL, W - c0 - 2 - VL);
+            sat_wz_v d[4][4];
             for (int r = 0; r < 4; r++) {
                 const int ih = 2 * th - a->ph + r;
                 if (ih < 0 || ih >= H) {
-                    d[r][0] = d[r][1] = d[r][2] = d[r][3] = _mm512_setzero_ps();
+                    d[r][0] = d[r][1] = d[r][2] = d[r][3] = sat_wz_zero();
                     continue;
                 }
                 const float *s = xc + (int64_t)ih * W + c0;
-                const __m512 l0 = _mm512_maskz_loadu_ps(k0, s), l1 = _mm512_maskz_loadu_ps(k1, s + 16);
-                const __m512 h0 = _mm512_maskz_loadu_ps(k2, s + 2), h1 = _mm512_maskz_loadu_ps(k3, s + 18);
-                d[r][0] = _mm512_permutex2var_ps(l0, even, l1);
-                d[r][1] = _mm512_permutex2var_ps(l0, odd, l1);
-                d[r][2] = _mm512_permutex2var_ps(h0, even, h1);
-                d[r][3] = _mm512_permutex2var_ps(h0, odd, h1);
+                const sat_wz_v l0 = sat_wz_load(k0, s), l1 = sat_wz_load(k1, s + VL);
+                const sat_wz_v h0 = sat_wz_load(k2, s + 2), h1 = sat_wz_load(k3, s + 2 + VL);
+                d[r][0] = sat_wz_even(l0, l1);
+                d[r][1] = sat_wz_odd(l0, l1);
+                d[r][2] = sat_wz_even(h0, h1);
+                d[r][3] = sat_wz_odd(h0, h1);
             }
-            __m512 e[4][4];
+            sat_wz_v e[4][4];
             for (int i = 0; i < 4; i++) {
                 e[0][i] = d[0][i] - d[2][i], e[1][i] = d[1][i] + d[2][i];
                 e[2][i] = d[2][i] - d[1][i], e[3][i] = d[1][i] - d[3][i];
             }
-            const int t = th * TW + tw0 - t0, o = t % SAT_NR;
-            float *dst = v + ((int64_t)(t / SAT_NR) * C + c) * SAT_NR + o;
-            /* a run crossing into the next panel: its lanes from 32 - o on go to that panel's start */
-            const __mmask16 all = n == 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
-            const __mmask16 first = o <= 16 ? all : all & (__mmask16)((1u << (SAT_NR - o)) - 1), second = all & ~first;
+            const int t = th * TW + tw0 - t0, o = t % NR;
+            float *dst = v + ((int64_t)(t / NR) * C + c) * NR + o;
+            /* a run crossing into the next panel: its lanes from NR - o on go to that panel's start */
+            const sat_wz_m all = sat_wz_lanes(0, n), first = sat_wz_lanes(0, n < NR - o ? n : NR - o);
+            const sat_wz_m second = sat_wz_andnot(first, all);
+            const int split = sat_wz_any(second);
             for (int j = 0; j < 4; j++) {
-                const __m512 e0 = e[j][0], e1 = e[j][1], e2 = e[j][2], e3 = e[j][3];
-                const __m512 vj[4] = {e0 - e2, e1 + e2, e2 - e1, e1 - e3};
+                const sat_wz_v e0 = e[j][0], e1 = e[j][1], e2 = e[j][2], e3 = e[j][3];
+                const sat_wz_v vj[4] = {e0 - e2, e1 + e2, e2 - e1, e1 - e3};
                 for (int i = 0; i < 4; i++) {
                     float *sl = dst + (4 * j + i) * slice;
-                    _mm512_mask_storeu_ps(sl, first, vj[i]);
-                    if (second) _mm512_mask_storeu_ps(sl + (int64_t)C * SAT_NR - SAT_NR, second, vj[i]);
+                    sat_wz_store(sl, first, vj[i]);
+                    if (split) sat_wz_store(sl + (int64_t)C * NR - NR, second, vj[i]);
                 }
             }
         }
@@ -182,25 +176,27 @@ void sat_wino16_unit(void *ctx, int64_t u, int tid) { sat_wino16_run(ctx, u, tid
 /* 3x3 convolution, unit strides and dilations, one group, begin pads ph, pw (OH, OW say where the output ends),
  * on weights transformed and packed by the emitter (emit.wino16_weights). `body` is the emitter's instantiation
  * of sat_wino16_run with the epilogue's row form, or NULL (then `epi` runs on each stored run). Blocks hold
- * about half sat_wino_block_floats floats of V and sums; when the units are fewer than the threads, each is split by
- * channel chunks (each transforms its block's input again). */
+ * about half sat_wino_block_floats floats of V and sums (at least SAT_WINO_VFLOATS); when the units are fewer
+ * than the threads, each is split by channel chunks (each transforms its block's input again). */
 void sat_conv_wino16(const float *x, const float *u, float *y, int N, int C, int H, int W, int M, int OH, int OW,
                      int ph, int pw, sat_epi epi, sat_body body) {
     if ((int64_t)OH * OW <= 0 || M <= 0) return;
-    const int TH = (OH + 1) / 2, TW = (OW + 1) / 2, tiles = TH * TW, Mp = (M + SAT_MR - 1) / SAT_MR * SAT_MR;
-    const int pass = Mp < SAT_WINO16_MPASS ? Mp : SAT_WINO16_MPASS;
+    const int NR = SAT_WZ_NR, MR = SAT_WZ_MR;
+    const int TH = (OH + 1) / 2, TW = (OW + 1) / 2, tiles = TH * TW, Mp = (M + MR - 1) / MR * MR;
+    const int pass = Mp < SAT_WZ_MPASS ? Mp : SAT_WZ_MPASS;
     /* An image's tiles in one range per thread where the images do not share evenly between them, each range
      * in blocks of whole tile panels (its last may be short), so only a range's last panel pads */
-    const int ranges = sat_threads > 1 && !sat_in_parallel && N % sat_threads != 0 && tiles >= SAT_NR * sat_threads
+    const int ranges = sat_threads > 1 && !sat_in_parallel && N % sat_threads != 0 && tiles >= NR * sat_threads
                            ? sat_threads : 1;
     /* Blocks of a quarter of the L2, not half as the first form's: ResNet-50's 3x3 convs of 64 channels on 56x56
-     * maps at 224x224, 1 thread, per-step medians beside each other, 0.86-1.08 -> 0.82-0.93 ms (an eighth:
-     * 0.88-1.09), the 28x28 ones level. */
-    const int64_t fit = sat_wino_block_floats() / 2 / (16 * (int64_t)(C + pass)) / SAT_NR * SAT_NR;
-    const int per = (tiles + ranges - 1) / ranges, blocks = fit < SAT_NR ? (per + SAT_NR - 1) / SAT_NR : (int)((per + fit - 1) / fit);
+     * maps at 224x224, AVX-512, 1 thread, per-step medians beside each other, 0.86-1.08 -> 0.82-0.93 ms (an
+     * eighth: 0.88-1.09), the 28x28 ones level. */
+    const int64_t quarter = sat_wino_block_floats() / 2, floats = quarter > SAT_WINO_VFLOATS ? quarter : SAT_WINO_VFLOATS;
+    const int64_t fit = floats / (16 * (int64_t)(C + pass)) / NR * NR;
+    const int per = (tiles + ranges - 1) / ranges, blocks = fit < NR ? (per + NR - 1) / NR : (int)((per + fit - 1) / fit);
     const int64_t units = (int64_t)N * ranges * blocks;
     int split = sat_threads > 1 && !sat_in_parallel && units < sat_threads ? sat_threads : 1;
-    const int chunk = ((M + split - 1) / split + SAT_MR - 1) / SAT_MR * SAT_MR;
+    const int chunk = ((M + split - 1) / split + MR - 1) / MR * MR;
     split = (M + chunk - 1) / chunk;
     sat_wino16_args a = {x, u, y, C, H, W, M, Mp, OH, OW, ph, pw, TW, tiles, ranges, blocks, split, chunk, epi};
     sat_parallel(units * split, body ? body : sat_wino16_unit, &a);

@@ -150,21 +150,105 @@ int64_t sat_wino_block_floats(void);
 void sat_conv_wino(const float *x, const float *u, float *y, int N, int C, int H, int W, int M, int OH,
                           int OW, int ph, int pw, sat_epi epi, sat_body body);
 
+#if defined(SAT_HAVE_PACKED_GEMM) || (defined(SAT_HAVE_DWT) && SAT_VL == 8)
+/* Winograd F(2x2, 3x3) on the builds' products tiles (sat_conv_wino16): the transforms above, each vectorized
+ * across a vector of tiles of a tile row (16 on AVX-512, 8 on AVX2), and the 16 products Y_xi (M x tiles) =
+ * U_xi (M x C) V_xi (C x tiles) with channels on the tile's rows (U_xi packed as its A, emit.wino16_weights)
+ * and tiles on its columns (V_xi in panels of SAT_WZ_NR tiles, each C x SAT_WZ_NR k-major as the tile's B reads
+ * them): gemm.h's 8 x 32 tile on AVX-512, pgemm.h's 6 x 16 on AVX2. The sums of a channel are then runs of
+ * tiles, which the output transform turns into whole runs of output rows, the epilogue's row form applied as
+ * they are stored. A work unit is (image, range of its tiles in raster order, block of the range, channel
+ * chunk): the block's V (16 slices of panels x C x SAT_WZ_NR) and the sums of SAT_WZ_MPASS channels at a time
+ * (16 x channels x tiles) share a quarter of the L2 (sat_conv_wino16); each B panel stays in L1 while the
+ * pass's channels go by it, each U_xi block in L1 across the block's panels. The first form (6 x 16 tiles,
+ * scalar transforms and stores) ran ResNet-50's 3x3 convs of 64 channels on 56x56 maps at 1.25x the AVX-512
+ * direct conv's time. */
+#define SAT_HAVE_WINO16 1
 #if defined(SAT_HAVE_PACKED_GEMM)
-/* AVX-512 builds' Winograd F(2x2, 3x3) (sat_conv_wino16): the transforms above, each vectorized across 16
- * tiles of a tile row, and the 16 products Y_xi (M x tiles) = U_xi (M x C) V_xi (C x tiles) on gemm.h's
- * 8 x 32 tile: channels take its rows (U_xi packed as its A, emit.wino16_weights), tiles its 32 columns (V_xi
- * in panels of 32 tiles, each C x 32 k-major as the tile's B reads them). The sums of a channel are then
- * runs of tiles, which the output transform turns into whole runs of output rows, the epilogue's row form
- * applied as they are stored. A work unit is (image, range of its tiles in raster order, block of the range, channel chunk): the block's V (16
- * slices of panels x C x 32) and the sums of SAT_WINO16_MPASS channels at a time (16 x channels x tiles)
- * share a quarter of the L2 (sat_conv_wino16); each B panel (C x 32) stays in L1 while the pass's channels go
- * by it, each U_xi block in L1 across the block's panels. The first form (6 x 16 tiles, scalar transforms
- * and stores) ran ResNet-50's 3x3 convs of 64 channels on 56x56 maps at 1.25x the direct conv's time. */
-#define SAT_WINO16_MPASS 64
+#define SAT_WZ_MR SAT_MR /* channels: the tile's rows */
+#define SAT_WZ_NR SAT_NR /* tiles: its columns */
+#define SAT_WZ_KC SAT_KC
+#define SAT_WZ_VL 16
+typedef __m512 sat_wz_v;
+typedef __mmask16 sat_wz_m;
+typedef sat_epr sat_wz_epr;
+/* slice xi's rows [i, i + SAT_WZ_MR) over reduction block k0 (kc deep): gemm.h's blocks of 8-row panels */
+#define SAT_WZ_A(ux, Mp, C, i, k0, kc) ((ux) + (int64_t)(k0) * (Mp) + (int64_t)(i) * (kc))
+#define SAT_WZ_KERNEL(kc, a, b, y, ldy, acc, mr) sat_kernel_8x32(kc, a, b, y, ldy, acc, mr, SAT_NR)
+/* the kernel fetching the kc x 8 floats at pf into L2 meanwhile */
+#define SAT_WZ_KERNEL_PF(kc, a, b, y, ldy, acc, mr, pf) sat_kernel_8x32_pf(kc, a, b, y, ldy, acc, mr, SAT_NR, pf)
+static inline sat_wz_m sat_wz_lanes(int lo, int hi) {
+    hi = hi < 16 ? hi : 16;
+    lo = lo > 0 ? lo : 0;
+    return hi <= lo ? 0 : (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+static inline int sat_wz_any(sat_wz_m m) { return m != 0; }
+static inline sat_wz_m sat_wz_andnot(sat_wz_m a, sat_wz_m b) { return (sat_wz_m)(b & ~a); }
+static inline sat_wz_v sat_wz_load(sat_wz_m m, const float *p) { return _mm512_maskz_loadu_ps(m, p); }
+static inline sat_wz_v sat_wz_loadu(const float *p) { return _mm512_loadu_ps(p); }
+static inline void sat_wz_store(float *p, sat_wz_m m, sat_wz_v v) { _mm512_mask_storeu_ps(p, m, v); }
+static inline sat_wz_v sat_wz_zero(void) { return _mm512_setzero_ps(); }
+/* lanes 0, 2, 4, ... (odd: 1, 3, ...) of the 32 floats a, b */
+static inline sat_wz_v sat_wz_even(sat_wz_v a, sat_wz_v b) {
+    return _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
+}
+static inline sat_wz_v sat_wz_odd(sat_wz_v a, sat_wz_v b) {
+    return _mm512_permutex2var_ps(a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
+}
+/* a0 b0 a1 b1 ... (lanes 0 .. 7 of each), and the same of lanes 8 .. 15 */
+static inline sat_wz_v sat_wz_zip_lo(sat_wz_v a, sat_wz_v b) {
+    return _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), b);
+}
+static inline sat_wz_v sat_wz_zip_hi(sat_wz_v a, sat_wz_v b) {
+    return _mm512_permutex2var_ps(a, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), b);
+}
+#else
+#define SAT_WZ_MR SAT_PR
+#define SAT_WZ_NR SAT_PN
+#define SAT_WZ_KC SAT_PKC
+#define SAT_WZ_VL 8
+typedef __m256 sat_wz_v;
+typedef __m256i sat_wz_m;
+typedef sat_epr8 sat_wz_epr;
+/* slice xi's rows [i, i + SAT_PR) over reduction block k0: pgemm.h's 6-row panels over the whole reduction */
+#define SAT_WZ_A(ux, Mp, C, i, k0, kc) ((ux) + (int64_t)(i) * (C) + (int64_t)(k0) * SAT_PR)
+#define SAT_WZ_KERNEL(kc, a, b, y, ldy, acc, mr) sat_ukr_epr(kc, a, b, y, ldy, acc, mr, SAT_PN, NULL, 0, 0)
+static inline void sat_wz_kernel_pf(int kc, const float *a, const float *b, float *y, int64_t ldy, int acc, int mr,
+                                    const float *pf) {
+    for (int l = 0; l < kc * SAT_PR; l += 16) _mm_prefetch((const char *)(pf + l), _MM_HINT_T1);
+    SAT_WZ_KERNEL(kc, a, b, y, ldy, acc, mr);
+}
+#define SAT_WZ_KERNEL_PF sat_wz_kernel_pf
+static inline sat_wz_m sat_wz_lanes(int lo, int hi) {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(lo), idx), _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), idx));
+}
+static inline int sat_wz_any(sat_wz_m m) { return !_mm256_testz_si256(m, m); }
+static inline sat_wz_m sat_wz_andnot(sat_wz_m a, sat_wz_m b) { return _mm256_andnot_si256(a, b); }
+static inline sat_wz_v sat_wz_load(sat_wz_m m, const float *p) { return _mm256_maskload_ps(p, m); }
+static inline sat_wz_v sat_wz_loadu(const float *p) { return _mm256_loadu_ps(p); }
+static inline void sat_wz_store(float *p, sat_wz_m m, sat_wz_v v) { _mm256_maskstore_ps(p, m, v); }
+static inline sat_wz_v sat_wz_zero(void) { return _mm256_setzero_ps(); }
+static inline sat_wz_v sat_wz_even(sat_wz_v a, sat_wz_v b) {
+    const __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+static inline sat_wz_v sat_wz_odd(sat_wz_v a, sat_wz_v b) {
+    const __m256 o = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+static inline sat_wz_v sat_wz_zip_lo(sat_wz_v a, sat_wz_v b) {
+    return _mm256_permute2f128_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b), 0x20);
+}
+static inline sat_wz_v sat_wz_zip_hi(sat_wz_v a, sat_wz_v b) {
+    return _mm256_permute2f128_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b), 0x31);
+}
+#endif
+/* channels of one product pass: a whole number of the tile's rows */
+#define SAT_WZ_MPASS (8 * SAT_WZ_MR)
 
 typedef struct {
-    const float *x, *u; /* input N x C x H x W; weights: 16 slices (xi) of Mp x C in gemm.h's packed A order */
+    const float *x, *u; /* input N x C x H x W; weights: 16 slices (xi) of Mp x C in the tile's packed A order */
     float *y;
     int C, H, W, M, Mp, OH, OW, ph, pw, TW, tiles, ranges, blocks, split, chunk;
     sat_epi epi; /* where the unit has no row form of the epilogue: on each stored run */
@@ -172,84 +256,82 @@ typedef struct {
 
 void sat_wino16_in(const sat_wino16_args *a, const float *xc, float *v, int64_t slice, int c, int t0, int nt);
 
-/* One work unit: (image n, block b of tile rows, channel chunk s). */
-static inline __attribute__((always_inline)) void sat_wino16_run(void *ctx, int64_t u, int tid, sat_epr epr) {
+/* One work unit: (image n, range r, block b of the range, channel chunk s). */
+static inline __attribute__((always_inline)) void sat_wino16_run(void *ctx, int64_t u, int tid, sat_wz_epr epr) {
     const sat_wino16_args *a = ctx;
     const int s = (int)(u % a->split), b = (int)(u / a->split % a->blocks), r = (int)(u / a->split / a->blocks % a->ranges);
     const int n = (int)(u / a->split / a->blocks / a->ranges);
-    const int C = a->C, M = a->M, TW = a->TW, OH = a->OH, OW = a->OW;
+    const int C = a->C, M = a->M, TW = a->TW, OH = a->OH, OW = a->OW, NR = SAT_WZ_NR, VL = SAT_WZ_VL;
     /* block b of range r: whole panels, a short one last */
     const int r0 = (int)((int64_t)a->tiles * r / a->ranges), r1 = (int)((int64_t)a->tiles * (r + 1) / a->ranges);
-    const int tb = ((r1 - r0 + a->blocks - 1) / a->blocks + SAT_NR - 1) / SAT_NR * SAT_NR, t0 = r0 + b * tb;
+    const int tb = ((r1 - r0 + a->blocks - 1) / a->blocks + NR - 1) / NR * NR, t0 = r0 + b * tb;
     if (t0 >= r1) return;
-    const int nt = r1 - t0 < tb ? r1 - t0 : tb, NP = (nt + SAT_NR - 1) / SAT_NR;
+    const int nt = r1 - t0 < tb ? r1 - t0 : tb, NP = (nt + NR - 1) / NR;
     /* (slices and their sums one line pair further apart than their sizes: at sizes of a multiple of 4 KB the
      * transforms' 16 streams all fell in one set of L1) */
-    const int64_t tbp = (int64_t)NP * SAT_NR, slice = tbp * C + SAT_NR, as = SAT_WINO16_MPASS * tbp + SAT_NR;
+    const int64_t tbp = (int64_t)NP * NR, slice = tbp * C + 32, as = SAT_WZ_MPASS * tbp + 32;
     const int m0 = s * a->chunk, m1 = m0 + a->chunk < M ? m0 + a->chunk : M;
-    /* (the output transform's loads of a last run reach up to 15 floats past the sums) */
-    float *buf = sat_thread_buf(&sat_wino_buf[tid], &sat_wino_cap[tid], (size_t)(16 * slice + 16 * as + 16));
+    /* (the output transform's loads of a last run reach up to VL - 1 floats past the sums) */
+    float *buf = sat_thread_buf(&sat_wino_buf[tid], &sat_wino_cap[tid], (size_t)(16 * slice + 16 * as + VL));
     if (!buf) abort();
     float *v = buf, *acc = v + 16 * slice;
     /* tiles past the block in its last panel: zeros, not stale floats (denormals would slow the products) */
-    if (nt % SAT_NR)
-        for (int xi = 0; xi < 16; xi++) memset(v + xi * slice + (int64_t)(NP - 1) * C * SAT_NR, 0, sizeof(float) * C * SAT_NR);
+    if (nt % NR)
+        for (int xi = 0; xi < 16; xi++) memset(v + xi * slice + (int64_t)(NP - 1) * C * NR, 0, sizeof(float) * C * NR);
     const float *xn = a->x + (int64_t)n * C * a->H * a->W;
     for (int c = 0; c < C; c++) sat_wino16_in(a, xn + (int64_t)c * a->H * a->W, v, slice, c, t0, nt);
-    const int64_t P = (int64_t)OH * OW;
-    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    for (int mp = m0; mp < m1; mp += SAT_WINO16_MPASS) {
-        const int mq = m1 - mp < SAT_WINO16_MPASS ? m1 - mp : SAT_WINO16_MPASS;
+    const int64_t P = (int64_t)OH * OW, ua = (int64_t)a->Mp * C;
+    for (int mp = m0; mp < m1; mp += SAT_WZ_MPASS) {
+        const int mq = m1 - mp < SAT_WZ_MPASS ? m1 - mp : SAT_WZ_MPASS;
         for (int xi = 0; xi < 16; xi++) {
-            const float *ux = a->u + (int64_t)xi * a->Mp * C;
-            for (int k0 = 0; k0 < C; k0 += SAT_KC) {
-                const int kc = C - k0 < SAT_KC ? C - k0 : SAT_KC;
+            const float *ux = a->u + xi * ua;
+            for (int k0 = 0; k0 < C; k0 += SAT_WZ_KC) {
+                const int kc = C - k0 < SAT_WZ_KC ? C - k0 : SAT_WZ_KC;
                 for (int p = 0; p < NP; p++) {
-                    const float *bp = v + xi * slice + ((int64_t)p * C + k0) * SAT_NR;
-                    for (int i = mp; i < mp + mq; i += SAT_MR) {
-                        const int64_t at = (int64_t)k0 * a->Mp + (int64_t)i * kc;
-                        float *cp = acc + xi * as + (int64_t)(i - mp) * tbp + p * SAT_NR;
-                        const int mr = mp + mq - i < SAT_MR ? mp + mq - i : SAT_MR;
+                    const float *bp = v + xi * slice + ((int64_t)p * C + k0) * NR;
+                    for (int i = mp; i < mp + mq; i += SAT_WZ_MR) {
+                        const float *w = SAT_WZ_A(ux, a->Mp, C, i, k0, kc);
+                        float *cp = acc + xi * as + (int64_t)(i - mp) * tbp + p * NR;
+                        const int mr = mp + mq - i < SAT_WZ_MR ? mp + mq - i : SAT_WZ_MR;
                         /* the first tile panel fetches the next slice's weights into L2 as it goes */
                         if (p == 0 && xi < 15)
-                            sat_kernel_8x32_pf(kc, ux + at, bp, cp, tbp, k0 > 0, mr, SAT_NR, ux + (int64_t)a->Mp * C + at);
+                            SAT_WZ_KERNEL_PF(kc, w, bp, cp, tbp, k0 > 0, mr, w + ua);
                         else
-                            sat_kernel_8x32(kc, ux + at, bp, cp, tbp, k0 > 0, mr, SAT_NR);
+                            SAT_WZ_KERNEL(kc, w, bp, cp, tbp, k0 > 0, mr);
                     }
                 }
             }
         }
-        /* A^T m A for 16 tiles of a row at a time; their 2 x 2 outputs interleaved into two runs of 32 pixels */
+        /* A^T m A for a vector of tiles of a row at a time; their 2 x 2 outputs interleaved into two runs of
+         * output pixels per row */
+        const int th0 = t0 / TW, th1 = (t0 + nt - 1) / TW;
         for (int m = 0; m < mq; m++) {
             const int64_t q = (int64_t)n * M + mp + m;
             const float *am = acc + (int64_t)m * tbp;
-            const int th0 = t0 / TW, th1 = (t0 + nt - 1) / TW;
             for (int th = th0; th <= th1; th++)
-                for (int tw0 = th == th0 ? t0 % TW : 0, tw1 = th == th1 ? (t0 + nt - 1) % TW + 1 : TW; tw0 < tw1; tw0 += 16) {
+                for (int tw0 = th == th0 ? t0 % TW : 0, tw1 = th == th1 ? (t0 + nt - 1) % TW + 1 : TW; tw0 < tw1; tw0 += VL) {
                     const float *sm = am + (int64_t)th * TW + tw0 - t0;
-                    __m512 mx[16];
-                    for (int xi = 0; xi < 16; xi++) mx[xi] = _mm512_loadu_ps(sm + xi * as);
-                    __m512 r0[4], r1[4];
+                    sat_wz_v mx[16];
+                    for (int xi = 0; xi < 16; xi++) mx[xi] = sat_wz_loadu(sm + xi * as);
+                    sat_wz_v r0[4], r1[4];
                     for (int c = 0; c < 4; c++) {
                         r0[c] = mx[c] + mx[4 + c] + mx[8 + c];
                         r1[c] = mx[4 + c] - mx[8 + c] - mx[12 + c];
                     }
-                    const __m512 o[2][2] = {{r0[0] + r0[1] + r0[2], r0[1] - r0[2] - r0[3]},
-                                            {r1[0] + r1[1] + r1[2], r1[1] - r1[2] - r1[3]}};
-                    const int run = 2 * (tw1 - tw0 < 16 ? tw1 - tw0 : 16), nv = OW - 2 * tw0 < run ? OW - 2 * tw0 : run;
-                    const __mmask16 k0 = nv >= 16 ? 0xFFFF : (__mmask16)((1u << nv) - 1);
-                    const __mmask16 k1 = nv >= 32 ? 0xFFFF : nv > 16 ? (__mmask16)((1u << (nv - 16)) - 1) : 0;
-                    for (int r = 0; r < 2 && 2 * th + r < OH; r++) {
-                        const int64_t off = q * P + (int64_t)(2 * th + r) * OW + 2 * tw0;
-                        __m512 y0 = _mm512_permutex2var_ps(o[r][0], lo, o[r][1]);
-                        __m512 y1 = _mm512_permutex2var_ps(o[r][0], hi, o[r][1]);
+                    const sat_wz_v o[2][2] = {{r0[0] + r0[1] + r0[2], r0[1] - r0[2] - r0[3]},
+                                              {r1[0] + r1[1] + r1[2], r1[1] - r1[2] - r1[3]}};
+                    const int run = 2 * (tw1 - tw0 < VL ? tw1 - tw0 : VL), nv = OW - 2 * tw0 < run ? OW - 2 * tw0 : run;
+                    const sat_wz_m k0 = sat_wz_lanes(0, nv), k1 = sat_wz_lanes(0, nv - VL);
+                    const int second = nv > VL;
+                    for (int h = 0; h < 2 && 2 * th + h < OH; h++) {
+                        const int64_t off = q * P + (int64_t)(2 * th + h) * OW + 2 * tw0;
+                        sat_wz_v y0 = sat_wz_zip_lo(o[h][0], o[h][1]), y1 = sat_wz_zip_hi(o[h][0], o[h][1]);
                         if (epr) {
                             y0 = epr(y0, q, off, k0);
-                            if (k1) y1 = epr(y1, q, off + 16, k1);
+                            if (second) y1 = epr(y1, q, off + VL, k1);
                         }
-                        _mm512_mask_storeu_ps(a->y + off, k0, y0);
-                        if (k1) _mm512_mask_storeu_ps(a->y + off + 16, k1, y1);
+                        sat_wz_store(a->y + off, k0, y0);
+                        if (second) sat_wz_store(a->y + off + VL, k1, y1);
                         if (!epr && a->epi) a->epi(a->y, off, nv);
                     }
                 }

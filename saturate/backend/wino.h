@@ -39,6 +39,19 @@ extern size_t sat_wino_cap[SAT_MAX_THREADS];
 void sat_wino_in(const sat_wino_args *a, const float *xc, float *v, int64_t vs, int64_t ps, int c, int t0,
                         int nt, float *tmp);
 
+/* A^T m A: the 2 x 2 outputs o00 o01 / o10 o11 of a tile from the 16 sums m[xi] (vectors of any type) of its
+ * transform positions xi = 4 i + j. */
+#define SAT_WINO_AT_M_A(m, o00, o01, o10, o11)                                                               \
+    do {                                                                                                    \
+        __typeof__((m)[0]) r0_[4], r1_[4];                                                                  \
+        for (int q_ = 0; q_ < 4; q_++) {                                                                    \
+            r0_[q_] = (m)[q_] + (m)[4 + q_] + (m)[8 + q_];                                                  \
+            r1_[q_] = (m)[4 + q_] - (m)[8 + q_] - (m)[12 + q_];                                             \
+        }                                                                                                   \
+        o00 = r0_[0] + r0_[1] + r0_[2], o01 = r0_[1] - r0_[2] - r0_[3];                                     \
+        o10 = r1_[0] + r1_[1] + r1_[2], o11 = r1_[1] - r1_[2] - r1_[3];                                     \
+    } while (0)
+
 /* Sums of one channel panel (16 slices, tiles x SAT_PN each, `as` floats apart) through A^T . A into the
  * output planes of channels [j, j + nr); with `epc` (AVX2 and AVX-512 builds, an epilogue whose every step
  * is per channel) the epilogue runs on 8 channels at a time before they are scattered. */
@@ -54,13 +67,8 @@ static inline __attribute__((always_inline)) void sat_wino_out(const sat_wino_ar
             const float *s = acc + (int64_t)t * SAT_PN + h;
             sat_vf m[16];
             for (int xi = 0; xi < 16; xi++) m[xi] = sat_vload(s + xi * as);
-            sat_vf r0[4], r1[4];
-            for (int q = 0; q < 4; q++) {
-                r0[q] = m[q] + m[4 + q] + m[8 + q];
-                r1[q] = m[4 + q] - m[8 + q] - m[12 + q];
-            }
-            sat_vf out[4] = {r0[0] + r0[1] + r0[2], r0[1] - r0[2] - r0[3], r1[0] + r1[1] + r1[2],
-                             r1[1] - r1[2] - r1[3]};
+            sat_vf out[4];
+            SAT_WINO_AT_M_A(m, out[0], out[1], out[2], out[3]);
 #if defined(SAT_HAVE_DWT) && SAT_VL == 8
             if (epc) {
                 const __m256i mk = sat_mask8(nr - h);
@@ -313,13 +321,8 @@ static inline __attribute__((always_inline)) void sat_wino16_run(void *ctx, int6
                     const float *sm = am + (int64_t)th * TW + tw0 - t0;
                     sat_wz_v mx[16];
                     for (int xi = 0; xi < 16; xi++) mx[xi] = sat_wz_loadu(sm + xi * as);
-                    sat_wz_v r0[4], r1[4];
-                    for (int c = 0; c < 4; c++) {
-                        r0[c] = mx[c] + mx[4 + c] + mx[8 + c];
-                        r1[c] = mx[4 + c] - mx[8 + c] - mx[12 + c];
-                    }
-                    const sat_wz_v o[2][2] = {{r0[0] + r0[1] + r0[2], r0[1] - r0[2] - r0[3]},
-                                              {r1[0] + r1[1] + r1[2], r1[1] - r1[2] - r1[3]}};
+                    sat_wz_v o[2][2];
+                    SAT_WINO_AT_M_A(mx, o[0][0], o[0][1], o[1][0], o[1][1]);
                     const int run = 2 * (tw1 - tw0 < VL ? tw1 - tw0 : VL), nv = OW - 2 * tw0 < run ? OW - 2 * tw0 : run;
                     const sat_wz_m k0 = sat_wz_lanes(0, nv), k1 = sat_wz_lanes(0, nv - VL);
                     const int second = nv > VL;

@@ -151,7 +151,7 @@ class NnEmission:
                              f"{epi}, {unit});\n")
             return
         if runs_wino16(node, sh, self.g.constants, cfg):
-            # Weights transformed once here, each of the 16 slices packed as the 8 x 32 tile's A (wino.h); a
+            # Weights transformed once here, each of the 16 slices packed as the products tile's A (wino.h); a
             # unit function per conv inlines the epilogue's row form, where it has one, into the stores.
             packed = self.weight(("wino16", node.inputs[1]), wino16_weights(self.g.constants[node.inputs[1]], cfg.packed_gemm))
             self.needs_packed = self.needs_packed or cfg.packed_gemm

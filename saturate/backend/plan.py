@@ -578,24 +578,22 @@ def conv_layout(x, w, win, group: int, cfg: BuildConfig) -> int:
 # Smallest output (pixels) and channel counts (in and out) of a conv run as Winograd (runs_wino); from
 # WINO_DEEP_C input channels on, at least WINO_DEEP_MINP pixels.
 WINO_MINP, WINO_MINC, WINO_DEEP_C, WINO_DEEP_MINP = 36, 32, 512, 144
-# AVX-512 builds run Winograd on sat_conv_wino16 (wino.h) for outputs of at least WINO16_MINP pixels whose
-# transformed weights (16 C M floats) are at most WINO16_MAXCM * 16 floats (1 MB); the rest stay on their direct
-# conv (dconv.h), which reads each weight once for all a small map's pixels. AVX2 builds take it for the
-# Winograd convs (runs_wino) of at most WINO16_MAXCM pairs (runs_wino16): ResNet-50 at 224x224, AVX2 build with
-# AVX-512 hidden, 1 thread, per-step medians beside the build before, its 3x3 convs on 56x56 1.83-1.94 ->
-# 1.36-1.50 ms, on 28x28 (the first form before) 1.45-1.49 -> 1.27-1.36, while those of 256 channels on 14x14
-# took 1.47-1.58 on the first form, 2.07-2.17 on this one. Single Conv+Relu, 1 thread,
-# medians, Xeon (family 6 model 167), time as Winograd over time direct: 64 -> 64 on 56x56 0.63, 128 -> 128 on
-# 28x28 0.71, 64 -> 64 on 24x24 0.63, 128 -> 128 on 12x12 0.92, 64 -> 64 on 14x14 0.80, 32 -> 32 on 28x28 0.73,
-# 64 -> 128 on 48x48 0.53. ResNet-50 at 224x224 in the model (1 thread, per-step medians beside each other):
-# its 3x3 convs of 64 channels on 56x56 1.39-1.46 -> 0.82-0.93 ms, of 128 on 28x28 (Winograd before too, on
-# pgemm.h's 6 x 32 tile) 1.20-1.29 -> 0.80-0.89; those of 256 on 14x14 (4 MB of transformed weights, fetched
-# into L2 a slice ahead) level with the direct tiles in the model where alone 0.75x their time.
-# Convs of more channel pairs, on maps of at least WINO_AVX512_MINP pixels and with at least WINO_AVX512_MINCM
-# pairs, keep the first form on pgemm.h's 6 x 32 tile: blocks of its tiles are larger for the same L2, and VGG-11's
-# 3x3 convs of 128 -> 256 to 512 -> 512 channels on 48x48 to 24x24 maps (1 thread, per-step medians) took
-# 7.5-15.4 ms there, 10.5-21.4 on sat_conv_wino16 (blocks of 32 tiles: the weights, 4 to 16 MB, come from
-# memory for every 32 tiles).
+# Winograd's second form (sat_conv_wino16, wino.h: transforms in vectors, products on the builds' tile) takes
+# the Winograd convs of at most WINO16_MAXCM channel pairs (runs_wino16). AVX-512 builds run Winograd only for
+# outputs of at least WINO16_MINP pixels on it, the rest of those convs on their direct conv (dconv.h), which
+# reads each weight once for all a small map's pixels. Single Conv+Relu, 1 thread, medians, Xeon (family 6 model
+# 167), time on sat_conv_wino16 over time direct: 64 -> 64 on 56x56 0.63, 128 -> 128 on 28x28 0.71, 64 -> 64 on
+# 24x24 0.63, 128 -> 128 on 12x12 0.92, 64 -> 64 on 14x14 0.80, 32 -> 32 on 28x28 0.73, 64 -> 128 on 48x48 0.53.
+# ResNet-50 at 224x224 in the model (1 thread, per-step medians beside the build before): its 3x3 convs of 64
+# channels on 56x56 1.39-1.46 -> 0.82-0.93 ms, of 128 on 28x28 (the first form before) 1.20-1.29 -> 0.80-0.89;
+# those of 256 on 14x14 (4 MB of transformed weights, fetched into L2 a slice ahead) level with the direct tiles
+# in the model where alone 0.75x their time. The AVX2 build (AVX-512 hidden), same runs: 56x56 1.83-1.94 ->
+# 1.36-1.50 ms, 28x28 1.45-1.49 -> 1.27-1.36, while the 14x14 ones of 256 channels took 1.47-1.58 on the first
+# form, 2.07-2.17 on the second.
+# Convs of more channel pairs keep the first form (on AVX-512 from WINO_AVX512_MINP pixels and WINO_AVX512_MINCM
+# pairs): its blocks of tiles are larger for the same L2, and VGG-11's 3x3 convs of 128 -> 256 to 512 -> 512
+# channels on 48x48 to 24x24 maps (AVX-512, 1 thread, per-step medians) took 7.5-15.4 ms there, 10.5-21.4 on
+# sat_conv_wino16 (blocks of 32 tiles: the weights, 4 to 16 MB, come from memory for every 32 tiles).
 WINO16_MINP, WINO16_MAXCM = 144, 16384
 WINO_AVX512_MINP, WINO_AVX512_MINCM = 784, 8192
 
@@ -635,8 +633,8 @@ def wino_eligible(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool
 
 
 def runs_wino(node: Node, shapes: dict, constants, cfg: BuildConfig) -> bool:
-    """Whether a conv runs as Winograd F(2x2, 3x3) (sat_conv_wino; AVX-512 builds: sat_conv_wino16, see
-    WINO16_MINP): outputs of at least WINO_MINP pixels,
+    """Whether a conv runs as Winograd F(2x2, 3x3) (sat_conv_wino, or sat_conv_wino16: runs_wino16): outputs
+    of at least WINO_MINP pixels,
     at least WINO_MINC channels in and out, and from WINO_DEEP_C input channels on at least WINO_DEEP_MINP
     pixels. Single convs with bias and Relu (1 thread, medians of interleaved runs on a shared 2-core
     Zen 3) took 0.52-0.74x the time of the kernels before from 6x6 maps of 256 channels and 12x12 of 128
